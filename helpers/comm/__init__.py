@@ -1,0 +1,1 @@
+"""comm layer of the workbook helpers (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""compute layer of the workbook helpers (see DESIGN.md)."""

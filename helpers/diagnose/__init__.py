@@ -1,0 +1,1 @@
+"""diagnose layer of the workbook helpers (see DESIGN.md)."""

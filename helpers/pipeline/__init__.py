@@ -1,0 +1,1 @@
+"""pipeline layer of the workbook helpers (see DESIGN.md)."""

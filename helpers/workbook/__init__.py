@@ -1,0 +1,1 @@
+"""workbook layer of the workbook helpers (see DESIGN.md)."""
