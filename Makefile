@@ -1,0 +1,46 @@
+# The two commands a new user needs (see README.md):
+#   make workbook   set up .venv if needed, build the embedded dataset, run the workbook, print the report path
+#   make test       the same set-up if needed, then every test
+#
+# Variables: PYTHON (interpreter used to create .venv), ARGS (extra options for `python -m helpers run`,
+# e.g. ARGS="--device cuda --profile full"), PYTEST_ARGS (extra options for pytest).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.workbook-installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: workbook test lab setup data clean-runs help
+
+help:
+	@echo "make workbook   run the workbook (quick profile, default device); ARGS='--profile smoke --only 00 01'"
+	@echo "make test       run every test"
+	@echo "make lab        open the notebooks in JupyterLab"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Re-install when the dependency list changes. A torch build already in .venv that satisfies
+# the pin (e.g. 2.13.0+cu128 installed by hand for CUDA) is kept.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --disable-pip-version-check -q -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+data: setup
+	$(PY) -m helpers data build
+
+workbook: data
+	$(PY) -m helpers run $(ARGS)
+
+test: data
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lab: data
+	$(PY) -m jupyter lab notebooks/
+
+clean-runs:
+	rm -rf runs/

@@ -1,0 +1,660 @@
+"""The workbook's datasets: the embedded photo set and any user folder of images.
+
+The embedded dataset is built on first use, deterministically, from the real
+photographs that scikit-image ships inside its wheel (nothing is downloaded).
+Only sources whose ``skimage.data`` docstring states public domain or CC0 are
+used (see :data:`EMBEDDED_SOURCES`). Each output image is a random crop,
+scale and flip of one source photo, written as a JPEG of mixed size, quality
+and encoding (baseline or progressive), with a short caption and a label (the
+index of its source photo, the reward target of the training workload).
+
+Grey sources (brick, camera, clock, grass, gravel) are written as 3-channel
+RGB JPEGs (grey replicated), so every decoded image has 3 channels and the
+batch is uniform; the grey-JPEG case is covered by the fixtures instead
+(``data/fixtures``).
+
+A user folder is any folder of images (searched recursively), with optional
+captions and labels; bad files are reported and skipped, never decoded wrong.
+Per-sample metadata is held in NumPy arrays, not Python lists or dicts, so
+that forked DataLoader workers do not copy it page by page as reference counts
+change (field case 3, pytorch#13246).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+from helpers.errors import DataError, OutputDirError, ParameterError
+from helpers.pipeline.images import IMAGE_SUFFIXES, BadFile, scan_images
+
+logger = logging.getLogger(__name__)
+
+#: Version of the embedded-dataset builder; a change forces a rebuild.
+BUILDER_VERSION = 1
+
+#: Environment variable that overrides :func:`default_data_root`.
+DATA_DIR_ENV = "WORKBOOK_DATA_DIR"
+
+_LONG_SIDE = (256, 1024)  # px, output long side, inclusive
+_QUALITY = (60, 95)  # JPEG quality, inclusive
+_AREA = (0.35, 1.0)  # fraction of the source kept by the crop
+_ASPECT = (3 / 4, 4 / 3)  # crop width / height, drawn log-uniformly
+_PROGRESSIVE_P = 0.25
+_FLIP_P = 0.5
+_MANIFEST_COLUMNS = ("file", "caption", "label", "source", "width", "height", "quality", "progressive")
+
+
+@dataclass(frozen=True)
+class EmbeddedSource:
+    """One scikit-image photograph used by the embedded dataset.
+
+    Attributes
+    ----------
+    name : str
+        Function name in ``skimage.data``.
+    license : str
+        The licence as stated in that function's docstring.
+    nouns : tuple of str
+        Ways to name what the photo shows, used in captions.
+    grey : bool
+        Whether the source is a grey-level photo.
+    """
+
+    name: str
+    license: str
+    nouns: tuple[str, ...]
+    grey: bool = False
+
+
+#: The sources, in label order. Licences are quoted from the docstrings of
+#: ``skimage.data`` (scikit-image 0.26). Left out: coins and
+#: immunohistochemistry ("no known copyright restrictions", not a public-domain
+#: or CC0 statement), moon, page and stereo_motorcycle (no licence stated),
+#: text and cell (not photographs), microaneurysms (102 px).
+EMBEDDED_SOURCES: tuple[EmbeddedSource, ...] = (
+    EmbeddedSource("astronaut", "public domain (NASA)",
+                   ("an astronaut in an orange spacesuit", "a smiling astronaut", "an astronaut beside a shuttle model")),
+    EmbeddedSource("brick", "CC0 (CC0Textures)", ("a brick wall", "rows of bricks", "a wall of bricks"), grey=True),
+    EmbeddedSource("camera", "CC0 (Lav Varshney)",
+                   ("a man with a camera on a tripod", "a photographer on a lawn", "a cameraman"), grey=True),
+    EmbeddedSource("chelsea", "CC0 (Stefan van der Walt)", ("a cat", "a tabby cat", "the face of a cat")),
+    EmbeddedSource("clock", "public domain (Stefan van der Walt)",
+                   ("a motion-blurred clock", "a blurred wall clock", "a clock on a wall"), grey=True),
+    EmbeddedSource("coffee", "CC0 (Rachel Michetti)",
+                   ("a cup of coffee", "an espresso cup on a saucer", "a red coffee cup")),
+    EmbeddedSource("grass", "CC0 (DeviantArt, linolafett)", ("grass", "a patch of grass", "blades of grass"), grey=True),
+    EmbeddedSource("gravel", "CC0 (CC0Textures)", ("gravel", "small stones", "a gravel path"), grey=True),
+    EmbeddedSource("hubble_deep_field", "public domain (NASA)",
+                   ("distant galaxies", "the hubble deep field", "galaxies in deep space")),
+    EmbeddedSource("retina", "CC0 (Mikael Haggstrom)",
+                   ("a human retina", "the back of an eye", "a fundus photo of an eye")),
+    EmbeddedSource("rocket", "public domain (SpaceX)",
+                   ("a rocket on the launch pad", "a falcon 9 rocket at night", "a rocket between launch towers")),
+)
+
+
+@dataclass(frozen=True, eq=False)
+class DatasetIndex:
+    """What a dataset holds: one row per usable image, metadata in NumPy arrays.
+
+    Attributes
+    ----------
+    root : pathlib.Path
+        The dataset folder.
+    paths : numpy.ndarray
+        Shape (N,), NumPy unicode (``<U...``): absolute file paths.
+    captions : numpy.ndarray
+        Shape (N,), NumPy unicode: one caption per image.
+    labels : numpy.ndarray
+        Shape (N,), int64, each in ``[0, n_classes)``.
+    n_classes : int
+        Number of classes (size of a classifier head over ``labels``).
+    skipped : tuple of BadFile
+        Files found but not used, each with a reason.
+    class_names : tuple of str
+        Name of each class, indexed by label (may be empty when labels are
+        bare integers from a captions file).
+    """
+
+    root: Path
+    paths: np.ndarray
+    captions: np.ndarray
+    labels: np.ndarray
+    n_classes: int
+    skipped: tuple[BadFile, ...] = ()
+    class_names: tuple[str, ...] = field(default=())
+
+    def __len__(self) -> int:
+        return int(self.paths.shape[0])
+
+    def frame(self):
+        """Return the index as a table.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns ``path`` (str), ``caption`` (str), ``label`` (int64); one
+            row per usable image.
+        """
+        import pandas as pd
+
+        return pd.DataFrame(
+            {"path": self.paths.astype(str), "caption": self.captions.astype(str), "label": self.labels},
+            columns=["path", "caption", "label"],
+        )
+
+
+# --------------------------------------------------------------------------- embedded build
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything random about one embedded image, drawn up front."""
+
+    index: int
+    label: int
+    box: tuple[int, int, int, int]  # left, top, right, bottom in source pixels
+    size: tuple[int, int]  # output width, height
+    flip: bool
+    quality: int
+    progressive: bool
+    caption: str
+
+
+def _load_sources():
+    """Load every source photo as an RGB Pillow image (grey replicated)."""
+    from PIL import Image
+    from skimage import data
+
+    images = []
+    for src in EMBEDDED_SOURCES:
+        arr = np.asarray(getattr(data, src.name)())
+        if arr.ndim == 2:
+            arr = np.repeat(arr[:, :, None], 3, axis=2)
+        images.append(Image.fromarray(np.ascontiguousarray(arr[:, :, :3]), "RGB"))
+    return images
+
+
+def _where(box, width: int, height: int, area: float) -> str:
+    """Say in words which part of the source a crop shows."""
+    if area > 0.85:
+        return ""
+    dx = ((box[0] + box[2]) / 2 - width / 2) / width
+    dy = ((box[1] + box[3]) / 2 - height / 2) / height
+    horiz = "left" if dx < -0.05 else "right" if dx > 0.05 else ""
+    vert = "top" if dy < -0.05 else "bottom" if dy > 0.05 else ""
+    part = " ".join(p for p in (vert, horiz) if p) or "center"
+    return f", cropped from the {part}"
+
+
+def _plan(n_images: int, seed: int, sizes: list[tuple[int, int]]) -> list[_Plan]:
+    """Draw every image's crop, size, flip, quality and caption from one Generator."""
+    rng = np.random.default_rng(seed)
+    n_sources = len(EMBEDDED_SOURCES)
+    labels = rng.permutation(np.arange(n_images) % n_sources)  # balanced classes
+    plans = []
+    for i in range(n_images):
+        label = int(labels[i])
+        src = EMBEDDED_SOURCES[label]
+        width, height = sizes[label]
+        # Fixed order of draws, whatever branch is taken below.
+        area = float(rng.uniform(*_AREA))
+        aspect = float(np.exp(rng.uniform(np.log(_ASPECT[0]), np.log(_ASPECT[1]))))
+        fx, fy = float(rng.random()), float(rng.random())
+        flip = bool(rng.random() < _FLIP_P)
+        long_side = int(rng.integers(_LONG_SIDE[0], _LONG_SIDE[1] + 1))
+        quality = int(rng.integers(_QUALITY[0], _QUALITY[1] + 1))
+        progressive = bool(rng.random() < _PROGRESSIVE_P)
+        noun = src.nouns[int(rng.integers(len(src.nouns)))]
+
+        cw = min(width, max(16, round(np.sqrt(area * width * height * aspect))))
+        ch = min(height, max(16, round(np.sqrt(area * width * height / aspect))))
+        left = int(fx * (width - cw + 1))
+        top = int(fy * (height - ch + 1))
+        box = (left, top, left + cw, top + ch)
+        scale = long_side / max(cw, ch)
+        size = (max(1, round(cw * scale)), max(1, round(ch * scale)))
+        kept = cw * ch / (width * height)
+        view = "a close-up photo" if kept < 0.5 else "a wide photo" if kept > 0.85 else "a photo"
+        if src.grey:
+            view = view.replace("photo", "black-and-white photo")
+        caption = f"{view} of {noun}{_where(box, width, height, kept)}" + (", mirrored" if flip else "")
+        plans.append(_Plan(i, label, box, size, flip, quality, progressive, caption))
+    return plans
+
+
+def _render(plan: _Plan, source) -> bytes:
+    """Crop, scale, flip and JPEG-encode one planned image."""
+    from PIL import Image
+
+    im = source.resize(plan.size, Image.Resampling.BICUBIC, box=plan.box)
+    if plan.flip:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=plan.quality, progressive=plan.progressive, optimize=False)
+    return buf.getvalue()
+
+
+def _build_info(n_images: int, seed: int) -> dict:
+    import PIL
+    from PIL import features
+
+    return {
+        "builder_version": BUILDER_VERSION,
+        "n_images": n_images,
+        "seed": seed,
+        "n_classes": len(EMBEDDED_SOURCES),
+        "sources": [
+            {"label": i, "name": s.name, "license": s.license, "grey": s.grey} for i, s in enumerate(EMBEDDED_SOURCES)
+        ],
+        "encoder": {"pillow": PIL.__version__, "libjpeg_turbo": features.version("libjpeg_turbo")},
+    }
+
+
+def _check_build_args(n_images, seed) -> None:
+    if isinstance(n_images, bool) or not isinstance(n_images, (int, np.integer)) or n_images < 1:
+        raise ParameterError(f"n_images must be a positive integer, got {n_images!r}; e.g. 512 (or 64 for a smoke run)")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ParameterError(f"seed must be a non-negative integer, got {seed!r}; e.g. 0")
+
+
+def build_embedded(out_dir: Path, *, n_images: int = 512, seed: int = 0) -> Path:
+    """Build the embedded photo dataset into an empty folder.
+
+    Writes ``images/00000.jpg ...``, ``manifest.csv`` (columns ``file,
+    caption, label, source, width, height, quality, progressive``) and, last,
+    ``BUILD_INFO.json`` (seed, n_images, builder version, sources with their
+    licences, encoder versions). Same arguments and library versions give
+    byte-identical files. Output images are 256 to 1024 px on the long side,
+    JPEG quality 60 to 95, about 1 in 4 progressive, 4:2:0 chroma
+    subsampling (Pillow's default).
+
+    Parameters
+    ----------
+    out_dir : pathlib.Path
+        Folder to write; created if missing, must be empty if it exists.
+    n_images : int, default 512
+        Number of images; labels are balanced over the sources.
+    seed : int, default 0
+        Seed of the ``numpy.random.Generator`` that draws every random choice.
+
+    Returns
+    -------
+    pathlib.Path
+        ``out_dir``.
+
+    Raises
+    ------
+    ParameterError
+        If ``n_images`` or ``seed`` is not a valid integer.
+    OutputDirError
+        If ``out_dir`` exists and is not an empty folder, or cannot be written.
+    """
+    _check_build_args(n_images, seed)
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OutputDirError(
+            f"cannot build the embedded dataset into {out}: it exists and is not an empty folder; "
+            "remove it, pass a new folder, or use ensure_embedded() which rebuilds safely"
+        )
+    started = time.perf_counter()
+    try:
+        (out / "images").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputDirError(f"cannot create {out / 'images'}: {exc}; pass a writable folder") from exc
+    sources = _load_sources()
+    plans = _plan(int(n_images), int(seed), [im.size for im in sources])
+
+    def write(plan: _Plan) -> None:
+        (out / "images" / f"{plan.index:05d}.jpg").write_bytes(_render(plan, sources[plan.label]))
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="build_embedded") as pool:
+        list(pool.map(write, plans))  # Pillow releases the GIL while resizing and encoding
+
+    with open(out / "manifest.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(_MANIFEST_COLUMNS)
+        for p in plans:
+            writer.writerow([f"images/{p.index:05d}.jpg", p.caption, p.label, EMBEDDED_SOURCES[p.label].name,
+                             p.size[0], p.size[1], p.quality, int(p.progressive)])
+    info = _build_info(int(n_images), int(seed))
+    (out / "BUILD_INFO.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    logger.info("built embedded dataset: %d images in %s (%.1f s)", n_images, out, time.perf_counter() - started)
+    return out
+
+
+def default_data_root() -> Path:
+    """Folder that holds generated data.
+
+    Returns
+    -------
+    pathlib.Path
+        ``$WORKBOOK_DATA_DIR`` when that variable is set and not empty, else
+        ``<repo>/data/generated`` where ``<repo>`` is the folder that holds the
+        ``helpers`` package.
+    """
+    env = os.environ.get(DATA_DIR_ENV, "").strip()
+    if env:
+        return Path(env).expanduser()
+    import helpers
+
+    return Path(helpers.__file__).resolve().parent.parent / "data" / "generated"
+
+
+def _is_current_build(folder: Path, n_images: int, seed: int) -> bool:
+    try:
+        info = json.loads((folder / "BUILD_INFO.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        info.get("builder_version") == BUILDER_VERSION
+        and info.get("n_images") == n_images
+        and info.get("seed") == seed
+        and (folder / "manifest.csv").is_file()
+    )
+
+
+def ensure_embedded(n_images: int = 512, seed: int = 0, root: Path | str | None = None) -> Path:
+    """Return the embedded dataset folder, building it if needed.
+
+    The folder is ``<root>/embedded-n<n_images>-seed<seed>``. It is (re)built
+    when missing or when its ``BUILD_INFO.json`` does not match ``n_images``,
+    ``seed`` and :data:`BUILDER_VERSION`. The build goes to a temporary folder
+    beside it, then is renamed into place, so two processes that race both
+    end up with one complete folder.
+
+    Parameters
+    ----------
+    n_images : int, default 512
+    seed : int, default 0
+    root : pathlib.Path or str, optional
+        Parent folder; default :func:`default_data_root`.
+
+    Returns
+    -------
+    pathlib.Path
+        The dataset folder.
+
+    Raises
+    ------
+    ParameterError
+        If ``n_images`` or ``seed`` is invalid.
+    OutputDirError
+        If ``root`` cannot be created or written.
+    """
+    _check_build_args(n_images, seed)
+    n_images, seed = int(n_images), int(seed)
+    base = Path(root).expanduser() if root else default_data_root()
+    target = base / f"embedded-n{n_images}-seed{seed}"
+    if _is_current_build(target, n_images, seed):
+        return target
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=base))
+    except OSError as exc:
+        raise OutputDirError(
+            f"cannot write the embedded dataset under {base}: {exc}; set {DATA_DIR_ENV} to a writable folder"
+        ) from exc
+    try:
+        build_embedded(tmp, n_images=n_images, seed=seed)
+        if target.exists() and not _is_current_build(target, n_images, seed):
+            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.stale-", dir=base))
+            try:
+                os.rename(target, stale / "old")
+                logger.info("replacing stale embedded dataset at %s", target)
+            except FileNotFoundError:
+                pass  # another process moved it first
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not _is_current_build(target, n_images, seed):
+                raise
+            logger.info("another process built %s first; using its copy", target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# --------------------------------------------------------------------------- indexes
+
+
+def _stem_caption(rel: PurePosixPath) -> str:
+    """Caption from a file's folder and stem: 'cats/IMG_0042.jpg' -> 'cats img 0042'."""
+    parts = list(rel.parent.parts) + [rel.stem]
+    words = [w for part in parts for w in re.split(r"[^0-9A-Za-z]+", part.lower()) if w]
+    return " ".join(words) or "an image"
+
+
+def _labels_from_names(names: list[str]) -> tuple[np.ndarray, tuple[str, ...]]:
+    classes = tuple(sorted(set(names)))
+    lookup = {c: i for i, c in enumerate(classes)}
+    return np.array([lookup[n] for n in names], dtype=np.int64), classes
+
+
+def _finish(root: Path, files: list[Path], captions: list[str], labels: np.ndarray, n_classes: int,
+            class_names: tuple[str, ...], skipped: list[BadFile], scan: bool) -> DatasetIndex:
+    """Scan the candidates, drop the bad ones and build the index."""
+    keep = np.ones(len(files), dtype=bool)
+    if scan and files:
+        report = scan_images(files)
+        bad_paths = {b.path for b in report.bad}
+        keep = np.array([f not in bad_paths for f in files], dtype=bool)
+        skipped = skipped + list(report.bad)
+    if not keep.any():
+        first = "; ".join(f"{b.path.name}: {b.reason}" for b in skipped[:5])
+        raise DataError(
+            f"no decodable image in {root} ({len(files)} candidate files; first reasons: {first}); "
+            "replace the bad files or pass another folder"
+        )
+    if skipped:
+        logger.warning("%s: %d file(s) skipped (see DatasetIndex.skipped)", root, len(skipped))
+    idx = np.flatnonzero(keep)
+    return DatasetIndex(
+        root=root,
+        paths=np.array([str(files[i]) for i in idx], dtype=np.str_),
+        captions=np.array([captions[i] for i in idx], dtype=np.str_),
+        labels=np.asarray(labels, dtype=np.int64)[idx],
+        n_classes=int(n_classes),
+        skipped=tuple(skipped),
+        class_names=tuple(class_names),
+    )
+
+
+def _load_embedded_folder(root: Path, scan: bool) -> DatasetIndex:
+    info = json.loads((root / "BUILD_INFO.json").read_text(encoding="utf-8"))
+    with open(root / "manifest.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    files = [root / PurePosixPath(r["file"]) for r in rows]
+    captions = [r["caption"] for r in rows]
+    labels = np.array([int(r["label"]) for r in rows], dtype=np.int64)
+    names = tuple(s["name"] for s in info["sources"])
+    return _finish(root, files, captions, labels, info["n_classes"], names, [], scan)
+
+
+def _list_images(root: Path) -> list[Path]:
+    """Image files under ``root``, recursive, sorted by relative path; hidden entries skipped."""
+    found = []
+    for path in root.rglob("*"):
+        rel = path.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts):
+            continue  # .ipynb_checkpoints, macOS ._ files, ...
+        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
+            found.append(path)
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _read_captions_file(root: Path) -> tuple[str, dict[str, dict]] | None:
+    """Read captions.csv or captions.jsonl; return (file name, {relative path: row})."""
+    csv_path, jsonl_path = root / "captions.csv", root / "captions.jsonl"
+    rows: list[dict] = []
+    if csv_path.is_file():
+        if jsonl_path.is_file():
+            logger.warning("%s: both captions.csv and captions.jsonl exist; using captions.csv", root)
+        with open(csv_path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            missing = {"file", "caption"} - set(reader.fieldnames or ())
+            if missing:
+                raise DataError(
+                    f"{csv_path} lacks column(s) {sorted(missing)} (columns seen: {reader.fieldnames}); "
+                    "its header must be file,caption or file,caption,label"
+                )
+            rows = [dict(r) for r in reader]
+        name = "captions.csv"
+    elif jsonl_path.is_file():
+        with open(jsonl_path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError as exc:
+                    raise DataError(f"{jsonl_path} line {n} is not JSON ({exc}); write one object per line") from exc
+                if not isinstance(obj, dict) or "file" not in obj or "caption" not in obj:
+                    raise DataError(
+                        f"{jsonl_path} line {n} must be an object with keys 'file' and 'caption', got {line.strip()[:80]!r}"
+                    )
+                rows.append(obj)
+        name = "captions.jsonl"
+    else:
+        return None
+    table: dict[str, dict] = {}
+    for row in rows:
+        key = PurePosixPath(str(row["file"]).replace("\\", "/")).as_posix()
+        table[key] = row
+    return name, table
+
+
+def _load_user_folder(root: Path, scan: bool) -> DatasetIndex:
+    files = _list_images(root)
+    if not files:
+        raise DataError(
+            f"no image files in {root} (looked recursively for {', '.join(IMAGE_SUFFIXES)}); "
+            "put images there, or pass None for the embedded dataset"
+        )
+    rels = [PurePosixPath(f.relative_to(root).as_posix()) for f in files]
+    table_info = _read_captions_file(root)
+    table_name, table = table_info if table_info else ("", {})
+    if table:
+        unknown = sorted(set(table) - {r.as_posix() for r in rels})
+        if unknown:
+            logger.warning("%s lists %d file(s) not found as images under %s, e.g. %s",
+                           table_name, len(unknown), root, unknown[:3])
+
+    captions = []
+    for f, rel in zip(files, rels):
+        row = table.get(rel.as_posix())
+        text = str(row["caption"]).strip() if row and row.get("caption") is not None else ""
+        if not text:
+            sidecar = f.with_suffix(".txt")
+            if sidecar.is_file():
+                text = " ".join(sidecar.read_text(encoding="utf-8", errors="replace").split())
+        captions.append(text or _stem_caption(rel))
+
+    skipped: list[BadFile] = []
+    has_labels = any(str(row.get("label", "") or "").strip() for row in table.values())
+    if has_labels:
+        empty = [k for k, row in table.items() if not str(row.get("label", "") or "").strip()]
+        if empty:
+            raise DataError(
+                f"{root / table_name}: the label is empty for {len(empty)} file(s), e.g. {empty[:3]}; "
+                "fill every label or remove the label column"
+            )
+        listed = [rel.as_posix() in table for rel in rels]
+        for f, ok in zip(files, listed):
+            if not ok:
+                skipped.append(BadFile(f, f"no label: not listed in {table_name}, which gives labels"))
+        files = [f for f, ok in zip(files, listed) if ok]
+        captions = [c for c, ok in zip(captions, listed) if ok]
+        rels = [r for r, ok in zip(rels, listed) if ok]
+        raw = [str(table[r.as_posix()]["label"]).strip() for r in rels]
+        if raw and all(re.fullmatch(r"\d+", v) for v in raw):
+            labels = np.array([int(v) for v in raw], dtype=np.int64)
+            return _finish(root, files, captions, labels, int(labels.max()) + 1, (), skipped, scan)
+        labels, classes = _labels_from_names(raw)
+        return _finish(root, files, captions, labels, len(classes), classes, skipped, scan)
+
+    tops = [rel.parts[0] if len(rel.parts) > 1 else "" for rel in rels]
+    if any(tops):
+        if not all(tops):
+            logger.warning("%s: images both at the top level and in subfolders; top-level ones get class ''", root)
+        labels, classes = _labels_from_names(tops)
+        return _finish(root, files, captions, labels, len(classes), classes, skipped, scan)
+    return _finish(root, files, captions, np.zeros(len(files), dtype=np.int64), 1, ("",), skipped, scan)
+
+
+def load_dataset(
+    data_dir: str | os.PathLike | None = None, *, scan: bool = True, n_images: int = 512, seed: int = 0
+) -> DatasetIndex:
+    """Index a dataset: the embedded one, or a folder of images.
+
+    ``None`` or ``""`` selects the embedded dataset (:func:`ensure_embedded`
+    with ``n_images`` and ``seed``). A folder made by :func:`build_embedded`
+    is read through its ``manifest.csv``. Any other folder is searched
+    recursively for :data:`~helpers.pipeline.images.IMAGE_SUFFIXES` (hidden
+    files and folders skipped; sorted by relative path, so the order is the
+    same on every machine).
+
+    Captions, per image, from the first that exists: a row of
+    ``captions.csv`` (columns ``file,caption[,label]``; ``file`` relative to
+    the folder, ``/`` separated) or ``captions.jsonl`` (one
+    ``{"file": ..., "caption": ...}`` object per line); a sidecar
+    ``<name>.txt`` beside the image; the folder and file name
+    (``cats/IMG_0042.jpg`` -> ``"cats img 0042"``).
+
+    Labels: the captions file's ``label`` column when present (integers are
+    used as they are, other values are class names numbered in sorted order;
+    images not listed there are skipped); else the top-level subfolder name
+    (class folders, as ``torchvision.datasets.ImageFolder``), numbered in
+    sorted order; else 0.
+
+    Parameters
+    ----------
+    data_dir : str or os.PathLike, optional
+        The folder; None or "" for the embedded dataset.
+    scan : bool, default True
+        Fully decode every file first (:func:`~helpers.pipeline.images.scan_images`)
+        and skip the bad ones, each reported in the log and in ``skipped``.
+    n_images, seed : int
+        Size and seed of the embedded dataset (ignored for a folder).
+
+    Returns
+    -------
+    DatasetIndex
+
+    Raises
+    ------
+    DataError
+        If the folder is missing, is not a folder, holds no image file, holds
+        no decodable image, or has a malformed captions file.
+    ParameterError
+        If ``n_images`` or ``seed`` is invalid (embedded dataset only).
+    """
+    if data_dir is None or str(data_dir).strip() == "":
+        return _load_embedded_folder(ensure_embedded(n_images=n_images, seed=seed), scan)
+    root = Path(data_dir).expanduser()
+    if not root.exists():
+        raise DataError(
+            f"dataset folder {root} does not exist; pass an existing folder of images, "
+            "or None (or '') for the embedded dataset"
+        )
+    if not root.is_dir():
+        raise DataError(f"dataset path {root} is not a folder; pass the folder that holds the images, not a file")
+    root = root.resolve()
+    if (root / "BUILD_INFO.json").is_file() and (root / "manifest.csv").is_file():
+        return _load_embedded_folder(root, scan)
+    return _load_user_folder(root, scan)

@@ -1,0 +1,149 @@
+"""The first code cell of every notebook: validate, pick the device, open the results.
+
+One call, ``start(notebook_id, globals())``, does in order what every
+notebook needs before any work, so that a bad parameter or an unusable device
+fails in the first seconds with a clear message:
+
+1. validate the parameters cell's values against the notebook's spec
+   (helpers/workbook/specs.py), coercing papermill's strings;
+2. probe torch_npu in a child process before ``import torch`` (a broken
+   torch_npu install otherwise crashes the kernel on import; field case 18);
+3. resolve the device (``auto`` / ``cpu`` / ``cuda`` / ``npu``);
+4. seed Python, NumPy and torch; open the results store and the figure folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from helpers.errors import OutputDirError
+from helpers.workbook.paths import interactive_dir
+from helpers.workbook.specs import validate_notebook_params
+
+log = logging.getLogger(__name__)
+
+
+def headless() -> bool:
+    """True when running without a person at the keyboard (runner, papermill, nbval, CI).
+
+    The runner and the tests set ``WORKBOOK_HEADLESS=1``; CI sets ``CI``.
+    """
+    return os.environ.get("WORKBOOK_HEADLESS", "") not in ("", "0") or bool(os.environ.get("CI"))
+
+
+@dataclass
+class NotebookContext:
+    """What a notebook's cells share after ``start``.
+
+    Attributes
+    ----------
+    notebook : str
+        Notebook id, e.g. "01_baseline_profiling".
+    params : dict
+        Validated parameters.
+    acc : helpers.device.Accelerator
+        The device view.
+    store : helpers.results.ResultsStore
+        Where this notebook's records go.
+    out_dir : pathlib.Path
+        Folder for this run's artefacts; figures go to ``out_dir / "figures"``.
+    """
+
+    notebook: str
+    params: dict
+    acc: Any
+    store: Any
+    out_dir: Path
+    probe: Any = None
+    figures: list = field(default_factory=list)
+
+    @property
+    def figures_dir(self) -> Path:
+        """Folder where figures of every notebook of the run are written."""
+        return self.out_dir / "figures"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        """Folder for this notebook's other artefacts (traces, tables)."""
+        return self.out_dir / "artifacts" / self.notebook
+
+
+def _writable_dir(path: Path, what: str) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputDirError(
+            f"{what} {str(path)!r} cannot be written ({exc.strerror or exc}); "
+            "pass a writable folder (runner: --out DIR; notebook: out_dir=...)"
+        ) from exc
+    return path
+
+
+def start(notebook: str, namespace: Mapping[str, Any], *, need_device: bool = True) -> NotebookContext:
+    """Validate parameters, pick the device and open the results store.
+
+    Parameters
+    ----------
+    notebook : str
+        Notebook id (file stem), e.g. "01_baseline_profiling".
+    namespace : mapping
+        The notebook's ``globals()``: the parameters are read from it by name.
+    need_device : bool
+        Resolve the accelerator (False for notebooks that only read results).
+
+    Returns
+    -------
+    NotebookContext
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        A parameter is of the wrong type, out of range or not allowed.
+    helpers.errors.DeviceUnavailableError
+        The requested device cannot be used here (the message says why).
+    helpers.errors.OutputDirError
+        The output folder cannot be written.
+    """
+    params = validate_notebook_params(notebook, namespace, allow_unknown=True)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    out_dir = Path(params["out_dir"]) if params.get("out_dir") else interactive_dir()
+    _writable_dir(out_dir, "out_dir")
+    results_path = Path(params["results_path"]) if params.get("results_path") else out_dir / "results.jsonl"
+    _writable_dir(results_path.parent, "results_path folder")
+
+    from helpers.diagnose.npu_probe import prepare_torch_import
+
+    probe = prepare_torch_import(fallback_to_cpu=True)
+
+    import numpy as np
+    import torch
+
+    seed = int(params.get("seed", 0))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+    acc = None
+    device_name = None
+    if need_device:
+        from helpers.device import get_accelerator
+
+        acc = get_accelerator(params.get("device", "auto"))
+        device_name = f"{acc.kind}:{acc.name}"
+
+    from helpers.results import ResultsStore
+
+    store = ResultsStore(results_path, notebook=notebook, device=device_name, parameters=params)
+    ctx = NotebookContext(notebook=notebook, params=params, acc=acc, store=store, out_dir=out_dir,
+                          probe=probe)
+    ctx.figures_dir.mkdir(parents=True, exist_ok=True)
+    return ctx

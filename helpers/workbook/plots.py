@@ -1,0 +1,152 @@
+"""Figures of the workbook (matplotlib), saved where the report finds them.
+
+Every figure a notebook draws is saved as ``<out_dir>/figures/<notebook>__<name>.png``;
+the report embeds the figures of each notebook in its section, in name order.
+Plot functions take DataFrames with documented columns and return the figure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+if os.environ.get("WORKBOOK_HEADLESS") and "MPLBACKEND" not in os.environ:
+    matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+PHASE_COLORS = {
+    "data": "#d95f02",      # waiting for the input pipeline
+    "h2d": "#7570b3",       # host-to-device copy
+    "compute": "#1b9e77",   # forward, backward, optimizer on the device
+    "other": "#999999",
+}
+
+
+def figure_path(out_dir: Path, notebook: str, name: str) -> Path:
+    """Return the file a figure of ``notebook`` called ``name`` is saved to."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+    return Path(out_dir) / "figures" / f"{notebook}__{safe}.png"
+
+
+def save_figure(fig, ctx, name: str, *, dpi: int = 100) -> Path:
+    """Save ``fig`` as PNG for the report and remember it in ``ctx.figures``.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+    ctx : helpers.workbook.nbsetup.NotebookContext
+    name : str
+        Short name, unique within the notebook (e.g. "phase_breakdown").
+    dpi : int
+        Resolution; modest by default to keep notebooks and reports small.
+
+    Returns
+    -------
+    pathlib.Path
+        The PNG written.
+    """
+    path = figure_path(ctx.out_dir, ctx.notebook, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    ctx.figures.append(path)
+    return path
+
+
+def phase_breakdown(totals: "pd.DataFrame", phases=("data", "h2d", "compute"), *, title: str = ""):
+    """Stacked bar of where a step's time goes, one bar per variant.
+
+    Parameters
+    ----------
+    totals : pandas.DataFrame
+        One row per variant (index = variant label), one column per phase,
+        values = median seconds per step.
+    phases : sequence of str
+        Columns to stack, bottom to top.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 1.2 + 0.6 * len(totals)))
+    left = [0.0] * len(totals)
+    labels = [str(i) for i in totals.index]
+    for phase in phases:
+        if phase not in totals:
+            continue
+        ms = (totals[phase] * 1e3).tolist()
+        ax.barh(labels, ms, left=left, color=PHASE_COLORS.get(phase, None), label=phase)
+        for i, (l0, w) in enumerate(zip(left, ms)):
+            total = sum(totals.iloc[i][p] for p in phases if p in totals) * 1e3
+            if total > 0 and w / total > 0.08:
+                ax.text(l0 + w / 2, i, f"{phase}\n{100 * w / total:.0f}%", ha="center", va="center",
+                        fontsize=8, color="white")
+        left = [a + b for a, b in zip(left, ms)]
+    ax.set_xlabel("median time per step (ms)")
+    ax.legend(loc="lower right", fontsize=8, ncols=len(phases))
+    ax.invert_yaxis()
+    ax.set_title(title or "Where a training step's time goes")
+    fig.tight_layout()
+    return fig
+
+
+def step_timeline(frame: "pd.DataFrame", *, max_steps: int = 12, title: str = ""):
+    """Gantt-style timeline of phases per step.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        Columns ``step`` (int), ``phase`` (str), ``start_s`` and ``duration_s``
+        (seconds), as returned by :meth:`helpers.timing.PhaseTimer.frame`.
+    max_steps : int
+        Show at most the first ``max_steps`` steps present in ``frame``.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    steps = sorted(frame["step"].unique())[:max_steps]
+    sub = frame[frame["step"].isin(steps)]
+    t0 = float(sub["start_s"].min()) if len(sub) else 0.0
+    phases = [p for p in PHASE_COLORS if p in set(sub["phase"])] + \
+        sorted(set(sub["phase"]) - set(PHASE_COLORS))
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(phases)))
+    for row, phase in enumerate(phases):
+        part = sub[sub["phase"] == phase]
+        spans = [((s - t0) * 1e3, d * 1e3) for s, d in zip(part["start_s"], part["duration_s"])]
+        ax.broken_barh(spans, (row - 0.4, 0.8), color=PHASE_COLORS.get(phase, "#666666"))
+    ax.set_yticks(range(len(phases)), phases)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the first measured step (ms)")
+    ax.set_title(title or f"Per-step timeline ({len(steps)} steps)")
+    fig.tight_layout()
+    return fig
+
+
+def distribution(values_ms, *, xlabel: str, title: str = ""):
+    """Histogram of per-item times with the median marked.
+
+    Parameters
+    ----------
+    values_ms : sequence of float
+        Times in milliseconds.
+    """
+    import numpy as np
+
+    v = np.asarray(values_ms, dtype=float)
+    fig, ax = plt.subplots(figsize=(6, 2.8))
+    ax.hist(v, bins=min(30, max(5, len(v) // 3)), color="#d95f02", alpha=0.8)
+    med = float(np.median(v))
+    ax.axvline(med, color="black", linestyle="--", label=f"median {med:.1f} ms")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("count")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,442 @@
+"""Run the workbook: execute the numbered notebooks with papermill into a run folder.
+
+A run folder holds the executed notebooks, ``results.jsonl`` (every record the
+notebooks appended), ``run.json`` (status, duration and error of each
+notebook, rewritten after each one) and ``report.html`` / ``report.md``.
+
+Behaviour a user can rely on:
+
+* every parameter of every selected notebook is validated, and the device is
+  checked, before the first notebook starts;
+* a failing notebook is recorded with its failing cell and error, and the
+  others still run; the exit status says that something failed;
+* an interrupted run keeps what finished; ``--resume`` runs only what did not
+  finish (a notebook's partial records are dropped before it is rerun).
+
+This module does not import torch: the kernel does the device work, and a
+broken accelerator install cannot crash the runner.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import yaml
+
+from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
+from helpers.workbook.paths import notebooks_dir, runs_dir
+from helpers.workbook.specs import DEVICE_CHOICES, PROFILES, spec_for, validate_notebook_params
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
+RESULTS_FILE = "results.jsonl"
+#: Parameters the runner sets itself; profiles must not set them.
+RUNNER_PARAMS = ("device", "results_path", "out_dir")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Options of one run (the command line's ``run`` options).
+
+    Attributes
+    ----------
+    profile : str
+        Parameter profile: "smoke", "quick" or "full" (notebooks/profiles/<name>.yaml).
+    device : str
+        "auto", "cpu", "cuda" or "npu".
+    only : tuple of str
+        Notebook numbers or ids to run ("01", "1", "01_baseline_profiling"); empty = all.
+    out : pathlib.Path or None
+        Run folder; None = a new folder under runs/.
+    resume : bool
+        Continue the run in ``out`` (or the latest run) and skip notebooks that finished.
+    timeout_s : float
+        Limit for one notebook cell, seconds.
+    """
+
+    profile: str = "quick"
+    device: str = "auto"
+    only: tuple[str, ...] = ()
+    out: Path | None = None
+    resume: bool = False
+    timeout_s: float = 1800.0
+
+
+@dataclass
+class NotebookRun:
+    """Status of one notebook in a run (an entry of run.json)."""
+
+    id: str
+    input: str
+    output: str
+    parameters: dict
+    status: str = "pending"  # pending | running | ok | failed | interrupted
+    duration_s: float | None = None
+    error: dict | None = None
+
+
+@dataclass
+class RunState:
+    """The content of run.json."""
+
+    run_dir: str
+    profile: str
+    device: str
+    resolved_device: str | None
+    only: list
+    started: str
+    status: str = "running"  # running | ok | failed | interrupted
+    duration_s: float | None = None
+    notebooks: list = field(default_factory=list)
+
+    def save(self, run_dir: Path) -> None:
+        """Write run.json atomically."""
+        tmp = run_dir / (RUN_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, run_dir / RUN_FILE)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "RunState":
+        """Read run.json of ``run_dir``."""
+        data = json.loads((run_dir / RUN_FILE).read_text())
+        nbs = [NotebookRun(**n) for n in data.pop("notebooks", [])]
+        return cls(notebooks=nbs, **data)
+
+
+# --------------------------------------------------------------------------- discovery and plan
+
+def discover_notebooks(folder: Path | None = None) -> list[Path]:
+    """Return the numbered notebooks (``NN_name.ipynb``) of ``folder``, in order."""
+    folder = folder or notebooks_dir()
+    return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb") if p.is_file())
+
+
+def select_notebooks(notebooks: Sequence[Path], only: Sequence[str]) -> list[Path]:
+    """Pick the notebooks named in ``only`` (numbers like "01" or "1", or ids).
+
+    Raises
+    ------
+    ParameterError
+        If a name matches no notebook (the message lists the available ones).
+    """
+    if not only:
+        return list(notebooks)
+    chosen, unknown = [], []
+    for item in only:
+        key = str(item).strip()
+        match = [p for p in notebooks
+                 if p.stem == key or (key.isdigit() and int(key) == int(p.stem[:2]))]
+        if not match:
+            unknown.append(key)
+        for p in match:
+            if p not in chosen:
+                chosen.append(p)
+    if unknown:
+        avail = ", ".join(p.stem for p in notebooks)
+        raise ParameterError(f"--only: no notebook {', '.join(map(repr, unknown))}; available: {avail}")
+    return sorted(chosen)
+
+
+def load_profile(name: str, folder: Path | None = None) -> dict:
+    """Read a parameter profile: ``{"common": {...}, "<notebook id>": {...}}``.
+
+    Raises
+    ------
+    ParameterError
+        Unknown profile name, or a profile file that is not a mapping.
+    """
+    if name not in PROFILES:
+        raise ParameterError(f"--profile: {name!r} is not one of {', '.join(PROFILES)}")
+    path = (folder or notebooks_dir()) / "profiles" / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ParameterError(f"profile file {path.name} must hold a mapping, got {type(data).__name__}")
+    return data
+
+
+def notebook_parameter_names(path: Path) -> set[str]:
+    """Names declared in the notebook's ``parameters`` cell (papermill's own parser)."""
+    import papermill as pm
+
+    return set(pm.inspect_notebook(str(path)).keys())
+
+
+def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path) -> dict:
+    """Parameters passed to one notebook: profile values, then the runner's own.
+
+    Raises
+    ------
+    ParameterError
+        A profile sets a name the notebook does not declare, or a value is invalid.
+    """
+    params = {}
+    declared = notebook_parameter_names(nb)
+    for source in (profile.get("common") or {}, profile.get(nb.stem) or {}):
+        for key, value in source.items():
+            if key in RUNNER_PARAMS:
+                raise ParameterError(f"profile sets {key!r} for {nb.stem}; the runner sets it (use --{key.replace('_', '-')})")
+            if key in declared:
+                params[key] = value
+            elif source is not profile.get("common"):
+                raise ParameterError(
+                    f"profile sets unknown parameter {key!r} for {nb.stem}; it declares: {', '.join(sorted(declared))}")
+    params.update(device=device, results_path=str(run_dir / RESULTS_FILE), out_dir=str(run_dir))
+    params = {k: v for k, v in params.items() if k in declared}
+    validate_notebook_params(nb.stem, params)  # raises before any work
+    return params
+
+
+def check_device(device: str, *, timeout_s: float = 300.0) -> str:
+    """Resolve ``device`` in a child process and return "kind:name".
+
+    The child imports torch (and torch_npu where usable), so a broken install
+    cannot take the runner down with it.
+
+    Raises
+    ------
+    ParameterError
+        Unknown device kind.
+    DeviceUnavailableError
+        The device cannot be used here; the message is the device view's reason.
+    """
+    if device not in DEVICE_CHOICES:
+        raise ParameterError(f"--device: {device!r} is not one of {', '.join(DEVICE_CHOICES)}")
+    code = (
+        "import json,sys\n"
+        "from helpers.diagnose.npu_probe import prepare_torch_import\n"
+        "prepare_torch_import(fallback_to_cpu=True)\n"
+        "from helpers.device import get_accelerator\n"
+        "try:\n"
+        f"    a = get_accelerator({device!r})\n"
+        "except Exception as e:\n"
+        "    print(json.dumps({'error': f'{type(e).__name__}: {e}'})); sys.exit(0)\n"
+        "print(json.dumps({'device': f'{a.kind}:{a.name}'}))\n"
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise DeviceUnavailableError(f"checking device {device!r} did not finish in {timeout_s:.0f} s") from None
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        raise DeviceUnavailableError(f"checking device {device!r} failed:\n{tail}")
+    out = json.loads(lines[-1])
+    if "error" in out:
+        raise DeviceUnavailableError(out["error"])
+    return out["device"]
+
+
+def new_run_dir(profile: str, device: str) -> Path:
+    """Return a new, not yet existing run folder under runs/."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = runs_dir() / f"{stamp}-{profile}-{device}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def latest_run_dir() -> Path | None:
+    """Return the most recently started run folder (one with run.json), if any."""
+    root = runs_dir()
+    if not root.is_dir():
+        return None
+    cands = [p for p in root.iterdir() if (p / RUN_FILE).is_file()]
+    return max(cands, key=lambda p: (p / RUN_FILE).stat().st_mtime, default=None)
+
+
+def _prepare_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputDirError(
+            f"run folder {str(path)!r} cannot be written ({exc.strerror or exc}); pass a writable folder with --out"
+        ) from exc
+    return path
+
+
+def drop_records(results: Path, notebook: str) -> int:
+    """Remove the records of ``notebook`` from a results file (before rerunning it).
+
+    Returns the number of lines removed. Lines that are not valid JSON (an
+    interrupted write) are removed too.
+    """
+    if not results.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in results.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if rec.get("notebook") == notebook:
+            dropped += 1
+        else:
+            keep.append(line)
+    tmp = results.with_suffix(".tmp")
+    tmp.write_text("".join(k + "\n" for k in keep))
+    os.replace(tmp, results)
+    return dropped
+
+
+# --------------------------------------------------------------------------- execution
+
+def _error_info(exc: BaseException) -> dict:
+    info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[-1][:500] if str(exc).strip() else ""}
+    for attr in ("ename", "evalue", "cell_index", "exec_count"):
+        if hasattr(exc, attr):
+            info[attr] = getattr(exc, attr)
+    if getattr(exc, "source", None):
+        info["cell_source"] = str(exc.source)[:1000]
+    if "ename" in info:
+        info["message"] = f"{info['ename']}: {info.get('evalue', '')}"[:500]
+    return info
+
+
+def execute_notebook(nb: NotebookRun, *, timeout_s: float, progress: bool) -> None:
+    """Execute one notebook with papermill (kernel "python3", cwd = notebooks/)."""
+    import papermill as pm
+
+    pm.execute_notebook(
+        nb.input, nb.output, parameters=nb.parameters, kernel_name="python3",
+        cwd=str(Path(nb.input).parent), progress_bar=progress, log_output=False,
+        execution_timeout=int(timeout_s), start_timeout=120,
+    )
+
+
+def run(options: RunOptions, *, echo: Callable[[str], None] = print,
+        executor: Callable[..., None] = execute_notebook,
+        device_checker: Callable[[str], str] = check_device,
+        notebooks_folder: Path | None = None) -> tuple[Path, RunState]:
+    """Run the workbook; return the run folder and its final state.
+
+    Parameters
+    ----------
+    options : RunOptions
+    echo : callable
+        Where progress lines go (the console by default).
+    executor : callable
+        Executes one notebook; tests substitute it.
+    device_checker : callable
+        Resolves the device before any work (default: :func:`check_device`).
+    notebooks_folder : pathlib.Path, optional
+        Where the notebooks and ``profiles/`` are (default: the repository's notebooks/).
+
+    Raises
+    ------
+    ParameterError, DeviceUnavailableError, OutputDirError
+        Before any notebook starts.
+    KeyboardInterrupt
+        After recording the interrupted notebook and writing the report.
+    """
+    os.environ.setdefault("WORKBOOK_HEADLESS", "1")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    all_nbs = discover_notebooks(notebooks_folder)
+
+    if options.resume:
+        run_dir = options.out or latest_run_dir()
+        if run_dir is None or not (Path(run_dir) / RUN_FILE).is_file():
+            raise ParameterError("--resume: no run to resume" + (f" in {run_dir}" if run_dir else " under runs/")
+                                 + "; start a run first (python -m helpers run)")
+        run_dir = Path(run_dir)
+        state = RunState.load(run_dir)
+        echo(f"Resuming {run_dir} (profile {state.profile}, device {state.device})")
+        profile, device = state.profile, state.device
+        resolved = device_checker(device)
+    else:
+        profile_data = load_profile(options.profile, notebooks_folder)  # validates the name
+        selected = select_notebooks(all_nbs, options.only)
+        if options.device not in DEVICE_CHOICES:
+            raise ParameterError(f"--device: {options.device!r} is not one of {', '.join(DEVICE_CHOICES)}")
+        run_dir = Path(options.out) if options.out else new_run_dir(options.profile, options.device)
+        if (run_dir / RUN_FILE).exists():
+            raise ParameterError(f"--out: {run_dir} already holds a run; add --resume to continue it, "
+                                 "or choose a new folder")
+        # Validate every notebook's parameters, then the device, before any work.
+        entries = []
+        for nb in selected:
+            spec_for(nb.stem)
+            params = build_parameters(nb, profile_data, device=options.device, run_dir=run_dir)
+            entries.append(NotebookRun(id=nb.stem, input=str(nb), output=str(run_dir / nb.name),
+                                       parameters=params))
+        resolved = device_checker(options.device)
+        _prepare_dir(run_dir)
+        state = RunState(run_dir=str(run_dir), profile=options.profile, device=options.device,
+                         resolved_device=resolved, only=list(options.only),
+                         started=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                         notebooks=entries)
+        profile, device = options.profile, options.device
+        state.save(run_dir)
+
+    echo(f"Run folder: {run_dir}")
+    echo(f"Profile {profile}, device {device} -> {resolved}; {len(state.notebooks)} notebook(s)")
+    progress = sys.stderr.isatty()
+    t_run = time.perf_counter()
+    todo = [n for n in state.notebooks if n.status != "ok"]
+    if options.resume:
+        done = len(state.notebooks) - len(todo)
+        echo(f"{done} notebook(s) already finished; running {len(todo)}")
+    state.status = "running"
+    state.save(run_dir)
+    try:
+        for i, nb in enumerate(state.notebooks, 1):
+            if nb.status == "ok":
+                continue
+            drop_records(run_dir / RESULTS_FILE, nb.id)
+            echo(f"[{i}/{len(state.notebooks)}] {nb.id} ...")
+            nb.status, nb.error = "running", None
+            state.save(run_dir)
+            t0 = time.perf_counter()
+            try:
+                executor(nb, timeout_s=options.timeout_s, progress=progress)
+                nb.status = "ok"
+            except KeyboardInterrupt:
+                nb.status = "interrupted"
+                nb.duration_s = round(time.perf_counter() - t0, 2)
+                raise
+            except Exception as exc:  # a failing notebook must not stop the others
+                nb.status = "failed"
+                nb.error = _error_info(exc)
+            nb.duration_s = round(time.perf_counter() - t0, 2)
+            state.save(run_dir)
+            line = f"[{i}/{len(state.notebooks)}] {nb.id}: {nb.status} in {nb.duration_s:.1f} s"
+            if nb.error:
+                cell = nb.error.get("cell_index")
+                line += f" — {nb.error['message']}" + (f" (cell {cell})" if cell is not None else "")
+            echo(line)
+    except KeyboardInterrupt:
+        state.status = "interrupted"
+        echo("Interrupted: what finished is kept; continue with: python -m helpers run --resume "
+             f"--out {run_dir}")
+        raise
+    finally:
+        state.duration_s = round((state.duration_s or 0) + time.perf_counter() - t_run, 2)
+        if state.status != "interrupted":
+            failed = [n.id for n in state.notebooks if n.status != "ok"]
+            state.status = "failed" if failed else "ok"
+        state.save(run_dir)
+        try:
+            from helpers.workbook.report import write_report
+
+            html, md = write_report(run_dir)
+            echo(f"Report: {html}")
+            echo(f"        {md}")
+        except Exception as exc:  # the report must never lose the run
+            log.exception("could not write the report")
+            echo(f"Report could not be written: {type(exc).__name__}: {exc}")
+    return run_dir, state

@@ -1,0 +1,111 @@
+"""The parameters of every notebook, declared once.
+
+The runner validates a run's parameters against these specs before any
+notebook starts, and each notebook validates its own parameters cell against
+the same spec in its first code cell, so a bad value fails in the same words
+whichever way the notebook was started (runner, papermill CLI, JupyterLab).
+A test keeps each spec identical to the names in the notebook's
+``parameters`` cell.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from helpers.errors import ParameterError
+from helpers.params import Param, validate
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
+PROFILES = ("smoke", "quick", "full")
+
+_COMMON = (
+    Param("device", str, "auto", "device kind to run on", choices=DEVICE_CHOICES),
+    Param("results_path", str, "", "JSON-lines results file; '' = runs/interactive/results.jsonl"),
+    Param("out_dir", str, "", "folder for figures and traces; '' = runs/interactive"),
+)
+
+_DATA = (
+    Param("data_dir", str, "", "folder of images (optional captions.csv); '' = the embedded photos"),
+    Param("max_images", int, 0, "use at most this many images (0 = all)", minimum=0),
+    Param("seed", int, 0, "seed for data order, augmentation and model init", minimum=0),
+)
+
+SPECS: dict[str, tuple[Param, ...]] = {
+    "00_environment_check": _COMMON + (
+        Param("npu_probe_timeout_s", float, 120.0, "seconds to wait for the torch_npu probe",
+              minimum=1.0, maximum=3600.0),
+        Param("fallback_to_cpu", bool, True,
+              "if torch_npu is broken, import torch without it (TORCH_DEVICE_BACKEND_AUTOLOAD=0)"),
+    ),
+    "01_baseline_profiling": _COMMON + _DATA + (
+        Param("batch_size", int, 32, "samples per training step", minimum=1, maximum=4096),
+        Param("image_size", int, 128, "side of the square training crop, px", minimum=16, maximum=1024),
+        Param("text_len", int, 16, "caption length in tokens (padded/truncated)", minimum=2, maximum=512),
+        Param("model_width", int, 16, "channels of the first conv stage (stages use 1x, 2x, 4x)",
+              minimum=4, maximum=512),
+        Param("d_model", int, 64, "width of the text transformer", minimum=8, maximum=4096),
+        Param("steps", int, 20, "measured training steps", minimum=1, maximum=100000),
+        Param("warmup_steps", int, 3, "steps run before measuring (excluded)", minimum=0, maximum=1000),
+        Param("host_bound_threshold", float, 0.10,
+              "exposed input time / step time above which the job is called host-bound",
+              minimum=0.0, maximum=1.0),
+        Param("preprocess_samples", int, 64, "images timed one by one for ms/image", minimum=1,
+              maximum=100000),
+        Param("profile_steps", int, 2, "steps recorded by the profiler (0 = skip profiling)",
+              minimum=0, maximum=100),
+    ),
+}
+
+
+def notebook_ids() -> tuple[str, ...]:
+    """Return the ids (file stems) of the notebooks that have a spec, in order."""
+    return tuple(sorted(SPECS))
+
+
+def spec_for(notebook: str) -> tuple[Param, ...]:
+    """Return the parameter spec of ``notebook`` (its file stem, e.g. "01_baseline_profiling").
+
+    Raises
+    ------
+    ParameterError
+        If the notebook has no spec (a new notebook must declare one here).
+    """
+    try:
+        return SPECS[notebook]
+    except KeyError:
+        raise ParameterError(
+            f"no parameter spec for notebook {notebook!r}; known: {', '.join(SPECS)}. "
+            "Add one to helpers/workbook/specs.py."
+        ) from None
+
+
+def validate_notebook_params(notebook: str, values: Mapping[str, object], *,
+                             allow_unknown: bool = False) -> dict:
+    """Validate and coerce the parameters of one notebook.
+
+    Parameters
+    ----------
+    notebook : str
+        Notebook id (file stem).
+    values : mapping
+        Parameter values; strings from the papermill command line are coerced
+        to the declared type (``"32"`` -> 32, ``"false"`` -> False).
+    allow_unknown : bool
+        Ignore names that the spec does not declare (used when reading a
+        notebook's globals, which hold much more than its parameters).
+
+    Returns
+    -------
+    dict
+        Every declared parameter, coerced, defaults filled in.
+
+    Raises
+    ------
+    ParameterError
+        Listing every problem at once: the name, the value seen, what is allowed.
+    """
+    spec = spec_for(notebook)
+    if allow_unknown:
+        names = {p.name for p in spec}
+        values = {k: v for k, v in values.items() if k in names}
+    return validate(values, spec)

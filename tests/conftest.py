@@ -1,0 +1,19 @@
+"""Test-session settings shared by every test and by the notebook kernels they start.
+
+Environment variables set here reach papermill and nbval kernels (they
+inherit the pytest process's environment):
+
+* ``WORKBOOK_HEADLESS=1``: widgets are evaluated once, no progress bars;
+* ``MPLBACKEND=Agg``: no display needed;
+* ``WORKBOOK_RUNS_DIR``: run folders (and the notebooks' interactive output)
+  go to a temporary folder, not into the repository's runs/.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ["WORKBOOK_HEADLESS"] = "1"
+os.environ["MPLBACKEND"] = "Agg"
+os.environ.setdefault("WORKBOOK_RUNS_DIR", tempfile.mkdtemp(prefix="workbook-test-runs-"))

@@ -1,0 +1,121 @@
+"""The notebooks: well-formed, parameters match their specs, and a smoke run produces the promised records.
+
+nbval (lax mode, tests/nbval_sanitize.cfg) also runs every committed notebook
+with its default parameters as part of `make test` (see pyproject's addopts).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import papermill as pm
+import pytest
+
+from helpers.results import load_results
+from helpers.workbook.nbtools import is_check_cell
+from helpers.workbook.runner import RunOptions, discover_notebooks, run
+from helpers.workbook.specs import spec_for
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = discover_notebooks(ROOT / "notebooks")
+
+
+def test_there_are_notebooks():
+    assert [p.stem[:2] for p in NOTEBOOKS][:2] == ["00", "01"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_well_formed(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
+    first_md = nb.cells[0].source
+    assert first_md.startswith("# ") and "What you'll do" in first_md and "What you'll need" in first_md
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    for heading in ("## Summary", "## On your own", "## In practice", "## Further reading"):
+        assert heading in text, heading
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        assert "time.time()" not in cell.source, "time with helpers.timing, not time.time()"
+        assert "interact_manual" not in cell.source
+        assert not any(o.get("output_type") == "error" for o in cell.outputs)
+        if cell.outputs:
+            assert cell.execution_count is not None and is_check_cell(cell), \
+                "only NBVAL_CHECK_OUTPUT cells keep outputs (python -m helpers.workbook.nbtools clean)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_parameters_cell_matches_spec(path):
+    declared = pm.inspect_notebook(str(path))
+    spec = {p.name: p for p in spec_for(path.stem)}
+    assert set(declared) == set(spec)
+    for name, info in declared.items():
+        assert info["inferred_type_name"] == spec[name].kind.__name__, name
+        assert info["help"], f"{name} needs a comment"
+        assert eval(info["default"]) == spec[name].default, name  # literals only
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke") / "run"
+    run_dir, state = run(RunOptions(profile="smoke", device="cpu", out=out, timeout_s=600), echo=print)
+    return run_dir, state
+
+
+@pytest.mark.notebook
+def test_smoke_run_finishes_every_notebook(smoke_run):
+    run_dir, state = smoke_run
+    failed = {n.id: n.error for n in state.notebooks if n.status != "ok"}
+    assert not failed, failed
+    assert {n.id for n in state.notebooks} == {p.stem for p in NOTEBOOKS}
+    saved = json.loads((run_dir / "run.json").read_text())
+    assert saved["status"] == "ok" and all(n["duration_s"] > 0 for n in saved["notebooks"])
+
+
+@pytest.mark.notebook
+def test_smoke_run_records_a_verdict_per_notebook(smoke_run):
+    run_dir, _ = smoke_run
+    df = load_results(run_dir / "results.jsonl")
+    verdicts = df[df["experiment"] == "verdict"]
+    assert set(verdicts["notebook"]) == {p.stem for p in NOTEBOOKS}
+    for _, v in verdicts.iterrows():
+        assert v["metric"] and v["unit"] and v["reason"]
+        assert v["recommendation"] in ("enable", "leave off", "not applicable", "host-bound", "device-bound")
+
+
+@pytest.mark.notebook
+def test_smoke_run_baseline_records(smoke_run):
+    run_dir, _ = smoke_run
+    df = load_results(run_dir / "results.jsonl")
+    b = df[df["notebook"] == "01_baseline_profiling"]
+    per_image = b[(b["experiment"] == "preprocess") & (b["metric"] == "time_per_image")]
+    assert len(per_image) == 1 and per_image["value"].iloc[0] > 0 and per_image["repeats"].iloc[0] == 12
+    phases = b[(b["experiment"] == "baseline step") & (b["metric"] == "time_per_step")]
+    assert set(phases["variant"]) == {"data", "h2d", "compute", "step"}
+    med = dict(zip(phases["variant"], phases["value"]))
+    assert med["data"] > 0 and med["compute"] > 0
+    assert med["step"] == pytest.approx(med["data"] + med["h2d"] + med["compute"], rel=0.35)
+    verdict = b[b["experiment"] == "verdict"].iloc[-1]
+    assert verdict["metric"] == "exposed_input_fraction" and 0 < verdict["value"] < 1
+    assert verdict["recommendation"] in ("host-bound", "device-bound")
+    for r in b.itertuples():
+        assert r.device and r.device.startswith("cpu") and r.versions.get("torch")
+        assert r.parameters.get("batch_size") == 8
+
+
+@pytest.mark.notebook
+def test_smoke_run_report_shows_verdicts_and_figures(smoke_run):
+    run_dir, _ = smoke_run
+    html = (run_dir / "report.html").read_text()
+    md = (run_dir / "report.md").read_text()
+    assert "id='checklist'" in html and "data:image/png;base64," in html
+    assert "host-bound" in md or "device-bound" in md
+    figs = sorted(p.name for p in (run_dir / "figures").glob("*.png"))
+    assert "01_baseline_profiling__phase_breakdown.png" in figs
+    assert "01_baseline_profiling__step_timeline.png" in figs
+    assert any((run_dir / "artifacts" / "01_baseline_profiling" / "profile").rglob("*.json"))

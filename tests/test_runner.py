@@ -1,0 +1,189 @@
+"""The runner: failures are contained, runs resume, bad input fails before work starts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from helpers.errors import OutputDirError, ParameterError
+from helpers.workbook import runner
+from helpers.workbook.runner import RunOptions, drop_records, run, select_notebooks
+from helpers.workbook.specs import spec_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fake_device(kind: str) -> str:
+    return "cpu:test"
+
+
+def _params_cell(nb_id: str) -> str:
+    lines = []
+    for p in spec_for(nb_id):
+        lines.append(f"{p.name}: {p.kind.__name__} = {p.default!r}  # {p.help}")
+    return "\n".join(lines)
+
+
+def _write_nb(folder: Path, nb_id: str, body: str) -> Path:
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cell = new_code_cell(_params_cell(nb_id))
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, new_code_cell(body)]
+    path = folder / f"{nb_id}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+RECORD_BODY = """
+from helpers.results import ResultsStore
+store = ResultsStore(results_path, notebook={nb!r})
+store.verdict(metric="m", value=1.0, unit="x", recommendation="enable", reason="test")
+"""
+
+
+@pytest.fixture
+def nb_folder(tmp_path):
+    """A notebooks folder with the real ids: 00 raises in its second cell, 01 records a verdict."""
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    shutil.copytree(ROOT / "notebooks" / "profiles", folder / "profiles")
+    _write_nb(folder, "00_environment_check", "raise RuntimeError('boom in the notebook')")
+    _write_nb(folder, "01_baseline_profiling", RECORD_BODY.format(nb="01_baseline_profiling"))
+    return folder
+
+
+@pytest.mark.notebook
+def test_failing_notebook_does_not_stop_the_others(nb_folder, tmp_path):
+    out = tmp_path / "run"
+    lines = []
+    run_dir, state = run(RunOptions(profile="smoke", out=out, timeout_s=120), echo=lines.append,
+                         device_checker=_fake_device, notebooks_folder=nb_folder)
+    statuses = {n.id: n.status for n in state.notebooks}
+    assert statuses == {"00_environment_check": "failed", "01_baseline_profiling": "ok"}
+    assert state.status == "failed"
+    err = next(n.error for n in state.notebooks if n.id == "00_environment_check")
+    assert err["ename"] == "RuntimeError" and "boom in the notebook" in err["evalue"]
+    assert err["cell_index"] is not None
+    saved = json.loads((out / "run.json").read_text())
+    assert saved["status"] == "failed"
+    records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["notebook"] for r in records] == ["01_baseline_profiling"]
+    report = (out / "report.md").read_text()
+    assert "boom in the notebook" in report and "01_baseline_profiling" in report
+    assert (out / "report.html").is_file() and (out / "00_environment_check.ipynb").is_file()
+
+
+def test_interrupted_run_resumes_where_it_stopped(tmp_path):
+    out = tmp_path / "run"
+    calls = []
+
+    def interrupting(nb, **kw):
+        calls.append(nb.id)
+        Path(nb.parameters["results_path"]).open("a").write(
+            json.dumps({"notebook": nb.id, "experiment": "e", "variant": "v", "metric": "m", "value": 1,
+                        "unit": "x"}) + "\n")
+        if nb.id.startswith("01"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(RunOptions(profile="smoke", out=out), echo=lambda s: None, executor=interrupting,
+            device_checker=_fake_device)
+    state = json.loads((out / "run.json").read_text())
+    assert state["status"] == "interrupted"
+    assert [n["status"] for n in state["notebooks"]][:2] == ["ok", "interrupted"]
+
+    resumed = []
+
+    def recording(nb, **kw):
+        resumed.append(nb.id)
+
+    _, st = run(RunOptions(resume=True, out=out), echo=lambda s: None, executor=recording,
+                device_checker=_fake_device)
+    assert "00_environment_check" not in resumed and resumed[0] == "01_baseline_profiling"
+    assert st.status == "ok"
+    # the interrupted notebook's partial record was dropped before its rerun; 00's record kept
+    notebooks = [json.loads(x)["notebook"] for x in (out / "results.jsonl").read_text().splitlines()]
+    assert notebooks == ["00_environment_check"]
+
+
+def test_bad_profile_value_fails_before_any_notebook(tmp_path, monkeypatch):
+    folder = tmp_path / "notebooks"
+    shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns("*.ipynb"))
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        shutil.copy(nb, folder / nb.name)
+    (folder / "profiles" / "smoke.yaml").write_text("01_baseline_profiling:\n  batch_size: -4\n  steps: lots\n")
+    called = []
+    with pytest.raises(ParameterError) as exc:
+        run(RunOptions(profile="smoke", out=tmp_path / "run"), echo=lambda s: None,
+            executor=lambda nb, **kw: called.append(nb.id), device_checker=_fake_device, notebooks_folder=folder)
+    msg = str(exc.value)
+    assert "batch_size" in msg and "-4" in msg and "steps" in msg and "'lots'" in msg
+    assert called == []
+
+
+def test_profile_with_unknown_parameter_is_rejected(tmp_path):
+    folder = tmp_path / "notebooks"
+    shutil.copytree(ROOT / "notebooks", folder)
+    (folder / "profiles" / "smoke.yaml").write_text("01_baseline_profiling:\n  batchsize: 4\n")
+    with pytest.raises(ParameterError, match="batchsize"):
+        run(RunOptions(profile="smoke", out=tmp_path / "run"), echo=lambda s: None,
+            executor=lambda nb, **kw: None, device_checker=_fake_device, notebooks_folder=folder)
+
+
+def test_unwritable_output_folder(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(OutputDirError, match="a-file"):
+        run(RunOptions(profile="smoke", out=blocker / "run"), echo=lambda s: None,
+            executor=lambda nb, **kw: None, device_checker=_fake_device)
+
+
+def test_existing_run_folder_needs_resume(tmp_path):
+    out = tmp_path / "run"
+    run(RunOptions(profile="smoke", out=out, only=("00",)), echo=lambda s: None,
+        executor=lambda nb, **kw: None, device_checker=_fake_device)
+    with pytest.raises(ParameterError, match="--resume"):
+        run(RunOptions(profile="smoke", out=out), echo=lambda s: None,
+            executor=lambda nb, **kw: None, device_checker=_fake_device)
+
+
+def test_select_notebooks_by_number_and_id():
+    nbs = [Path("00_environment_check.ipynb"), Path("01_baseline_profiling.ipynb")]
+    assert select_notebooks(nbs, ["1"]) == [nbs[1]]
+    assert select_notebooks(nbs, ["01_baseline_profiling", "00"]) == nbs
+    with pytest.raises(ParameterError, match="'07'.*available: 00_environment_check"):
+        select_notebooks(nbs, ["07"])
+
+
+def test_drop_records_removes_one_notebook_and_corrupt_lines(tmp_path):
+    f = tmp_path / "results.jsonl"
+    f.write_text('{"notebook": "a"}\n{"notebook": "b"}\n{"notebook": "a", "trunc')
+    assert drop_records(f, "a") == 2
+    assert f.read_text() == '{"notebook": "b"}\n'
+
+
+def _cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "helpers", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_cli_rejects_unknown_device_and_notebook():
+    p = _cli("run", "--device", "gpu")
+    assert p.returncode == 2 and "gpu" in p.stderr and "cuda" in p.stderr
+    p = _cli("run", "--only", "99", "--out", "/tmp/never-created-run-folder")
+    assert p.returncode == 2 and "99" in p.stderr and "available" in p.stderr
+    assert not Path("/tmp/never-created-run-folder/run.json").exists()
+
+
+def test_cli_unusable_device_says_why(tmp_path):
+    p = _cli("run", "--device", "npu", "--out", str(tmp_path / "run"))
+    assert p.returncode == 2
+    assert "npu" in p.stderr.lower() and "torch_npu" in p.stderr
