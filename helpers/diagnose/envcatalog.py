@@ -3,8 +3,10 @@
 The catalog is data: one :class:`EnvVar` per setting the workbook knows how to
 validate, with where it is documented. :func:`check_env` reads a mapping (pass
 ``os.environ``; this module does no I/O of its own) and returns one
-:class:`Finding` per set variable that it knows, per invented name, per unknown
-name with a watched prefix, and per cross-variable conflict.
+:class:`Finding` per set variable that the catalog validates (or per problem
+with it), per invented name, per unknown name with a watched prefix, and per
+cross-variable conflict. Real names that are only recognised (:data:`RECOGNISED`,
+e.g. the paths CANN's set_env.sh exports) produce no finding.
 
 Ground truth is ``shared/reference/ascend_api_factcheck.md`` (sections 3 and 7),
 the torch_npu docs under ``docs/zh/api/environment_variable/`` of Ascend/pytorch

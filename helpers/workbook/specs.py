@@ -19,14 +19,15 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
 PROFILES = ("smoke", "quick", "full")
 
 _COMMON = (
-    Param("device", str, "auto", "device kind to run on", choices=DEVICE_CHOICES),
-    Param("results_path", str, "", "JSON-lines results file; '' = runs/interactive/results.jsonl"),
-    Param("out_dir", str, "", "folder for figures and traces; '' = runs/interactive"),
+    Param("device", str, "auto", "device kind to run on", choices=DEVICE_CHOICES,
+          hints={"gpu": "cuda", "ascend": "npu"}),
+    Param("results_path", str, "", "JSON-lines results file; empty: runs/interactive/results.jsonl"),
+    Param("out_dir", str, "", "folder for figures and traces; empty: runs/interactive"),
 )
 
 _DATA = (
-    Param("data_dir", str, "", "folder of images (optional captions.csv); '' = the embedded photos"),
-    Param("max_images", int, 0, "use at most this many images (0 = all)", minimum=0),
+    Param("data_dir", str, "", "folder of images (optional captions.csv); empty: the embedded photos"),
+    Param("max_images", int, 0, "use at most this many images (0 for all)", minimum=0),
     Param("seed", int, 0, "seed for data order, augmentation and model init", minimum=0),
 )
 
@@ -35,7 +36,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("npu_probe_timeout_s", float, 120.0, "seconds to wait for the torch_npu probe",
               minimum=1.0, maximum=3600.0),
         Param("fallback_to_cpu", bool, True,
-              "if torch_npu is broken, import torch without it (TORCH_DEVICE_BACKEND_AUTOLOAD=0)"),
+              "if torch_npu is broken, import torch without it (sets TORCH_DEVICE_BACKEND_AUTOLOAD to 0)"),
     ),
     "01_baseline_profiling": _COMMON + _DATA + (
         Param("batch_size", int, 32, "samples per training step", minimum=1, maximum=4096),
@@ -51,7 +52,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
               minimum=0.0, maximum=1.0),
         Param("preprocess_samples", int, 64, "images timed one by one for ms/image", minimum=1,
               maximum=100000),
-        Param("profile_steps", int, 2, "steps recorded by the profiler (0 = skip profiling)",
+        Param("profile_steps", int, 2, "steps recorded by the profiler (0 skips profiling)",
               minimum=0, maximum=100),
     ),
 }
