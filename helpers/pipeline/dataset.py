@@ -140,6 +140,33 @@ class DatasetIndex:
     def __len__(self) -> int:
         return int(self.paths.shape[0])
 
+    def subset(self, n: int, *, seed: int = 0) -> "DatasetIndex":
+        """Return at most ``n`` images, drawn without replacement, in their original order.
+
+        The draw is a seeded permutation, so every class keeps about its share
+        (taking the first ``n`` files could leave some classes out).
+
+        Parameters
+        ----------
+        n : int
+            Number of images wanted (>= 1). ``n >= len(self)`` returns ``self``.
+        seed : int
+            Seed of the draw.
+
+        Raises
+        ------
+        DataError
+            If ``n < 1``.
+        """
+        if n < 1:
+            raise DataError(f"subset size must be >= 1, got {n}")
+        if n >= len(self):
+            return self
+        keep = np.sort(np.random.default_rng(seed).permutation(len(self))[:n])
+        return DatasetIndex(root=self.root, paths=self.paths[keep], captions=self.captions[keep],
+                            labels=self.labels[keep], n_classes=self.n_classes, skipped=self.skipped,
+                            class_names=self.class_names)
+
     def frame(self):
         """Return the index as a table.
 

@@ -89,7 +89,7 @@ def phase_breakdown(totals: "pd.DataFrame", phases=("data", "h2d", "compute"), *
                         fontsize=8, color="white")
         left = [a + b for a, b in zip(left, ms)]
     ax.set_xlabel("median time per step (ms)")
-    ax.legend(loc="lower right", fontsize=8, ncols=len(phases))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), fontsize=8, ncols=len(phases), frameon=False)
     ax.invert_yaxis()
     ax.set_title(title or "Where a training step's time goes")
     fig.tight_layout()
