@@ -119,3 +119,20 @@ def test_smoke_run_report_shows_verdicts_and_figures(smoke_run):
     assert "01_baseline_profiling__phase_breakdown.png" in figs
     assert "01_baseline_profiling__step_timeline.png" in figs
     assert any((run_dir / "artifacts" / "01_baseline_profiling" / "profile").rglob("*.json"))
+
+
+@pytest.mark.notebook
+def test_bad_parameter_stops_the_notebook_before_any_work(tmp_path):
+    out = tmp_path / "bad.ipynb"
+    with pytest.raises(pm.PapermillExecutionError) as exc:
+        pm.execute_notebook(str(ROOT / "notebooks" / "01_baseline_profiling.ipynb"), str(out),
+                            parameters={"batch_size": "-4", "device": "gpu", "out_dir": str(tmp_path)},
+                            kernel_name="python3", progress_bar=False, cwd=str(ROOT / "notebooks"))
+    err = exc.value
+    assert err.ename == "ParameterError"
+    assert "batch_size" in err.evalue and "-4" in err.evalue and "'gpu'" in err.evalue and "cuda" in err.evalue
+    executed = nbformat.read(out, as_version=4)
+    params_at = next(i for i, c in enumerate(executed.cells) if "injected-parameters" in c.metadata.get("tags", []))
+    # the first code cell after the parameters is the one that failed: no data was loaded
+    assert err.cell_index <= params_at + 2
+    assert not (tmp_path / "results.jsonl").exists() or not (tmp_path / "results.jsonl").read_text()
