@@ -4,7 +4,6 @@ Environment variables set here reach papermill and nbval kernels (they
 inherit the pytest process's environment):
 
 * ``WORKBOOK_HEADLESS=1``: widgets are evaluated once, no progress bars;
-* ``MPLBACKEND=Agg``: no display needed;
 * ``WORKBOOK_RUNS_DIR``: run folders (and the notebooks' interactive output)
   go to a temporary folder, not into the repository's runs/.
 """
@@ -15,5 +14,4 @@ import os
 import tempfile
 
 os.environ["WORKBOOK_HEADLESS"] = "1"
-os.environ["MPLBACKEND"] = "Agg"
 os.environ.setdefault("WORKBOOK_RUNS_DIR", tempfile.mkdtemp(prefix="workbook-test-runs-"))

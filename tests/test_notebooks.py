@@ -136,3 +136,11 @@ def test_bad_parameter_stops_the_notebook_before_any_work(tmp_path):
     # the first code cell after the parameters is the one that failed: no data was loaded
     assert err.cell_index <= params_at + 2
     assert not (tmp_path / "results.jsonl").exists() or not (tmp_path / "results.jsonl").read_text()
+
+
+@pytest.mark.notebook
+def test_smoke_run_notebooks_show_their_figures(smoke_run):
+    run_dir, _ = smoke_run
+    nb = nbformat.read(run_dir / "01_baseline_profiling.ipynb", as_version=4)
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    assert len(images) >= 3, "figures are drawn inline in the executed notebook"

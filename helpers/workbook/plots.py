@@ -7,16 +7,10 @@ Plot functions take DataFrames with documented columns and return the figure.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import matplotlib
-
-if os.environ.get("WORKBOOK_HEADLESS") and "MPLBACKEND" not in os.environ:
-    matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

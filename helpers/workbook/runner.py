@@ -19,6 +19,7 @@ broken accelerator install cannot crash the runner.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -308,15 +309,46 @@ def _error_info(exc: BaseException) -> dict:
     return info
 
 
+@contextlib.contextmanager
+def _child_stderr_to(path: Path):
+    """Send the stderr of processes started inside the block (the kernel) to ``path``.
+
+    The kernel's own log lines (ipykernel's start-up warnings, profiler
+    back-end messages) would otherwise interleave with the runner's progress;
+    they are kept in the run folder instead. This process's ``sys.stderr``
+    (progress bar, errors) still goes to the terminal.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log_file:
+        os.dup2(log_file.fileno(), 2)
+    old = sys.stderr
+    sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        sys.stderr.close()
+        sys.stderr = old
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def execute_notebook(nb: NotebookRun, *, timeout_s: float, progress: bool) -> None:
-    """Execute one notebook with papermill (kernel "python3", cwd = notebooks/)."""
+    """Execute one notebook with papermill (kernel "python3", cwd = notebooks/).
+
+    The kernel's stderr goes to ``<run folder>/logs/<notebook>.log``.
+    """
     import papermill as pm
 
-    pm.execute_notebook(
-        nb.input, nb.output, parameters=nb.parameters, kernel_name="python3",
-        cwd=str(Path(nb.input).parent), progress_bar=progress, log_output=False,
-        execution_timeout=int(timeout_s), start_timeout=120,
-    )
+    log_path = Path(nb.output).parent / "logs" / f"{nb.id}.log"
+    with _child_stderr_to(log_path):
+        pm.execute_notebook(
+            nb.input, nb.output, parameters=nb.parameters, kernel_name="python3",
+            cwd=str(Path(nb.input).parent), progress_bar=progress, log_output=False,
+            execution_timeout=int(timeout_s), start_timeout=120,
+        )
 
 
 def run(options: RunOptions, *, echo: Callable[[str], None] = print,
@@ -345,7 +377,6 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         After recording the interrupted notebook and writing the report.
     """
     os.environ.setdefault("WORKBOOK_HEADLESS", "1")
-    os.environ.setdefault("MPLBACKEND", "Agg")
     all_nbs = discover_notebooks(notebooks_folder)
 
     if options.resume:
