@@ -3,7 +3,9 @@
 #   make test       the same set-up if needed, then every test
 #
 # Variables: PYTHON (interpreter used to create .venv), ARGS (extra options for `python -m helpers run`,
-# e.g. ARGS="--device cuda --profile full"), PYTEST_ARGS (extra options for pytest).
+# e.g. ARGS="--device cuda --profile full"), PYTEST_ARGS (extra options for pytest), TORCH_INDEX (a pip
+# index URL to install torch from before everything else, e.g. PyTorch's CPU-only or CUDA wheel index;
+# empty = let pip resolve torch==2.13.0 from its configured indexes).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,6 +13,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.workbook-installed
 ARGS ?=
 PYTEST_ARGS ?=
+TORCH_INDEX ?=
 
 .PHONY: workbook test lab setup data clean-runs help
 
@@ -25,6 +28,7 @@ $(PY):
 # Re-install when the dependency list changes. A torch build already in .venv that satisfies
 # the pin (e.g. 2.13.0+cu128 installed by hand for CUDA) is kept.
 $(STAMP): pyproject.toml | $(PY)
+	$(if $(TORCH_INDEX),$(PY) -m pip install --disable-pip-version-check -q torch==2.13.0 --index-url $(TORCH_INDEX))
 	$(PY) -m pip install --disable-pip-version-check -q -e .
 	touch $(STAMP)
 

@@ -305,3 +305,23 @@ def test_partly_empty_label_column(tmp_path):
     (tmp_path / "captions.csv").write_text("file,caption,label\na.jpg,x,1\nb.jpg,y,\n")
     with pytest.raises(DataError, match="label is empty"):
         load_dataset(tmp_path)
+
+
+def test_ensure_embedded_rebuilds_a_damaged_copy(tmp_path):
+    folder = ensure_embedded(n_images=3, seed=0, root=tmp_path)
+    first = (folder / "images" / "00001.jpg").read_bytes()
+    (folder / "images" / "00000.jpg").unlink()
+    (folder / "images" / "00001.jpg").write_bytes(first[: len(first) // 2])
+    assert ensure_embedded(n_images=3, seed=0, root=tmp_path) == folder
+    assert (folder / "images" / "00000.jpg").is_file()
+    assert (folder / "images" / "00001.jpg").read_bytes() == first
+
+
+def test_check_batch_fits(small_build):
+    from helpers.pipeline.dataset import check_batch_fits, load_dataset
+
+    index = load_dataset(small_build)
+    check_batch_fits(index, len(index))
+    with pytest.raises(DataError, match=rf"{len(index)} usable image\(s\), fewer than batch_size={len(index) + 1}: "
+                                        "lower the batch_size parameter"):
+        check_batch_fits(index, len(index) + 1)

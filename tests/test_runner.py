@@ -187,3 +187,38 @@ def test_cli_unusable_device_says_why(tmp_path):
     p = _cli("run", "--device", "npu", "--out", str(tmp_path / "run"))
     assert p.returncode == 2
     assert "npu" in p.stderr.lower() and "torch_npu" in p.stderr
+
+
+def test_resume_refuses_options_that_differ_from_the_run(tmp_path):
+    out = tmp_path / "run"
+    run(RunOptions(profile="smoke", out=out, only=("00",)), echo=lambda s: None,
+        executor=lambda nb, **kw: None, device_checker=_fake_device)
+    with pytest.raises(ParameterError, match="--profile 'full'.*'smoke'"):
+        run(RunOptions(resume=True, out=out, profile="full"), echo=lambda s: None,
+            executor=lambda nb, **kw: None, device_checker=_fake_device)
+    with pytest.raises(ParameterError, match="--only"):
+        run(RunOptions(resume=True, out=out, only=("01",)), echo=lambda s: None,
+            executor=lambda nb, **kw: None, device_checker=_fake_device)
+    # the same options as stored are fine
+    run(RunOptions(resume=True, out=out, profile="smoke", only=("00",)), echo=lambda s: None,
+        executor=lambda nb, **kw: None, device_checker=_fake_device)
+
+
+@pytest.mark.parametrize("timeout", [0, -5])
+def test_timeout_must_be_positive(tmp_path, timeout):
+    with pytest.raises(ParameterError, match="--timeout"):
+        run(RunOptions(out=tmp_path / "run", timeout_s=timeout), echo=lambda s: None,
+            executor=lambda nb, **kw: None, device_checker=_fake_device)
+
+
+def test_data_dir_reaches_the_notebooks_that_take_it(tmp_path):
+    data = tmp_path / "photos"
+    data.mkdir()
+    seen = {}
+    run(RunOptions(profile="smoke", out=tmp_path / "run", data_dir=str(data)), echo=lambda s: None,
+        executor=lambda nb, **kw: seen.update({nb.id: nb.parameters}), device_checker=_fake_device)
+    assert seen["01_baseline_profiling"]["data_dir"] == str(data)
+    assert "data_dir" not in seen["00_environment_check"]
+    with pytest.raises(ParameterError, match="not a folder"):
+        run(RunOptions(out=tmp_path / "run2", data_dir=str(tmp_path / "missing")), echo=lambda s: None,
+            executor=lambda nb, **kw: None, device_checker=_fake_device)

@@ -148,8 +148,13 @@ def train(loader: Iterable, trainer, acc, *, steps: int, warmup_steps: int = 2,
     return TrainRun(phases=phases, steps=steps_df, warmup_steps=warmup_steps)
 
 
-def classify(exposed_fraction: float, threshold: float) -> tuple[str, str]:
+def classify(exposed_fraction: float, threshold: float, *, device_kind: str = "") -> tuple[str, str]:
     """Call a job host-bound or device-bound from its exposed input share.
+
+    The reason is computed from the split, so it says what each side of the
+    step is worth: with input at X% and compute at 1-X% of a serial step,
+    removing the exposed input saves up to X% of the step, while making
+    compute twice as fast saves (1-X)/2.
 
     Parameters
     ----------
@@ -158,6 +163,9 @@ def classify(exposed_fraction: float, threshold: float) -> tuple[str, str]:
     threshold : float
         Share above which the job is host-bound (notebook 01's
         ``host_bound_threshold``, default 0.10).
+    device_kind : str
+        "cpu", "cuda" or "npu"; on "cpu" the reason says that the "device"
+        is the same processor that prepares the input.
 
     Returns
     -------
@@ -165,8 +173,13 @@ def classify(exposed_fraction: float, threshold: float) -> tuple[str, str]:
         recommendation is "host-bound" or "device-bound".
     """
     pct, thr = 100 * exposed_fraction, 100 * threshold
+    compute_pct = 100 - pct
+    busy = ("the training computation, on the same CPU, runs" if device_kind == "cpu" else "the device computes")
     if exposed_fraction > threshold:
-        return "host-bound", (f"the device waits for input {pct:.0f}% of each step (threshold {thr:.0f}%); "
-                              "speeding up compute cannot help until the input pipeline is fixed")
-    return "device-bound", (f"input is exposed for only {pct:.0f}% of each step (threshold {thr:.0f}%); "
-                            "compute dominates, so device-side optimizations pay off first")
+        reason = (f"input preparation and copy are exposed for {pct:.0f}% of each step (threshold {thr:.0f}%), "
+                  f"{busy} for {compute_pct:.0f}%: hiding or speeding up the input can save up to "
+                  f"{pct:.0f}% of the step, a 2x faster compute only {compute_pct / 2:.0f}%; fix the input first")
+        return "host-bound", reason
+    reason = (f"input is exposed for only {pct:.0f}% of each step (threshold {thr:.0f}%) and {busy} for "
+              f"{compute_pct:.0f}%: device-side optimizations (mixed precision, memory format, fusion) pay off first")
+    return "device-bound", reason

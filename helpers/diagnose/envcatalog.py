@@ -8,7 +8,7 @@ with it), per invented name, per unknown name with a watched prefix, and per
 cross-variable conflict. Real names that are only recognised (:data:`RECOGNISED`,
 e.g. the paths CANN's set_env.sh exports) produce no finding.
 
-Ground truth is ``shared/reference/ascend_api_factcheck.md`` (sections 3 and 7),
+Ground truth is ``docs/ascend_api_factcheck.md`` (sections 3 and 7),
 the torch_npu docs under ``docs/zh/api/environment_variable/`` of Ascend/pytorch
 (master 9e73e708a), torch_npu's ``NPUAllocatorConfig.{h,cpp}``, torch 2.13's
 ``c10/core/AllocatorConfig.h`` and ``c10/cuda/CUDAAllocatorConfig.h``, and the
@@ -81,7 +81,7 @@ WATCHED_PREFIXES: tuple[str, ...] = (
 
 # Source strings. The fact-check is the team's checked summary; the paths are
 # in the Ascend/pytorch repository (gitcode.com/Ascend/pytorch, mirrored on GitHub).
-_FC = "shared/reference/ascend_api_factcheck.md"
+_FC = "docs/ascend_api_factcheck.md"
 _NPU_DOC = "Ascend/pytorch docs/zh/api/environment_variable/"
 _CANN_ENV = "hiascend.com CANN env-var reference (canncommercial maintenref/envvar/"
 _NCCL_DOC = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"

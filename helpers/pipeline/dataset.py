@@ -43,7 +43,7 @@ from helpers.pipeline.images import IMAGE_SUFFIXES, BadFile, scan_images
 logger = logging.getLogger(__name__)
 
 #: Version of the embedded-dataset builder; a change forces a rebuild.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 #: Environment variable that overrides :func:`default_data_root`.
 DATA_DIR_ENV = "WORKBOOK_DATA_DIR"
@@ -181,6 +181,29 @@ class DatasetIndex:
         return pd.DataFrame(
             {"path": self.paths.astype(str), "caption": self.captions.astype(str), "label": self.labels},
             columns=["path", "caption", "label"],
+        )
+
+
+def check_batch_fits(index: DatasetIndex, batch_size: int) -> None:
+    """Fail early when a dataset cannot fill one batch.
+
+    Parameters
+    ----------
+    index : DatasetIndex
+    batch_size : int
+        Samples per training step.
+
+    Raises
+    ------
+    DataError
+        If ``len(index) < batch_size``; the message gives both numbers, the
+        skipped files, and the two ways out.
+    """
+    if len(index) < batch_size:
+        skipped = f" ({len(index.skipped)} more file(s) were skipped as unreadable)" if index.skipped else ""
+        raise DataError(
+            f"the dataset in {index.root} has {len(index)} usable image(s){skipped}, fewer than "
+            f"batch_size={batch_size}: lower the batch_size parameter or add images"
         )
 
 
@@ -358,6 +381,8 @@ def build_embedded(out_dir: Path, *, n_images: int = 512, seed: int = 0) -> Path
             writer.writerow([f"images/{p.index:05d}.jpg", p.caption, p.label, EMBEDDED_SOURCES[p.label].name,
                              p.size[0], p.size[1], p.quality, int(p.progressive)])
     info = _build_info(int(n_images), int(seed))
+    info["file_bytes"] = {f"images/{p.index:05d}.jpg": (out / "images" / f"{p.index:05d}.jpg").stat().st_size
+                          for p in plans}
     (out / "BUILD_INFO.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     logger.info("built embedded dataset: %d images in %s (%.1f s)", n_images, out, time.perf_counter() - started)
     return out
@@ -386,12 +411,26 @@ def _is_current_build(folder: Path, n_images: int, seed: int) -> bool:
         info = json.loads((folder / "BUILD_INFO.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return (
+    if not (
         info.get("builder_version") == BUILDER_VERSION
         and info.get("n_images") == n_images
         and info.get("seed") == seed
         and (folder / "manifest.csv").is_file()
-    )
+    ):
+        return False
+    # A file deleted or truncated since the build (a damaged copy) triggers a rebuild.
+    damaged = []
+    for rel, size in (info.get("file_bytes") or {}).items():
+        try:
+            if (folder / rel).stat().st_size != size:
+                damaged.append(rel)
+        except OSError:
+            damaged.append(rel)
+    if damaged or not info.get("file_bytes"):
+        logger.warning("embedded dataset %s is damaged (%d file(s) missing or changed, e.g. %s); rebuilding",
+                       folder, len(damaged), damaged[:3])
+        return False
+    return True
 
 
 def ensure_embedded(n_images: int = 512, seed: int = 0, root: Path | str | None = None) -> Path:

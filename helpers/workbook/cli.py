@@ -19,13 +19,17 @@ from helpers.workbook.specs import DEVICE_CHOICES, PROFILES
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m helpers", description=__doc__.split("\n\n")[0])
+    argv0 = Path(sys.argv[0]).name
+    prog = "python -m helpers" if argv0 in ("__main__.py", "-m", "-c", "") else argv0
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run the workbook's notebooks and write the report")
-    r.add_argument("--profile", default="quick", choices=PROFILES, help="parameter profile (default: quick)")
-    r.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="device kind (default: auto)")
-    r.add_argument("--only", nargs="+", default=[], metavar="NN", help="run only these notebooks, e.g. --only 00 01")
+    r.add_argument("--profile", default=None, choices=PROFILES, help="parameter profile (default: quick)")
+    r.add_argument("--device", default=None, choices=DEVICE_CHOICES, help="device kind (default: auto)")
+    r.add_argument("--only", nargs="+", default=None, metavar="NN", help="run only these notebooks, e.g. --only 00 01")
+    r.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="a folder of your own images (optional captions.csv) instead of the embedded photos")
     r.add_argument("--out", type=Path, default=None, metavar="DIR", help="run folder (default: a new one under runs/)")
     r.add_argument("--resume", action="store_true",
                    help="continue the run in --out (default: the latest run), skipping finished notebooks")
@@ -50,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             from helpers.workbook.runner import RunOptions, run
 
-            opts = RunOptions(profile=args.profile, device=args.device, only=tuple(args.only), out=args.out,
-                              resume=args.resume, timeout_s=args.timeout)
+            opts = RunOptions(profile=args.profile, device=args.device,
+                              only=tuple(args.only) if args.only is not None else None, out=args.out,
+                              resume=args.resume, timeout_s=args.timeout, data_dir=args.data_dir)
             try:
                 _, state = run(opts)
             except KeyboardInterrupt:

@@ -61,6 +61,29 @@ def headline(verdict: pd.Series | dict | None) -> str:
     return f"{text} ({spread})" if spread else text
 
 
+GLOSSARY = (
+    ("headline", "the notebook's key measured figure, with its spread (IQR: the middle half of the repeats; "
+                 "CI: a bootstrap confidence interval of a ratio)"),
+    ("exposed input fraction", "share of a training step in which the computation waits for the input pipeline "
+                               "(data loading and the host-to-device copy); above the threshold the job is "
+                               "host-bound"),
+    ("recommendation", "what to do on this machine, decided from the measurement: enable, leave off, not "
+                       "applicable; for the baseline: host-bound or device-bound"),
+)
+
+
+def _context(verdict: dict | None) -> str:
+    extra = (verdict or {}).get("extra")
+    return str(extra.get("context", "")) if isinstance(extra, dict) else ""
+
+
+def _artifacts(run_dir: Path, notebook: str) -> list[Path]:
+    folder = run_dir / "artifacts" / notebook
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".json", ".csv", ".gz"))[:10]
+
+
 def _load_state(run_dir: Path) -> dict:
     path = run_dir / RUN_FILE
     if path.is_file():
@@ -105,6 +128,7 @@ def collect(run_dir: Path) -> dict:
             "verdict": verdict,
             "records": recs[recs["experiment"] != "verdict"] if len(recs) else recs,
             "figures": _figures(run_dir, nb_id),
+            "artifacts": _artifacts(run_dir, nb_id),
         })
     return {"state": state, "records": records, "rows": rows}
 
@@ -153,14 +177,19 @@ def to_markdown(run_dir: Path) -> str:
         why = (v or {}).get("reason") or _missing_text(row, run_dir)
         lines.append(f"| [{row['id']}](#{row['id']}) | {row['status']} | {headline(v)} | "
                      f"{(v or {}).get('recommendation') or '—'} | {why.replace('|', '/')} |")
+    lines += ["", "How to read it: " + "; ".join(f"*{k}*: {d}" for k, d in GLOSSARY) + "."]
     for row in data["rows"]:
         lines += ["", f"## {row['id']}", ""]
         v = row["verdict"]
         if v:
             lines.append(f"**{v.get('recommendation')}**: {v.get('reason')}  ")
             lines.append(f"Headline: {v.get('metric')} = {headline(v)}")
+            if _context(v):
+                lines += ["", f"*Setting:* {_context(v)}"]
         else:
             lines.append(_missing_text(row, run_dir))
+        for art in row["artifacts"]:
+            lines += ["", f"Artifact: [{art.relative_to(run_dir).as_posix()}]({art.relative_to(run_dir).as_posix()})"]
         table = _records_table(row["records"])
         if len(table):
             lines += ["", _md_table(table)]
@@ -208,14 +237,21 @@ def to_html(run_dir: Path) -> str:
                      f"<td class='{e(row['status'])}'>{e(row['status'])}</td><td>{e(headline(v))}</td>"
                      f"<td class='rec'>{e(str((v or {}).get('recommendation') or '—'))}</td><td>{e(why)}</td></tr>")
     parts.append("</table>")
+    parts.append("<p class='meta'>How to read it: " + "; ".join(f"<i>{e(k)}</i>: {e(d)}" for k, d in GLOSSARY)
+                 + ".</p>")
     for row in data["rows"]:
         parts.append(f"<h2 id='{e(row['id'])}'>{e(row['id'])}</h2>")
         v = row["verdict"]
         if v:
             parts.append(f"<p><span class='rec'>{e(str(v.get('recommendation')))}</span>: {e(str(v.get('reason')))}<br>"
                          f"Headline: {e(str(v.get('metric')))} = {e(headline(v))}</p>")
+            if _context(v):
+                parts.append(f"<p class='meta'><i>Setting:</i> {e(_context(v))}</p>")
         else:
             parts.append(f"<p>{e(_missing_text(row, run_dir))}</p>")
+        for art in row["artifacts"]:
+            rel = art.relative_to(run_dir).as_posix()
+            parts.append(f"<p class='meta'>Artifact: <a href='{e(rel)}'>{e(rel)}</a></p>")
         for fig in row["figures"]:
             b64 = base64.b64encode(fig.read_bytes()).decode()
             parts.append(f"<figure><img alt='{e(fig.stem)}' src='data:image/png;base64,{b64}'>"

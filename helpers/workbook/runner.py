@@ -23,6 +23,7 @@ import contextlib
 import datetime as _dt
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -51,26 +52,31 @@ class RunOptions:
 
     Attributes
     ----------
-    profile : str
-        Parameter profile: "smoke", "quick" or "full" (notebooks/profiles/<name>.yaml).
-    device : str
-        "auto", "cpu", "cuda" or "npu".
-    only : tuple of str
-        Notebook numbers or ids to run ("01", "1", "01_baseline_profiling"); empty = all.
+    profile : str or None
+        Parameter profile: "smoke", "quick" or "full" (notebooks/profiles/<name>.yaml);
+        None = "quick" for a new run, the stored one when resuming.
+    device : str or None
+        "auto", "cpu", "cuda" or "npu"; None = "auto" (new run) or the stored one (resume).
+    only : tuple of str or None
+        Notebook numbers or ids to run ("01", "1", "01_baseline_profiling"); None or empty = all.
     out : pathlib.Path or None
         Run folder; None = a new folder under runs/.
     resume : bool
         Continue the run in ``out`` (or the latest run) and skip notebooks that finished.
     timeout_s : float
-        Limit for one notebook cell, seconds.
+        Limit for one notebook cell, seconds (> 0).
+    data_dir : str or None
+        A folder of the user's images, passed to every notebook that takes
+        ``data_dir``; None = the embedded photos.
     """
 
-    profile: str = "quick"
-    device: str = "auto"
-    only: tuple[str, ...] = ()
+    profile: str | None = None
+    device: str | None = None
+    only: tuple[str, ...] | None = None
     out: Path | None = None
     resume: bool = False
     timeout_s: float = 1800.0
+    data_dir: str | None = None
 
 
 @dataclass
@@ -172,7 +178,8 @@ def notebook_parameter_names(path: Path) -> set[str]:
     return set(pm.inspect_notebook(str(path)).keys())
 
 
-def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path) -> dict:
+def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
+                     data_dir: str | None = None) -> dict:
     """Parameters passed to one notebook: profile values, then the runner's own.
 
     Raises
@@ -192,6 +199,8 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path) -> 
                 raise ParameterError(
                     f"profile sets unknown parameter {key!r} for {nb.stem}; it declares: {', '.join(sorted(declared))}")
     params.update(device=device, results_path=str(run_dir / RESULTS_FILE), out_dir=str(run_dir))
+    if data_dir:
+        params["data_dir"] = str(data_dir)
     params = {k: v for k, v in params.items() if k in declared}
     validate_notebook_params(nb.stem, params)  # raises before any work
     return params
@@ -297,6 +306,16 @@ def drop_records(results: Path, notebook: str) -> int:
 
 # --------------------------------------------------------------------------- execution
 
+def _command() -> str:
+    """How to call this command line again from where the user stands."""
+    exe = Path(sys.executable)
+    try:
+        exe = exe.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return f"{exe} -m helpers"
+
+
 def _error_info(exc: BaseException) -> dict:
     info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[-1][:500] if str(exc).strip() else ""}
     for attr in ("ename", "evalue", "cell_index", "exec_count"):
@@ -379,6 +398,10 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
     os.environ.setdefault("WORKBOOK_HEADLESS", "1")
     all_nbs = discover_notebooks(notebooks_folder)
 
+    if not options.timeout_s or options.timeout_s <= 0:
+        raise ParameterError(f"--timeout must be a positive number of seconds, got {options.timeout_s!r}")
+    if options.data_dir and not Path(options.data_dir).is_dir():
+        raise ParameterError(f"--data-dir: {options.data_dir!r} is not a folder; pass a folder of images")
     if options.resume:
         run_dir = options.out or latest_run_dir()
         if run_dir is None or not (Path(run_dir) / RUN_FILE).is_file():
@@ -386,15 +409,26 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
                                  + "; start a run first (python -m helpers run)")
         run_dir = Path(run_dir)
         state = RunState.load(run_dir)
+        conflicts = [f"--{name} {mine!r} (the run used {theirs!r})"
+                     for name, mine, theirs in (("profile", options.profile, state.profile),
+                                                ("device", options.device, state.device),
+                                                ("only", list(options.only or []) or None, state.only or None))
+                     if mine is not None and mine != theirs]
+        if options.data_dir is not None:
+            conflicts.append("--data-dir (a resumed run keeps its notebooks' parameters)")
+        if conflicts:
+            raise ParameterError("--resume continues a run with its own options; drop "
+                                 + ", ".join(conflicts) + ", or start a new run without --resume")
         echo(f"Resuming {run_dir} (profile {state.profile}, device {state.device})")
         profile, device = state.profile, state.device
         resolved = device_checker(device)
     else:
-        profile_data = load_profile(options.profile, notebooks_folder)  # validates the name
-        selected = select_notebooks(all_nbs, options.only)
-        if options.device not in DEVICE_CHOICES:
-            raise ParameterError(f"--device: {options.device!r} is not one of {', '.join(DEVICE_CHOICES)}")
-        run_dir = Path(options.out) if options.out else new_run_dir(options.profile, options.device)
+        profile, device = options.profile or "quick", options.device or "auto"
+        profile_data = load_profile(profile, notebooks_folder)  # validates the name
+        selected = select_notebooks(all_nbs, options.only or ())
+        if device not in DEVICE_CHOICES:
+            raise ParameterError(f"--device: {device!r} is not one of {', '.join(DEVICE_CHOICES)}")
+        run_dir = Path(options.out) if options.out else new_run_dir(profile, device)
         if (run_dir / RUN_FILE).exists():
             raise ParameterError(f"--out: {run_dir} already holds a run; add --resume to continue it, "
                                  "or choose a new folder")
@@ -402,16 +436,16 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         entries = []
         for nb in selected:
             spec_for(nb.stem)
-            params = build_parameters(nb, profile_data, device=options.device, run_dir=run_dir)
+            params = build_parameters(nb, profile_data, device=device, run_dir=run_dir,
+                                      data_dir=options.data_dir)
             entries.append(NotebookRun(id=nb.stem, input=str(nb), output=str(run_dir / nb.name),
                                        parameters=params))
-        resolved = device_checker(options.device)
+        resolved = device_checker(device)
         _prepare_dir(run_dir)
-        state = RunState(run_dir=str(run_dir), profile=options.profile, device=options.device,
-                         resolved_device=resolved, only=list(options.only),
+        state = RunState(run_dir=str(run_dir), profile=profile, device=device,
+                         resolved_device=resolved, only=list(options.only or ()),
                          started=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                          notebooks=entries)
-        profile, device = options.profile, options.device
         state.save(run_dir)
 
     echo(f"Run folder: {run_dir}")
@@ -434,7 +468,7 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             state.save(run_dir)
             t0 = time.perf_counter()
             try:
-                executor(nb, timeout_s=options.timeout_s, progress=progress)
+                executor(nb, timeout_s=math.ceil(options.timeout_s), progress=progress)
                 nb.status = "ok"
             except KeyboardInterrupt:
                 nb.status = "interrupted"
@@ -452,8 +486,8 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             echo(line)
     except KeyboardInterrupt:
         state.status = "interrupted"
-        echo("Interrupted: what finished is kept; continue with: python -m helpers run --resume "
-             f"--out {run_dir}")
+        echo(f"Interrupted: what finished is kept. Continue with:\n  {_command()} run --resume --out {run_dir}\n"
+             f"  (or: make workbook ARGS='--resume --out {run_dir}')")
         raise
     finally:
         state.duration_s = round((state.duration_s or 0) + time.perf_counter() - t_run, 2)

@@ -10,6 +10,7 @@ A test keeps each spec identical to the names in the notebook's
 
 from __future__ import annotations
 
+import ast
 from typing import Mapping
 
 from helpers.errors import ParameterError
@@ -107,6 +108,41 @@ def validate_notebook_params(notebook: str, values: Mapping[str, object], *,
     """
     spec = spec_for(notebook)
     if allow_unknown:
-        names = {p.name for p in spec}
+        names = {p.name for p in spec} | injected_parameter_names(values)
         values = {k: v for k, v in values.items() if k in names}
     return validate(values, spec)
+
+
+def injected_parameter_names(namespace: Mapping[str, object]) -> set[str]:
+    """Names that papermill injected into this kernel, read from its input history.
+
+    papermill inserts a cell that starts with ``# Parameters`` and assigns
+    the values it was given. A misspelt name there (``-p batchsize 8``) only
+    draws a warning from papermill and would silently run with the default;
+    collecting the injected names lets validation reject it.
+
+    Parameters
+    ----------
+    namespace : mapping
+        A notebook's ``globals()``; IPython keeps the executed cells' sources
+        in ``In`` (alias ``_ih``).
+
+    Returns
+    -------
+    set of str
+        Empty outside papermill (JupyterLab, nbval) or when no history exists.
+    """
+    history = namespace.get("In") or namespace.get("_ih") or []
+    names: set[str] = set()
+    for source in history if isinstance(history, (list, tuple)) else []:
+        if not isinstance(source, str) or not source.lstrip().startswith("# Parameters"):
+            continue
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, ast.AnnAssign) else [])
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
