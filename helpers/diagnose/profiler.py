@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from helpers.errors import DataError, DeviceUnavailableError, OutputDirError, ParameterError
+from helpers.fsutil import ensure_writable_dir
+from helpers.errors import DataError, DeviceUnavailableError, ParameterError
 
 logger = logging.getLogger(__name__)
 
@@ -132,26 +132,7 @@ def check_output_dir(path: str | os.PathLike) -> Path:
         If the folder cannot be created or written; the message names the path
         and the operating-system error.
     """
-    folder = Path(path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise OutputDirError(f"output path {str(folder)!r} exists but is not a folder; choose a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputDirError(
-            f"cannot create output folder {str(folder)!r}: {exc.strerror or exc} "
-            f"({type(exc).__name__}); choose a folder you can write to"
-        ) from exc
-    probe = folder / f".write_probe_{os.getpid()}_{uuid.uuid4().hex}"
-    try:
-        probe.write_bytes(b"probe")
-        probe.unlink()
-    except OSError as exc:
-        raise OutputDirError(
-            f"output folder {str(folder)!r} is not writable: {exc.strerror or exc} "
-            f"({type(exc).__name__}); fix its permissions or choose another folder"
-        ) from exc
-    return folder.resolve()
+    return ensure_writable_dir(path, what="profiler output folder")
 
 
 @dataclass(frozen=True, eq=False)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from helpers.errors import OutputDirError
+from helpers.fsutil import ensure_writable_dir
 from helpers.workbook.paths import interactive_dir
 from helpers.workbook.specs import validate_notebook_params
 
@@ -74,17 +74,8 @@ class NotebookContext:
 
 
 def _writable_dir(path: Path, what: str) -> Path:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise OutputDirError(
-            f"{what} {str(path)!r} cannot be written ({exc.strerror or exc}); "
-            "pass a writable folder (runner: --out DIR; notebook: out_dir=...)"
-        ) from exc
-    return path
+    return ensure_writable_dir(path, what=what,
+                               hint="pass a writable folder (runner: --out DIR; notebook: out_dir=...)")
 
 
 def start(notebook: str, namespace: Mapping[str, Any], *, need_device: bool = True) -> NotebookContext:

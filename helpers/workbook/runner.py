@@ -34,7 +34,8 @@ from typing import Callable, Sequence
 
 import yaml
 
-from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
+from helpers.errors import DeviceUnavailableError, ParameterError
+from helpers.fsutil import ensure_writable_dir
 from helpers.workbook.paths import notebooks_dir, runs_dir
 from helpers.workbook.specs import DEVICE_CHOICES, PROFILES, spec_for, validate_notebook_params
 
@@ -267,16 +268,7 @@ def latest_run_dir() -> Path | None:
 
 
 def _prepare_dir(path: Path) -> Path:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise OutputDirError(
-            f"run folder {str(path)!r} cannot be written ({exc.strerror or exc}); pass a writable folder with --out"
-        ) from exc
-    return path
+    return ensure_writable_dir(path, what="run folder", hint="pass a writable folder with --out")
 
 
 def drop_records(results: Path, notebook: str) -> int:
