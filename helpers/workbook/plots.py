@@ -68,7 +68,7 @@ def phase_breakdown(totals: "pd.DataFrame", phases=("data", "h2d", "compute"), *
     -------
     matplotlib.figure.Figure
     """
-    fig, ax = plt.subplots(figsize=(6.5, 1.2 + 0.6 * len(totals)))
+    fig, ax = plt.subplots(figsize=(6.5, 1.5 + 0.6 * len(totals)), layout="constrained")
     left = [0.0] * len(totals)
     labels = [str(i) for i in totals.index]
     for phase in phases:
@@ -83,10 +83,9 @@ def phase_breakdown(totals: "pd.DataFrame", phases=("data", "h2d", "compute"), *
                         fontsize=8, color="white")
         left = [a + b for a, b in zip(left, ms)]
     ax.set_xlabel("median time per step (ms)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), fontsize=8, ncols=len(phases), frameon=False)
+    fig.legend(loc="outside lower center", fontsize=8, ncols=len(phases), frameon=False)
     ax.invert_yaxis()
     ax.set_title(title or "Where a training step's time goes")
-    fig.tight_layout()
     return fig
 
 
