@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -78,9 +78,17 @@ def _infinite(loader: Iterable, dataset=None):
         epoch += 1
 
 
+def default_transfer(batch: dict, acc, *, non_blocking: bool = False):
+    """Copy a baseline batch to the device: (images, tokens, labels) as given.
+
+    ``batch["image"]`` is float32 (B, 3, S, S) already normalized on the host.
+    """
+    return tuple(batch[k].to(acc.device, non_blocking=non_blocking) for k in ("image", "tokens", "label"))
+
+
 def train(loader: Iterable, trainer, acc, *, steps: int, warmup_steps: int = 2,
           generator: torch.Generator | None = None, non_blocking: bool = False,
-          dataset=None) -> TrainRun:
+          dataset=None, transfer: Callable[..., tuple] | None = None) -> TrainRun:
     """Run ``warmup_steps + steps`` PPO steps, timing the phases of the measured ones.
 
     Parameters
@@ -102,6 +110,12 @@ def train(loader: Iterable, trainer, acc, *, steps: int, warmup_steps: int = 2,
         Pass ``non_blocking`` to the host-to-device copies.
     dataset : object, optional
         If it has ``set_epoch(epoch)``, it is called at each epoch start.
+    transfer : callable, optional
+        ``transfer(batch, acc, non_blocking=...) -> (images, tokens, labels)``
+        on the device; the *h2d* phase times it. Default
+        :func:`default_transfer` (the baseline's float batch). A pipeline that
+        ships uint8 NHWC batches passes its own (copy, then convert and
+        normalize on the device).
 
     Returns
     -------
@@ -127,9 +141,7 @@ def train(loader: Iterable, trainer, acc, *, steps: int, warmup_steps: int = 2,
         with timer.phase("data"):
             batch = next(it)
         with timer.phase("h2d"):
-            images = batch["image"].to(acc.device, non_blocking=non_blocking)
-            tokens = batch["tokens"].to(acc.device, non_blocking=non_blocking)
-            labels = batch["label"].to(acc.device, non_blocking=non_blocking)
+            images, tokens, labels = (transfer or default_transfer)(batch, acc, non_blocking=non_blocking)
         with timer.phase("compute"):
             stats = trainer.step(images, tokens, labels, generator=generator)
         timer.end_step()
