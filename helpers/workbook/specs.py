@@ -78,7 +78,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("batches_per_trial", int, 8, "timed batches per loader setting and trial", minimum=2,
               maximum=100000),
         Param("trials", int, 2, "rounds over all settings (rotated order)", minimum=1, maximum=100),
-        Param("first_batch_timeout_s", float, 120.0, "seconds to wait for a worker's first batch",
+        Param("first_batch_timeout_s", float, 120.0, "seconds to wait for any worker batch, the first included",
               minimum=1.0, maximum=3600.0),
         Param("probe_epochs", int, 2, "epochs drawn by the worker-randomness probe", minimum=1, maximum=20),
         Param("probe_ranks", int, 2, "simulated distributed ranks in the randomness probe", minimum=1,

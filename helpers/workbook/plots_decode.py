@@ -1,0 +1,144 @@
+"""Figures of notebook 02 (batched decode), in the style of :mod:`helpers.workbook.plots`.
+
+Each function takes plain numbers or a DataFrame with documented columns and
+returns a matplotlib Figure; save it with :func:`helpers.workbook.plots.save_figure`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+#: Colours of the variants (colour-blind-safe Dark2, as plots.PHASE_COLORS).
+VARIANT_COLORS = {
+    "per-image baseline": "#d95f02",
+    "batched": "#1b9e77",
+    "raw decode": "#7570b3",
+}
+
+#: PSNR shown for identical images (infinite PSNR) in histograms, dB.
+IDENTICAL_DB = 60.0
+
+
+def throughput_bars(frame: "pd.DataFrame", *, title: str = ""):
+    """Horizontal bars of images/s per variant, with the interquartile range.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        One row per variant: ``variant`` (str), ``rate`` (images/s at the
+        median time), ``rate_p25`` and ``rate_p75`` (images/s at the 75th and
+        25th percentile times).
+    title : str
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 0.9 + 0.55 * len(frame)), layout="constrained")
+    labels = [str(v) for v in frame["variant"]]
+    rates = np.asarray(frame["rate"], dtype=float)
+    low = rates - np.asarray(frame["rate_p25"], dtype=float)
+    high = np.asarray(frame["rate_p75"], dtype=float) - rates
+    colors = [VARIANT_COLORS.get(v, "#666666") for v in labels]
+    ax.barh(labels, rates, xerr=np.vstack([low, high]), color=colors, capsize=4)
+    for i, (r, h) in enumerate(zip(rates, high)):
+        ax.text(r + h, i, f"  {r:,.0f}", va="center", ha="left", fontsize=8)
+    ax.set_xlim(0, max(rates.max(), (rates + high).max()) * 1.2)
+    ax.invert_yaxis()
+    ax.set_xlabel("images per second (median; bars: interquartile range)")
+    ax.set_title(title or "Preprocessing throughput")
+    return fig
+
+
+def psnr_distribution(values_db: Sequence[float], threshold_db: float, *, title: str = ""):
+    """Histogram of per-image PSNR against the reference, with the pass threshold.
+
+    Parameters
+    ----------
+    values_db : sequence of float
+        PSNR per image, dB; ``inf`` (identical pixels) is drawn at
+        :data:`IDENTICAL_DB`.
+    threshold_db : float
+        Least PSNR counted as "the same picture".
+    title : str
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    v = np.asarray([IDENTICAL_DB if math.isinf(x) else min(x, IDENTICAL_DB) for x in values_db], dtype=float)
+    fig, ax = plt.subplots(figsize=(6, 2.8), layout="constrained")
+    ax.hist(v, bins=min(30, max(5, len(v) // 3)), color="#1b9e77", alpha=0.85)
+    ax.axvline(threshold_db, color="black", linestyle="--", label=f"threshold {threshold_db:g} dB")
+    n_low = int((v < threshold_db).sum())
+    ax.set_xlabel(f"PSNR vs the reference decode (dB; identical drawn at {IDENTICAL_DB:g})")
+    ax.set_ylabel("images")
+    ax.legend(fontsize=8, title=f"{n_low} of {len(v)} below", title_fontsize=8)
+    ax.set_title(title or "Batched pixels vs the per-image reference")
+    return fig
+
+
+def time_split(frame: "pd.DataFrame", *, title: str = ""):
+    """Stacked bars: a batch's preprocessing time split into tokenization and the rest.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        One row per variant (index = label), columns ``tokenize`` and
+        ``images`` (seconds per batch: tokenization, and everything else).
+    title : str
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 1.2 + 0.55 * len(frame)), layout="constrained")
+    labels = [str(i) for i in frame.index]
+    left = np.zeros(len(frame))
+    for col, color in (("images", "#999999"), ("tokenize", "#e7298a")):
+        ms = np.asarray(frame[col], dtype=float) * 1e3
+        ax.barh(labels, ms, left=left, color=color, label="decode, augment, copy" if col == "images" else col)
+        for i, (l0, w) in enumerate(zip(left, ms)):
+            total = float(frame.iloc[i][["images", "tokenize"]].sum()) * 1e3
+            if col == "tokenize":
+                ax.text(l0 + w, i, f"  tokenize {100 * w / total:.1f}%", va="center", ha="left", fontsize=8)
+        left = left + ms
+    ax.set_xlim(0, left.max() * 1.35)
+    ax.invert_yaxis()
+    ax.set_xlabel("median time per batch (ms)")
+    fig.legend(loc="outside lower center", fontsize=8, ncols=2, frameon=False)
+    ax.set_title(title or "Where a batch's preprocessing time goes")
+    return fig
+
+
+def dct_scales(counts: Mapping[int, int], *, title: str = ""):
+    """Bars of how many images were decoded at each DCT scale (1, 1/2, 1/4, 1/8).
+
+    Parameters
+    ----------
+    counts : mapping of int to int
+        Denominator d (1, 2, 4, 8) -> number of images decoded at 1/d size.
+    title : str
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    ds = [1, 2, 4, 8]
+    values = [int(counts.get(d, 0)) for d in ds]
+    fig, ax = plt.subplots(figsize=(5, 2.6), layout="constrained")
+    ax.bar([("full size" if d == 1 else f"1/{d}") for d in ds], values, color="#7570b3")
+    for i, v in enumerate(values):
+        ax.text(i, v, str(v), ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("images")
+    ax.set_xlabel("decoded at (DCT-domain scale)")
+    ax.set_title(title or "How much of each JPEG was decoded")
+    return fig

@@ -1,0 +1,462 @@
+"""The side-stream prefetcher (field case 8) and the overlap metric.
+
+Every prefetched batch is compared bit for bit with a synchronous copy: on the CPU
+directly, and with a faked stream/event implementation that records every call, so
+that the protocol (side waits for consumer, copy on the side stream, consumer waits
+for side, record_stream, then hand out; one stream for all epochs) is checked in order.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers.compute.model import PolicyConfig, build_policy
+from helpers.compute.ppo import PPOConfig, PPOTrainer
+from helpers.compute.train import train
+from helpers.device import Capabilities, Capability, get_accelerator
+from helpers.errors import ParameterError
+from helpers.pipeline import prefetch as pf
+
+# --------------------------------------------------------------------------- stand-ins for the fast format
+
+
+class BatchStandIn:
+    """A batched dataset in the shared fast format: ``__getitem__(list of indices)`` -> host batch dict.
+
+    Module-level so DataLoader workers can use it. Pixels depend only on the indices.
+    """
+
+    def __init__(self, n=64, size=8, text_len=4, delay_s=0.0):
+        self.n, self.size, self.text_len, self.delay_s = n, size, text_len, delay_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, indices):
+        start = time.perf_counter()
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        idx = torch.as_tensor(list(indices), dtype=torch.int64)
+        g = torch.Generator().manual_seed(int(idx.sum()) * 7919 + len(idx))
+        image = torch.randint(0, 256, (len(idx), self.size, self.size, 3), dtype=torch.uint8, generator=g)
+        info = torch.utils.data.get_worker_info()
+        end = time.perf_counter()
+        return {"image": image, "tokens": (idx[:, None] + torch.arange(self.text_len)) % 16,
+                "label": idx % 3, "prep_start_s": start, "prep_end_s": end, "prep_s": end - start,
+                "worker": -1 if info is None else info.id, "skipped": []}
+
+
+def batches(n_batches=4, batch=4, **kw):
+    ds = BatchStandIn(**kw)
+    return [ds[list(range(i * batch, (i + 1) * batch))] for i in range(n_batches)]
+
+
+MEAN = torch.tensor([0.485, 0.456, 0.406])
+STD = torch.tensor([0.229, 0.224, 0.225])
+
+
+def to_device_standin(batch, acc, *, non_blocking=False):
+    """to_device_batch's contract: copy the uint8 batch, then convert and normalize on the device."""
+    image = batch["image"].to(acc.device, non_blocking=non_blocking)
+    x = image.permute(0, 3, 1, 2).float().div_(255)
+    x = (x - MEAN.to(x.device)[:, None, None]) / STD.to(x.device)[:, None, None]
+    return (x, batch["tokens"].to(acc.device, non_blocking=non_blocking),
+            batch["label"].to(acc.device, non_blocking=non_blocking))
+
+
+def assert_same(got, expected):
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype and g.shape == e.shape and torch.equal(g, e)
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def test_cpu_prefetcher_is_a_synchronous_copy_with_the_same_items():
+    acc = get_accelerator("cpu")
+    host = batches(5)
+    p = pf.DevicePrefetcher(host, acc, transfer=to_device_standin)
+    assert p.stream is None and p.streams_created == 0 and not p.uses_side_stream and len(p) == 5
+    for epoch in range(2):
+        items = list(p)
+        assert [it["index"] for it in items] == list(range(5 * epoch, 5 * epoch + 5))
+        assert {it["epoch"] for it in items} == {epoch}
+        for item, h in zip(items, host):  # every batch, bit for bit
+            assert_same(item["device"], to_device_standin(h, acc))
+            assert item["prep_s"] == h["prep_s"] and item["worker"] == -1 and item["skipped"] == []
+            assert pf.prefetched(item, acc) is item["device"]
+    copies = p.copy_frame()
+    assert len(copies) == 10 and (copies["timed_on"] == "host").all() and (copies["duration_s"] >= 0).all()
+    assert p.streams_created == 0
+
+
+def test_prefetched_rejects_a_plain_batch_and_transfer_must_be_callable():
+    with pytest.raises(ParameterError, match="DevicePrefetcher"):
+        pf.prefetched({"image": torch.zeros(1)})
+    with pytest.raises(ParameterError, match="callable"):
+        pf.DevicePrefetcher([], get_accelerator("cpu"), transfer=42)
+
+
+def test_empty_loader_yields_nothing():
+    assert list(pf.DevicePrefetcher([], get_accelerator("cpu"), transfer=to_device_standin)) == []
+
+
+# --------------------------------------------------------------------------- faked streams
+
+
+class FakeStream:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def __enter__(self):
+        self.log.append(("enter", self.name))
+        return self
+
+    def __exit__(self, *exc):
+        self.log.append(("exit", self.name))
+
+    def wait_stream(self, other):
+        self.log.append(("wait_stream", self.name, other.name))
+
+    def synchronize(self):
+        self.log.append(("stream_sync", self.name))
+
+
+class FakeEvent:
+    def __init__(self, log, n):
+        self.log, self.n, self.stream = log, n, None
+
+    def record(self, stream=None):
+        self.stream = stream.name if stream is not None else None
+        self.log.append(("record", self.n, self.stream))
+
+    def elapsed_time(self, other):
+        return 1.5 * (other.n - self.n)  # ms
+
+
+@pytest.fixture
+def fake_streams(monkeypatch):
+    log = []
+    consumer = FakeStream(log, "consumer")
+    created = []
+    counter = iter(range(10**6))
+
+    def new_stream():
+        s = FakeStream(log, f"side{len(created)}")
+        created.append(s)
+        return s
+
+    yes = Capability(True, "faked")
+    acc = SimpleNamespace(
+        kind="cuda", name="fake", index=0, device=torch.device("cpu"), is_cpu=False,
+        capabilities=Capabilities(pinned_memory=yes, non_blocking_copy=yes, streams=yes, events=yes,
+                                  memory_stats=yes, channels_last=yes),
+        new_stream=new_stream, new_event=lambda enable_timing=False: FakeEvent(log, next(counter)),
+        synchronize=lambda: log.append(("device_sync",)),
+    )
+    monkeypatch.setattr(pf, "_current_stream", lambda a: consumer)
+    monkeypatch.setattr(pf, "_record_stream", lambda t, s: log.append(("record_stream", t.data_ptr(), s.name)))
+    return SimpleNamespace(acc=acc, log=log, created=created, consumer=consumer)
+
+
+def logged_transfer(log):
+    def transfer(batch, acc, *, non_blocking=False):
+        log.append(("copy", int(batch["tokens"][0, 0]), non_blocking))
+        return to_device_standin(batch, acc, non_blocking=non_blocking)
+    return transfer
+
+
+def test_side_stream_protocol_order_and_equality(fake_streams):
+    log, acc = fake_streams.log, fake_streams.acc
+    host = batches(4)
+    first_labels = [int(h["tokens"][0, 0]) for h in host]  # distinct per batch
+    p = pf.DevicePrefetcher(host, acc, transfer=logged_transfer(log))
+    assert p.streams_created == 1 and p.uses_side_stream
+    side = p.stream.name
+    for epoch in range(3):
+        for k, item in enumerate(p):
+            log.append(("use", k))
+            assert_same(item["device"], to_device_standin(host[k], acc))  # bit for bit
+    assert len(fake_streams.created) == 1, "one side stream for every epoch"
+
+    epochs = _split_epochs(log)
+    assert len(epochs) == 3
+    for epoch_log in epochs:
+        for k, label in enumerate(first_labels):
+            copy = epoch_log.index(("copy", label, True))
+            use = epoch_log.index(("use", k))
+            # side waits for the consumer, then the copy runs inside the side stream, with events around it
+            assert epoch_log[copy - 3] == ("wait_stream", side, "consumer")
+            assert epoch_log[copy - 2] == ("enter", side)
+            assert epoch_log[copy - 1][0] == "record" and epoch_log[copy - 1][2] == side
+            assert epoch_log[copy + 1][0] == "record" and epoch_log[copy + 1][2] == side
+            assert epoch_log[copy + 2] == ("exit", side)
+            # the consumer waits for the side stream after the copy and before using the batch
+            waits = [i for i, e in enumerate(epoch_log) if e == ("wait_stream", "consumer", side)]
+            wait = next(i for i in waits if i > copy)
+            assert wait < use
+            records = [i for i, e in enumerate(epoch_log) if e[0] == "record_stream"]
+            mine = [i for i in records if wait < i < use]
+            assert len(mine) == 3 and all(epoch_log[i][2] == "consumer" for i in mine)
+            if k + 1 < len(first_labels):
+                nxt = epoch_log.index(("copy", first_labels[k + 1], True))
+                assert wait < nxt < use, "batch k+1 is copied after batch k's wait and before step k uses it"
+
+
+def _split_epochs(log):
+    """Cut the log at each epoch's first copy of batch 0 (first token 0)."""
+    starts = [i for i, e in enumerate(log) if e == ("copy", 0, True)]
+    return [log[max(0, s - 3):e] for s, e in zip(starts, starts[1:] + [len(log)])]
+
+
+def test_event_timing_and_consumer_stream_sync(fake_streams):
+    log, acc = fake_streams.log, fake_streams.acc
+    p = pf.DevicePrefetcher(batches(3), acc, transfer=to_device_standin)
+    items = list(p)
+    assert len(items) == 3
+    copies = p.copy_frame()
+    assert (copies["timed_on"] == "events").all()
+    assert copies["duration_s"].tolist() == pytest.approx([1.5e-3] * 3)  # events n, n+1: 1.5 ms
+    assert copies["start_s"].is_monotonic_increasing
+    view = pf.ConsumerStreamSync(acc)
+    log.clear()
+    view.synchronize()
+    assert log == [("stream_sync", "consumer")], "only the consumer stream, not the whole device"
+    assert view.device == acc.device and view.kind == "cuda"
+
+
+def test_consumer_stream_sync_on_cpu_is_the_plain_sync():
+    acc = get_accelerator("cpu")
+    pf.ConsumerStreamSync(acc).synchronize()  # no-op, must not raise
+
+
+# --------------------------------------------------------------------------- overlap metric
+
+
+def phase_table(data, h2d, compute):
+    df = pd.DataFrame({"step": range(len(data)), "data": data, "h2d": h2d, "compute": compute})
+    df["step_s"] = df["data"] + df["h2d"] + df["compute"]
+    return df
+
+
+def test_overlap_stats_arithmetic():
+    steps = phase_table([0.01, 0.02, 0.01, 0.0], [0.0, 0.01, 0.0, 0.0], [0.09, 0.07, 0.09, 0.1])
+    work = [0.1, 0.1, 0.1, 0.1]
+    s = pf.overlap_stats(steps, work)
+    assert s.steps == 4 and s.input_work_s == pytest.approx(0.4)
+    assert s.exposed_input_s == pytest.approx(0.05) and s.step_s == pytest.approx(0.4)
+    assert s.hidden_fraction == pytest.approx(1 - 0.05 / 0.4)
+    assert s.exposed_over_work == pytest.approx(0.125)
+    assert s.exposed_fraction == pytest.approx(0.1)  # per-step fractions 0.1, 0.3, 0.1, 0.0 -> median 0.1
+    assert s.exposed_fraction_total == pytest.approx(0.05 / 0.4)
+    assert s.compute_s == pytest.approx(0.35) and s.median_compute_s == pytest.approx(0.09)
+    assert set(s.as_dict()) >= {"hidden_fraction", "exposed_fraction"}
+
+
+def test_overlap_stats_serial_and_over_exposed_cases():
+    serial = pf.overlap_stats(phase_table([0.05] * 3, [0.01] * 3, [0.04] * 3), [0.06] * 3)
+    assert serial.hidden_fraction == pytest.approx(0.0) and serial.exposed_fraction == pytest.approx(0.6)
+    worse = pf.overlap_stats(phase_table([0.08] * 2, [0.0] * 2, [0.02] * 2), [0.05] * 2)
+    assert worse.hidden_fraction == 0.0 and worse.exposed_over_work == pytest.approx(1.6)
+
+
+def test_overlap_stats_validates_its_inputs():
+    steps = phase_table([0.1], [0.0], [0.1])
+    with pytest.raises(ParameterError, match="one per measured step"):
+        pf.overlap_stats(steps, [0.1, 0.2])
+    with pytest.raises(ParameterError, match="lacks"):
+        pf.overlap_stats(steps.drop(columns="h2d"), [0.1])
+    with pytest.raises(ParameterError, match="negative"):
+        pf.overlap_stats(steps, [-1.0])
+    with pytest.raises(ParameterError, match="no step"):
+        pf.overlap_stats(steps.iloc[:0], [])
+
+
+def test_input_work_per_step_aligns_batches_and_copies():
+    frame = pd.DataFrame({"prep_s": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    assert pf.input_work_per_step(frame, skip=2, steps=2) == [3.0, 4.0]
+    assert pf.input_work_per_step(frame, skip=2, steps=2, copy_s=[0.1, 0.2]) == pytest.approx([3.1, 4.2])
+    assert pf.input_work_per_step(frame, skip=1, steps=2, copy_s=[9, 0.5, 0.25, 9]) == pytest.approx([2.5, 3.25])
+    with pytest.raises(ParameterError, match="fewer"):
+        pf.input_work_per_step(frame, skip=4, steps=2)
+    with pytest.raises(ParameterError, match="prep_s"):
+        pf.input_work_per_step(pd.DataFrame({"x": [1]}), skip=0, steps=1)
+
+
+def test_timeline_frame_puts_everything_on_one_clock():
+    phases = pd.DataFrame({"step": [0, 0, 0, 1, 1, 1], "phase": ["data", "h2d", "compute"] * 2,
+                           "start_s": [0.0, 0.1, 0.2, 1.0, 1.1, 1.2], "duration_s": [0.1, 0.1, 0.8] * 2})
+    # batch 1 (first measured, skip=1) was returned at t=100.1, so the first measured step began at t=100.0
+    batches_log = pd.DataFrame({"order": [0, 1, 2], "return_s": [99.0, 100.1, 101.1],
+                                "prep_start_s": [98.0, 99.5, 100.3], "prep_end_s": [98.5, 100.0, 100.9],
+                                "prep_s": [0.5, 0.5, 0.6], "worker": [0, 1, 0]})
+    spans = pf.timeline_frame(phases, batches_log, skip=1)
+    prep = spans[spans["kind"] == "prep"].set_index("batch")
+    assert prep.loc[0, "start_s"] == pytest.approx(-0.5) and prep.loc[0, "row"] == "worker 1 prep"
+    assert prep.loc[1, "start_s"] == pytest.approx(0.3) and prep.loc[1, "duration_s"] == pytest.approx(0.6)
+    assert set(spans["row"]) == {"worker 0 prep", "worker 1 prep", "copy", "data wait", "compute"}
+    copies = pd.DataFrame({"index": [1, 2], "start_s": [100.05, 100.95], "duration_s": [0.01, 0.01]})
+    spans = pf.timeline_frame(phases, batches_log, skip=1, copies=copies)
+    copy = spans[spans["kind"] == "copy"]
+    assert copy["start_s"].tolist() == pytest.approx([0.05, 0.95]) and copy["batch"].tolist() == [0, 1]
+
+
+# --------------------------------------------------------------------------- with train() and real workers
+
+
+TINY = PolicyConfig(image_size=8, conv_channels=(4, 8), vocab_size=16, text_len=4, d_model=8, n_heads=2,
+                    n_layers=1, fusion_hidden=16, n_actions=3)
+
+
+def test_train_with_workers_prefetcher_and_recording_loader():
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+    acc = get_accelerator("cpu")
+    ds = BatchStandIn(n=32, delay_s=0.005)
+    sampler = BatchSampler(SequentialSampler(range(32)), batch_size=4, drop_last=True)
+    loader = DataLoader(ds, sampler=sampler, batch_size=None, num_workers=1, prefetch_factor=2, timeout=60)
+    prefetcher = pf.DevicePrefetcher(loader, acc, transfer=to_device_standin)
+    rec = pf.RecordingLoader(prefetcher)
+    torch.manual_seed(0)
+    trainer = PPOTrainer(build_policy(TINY), PPOConfig(horizon=2, ppo_epochs=1))
+    run = train(rec, trainer, pf.ConsumerStreamSync(acc), steps=4, warmup_steps=2, transfer=pf.prefetched)
+    frame = rec.frame()
+    assert len(frame) >= 6 and (frame["worker"] == 0).all()
+    # a worker's perf_counter and ours share a clock (CLOCK_MONOTONIC): preparation ends before the batch arrives
+    assert (frame["prep_end_s"] <= frame["return_s"]).all() and (frame["prep_s"] >= 0.005).all()
+    copies = prefetcher.copy_frame()
+    work = pf.input_work_per_step(frame, skip=2, steps=4, copy_s=copies["duration_s"].tolist())
+    stats = pf.overlap_stats(run.steps, work)
+    assert stats.steps == 4 and 0.0 <= stats.hidden_fraction <= 1.0 and 0.0 <= stats.exposed_fraction <= 1.0
+    spans = pf.timeline_frame(run.phases, frame, skip=2, copies=copies)
+    assert {"worker 0 prep", "copy", "data wait", "compute"} <= set(spans["row"])
+
+
+# --------------------------------------------------------------------------- the notebook's experiment, end to end
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    from helpers.pipeline.dataset import build_embedded, load_dataset
+    from helpers.pipeline.text import build_tokenizer
+
+    index = load_dataset(build_embedded(tmp_path_factory.mktemp("emb") / "d", n_images=16, seed=5))
+    return index, build_tokenizer(list(index.captions), vocab_size=128)
+
+
+def test_choose_threads_gives_each_worker_a_core():
+    assert pf.choose_threads(1, 2)["torch_threads"] == 1
+    assert pf.choose_threads(1, 8)["torch_threads"] == 7
+    over = pf.choose_threads(3, 2)
+    assert over["torch_threads"] == 1 and over["decode_threads"] == 1 and "share" in over["reason"]
+    none = pf.choose_threads(0, 4)
+    assert none["torch_threads"] == 4 and none["decode_threads"] == 4
+
+
+def test_verify_prefetcher_with_the_fast_pipeline(small_data):
+    from helpers.pipeline.fast import BatchedDataset, batch_sampler, to_device_batch
+
+    index, tokenizer = small_data
+    acc = get_accelerator("cpu")
+    ds = BatchedDataset(index, tokenizer, image_size=16, text_len=4, seed=1, threads=1)
+
+    def epoch0():
+        ds.set_epoch(0)
+        return (ds[b] for b in batch_sampler(len(index), 4, seed=1, epoch=0))
+
+    check = pf.verify_prefetcher(epoch0, acc, transfer=to_device_batch)
+    assert check == {"batches": 4, "identical": 4, "side_stream": False, "streams_created": 0}
+
+    # a prefetcher that hands out a different batch is caught
+    def wrong(batch, acc, *, non_blocking=False):
+        x, t, l = to_device_batch(batch, acc)
+        return x + 1e-3, t, l
+
+    state = {"calls": 0}
+
+    def flaky(batch, acc, *, non_blocking=False):  # right on the synchronous pass, wrong when prefetched
+        state["calls"] += 1
+        return (to_device_batch if state["calls"] <= 4 else wrong)(batch, acc, non_blocking=non_blocking)
+
+    assert pf.verify_prefetcher(epoch0, acc, transfer=flaky)["identical"] == 0
+    ds.close()
+
+
+def test_run_overlap_variants_and_verdict(small_data):
+    index, tokenizer = small_data
+    acc = get_accelerator("cpu")
+    common = dict(batch_size=4, image_size=16, text_len=4, model_width=4, d_model=8, steps=3, warmup_steps=1, seed=0)
+    before = pf.run_overlap_variant(index, tokenizer, acc, label="before", num_workers=0, prefetcher=False, **common)
+    after = pf.run_overlap_variant(index, tokenizer, acc, label="after", num_workers=1, prefetcher=True, **common)
+    assert before.copies is None and len(after.copies) >= 4
+    assert before.settings["torch_threads"] == pf.choose_threads(0)["torch_threads"]
+    assert after.settings["num_workers"] == 1 and not after.settings["side_stream"]
+    assert (before.batches["worker"] == -1).all() and (after.batches["worker"] == 0).all()
+    assert before.stats.steps == after.stats.steps == 3
+    # synchronous: the loop waits for all of the input
+    assert before.stats.hidden_fraction == 0.0
+    spans = after.timeline()
+    assert {"worker 0 prep", "copy", "data wait", "compute"} <= set(spans["row"])
+    verdict = pf.overlap_verdict(before, after)
+    assert verdict["recommendation"] in ("enable", "leave off")
+    assert "->" in verdict["reason"] and verdict["exposed"].a.name == "before"
+    assert verdict["dropped"] == (verdict["exposed"].ci_low > 1.0)
+
+
+def _fake_run(data, compute, label):
+    steps = phase_table(data, [0.0] * len(data), compute)
+    stats = pf.overlap_stats(steps, [0.05] * len(data))
+    return pf.OverlapRun(label=label, run=SimpleNamespace(steps=steps, warmup_steps=0), batches=None, copies=None,
+                         stats=stats, settings={"num_workers": 1})
+
+
+def test_overlap_verdict_rules():
+    before = _fake_run([0.05, 0.051, 0.049, 0.05, 0.052], [0.1] * 5, "before")
+    hidden = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.1, 0.101, 0.099, 0.1, 0.1], "after")
+    v = pf.overlap_verdict(before, hidden)
+    assert v["recommendation"] == "enable" and v["dropped"] and not v["slower"]
+    # the input is hidden but the compute got much slower (cores taken by workers): leave it off
+    slow = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.3, 0.31, 0.29, 0.3, 0.3], "after")
+    v = pf.overlap_verdict(before, slow)
+    assert v["recommendation"] == "leave off" and v["slower"] and "slower" in v["reason"]
+    same = _fake_run([0.05, 0.049, 0.051, 0.05, 0.05], [0.1] * 5, "after")
+    v = pf.overlap_verdict(before, same)
+    assert v["recommendation"] == "leave off" and "no measurable drop" in v["reason"]
+
+
+def test_compute_thread_scaling_restores_threads():
+    acc = get_accelerator("cpu")
+    previous = torch.get_num_threads()
+    df = pf.compute_thread_scaling(acc, batch_size=4, image_size=16, text_len=4, model_width=4, d_model=8,
+                                   vocab_size=16, n_actions=3, threads=[1], repeats=3, warmup=0)
+    assert list(df["torch_threads"]) == [1] and (df["median_s"] > 0).all()
+    assert torch.get_num_threads() == previous
+    with pytest.raises(ParameterError):
+        pf.compute_thread_scaling(acc, batch_size=4, image_size=16, text_len=4, model_width=4, d_model=8,
+                                  vocab_size=16, n_actions=3, threads=[0])
+
+
+def test_plots_draw_from_the_tables(small_data):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers.pipeline.transfer import host_copy_sweep
+    from helpers.workbook import plots_transfer as pt
+
+    fig = pt.bandwidth_vs_size(host_copy_sweep([4096, 8192], repeats=3, warmup=0))
+    assert fig.axes
+    before = _fake_run([0.05] * 3, [0.1] * 3, "before")
+    fig = pt.exposed_vs_hidden([("before", before.stats)])
+    assert fig.axes
+    phases = pd.DataFrame({"step": [0, 0, 0], "phase": ["data", "h2d", "compute"], "start_s": [0.0, 0.1, 0.2],
+                           "duration_s": [0.1, 0.1, 0.5]})
+    log = pd.DataFrame({"order": [0], "return_s": [10.1], "prep_start_s": [9.9], "prep_end_s": [10.0],
+                        "prep_s": [0.1], "worker": [-1]})
+    fig = pt.overlap_timeline([("x", pf.timeline_frame(phases, log, skip=0))])
+    assert len(fig.axes) == 1
