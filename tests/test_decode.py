@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageOps
+from PIL import Image
 
 from helpers.errors import DeviceUnavailableError, ParameterError
 from helpers.pipeline import decode as D

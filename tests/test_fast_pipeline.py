@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -342,3 +341,16 @@ def test_batch_sampler_epochs():
     assert sorted(flat) == list(range(10)) and len(full) == 4
     with pytest.raises(DataError, match="fewer than batch_size"):
         F.batch_sampler(2, 3)
+
+
+def test_threads_zero_shares_the_cores_among_workers(dataset, monkeypatch):
+    import types
+
+    import torch.utils.data as tud
+
+    auto = F.BatchedDataset(dataset.index, dataset.tokenizer, image_size=S, text_len=L, threads=0)
+    monkeypatch.setattr(F, "usable_cores", lambda: 8)
+    assert auto.threads == 8 and dataset.threads == 2
+    monkeypatch.setattr(tud, "get_worker_info", lambda: types.SimpleNamespace(id=1, num_workers=3))
+    assert auto.threads == 2 and dataset.threads == 2, "8 cores // 3 workers; an explicit count is kept"
+    assert F._worker_id() == 1

@@ -359,6 +359,19 @@ def test_choose_threads_gives_each_worker_a_core():
     assert none["torch_threads"] == 4 and none["decode_threads"] == 4
 
 
+def test_thread_splits_and_fastest():
+    splits = pf.thread_splits(1, 2)
+    assert [s["label"] for s in splits] == ["1 core per worker", "all cores to torch"]
+    assert [s["torch_threads"] for s in splits] == [1, 2] and all(s["decode_threads"] == 1 for s in splits)
+    assert len(pf.thread_splits(1, 2, is_cpu=False)) == 1  # the step runs on the device
+    assert len(pf.thread_splits(0, 2)) == 1
+    assert [s["torch_threads"] for s in pf.thread_splits(2, 2)] == [1, 2]  # torch keeps at least one thread
+    runs = [_fake_run([0.0] * 3, [c] * 3, f"c{c}") for c in (0.3, 0.1, 0.2)]
+    assert pf.fastest(runs).label == "c0.1"
+    with pytest.raises(ParameterError):
+        pf.fastest([])
+
+
 def test_verify_prefetcher_with_the_fast_pipeline(small_data):
     from helpers.pipeline.fast import BatchedDataset, batch_sampler, to_device_batch
 
@@ -460,3 +473,20 @@ def test_plots_draw_from_the_tables(small_data):
                         "prep_s": [0.1], "worker": [-1]})
     fig = pt.overlap_timeline([("x", pf.timeline_frame(phases, log, skip=0))])
     assert len(fig.axes) == 1
+
+
+def test_prefetcher_keeps_no_batch_alive_after_the_step():
+    import gc
+    import weakref
+
+    acc = get_accelerator("cpu")
+    p = pf.DevicePrefetcher(batches(4), acc, transfer=to_device_standin)
+    refs = []
+    for item in p:
+        refs.append(weakref.ref(item["device"][0]))
+        del item
+        gc.collect()
+        assert all(r() is None for r in refs[:-1]), "an earlier batch is still referenced"
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert len(p.copy_frame()) == 4  # the copy log keeps timings, not tensors

@@ -5,8 +5,9 @@ Where the baseline (:mod:`helpers.pipeline.baseline`) prepares one sample per
 normalization in NumPy, one caption tokenized), :class:`BatchedDataset`
 takes a *list* of indices and:
 
-* decodes the images on a thread pool (one per process, created lazily,
-  ``threads`` wide; libjpeg-turbo and Pillow's resize release the GIL) with
+* decodes the images on ``threads`` threads (the calling thread and a pool
+  of helpers, one pool per process, created lazily; libjpeg-turbo and
+  Pillow's resize release the GIL) with
   DCT-domain downscaling and a uint8 crop, resize and flip
   (:func:`helpers.pipeline.decode.decode_augment`), using the *same* crop and
   flip draws as the baseline for ``(seed, epoch, index)``;
@@ -83,7 +84,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from queue import SimpleQueue
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -97,7 +97,7 @@ from helpers.pipeline.text import encode_batch, encode_one
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
 
-    from helpers.timing import Comparison, Measurement
+    from helpers.timing import Comparison
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +146,7 @@ class _BufferRing:
     def __init__(self, slots: int, pin: bool) -> None:
         self.pin = pin
         self._slots: list[Any] = [None] * slots
+        self._free_refs: list[int] = [0] * slots
         self._next = 0
         self.allocations = 0
         self.reallocations = 0
@@ -157,6 +158,16 @@ class _BufferRing:
         self.allocations += 1
         return torch.empty(shape, dtype=torch.uint8, pin_memory=self.pin)
 
+    def _refs(self, i: int) -> int:
+        # Always measured through this one function, so that the count of a buffer nobody else
+        # holds (recorded at allocation) and the count now differ only by outside references.
+        return sys.getrefcount(self._slots[i])
+
+    def _fresh(self, i: int, shape: tuple[int, ...]):
+        self._slots[i] = self._alloc(shape)
+        self._free_refs[i] = self._refs(i)
+        return self._slots[i]
+
     def acquire(self, shape: tuple[int, ...]):
         """Return a buffer of ``shape`` that nobody else uses any more."""
         if not self._slots:
@@ -165,14 +176,13 @@ class _BufferRing:
         self._next = (i + 1) % len(self._slots)
         buf = self._slots[i]
         if buf is None or tuple(buf.shape) != shape:
-            buf = self._slots[i] = self._alloc(shape)
-            return buf
-        # references: the slot list, the local name, getrefcount's argument
-        if sys.getrefcount(buf) > 3:
+            return self._fresh(i, shape)
+        del buf
+        if self._refs(i) > self._free_refs[i]:  # the consumer still holds the batch or its image
             self.reallocations += 1
             logger.debug("batch buffer %d is still held by the consumer; allocating a new one", i)
-            buf = self._slots[i] = self._alloc(shape)
-            return buf
+            return self._fresh(i, shape)
+        buf = self._slots[i]
         fence = getattr(buf, _FENCE_ATTR, None)
         if fence is not None:
             self.fence_waits += 1
@@ -211,10 +221,10 @@ class BatchedDataset:
     seed : int, default 0
         Base seed of the per-item generators (the baseline's, so the draws match).
     threads : int, default 0
-        Decode threads per process; 0 means the usable cores
-        (:func:`helpers.pipeline.decode.usable_cores`). With DataLoader
-        workers, each worker has its own pool: workers x threads should not
-        exceed the cores.
+        Decode threads per process (the calling thread included); 0 means the
+        usable cores (:func:`helpers.pipeline.decode.usable_cores`), shared out
+        among the workers inside a DataLoader worker. Each worker has its own
+        pool: workers x threads should not exceed the cores.
     pin_memory : bool, default False
         Allocate the batch buffers in pinned memory (main process only). Pass
         ``acc.capabilities.pinned_memory.available``; when pinning is not
@@ -254,7 +264,8 @@ class BatchedDataset:
             transform = ImageTransformConfig(image_size=image_size)
         elif transform.image_size != image_size:
             raise ParameterError(
-                f"transform.image_size={transform.image_size} disagrees with image_size={image_size}; pass the same value"
+                f"transform.image_size={transform.image_size} disagrees with image_size={image_size}; "
+                "pass the same value"
             )
         self.text_len = _check_int("text_len", text_len, 1)
         self.seed = _check_int("seed", seed, 0)
@@ -304,8 +315,20 @@ class BatchedDataset:
 
     @property
     def threads(self) -> int:
-        """Decode threads actually used (``threads`` parameter, 0 resolved to the usable cores)."""
-        return self.requested_threads or usable_cores()
+        """Decode threads used in this process.
+
+        The ``threads`` parameter, or for 0 the usable cores; in a DataLoader
+        worker, 0 means the usable cores shared out among the workers
+        (``max(1, cores // num_workers)``), so that workers x threads does not
+        oversubscribe the machine.
+        """
+        if self.requested_threads:
+            return self.requested_threads
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        cores = usable_cores()
+        return max(1, cores // info.num_workers) if info is not None else cores
 
     @property
     def image_size(self) -> int:
@@ -338,11 +361,12 @@ class BatchedDataset:
         return True
 
     def _get_pool(self) -> ThreadPoolExecutor | None:
+        """The helper threads: ``threads - 1`` of them (the calling thread is the last one)."""
         self._check_process()
         if self.threads <= 1:
             return None
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="batched_decode")
+            self._pool = ThreadPoolExecutor(max_workers=self.threads - 1, thread_name_prefix="batched_decode")
         return self._pool
 
     def _get_buffer(self, n: int):
@@ -373,9 +397,10 @@ class BatchedDataset:
     def run_parallel(self, fn: Callable[[int], Any], n: int) -> list:
         """Run ``fn(k)`` for k in range(n) on this dataset's pool; return the results in order.
 
-        Each pool thread takes the next k from a shared counter until none is
-        left (one task per thread, dynamic load balance, no per-item future).
-        With one thread, runs in the calling thread.
+        The calling thread and the ``threads - 1`` helper threads each take
+        the next k from a shared counter until none is left (dynamic load
+        balance, no future per item). With one thread, runs in the calling
+        thread only.
 
         Parameters
         ----------
@@ -402,9 +427,12 @@ class BatchedDataset:
                     return
                 results[k] = fn(k)
 
-        futures = [pool.submit(drain) for _ in range(min(self.threads, n))]
-        for f in futures:
-            f.result()  # re-raises the first error of a thread
+        futures = [pool.submit(drain) for _ in range(min(self.threads, n) - 1)]
+        try:
+            drain()  # the calling thread works too
+        finally:
+            for f in futures:
+                f.result()  # re-raises the first error of a thread
         return results
 
     # -- the batch ---------------------------------------------------------------------
@@ -501,8 +529,9 @@ class BatchedDataset:
                 i = int(idx[k])
                 results[k] = self._run(self._plan(i), i, out[k])
             return results, encode_batch(self.tokenizer, self.captions[idx], self.text_len)
-        # The calling thread plans (Python: header, crop draw) while the pool decodes (C, GIL released):
-        # planning all images in one tight loop also keeps that Python code's caches warm.
+        # The calling thread plans (Python: header, crop draw) while the helper threads decode (C, GIL
+        # released); then it tokenizes and joins the decoding. Planning all images in one tight loop also
+        # keeps that Python code's caches warm.
         rows = list(out)
         plans: list[DecodePlan | None] = [None] * n
         queue: SimpleQueue = SimpleQueue()
@@ -511,19 +540,21 @@ class BatchedDataset:
             while (k := queue.get()) is not None:
                 results[k] = self._run(plans[k], int(idx[k]), rows[k])
 
-        futures = [pool.submit(consume) for _ in range(min(self.threads, n))]
+        helpers = min(self.threads, n) - 1
+        futures = [pool.submit(consume) for _ in range(helpers)]
         try:
-            for k in range(n):
-                plans[k] = self._plan(int(idx[k]))
-                queue.put(k)
-        finally:
-            for _ in futures:
-                queue.put(None)
-        try:
-            tokens = encode_batch(self.tokenizer, self.captions[idx], self.text_len)  # overlaps the decode
+            try:
+                for k in range(n):
+                    plans[k] = self._plan(int(idx[k]))
+                    queue.put(k)
+                tokens = encode_batch(self.tokenizer, self.captions[idx], self.text_len)
+            finally:
+                for _ in range(helpers + 1):
+                    queue.put(None)  # one stop mark per consumer, the calling thread included
+            consume()
         finally:
             for f in futures:
-                f.result()  # re-raises an unexpected error of a pool thread
+                f.result()  # re-raises an unexpected error of a helper thread
             rows.clear()  # no view of the buffer may outlive the call (the ring counts references)
         return results, tokens
 

@@ -35,6 +35,7 @@ what the training loop waited for it (the ``data`` + ``h2d`` phases of
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -63,6 +64,8 @@ __all__ = [
     "overlap_stats",
     "timeline_frame",
     "choose_threads",
+    "thread_splits",
+    "fastest",
     "compute_thread_scaling",
     "OverlapRun",
     "run_overlap_variant",
@@ -158,6 +161,22 @@ class _Pending:
     host_end_s: float
 
 
+@dataclass(frozen=True)
+class _CopyRecord:
+    """The timing of one copy; holds no tensor, so the log never keeps a batch alive."""
+
+    index: int
+    epoch: int
+    start: Any
+    end: Any
+    host_start_s: float
+    host_end_s: float
+
+
+#: Copies remembered for :meth:`DevicePrefetcher.copy_frame` (the oldest are dropped beyond this).
+COPY_LOG_SIZE = 100_000
+
+
 class DevicePrefetcher:
     """Iterate a loader with each batch's host-to-device copy one step ahead, on a side stream.
 
@@ -215,7 +234,7 @@ class DevicePrefetcher:
         self._epoch = 0
         self._handed_out = 0
         self._issued = 0
-        self._copies: list[_Pending] = []
+        self._copies: collections.deque[_CopyRecord] = collections.deque(maxlen=COPY_LOG_SIZE)
         self._origin = None  # (host perf_counter s, device event) pair for aligning events to host time
 
     def __len__(self) -> int:
@@ -244,13 +263,14 @@ class DevicePrefetcher:
         consumer = _current_stream(self.acc)
         # The copy must not read anything the consumer is still producing (e.g. constants of the transfer).
         self.stream.wait_stream(consumer)
-        start = self._new_event(self.time_copies) if self.time_copies else None
-        end = self._new_event(self.time_copies)
+        start = self._new_event(True) if self.time_copies else None
+        end = self._new_event(True) if self.time_copies else None
         with self.stream:
             if start is not None:
                 start.record(self.stream)
             device = self.transfer(host, self.acc, non_blocking=self.non_blocking)
-            end.record(self.stream)
+            if end is not None:
+                end.record(self.stream)
         t1 = time.perf_counter()
         return _Pending(index, epoch, device, meta, start, end, t0, t1)
 
@@ -261,7 +281,8 @@ class DevicePrefetcher:
             consumer.wait_stream(self.stream)
             for t in _device_tensors(pending.device):
                 _record_stream(t, consumer)
-        self._copies.append(pending)
+        self._copies.append(_CopyRecord(pending.index, pending.epoch, pending.start, pending.end,
+                                        pending.host_start_s, pending.host_end_s))
         self._handed_out += 1
         return {"device": pending.device, "index": pending.index, "epoch": pending.epoch, **pending.meta}
 
@@ -269,37 +290,48 @@ class DevicePrefetcher:
         epoch = self._epoch
         self._epoch += 1
         it = iter(self.loader)
-        if self.stream is None:
-            for host in it:
-                pending = self._issue(host, self._issued, epoch)
-                self._issued += 1
-                yield self._hand_out(pending)
-            return
-        if self._origin is None and self.time_copies:
+        if self.stream is not None and self._origin is None and self.time_copies:
             self.acc.synchronize()
             origin = self._new_event(True)
             origin.record(self.stream)
             self._origin = (time.perf_counter(), origin)
+        pending = self._next_pending(it, epoch)
+        while pending is not None:
+            ready = self._hand_out(pending)
+            pending = None
+            if self.stream is not None:
+                # batch k+1's copy is launched before batch k is handed out: it overlaps step k
+                pending = self._next_pending(it, epoch)
+                yield ready
+            else:
+                yield ready
+                pending = self._next_pending(it, epoch)
+            del ready
+
+    def _next_pending(self, it: Iterator, epoch: int) -> _Pending | None:
+        """Fetch the next host batch and launch its transfer; None at the end of the epoch.
+
+        The host batch is not kept once its transfer is launched, so a
+        pipeline that reuses its host buffers (``BatchedDataset``'s ring) sees
+        it released. Releasing a pinned source while its non-blocking copy is
+        in flight is safe: PyTorch's caching host (pinned-memory) allocator
+        records an event for each such copy and does not hand the block out
+        again before it has completed (for CUDA, ``copy_kernel_cuda`` calls
+        its ``record_event``: ``ATen/cuda/CachingHostAllocator.h``; torch_npu
+        has its own caching host allocator); ``BatchedDataset`` likewise
+        waits for the event :func:`~helpers.pipeline.fast.to_device_batch`
+        leaves on the image before rewriting a buffer.
+        """
         try:
             host = next(it)
         except StopIteration:
-            return
+            return None
         pending = self._issue(host, self._issued, epoch)
         self._issued += 1
-        while pending is not None:
-            ready = self._hand_out(pending)
-            try:
-                host = next(it)
-            except StopIteration:
-                pending = None
-            else:
-                # batch k+1's copy is launched before batch k is handed out: it overlaps step k
-                pending = self._issue(host, self._issued, epoch)
-                self._issued += 1
-            yield ready
+        return pending
 
     def copy_frame(self) -> "pd.DataFrame":
-        """The copies handed out so far, one row each.
+        """The copies handed out so far (the last :data:`COPY_LOG_SIZE`), one row each.
 
         Waits for the device first (events can only be read once complete),
         so call it after the timed run, not inside it.
@@ -753,6 +785,56 @@ def choose_threads(num_workers: int, cores: int | None = None) -> dict[str, Any]
     return {"torch_threads": torch_threads, "decode_threads": 1, "cores": cores, "reason": reason}
 
 
+def thread_splits(num_workers: int, cores: int | None = None, *, is_cpu: bool = True) -> list[dict[str, Any]]:
+    """The ways to share the cores between the step and the workers that notebook 05 measures.
+
+    Which is faster depends on how busy a worker is: a worker that needs a
+    quarter of a core wastes most of a dedicated one, while a busy worker
+    slows down every parallel region of the step it shares cores with. So
+    on a CPU both are run and the faster one is kept (:func:`fastest`):
+
+    - ``"1 core per worker"``: :func:`choose_threads`;
+    - ``"all cores to torch"``: torch keeps one thread per core, each worker
+      decodes with one thread beside it (the operating system shares).
+
+    On an accelerator the step runs on the device, and only the first is used.
+
+    Parameters
+    ----------
+    num_workers : int
+    cores : int, optional
+        Usable cores; default :func:`helpers.pipeline.loader.usable_cores`.
+    is_cpu : bool, default True
+        Whether the step runs on the CPU.
+
+    Returns
+    -------
+    list of dict
+        Each ``label``, ``torch_threads``, ``decode_threads``, ``reason``; one
+        entry when the two splits coincide (no workers, or not a CPU).
+    """
+    first = choose_threads(num_workers, cores)
+    out = [{"label": "1 core per worker", **{k: first[k] for k in ("torch_threads", "decode_threads", "reason")}}]
+    if is_cpu and num_workers > 0 and first["torch_threads"] < first["cores"]:
+        out.append({"label": "all cores to torch", "torch_threads": first["cores"], "decode_threads": 1,
+                    "reason": f"{num_workers} worker(s) with 1 decode thread each beside {first['cores']} torch "
+                              f"threads on {first['cores']} core(s): the operating system shares the cores"})
+    return out
+
+
+def fastest(runs: Sequence["OverlapRun"]) -> "OverlapRun":
+    """The run with the shortest median step time.
+
+    Raises
+    ------
+    ParameterError
+        If ``runs`` is empty.
+    """
+    if not runs:
+        raise ParameterError("fastest() needs at least one run")
+    return min(runs, key=lambda r: r.stats.median_step_s)
+
+
 def compute_thread_scaling(acc: "Accelerator", *, batch_size: int, image_size: int, text_len: int,
                            model_width: int, d_model: int, vocab_size: int, n_actions: int,
                            threads: Sequence[int], repeats: int = 3, warmup: int = 1,
@@ -1021,8 +1103,9 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
 
     Trains the workload twice on the batched pipeline: *before* (the loader
     in the main process, the copy in the step: ``num_workers=0``, no
-    prefetcher) and *after* (``num_workers`` worker processes, threads split
-    by :func:`choose_threads`, and the :class:`DevicePrefetcher`). The
+    prefetcher) and *after* (``num_workers`` worker processes and the
+    :class:`DevicePrefetcher`, with each thread split of
+    :func:`thread_splits`, keeping the fastest, as notebook 05 does). The
     defaults are notebook 05's quick profile; the compute per step is chosen
     (``model_width``) to be at least the input work per step, and both are
     reported so that this can be checked.
@@ -1045,8 +1128,9 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
         (after: share of the input work the loop did not wait for),
         ``input_time_s`` and ``compute_time_s`` (after: medians per step,
         seconds), ``step_time_s_before`` / ``step_time_s_after`` (medians),
-        ``num_workers``, ``torch_threads``, ``decode_threads``, ``cores``,
-        ``steps``, ``device``.
+        ``after_variant`` (the thread split kept), ``step_time_s_candidates``
+        (median step time of each split), ``num_workers``,
+        ``torch_threads``, ``decode_threads``, ``cores``, ``steps``, ``device``.
 
     Raises
     ------
@@ -1066,9 +1150,12 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
     common = dict(batch_size=batch_size, image_size=image_size, text_len=text_len, model_width=model_width,
                   d_model=d_model, steps=steps, warmup_steps=warmup_steps, seed=seed)
     before = run_overlap_variant(index, tokenizer, acc, label="before", num_workers=0, prefetcher=False, **common)
-    after = run_overlap_variant(index, tokenizer, acc, label="after", num_workers=num_workers,
-                                prefetch_factor=prefetch_factor, prefetcher=True, **common)
-    split = choose_threads(num_workers)
+    candidates = [run_overlap_variant(index, tokenizer, acc, label=f"after, {split['label']}",
+                                      num_workers=num_workers, prefetch_factor=prefetch_factor, prefetcher=True,
+                                      torch_threads=split["torch_threads"], decode_threads=split["decode_threads"],
+                                      **common)
+                  for split in thread_splits(num_workers, is_cpu=acc.is_cpu)]
+    after = fastest(candidates)
     return {
         "exposed_input_fraction": after.stats.exposed_fraction,
         "exposed_input_fraction_before": before.stats.exposed_fraction,
@@ -1077,10 +1164,12 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
         "compute_time_s": after.stats.median_compute_s,
         "step_time_s_before": before.stats.median_step_s,
         "step_time_s_after": after.stats.median_step_s,
+        "after_variant": after.label,
+        "step_time_s_candidates": {r.label: r.stats.median_step_s for r in candidates},
         "num_workers": num_workers,
         "torch_threads": after.settings["torch_threads"],
         "decode_threads": after.settings["decode_threads"],
-        "cores": split["cores"],
+        "cores": choose_threads(num_workers)["cores"],
         "steps": steps,
         "device": acc.kind,
     }

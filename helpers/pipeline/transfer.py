@@ -155,8 +155,8 @@ def pinning_applicability(acc: "Accelerator") -> Applicability:
     """
     cap = acc.capabilities.pinned_memory
     if not cap.available:
-        return Applicability(False, f"pinned memory does not apply on {acc.kind}: {cap.detail}")
-    return Applicability(True, f"pinned memory is available on {acc.kind}: {cap.detail}")
+        return Applicability(False, f"pinned memory does not apply on {acc.kind} ({cap.detail})")
+    return Applicability(True, f"pinned memory is available on {acc.kind} ({cap.detail})")
 
 
 # --------------------------------------------------------------------------- the link

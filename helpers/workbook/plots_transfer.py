@@ -134,8 +134,8 @@ def _gantt(ax, spans: "pd.DataFrame", *, xlim: tuple[float, float] | None = None
         part = spans[spans["row"] == row]
         kind = part["kind"].iloc[0]
         bars = [(s * 1e3, max(d * 1e3, 0.05)) for s, d in zip(part["start_s"], part["duration_s"])]
-        ax.broken_barh(bars, (y - 0.38, 0.76), color=SPAN_COLORS.get(kind, "#999999"), alpha=0.9,
-                       edgecolor="white", linewidth=0.4)
+        # no edge: a white edge would hide spans narrower than a pixel (short copies)
+        ax.broken_barh(bars, (y - 0.38, 0.76), color=SPAN_COLORS.get(kind, "#999999"), alpha=0.9, linewidth=0)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.invert_yaxis()
     if xlim is not None:
