@@ -354,3 +354,22 @@ def test_threads_zero_shares_the_cores_among_workers(dataset, monkeypatch):
     monkeypatch.setattr(tud, "get_worker_info", lambda: types.SimpleNamespace(id=1, num_workers=3))
     assert auto.threads == 2 and dataset.threads == 2, "8 cores // 3 workers; an explicit count is kept"
     assert F._worker_id() == 1
+
+
+def test_trains_through_the_loop_with_to_device_batch(index, tokenizer):
+    from helpers.compute.model import PolicyConfig, build_policy
+    from helpers.compute.ppo import PPOConfig, PPOTrainer
+    from helpers.compute.train import train
+    from helpers.device import get_accelerator
+
+    acc = get_accelerator("cpu")
+    ds = F.BatchedDataset(index, tokenizer, image_size=16, text_len=4, threads=2)
+    loader = DataLoader(ds, batch_size=None, sampler=F.batch_sampler(len(index), 8, seed=0))
+    cfg = PolicyConfig(image_size=16, conv_channels=(4, 8), vocab_size=tokenizer.get_vocab_size(), text_len=4,
+                       d_model=8, n_heads=2, n_layers=1, fusion_hidden=16, n_actions=index.n_classes)
+    trainer = PPOTrainer(build_policy(cfg, device=acc.device), PPOConfig())
+    run = train(loader, trainer, acc, steps=3, warmup_steps=1, dataset=ds, transfer=F.to_device_batch,
+                generator=torch.Generator().manual_seed(0))
+    assert len(run.steps) == 3 and (run.steps["h2d"] > 0).all() and run.steps["loss"].notna().all()
+    assert ds.epoch == 1, "the loop's set_epoch reached the dataset (2 batches per epoch, 4 steps)"
+    ds.close()

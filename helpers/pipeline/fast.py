@@ -540,8 +540,8 @@ class BatchedDataset:
             while (k := queue.get()) is not None:
                 results[k] = self._run(plans[k], int(idx[k]), rows[k])
 
-        helpers = min(self.threads, n) - 1
-        futures = [pool.submit(consume) for _ in range(helpers)]
+        n_helpers = min(self.threads, n) - 1
+        futures = [pool.submit(consume) for _ in range(n_helpers)]
         try:
             try:
                 for k in range(n):
@@ -549,7 +549,7 @@ class BatchedDataset:
                     queue.put(k)
                 tokens = encode_batch(self.tokenizer, self.captions[idx], self.text_len)
             finally:
-                for _ in range(helpers + 1):
+                for _ in range(n_helpers + 1):
                     queue.put(None)  # one stop mark per consumer, the calling thread included
             consume()
         finally:
