@@ -3,6 +3,7 @@
 Commands
 --------
 run         execute the notebooks into a run folder and write the report
+bench       run a benchmark (input-pipeline) and print its figures as JSON
 data build  build the embedded photo dataset (done on first use anyway)
 report      rebuild the report of an existing run folder
 """
@@ -41,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--n-images", type=int, default=512)
     b.add_argument("--seed", type=int, default=0)
 
+    be = sub.add_parser("bench", help="run a benchmark and print its figures as JSON")
+    be.add_argument("name", choices=("input-pipeline",), help="which benchmark")
+    be.add_argument("--profile", default="quick", choices=PROFILES, help="parameter profile (default: quick)")
+    be.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="device kind (default: auto)")
+    be.add_argument("--data-dir", default=None, metavar="DIR", help="a folder of images instead of the embedded photos")
+
     rep = sub.add_parser("report", help="rebuild report.html and report.md of a run folder")
     rep.add_argument("run_dir", type=Path)
     return p
@@ -70,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             path = ensure_embedded(n_images=args.n_images, seed=args.seed)
             print(f"Embedded dataset ready: {path} ({time.perf_counter() - t0:.1f} s)")
+            return 0
+        if args.command == "bench":
+            from helpers.workbook.bench import run_benchmark
+
+            print(run_benchmark(args.name, profile=args.profile, device=args.device, data_dir=args.data_dir))
             return 0
         if args.command == "report":
             from helpers.workbook.report import write_report
