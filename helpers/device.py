@@ -646,6 +646,21 @@ def _resolve_kind(torch_mod: Any, requested: str) -> str:
     return "cpu"
 
 
+def usable_cores() -> int:
+    """Number of CPU cores this process may run on, at least 1.
+
+    Returns
+    -------
+    int
+        ``len(os.sched_getaffinity(0))`` where the OS has it (Linux; respects
+        ``taskset`` and container CPU sets), else ``os.cpu_count()``.
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def get_accelerator(kind: str = "auto", *, index: int = 0) -> Accelerator:
     """Choose the device and describe what it can do.
 

@@ -74,6 +74,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from helpers.device import usable_cores  # noqa: F401  (re-exported)
 from helpers.errors import ParameterError
 from helpers.pipeline.baseline import (
     AugmentParams,
@@ -295,21 +296,6 @@ class DecodePlan:
 
 
 # --------------------------------------------------------------------------- small pieces
-
-
-def usable_cores() -> int:
-    """Number of CPU cores this process may run on (affinity mask), at least 1.
-
-    Returns
-    -------
-    int
-        ``len(os.sched_getaffinity(0))`` where available (Linux; respects
-        ``taskset`` and container CPU sets), else ``os.cpu_count()``.
-    """
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def _is_jpeg(data: bytes) -> bool:

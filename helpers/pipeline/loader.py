@@ -78,6 +78,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from helpers.device import usable_cores  # noqa: F401  (re-exported)
 from helpers.errors import DataError, ParameterError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,21 +131,6 @@ _MIB = float(1 << 20)
 
 
 # --------------------------------------------------------------------------- machine facts
-
-
-def usable_cores() -> int:
-    """Number of CPU cores this process may run on.
-
-    Returns
-    -------
-    int
-        ``len(os.sched_getaffinity(0))`` where the OS has it (Linux; respects
-        taskset and container CPU sets), else ``os.cpu_count()``, at least 1.
-    """
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def current_rank() -> int:
