@@ -979,16 +979,12 @@ def input_decode_bench(*, data_dir: str | None = None, max_images: int = 0, batc
         If the dataset holds fewer images than one batch.
     """
     from helpers.device import get_accelerator
-    from helpers.pipeline.dataset import check_batch_fits, load_dataset
     from helpers.pipeline.fast import BatchedDataset, DecodeBench
-    from helpers.pipeline.text import load_or_build_tokenizer
+    from helpers.pipeline.prepare import prepare_data
 
     acc = get_accelerator(device)
-    index = load_dataset(data_dir or None)
-    if max_images:
-        index = index.subset(max_images, seed=seed)
-    check_batch_fits(index, batch_size)
-    tokenizer = load_or_build_tokenizer(index, text_len=text_len)
+    index, tokenizer = prepare_data(data_dir, max_images=max_images, seed=seed, batch_size=batch_size,
+                                    text_len=text_len)
     dataset = BatchedDataset(index, tokenizer, image_size=image_size, text_len=text_len, seed=seed,
                              threads=threads, pin_memory=acc.capabilities.pinned_memory.available)
     try:

@@ -1138,15 +1138,11 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
         If the dataset holds fewer images than one batch.
     """
     from helpers.device import get_accelerator
-    from helpers.pipeline.dataset import check_batch_fits, load_dataset
-    from helpers.pipeline.text import load_or_build_tokenizer
+    from helpers.pipeline.prepare import prepare_data
 
     acc = get_accelerator(device)
-    index = load_dataset(data_dir or None)
-    if max_images:
-        index = index.subset(max_images, seed=seed)
-    check_batch_fits(index, batch_size)
-    tokenizer = load_or_build_tokenizer(index, text_len=text_len)
+    index, tokenizer = prepare_data(data_dir, max_images=max_images, seed=seed, batch_size=batch_size,
+                                    text_len=text_len)
     common = dict(batch_size=batch_size, image_size=image_size, text_len=text_len, model_width=model_width,
                   d_model=d_model, steps=steps, warmup_steps=warmup_steps, seed=seed)
     before = run_overlap_variant(index, tokenizer, acc, label="before", num_workers=0, prefetcher=False, **common)

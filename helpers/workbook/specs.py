@@ -32,6 +32,27 @@ _DATA = (
     Param("seed", int, 0, "seed for data order, augmentation and model init", minimum=0),
 )
 
+
+def _batch(help_batch: str = "samples per training step") -> tuple[Param, ...]:
+    """batch_size, image_size and text_len: the shape of a batch of the workload."""
+    return (
+        Param("batch_size", int, 32, help_batch, minimum=1, maximum=4096),
+        Param("image_size", int, 128, "side of the square training crop, px", minimum=16, maximum=1024),
+        Param("text_len", int, 16, "caption length in tokens (padded/truncated)", minimum=2, maximum=512),
+    )
+
+
+def _training(model_width: int, steps_help: str = "measured training steps") -> tuple[Param, ...]:
+    """model_width, d_model, steps and warmup_steps: the size and length of a timed training run."""
+    return (
+        Param("model_width", int, model_width, "channels of the first conv stage (stages use 1x, 2x, 4x)",
+              minimum=4, maximum=512),
+        Param("d_model", int, 64, "width of the text transformer", minimum=8, maximum=4096),
+        Param("steps", int, 20, steps_help, minimum=1, maximum=100000),
+        Param("warmup_steps", int, 3, "steps run before measuring (excluded)", minimum=0, maximum=1000),
+    )
+
+
 SPECS: dict[str, tuple[Param, ...]] = {
     "00_environment_check": _COMMON + (
         Param("npu_probe_timeout_s", float, 120.0, "seconds to wait for the torch_npu probe",
@@ -39,15 +60,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("fallback_to_cpu", bool, True,
               "if torch_npu is broken, import torch without it (sets TORCH_DEVICE_BACKEND_AUTOLOAD to 0)"),
     ),
-    "01_baseline_profiling": _COMMON + _DATA + (
-        Param("batch_size", int, 32, "samples per training step", minimum=1, maximum=4096),
-        Param("image_size", int, 128, "side of the square training crop, px", minimum=16, maximum=1024),
-        Param("text_len", int, 16, "caption length in tokens (padded/truncated)", minimum=2, maximum=512),
-        Param("model_width", int, 16, "channels of the first conv stage (stages use 1x, 2x, 4x)",
-              minimum=4, maximum=512),
-        Param("d_model", int, 64, "width of the text transformer", minimum=8, maximum=4096),
-        Param("steps", int, 20, "measured training steps", minimum=1, maximum=100000),
-        Param("warmup_steps", int, 3, "steps run before measuring (excluded)", minimum=0, maximum=1000),
+    "01_baseline_profiling": _COMMON + _DATA + _batch() + _training(16) + (
         Param("host_bound_threshold", float, 0.10,
               "exposed input time / step time above which the job is called host-bound",
               minimum=0.0, maximum=1.0),
@@ -56,10 +69,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("profile_steps", int, 2, "steps recorded by the profiler (0 skips profiling)",
               minimum=0, maximum=100),
     ),
-    "02_batched_decode": _COMMON + _DATA + (
-        Param("batch_size", int, 32, "images per batch", minimum=1, maximum=4096),
-        Param("image_size", int, 128, "side of the square training crop, px", minimum=16, maximum=1024),
-        Param("text_len", int, 16, "caption length in tokens (padded/truncated)", minimum=2, maximum=512),
+    "02_batched_decode": _COMMON + _DATA + _batch("images per batch") + (
         Param("threads", int, 0, "decode threads of the batched pipeline (0 for all usable cores)",
               minimum=0, maximum=256),
         Param("repeats", int, 10, "timed batches per variant", minimum=3, maximum=10000),
@@ -67,10 +77,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("psnr_min_db", float, 30.0, "least PSNR of batched vs reference pixels to call them equal",
               minimum=10.0, maximum=100.0),
     ),
-    "03_dataloader_tuning": _COMMON + _DATA + (
-        Param("batch_size", int, 32, "images per batch", minimum=1, maximum=4096),
-        Param("image_size", int, 128, "side of the square training crop, px", minimum=16, maximum=1024),
-        Param("text_len", int, 16, "caption length in tokens (padded/truncated)", minimum=2, maximum=512),
+    "03_dataloader_tuning": _COMMON + _DATA + _batch("images per batch") + (
         Param("num_workers_list", list, [0, 1, 2, 3], "num_workers values to sweep", item_kind=int,
               minimum=0, maximum=256),
         Param("prefetch_factor_list", list, [2, 4], "prefetch_factor values to sweep (workers > 0 only)",
@@ -94,15 +101,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("batch_size", int, 32, "images per batch for the per-batch comparison", minimum=1, maximum=4096),
         Param("image_size", int, 128, "side of the square crop of that batch, px", minimum=16, maximum=1024),
     ),
-    "05_stream_overlap": _COMMON + _DATA + (
-        Param("batch_size", int, 32, "samples per training step", minimum=1, maximum=4096),
-        Param("image_size", int, 128, "side of the square training crop, px", minimum=16, maximum=1024),
-        Param("text_len", int, 16, "caption length in tokens (padded/truncated)", minimum=2, maximum=512),
-        Param("model_width", int, 32, "channels of the first conv stage (stages use 1x, 2x, 4x)",
-              minimum=4, maximum=512),
-        Param("d_model", int, 64, "width of the text transformer", minimum=8, maximum=4096),
-        Param("steps", int, 20, "measured training steps per variant", minimum=1, maximum=100000),
-        Param("warmup_steps", int, 3, "steps run before measuring (excluded)", minimum=0, maximum=1000),
+    "05_stream_overlap": _COMMON + _DATA + _batch() + _training(32, "measured training steps per variant") + (
         Param("num_workers", int, 1, "DataLoader worker processes of the overlapped variant", minimum=0,
               maximum=256),
         Param("prefetch_factor", int, 2, "batches each worker prepares ahead", minimum=1, maximum=64),
