@@ -323,5 +323,5 @@ def test_check_batch_fits(small_build):
     index = load_dataset(small_build)
     check_batch_fits(index, len(index))
     with pytest.raises(DataError, match=rf"{len(index)} usable image\(s\), fewer than batch_size={len(index) + 1}: "
-                                        "lower the batch_size parameter"):
+                                        "lower batch_size"):
         check_batch_fits(index, len(index) + 1)

@@ -214,6 +214,8 @@ def test_timeout_must_be_positive(tmp_path, timeout):
 def test_data_dir_reaches_the_notebooks_that_take_it(tmp_path):
     data = tmp_path / "photos"
     data.mkdir()
+    for i in range(8):  # as many as the smoke profile's batch_size
+        (data / f"{i}.jpg").write_bytes(b"decoded by the notebooks, not by the runner")
     seen = {}
     run(RunOptions(profile="smoke", out=tmp_path / "run", data_dir=str(data)), echo=lambda s: None,
         executor=lambda nb, **kw: seen.update({nb.id: nb.parameters}), device_checker=_fake_device)
@@ -221,4 +223,21 @@ def test_data_dir_reaches_the_notebooks_that_take_it(tmp_path):
     assert "data_dir" not in seen["00_environment_check"]
     with pytest.raises(ParameterError, match="not a folder"):
         run(RunOptions(out=tmp_path / "run2", data_dir=str(tmp_path / "missing")), echo=lambda s: None,
+            executor=lambda nb, **kw: None, device_checker=_fake_device)
+
+
+def test_data_dir_too_small_for_a_batch_fails_before_work(tmp_path):
+    data = tmp_path / "few"
+    data.mkdir()
+    for i in range(3):
+        (data / f"{i}.jpg").write_bytes(b"not checked here")
+    called = []
+    with pytest.raises(ParameterError, match=r"3 image file\(s\), fewer than one batch of 01_baseline_profiling"):
+        run(RunOptions(profile="quick", out=tmp_path / "run", data_dir=str(data)), echo=lambda s: None,
+            executor=lambda nb, **kw: called.append(nb.id), device_checker=_fake_device)
+    assert called == [] and not (tmp_path / "run").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ParameterError, match="no image files"):
+        run(RunOptions(out=tmp_path / "run", data_dir=str(empty)), echo=lambda s: None,
             executor=lambda nb, **kw: None, device_checker=_fake_device)

@@ -203,7 +203,8 @@ def check_batch_fits(index: DatasetIndex, batch_size: int) -> None:
         skipped = f" ({len(index.skipped)} more file(s) were skipped as unreadable)" if index.skipped else ""
         raise DataError(
             f"the dataset in {index.root} has {len(index)} usable image(s){skipped}, fewer than "
-            f"batch_size={batch_size}: lower the batch_size parameter or add images"
+            f"batch_size={batch_size}: lower batch_size (a notebook parameter; for `python -m helpers run` or "
+            "`bench`, set it in notebooks/profiles/<profile>.yaml) or add images"
         )
 
 

@@ -52,10 +52,13 @@ def _spread_text(spread) -> str:
 
 
 def headline(verdict: pd.Series | dict | None) -> str:
-    """Format a verdict record's headline: "0.81 fraction (IQR ...)"."""
+    """Format a verdict record's headline: "0.81 fraction (IQR ...)"; "not applicable" when it has no value."""
     if verdict is None:
         return "—"
     v = dict(verdict)
+    value = v.get("value")
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "not applicable" if v.get("recommendation") == "not applicable" else "no value"
     text = f"{_fmt(v.get('value'))} {v.get('unit') or ''}".strip()
     spread = _spread_text(v.get("spread"))
     return f"{text} ({spread})" if spread else text
@@ -133,7 +136,7 @@ def collect(run_dir: Path) -> dict:
     return {"state": state, "records": records, "rows": rows}
 
 
-def _records_table(recs: pd.DataFrame, limit: int = 40) -> pd.DataFrame:
+def _records_table(recs: pd.DataFrame) -> pd.DataFrame:
     if not len(recs):
         return pd.DataFrame()
     out = pd.DataFrame({
@@ -146,7 +149,7 @@ def _records_table(recs: pd.DataFrame, limit: int = 40) -> pd.DataFrame:
                     for r in recs["repeats"]],
         "spread": [_spread_text(s) for s in recs["spread"]],
     })
-    return out.head(limit)
+    return out
 
 
 def _missing_text(row: dict, run_dir: Path) -> str:
@@ -190,11 +193,11 @@ def to_markdown(run_dir: Path) -> str:
             lines.append(_missing_text(row, run_dir))
         for art in row["artifacts"]:
             lines += ["", f"Artifact: [{art.relative_to(run_dir).as_posix()}]({art.relative_to(run_dir).as_posix()})"]
-        table = _records_table(row["records"])
-        if len(table):
-            lines += ["", _md_table(table)]
         for fig in row["figures"]:
             lines += ["", f"![{fig.stem}]({fig.relative_to(run_dir).as_posix()})"]
+        table = _records_table(row["records"])
+        if len(table):
+            lines += ["", f"Records ({len(table)}):", "", _md_table(table)]
     return "\n".join(lines) + "\n"
 
 
@@ -258,7 +261,8 @@ def to_html(run_dir: Path) -> str:
                          f"<figcaption>{e(fig.stem.split('__', 1)[-1].replace('_', ' '))}</figcaption></figure>")
         table = _records_table(row["records"])
         if len(table):
-            parts.append("<details><summary>Records</summary>" + table.to_html(index=False, border=0) + "</details>")
+            parts.append(f"<details><summary>Records ({len(table)})</summary>" + table.to_html(index=False, border=0)
+                         + "</details>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -247,6 +247,32 @@ def check_device(device: str, *, timeout_s: float = 300.0) -> str:
     return out["device"]
 
 
+def _check_data_dir_fills_batches(data_dir: Path, entries: Sequence[NotebookRun]) -> None:
+    """Reject a --data-dir that cannot fill one batch of some notebook, before any work.
+
+    Counts candidate image files by suffix (cheap; the notebooks still scan
+    and skip bad files), so this catches the certain failures only.
+    """
+    from helpers.pipeline.images import IMAGE_SUFFIXES
+
+    n = sum(1 for p in data_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+            and not any(part.startswith(".") for part in p.relative_to(data_dir).parts))
+    if n == 0:
+        raise ParameterError(f"--data-dir: {data_dir} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
+    too_big = {}
+    for e in entries:
+        if "data_dir" not in e.parameters:
+            continue  # the notebook does not read images
+        params = validate_notebook_params(e.id, e.parameters)  # defaults filled in
+        if params.get("batch_size", 0) > n:
+            too_big[e.id] = params["batch_size"]
+    if too_big:
+        worst = ", ".join(f"{k} (batch_size {v})" for k, v in too_big.items())
+        raise ParameterError(
+            f"--data-dir: {data_dir} holds {n} image file(s), fewer than one batch of {worst}; add images, or "
+            "lower batch_size for those notebooks in notebooks/profiles/<profile>.yaml, or use a smaller profile")
+
+
 def new_run_dir(profile: str, device: str) -> Path:
     """Return a new, not yet existing run folder under runs/."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -432,6 +458,8 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
                                       data_dir=options.data_dir)
             entries.append(NotebookRun(id=nb.stem, input=str(nb), output=str(run_dir / nb.name),
                                        parameters=params))
+        if options.data_dir:
+            _check_data_dir_fills_batches(Path(options.data_dir), entries)
         resolved = device_checker(device)
         _prepare_dir(run_dir)
         state = RunState(run_dir=str(run_dir), profile=profile, device=device,
