@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import json
 import math
 import sys
@@ -225,3 +226,13 @@ def test_npu_unavailable_device(tmp_path, fake_npu, monkeypatch):
     monkeypatch.setattr(torch, "npu", types.SimpleNamespace(is_available=lambda: False), raising=False)
     with pytest.raises(DeviceUnavailableError, match="npu"):
         P.profile_steps(matmul_step, kind="npu", out_dir=tmp_path, sync=lambda: None)
+
+
+def test_kineto_marker_lines_are_dropped_and_other_stderr_kept(capfd):
+    from helpers.diagnose.profiler import _without_kineto_markers
+
+    with _without_kineto_markers():
+        os.write(2, b"USDT:2026-11-29 13:25:51 10524:10524 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a real warning\n")
+    err = capfd.readouterr().err
+    assert "a real warning" in err and "profiler_start" not in err

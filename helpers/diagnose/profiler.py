@@ -23,14 +23,18 @@ Open the trace in https://ui.perfetto.dev or chrome://tracing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from helpers.fsutil import ensure_writable_dir
 from helpers.errors import DataError, DeviceUnavailableError, ParameterError
+from helpers.fsutil import ensure_writable_dir
 
 logger = logging.getLogger(__name__)
 
@@ -315,6 +319,41 @@ def _validate_counts(steps: int, warmup: int, row_limit: int) -> None:
             raise ParameterError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
+_KINETO_MARKER = re.compile(rb"^(USDT|STAGE):\S+ \S+ \d+:\d+ \S+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def _without_kineto_markers():
+    """Drop the profiler back-end's start/stop marker lines from the process's stderr.
+
+    torch's C++ profiler (Kineto) writes lines such as
+    ``USDT:<date> <time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start``
+    straight to file descriptor 2, where a notebook shows them as output.
+    Everything else written to stderr meanwhile is passed through unchanged.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (embedded interpreters)
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except ValueError:
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [line for line in tmp.read().splitlines(keepends=True) if not _KINETO_MARKER.match(line)]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 def _run_steps(prof, step_fn, sync, total: int, state: dict) -> None:
     """Run the steps inside a started profiler; always stop it, re-raise step errors."""
     failed = False
@@ -425,8 +464,9 @@ def profile_steps(
         on_trace_ready=on_trace_ready,
         record_shapes=record_shapes,
     )
-    prof.start()
-    _run_steps(prof, step_fn, sync, total, state)
+    with _without_kineto_markers():
+        prof.start()
+        _run_steps(prof, step_fn, sync, total, state)
 
     new = [p for p in folder.glob("*.pt.trace.json") if p not in before]
     trace_path = max(new, key=lambda p: p.stat().st_mtime_ns) if new else None
