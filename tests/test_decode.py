@@ -367,4 +367,99 @@ def test_input_decode_bench_returns_its_keys(embedded, monkeypatch):
     lo, hi = out["preprocess_speedup_ci"]
     assert lo <= out["preprocess_speedup"] <= hi
     assert out["images"] == len(index) and out["threads"] == 2 and out["device"] == "cpu"
+    assert out["skipped_files"] == 0
     json.dumps(out)  # the command prints it as JSON
+
+
+def test_input_decode_bench_figures_come_from_their_own_comparison(embedded):
+    """Each ratio equals the ratio of the two rates reported for it, and each rate names its variant."""
+    from helpers.pipeline.fast import BASELINE_LABEL, BATCHED_DEVICE_LABEL, BATCHED_HOST_LABEL, RAW_DECODE_LABEL
+
+    index, _ = embedded
+    out = D.input_decode_bench(data_dir=str(index.root), batch_size=4, image_size=32, text_len=8, threads=2,
+                               repeats=3, warmup=0, device="cpu")
+    assert out["decode_efficiency"] == pytest.approx(out["batched_host_images_per_s"] / out["raw_decode_images_per_s"])
+    assert out["preprocess_speedup"] == pytest.approx(out["batched_device_images_per_s"] / out["baseline_images_per_s"])
+    assert out["variants"] == {"baseline_images_per_s": BASELINE_LABEL,
+                               "batched_device_images_per_s": BATCHED_DEVICE_LABEL,
+                               "batched_host_images_per_s": BATCHED_HOST_LABEL,
+                               "raw_decode_images_per_s": RAW_DECODE_LABEL}
+    assert "batched_images_per_s" not in out  # the ambiguous key is gone
+
+
+def test_input_decode_bench_counts_skipped_files_and_reports_them_once(tmp_path, embedded, caplog):
+    import logging
+    import shutil
+
+    from helpers.pipeline.prepare import prepare_data
+
+    index, _ = embedded
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for k, src in enumerate(index.paths[:6]):
+        shutil.copy(src, folder / f"good_{k}.jpg")
+    shutil.copy(FIXTURES / "truncated.jpg", folder / "truncated.jpg")
+    (folder / "zero.jpg").write_bytes(b"")
+    kw = dict(batch_size=4, image_size=32, text_len=8, threads=1, repeats=3, warmup=0, device="cpu")
+    with caplog.at_level(logging.WARNING):
+        out = D.input_decode_bench(data_dir=str(folder), **kw)
+    assert out["skipped_files"] == 2 and out["images"] == 6
+    assert sum("file(s) skipped" in r.getMessage() for r in caplog.records) == 1
+    # Data loaded once by the caller is not scanned again: the skipped files are counted, not logged again.
+    prepared = prepare_data(str(folder), batch_size=4, text_len=8)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        out = D.input_decode_bench(data_dir=str(folder), prepared=prepared, **kw)
+    assert out["skipped_files"] == 2 and out["images"] == 6
+    assert not [r for r in caplog.records if "skipped" in r.getMessage() or "bad image" in r.getMessage()]
+
+
+# ---------------------------------------------------------------- figures of notebook 02
+
+
+def test_throughput_bars_draws_one_panel_per_comparison():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from helpers.workbook import plots_decode
+
+    rows = [{"comparison": "speedup", "variant": "per-image baseline", "rate": 250.0, "rate_p25": 240.0,
+             "rate_p75": 260.0},
+            {"comparison": "speedup", "variant": "batched + device normalize", "rate": 950.0, "rate_p25": 900.0,
+             "rate_p75": 1000.0},
+            {"comparison": "efficiency", "variant": "batched (host)", "rate": 1270.0, "rate_p25": 1200.0,
+             "rate_p75": 1300.0},
+            {"comparison": "efficiency", "variant": "raw decode only", "rate": 2070.0, "rate_p25": 2000.0,
+             "rate_p75": 2100.0}]
+    fig = plots_decode.throughput_bars(pd.DataFrame(rows), title="t")
+    try:
+        axes = fig.axes
+        assert [ax.get_title(loc="left") for ax in axes] == ["speedup", "efficiency"]
+        assert [[t.get_text() for t in ax.get_yticklabels()] for ax in axes] == [
+            ["per-image baseline", "batched + device normalize"], ["batched (host)", "raw decode only"]]
+        assert axes[0].get_xlim() == axes[1].get_xlim() and axes[0].get_xlim()[1] > 2100
+        # each bar is labelled with its own rate
+        labels = [t.get_text().strip() for ax in axes for t in ax.texts]
+        assert labels == ["250", "950", "1,270", "2,070"]
+    finally:
+        plt.close(fig)
+
+
+def test_dct_scales_leaves_room_for_the_count_labels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.workbook import plots_decode
+
+    fig = plots_decode.dct_scales({1: 0, 2: 3, 4: 235, 8: 10})
+    try:
+        ax = fig.axes[0]
+        assert ax.get_ylim()[1] >= 235 * 1.1
+        assert [t.get_text() for t in ax.texts] == ["0", "3", "235", "10"]
+    finally:
+        plt.close(fig)

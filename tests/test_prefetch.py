@@ -249,14 +249,31 @@ def test_overlap_stats_arithmetic():
     steps = phase_table([0.01, 0.02, 0.01, 0.0], [0.0, 0.01, 0.0, 0.0], [0.09, 0.07, 0.09, 0.1])
     work = [0.1, 0.1, 0.1, 0.1]
     s = pf.overlap_stats(steps, work)
-    assert s.steps == 4 and s.input_work_s == pytest.approx(0.4)
-    assert s.exposed_input_s == pytest.approx(0.05) and s.step_s == pytest.approx(0.4)
-    assert s.hidden_fraction == pytest.approx(1 - 0.05 / 0.4)
-    assert s.exposed_over_work == pytest.approx(0.125)
-    assert s.exposed_fraction == pytest.approx(0.1)  # per-step fractions 0.1, 0.3, 0.1, 0.0 -> median 0.1
-    assert s.exposed_fraction_total == pytest.approx(0.05 / 0.4)
-    assert s.compute_s == pytest.approx(0.35) and s.median_compute_s == pytest.approx(0.09)
-    assert set(s.as_dict()) >= {"hidden_fraction", "exposed_fraction"}
+    # per-step exposed 0.01, 0.03, 0.01, 0.0 -> median 0.01; work median 0.1; steps all 0.1
+    assert s.steps == 4 and s.median_exposed_s == pytest.approx(0.01) and s.median_input_work_s == pytest.approx(0.1)
+    assert s.median_step_s == pytest.approx(0.1) and s.median_compute_s == pytest.approx(0.09)
+    assert s.hidden_fraction == pytest.approx(1 - 0.01 / 0.1)
+    assert s.exposed_over_work == pytest.approx(0.1)
+    assert s.exposed_fraction == pytest.approx(0.01 / 0.1)
+    assert s.exposed_fraction_per_step == pytest.approx(0.1)  # per-step fractions 0.1, 0.3, 0.1, 0.0 -> median 0.1
+    # totals are kept for reference only
+    assert s.input_work_s == pytest.approx(0.4) and s.exposed_input_s == pytest.approx(0.05)
+    assert s.step_s == pytest.approx(0.4) and s.compute_s == pytest.approx(0.35)
+    assert set(s.as_dict()) >= {"hidden_fraction", "exposed_fraction", "exposed_fraction_per_step"}
+
+
+def test_overlap_fractions_follow_from_the_medians_not_the_totals():
+    """Review item 5: two runs with the same medians give the same fractions, whatever a slow step does to the mean."""
+    calm = pf.overlap_stats(phase_table([0.002] * 5, [0.0] * 5, [0.03] * 5), [0.008] * 5)
+    spiky = pf.overlap_stats(phase_table([0.002, 0.002, 0.002, 0.05, 0.002], [0.0] * 5,
+                                         [0.03, 0.03, 0.03, 0.03, 0.2]), [0.008, 0.008, 0.008, 0.06, 0.008])
+    assert spiky.exposed_input_s / spiky.input_work_s != pytest.approx(calm.exposed_input_s / calm.input_work_s)
+    for s in (calm, spiky):
+        # the fractions are reproduced from the medians a table shows
+        assert s.hidden_fraction == pytest.approx(1 - s.median_exposed_s / s.median_input_work_s)
+        assert s.exposed_fraction == pytest.approx(s.median_exposed_s / s.median_step_s)
+    assert spiky.hidden_fraction == pytest.approx(calm.hidden_fraction) == pytest.approx(0.75)
+    assert spiky.exposed_fraction == pytest.approx(calm.exposed_fraction)
 
 
 def test_overlap_stats_serial_and_over_exposed_cases():
@@ -412,6 +429,7 @@ def test_run_overlap_variants_and_verdict(small_data):
     assert after.settings["num_workers"] == 1 and not after.settings["side_stream"]
     assert (before.batches["worker"] == -1).all() and (after.batches["worker"] == 0).all()
     assert before.stats.steps == after.stats.steps == 3
+    assert after.settings["batches_per_epoch"] == 4 and after.settings["cores"] >= 1
     # synchronous: the loop waits for all of the input
     assert before.stats.hidden_fraction == 0.0
     spans = after.timeline()
@@ -420,27 +438,86 @@ def test_run_overlap_variants_and_verdict(small_data):
     assert verdict["recommendation"] in ("enable", "leave off")
     assert "->" in verdict["reason"] and verdict["exposed"].a.name == "before"
     assert verdict["dropped"] == (verdict["exposed"].ci_low > 1.0)
+    # 16 images in batches of 4: the refill at each epoch start is named
+    assert any("only 4 batches per epoch" in n for n in verdict["notes"])
 
 
-def _fake_run(data, compute, label):
+def _fake_run(data, compute, label, work=0.05, **settings):
     steps = phase_table(data, [0.0] * len(data), compute)
-    stats = pf.overlap_stats(steps, [0.05] * len(data))
+    stats = pf.overlap_stats(steps, [work] * len(data))
     return pf.OverlapRun(label=label, run=SimpleNamespace(steps=steps, warmup_steps=0), batches=None, copies=None,
-                         stats=stats, settings={"num_workers": 1})
+                         stats=stats, settings={"num_workers": 1, **settings})
 
 
 def test_overlap_verdict_rules():
     before = _fake_run([0.05, 0.051, 0.049, 0.05, 0.052], [0.1] * 5, "before")
     hidden = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.1, 0.101, 0.099, 0.1, 0.1], "after")
     v = pf.overlap_verdict(before, hidden)
-    assert v["recommendation"] == "enable" and v["dropped"] and not v["slower"]
-    # the input is hidden but the compute got much slower (cores taken by workers): leave it off
-    slow = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.3, 0.31, 0.29, 0.3, 0.3], "after")
+    assert v["recommendation"] == "enable" and v["dropped"] and not v["slower"] and v["notes"] == []
+    # the input is hidden but the compute got much slower (cores taken by workers): leave it off, and say why
+    slow = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.3, 0.31, 0.29, 0.3, 0.3], "after", cores=2, torch_threads=1)
     v = pf.overlap_verdict(before, slow)
     assert v["recommendation"] == "leave off" and v["slower"] and "slower" in v["reason"]
+    assert any("cost the step CPU time" in n and "on 2 core(s)" in n for n in v["notes"])
+    assert v["compute"].ci_high < 1.0
+
+
+def test_no_measurable_drop_shows_its_interval():
+    """Review item 6: a verdict that calls a drop not measurable shows the interval it used."""
+    before = _fake_run([0.05, 0.049, 0.051, 0.05, 0.05], [0.1] * 5, "before")
     same = _fake_run([0.05, 0.049, 0.051, 0.05, 0.05], [0.1] * 5, "after")
     v = pf.overlap_verdict(before, same)
     assert v["recommendation"] == "leave off" and "no measurable drop" in v["reason"]
+    c = v["exposed"]
+    assert c.ci_low <= 1.0 <= c.ci_high and "the interval includes 1" in v["reason"]
+    assert f"95% CI {c.ci_low:.2f}-{c.ci_high:.2f}" in v["reason"]
+    assert "none of the known causes" in v["reason"]  # and says that no cause was found
+    worse = _fake_run([0.07, 0.071, 0.069, 0.07, 0.072], [0.1] * 5, "after")
+    assert "rose measurably" in pf.overlap_verdict(before, worse)["reason"]
+
+
+def test_overlap_limits_name_each_cause():
+    """Review item 6: when the overlap cannot work, the verdict says why."""
+    before = _fake_run([0.05] * 4, [0.1] * 4, "before")
+    one_batch = _fake_run([0.06] * 4, [0.1] * 4, "after", batches_per_epoch=1)
+    notes = pf.overlap_limits(before, one_batch)
+    assert len(notes) == 1 and "1 batch per epoch" in notes[0] and "nothing to prefetch" in notes[0]
+    v = pf.overlap_verdict(before, one_batch)
+    assert v["notes"] == notes and "why: the data gives 1 batch per epoch" in v["reason"]
+    few = pf.overlap_limits(before, _fake_run([0.01] * 4, [0.1] * 4, "after", batches_per_epoch=4))
+    assert len(few) == 1 and "1 step in 4" in few[0]
+    assert pf.overlap_limits(before, _fake_run([0.01] * 4, [0.1] * 4, "after", batches_per_epoch=50)) == []
+    # more input work than the workers can prepare during the compute
+    long_input = pf.overlap_limits(before, _fake_run([0.01] * 4, [0.02] * 4, "after", work=0.05))
+    assert len(long_input) == 1 and "longer than what 1 worker(s) can prepare" in long_input[0]
+    assert pf.overlap_limits(before, _fake_run([0.01] * 4, [0.02] * 4, "after", work=0.05, num_workers=3)) == []
+    # nothing beside the step
+    alone = pf.overlap_limits(before, _fake_run([0.05] * 4, [0.1] * 4, "after", num_workers=0, side_stream=False))
+    assert any("nothing runs beside the step" in n for n in alone)
+    # nothing to hide in the first place
+    hidden_before = _fake_run([0.0005] * 4, [0.1] * 4, "before")
+    assert any("already nearly hidden" in n for n in pf.overlap_limits(hidden_before, hidden_before))
+
+
+def test_overlap_bench_reports_a_note(monkeypatch):
+    """overlap_bench's dict carries the verdict's interval and a note saying why the overlap could not work."""
+    import helpers.pipeline.prepare as prepare
+
+    monkeypatch.setattr(prepare, "prepare_data", lambda *a, **k: ([0] * 12, None))
+    runs = {"before": _fake_run([0.04] * 5, [0.1] * 5, "before", num_workers=0, batches_per_epoch=1)}
+
+    def fake_variant(index, tokenizer, acc, *, label, num_workers, **kw):
+        return runs.get(label) or _fake_run([0.05, 0.051, 0.049, 0.05, 0.05], [0.1] * 5, label,
+                                            num_workers=num_workers, batches_per_epoch=1, torch_threads=1,
+                                            decode_threads=1)
+
+    monkeypatch.setattr(pf, "run_overlap_variant", fake_variant)
+    out = pf.overlap_bench(batch_size=12, num_workers=1, steps=5)
+    assert out["batches_per_epoch"] == 1 and out["hidden_fraction"] == 0.0
+    assert out["note"] and "1 batch per epoch" in out["note"]
+    assert out["recommendation"] == "leave off"
+    assert out["exposed_reduction"]["ci_high"] < 1.0  # the exposed input rose
+    assert "median" in out["statistic"]
 
 
 def test_compute_thread_scaling_restores_threads():
@@ -475,6 +552,43 @@ def test_plots_draw_from_the_tables(small_data):
     assert len(fig.axes) == 1
 
 
+def test_timeline_panels_share_one_axis_and_keep_short_copies_visible():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers.workbook import plots_transfer as pt
+
+    def spans(step_s, n=6):
+        rows = []
+        for k in range(n):
+            rows += [("copy", "copy", k * step_s, 0.0002, k), ("compute", "compute", k * step_s + 0.001, step_s - 0.001, k)]
+        return pd.DataFrame(rows, columns=["row", "kind", "start_s", "duration_s", "batch"])
+
+    fig = pt.overlap_timeline([("slow", spans(0.2)), ("fast", spans(0.05))])
+    top, bottom = fig.axes[0], fig.axes[1]
+    assert top.get_xlim() == bottom.get_xlim() and top.get_xlim()[1] >= 6 * 0.2 * 1e3
+    window = top.get_xlim()[1] - top.get_xlim()[0]
+    for ax in (top, bottom):
+        copy_lane = ax.collections[0]  # first lane drawn: copy
+        widths = [path.get_extents().width for path in copy_lane.get_paths()]
+        assert len(widths) == 6 and min(widths) >= pt.MIN_SPAN_FRACTION * window * 0.999
+
+
+def test_exposed_vs_hidden_draws_the_medians():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers.workbook import plots_transfer as pt
+
+    run = _fake_run([0.002, 0.002, 0.002, 0.05, 0.002], [0.03, 0.03, 0.03, 0.03, 0.2], "after", work=0.008)
+    fig = pt.exposed_vs_hidden([("after", run.stats)])
+    widths = sorted(round(r.get_width(), 6) for r in fig.axes[0].patches)
+    # compute 30, exposed 2 (twice: step bar and input bar), hidden 8 - 2 = 6 ms: the medians, not the means
+    assert widths == sorted([30.0, 2.0, 2.0, 6.0])
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert f"{run.stats.hidden_fraction:.0%} hidden" in texts and "75% hidden" in texts
+
+
 def test_prefetcher_keeps_no_batch_alive_after_the_step():
     import gc
     import weakref
@@ -490,3 +604,21 @@ def test_prefetcher_keeps_no_batch_alive_after_the_step():
     gc.collect()
     assert all(r() is None for r in refs)
     assert len(p.copy_frame()) == 4  # the copy log keeps timings, not tensors
+
+
+def test_baseline_workload_reads_notebook_01s_run_or_its_defaults(tmp_path):
+    """Review item 10: notebook 05 says which model it trains against notebook 01's."""
+    from helpers.results import ResultsStore
+
+    values, source = pf.baseline_workload(None)
+    assert values["model_width"] == 16 and source == "notebook 01's defaults"
+    assert set(values) == set(pf.WORKLOAD_PARAMS)
+    assert pf.baseline_workload(tmp_path / "missing.jsonl")[1] == "notebook 01's defaults"
+    path = tmp_path / "results.jsonl"
+    params = {"batch_size": 8, "image_size": 64, "text_len": 12, "model_width": 8, "d_model": 32, "steps": 4}
+    ResultsStore(path, notebook="01_baseline_profiling", device="cpu", parameters=params).add(
+        "x", "y", "z", 1.0, "s")
+    ResultsStore(path, notebook="05_stream_overlap", device="cpu", parameters={**params, "model_width": 32}).add(
+        "x", "y", "z", 1.0, "s")
+    values, source = pf.baseline_workload(path)
+    assert values == {k: params[k] for k in pf.WORKLOAD_PARAMS} and "this results file" in source

@@ -933,20 +933,24 @@ def npu_decode_note() -> str:
 
 def input_decode_bench(*, data_dir: str | None = None, max_images: int = 0, batch_size: int = 32,
                        image_size: int = 128, text_len: int = 16, threads: int = 0, repeats: int = 10,
-                       warmup: int = 2, seed: int = 0, device: str = "cpu") -> dict:
+                       warmup: int = 2, seed: int = 0, device: str = "cpu", prepared: tuple | None = None) -> dict:
     """Measure the batched pipeline against the per-image baseline: the figures of ``bench input-pipeline``.
 
-    Everything is measured in this process, interleaved (helpers.timing.compare):
+    Two interleaved comparisons (helpers.timing.compare, see
+    :class:`helpers.pipeline.fast.DecodeBench`), the same as notebook 02's;
+    every rate below comes from one of them and says which by its name:
 
-    * ``preprocess_speedup``: images/s of the batched pipeline
-      (:class:`helpers.pipeline.fast.BatchedDataset` + :func:`helpers.pipeline.fast.to_device_batch`)
-      over the per-image baseline (``BaselineDataset`` items + ``collate_batch``
-      + copy to the device), on the same batches;
-    * ``decode_efficiency``: batched images/s over the raw decode-only rate of
-      the same decoder, at the same DCT scales, with the same thread pool;
+    * ``preprocess_speedup``: images/s of "batched + device normalize"
+      (``BatchedDataset[indices]`` + ``to_device_batch``) over the "per-image
+      baseline" (``BaselineDataset`` items + ``collate_batch`` + copy to the
+      device), on the same batches;
+    * ``decode_efficiency``: images/s of "batched (host)" (``BatchedDataset[indices]``,
+      no device step) over "raw decode only" (the same decoder, DCT scales
+      and thread count, from bytes in memory), measured together;
     * ``tokenize_speedup``: per-sample ``encode_one`` time over one
-      ``encode_batch`` call for the same captions; ``tokenize_share``: batched
-      tokenization's share of the batched preprocessing time.
+      ``encode_batch`` call for the same captions; ``tokenize_share``:
+      ``encode_batch``'s median time over the "batched (host)" median time of
+      the efficiency comparison.
 
     Parameters
     ----------
@@ -963,15 +967,25 @@ def input_decode_bench(*, data_dir: str | None = None, max_images: int = 0, batc
     seed : int
     device : str, default "cpu"
         Device kind for the normalization step (``helpers.device.get_accelerator``).
+    prepared : (DatasetIndex, tokenizers.Tokenizer), optional
+        Data already loaded by :func:`helpers.pipeline.prepare.prepare_data`
+        with the same ``data_dir``, ``max_images``, ``seed`` and ``text_len``
+        (and checked for ``batch_size``); the folder is then not scanned again,
+        so its skipped files are not reported (logged) a second time. None:
+        load it here.
 
     Returns
     -------
     dict
         ``preprocess_speedup``, ``preprocess_speedup_ci`` ([low, high]),
-        ``batched_images_per_s``, ``baseline_images_per_s``,
-        ``decode_efficiency``, ``decode_efficiency_ci``, ``raw_decode_images_per_s``,
-        ``tokenize_speedup``, ``tokenize_speedup_ci``, ``tokenize_share``,
-        ``threads``, ``batch_size``, ``image_size``, ``images``, ``device``.
+        ``baseline_images_per_s``, ``batched_device_images_per_s`` (its two
+        rates); ``decode_efficiency``, ``decode_efficiency_ci``,
+        ``batched_host_images_per_s``, ``raw_decode_images_per_s`` (its two
+        rates); ``tokenize_speedup``, ``tokenize_speedup_ci``,
+        ``tokenize_share``; ``variants`` (each rate key -> the variant's
+        label); ``threads``, ``batch_size``, ``image_size``, ``images``
+        (usable), ``skipped_files`` (files of the folder skipped as unusable
+        by the scan), ``device``.
 
     Raises
     ------
@@ -983,8 +997,10 @@ def input_decode_bench(*, data_dir: str | None = None, max_images: int = 0, batc
     from helpers.pipeline.prepare import prepare_data
 
     acc = get_accelerator(device)
-    index, tokenizer = prepare_data(data_dir, max_images=max_images, seed=seed, batch_size=batch_size,
-                                    text_len=text_len)
+    if prepared is None:
+        prepared = prepare_data(data_dir, max_images=max_images, seed=seed, batch_size=batch_size,
+                                text_len=text_len)
+    index, tokenizer = prepared
     dataset = BatchedDataset(index, tokenizer, image_size=image_size, text_len=text_len, seed=seed,
                              threads=threads, pin_memory=acc.capabilities.pinned_memory.available)
     try:
@@ -992,23 +1008,32 @@ def input_decode_bench(*, data_dir: str | None = None, max_images: int = 0, batc
         pre = bench.compare_preprocess()
         eff = bench.compare_raw_decode()
         tok = bench.compare_tokenize()
-        share = bench.tokenize_share()
+        share = bench.tokenize_share(host_s=eff.b.median_s, baseline_s=pre.a.median_s)
+        threads_used = dataset.threads
     finally:
         dataset.close()
     return {
         "preprocess_speedup": pre.ratio,
         "preprocess_speedup_ci": [pre.ci_low, pre.ci_high],
         "baseline_images_per_s": pre.a.rate,
-        "batched_images_per_s": pre.b.rate,
+        "batched_device_images_per_s": pre.b.rate,
         "decode_efficiency": eff.ratio,
         "decode_efficiency_ci": [eff.ci_low, eff.ci_high],
+        "batched_host_images_per_s": eff.b.rate,
         "raw_decode_images_per_s": eff.a.rate,
         "tokenize_speedup": tok.ratio,
         "tokenize_speedup_ci": [tok.ci_low, tok.ci_high],
         "tokenize_share": share["batched_share"],
-        "threads": dataset.threads,
+        "variants": {
+            "baseline_images_per_s": pre.a.name,
+            "batched_device_images_per_s": pre.b.name,
+            "batched_host_images_per_s": eff.b.name,
+            "raw_decode_images_per_s": eff.a.name,
+        },
+        "threads": threads_used,
         "batch_size": batch_size,
         "image_size": image_size,
         "images": len(index),
+        "skipped_files": len(index.skipped),
         "device": acc.kind,
     }

@@ -103,6 +103,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "HOST_BATCH_KEYS",
+    "BASELINE_LABEL",
+    "BATCHED_DEVICE_LABEL",
+    "BATCHED_HOST_LABEL",
+    "RAW_DECODE_LABEL",
     "BatchedDataset",
     "EpochBatchSampler",
     "batch_sampler",
@@ -110,6 +114,17 @@ __all__ = [
     "reference_check",
     "DecodeBench",
 ]
+
+#: Names of the measured variants, used alike by the comparisons, the records, the figures and the bench,
+#: so that each number carries the name of what was timed:
+#: the per-image baseline (``BaselineDataset`` items + ``collate_batch`` + copy to the device),
+BASELINE_LABEL = "per-image baseline"
+#: the batched pipeline up to a normalized float batch on the device (``dataset[indices]`` + ``to_device_batch``),
+BATCHED_DEVICE_LABEL = "batched + device normalize"
+#: the batched pipeline up to the uint8 host batch only (``dataset[indices]``),
+BATCHED_HOST_LABEL = "batched (host)"
+#: and the decoder alone, from bytes in memory, same DCT scales and thread pool (``raw_decode``).
+RAW_DECODE_LABEL = "raw decode only"
 
 #: Keys of a host batch, in order.
 HOST_BATCH_KEYS: tuple[str, ...] = ("image", "tokens", "label", "prep_start_s", "prep_end_s", "prep_s",
@@ -954,7 +969,21 @@ class DecodeBench:
     """The measurements of notebook 02 and of ``bench input-pipeline``, on one dataset.
 
     All variants see the same batches (drawn once from :func:`batch_sampler`
-    with ``seed``, epoch 0) in the same order.
+    with ``seed``, epoch 0) in the same order. Each figure comes from one
+    interleaved comparison, and its variants carry the module's labels:
+
+    * the **preprocessing speedup** (:meth:`compare_preprocess`):
+      :data:`BATCHED_DEVICE_LABEL` over :data:`BASELINE_LABEL`, both ending
+      with a normalized float batch on the device;
+    * the **decode efficiency** (:meth:`compare_raw_decode`):
+      :data:`BATCHED_HOST_LABEL` over :data:`RAW_DECODE_LABEL`, the batched
+      rate over the raw decode-only rate of the same decoder at the same
+      thread count. Both stop at the host (the raw decode has no device
+      step), so the device copy and normalization are not part of it.
+
+    The two batched rates differ by the device step and are never
+    interchangeable: quote the efficiency with the rates of its own
+    comparison.
 
     Parameters
     ----------
@@ -998,13 +1027,24 @@ class DecodeBench:
         return to_device_batch(self.dataset[list(indices)], self.acc)
 
     def compare_preprocess(self) -> "Comparison":
-        """Per-image baseline (A) vs batched (B), interleaved; ratio = images/s of B over A."""
+        """The preprocessing speedup: per-image baseline (A) vs batched + device normalize (B), interleaved.
+
+        Both variants end with a normalized float32 batch on the device,
+        synchronized: A is :meth:`baseline_batch`, B :meth:`batched_batch`.
+
+        Returns
+        -------
+        helpers.timing.Comparison
+            Named (:data:`BASELINE_LABEL`, :data:`BATCHED_DEVICE_LABEL`);
+            ratio = images/s of B over images/s of A.
+        """
         from helpers.timing import compare
 
         next_a, next_b = self._cycle(), self._cycle()
         return compare(lambda: self.baseline_batch(next_a()), lambda: self.batched_batch(next_b()),
                        repeats=self.repeats, warmup=self.warmup, sync=self.acc.synchronize,
-                       names=("per-image baseline", "batched"), items_per_call=self.batch_size, seed=self.seed)
+                       names=(BASELINE_LABEL, BATCHED_DEVICE_LABEL), items_per_call=self.batch_size,
+                       seed=self.seed)
 
     def _plan(self, k: int) -> list:
         if k not in self._plans:
@@ -1012,11 +1052,21 @@ class DecodeBench:
         return self._plans[k]
 
     def compare_raw_decode(self) -> "Comparison":
-        """Raw decode only (A) vs the batched pipeline (B) at the same scales and threads.
+        """The decode efficiency: raw decode only (A) vs batched (host) (B), interleaved.
 
-        The ratio (median A / median B) is the decode efficiency: batched
-        images/s over raw decode images/s, 1.0 when everything but the decode
-        costs nothing.
+        A decodes the batch's files from bytes already in memory at the
+        planned DCT scales on the dataset's pool (:meth:`BatchedDataset.raw_decode`);
+        B builds the uint8 host batch, ``dataset[indices]`` (read, header, crop
+        draw, decode, resize, flip, copy into the batch, tokenization), with
+        the same decoder and thread count. Neither touches the device.
+
+        Returns
+        -------
+        helpers.timing.Comparison
+            Named (:data:`RAW_DECODE_LABEL`, :data:`BATCHED_HOST_LABEL`). Its
+            ratio (median A / median B) is the decode efficiency: batched
+            (host) images/s over raw decode-only images/s, 1.0 when everything
+            but the decode costs nothing.
         """
         from helpers.timing import compare
 
@@ -1026,7 +1076,7 @@ class DecodeBench:
             self._plan(k)
         return compare(lambda: self.dataset.raw_decode(self._plan(next(order_a))),
                        lambda: self.dataset[order_b()],
-                       repeats=self.repeats, warmup=self.warmup, names=("raw decode", "batched"),
+                       repeats=self.repeats, warmup=self.warmup, names=(RAW_DECODE_LABEL, BATCHED_HOST_LABEL),
                        items_per_call=self.batch_size, seed=self.seed)
 
     def compare_threads(self, threads: int = 1) -> "Comparison":
@@ -1079,7 +1129,7 @@ class DecodeBench:
             other.close()
 
     def compare_gpu_decode(self) -> tuple["Comparison", list[float]]:
-        """Batched CPU pipeline (A) vs batched GPU decode (B), both to a normalized batch on the device.
+        """Batched + device normalize (A) vs GPU decode + device normalize (B), both to a normalized batch.
 
         B plans on the CPU (read, header, crop draw) and decodes, crops,
         resizes and flips on the GPU (:func:`helpers.pipeline.decode.decode_augment_cuda`).
@@ -1123,7 +1173,7 @@ class DecodeBench:
 
         comparison = compare(lambda: to_device_batch(ds[next(it_a)], self.acc), gpu_batch,
                              repeats=self.repeats, warmup=self.warmup, sync=self.acc.synchronize,
-                             names=("batched CPU decode", "batched GPU decode"),
+                             names=(f"{BATCHED_DEVICE_LABEL} (CPU decode)", "GPU decode + device normalize"),
                              items_per_call=(float(len(first)), float(len(first))), seed=self.seed)
         return comparison, quality
 
@@ -1142,27 +1192,31 @@ class DecodeBench:
                        repeats=self.repeats, warmup=self.warmup, names=("per-sample encode", "encode_batch"),
                        items_per_call=self.batch_size, seed=self.seed)
 
-    def tokenize_share(self, *, batched_s: float | None = None, baseline_s: float | None = None
+    def tokenize_share(self, *, host_s: float | None = None, baseline_s: float | None = None
                        ) -> dict[str, float]:
         """Tokenization's share of preprocessing time, batched and per-sample.
+
+        Parameters
+        ----------
+        host_s : float, optional
+            Median seconds per batch of :data:`BATCHED_HOST_LABEL`
+            (``dataset[indices]``), e.g. ``compare_raw_decode().b.median_s``;
+            measured here otherwise.
+        baseline_s : float, optional
+            Median seconds per batch of :data:`BASELINE_LABEL` (items,
+            ``collate_batch``, copy: :meth:`baseline_batch`), e.g.
+            ``compare_preprocess().a.median_s``; measured here otherwise.
 
         Returns
         -------
         dict
-            ``batched_share``: median ``encode_batch`` time over the median
-            batched preprocessing time (``dataset[indices]``) of a batch;
-            ``per_sample_share``: median per-sample tokenization time of a
-            batch over the median baseline time of a batch (items + collate);
-            and the four medians in seconds (``tokenize_batch_s``,
-            ``tokenize_per_sample_s``, ``batched_s``, ``baseline_s``).
-
-        Parameters
-        ----------
-        batched_s, baseline_s : float, optional
-            Median seconds per batch of the two pipelines if already measured
-            (e.g. by :meth:`compare_preprocess`); measured here otherwise.
+            ``batched_share``: median ``encode_batch`` time of a batch over
+            ``host_s`` (tokenization runs on the host, inside
+            ``dataset[indices]``); ``per_sample_share``: median per-sample
+            tokenization time of a batch over ``baseline_s``; and the four
+            medians in seconds (``tokenize_batch_s``, ``tokenize_per_sample_s``,
+            ``host_s``, ``baseline_s``).
         """
-        from helpers.pipeline.baseline import collate_batch
         from helpers.timing import measure
 
         ds = self.dataset
@@ -1170,15 +1224,15 @@ class DecodeBench:
         kw = dict(repeats=self.repeats, warmup=self.warmup, items_per_call=self.batch_size)
         tok_b = measure(lambda: encode_batch(ds.tokenizer, ds.captions[n1()], ds.text_len), **kw)
         tok_s = measure(lambda: [encode_one(ds.tokenizer, str(ds.captions[i]), ds.text_len) for i in n2()], **kw)
-        if batched_s is None:
-            batched_s = measure(lambda: ds[n3()], **kw).median_s
+        if host_s is None:
+            host_s = measure(lambda: ds[n3()], **kw).median_s
         if baseline_s is None:
-            baseline_s = measure(lambda: collate_batch([self.baseline[i] for i in n4()]), **kw).median_s
+            baseline_s = measure(lambda: self.baseline_batch(n4()), sync=self.acc.synchronize, **kw).median_s
         return {
-            "batched_share": tok_b.median_s / batched_s,
+            "batched_share": tok_b.median_s / host_s,
             "per_sample_share": tok_s.median_s / baseline_s,
             "tokenize_batch_s": tok_b.median_s,
             "tokenize_per_sample_s": tok_s.median_s,
-            "batched_s": batched_s,
+            "host_s": host_s,
             "baseline_s": baseline_s,
         }

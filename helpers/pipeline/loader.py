@@ -19,7 +19,9 @@ processes without the usual failures (``reference/field_cases.md``):
 * :func:`measure_epoch_memory` reads the USS/PSS of the main process and of
   each worker at the start and at the end of an epoch (field case 3).
 * :func:`run_sweep` times ``num_workers x prefetch_factor x persistent_workers``
-  in rotated order.
+  in rotated order, counting only batches finished after its clock started
+  (:func:`completion_window`); :func:`speedup_plausibility` flags a result
+  no CPU-bound pipeline can reach.
 
 Fork and spawn
 --------------
@@ -69,8 +71,10 @@ import pickle
 import random
 import time
 import types
+import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +104,7 @@ __all__ = [
     "reseed_dataset_rngs",
     "make_batch_sampler",
     "make_loader",
+    "quiet_worker_count_warning",
     "close_loader",
     "LoaderIterator",
     "iterate",
@@ -116,6 +121,9 @@ __all__ = [
     "LoaderSetting",
     "sweep_settings",
     "SweepResult",
+    "completion_window",
+    "speedup_plausibility",
+    "TORCH_DEFAULT_PREFETCH",
     "run_sweep",
 ]
 
@@ -128,6 +136,16 @@ MAX_SCAN_CONTAINER = 32
 _TORCH_WORKER_JOIN_S = 5.0
 
 _MIB = float(1 << 20)
+
+#: Worker counts already warned about (LoaderConfig warns about more workers than cores once per process).
+_CORE_WARNING_SHOWN: set[int] = set()
+
+#: The start of torch's own warning about more workers than CPUs (``DataLoader.check_worker_number_rationality``),
+#: which repeats :class:`LoaderConfig`'s warning at every loader and every epoch, with torch's file path.
+_TORCH_WORKER_WARNING = r"This DataLoader will create \d+ worker processes in total"
+
+#: torch's default ``prefetch_factor`` when ``num_workers > 0`` (``torch.utils.data.DataLoader`` documentation).
+TORCH_DEFAULT_PREFETCH = 2
 
 
 # --------------------------------------------------------------------------- machine facts
@@ -397,9 +415,13 @@ class LoaderConfig:
         object.__setattr__(self, "timeout_s", float(self.timeout_s))
         cores = usable_cores()
         if self.num_workers > cores:
-            logger.warning(
+            # once per process: a sweep builds many configs with the same worker counts
+            level = logging.DEBUG if _CORE_WARNING_SHOWN else logging.WARNING
+            _CORE_WARNING_SHOWN.add(self.num_workers)
+            logger.log(
+                level,
                 "num_workers=%d is more than the %d usable CPU core(s): workers will share cores "
-                "(allowed, but rarely faster; measure it)", self.num_workers, cores,
+                "(allowed, but rarely faster; measure it). Shown once per process.", self.num_workers, cores,
             )
 
     def with_(self, **changes: Any) -> "LoaderConfig":
@@ -662,6 +684,23 @@ def worker_init_fn(worker_id: int, rank: int | None = None) -> WorkerSeeds:
 # --------------------------------------------------------------------------- building loaders
 
 
+@contextmanager
+def quiet_worker_count_warning() -> Iterator[None]:
+    """Hide torch's UserWarning about more DataLoader workers than CPUs inside the block.
+
+    torch warns "This DataLoader will create N worker processes in total..."
+    when a loader is built and again at every epoch
+    (``DataLoader.check_worker_number_rationality``), with the absolute path
+    of its own source file. :class:`LoaderConfig` already says the same
+    once per process, so :func:`make_loader`, :func:`iterate` and the
+    randomness probe build and start loaders inside this block. Other
+    warnings pass through.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TORCH_WORKER_WARNING, category=UserWarning)
+        yield
+
+
 def make_batch_sampler(n_items: int, config: LoaderConfig, *, num_batches: int | None = None):
     """Batches of indices for a batched dataset (``__getitem__(list[int])``).
 
@@ -763,7 +802,8 @@ def make_loader(dataset: Any, config: LoaderConfig, acc: Any = None, *, batch_sa
     kwargs = config.to_kwargs(acc, batch_sampler=batch_sampler, rank=rank)
     if collate_fn is not None:
         kwargs["collate_fn"] = collate_fn
-    return DataLoader(dataset, **kwargs)
+    with quiet_worker_count_warning():
+        return DataLoader(dataset, **kwargs)
 
 
 def close_loader(loader: Any) -> None:
@@ -970,7 +1010,8 @@ class LoaderIterator:
         before = _descendants() if getattr(loader, "num_workers", 0) else {}
         self._t0 = time.perf_counter()
         try:
-            self._it = iter(loader)
+            with quiet_worker_count_warning():
+                self._it = iter(loader)
         except Exception as exc:
             err = explain_loader_error(exc, loader, name=name)
             if err is None:
@@ -1004,6 +1045,41 @@ class LoaderIterator:
             self.first_batch_s = time.perf_counter() - self._t0
         self.batches += 1
         return batch
+
+    def take(self, n: int) -> list[Any]:
+        """The next ``n`` batches, or a DataError that says how to get them.
+
+        Parameters
+        ----------
+        n : int
+            Batches wanted (>= 0).
+
+        Returns
+        -------
+        list
+            ``n`` batches.
+
+        Raises
+        ------
+        DataError
+            If the epoch ends first (a bare ``StopIteration`` would say
+            nothing): the message gives the batches the loader made, the
+            dataset size and batch size where known, and the ways out (ask
+            for fewer, lower the batch size, add images, or build the
+            sampler with :func:`make_batch_sampler` ``num_batches=n`` so that
+            it iterates across epochs).
+        ParameterError
+            If ``n`` is not an int >= 0.
+        """
+        if not _is_int(n) or n < 0:
+            raise ParameterError(f"take(n={n!r}): allowed: an int >= 0")
+        out: list[Any] = []
+        for _ in range(n):
+            try:
+                out.append(next(self))
+            except StopIteration:
+                raise DataError(_ran_out_message(self.loader, self.name, wanted=n, got=self.batches)) from None
+        return out
 
     def close(self, *, force: bool = False) -> None:
         """Stop this epoch's workers (not a persistent loader's, unless ``force``).
@@ -1043,6 +1119,28 @@ class LoaderIterator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close(force=exc[0] is not None)
+
+
+def _ran_out_message(loader: Any, name: str, *, wanted: int, got: int) -> str:
+    """Why a loader gave ``got`` batches where ``wanted`` were needed, and what to change."""
+    dataset = getattr(loader, "dataset", None)
+    n_items = len(dataset) if hasattr(dataset, "__len__") else None
+    sampler = getattr(loader, "sampler", None)
+    batch_size = getattr(loader, "batch_size", None) or getattr(sampler, "batch_size", None)
+    data = []
+    if n_items is not None:
+        data.append(f"{n_items} item(s)")
+    if batch_size is not None:
+        data.append(f"batch_size={batch_size}")
+    about = f" ({', '.join(data)})" if data else ""
+    need = f"at least {wanted} batches"
+    return (
+        f"{name}: the loader ended after {got} batch(es) but {wanted} were asked for: one pass over the "
+        f"data{about} makes only {got} batch(es) and this step needs {need}. What to change: lower the "
+        f"batch size (the batch_size parameter) so that one pass makes {wanted} or more, or add images; in "
+        f"code, build the sampler with make_batch_sampler(n_items, config, num_batches={wanted}), which "
+        "iterates across epochs"
+    )
 
 
 def iterate(loader: Any, *, name: str = "loader") -> LoaderIterator:
@@ -1491,6 +1589,33 @@ class LoaderSetting:
         return base.with_(num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
                           persistent_workers=self.persistent_workers)
 
+    @property
+    def in_flight(self) -> int:
+        """Batches a loader with this setting has requested but not yet delivered: ``num_workers x prefetch_factor``.
+
+        torch dispatches that many tasks when an epoch starts and one more
+        for each batch delivered (``_MultiProcessingDataLoaderIter``), so at
+        any moment up to this many batches may be finished ahead of the
+        consumer. 0 with ``num_workers=0``; a ``prefetch_factor`` of None
+        counts as torch's default, :data:`TORCH_DEFAULT_PREFETCH`.
+        """
+        if self.num_workers == 0:
+            return 0
+        pf = self.prefetch_factor if self.prefetch_factor is not None else TORCH_DEFAULT_PREFETCH
+        return self.num_workers * pf
+
+    @property
+    def min_timed_batches(self) -> int:
+        """The shortest timing window worth trusting for this setting: two batches per worker (1 without workers).
+
+        Each worker finishes batches at its own pace and phase; a window of
+        fewer completions than ``2 x num_workers`` can fall inside one burst
+        of nearly simultaneous completions (or between two), which makes it
+        noisy and biased either way by that phase. :func:`run_sweep` counts
+        such a window anyway; :meth:`SweepResult.short_windows` lists them.
+        """
+        return max(1, 2 * self.num_workers)
+
 
 def sweep_settings(num_workers_list: Sequence[int], prefetch_factor_list: Sequence[int]) -> tuple[LoaderSetting, ...]:
     """The settings to time: ``num_workers x prefetch_factor x persistent_workers``.
@@ -1534,6 +1659,128 @@ def sweep_settings(num_workers_list: Sequence[int], prefetch_factor_list: Sequen
     return tuple(out)
 
 
+class _StampedCollate:
+    """collate_fn wrapper that returns ``(batch, completion time)``; runs where the batch is made.
+
+    The time is ``time.perf_counter()`` read right after the batch is
+    collated, in the worker process (or in the main process with
+    ``num_workers=0``). On Linux, macOS and Windows ``perf_counter`` reads a
+    system-wide monotonic clock (``CLOCK_MONOTONIC``, ``mach_absolute_time``,
+    ``QueryPerformanceCounter``), so it can be compared with the main
+    process's; :func:`run_sweep` checks that anyway (no batch may be
+    finished after it arrived) and falls back to arrival times if not.
+    Module-level, so spawn and forkserver workers can unpickle it.
+    """
+
+    def __init__(self, inner: Callable[[Any], Any]) -> None:
+        self.inner = inner
+
+    def __call__(self, data: Any) -> tuple[Any, float]:
+        out = self.inner(data)
+        return out, time.perf_counter()
+
+
+#: Slack, seconds, allowed between a batch's completion stamp and its arrival in the main process before the
+#: two clocks are taken to disagree (the stamp is read before the batch is pickled and sent, so it must be earlier).
+_CLOCK_SLACK_S = 1e-3
+
+
+def completion_window(t0: float, completed_s: Sequence[float], n: int) -> tuple[float, float, int]:
+    """The timing window of ``n`` batch completions, all after ``t0``, between two completions.
+
+    The window opens at the first batch completion after ``t0`` and closes
+    at the ``n``-th completion after that one, so it holds exactly ``n``
+    completions and both of its ends are the same kind of moment (a batch
+    just finished). Batches finished at or before ``t0`` (prepared ahead by
+    workers while the consumer waited for an earlier batch) are outside it
+    by construction, however late they are consumed. Opening on a completion
+    instead of at ``t0`` also keeps out the work that was already under way
+    at ``t0`` (up to one partly made batch per worker), which would
+    otherwise be credited to the window.
+
+    Parameters
+    ----------
+    t0 : float
+        When the clock started, seconds on the same clock as ``completed_s``.
+    completed_s : sequence of float
+        Completion times of every batch delivered after the clock started,
+        seconds (all of them: a batch finished inside the window but
+        delivered after it must be included).
+    n : int
+        Completions the window must hold (>= 1).
+
+    Returns
+    -------
+    start : float
+        Completion time of the first batch finished after ``t0``.
+    end : float
+        Completion time of the ``n``-th batch finished after ``start``.
+    prepared_ahead : int
+        Batches in ``completed_s`` finished at or before ``t0`` (not counted).
+
+    Raises
+    ------
+    ParameterError
+        If ``n`` < 1.
+    DataError
+        If fewer than ``n + 1`` batches finished after ``t0``.
+    """
+    if not _is_int(n) or n < 1:
+        raise ParameterError(f"completion_window: n={n!r}: allowed: an int >= 1")
+    after = sorted(float(c) for c in completed_s if c > t0)
+    ahead = len(completed_s) - len(after)
+    if len(after) < n + 1:
+        raise DataError(
+            f"completion_window: only {len(after)} of the {len(completed_s)} batches finished after the clock "
+            f"started ({ahead} were ready before it), {n + 1} needed; deliver at least n + 1 + num_workers x "
+            "prefetch_factor batches after starting the clock"
+        )
+    return after[0], after[n], ahead
+
+
+def speedup_plausibility(ratio: float, cores: int, *, baseline: str = "num_workers=0") -> str | None:
+    """Why a measured speed-up of a CPU-bound loader over ``baseline`` cannot be real, or None when it can.
+
+    A CPU-bound pipeline (decoding files already in the page cache) on
+    ``cores`` usable cores can do at most ``cores`` times the work of the
+    baseline, which itself keeps at least one core busy; more processes
+    cannot add cores. A larger ratio means the measurement is wrong (batches
+    counted that were made before the clock started, a window too short for
+    the clock, other load on the machine during the baseline), not that the
+    loader is that fast. A pipeline that waits on slow storage is not
+    CPU-bound and is not covered by this check.
+
+    Parameters
+    ----------
+    ratio : float
+        Median time of the baseline / median time of the candidate (> 1: faster).
+    cores : int
+        Usable CPU cores (:func:`usable_cores`, >= 1).
+    baseline : str
+        Named in the sentence.
+
+    Returns
+    -------
+    str or None
+        A sentence for the reader when ``ratio > cores``; else None.
+
+    Raises
+    ------
+    ParameterError
+        If ``cores`` < 1.
+    """
+    if not _is_int(cores) or cores < 1:
+        raise ParameterError(f"speedup_plausibility: cores={cores!r}: allowed: an int >= 1")
+    if not math.isfinite(ratio) or ratio > cores:
+        return (
+            f"a {ratio:.2f}x speed-up over {baseline} on {cores} usable core(s) is not physically possible for a "
+            f"CPU-bound pipeline (at most {cores}x: the baseline already keeps one core busy, and more processes "
+            "add no cores), so this measurement is wrong - most likely other load on the machine or too little "
+            "work timed; raise batches_per_trial and trials and run it on an otherwise idle machine"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class SweepResult:
     """The timings of a loader sweep.
@@ -1545,9 +1792,16 @@ class SweepResult:
         ``prefetch_factor`` (float, NaN for 0 workers), ``persistent_workers``,
         ``trial``, ``position`` (order within the trial), ``first_batch_s``
         (iterator creation to first batch: worker start-up), ``elapsed_s``
-        (the ``batches_per_trial`` batches after the first round of one
-        batch per worker), ``images``,
-        ``images_per_s``, ``skipped`` (replaced images in the trial).
+        (seconds between the first batch finished after the clock started and
+        the ``batches_per_trial``-th one after it; see :func:`run_sweep`),
+        ``images`` (images in
+        those batches), ``images_per_s``, ``in_flight`` (batches in flight,
+        ``num_workers x prefetch_factor``), ``drained`` (batches delivered
+        before the clock started), ``prepared_ahead`` (batches that were
+        already finished when the clock started: not counted), ``clock``
+        (``"completion"``: windows from the workers' completion times;
+        ``"arrival"``: the fallback when the clocks disagree), ``skipped``
+        (replaced images in the trial).
     settings : tuple of LoaderSetting
     batch_size : int
     batches_per_trial : int
@@ -1597,7 +1851,9 @@ class SweepResult:
             ``setting``, ``num_workers``, ``prefetch_factor``, ``persistent_workers``,
             ``images_per_s`` (median over trials), ``images_per_s_p25``/``_p75``
             (throughput at the time quartiles), ``first_batch_s`` (median,
-            seconds), ``first_batch_max_s``, ``trials``.
+            seconds), ``first_batch_max_s``, ``in_flight``,
+            ``prepared_ahead_max`` (most batches found finished before the
+            clock started in one trial, excluded from the timing), ``trials``.
         """
         import pandas as pd
 
@@ -1610,10 +1866,15 @@ class SweepResult:
                 "prefetch_factor": s.prefetch_factor, "persistent_workers": s.persistent_workers,
                 "images_per_s": m.rate, "images_per_s_p25": m.rate_p25, "images_per_s_p75": m.rate_p75,
                 "first_batch_s": float(sub["first_batch_s"].median()),
-                "first_batch_max_s": float(sub["first_batch_s"].max()), "trials": m.repeats,
+                "first_batch_max_s": float(sub["first_batch_s"].max()), "in_flight": s.in_flight,
+                "prepared_ahead_max": int(sub["prepared_ahead"].max()), "trials": m.repeats,
             })
         df = pd.DataFrame(rows)
         return df.sort_values("images_per_s", ascending=False, kind="stable").reset_index(drop=True)
+
+    def short_windows(self) -> list[str]:
+        """Labels of settings whose ``batches_per_trial`` is below :attr:`LoaderSetting.min_timed_batches`."""
+        return [s.label for s in self.settings if self.batches_per_trial < s.min_timed_batches]
 
     def ranking(self) -> list[str]:
         """Setting labels, fastest (highest median images/s) first."""
@@ -1640,23 +1901,43 @@ def run_sweep(make_dataset: Callable[[LoaderSetting], Any], n_items: int, settin
               collate_fn: Callable | None = None, name: str = "sweep") -> SweepResult:
     """Time each loader setting over ``trials`` rounds, in rotated order.
 
-    Every trial of every setting reads ``warm-up + batches_per_trial``
-    batches of a batched dataset (a fresh order each pass). The warm-up is
-    the first round of batches, one per worker (one with
-    ``num_workers=0``): all workers start together, so when the first batch
-    arrives the others are nearly done too, and timing from there would
-    credit the window with work done before it (by ``num_workers - 1``
-    batches). Its first batch's latency (iterator creation to first batch:
-    worker start-up, or resuming persistent workers) is recorded apart; the
-    ``batches_per_trial`` batches after the warm-up are timed together, each
-    made entirely inside the window. The consumer does nothing with a batch,
-    so it never falls behind and ``prefetch_factor`` can only matter through
-    the workers' own scheduling; its real use, absorbing uneven training
-    steps, is measured with compute in notebook 05. Round ``t`` visits the
-    settings starting at position ``t mod n``, so a slow drift of the
-    machine is spread over all settings. A persistent-workers setting keeps
-    one loader for all its trials (that is what persistence buys: no worker
-    start-up per epoch); the others start new workers each trial.
+    One trial of one setting is one loader pass of ``drain +
+    batches_per_trial + in_flight + 1`` batches (the sampler cycles through
+    the data, so a trial may span several epochs of a small dataset):
+
+    1. **drain**: the first ``max(1, num_workers x prefetch_factor)``
+       batches (:attr:`LoaderSetting.in_flight`, every task torch sends out
+       when the epoch starts) are delivered untimed. The first one's latency
+       from iterator creation (worker start-up, or resuming persistent
+       workers) is recorded apart as ``first_batch_s``.
+    2. **the window**: the clock starts when the last drained batch arrives.
+       Every batch carries the time it was *finished* (read in the worker
+       right after collation, :class:`_StampedCollate`). The window opens at
+       the first batch finished after the clock started and closes
+       ``batches_per_trial`` completions later (:func:`completion_window`):
+       a batch a worker finished before the clock started is never counted,
+       however late it is consumed, so work done before the window cannot be
+       credited to it; how many were found is recorded as
+       ``prepared_ahead``. Both ends of the window are completions, so the
+       partly made batches under way at either end balance out.
+    3. **the tail**: the ``in_flight + 1`` batches still to come are
+       delivered too (untimed), so that every batch finished inside the
+       window is seen and no worker is left working while the next setting
+       is timed.
+
+    If a completion time is later than the batch's arrival (the clocks of
+    the processes disagree), the trial falls back to arrival times: the
+    window runs from the first batch's arrival after the drain to the
+    ``batches_per_trial``-th arrival after it (logged, ``clock="arrival"``).
+
+    The consumer does nothing with a batch, so it never falls behind and
+    ``prefetch_factor`` can only matter through the workers' own scheduling;
+    its real use, absorbing uneven training steps, is measured with compute
+    in notebook 05. Round ``t`` visits the settings starting at position
+    ``t mod n``, so a slow drift of the machine is spread over all settings.
+    A persistent-workers setting keeps one loader for all its trials (that
+    is what persistence buys: no worker start-up per epoch); the others
+    start new workers each trial.
 
     Parameters
     ----------
@@ -1665,20 +1946,22 @@ def run_sweep(make_dataset: Callable[[LoaderSetting], Any], n_items: int, settin
         (so a per-setting thread count can be chosen); module-level class
         instances only (workers may pickle them).
     n_items : int
-        Items in that dataset.
+        Items in that dataset (>= 1; fewer than one batch is fine: the
+        sampler cycles).
     settings : sequence of LoaderSetting
         E.g. :func:`sweep_settings`.
     base : LoaderConfig
         Batch size, seed, timeout, pinning, start method; its worker fields
         are replaced by each setting's.
     batches_per_trial : int
-        Timed batches per setting and trial (>= 1).
+        Batch completions timed per setting and trial (>= 1).
     trials : int
         Rounds (>= 1).
     acc : helpers.device.Accelerator, optional
         Decides pinning.
     collate_fn : callable, optional
-        Passed to :func:`make_loader`.
+        Module-level function (picklable); default torch's
+        ``default_convert``. Wrapped to stamp completion times.
     name : str
         Used in error messages.
 
@@ -1694,6 +1977,7 @@ def run_sweep(make_dataset: Callable[[LoaderSetting], Any], n_items: int, settin
         On a loader failure (the message names the setting).
     """
     import pandas as pd
+    from torch.utils.data._utils.collate import default_convert
 
     if not _is_int(batches_per_trial) or batches_per_trial < 1:
         raise ParameterError(f"batches_per_trial={batches_per_trial!r}: allowed: an int >= 1")
@@ -1702,6 +1986,7 @@ def run_sweep(make_dataset: Callable[[LoaderSetting], Any], n_items: int, settin
     settings = tuple(settings)
     if not settings:
         raise ParameterError("run_sweep: no settings to time")
+    stamped = _StampedCollate(collate_fn if collate_fn is not None else default_convert)
     keep: dict[LoaderSetting, Any] = {}
     rows = []
     skipped = SkipLog()
@@ -1711,35 +1996,50 @@ def run_sweep(make_dataset: Callable[[LoaderSetting], Any], n_items: int, settin
             order = settings[k:] + settings[:k]
             for position, s in enumerate(order):
                 cfg = s.config(base)
+                drain, tail = max(1, s.in_flight), s.in_flight + 1
                 loader = keep.get(s)
                 if loader is None:
-                    sampler = make_batch_sampler(n_items, cfg, num_batches=max(1, s.num_workers) + batches_per_trial)
-                    loader = make_loader(make_dataset(s), cfg, acc, batch_sampler=sampler, collate_fn=collate_fn)
+                    sampler = make_batch_sampler(n_items, cfg, num_batches=drain + batches_per_trial + tail)
+                    loader = make_loader(make_dataset(s), cfg, acc, batch_sampler=sampler, collate_fn=stamped)
                     if s.persistent_workers:
                         keep[s] = loader
+                label = f"{name} [{s.label}]"
                 n_skipped = 0
-                with iterate(loader, name=f"{name} [{s.label}]") as it:
-                    for _ in range(max(1, s.num_workers)):  # the first round: one batch per worker
-                        n_skipped += skipped.add(next(it))
-                    t0 = time.perf_counter()
-                    got = 0
-                    for batch in it:
+                completed: list[float] = []
+                arrived: list[float] = []
+                with iterate(loader, name=label) as it:
+                    for batch, _done in it.take(drain):
                         n_skipped += skipped.add(batch)
-                        got += 1
-                    elapsed = time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    for batch, done in it:
+                        arrived.append(time.perf_counter())
+                        completed.append(done)
+                        n_skipped += skipped.add(batch)
                     first_s = it.first_batch_s
-                if got != batches_per_trial:
-                    raise DataError(f"{name} [{s.label}]: expected {batches_per_trial} timed batches, got {got}")
-                images = got * base.batch_size
+                if len(completed) != batches_per_trial + tail:
+                    raise DataError(f"{label}: expected {batches_per_trial + tail} batches after the drain, got "
+                                    f"{len(completed)}; the loader's sampler was changed or ran out")
+                late = max(c - a for c, a in zip(completed, arrived))
+                if late <= _CLOCK_SLACK_S:
+                    start, end, ahead = completion_window(t0, completed, batches_per_trial)
+                    clock = "completion"
+                else:
+                    logger.warning("%s: a batch was stamped %.3f s after it arrived: the worker and main-process "
+                                   "clocks disagree; timing this trial by arrival instead", label, late)
+                    start, end, ahead, clock = arrived[0], arrived[batches_per_trial], 0, "arrival"
+                elapsed = end - start
+                images = batches_per_trial * base.batch_size
                 rows.append({
                     "setting": s.label, "num_workers": s.num_workers,
                     "prefetch_factor": float("nan") if s.prefetch_factor is None else float(s.prefetch_factor),
                     "persistent_workers": s.persistent_workers, "trial": t, "position": position,
                     "first_batch_s": first_s, "elapsed_s": elapsed, "images": images,
-                    "images_per_s": images / elapsed if elapsed > 0 else float("nan"), "skipped": n_skipped,
+                    "images_per_s": images / elapsed if elapsed > 0 else float("nan"),
+                    "in_flight": s.in_flight, "drained": drain, "prepared_ahead": ahead, "clock": clock,
+                    "skipped": n_skipped,
                 })
-                logger.info("%s [%s] trial %d: %.0f images/s, first batch %.3f s", name, s.label, t,
-                            rows[-1]["images_per_s"], first_s)
+                logger.info("%s trial %d: %.0f images/s, first batch %.3f s, %d batch(es) ready before the clock "
+                            "(not counted)", label, t, rows[-1]["images_per_s"], first_s, ahead)
     finally:
         for loader in keep.values():
             close_loader(loader)

@@ -29,8 +29,10 @@ The overlap metric (:func:`overlap_stats`): *input work* is what the
 pipeline spent producing a batch (``prep_s`` of the host batch: decode,
 augment, tokenize, collate, wherever it ran) plus its copy; *exposed input* is
 what the training loop waited for it (the ``data`` + ``h2d`` phases of
-:func:`helpers.compute.train.train`). The hidden fraction is
-``1 - exposed / work``; the exposed fraction is ``exposed / step time``.
+:func:`helpers.compute.train.train`). Each is summarized by its median over
+the measured steps; the hidden fraction is ``1 - exposed / work`` and the
+exposed fraction ``exposed / step time``, both ratios of those medians.
+:func:`overlap_limits` says why an overlap could not work when it did not.
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from helpers.errors import ParameterError
+from helpers.errors import DataError, ParameterError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from pathlib import Path
+
     import pandas as pd
     import torch
 
@@ -69,6 +73,8 @@ __all__ = [
     "compute_thread_scaling",
     "OverlapRun",
     "run_overlap_variant",
+    "baseline_workload",
+    "overlap_limits",
     "overlap_verdict",
     "overlap_bench",
 ]
@@ -521,49 +527,57 @@ class RecordingLoader:
 class OverlapStats:
     """How much of the input pipeline's work the training loop still waits for.
 
+    One statistic throughout: every time is the **median over the measured
+    steps** of a per-step value, and every fraction is a **ratio of those
+    medians**, so that a table of the medians reproduces the fractions (a
+    median of per-step ratios need not equal the ratio of the medians, and a
+    ratio of totals is dragged by a few slow steps). The totals are kept for
+    reference only.
+
     Attributes
     ----------
     steps : int
         Measured steps.
-    input_work_s : float
-        Input work over the measured steps, seconds (batch preparation +
-        copies, wherever they ran).
-    exposed_input_s : float
-        Time the loop waited for input over the measured steps, seconds
-        (``data`` + ``h2d`` phases).
-    step_s : float
-        Total time of the measured steps, seconds.
-    compute_s : float
-        Total time of the ``compute`` phase, seconds.
-    hidden_fraction : float
-        ``1 - exposed_input_s / input_work_s``, clipped to [0, 1]: the share
-        of the input work that ran while the step computed. 0 when nothing
-        was hidden, or when the loop waited longer than the work itself
-        (``exposed_over_work`` > 1: start-up, IPC, contention).
-    exposed_over_work : float
-        ``exposed_input_s / input_work_s`` (unclipped; inf when the work is 0).
+    median_input_work_s : float
+        Median input work per step, seconds (batch preparation + copy,
+        wherever they ran).
+    median_exposed_s : float
+        Median time the loop waited for input per step, seconds (``data`` +
+        ``h2d`` phases).
+    median_compute_s, median_step_s : float
+        Median ``compute`` phase and step time, seconds.
     exposed_fraction : float
-        Median over steps of exposed input / step time (as
-        :attr:`helpers.compute.train.TrainRun.exposed_fraction`).
-    exposed_fraction_total : float
-        ``exposed_input_s / step_s`` (ratio of the totals).
-    median_input_work_s, median_exposed_s, median_compute_s, median_step_s : float
-        Per-step medians, seconds.
+        ``median_exposed_s / median_step_s``: the share of the step the loop
+        waits for input.
+    hidden_fraction : float
+        ``1 - median_exposed_s / median_input_work_s``, clipped to [0, 1]: the
+        share of the input work that ran while the step computed. 0 when
+        nothing was hidden, or when the loop waited longer than the work
+        itself (``exposed_over_work`` > 1: start-up, IPC, contention).
+    exposed_over_work : float
+        ``median_exposed_s / median_input_work_s`` (unclipped; inf when the
+        work is 0).
+    exposed_fraction_per_step : float
+        Median over steps of exposed input / step time: notebook 01's
+        statistic (:attr:`helpers.compute.train.TrainRun.exposed_fraction`),
+        kept to compare with it.
+    input_work_s, exposed_input_s, step_s, compute_s : float
+        Totals over the measured steps, seconds (reference only).
     """
 
     steps: int
-    input_work_s: float
-    exposed_input_s: float
-    step_s: float
-    compute_s: float
-    hidden_fraction: float
-    exposed_over_work: float
-    exposed_fraction: float
-    exposed_fraction_total: float
     median_input_work_s: float
     median_exposed_s: float
     median_compute_s: float
     median_step_s: float
+    exposed_fraction: float
+    hidden_fraction: float
+    exposed_over_work: float
+    exposed_fraction_per_step: float
+    input_work_s: float
+    exposed_input_s: float
+    step_s: float
+    compute_s: float
 
     def as_dict(self) -> dict[str, float]:
         """All fields as a flat dict (seconds and fractions)."""
@@ -665,15 +679,15 @@ def overlap_stats(steps: "pd.DataFrame", input_work_s: Sequence[float]) -> Overl
             raise ParameterError(f"{name} holds a negative or non-finite time: {arr[:5].tolist()}...")
     if np.any(step <= 0):
         raise ParameterError("a step took 0 s: the clock is too coarse or the table is wrong")
-    total_work, total_exposed, total_step = float(work.sum()), float(exposed.sum()), float(step.sum())
-    ratio = total_exposed / total_work if total_work > 0 else math.inf
+    med_work, med_exposed, med_step = _median(work), _median(exposed), _median(step)
+    ratio = med_exposed / med_work if med_work > 0 else math.inf
     hidden = min(1.0, max(0.0, 1.0 - ratio)) if math.isfinite(ratio) else 0.0
     return OverlapStats(
-        steps=n, input_work_s=total_work, exposed_input_s=total_exposed, step_s=total_step,
-        compute_s=float(compute.sum()), hidden_fraction=hidden, exposed_over_work=ratio,
-        exposed_fraction=_median(exposed / step), exposed_fraction_total=total_exposed / total_step,
-        median_input_work_s=_median(work), median_exposed_s=_median(exposed),
-        median_compute_s=_median(compute), median_step_s=_median(step),
+        steps=n, median_input_work_s=med_work, median_exposed_s=med_exposed, median_compute_s=_median(compute),
+        median_step_s=med_step, exposed_fraction=med_exposed / med_step, hidden_fraction=hidden,
+        exposed_over_work=ratio, exposed_fraction_per_step=_median(exposed / step),
+        input_work_s=float(work.sum()), exposed_input_s=float(exposed.sum()), step_s=float(step.sum()),
+        compute_s=float(compute.sum()),
     )
 
 
@@ -916,7 +930,9 @@ class OverlapRun:
     settings : dict
         ``num_workers``, ``prefetch_factor``, ``prefetcher``, ``side_stream``,
         ``pin_memory``, ``torch_threads``, ``decode_threads``, ``batch_size``,
-        ``steps``, ``warmup_steps``.
+        ``steps``, ``warmup_steps``, ``batches_per_epoch`` (full batches the
+        data gives per epoch), ``cores`` (usable CPU cores) and
+        ``step_on_cpu`` (bool).
     """
 
     label: str
@@ -1020,16 +1036,140 @@ def run_overlap_variant(index, tokenizer, acc: "Accelerator", *, label: str, bat
     settings = {"num_workers": num_workers, "prefetch_factor": prefetch_factor if num_workers > 0 else None,
                 "prefetcher": bool(prefetcher), "side_stream": bool(source is not None and source.uses_side_stream),
                 "pin_memory": pin, "torch_threads": torch_threads, "decode_threads": decode_threads,
-                "batch_size": batch_size, "steps": steps, "warmup_steps": warmup_steps}
+                "batch_size": batch_size, "steps": steps, "warmup_steps": warmup_steps,
+                "batches_per_epoch": len(index) // batch_size, "cores": split["cores"], "step_on_cpu": acc.is_cpu}
     logger.info("%s: exposed %.1f%% of the step, %.0f%% of the input hidden", label,
                 100 * stats.exposed_fraction, 100 * stats.hidden_fraction)
     return OverlapRun(label=label, run=run, batches=batches, copies=copies, stats=stats, settings=settings)
+
+
+#: The parameters that make notebook 01's workload (the model and the batch it trains on).
+WORKLOAD_PARAMS = ("batch_size", "image_size", "text_len", "model_width", "d_model")
+#: Notebook whose workload notebook 05 is compared with.
+BASELINE_NOTEBOOK = "01_baseline_profiling"
+
+
+def baseline_workload(results_path: "str | Path | None" = None) -> tuple[dict[str, int], str]:
+    """Notebook 01's workload, to say how notebook 05's model and batch compare with it.
+
+    Parameters
+    ----------
+    results_path : str or Path, optional
+        A results file (JSON lines). When it holds records of notebook 01,
+        the parameters of its latest record are used (that is the run the
+        report shows beside notebook 05's); otherwise notebook 01's defaults
+        (:func:`helpers.workbook.specs.spec_for`).
+
+    Returns
+    -------
+    (dict, str)
+        ``{name: value}`` for :data:`WORKLOAD_PARAMS`, and where it came from:
+        ``"notebook 01's run in this results file"`` or ``"notebook 01's
+        defaults"``.
+    """
+    from helpers.results import load_results
+    from helpers.workbook.specs import spec_for
+
+    values = {p.name: p.default for p in spec_for(BASELINE_NOTEBOOK) if p.name in WORKLOAD_PARAMS}
+    source = "notebook 01's defaults"
+    if results_path:
+        try:
+            df = load_results(results_path)
+        except DataError as exc:  # an unreadable file only costs the comparison its precision
+            logger.info("results file %s not read (%s); using notebook 01's defaults", results_path, exc)
+            df = None
+        if df is not None and len(df) and "notebook" in df:
+            rows = df[df["notebook"] == BASELINE_NOTEBOOK]
+            params = rows["parameters"].iloc[-1] if len(rows) else None
+            if isinstance(params, dict) and all(k in params for k in WORKLOAD_PARAMS):
+                values = {k: int(params[k]) for k in WORKLOAD_PARAMS}
+                source = "notebook 01's run in this results file"
+    return values, source
 
 
 #: Floor applied to per-step exposed times before forming a ratio, seconds: below the
 #: resolution that matters for a step (and time.perf_counter's own), and it keeps a
 #: fully hidden input (0 s exposed) from dividing by zero.
 EXPOSED_FLOOR_S = 1e-6
+
+
+#: Batches per epoch below which the refill at each epoch start is worth a note: the first batch
+#: of every epoch is prepared while the loop waits, so 1 step in N cannot be hidden (10%+ of the steps).
+FEW_BATCHES_PER_EPOCH = 10
+#: Exposed share of the step, before any overlap, below which there is nothing worth hiding (2%).
+NOTHING_TO_HIDE = 0.02
+
+
+def _interval(c: Any) -> str:
+    """``"1.23x, 95% CI 1.01-1.50"`` for a :class:`helpers.timing.Comparison`."""
+    return f"{c.ratio:.2f}x, {c.confidence:.0%} CI {c.ci_low:.2f}-{c.ci_high:.2f}"
+
+
+def overlap_limits(before: OverlapRun, after: OverlapRun, *, compute: Any = None) -> list[str]:
+    """Why the overlap of *after* could not hide (all of) the input: one sentence per cause found.
+
+    The causes checked, from the runs' settings and medians:
+
+    - the data gives one batch per epoch (``batches_per_epoch`` 1): a
+      DataLoader and a :class:`DevicePrefetcher` start each epoch empty (they
+      do not prepare the next epoch's batches ahead), so every batch is
+      prepared while the loop waits; with few batches per epoch (fewer than
+      :data:`FEW_BATCHES_PER_EPOCH`), one step in N waits this way;
+    - nothing runs beside the step: no worker process and no side stream;
+    - the workers took CPU from the step: its compute got measurably slower
+      (``compute``'s interval lies below 1);
+    - the input work per step is longer than what the workers can prepare
+      during the step's compute (``num_workers`` x compute);
+    - the input was already hidden before (exposed < :data:`NOTHING_TO_HIDE`
+      of the step).
+
+    Parameters
+    ----------
+    before, after : OverlapRun
+        As for :func:`overlap_verdict`; read ``settings`` (``num_workers``,
+        ``side_stream``, ``batches_per_epoch``, ``torch_threads``, ``cores``,
+        ``step_on_cpu``; missing keys skip their check) and ``stats``.
+    compute : helpers.timing.Comparison, optional
+        Compute time per step, before (A) vs after (B); None skips the check
+        for stolen cores.
+
+    Returns
+    -------
+    list of str
+        Empty when none of the causes applies.
+    """
+    notes = []
+    s_after, s_before = after.settings, before.settings
+    workers = int(s_after.get("num_workers") or 0)
+    per_epoch = s_after.get("batches_per_epoch")
+    if per_epoch is not None and per_epoch <= 1:
+        notes.append(f"the data gives {per_epoch} batch per epoch, so there is nothing to prefetch: a DataLoader "
+                     "and the prefetcher start every epoch empty (they do not prepare the next epoch's batches "
+                     "ahead), so each batch is prepared while the loop waits; lower batch_size or add images so "
+                     "that an epoch holds several batches")
+    elif per_epoch is not None and per_epoch < FEW_BATCHES_PER_EPOCH:
+        notes.append(f"the data gives only {per_epoch} batches per epoch: the first batch of every epoch (1 step "
+                     f"in {per_epoch}) is prepared while the loop waits, because loaders do not prefetch across "
+                     "epochs")
+    if workers == 0 and not s_after.get("side_stream"):
+        notes.append("nothing runs beside the step: with num_workers=0 the batch is prepared in the training "
+                     "process, and without a side stream (no accelerator) the copy is synchronous")
+    if compute is not None and compute.ci_high < 1.0 and workers > 0:
+        cores = s_after.get("cores")
+        where = (f"{workers} worker(s) beside {s_after.get('torch_threads', '?')} torch thread(s) on {cores} "
+                 f"core(s)" if cores else f"{workers} worker(s)")
+        notes.append(f"the worker(s) cost the step CPU time: its compute went from "
+                     f"{before.stats.median_compute_s * 1e3:.1f} to {after.stats.median_compute_s * 1e3:.1f} ms "
+                     f"(before/after {_interval(compute)}) with {where}")
+    work, comp = after.stats.median_input_work_s, after.stats.median_compute_s
+    if workers > 0 and work > workers * comp:
+        notes.append(f"the input work per step ({work * 1e3:.1f} ms) is longer than what {workers} worker(s) can "
+                     f"prepare during the step's compute ({workers} x {comp * 1e3:.1f} ms): at most that much can "
+                     "be hidden; make the input cheaper (notebook 02), add workers, or train a larger model")
+    if before.stats.exposed_fraction < NOTHING_TO_HIDE:
+        notes.append(f"the input was already nearly hidden before ({before.stats.exposed_fraction:.1%} of the "
+                     "step): there was little to gain")
+    return notes
 
 
 def overlap_verdict(before: OverlapRun, after: OverlapRun, *, seed: int = 0) -> dict[str, Any]:
@@ -1040,7 +1180,9 @@ def overlap_verdict(before: OverlapRun, after: OverlapRun, *, seed: int = 0) -> 
     and the step did not get measurably slower (the interval of the step
     times' ratio does not lie below 1); "leave off" otherwise, with the
     reason. On a small CPU the cores given to workers are taken from the
-    step, so a drop in exposure alone is not enough.
+    step, so a drop in exposure alone is not enough. The reason always shows
+    the interval of the exposed input's ratio, and, when the overlap did not
+    work, the causes :func:`overlap_limits` found.
 
     Parameters
     ----------
@@ -1052,9 +1194,10 @@ def overlap_verdict(before: OverlapRun, after: OverlapRun, *, seed: int = 0) -> 
     -------
     dict
         ``recommendation``, ``reason`` (a sentence with the numbers),
-        ``exposed`` and ``step`` (:class:`helpers.timing.Comparison`: before
-        as A, after as B; ratio > 1 means after is shorter), ``dropped`` and
-        ``slower`` (bool).
+        ``exposed``, ``step`` and ``compute`` (:class:`helpers.timing.Comparison`
+        per step: before as A, after as B; ratio > 1 means after is shorter),
+        ``dropped`` and ``slower`` (bool), ``notes`` (list of str, from
+        :func:`overlap_limits`; empty when nothing limited the overlap).
     """
     import numpy as np
 
@@ -1064,32 +1207,45 @@ def overlap_verdict(before: OverlapRun, after: OverlapRun, *, seed: int = 0) -> 
         per_step = (v.run.steps["data"] + v.run.steps["h2d"]).to_numpy(dtype=float)
         return tuple(np.maximum(per_step, EXPOSED_FLOOR_S))
 
+    def per_step(v: OverlapRun, column: str) -> tuple[float, ...]:
+        return tuple(np.maximum(v.run.steps[column].to_numpy(dtype=float), EXPOSED_FLOOR_S))
+
     exposed_cmp = Comparison.from_measurements(Measurement("before", exposed(before), warmup=0),
                                                Measurement("after", exposed(after), warmup=0), seed=seed)
-    step_cmp = Comparison.from_measurements(
-        Measurement("before", tuple(before.run.steps["step_s"]), warmup=0),
-        Measurement("after", tuple(after.run.steps["step_s"]), warmup=0), seed=seed)
+    step_cmp = Comparison.from_measurements(Measurement("before", per_step(before, "step_s"), warmup=0),
+                                            Measurement("after", per_step(after, "step_s"), warmup=0), seed=seed)
+    compute_cmp = Comparison.from_measurements(Measurement("before", per_step(before, "compute"), warmup=0),
+                                               Measurement("after", per_step(after, "compute"), warmup=0),
+                                               seed=seed)
     dropped = exposed_cmp.ci_low > 1.0
     slower = step_cmp.ci_high < 1.0
     b, a = before.stats, after.stats
     workers = after.settings.get("num_workers", "?")
     numbers = (f"exposed input {b.exposed_fraction:.0%} -> {a.exposed_fraction:.0%} of the step "
-               f"({b.median_exposed_s * 1e3:.0f} -> {a.median_exposed_s * 1e3:.0f} ms), {a.hidden_fraction:.0%} of "
-               f"the input work hidden behind compute, step {b.median_step_s * 1e3:.0f} -> "
-               f"{a.median_step_s * 1e3:.0f} ms ({step_cmp.ratio:.2f}x, 95% CI {step_cmp.ci_low:.2f}-"
-               f"{step_cmp.ci_high:.2f})")
+               f"({b.median_exposed_s * 1e3:.1f} -> {a.median_exposed_s * 1e3:.1f} ms, before/after "
+               f"{_interval(exposed_cmp)}), {a.hidden_fraction:.0%} of the input work hidden behind compute, "
+               f"step {b.median_step_s * 1e3:.0f} -> {a.median_step_s * 1e3:.0f} ms (before/after "
+               f"{_interval(step_cmp)}); medians of {a.steps} steps")
+    notes = overlap_limits(before, after, compute=compute_cmp)
+    why = ("; why: " + "; ".join(notes)) if notes else ""
     if dropped and not slower:
         recommendation = "enable"
-        reason = f"{workers} worker(s) plus the prefetcher: {numbers}"
+        reason = f"{workers} worker(s) plus the prefetcher: {numbers}" + (
+            f"; what still limits it: {'; '.join(notes)}" if notes else "")
     elif dropped:
         recommendation = "leave off"
         reason = (f"the input is hidden ({numbers}), but the step got slower: the cores given to the worker(s) "
-                  "cost the compute more than the hidden input saved")
+                  "cost the compute more than the hidden input saved" + why)
     else:
         recommendation = "leave off"
-        reason = f"no measurable drop in exposed input: {numbers}"
+        direction = ("it rose measurably (the interval lies below 1)" if exposed_cmp.ci_high < 1.0
+                     else "the interval includes 1")
+        if not notes:
+            why = ("; none of the known causes (one batch per epoch, workers taking the cores, input longer than "
+                   "the compute) was found: with few steps the interval is wide, so run more steps")
+        reason = f"no measurable drop in exposed input ({direction}): {numbers}" + why
     return {"recommendation": recommendation, "reason": reason, "exposed": exposed_cmp, "step": step_cmp,
-            "dropped": dropped, "slower": slower}
+            "compute": compute_cmp, "dropped": dropped, "slower": slower, "notes": notes}
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -1123,14 +1279,20 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
     Returns
     -------
     dict
-        ``exposed_input_fraction`` (after: median over steps of exposed input
-        / step time), ``exposed_input_fraction_before``, ``hidden_fraction``
-        (after: share of the input work the loop did not wait for),
-        ``input_time_s`` and ``compute_time_s`` (after: medians per step,
-        seconds), ``step_time_s_before`` / ``step_time_s_after`` (medians),
+        ``exposed_input_fraction`` (after: median exposed input / median step
+        time), ``exposed_input_fraction_before``, ``hidden_fraction`` (after:
+        1 - median exposed / median input work), ``input_time_s`` and
+        ``compute_time_s`` (after: medians per step, seconds),
+        ``step_time_s_before`` / ``step_time_s_after`` (medians),
         ``after_variant`` (the thread split kept), ``step_time_s_candidates``
         (median step time of each split), ``num_workers``,
-        ``torch_threads``, ``decode_threads``, ``cores``, ``steps``, ``device``.
+        ``torch_threads``, ``decode_threads``, ``cores``, ``steps``,
+        ``batches_per_epoch``, ``statistic`` (what the figures are),
+        ``recommendation`` and ``exposed_reduction`` (``ratio``, ``ci_low``,
+        ``ci_high``, ``confidence``: exposed input before / after) from
+        :func:`overlap_verdict`, ``note`` (why the overlap could not work,
+        from :func:`overlap_limits`; None when nothing limited it) and
+        ``device``.
 
     Raises
     ------
@@ -1152,6 +1314,7 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
                                       **common)
                   for split in thread_splits(num_workers, is_cpu=acc.is_cpu)]
     after = fastest(candidates)
+    verdict = overlap_verdict(before, after, seed=seed)
     return {
         "exposed_input_fraction": after.stats.exposed_fraction,
         "exposed_input_fraction_before": before.stats.exposed_fraction,
@@ -1167,5 +1330,11 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
         "decode_threads": after.settings["decode_threads"],
         "cores": choose_threads(num_workers)["cores"],
         "steps": steps,
+        "batches_per_epoch": after.settings["batches_per_epoch"],
+        "statistic": "medians over the measured steps; fractions are ratios of those medians",
+        "recommendation": verdict["recommendation"],
+        "exposed_reduction": {"ratio": verdict["exposed"].ratio, "ci_low": verdict["exposed"].ci_low,
+                              "ci_high": verdict["exposed"].ci_high, "confidence": verdict["exposed"].confidence},
+        "note": "; ".join(verdict["notes"]) or None,
         "device": acc.kind,
     }

@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from helpers.errors import ParameterError
-from helpers.pipeline.loader import LoaderConfig, iterate, make_batch_sampler
+from helpers.pipeline.loader import LoaderConfig, iterate, make_batch_sampler, quiet_worker_count_warning
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -196,7 +196,8 @@ def run_probe(*, epochs: int = 2, ranks: int = 2, num_workers: int = 2, items: i
         if not fix:
             # What people write: no worker_init_fn (torch seeds the global generators only).
             kwargs.pop("worker_init_fn")
-        loader = DataLoader(dataset, **kwargs)
+        with quiet_worker_count_warning():  # LoaderConfig already warned about workers > cores, once
+            loader = DataLoader(dataset, **kwargs)
         for epoch in range(epochs):
             with iterate(loader, name=f"randomness probe (rank {rank}, epoch {epoch})") as it:
                 for batch in it:

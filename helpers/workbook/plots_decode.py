@@ -13,14 +13,17 @@ from typing import TYPE_CHECKING
 import matplotlib.pyplot as plt
 import numpy as np
 
+from helpers.pipeline.fast import BASELINE_LABEL, BATCHED_DEVICE_LABEL, BATCHED_HOST_LABEL, RAW_DECODE_LABEL
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 #: Colours of the variants (colour-blind-safe Dark2, as plots.PHASE_COLORS).
 VARIANT_COLORS = {
-    "per-image baseline": "#d95f02",
-    "batched": "#1b9e77",
-    "raw decode": "#7570b3",
+    BASELINE_LABEL: "#d95f02",
+    BATCHED_DEVICE_LABEL: "#1b9e77",
+    BATCHED_HOST_LABEL: "#66a61e",
+    RAW_DECODE_LABEL: "#7570b3",
 }
 
 #: PSNR shown for identical images (infinite PSNR) in histograms, dB.
@@ -28,33 +31,48 @@ IDENTICAL_DB = 60.0
 
 
 def throughput_bars(frame: "pd.DataFrame", *, title: str = ""):
-    """Horizontal bars of images/s per variant, with the interquartile range.
+    """Horizontal bars of images/s per variant, with the interquartile range, one panel per comparison.
+
+    Rates are only comparable within one interleaved comparison, so each
+    comparison gets its own panel (titled with what its ratio means); the
+    panels share the x axis.
 
     Parameters
     ----------
     frame : pandas.DataFrame
         One row per variant: ``variant`` (str), ``rate`` (images/s at the
         median time), ``rate_p25`` and ``rate_p75`` (images/s at the 75th and
-        25th percentile times).
+        25th percentile times); optionally ``comparison`` (str, the panel
+        title; rows with the same value share a panel, in order of first
+        appearance). Without it, one panel.
     title : str
 
     Returns
     -------
     matplotlib.figure.Figure
     """
-    fig, ax = plt.subplots(figsize=(6.5, 0.9 + 0.55 * len(frame)), layout="constrained")
-    labels = [str(v) for v in frame["variant"]]
-    rates = np.asarray(frame["rate"], dtype=float)
-    low = rates - np.asarray(frame["rate_p25"], dtype=float)
-    high = np.asarray(frame["rate_p75"], dtype=float) - rates
-    colors = [VARIANT_COLORS.get(v, "#666666") for v in labels]
-    ax.barh(labels, rates, xerr=np.vstack([low, high]), color=colors, capsize=4)
-    for i, (r, h) in enumerate(zip(rates, high)):
-        ax.text(r + h, i, f"  {r:,.0f}", va="center", ha="left", fontsize=8)
-    ax.set_xlim(0, max(rates.max(), (rates + high).max()) * 1.2)
-    ax.invert_yaxis()
-    ax.set_xlabel("images per second (median; bars: interquartile range)")
-    ax.set_title(title or "Preprocessing throughput")
+    groups = list(dict.fromkeys(frame["comparison"])) if "comparison" in frame else [None]
+    heights = [max(1, int((frame["comparison"] == g).sum()) if g is not None else len(frame)) for g in groups]
+    fig, axes = plt.subplots(len(groups), 1, sharex=True, squeeze=False, height_ratios=heights,
+                             figsize=(6.5, 0.9 + 0.55 * len(frame) + 0.45 * len(groups)), layout="constrained")
+    all_high = np.asarray(frame["rate_p75"], dtype=float)
+    xmax = max(float(np.nanmax(np.asarray(frame["rate"], dtype=float))), float(np.nanmax(all_high))) * 1.2
+    for ax, g in zip(axes[:, 0], groups):
+        part = frame if g is None else frame[frame["comparison"] == g]
+        labels = [str(v) for v in part["variant"]]
+        rates = np.asarray(part["rate"], dtype=float)
+        low = rates - np.asarray(part["rate_p25"], dtype=float)
+        high = np.asarray(part["rate_p75"], dtype=float) - rates
+        colors = [VARIANT_COLORS.get(v, "#666666") for v in labels]
+        ax.barh(labels, rates, xerr=np.vstack([low, high]), color=colors, capsize=4)
+        for i, (r, h) in enumerate(zip(rates, high)):
+            ax.text(r + h, i, f"  {r:,.0f}", va="center", ha="left", fontsize=8)
+        ax.invert_yaxis()
+        if g is not None:
+            ax.set_title(str(g), fontsize=9, loc="left")
+    axes[0, 0].set_xlim(0, xmax)
+    axes[-1, 0].set_xlabel("images per second (median; bars: interquartile range)")
+    fig.suptitle(title or "Preprocessing throughput")
     return fig
 
 
@@ -105,7 +123,7 @@ def time_split(frame: "pd.DataFrame", *, title: str = ""):
     left = np.zeros(len(frame))
     for col, color in (("images", "#999999"), ("tokenize", "#e7298a")):
         ms = np.asarray(frame[col], dtype=float) * 1e3
-        ax.barh(labels, ms, left=left, color=color, label="decode, augment, copy" if col == "images" else col)
+        ax.barh(labels, ms, left=left, color=color, label="everything but tokenization" if col == "images" else col)
         for i, (l0, w) in enumerate(zip(left, ms)):
             total = float(frame.iloc[i][["images", "tokenize"]].sum()) * 1e3
             if col == "tokenize":
@@ -138,6 +156,7 @@ def dct_scales(counts: Mapping[int, int], *, title: str = ""):
     ax.bar([("full size" if d == 1 else f"1/{d}") for d in ds], values, color="#7570b3")
     for i, v in enumerate(values):
         ax.text(i, v, str(v), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(1, max(values)) * 1.18)  # room above the tallest bar for its count label
     ax.set_ylabel("images")
     ax.set_xlabel("decoded at (DCT-domain scale)")
     ax.set_title(title or "How much of each JPEG was decoded")

@@ -126,21 +126,35 @@ def batch_copy_rates(rows: "pd.DataFrame", *, link: "LinkInfo | None" = None, ti
     return fig
 
 
-def _gantt(ax, spans: "pd.DataFrame", *, xlim: tuple[float, float] | None = None) -> None:
+#: Narrowest span drawn, as a fraction of the time axis (about 2-3 pixels on a 9-inch figure), so that a copy
+#: of a fraction of a millisecond stays visible beside steps of hundreds of milliseconds.
+MIN_SPAN_FRACTION = 0.003
+
+
+def _gantt(ax, spans: "pd.DataFrame", *, xlim: tuple[float, float], min_width_ms: float) -> None:
     rows = sorted({r for r in spans["row"] if r.endswith("prep")},
                   key=lambda r: (r.startswith("main"), int(r.split()[1]) if r.split()[1].isdigit() else 0))
     rows += [r for r in ("copy", "data wait", "compute") if r in set(spans["row"])]
     for y, row in enumerate(rows):
         part = spans[spans["row"] == row]
         kind = part["kind"].iloc[0]
-        bars = [(s * 1e3, max(d * 1e3, 0.05)) for s, d in zip(part["start_s"], part["duration_s"])]
-        # no edge: a white edge would hide spans narrower than a pixel (short copies)
+        bars = [(s * 1e3, max(d * 1e3, min_width_ms)) for s, d in zip(part["start_s"], part["duration_s"])]
+        # no edge: a white edge would hide narrow spans
         ax.broken_barh(bars, (y - 0.38, 0.76), color=SPAN_COLORS.get(kind, "#999999"), alpha=0.9, linewidth=0)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.invert_yaxis()
-    if xlim is not None:
-        ax.set_xlim(*xlim)
+    ax.set_xlim(*xlim)
     ax.grid(True, axis="x", alpha=0.3)
+
+
+def _window_ms(spans: "pd.DataFrame") -> tuple[float, float]:
+    """Time window of one panel, ms: its spans, with at most a third of the measured window of lead-in."""
+    if not len(spans):
+        return 0.0, 1.0
+    end = float((spans["start_s"] + spans["duration_s"]).max()) * 1e3
+    # show some lead-in (batches prepared during warm-up), at most a third of the measured window
+    start = max(min(0.0, float(spans["start_s"].min()) * 1e3), -end / 3)
+    return start, end
 
 
 def overlap_timeline(panels: Sequence[tuple[str, "pd.DataFrame"]], *, title: str = ""):
@@ -158,23 +172,32 @@ def overlap_timeline(panels: Sequence[tuple[str, "pd.DataFrame"]], *, title: str
     Returns
     -------
     matplotlib.figure.Figure
-        One row of bars per lane; x in milliseconds. Preparation that
+        One row of bars per lane; x in milliseconds, the same axis for every
+        panel so that their steps can be compared by eye. Preparation that
         started before the first measured step (prefetched during warm-up)
-        appears at negative times.
+        appears at negative times. Spans narrower than
+        :data:`MIN_SPAN_FRACTION` of the axis (typically the copies) are
+        drawn that wide, and the legend says so.
     """
+    windows = [_window_ms(s) for _, s in panels]
+    start = min(w[0] for w in windows) if windows else 0.0
+    end = max(w[1] for w in windows) if windows else 1.0
+    xlim = (start, start + (end - start) * 1.01)
+    min_width = MIN_SPAN_FRACTION * (xlim[1] - xlim[0])
     heights = [1 + 0.42 * len(set(s["row"])) for _, s in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, sum(heights) + 0.6), squeeze=False,
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, sum(heights) + 0.6), squeeze=False, sharex=True,
                              gridspec_kw={"height_ratios": heights}, layout="constrained")
     for ax, (name, spans) in zip(axes[:, 0], panels):
-        end = float((spans["start_s"] + spans["duration_s"]).max()) * 1e3 if len(spans) else 1.0
-        # show some lead-in (batches prepared during warm-up), at most a third of the measured window
-        start = max(min(0.0, float(spans["start_s"].min()) * 1e3), -end / 3) if len(spans) else 0.0
-        _gantt(ax, spans, xlim=(start, end * 1.01))
+        _gantt(ax, spans, xlim=xlim, min_width_ms=min_width)
         ax.set_title(name, fontsize=10, loc="left")
+    for ax in axes[:-1, 0]:
+        ax.tick_params(labelbottom=True)  # sharex hides them; each panel keeps its own labels
     axes[-1, 0].set_xlabel("time since the first measured step (ms)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in SPAN_COLORS.values()]
     fig.legend(handles, ["batch preparation", "copy to device", "loop waits for data", "compute"],
-               loc="outside lower center", ncols=4, fontsize=8, frameon=False)
+               loc="outside lower center", ncols=4, fontsize=8, frameon=False,
+               title=f"spans shorter than {min_width:.2g} ms (e.g. copies) are drawn {min_width:.2g} ms wide",
+               title_fontsize=7)
     if title:
         fig.suptitle(title)
     return fig
@@ -192,40 +215,56 @@ def exposed_vs_hidden(stats: Sequence[tuple[str, object]], *, title: str = ""):
     Returns
     -------
     matplotlib.figure.Figure
-        Milliseconds per step (mean: totals / steps). Upper bar of a variant: the
-        step, compute plus exposed input (the loop waiting). Lower bar: the
-        input work (preparation + copy), split into the part the loop waited
-        for and the part hidden behind compute; when the loop waited longer
-        than the work itself, the excess is shown separately.
+        Milliseconds per step, each the **median over the measured steps**
+        (the same figures as the notebook's table). Upper bar of a variant:
+        median compute plus median exposed input (the loop waiting),
+        annotated with the median step and the exposed share of it. Lower
+        bar: the median input work (preparation + copy), split into the part
+        the loop waited for and the part hidden behind compute, annotated
+        with the hidden share (``1 - exposed / work``, from the same medians).
+        When the loop waited longer than the work itself, the whole work is
+        drawn as exposed and the annotation says so.
     """
     fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.9 * len(stats)), layout="constrained")
     labels, y = [], 0
     seen: set[str] = set()
+    widest = max([(s.median_compute_s + s.median_exposed_s) * 1e3 for _, s in stats]
+                 + [max(s.median_input_work_s, s.median_exposed_s) * 1e3 for _, s in stats] + [1e-9])
 
     def bar(row, left, value, color, name, **kw):
         if value <= 0:
             return left
         ax.barh(row, value, left=left, color=color, label=None if name in seen else name, **kw)
         seen.add(name)
-        if value > 0:
-            ax.text(left + value / 2, row, f"{value:.0f}", ha="center", va="center", fontsize=7, color="black")
+        if value >= 0.06 * widest:  # a number only where it fits inside its bar
+            ax.text(left + value / 2, row, f"{value:.1f}" if value < 10 else f"{value:.0f}", ha="center",
+                    va="center", fontsize=7, color="black")
         return left + value
 
+    right = 0.0
     for label, s in stats:
-        n = max(1, s.steps)
-        compute = s.compute_s / n * 1e3
-        exposed = s.exposed_input_s / n * 1e3
-        work = s.input_work_s / n * 1e3
+        compute = s.median_compute_s * 1e3
+        exposed = s.median_exposed_s * 1e3
+        work = s.median_input_work_s * 1e3
         left = bar(y, 0.0, compute, SPAN_COLORS["compute"], "compute")
-        bar(y, left, exposed, SPAN_COLORS["data"], "loop waits for input (exposed)")
+        left = bar(y, left, exposed, SPAN_COLORS["data"], "loop waits for input (exposed)")
+        ax.text(left, y, f"  step {s.median_step_s * 1e3:.1f} ms (compute {compute:.1f}): "
+                f"{s.exposed_fraction:.0%} exposed", va="center", fontsize=7)
+        right = max(right, left)
         left = bar(y + 1, 0.0, min(exposed, work), SPAN_COLORS["data"], "loop waits for input (exposed)")
         left = bar(y + 1, left, max(0.0, work - exposed), SPAN_COLORS["prep"],
                    "input work hidden behind compute", hatch="//", alpha=0.7)
+        note = (f"  work {work:.1f} ms, exposed {exposed:.1f} ms: "
+                + (f"{s.hidden_fraction:.0%} hidden" if exposed <= work
+                   else f"0% hidden (waited {exposed / work:.2f}x the work)" if work > 0 else "no input work"))
+        ax.text(left, y + 1, note, va="center", fontsize=7)
+        right = max(right, left)
         labels += [f"{label}: step", f"{label}: input work"]
         y += 2
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ms per step (mean over the measured steps)")
+    ax.set_xlim(0, right * 1.6 if right > 0 else 1.0)  # room for the annotations
+    ax.set_xlabel("ms per step (median over the measured steps)")
     fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)
-    ax.set_title(title or "Input work: exposed vs hidden behind compute")
+    ax.set_title(title or "Input work: exposed vs hidden behind compute (medians)")
     return fig

@@ -35,7 +35,9 @@ def _fmt(value, digits: int = 3) -> str:
         return str(value)
     if v == 0:
         return "0"
-    if abs(v) >= 1000 or abs(v) < 0.01:
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) < 0.01:
         return f"{v:.3g}"
     return f"{v:.{digits}g}"
 
