@@ -7,9 +7,11 @@ checks that no worker process is left behind.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import random
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -107,10 +109,41 @@ def test_timeout_must_be_a_finite_positive_number(bad):
 
 def test_more_workers_than_cores_is_allowed_with_a_warning(caplog, monkeypatch):
     monkeypatch.setattr(L, "usable_cores", lambda: 2)
+    monkeypatch.setattr(L, "_CORE_WARNING_SHOWN", set())
     with caplog.at_level(logging.WARNING, logger="helpers.pipeline.loader"):
         cfg = LoaderConfig(batch_size=4, num_workers=5)
     assert cfg.num_workers == 5
     assert any("num_workers=5" in r.getMessage() and "2 usable" in r.getMessage() for r in caplog.records)
+
+
+def test_the_core_count_warning_is_shown_once_per_process(caplog, monkeypatch):
+    monkeypatch.setattr(L, "usable_cores", lambda: 2)
+    monkeypatch.setattr(L, "_CORE_WARNING_SHOWN", set())
+    with caplog.at_level(logging.WARNING, logger="helpers.pipeline.loader"):
+        cfg = LoaderConfig(batch_size=4, num_workers=4, prefetch_factor=2)
+        for pf in (2, 4):  # what a sweep does: many configs with the same worker counts
+            cfg.with_(prefetch_factor=pf)
+        LoaderConfig(batch_size=4, num_workers=3)
+    warned = [r for r in caplog.records if "usable CPU core" in r.getMessage()]
+    assert len(warned) == 1 and "num_workers=4" in warned[0].getMessage()
+
+
+def test_torchs_duplicate_worker_count_warning_is_hidden(monkeypatch, recwarn):
+    # torch compares num_workers with torch._utils.cpu_count() when a loader is built and at every epoch
+    monkeypatch.setattr(torch._utils, "cpu_count", lambda: 1)
+    monkeypatch.setattr(L, "_CORE_WARNING_SHOWN", {2})  # ours was already shown
+    cfg = LoaderConfig(batch_size=2, num_workers=2, timeout_s=30)
+    DataLoader(list(range(4)), batch_size=2, num_workers=2)  # plain torch warns: the check is live
+    assert any("worker processes in total" in str(w.message) for w in recwarn.list)
+    recwarn.clear()
+    loader = make_loader(_Numbers(4), cfg, batch_sampler=make_batch_sampler(4, cfg))
+    if FORK:
+        with iterate(loader) as it:
+            list(it)
+    assert not [w for w in recwarn.list if "worker processes in total" in str(w.message)]
+    with pytest.warns(UserWarning, match="unrelated"):  # other warnings still pass
+        with L.quiet_worker_count_warning():
+            warnings.warn("unrelated", UserWarning)
 
 
 def test_kwargs_without_workers_pass_only_what_applies():
@@ -294,6 +327,26 @@ def test_fewer_images_than_a_batch_is_a_clear_error():
     assert len(make_loader(list(range(3)), cfg.with_(drop_last=False))) == 1
 
 
+def test_asking_for_more_batches_than_an_epoch_makes_is_a_data_error_that_says_what_to_change():
+    cfg = LoaderConfig(batch_size=8)
+    loader = make_loader(_Numbers(12), cfg, batch_sampler=make_batch_sampler(12, cfg))  # one batch per epoch
+    with iterate(loader, name="first batches") as it:
+        with pytest.raises(DataError) as exc:
+            it.take(2)
+    msg = str(exc.value)
+    assert exc.value.__cause__ is None and exc.value.__suppress_context__  # no bare StopIteration behind it
+    assert "first batches" in msg and "after 1 batch(es) but 2 were asked for" in msg
+    assert "12 item(s)" in msg and "batch_size=8" in msg and "lower the batch size" in msg
+    assert "num_batches=2" in msg
+    # the fix it names works: the sampler iterates across epochs
+    loader = make_loader(_Numbers(12), cfg, batch_sampler=make_batch_sampler(12, cfg, num_batches=2))
+    with iterate(loader) as it:
+        got = it.take(2)
+    assert len(got) == 2 and all(b["label"].shape == (8,) for b in got)
+    with pytest.raises(ParameterError):
+        it.take(-1)
+
+
 @pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
 def test_workers_give_the_same_batches_as_the_main_process(no_stray_workers):
     base = LoaderConfig(batch_size=4, seed=5)
@@ -329,6 +382,18 @@ def test_a_worker_that_exits_becomes_a_clear_error(no_stray_workers):
     msg = str(exc.value)
     assert "worker process died" in msg and "num_workers=2" in msg and "num_workers=0" in msg
     assert isinstance(exc.value.__cause__, RuntimeError)
+
+
+@pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
+def test_a_worker_dying_while_the_epoch_starts_is_a_clear_error_too(monkeypatch, no_stray_workers):
+    # a worker that exits at once makes torch's SIGCHLD handler raise while iterate() looks the workers up
+    def dying(before):
+        raise RuntimeError("DataLoader worker (pid 1) exited unexpectedly with exit code 1. Details are lost")
+
+    monkeypatch.setattr(L, "_new_workers", dying)
+    loader = make_loader(_Numbers(8), LoaderConfig(batch_size=2, num_workers=2, timeout_s=30.0))
+    with pytest.raises(DataError, match="worker process died"):
+        iterate(loader, name="start test")
 
 
 @pytest.mark.filterwarnings("ignore:Got pickle error:UserWarning")
@@ -518,3 +583,110 @@ def test_persistent_workers_are_reused_then_closed(no_stray_workers):
     except psutil.NoSuchProcess:
         pass
     assert not psutil.pid_exists(pids[0])
+
+
+def test_in_flight_is_workers_times_prefetch():
+    assert LoaderSetting(0).in_flight == 0
+    assert LoaderSetting(3, 4, True).in_flight == 12
+    assert LoaderSetting(2, None).in_flight == 2 * L.TORCH_DEFAULT_PREFETCH
+    assert LoaderSetting(0).min_timed_batches == 1 and LoaderSetting(3, 2).min_timed_batches == 6
+    short = L.SweepResult(trials=None, settings=(LoaderSetting(0), LoaderSetting(3, 2)), batch_size=2,
+                          batches_per_trial=4)
+    assert short.short_windows() == ["workers=3, prefetch=2"]
+
+
+def test_the_window_never_counts_batches_finished_before_the_clock():
+    # clock starts at 10 s; two batches were ready before it (prepared ahead), however late they are consumed
+    stamps = [9.0, 10.4, 9.5, 10.2, 10.9, 10.6, 11.0]
+    start, end, ahead = L.completion_window(10.0, stamps, 3)
+    assert ahead == 2
+    assert (start, end) == (10.2, 10.9)  # opens on the first completion after the clock, holds 3 more
+    assert L.completion_window(10.0, stamps, 4)[1] == 11.0
+    with pytest.raises(DataError, match="only 5 of the 7 batches finished after the clock"):
+        L.completion_window(10.0, stamps, 5)
+    with pytest.raises(ParameterError):
+        L.completion_window(10.0, stamps, 0)
+
+
+def test_a_speedup_above_the_core_count_is_flagged_as_implausible():
+    note = L.speedup_plausibility(6.61, 2)
+    assert note is not None and "6.61x" in note and "2 usable core(s)" in note and "not physically possible" in note
+    assert "batches_per_trial" in note  # what to do
+    assert L.speedup_plausibility(1.9, 2) is None and L.speedup_plausibility(2.0, 2) is None
+    assert L.speedup_plausibility(float("nan"), 4) is not None
+    with pytest.raises(ParameterError):
+        L.speedup_plausibility(1.0, 0)
+
+
+class _Straggler(Dataset):
+    """Batched dataset: every batch takes SLEEP_S in a worker, except worker 1's first, which takes 20x longer.
+
+    While worker 1 is stuck on its first batch, worker 0 finishes its queue
+    and the batches sent to it as the consumer moves on: those are ready
+    before the sweep's clock starts.
+    """
+
+    SLEEP_S = 0.03
+
+    def __init__(self, n):
+        self.n, self.calls = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, indices):
+        info = torch.utils.data.get_worker_info()
+        first = self.calls == 0
+        self.calls += 1
+        time.sleep(self.SLEEP_S * (20 if (info is not None and info.id == 1 and first) else 1))
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        return {"label": idx}
+
+
+@pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
+def test_the_sweep_excludes_batches_prepared_before_the_clock(no_stray_workers):
+    setting = LoaderSetting(2, 4, False)
+    n = 4
+    result = run_sweep(lambda s: _Straggler(8), 8, (setting,), base=LoaderConfig(batch_size=2, timeout_s=30),
+                       batches_per_trial=n, trials=1)
+    row = result.trials.iloc[0]
+    assert row["clock"] == "completion" and row["drained"] == setting.in_flight == 8
+    assert row["prepared_ahead"] >= 1  # worker 0 ran ahead while worker 1 was stuck: those were not counted
+    assert row["images"] == n * 2
+    # physical floor: n + 1 completions (the window's two ends included) shared by 2 workers, each at least
+    # SLEEP_S apart within a worker, span at least (ceil((n + 1) / 2) - 1) x SLEEP_S
+    assert row["elapsed_s"] >= (math.ceil((n + 1) / 2) - 1) * _Straggler.SLEEP_S
+    assert result.summary()["prepared_ahead_max"].iloc[0] == row["prepared_ahead"]
+    assert result.short_windows() == []  # 4 timed batches = 2 per worker
+
+
+@pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
+def test_a_sweep_trial_spans_epochs_of_a_one_batch_dataset(no_stray_workers):
+    # 5 items, batch 4: one batch per epoch; a trial needs drain + timed + tail batches
+    settings = (LoaderSetting(0), LoaderSetting(1, 2, True))
+    result = run_sweep(lambda s: _Numbers(5), 5, settings, base=LoaderConfig(batch_size=4, timeout_s=30),
+                       batches_per_trial=3, trials=2)
+    assert len(result.trials) == 4 and (result.trials["images"] == 12).all()
+    assert (result.trials["elapsed_s"] > 0).all()
+
+
+def test_the_first_batch_panel_labels_the_num_workers_0_line():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from helpers.workbook.plots_loader import throughput_vs_workers
+
+    summary = pd.DataFrame({
+        "setting": ["workers=0", "workers=1, prefetch=2"], "num_workers": [0, 1], "prefetch_factor": [None, 2.0],
+        "persistent_workers": [False, False], "images_per_s": [100.0, 150.0], "images_per_s_p25": [90.0, 140.0],
+        "images_per_s_p75": [110.0, 160.0], "first_batch_s": [0.004, 0.08],
+    })
+    fig = throughput_vs_workers(summary, cores=2)
+    try:
+        panel = fig.axes[1]
+        assert any(t.get_text().startswith("num_workers=0 (4 ms)") for t in panel.texts)
+    finally:
+        plt.close(fig)

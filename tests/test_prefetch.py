@@ -561,7 +561,8 @@ def test_timeline_panels_share_one_axis_and_keep_short_copies_visible():
     def spans(step_s, n=6):
         rows = []
         for k in range(n):
-            rows += [("copy", "copy", k * step_s, 0.0002, k), ("compute", "compute", k * step_s + 0.001, step_s - 0.001, k)]
+            rows += [("copy", "copy", k * step_s, 0.0002, k),
+                     ("compute", "compute", k * step_s + 0.001, step_s - 0.001, k)]
         return pd.DataFrame(rows, columns=["row", "kind", "start_s", "duration_s", "batch"])
 
     fig = pt.overlap_timeline([("slow", spans(0.2)), ("fast", spans(0.05))])

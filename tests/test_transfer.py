@@ -294,3 +294,90 @@ def test_pinning_verdict_enables_only_a_clear_gain():
     v = tr.pinning_verdict(unclear)
     assert v["recommendation"] == "leave off" and not math.isnan(v["value"])
     assert tr.pinning_verdict({})["recommendation"] == "not applicable"
+
+
+# --------------------------------------------------------------------------- what a rate is (review item 11)
+
+
+def _cache_tree(root, entries):
+    for i, (level, kind, size) in enumerate(entries):
+        d = root / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    return root
+
+
+def test_last_level_cache_from_sysfs(tmp_path):
+    root = _cache_tree(tmp_path / "cache", [(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"),
+                                            (3, "Unified", "32768K")])
+    assert tr.last_level_cache_bytes(root) == 32 * 2**20
+    only_l2 = _cache_tree(tmp_path / "l2", [(1, "Instruction", "64K"), (2, "Unified", "2M")])
+    assert tr.last_level_cache_bytes(only_l2) == 2 * 2**20
+    assert tr.last_level_cache_bytes(tmp_path / "absent") is None
+    garbled = _cache_tree(tmp_path / "bad", [(3, "Unified", "lots")])
+    assert tr.last_level_cache_bytes(garbled) is None
+
+
+def test_size_regime():
+    mib = 2**20
+    assert tr.size_regime(8 * mib, 32 * mib) == "cache"
+    assert tr.size_regime(24 * mib, 32 * mib) == "mixed"
+    assert tr.size_regime(256 * mib, 32 * mib) == "memory"
+    assert tr.size_regime(256 * mib, None) == "unknown"
+
+
+def _sweep_table():
+    """A host memcpy that peaks in the cache (87.5 GB/s at 8 MiB) and runs at 15.6 GB/s at 256 MiB."""
+    import pandas as pd
+
+    mib = 2**20
+    rows = [(4 * mib, 60.0), (8 * mib, 87.5), (64 * mib, 20.0), (256 * mib, 15.6)]
+    return pd.DataFrame([{"method": "host_memcpy", "label": "host memcpy", "size_bytes": n, "gbps": g,
+                          "gbps_p25": g * 0.9, "gbps_p75": g * 1.1, "repeats": 10} for n, g in rows])
+
+
+def test_memcpy_records_name_the_main_memory_rate_as_the_reference():
+    """The reviewer's case: the cache-sized peak was recorded as if it were the h2d bandwidth."""
+    cache = 32 * 2**20
+    summary = tr.bandwidth_summary(_sweep_table(), cache_bytes=cache)
+    row = summary.iloc[0]
+    assert row["peak_gbps"] == 87.5 and row["peak_regime"] == "cache"
+    assert row["largest_gbps"] == 15.6 and row["largest_regime"] == "memory"
+    records = tr.bandwidth_records(summary, cache_bytes=cache)
+    assert [r["experiment"] for r in records] == ["host memcpy bandwidth"] * 2  # not "h2d"
+    ref, peak = records
+    assert ref["metric"] == "memcpy_bandwidth" and ref["value"] == 15.6 and ref["reference"]
+    assert ref["variant"].startswith("main-memory rate (256 MiB copies")
+    assert peak["metric"] == "memcpy_peak_bandwidth" and peak["value"] == 87.5 and not peak["reference"]
+    assert peak["variant"] == "cache-sized peak (8 MiB copies)"
+    assert ref["spread"] == {"p25": pytest.approx(15.6 * 0.9), "p75": pytest.approx(15.6 * 1.1)}
+
+
+def test_a_largest_size_in_the_cache_is_not_called_main_memory():
+    table = _sweep_table()
+    small = table[table["size_bytes"] <= 8 * 2**20]
+    ref = tr.memcpy_reference(tr.bandwidth_summary(small, cache_bytes=32 * 2**20), cache_bytes=32 * 2**20)
+    assert ref["regime"] == "cache" and "not main memory" in ref["label"] and "main-memory rate" not in ref["label"]
+    assert "max_size_mib to 64" in ref["advice"]
+    unknown = tr.memcpy_reference(tr.bandwidth_summary(table), cache_bytes=None)
+    assert unknown["regime"] == "unknown" and "cache size unknown" in unknown["label"]
+
+
+def test_device_methods_are_recorded_as_h2d_with_the_link_fraction():
+    table = _sweep_table().assign(method="pinned_buffer")
+    records = tr.bandwidth_records(tr.bandwidth_summary(table, cache_bytes=32 * 2**20), link_gbps=31.5)
+    assert {r["experiment"] for r in records} == {"h2d bandwidth"}
+    assert {r["metric"]: r["value"] for r in records} == {"bandwidth_at_largest_size": 15.6, "peak_bandwidth": 87.5}
+    assert records[1]["fraction_of_link"] == pytest.approx(87.5 / 31.5)
+
+
+def test_cpu_verdict_is_not_applicable_and_quotes_the_reference():
+    app = tr.pinning_applicability(get_accelerator("cpu"))
+    cache = 32 * 2**20
+    ref = tr.memcpy_reference(tr.bandwidth_summary(_sweep_table(), cache_bytes=cache), cache_bytes=cache)
+    v = tr.pinning_verdict({}, applicability=app, reference=ref)
+    assert v["recommendation"] == "not applicable" and v["value"] is None and v["spread"] is None
+    assert v["reason"].startswith(app.reason)
+    assert "15.6 GB/s, main-memory rate" in v["reason"] and "cache-sized peak is 87.5 GB/s at 8 MiB" in v["reason"]

@@ -1008,20 +1008,24 @@ class LoaderIterator:
         self.batches = 0
         self.first_batch_s: float | None = None
         before = _descendants() if getattr(loader, "num_workers", 0) else {}
+        self._it = None
+        self._procs: list[Any] = []
         self._t0 = time.perf_counter()
         try:
             with quiet_worker_count_warning():
                 self._it = iter(loader)
+            # a worker that dies at once makes torch's SIGCHLD handler raise here, while the workers are looked up
+            self._procs = _new_workers(before) if getattr(loader, "num_workers", 0) else []
+            if not self._procs and getattr(loader, "num_workers", 0):
+                # persistent workers resumed from an earlier epoch are not new children:
+                # read them from the iterator (torch's private ``_workers`` list)
+                self._procs = _known_workers(getattr(self._it, "_workers", ()))
         except Exception as exc:
             err = explain_loader_error(exc, loader, name=name)
+            self.close(force=True)
             if err is None:
                 raise
             raise err from exc
-        self._procs = _new_workers(before) if getattr(loader, "num_workers", 0) else []
-        if not self._procs and getattr(loader, "num_workers", 0):
-            # persistent workers resumed from an earlier epoch are not new children:
-            # read them from the iterator (torch's private ``_workers`` list)
-            self._procs = _known_workers(getattr(self._it, "_workers", ()))
         self.worker_pids = tuple(p.pid for p in self._procs)
 
     def __iter__(self) -> "LoaderIterator":

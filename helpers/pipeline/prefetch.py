@@ -1254,7 +1254,7 @@ def overlap_verdict(before: OverlapRun, after: OverlapRun, *, seed: int = 0) -> 
 def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_size: int = 32, image_size: int = 128,
                   text_len: int = 16, model_width: int = 32, d_model: int = 64, steps: int = 20,
                   warmup_steps: int = 3, num_workers: int = 1, prefetch_factor: int = 2, seed: int = 0,
-                  device: str = "cpu") -> dict:
+                  device: str = "cpu", prepared: tuple | None = None) -> dict:
     """The ``exposed_input_fraction`` of ``python -m helpers bench input-pipeline``.
 
     Trains the workload twice on the batched pipeline: *before* (the loader
@@ -1275,6 +1275,9 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
         As notebook 05's parameters.
     device : str, default "cpu"
         Device kind (``helpers.device.get_accelerator``).
+    prepared : (DatasetIndex, tokenizers.Tokenizer), optional
+        Data already loaded by :func:`helpers.pipeline.prepare.prepare_data`
+        (so a caller running several benchmarks scans the folder once).
 
     Returns
     -------
@@ -1303,8 +1306,10 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
     from helpers.pipeline.prepare import prepare_data
 
     acc = get_accelerator(device)
-    index, tokenizer = prepare_data(data_dir, max_images=max_images, seed=seed, batch_size=batch_size,
-                                    text_len=text_len)
+    if prepared is None:
+        prepared = prepare_data(data_dir, max_images=max_images, seed=seed, batch_size=batch_size,
+                                text_len=text_len)
+    index, tokenizer = prepared
     common = dict(batch_size=batch_size, image_size=image_size, text_len=text_len, model_width=model_width,
                   d_model=d_model, steps=steps, warmup_steps=warmup_steps, seed=seed)
     before = run_overlap_variant(index, tokenizer, acc, label="before", num_workers=0, prefetcher=False, **common)

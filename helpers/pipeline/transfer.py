@@ -82,6 +82,11 @@ __all__ = [
     "bandwidth_sweep",
     "host_copy_sweep",
     "batch_comparison",
+    "last_level_cache_bytes",
+    "size_regime",
+    "bandwidth_summary",
+    "bandwidth_records",
+    "memcpy_reference",
     "pinning_verdict",
     "method_label",
 ]
@@ -862,8 +867,234 @@ def batch_comparison(acc: "Accelerator", shape: Sequence[int], *, methods: Seque
     return out
 
 
+# --------------------------------------------------------------------------- what a rate is
+
+
+_CACHE_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)B?\s*$", re.IGNORECASE)
+
+
+def last_level_cache_bytes(root: Path | str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """Size of the CPU's last-level cache (data or unified), from Linux sysfs.
+
+    Parameters
+    ----------
+    root : path
+        The cache folder of one CPU; each ``index*`` subfolder has ``level``,
+        ``type`` (``Data``, ``Instruction``, ``Unified``) and ``size`` (e.g.
+        ``32768K``), as described in the Linux ABI document
+        ``sysfs-devices-system-cpu`` (``/sys/devices/system/cpu/cpuX/cache/indexY``).
+
+    Returns
+    -------
+    int or None
+        Bytes of the highest-level data or unified cache; None where sysfs
+        does not describe the caches (not Linux, a container hiding them).
+    """
+    best: tuple[int, int] | None = None
+    folder = Path(root)
+    if not folder.is_dir():
+        return None
+    for index in sorted(folder.glob("index*")):
+        level, kind, size = (_read(index / n) for n in ("level", "type", "size"))
+        if not level or not size or (kind or "").strip().lower() == "instruction":
+            continue
+        m = _CACHE_SIZE_RE.match(size)
+        if not level.strip().isdigit() or not m:
+            continue
+        nbytes = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2).upper()]
+        candidate = (int(level.strip()), nbytes)
+        if best is None or candidate > best:
+            best = candidate
+    return None if best is None else best[1]
+
+
+def size_regime(nbytes: int, cache_bytes: int | None) -> str:
+    """Where a copy of ``nbytes`` (source + destination) lives: in the cache or in main memory.
+
+    Parameters
+    ----------
+    nbytes : int
+        Bytes copied (the source; the destination is as large).
+    cache_bytes : int or None
+        Last-level cache (:func:`last_level_cache_bytes`).
+
+    Returns
+    -------
+    str
+        ``"cache"`` when source and destination together fit in the cache,
+        ``"memory"`` when the source alone is at least the cache (so most
+        bytes come from main memory), ``"mixed"`` in between, ``"unknown"``
+        without a cache size.
+    """
+    if not cache_bytes:
+        return "unknown"
+    if 2 * nbytes <= cache_bytes:
+        return "cache"
+    if nbytes >= cache_bytes:
+        return "memory"
+    return "mixed"
+
+
+def bandwidth_summary(table: "pd.DataFrame", *, cache_bytes: int | None = None) -> "pd.DataFrame":
+    """Per method, the peak rate over sizes and the rate at the largest size, each with what it is.
+
+    A host memcpy peaks at sizes that fit in the CPU's caches; at sizes well
+    beyond the last-level cache it runs at the speed of main memory, which is
+    what staging a real stream of batches pays. So the two are kept apart and
+    each is labelled with :func:`size_regime`.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        Rows of :func:`bandwidth_sweep` and/or :func:`host_copy_sweep`
+        (``method``, ``size_bytes``, ``gbps``, ``gbps_p25``, ``gbps_p75``,
+        ``repeats``); rows without a rate are ignored.
+    cache_bytes : int, optional
+        Last-level cache size (:func:`last_level_cache_bytes`).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per method, in the table's order: ``method``, ``label``, and
+        for ``peak`` and ``largest``: ``{x}_gbps``, ``{x}_gbps_p25``,
+        ``{x}_gbps_p75``, ``{x}_size_bytes``, ``{x}_repeats``, ``{x}_regime``.
+    """
+    import pandas as pd
+
+    rows = []
+    data = table.dropna(subset=["gbps"])
+    for method in dict.fromkeys(data["method"]):
+        part = data[data["method"] == method]
+        row: dict[str, Any] = {"method": method, "label": method_label(method)}
+        chosen = (("peak", part.loc[part["gbps"].idxmax()]), ("largest", part.loc[part["size_bytes"].idxmax()]))
+        for name, r in chosen:
+            row.update({f"{name}_gbps": float(r["gbps"]), f"{name}_gbps_p25": float(r["gbps_p25"]),
+                        f"{name}_gbps_p75": float(r["gbps_p75"]), f"{name}_size_bytes": int(r["size_bytes"]),
+                        f"{name}_repeats": int(r["repeats"]),
+                        f"{name}_regime": size_regime(int(r["size_bytes"]), cache_bytes)})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _size_text(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def _largest_label(size: int, regime: str, cache_bytes: int | None) -> str:
+    if regime == "memory":
+        return f"main-memory rate ({_size_text(size)} copies; last-level cache {_size_text(cache_bytes)})"
+    if regime == "unknown":
+        return f"rate at the largest size ({_size_text(size)} copies; cache size unknown)"
+    where = "in" if regime == "cache" else "partly in"
+    return (f"rate at the largest size ({_size_text(size)} copies, {where} the {_size_text(cache_bytes)} cache: "
+            "not main memory)")
+
+
+def _advice(regime: str, cache_bytes: int | None) -> str:
+    if regime in ("cache", "mixed") and cache_bytes:
+        return f"set max_size_mib to {max(1, 2 * cache_bytes // 2**20)} or more for a main-memory rate"
+    if regime == "unknown":
+        return "the cache size is unknown, so whether this is a main-memory rate is not known"
+    return ""
+
+
+def memcpy_reference(summary: "pd.DataFrame", *, cache_bytes: int | None = None) -> dict[str, Any] | None:
+    """The host memcpy figure to keep as the reference: its rate at the largest size.
+
+    Pinning a batch costs one host memcpy per batch; a stream of batches does
+    not stay in the cache, so the rate that matters is the main-memory one,
+    not the cache-sized peak.
+
+    Parameters
+    ----------
+    summary : pandas.DataFrame
+        :func:`bandwidth_summary` (a ``host_memcpy`` row).
+    cache_bytes : int, optional
+        As given to :func:`bandwidth_summary` (for the label).
+
+    Returns
+    -------
+    dict or None
+        ``gbps``, ``gbps_p25``, ``gbps_p75``, ``size_bytes``, ``repeats``,
+        ``regime``, ``label`` (what the number is, with the size and the
+        cache), ``advice`` (how to get a main-memory rate when this is not
+        one; empty when it is), ``peak_gbps``, ``peak_size_bytes``,
+        ``peak_regime``; None without a host memcpy row.
+    """
+    rows = summary[summary["method"] == "host_memcpy"] if len(summary) else summary
+    if not len(rows):
+        return None
+    r = rows.iloc[0]
+    return {"gbps": float(r["largest_gbps"]), "gbps_p25": float(r["largest_gbps_p25"]),
+            "gbps_p75": float(r["largest_gbps_p75"]), "size_bytes": int(r["largest_size_bytes"]),
+            "repeats": int(r["largest_repeats"]), "regime": str(r["largest_regime"]),
+            "label": _largest_label(int(r["largest_size_bytes"]), str(r["largest_regime"]), cache_bytes),
+            "advice": _advice(str(r["largest_regime"]), cache_bytes),
+            "peak_gbps": float(r["peak_gbps"]), "peak_size_bytes": int(r["peak_size_bytes"]),
+            "peak_regime": str(r["peak_regime"])}
+
+
+def bandwidth_records(summary: "pd.DataFrame", *, cache_bytes: int | None = None,
+                      link_gbps: float | None = None) -> list[dict[str, Any]]:
+    """The records notebook 04 stores for its bandwidth summary, each named for what it is.
+
+    - ``host_memcpy``: experiment ``"host memcpy bandwidth"`` (it is not a
+      host-to-device copy); first the reference, metric
+      ``"memcpy_bandwidth"``, the rate at the largest size, labelled as a
+      main-memory rate only when that size is beyond the last-level cache;
+      then, when it is at another size, metric ``"memcpy_peak_bandwidth"``,
+      the peak (labelled cache-sized when it fits in the cache).
+    - every device method: experiment ``"h2d bandwidth"``, metrics
+      ``"bandwidth_at_largest_size"`` and ``"peak_bandwidth"``, each with its
+      size and, when the link's limit is known, its fraction of it.
+
+    Parameters
+    ----------
+    summary : pandas.DataFrame
+        :func:`bandwidth_summary`.
+    cache_bytes : int, optional
+    link_gbps : float, optional
+        The link's limit (GB/s), or None/0 when unknown.
+
+    Returns
+    -------
+    list of dict
+        Keyword arguments for :meth:`helpers.results.ResultsStore.add`:
+        ``experiment``, ``variant``, ``metric``, ``value``, ``unit``
+        (``"GB/s"``), ``repeats``, ``spread`` (``p25``/``p75``) and extra
+        fields (``size_bytes``, ``regime``, ``reference``, and for device
+        methods ``fraction_of_link``).
+    """
+    out: list[dict[str, Any]] = []
+
+    def record(experiment, variant, metric, row, which, **extra):
+        return {"experiment": experiment, "variant": variant, "metric": metric, "value": float(row[f"{which}_gbps"]),
+                "unit": "GB/s", "repeats": int(row[f"{which}_repeats"]),
+                "spread": {"p25": float(row[f"{which}_gbps_p25"]), "p75": float(row[f"{which}_gbps_p75"])},
+                "size_bytes": int(row[f"{which}_size_bytes"]), "regime": str(row[f"{which}_regime"]), **extra}
+
+    for _, row in summary.iterrows():
+        if row["method"] == "host_memcpy":
+            ref = memcpy_reference(summary, cache_bytes=cache_bytes)
+            out.append(record("host memcpy bandwidth", ref["label"], "memcpy_bandwidth", row, "largest",
+                              reference=True))
+            if int(row["peak_size_bytes"]) != int(row["largest_size_bytes"]):
+                kind = "cache-sized peak" if row["peak_regime"] == "cache" else "peak"
+                out.append(record("host memcpy bandwidth", f"{kind} ({_size_text(row['peak_size_bytes'])} copies)",
+                                  "memcpy_peak_bandwidth", row, "peak", reference=False))
+            continue
+        for which, metric in (("largest", "bandwidth_at_largest_size"), ("peak", "peak_bandwidth")):
+            frac = float(row[f"{which}_gbps"]) / link_gbps if link_gbps else None
+            out.append(record("h2d bandwidth", str(row["method"]), metric, row, which, fraction_of_link=frac))
+    return out
+
+
 def pinning_verdict(comparisons: dict[str, "Comparison"], *, threshold: float = 1.05,
-                    applicability: Applicability | None = None) -> dict[str, Any]:
+                    applicability: Applicability | None = None,
+                    reference: dict[str, Any] | None = None) -> dict[str, Any]:
     """The notebook's verdict: enable the best pinned method, leave pinning off, or not applicable.
 
     Parameters
@@ -875,6 +1106,10 @@ def pinning_verdict(comparisons: dict[str, "Comparison"], *, threshold: float = 
         a real gain (5%: smaller gains are within run-to-run noise of copies).
     applicability : Applicability, optional
         When given and not applicable, the verdict is "not applicable" with its reason.
+    reference : dict, optional
+        :func:`memcpy_reference`; when the verdict is "not applicable", its
+        rate is quoted in the reason (what pinning a batch would cost at
+        least), labelled for what it is.
 
     Returns
     -------
@@ -885,8 +1120,17 @@ def pinning_verdict(comparisons: dict[str, "Comparison"], *, threshold: float = 
         sentence built from the numbers).
     """
     if applicability is not None and not applicability.applicable:
+        reason = applicability.reason
+        if reference is not None:
+            reason += (f"; for reference, the host memcpy that pinning a batch would cost at least: "
+                       f"{reference['gbps']:.1f} GB/s, {reference['label']}"
+                       + (f" ({reference['advice']})" if reference["advice"] else ""))
+            if reference["peak_size_bytes"] != reference["size_bytes"]:
+                kind = "cache-sized peak" if reference["peak_regime"] == "cache" else "peak"
+                reason += (f"; its {kind} is {reference['peak_gbps']:.1f} GB/s at "
+                           f"{_size_text(reference['peak_size_bytes'])}")
         return {"recommendation": "not applicable", "value": None, "method": None, "spread": None,
-                "reason": applicability.reason}
+                "reason": reason}
     if not comparisons:
         return {"recommendation": "not applicable", "value": None, "method": None, "spread": None,
                 "reason": "no pinned copy method was measured"}

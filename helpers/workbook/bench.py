@@ -63,13 +63,24 @@ def input_pipeline(*, profile: str = "quick", device: str = "auto", data_dir: st
     from helpers.device import get_accelerator
     from helpers.pipeline.decode import input_decode_bench
     from helpers.pipeline.prefetch import overlap_bench
+    from helpers.pipeline.prepare import prepare_data
 
     kind = get_accelerator(device).kind
     t0 = time.perf_counter()
     overrides = {"device": kind, "data_dir": data_dir}
-    decode = input_decode_bench(**_kwargs_for(input_decode_bench, "02_batched_decode", profile, overrides))
-    overlap = overlap_bench(**_kwargs_for(overlap_bench, "05_stream_overlap", profile, overrides))
+    kw_decode = _kwargs_for(input_decode_bench, "02_batched_decode", profile, overrides)
+    kw_overlap = _kwargs_for(overlap_bench, "05_stream_overlap", profile, overrides)
+    data_keys = ("data_dir", "max_images", "seed", "text_len")
+    if all(kw_decode.get(k) == kw_overlap.get(k) for k in data_keys):
+        # one scan of the folder (and one report of its bad files) for both benchmarks
+        prepared = prepare_data(kw_decode.get("data_dir"), max_images=kw_decode.get("max_images", 0),
+                                seed=kw_decode.get("seed", 0), text_len=kw_decode["text_len"],
+                                batch_size=max(kw_decode["batch_size"], kw_overlap["batch_size"]))
+        kw_decode["prepared"] = kw_overlap["prepared"] = prepared
+    decode = input_decode_bench(**kw_decode)
+    overlap = overlap_bench(**kw_overlap)
     out = {
+        "skipped_files": decode.get("skipped_files"),
         "preprocess_speedup": decode.get("preprocess_speedup"),
         "decode_efficiency": decode.get("decode_efficiency"),
         "tokenize_speedup": decode.get("tokenize_speedup"),
