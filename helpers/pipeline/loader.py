@@ -324,7 +324,8 @@ class LoaderConfig:
         Samples per batch (>= 1).
     num_workers : int, default 0
         Worker processes (>= 0; 0 loads in the main process). More than the
-        usable cores (:func:`usable_cores`) is allowed with a logged warning.
+        usable cores (:func:`usable_cores`) is allowed with a logged warning
+        (once per process).
     prefetch_factor : int or None, default None
         Batches each worker prepares ahead (>= 1); only with
         ``num_workers > 0``. None lets torch use its default (2).
