@@ -106,6 +106,26 @@ SPECS: dict[str, tuple[Param, ...]] = {
               maximum=256),
         Param("prefetch_factor", int, 2, "batches each worker prepares ahead", minimum=1, maximum=64),
     ),
+    "06_mixed_precision": _COMMON + _DATA + _batch() + _training(16, "timed training steps per variant") + (
+        Param("autocast_dtype", str, "auto", "low-precision dtype: auto picks what the device supports",
+              choices=("auto", "bfloat16", "float16")),
+        Param("curve_steps", int, 30, "training steps of the fp32 and mixed-precision loss curves",
+              minimum=2, maximum=100000),
+        Param("loss_rtol", float, 0.10, "relative tolerance of mixed vs fp32 mean loss over the last steps",
+              minimum=0.0, maximum=10.0),
+        Param("init_scale", float, 1024.0, "GradScaler initial loss scale (fp16 only)", minimum=1.0,
+              maximum=1e10),
+        Param("growth_interval", int, 200, "GradScaler steps without overflow before the scale grows",
+              minimum=1, maximum=1000000),
+    ),
+    "07_channels_last": _COMMON + _DATA + _batch() + _training(32, "timed training steps per variant") + (
+        Param("compile_model", bool, True, "also measure torch.compile of the model (slow to compile)"),
+        Param("attention_seq_len", int, 128, "sequence length of the attention comparison", minimum=1,
+              maximum=65536),
+        Param("attention_heads", int, 4, "heads of the attention comparison", minimum=1, maximum=256),
+        Param("attention_head_dim", int, 32, "width of one head in the attention comparison", minimum=1,
+              maximum=1024),
+    ),
 }
 
 
