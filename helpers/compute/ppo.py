@@ -359,6 +359,16 @@ class PPOTrainer:
     optimizer : torch.optim.Optimizer, optional
         Defaults to ``torch.optim.AdamW(model.parameters(), lr=cfg.lr)`` with
         PyTorch's default implementation choice for the device.
+    scaler : torch.amp.GradScaler, optional
+        Loss scaler for float16 autocast (see
+        :func:`helpers.compute.amp.make_grad_scaler`). When given, each update
+        runs through :class:`helpers.compute.amp.AmpStepper`: scaled backward,
+        ``unscale_``, clipping of the true gradients, ``scaler.step``,
+        ``scaler.update``; overflowed steps are skipped and counted in
+        ``self.stepper.overflow_steps``. None (default): the plain step.
+    record_scale : bool
+        With a scaler, record the loss scale after every update in
+        ``self.stepper.scale_history`` (one host read per update).
 
     Raises
     ------
@@ -367,7 +377,8 @@ class PPOTrainer:
     """
 
     def __init__(self, model: nn.Module, cfg: PPOConfig | None = None,
-                 optimizer: torch.optim.Optimizer | None = None) -> None:
+                 optimizer: torch.optim.Optimizer | None = None, *,
+                 scaler: torch.amp.GradScaler | None = None, record_scale: bool = False) -> None:
         if cfg is None:
             cfg = PPOConfig()
         if not isinstance(cfg, PPOConfig):
@@ -379,6 +390,12 @@ class PPOTrainer:
         self.optimizer = optimizer if optimizer is not None else torch.optim.AdamW(
             model.parameters(), lr=cfg.lr
         )
+        self.stepper = None
+        if scaler is not None:
+            from helpers.compute.amp import AmpStepper
+
+            self.stepper = AmpStepper(self.optimizer, scaler, max_norm=cfg.max_grad_norm,
+                                      record_scale=record_scale)
 
     def step(
         self,
@@ -431,7 +448,7 @@ class PPOTrainer:
             Run the forward passes under
             ``torch.amp.autocast(device_type, dtype=autocast_dtype)``
             (``torch.float16`` or ``torch.bfloat16``); full precision if None.
-            The loss is computed in float32. No GradScaler is applied here, so
+            The loss is computed in float32. Without a trainer ``scaler``
             fp16 can underflow gradients; bf16 does not need one.
         device_type : str, optional
             Device type for autocast (``"cpu"``, ``"cuda"``, ``"npu"``);
@@ -521,6 +538,9 @@ class PPOTrainer:
                 logits, actions, old_log_probs, advantages, values, returns,
                 clip_eps=cfg.clip_eps, value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef,
             )
+            if self.stepper is not None:
+                grad_norm = self.stepper.step(loss).grad_norm
+                continue
             loss.backward()
             grad_norm = nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             self.optimizer.step()

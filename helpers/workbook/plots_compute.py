@@ -1,0 +1,128 @@
+"""Figures of the compute notebooks (06 mixed precision, 07 channels_last and fusion).
+
+Same conventions as :mod:`helpers.workbook.plots`: each function takes plain
+sequences, returns a matplotlib figure, and the notebook saves it with
+``plots.save_figure(fig, ctx, name)``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+
+FP32_COLOR = "#7570b3"
+MIXED_COLOR = "#1b9e77"
+SKIP_COLOR = "#d95f02"
+
+
+def loss_curves(fp32: Sequence[float], mixed: Sequence[float], *, mixed_label: str, title: str = ""):
+    """Overlay the per-step training loss of fp32 and mixed precision.
+
+    Parameters
+    ----------
+    fp32, mixed : sequence of float
+        Loss after each training step (same seed and data), equal lengths.
+    mixed_label : str
+        Legend entry of the mixed-precision run, e.g. "bf16 autocast".
+    title : str
+    """
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.5, 4.2), sharex=True,
+                                  gridspec_kw={"height_ratios": [2, 1]})
+    steps = range(1, len(fp32) + 1)
+    ax.plot(steps, list(fp32), color=FP32_COLOR, label="fp32", linewidth=1.8)
+    ax.plot(steps, list(mixed), color=MIXED_COLOR, label=mixed_label, linewidth=1.2, linestyle="--")
+    ax.set_ylabel("PPO loss")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    ax2.plot(steps, [m - f for f, m in zip(fp32, mixed)], color=SKIP_COLOR)
+    ax2.axhline(0.0, color="black", linewidth=0.6)
+    ax2.set_ylabel("mixed - fp32")
+    ax2.set_xlabel("training step")
+    fig.tight_layout()
+    return fig
+
+
+def loss_scale_trajectory(scales: Sequence[float], overflow: Sequence[bool], *, title: str = ""):
+    """Loss scale after each optimizer update, with the skipped (overflow) updates marked.
+
+    Parameters
+    ----------
+    scales : sequence of float
+        ``GradScaler.get_scale()`` after each update.
+    overflow : sequence of bool
+        True where the update's gradients were not finite (step skipped); same length.
+    title : str
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 2.8))
+    x = list(range(1, len(scales) + 1))
+    ax.step(x, list(scales), where="post", color=MIXED_COLOR, label="loss scale")
+    bad = [(i, s) for i, s, o in zip(x, scales, overflow) if o]
+    if bad:
+        ax.scatter([i for i, _ in bad], [s for _, s in bad], color=SKIP_COLOR, zorder=3,
+                   label=f"skipped update ({len(bad)})")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("optimizer update")
+    ax.set_ylabel("scale")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def step_time_bars(names: Sequence[str], medians_ms: Sequence[float], p25_ms: Sequence[float],
+                   p75_ms: Sequence[float], *, title: str = ""):
+    """Horizontal bars of median step time per variant with the interquartile range.
+
+    Parameters
+    ----------
+    names : sequence of str
+        Variant names.
+    medians_ms, p25_ms, p75_ms : sequence of float
+        Median, 25th and 75th percentile step time per variant, milliseconds.
+    title : str
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 0.6 + 0.5 * len(names)))
+    y = list(range(len(names)))
+    err = [[m - lo for m, lo in zip(medians_ms, p25_ms)], [hi - m for m, hi in zip(medians_ms, p75_ms)]]
+    ax.barh(y, list(medians_ms), xerr=err, color=[FP32_COLOR, MIXED_COLOR, SKIP_COLOR][: len(names)] or None,
+            capsize=3)
+    ax.set_yticks(y, list(names))
+    ax.set_xlabel("step time, ms (median, IQR)")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- notebook 07 (engineer C)
+
+
+def speedup_intervals(names: Sequence[str], ratios: Sequence[float], ci_low: Sequence[float],
+                      ci_high: Sequence[float], *, title: str = ""):
+    """Speedup of each candidate over its baseline, with its confidence interval.
+
+    One horizontal point-and-whisker per comparison; a vertical line at 1
+    (no difference). Intervals that lie entirely above 1 are drawn in the
+    "mixed" colour, entirely below 1 in the "skip" colour, others in grey.
+
+    Parameters
+    ----------
+    names : sequence of str
+        Comparison labels, e.g. "channels_last vs NCHW (fp32)".
+    ratios : sequence of float
+        ``Comparison.ratio`` (median baseline time / median candidate time; > 1: faster), "x".
+    ci_low, ci_high : sequence of float
+        Bounds of the ratio's bootstrap interval, same length as ``names``.
+    title : str
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 0.5 + 0.45 * max(1, len(names))))
+    for i, (r, lo, hi) in enumerate(zip(ratios, ci_low, ci_high)):
+        color = MIXED_COLOR if lo > 1.0 else SKIP_COLOR if hi < 1.0 else "#999999"
+        ax.errorbar([r], [i], xerr=[[r - lo], [hi - r]], fmt="o", color=color, capsize=4)
+    ax.axvline(1.0, color="black", linewidth=0.6)
+    ax.set_yticks(range(len(names)), list(names))
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup (x, > 1 is faster)")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
