@@ -51,8 +51,12 @@ __all__ = [
     "DtypeRow",
     "StepOutcome",
     "clip_grad_norm_on_device",
+    "PROBE_OPS",
     "make_grad_scaler",
+    "overflow_flags",
+    "probe_autocast_ops",
     "record_output_dtypes",
+    "tail_relative_difference",
     "resolve_autocast_dtype",
 ]
 
@@ -349,6 +353,20 @@ class DtypeRow:
     input_dtype: str
     output_dtype: str
 
+    @property
+    def effect(self) -> str:
+        """How autocast treated this call, judged from input vs output dtype.
+
+        ``"cast to <dtype>"`` when the output dtype differs from the input's
+        (autocast, or the layer itself, changed it); ``"pass-through"`` when
+        they are equal (the layer ran in whatever dtype it received; a float32
+        output then says nothing about autocast's float32 list); ``""`` when a
+        dtype is missing (integer inputs such as token ids).
+        """
+        if not self.input_dtype or not self.output_dtype:
+            return ""
+        return "pass-through" if self.input_dtype == self.output_dtype else f"cast to {self.output_dtype}"
+
 
 def _first_float(value) -> torch.Tensor | None:
     if isinstance(value, torch.Tensor):
@@ -367,10 +385,12 @@ def record_output_dtypes(model: nn.Module, forward: Callable[[], object], *,
                          leaves_only: bool = True) -> list[DtypeRow]:
     """Run ``forward()`` once with forward hooks that record each module's dtypes.
 
-    Call it inside ``torch.amp.autocast(...)`` to see which modules autocast
-    runs in low precision and which it keeps in float32 (LayerNorm,
-    softmax-like and reduction ops are on autocast's float32 list; see
-    https://docs.pytorch.org/docs/stable/amp.html#autocast-op-reference). The
+    Call it inside ``torch.amp.autocast(...)`` to see what autocast does on a
+    real model. Judge each call by input vs output dtype
+    (:attr:`DtypeRow.effect`): a float32 output from a float32 input is a
+    pass-through, not proof that autocast keeps the layer in float32 (on a
+    CPU, LayerNorm passes bf16 through). Which ops autocast upcasts differs per
+    device type; see :func:`probe_autocast_ops`. The
     hooks are removed afterwards, also on error. Functional ops called inside
     a module's ``forward`` (softmax in attention) show up only through the
     module that calls them.
@@ -410,3 +430,139 @@ def record_output_dtypes(model: nn.Module, forward: Callable[[], object], *,
         for h in handles:
             h.remove()
     return rows
+
+
+def _probe_fns() -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    import torch.nn.functional as F
+
+    return {
+        "linear": lambda x: F.linear(x, torch.ones(x.shape[-1], x.shape[-1], device=x.device)),
+        "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)),
+        "softmax": lambda x: torch.softmax(x, -1),
+        "log_softmax": lambda x: F.log_softmax(x, -1),
+        "sum": lambda x: x.sum(),
+        "exp": lambda x: x.exp(),
+        "mse_loss": lambda x: F.mse_loss(x, torch.zeros_like(x)),
+        "cross_entropy": lambda x: F.cross_entropy(x, torch.zeros(x.shape[0], dtype=torch.long, device=x.device)),
+    }
+
+
+#: Operations :func:`probe_autocast_ops` runs, in report order.
+PROBE_OPS: tuple[str, ...] = ("linear", "layer_norm", "softmax", "log_softmax", "sum", "exp", "mse_loss",
+                              "cross_entropy")
+
+
+def probe_autocast_ops(device: torch.device | str, dtype: torch.dtype,
+                       ops: Iterable[str] = PROBE_OPS) -> dict[str, str]:
+    """Run a few ops under autocast on a **low-precision input** and return their output dtypes.
+
+    Autocast's op lists differ per device type (CUDA's float32 list is not the
+    CPU's; https://docs.pytorch.org/docs/stable/amp.html#autocast-op-reference
+    lists CUDA and CPU separately), and they are not exposed as a Python
+    list. Probing them directly on the device is the reliable check: an op
+    whose output is float32 although its input was ``dtype`` is on this
+    device's float32 (upcast) list; an op whose output stays ``dtype`` runs in
+    whatever it receives (pass-through); ``linear`` is the low-precision
+    control. (On torch 2.13 CPU: ``mse_loss`` and ``cross_entropy`` upcast;
+    ``layer_norm``, ``softmax``, ``log_softmax``, ``sum`` pass through.)
+
+    Parameters
+    ----------
+    device : torch.device or str
+        Where to run (its ``.type`` is the autocast device type).
+    dtype : torch.dtype
+        The autocast dtype, also the dtype of the probe input (4 x 8).
+    ops : iterable of str
+        Names from :data:`PROBE_OPS`.
+
+    Returns
+    -------
+    dict of str to str
+        Op name to output dtype name (e.g. ``"float32"``), in ``ops`` order.
+
+    Raises
+    ------
+    ParameterError
+        If an op name is unknown.
+    """
+    fns = _probe_fns()
+    ops = list(ops)
+    unknown = [o for o in ops if o not in fns]
+    if unknown:
+        raise ParameterError(f"unknown probe op(s) {unknown}; choose from {', '.join(PROBE_OPS)}.")
+    device = torch.device(device)
+    x = torch.randn(4, 8, device=device).to(dtype)
+    out: dict[str, str] = {}
+    with torch.no_grad(), torch.amp.autocast(device.type, dtype=dtype):
+        for name in ops:
+            out[name] = str(fns[name](x).dtype).replace("torch.", "")
+    return out
+
+
+def overflow_flags(scales: Iterable[float], init_scale: float) -> list[bool]:
+    """Per-update overflow flags recovered from a GradScaler's scale history.
+
+    ``GradScaler.update`` multiplies the scale by ``backoff_factor`` (< 1)
+    after, and only after, an update whose gradients were not finite; growth
+    multiplies it by ``growth_factor`` (> 1). So a drop of the scale marks an
+    overflowed (skipped) update.
+
+    Parameters
+    ----------
+    scales : iterable of float
+        Scale after each update (:attr:`AmpStepper.scale_history`).
+    init_scale : float
+        Scale before the first update (> 0).
+
+    Returns
+    -------
+    list of bool
+        True where the scale dropped at that update; same length as ``scales``.
+
+    Raises
+    ------
+    ParameterError
+        If ``init_scale`` is not positive.
+    """
+    if not init_scale > 0:
+        raise ParameterError(f"init_scale must be > 0, got {init_scale!r}; pass the scaler's initial scale.")
+    flags, prev = [], float(init_scale)
+    for s in scales:
+        flags.append(float(s) < prev)
+        prev = float(s)
+    return flags
+
+
+def tail_relative_difference(ref: Iterable[float], other: Iterable[float], tail: int) -> float:
+    """Relative difference of the mean of the last ``tail`` values of two positive curves.
+
+    Meant for a loss that stays positive (the PPO value loss, a mean squared
+    error): a relative gate on a quantity that crosses zero (the total PPO
+    loss) is meaningless near zero.
+
+    Parameters
+    ----------
+    ref, other : iterable of float
+        Reference (fp32) and compared curves, same length >= ``tail``.
+    tail : int
+        Number of final values averaged, >= 1.
+
+    Returns
+    -------
+    float
+        ``|mean(other_tail) - mean(ref_tail)| / mean(ref_tail)``.
+
+    Raises
+    ------
+    ParameterError
+        If lengths differ, ``tail`` is out of range, or the reference tail
+        mean is not positive.
+    """
+    ref, other = [float(v) for v in ref], [float(v) for v in other]
+    if len(ref) != len(other) or not 1 <= tail <= len(ref):
+        raise ParameterError(f"need two curves of equal length >= tail; got {len(ref)}, {len(other)}, "
+                             f"tail {tail}.")
+    a, b = sum(ref[-tail:]) / tail, sum(other[-tail:]) / tail
+    if not a > 0:
+        raise ParameterError(f"reference tail mean is {a!r}, not positive; use a positive loss (value loss).")
+    return abs(b - a) / a

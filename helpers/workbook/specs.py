@@ -111,7 +111,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
               choices=("auto", "bfloat16", "float16")),
         Param("curve_steps", int, 30, "training steps of the fp32 and mixed-precision loss curves",
               minimum=2, maximum=100000),
-        Param("loss_rtol", float, 0.10, "relative tolerance of mixed vs fp32 mean loss over the last steps",
+        Param("loss_rtol", float, 0.10, "relative tolerance of mixed vs fp32 mean value loss over the last steps",
               minimum=0.0, maximum=10.0),
         Param("init_scale", float, 1024.0, "GradScaler initial loss scale (fp16 only)", minimum=1.0,
               maximum=1e10),
