@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers.compute._checks import bad_field, check_positive_int, is_int
 from helpers.errors import ParameterError
 
 logger = logging.getLogger(__name__)
@@ -45,23 +46,6 @@ __all__ = [
 #: Token id that marks padding in ``tokens``. Positions holding it are ignored
 #: by attention (as keys) and by the text pooling.
 PAD_ID: int = 0
-
-
-def _fail(field: str, value: object, allowed: str) -> ParameterError:
-    """Build the ParameterError raised for a bad ``PolicyConfig``/``PPOConfig`` field."""
-    return ParameterError(
-        f"{field}={value!r} is not allowed; allowed: {allowed}. "
-        f"Pass a valid {field.split('.')[-1]} (see the class docstring)."
-    )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_positive_int(owner: str, name: str, value: object) -> None:
-    if not _is_int(value) or value < 1:  # type: ignore[operator]
-        raise _fail(f"{owner}.{name}", value, "an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -145,11 +129,11 @@ class PolicyConfig:
             "ffn_mult",
             "fusion_hidden",
         ):
-            _check_positive_int(owner, name, getattr(self, name))
-        if not _is_int(self.vocab_size) or self.vocab_size < 2:
-            raise _fail(f"{owner}.vocab_size", self.vocab_size, "an integer >= 2 (id 0 is padding)")
-        if not _is_int(self.n_actions) or self.n_actions < 2:
-            raise _fail(f"{owner}.n_actions", self.n_actions, "an integer >= 2")
+            check_positive_int(f"{owner}.{name}", getattr(self, name))
+        if not is_int(self.vocab_size) or self.vocab_size < 2:
+            raise bad_field(f"{owner}.vocab_size", self.vocab_size, "an integer >= 2 (id 0 is padding)")
+        if not is_int(self.n_actions) or self.n_actions < 2:
+            raise bad_field(f"{owner}.n_actions", self.n_actions, "an integer >= 2")
         channels = self.conv_channels
         if isinstance(channels, list):
             channels = tuple(channels)
@@ -157,20 +141,20 @@ class PolicyConfig:
         if (
             not isinstance(channels, tuple)
             or len(channels) == 0
-            or not all(_is_int(c) and c >= 1 for c in channels)
+            or not all(is_int(c) and c >= 1 for c in channels)
         ):
-            raise _fail(
+            raise bad_field(
                 f"{owner}.conv_channels", self.conv_channels, "a non-empty tuple of integers >= 1"
             )
         if self.d_model % self.n_heads != 0:
-            raise _fail(
+            raise bad_field(
                 f"{owner}.d_model",
                 self.d_model,
                 f"a multiple of n_heads={self.n_heads} (e.g. {self.n_heads * max(1, self.d_model // self.n_heads)})",
             )
         min_size = 2 ** len(channels)
         if self.image_size < min_size:
-            raise _fail(
+            raise bad_field(
                 f"{owner}.image_size",
                 self.image_size,
                 f"an integer >= 2**len(conv_channels) = {min_size}",
@@ -181,7 +165,7 @@ class PolicyConfig:
             or not isinstance(dropout, (int, float))
             or not (0.0 <= float(dropout) < 1.0)
         ):
-            raise _fail(f"{owner}.dropout", dropout, "a float in [0, 1)")
+            raise bad_field(f"{owner}.dropout", dropout, "a float in [0, 1)")
 
 
 class _ConvStage(nn.Sequential):

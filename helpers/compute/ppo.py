@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers.compute._checks import bad_field, check_positive_int, check_real
 from helpers.errors import ParameterError
 
 logger = logging.getLogger(__name__)
@@ -50,25 +51,6 @@ STAT_KEYS: tuple[str, ...] = (
     "clip_fraction",
     "grad_norm",
 )
-
-
-def _bad(name: str, value: object, allowed: str) -> ParameterError:
-    return ParameterError(
-        f"{name}={value!r} is not allowed; allowed: {allowed}. Pass a value in that range."
-    )
-
-
-def _check_real(name: str, value: object, lo: float, hi: float, *, lo_open: bool = False,
-                hi_open: bool = False) -> None:
-    """Raise ParameterError unless ``value`` is a real number in the given interval."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok:
-        v = float(value)  # a Python number, not a tensor: no host sync
-        ok = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-    if not ok:
-        left = "(" if lo_open else "["
-        right = ")" if hi_open else "]"
-        raise _bad(name, value, f"a number in {left}{lo}, {hi}{right}")
 
 
 def _shape_error(name: str, tensor: torch.Tensor, expected: str) -> ParameterError:
@@ -130,17 +112,15 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         for name in ("horizon", "ppo_epochs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise _bad(f"PPOConfig.{name}", value, "an integer >= 1")
+            check_positive_int(f"PPOConfig.{name}", getattr(self, name))
         inf = float("inf")
-        _check_real("PPOConfig.gamma", self.gamma, 0.0, 1.0)
-        _check_real("PPOConfig.lam", self.lam, 0.0, 1.0)
-        _check_real("PPOConfig.clip_eps", self.clip_eps, 0.0, 1.0, lo_open=True, hi_open=True)
-        _check_real("PPOConfig.value_coef", self.value_coef, 0.0, inf, hi_open=True)
-        _check_real("PPOConfig.entropy_coef", self.entropy_coef, 0.0, inf, hi_open=True)
-        _check_real("PPOConfig.lr", self.lr, 0.0, inf, lo_open=True, hi_open=True)
-        _check_real("PPOConfig.max_grad_norm", self.max_grad_norm, 0.0, inf, lo_open=True)
+        check_real("PPOConfig.gamma", self.gamma, 0.0, 1.0)
+        check_real("PPOConfig.lam", self.lam, 0.0, 1.0)
+        check_real("PPOConfig.clip_eps", self.clip_eps, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_real("PPOConfig.value_coef", self.value_coef, 0.0, inf, hi_open=True)
+        check_real("PPOConfig.entropy_coef", self.entropy_coef, 0.0, inf, hi_open=True)
+        check_real("PPOConfig.lr", self.lr, 0.0, inf, lo_open=True, hi_open=True)
+        check_real("PPOConfig.max_grad_norm", self.max_grad_norm, 0.0, inf, lo_open=True)
 
 
 def compute_gae(
@@ -198,8 +178,8 @@ def compute_gae(
     ParameterError
         If the shapes do not match or gamma/lam are out of range.
     """
-    _check_real("gamma", gamma, 0.0, 1.0)
-    _check_real("lam", lam, 0.0, 1.0)
+    check_real("gamma", gamma, 0.0, 1.0)
+    check_real("lam", lam, 0.0, 1.0)
     if rewards.dim() != 2:
         raise _shape_error("rewards", rewards, "(T, N)")
     if values.shape != rewards.shape:
@@ -302,10 +282,10 @@ def ppo_loss(
         If shapes do not match or a coefficient is out of range.
     """
     inf = float("inf")
-    _check_real("clip_eps", clip_eps, 0.0, 1.0, lo_open=True, hi_open=True)
-    _check_real("value_coef", value_coef, 0.0, inf, hi_open=True)
-    _check_real("entropy_coef", entropy_coef, 0.0, inf, hi_open=True)
-    _check_real("adv_eps", adv_eps, 0.0, inf, lo_open=True, hi_open=True)
+    check_real("clip_eps", clip_eps, 0.0, 1.0, lo_open=True, hi_open=True)
+    check_real("value_coef", value_coef, 0.0, inf, hi_open=True)
+    check_real("entropy_coef", entropy_coef, 0.0, inf, hi_open=True)
+    check_real("adv_eps", adv_eps, 0.0, inf, lo_open=True, hi_open=True)
     if logits.dim() != 2:
         raise _shape_error("logits", logits, "(B, A)")
     batch = logits.shape[0]
