@@ -15,12 +15,13 @@ ARGS ?=
 PYTEST_ARGS ?=
 TORCH_INDEX ?=
 
-.PHONY: workbook test lab setup data clean-runs help
+.PHONY: workbook test lab setup data clean-runs help browser
 
 help:
 	@echo "make workbook   run the workbook (quick profile, default device); ARGS='--profile smoke --only 00 01'"
 	@echo "make test       run every test"
 	@echo "make lab        open the notebooks in JupyterLab"
+	@echo "make browser    install Chromium (system package, needs root) for the report's browser test"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +46,20 @@ test: data
 
 lab: data
 	$(PY) -m jupyter lab notebooks/
+
+# Chromium renders report.html in tests/test_report_browser.py; without it that test is skipped
+# (or fails, when WORKBOOK_REQUIRE_BROWSER=1 as in .ci/run). Installs the Debian package when run
+# as root where apt-get exists; otherwise says what to run.
+browser:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+		echo "Chromium: $$(command -v chromium || command -v chromium-browser)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	else \
+		echo "Chromium is not installed and cannot be installed here (needs root and apt-get)."; \
+		echo "Install it with: sudo apt-get install -y --no-install-recommends chromium"; \
+		echo "Without it the report's browser test is skipped."; \
+	fi
 
 clean-runs:
 	rm -rf runs/

@@ -152,7 +152,7 @@ def test_typo_suggests_the_real_name():
 
 def test_recognised_real_names_are_not_reported():
     environ = {"ASCEND_HOME_PATH": "/usr/local/Ascend/ascend-toolkit/latest",
-               "HCCL_WHITELIST_DISABLE": "1", "NCCL_P2P_DISABLE": "1", "OMP_PROC_BIND": "close",
+               "HCCL_WHITELIST_DISABLE": "1", "NCCL_P2P_LEVEL": "NVL", "OMP_PROC_BIND": "close",
                "TORCH_NPU_COMPACT_ERROR_OUTPUT": "1"}
     assert ec.check_env(environ) == []
 
@@ -261,3 +261,188 @@ def test_envvar_rejects_bad_declarations():
         ec.EnvVar(name="X", scope="nowhere", description="", kind="free")
     with pytest.raises(ValueError):
         ec.EnvVar(name="X", scope="torch", description="", kind="enum")
+
+
+# --------------------------------------------------------------------------
+# NCCL and torch ProcessGroupNCCL settings
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, value, severity", [
+    ("NCCL_ALGO", "Ring,Tree", "warning"),          # valid, but overrides NCCL's own choice
+    ("NCCL_ALGO", "tree", "warning"),               # NCCL matches names case-insensitively
+    ("NCCL_ALGO", "^NVLS", "warning"),
+    ("NCCL_ALGO", "ring;allreduce:tree,collnetdirect;broadcast:ring", "warning"),
+    ("NCCL_ALGO", "NHR", "error"),                  # an HCCL algorithm
+    ("NCCL_ALGO", "ring;tree", "error"),            # second entry without a collective prefix
+    ("NCCL_ALGO", "alltoall:ring", "error"),        # not one of NCCL's prefixable collectives
+    ("NCCL_ALGO", "", "error"),
+    ("NCCL_PROTO", "^LL128", "warning"),
+    ("NCCL_PROTO", "LL,Simple;allreduce:^LL", "warning"),
+    ("NCCL_PROTO", "LL256", "error"),
+    ("NCCL_P2P_DISABLE", "1", "ok"),
+    ("NCCL_P2P_DISABLE", "yes", "error"),
+    ("NCCL_BUFFSIZE", "4194304", "ok"),
+    ("NCCL_BUFFSIZE", "5000000", "warning"),        # not a power of two
+    ("NCCL_BUFFSIZE", "256", "warning"),            # bytes, not MB
+    ("NCCL_BUFFSIZE", "4MB", "error"),
+    ("NCCL_NTHREADS", "256", "ok"),
+    ("NCCL_NTHREADS", "100", "error"),              # not a multiple of 32
+    ("NCCL_NTHREADS", "1024", "error"),             # above 512
+    ("NCCL_MIN_NCHANNELS", "4", "ok"),
+    ("NCCL_MAX_NCHANNELS", "65", "error"),          # MAXCHANNELS = 64
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", "ok"),
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "ok"),
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0", "warning"),
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "4", "error"),
+    ("TORCH_NCCL_BLOCKING_WAIT", "0", "ok"),
+    ("TORCH_NCCL_BLOCKING_WAIT", "False", "ok"),
+    ("TORCH_NCCL_BLOCKING_WAIT", "1", "warning"),
+    ("TORCH_NCCL_BLOCKING_WAIT", "maybe", "error"),
+])
+def test_nccl_and_torch_nccl_rules(name, value, severity):
+    findings = ec.check_env({name: value})
+    assert [f.severity for f in findings] == [severity], findings
+
+
+def test_hccl_algo_tree_is_an_error_but_nccl_tree_is_real():
+    assert by_severity(ec.check_env({"HCCL_ALGO": "tree"}), "error")
+    assert not by_severity(ec.check_env({"NCCL_ALGO": "Tree"}), "error")
+
+
+def test_nccl_algo_error_points_hccl_names_to_hccl_algo():
+    (f,) = ec.check_env({"NCCL_ALGO": "H-D_R"})
+    assert "HCCL_ALGO" in f.message
+
+
+@pytest.mark.parametrize("old, new", sorted((o, n) for o, (n, _) in ec.DEPRECATED.items()))
+def test_deprecated_torch_names_warn_with_the_current_name(old, new):
+    (f,) = ec.check_env({old: "1"})
+    assert f.severity == "warning" and "deprecated" in f.message
+    assert f"{new}=1" in f.fix
+
+
+def test_deprecated_name_with_a_wrong_value_is_an_error():
+    (f,) = ec.check_env({"NCCL_ASYNC_ERROR_HANDLING": "9"})
+    assert f.severity == "error" and "TORCH_NCCL_ASYNC_ERROR_HANDLING" in f.message
+
+
+def test_deprecated_and_current_name_with_different_values():
+    findings = ec.check_env({"NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_BLOCKING_WAIT": "0"})
+    (f,) = only(findings, "NCCL_BLOCKING_WAIT+TORCH_NCCL_BLOCKING_WAIT")
+    assert f.severity == "warning" and "TORCH_NCCL_BLOCKING_WAIT='0'" in f.message
+    assert not only(ec.check_env({"NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_BLOCKING_WAIT": "1"}),
+                    "NCCL_BLOCKING_WAIT+TORCH_NCCL_BLOCKING_WAIT")
+
+
+def test_nccl_channel_minimum_above_maximum_is_a_conflict():
+    findings = ec.check_env({"NCCL_MIN_NCHANNELS": "32", "NCCL_MAX_NCHANNELS": "4"})
+    assert [(f.name, f.severity) for f in findings] == [("NCCL_MIN_NCHANNELS+NCCL_MAX_NCHANNELS", "error")]
+    assert [f.severity for f in ec.check_env({"NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "4"})] == ["ok", "ok"]
+
+
+def test_variables_in_a_conflict_are_not_also_reported_ok():
+    findings = ec.check_env({"HCCL_INTRA_ROCE_ENABLE": "1", "HCCL_INTRA_PCIE_ENABLE": "1"})
+    assert [f.severity for f in findings] == ["error"]
+
+
+def test_new_catalog_entries_have_sources_and_valid_defaults():
+    for name in ("NCCL_P2P_DISABLE", "NCCL_ALGO", "NCCL_PROTO", "NCCL_BUFFSIZE", "NCCL_NTHREADS",
+                 "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                 "TORCH_NCCL_BLOCKING_WAIT"):
+        assert name in ec.CATALOG and ec.CATALOG[name].source
+    assert not (set(ec.DEPRECATED) & (set(ec.CATALOG) | set(ec.RECOGNISED)))
+    for new, _ in ec.DEPRECATED.values():
+        assert new in ec.CATALOG or new in ec.RECOGNISED, new
+
+
+# --------------------------------------------------------------------------
+# Env files
+# --------------------------------------------------------------------------
+
+def test_parse_env_file_forms(tmp_path):
+    path = tmp_path / "a.env"
+    path.write_text(
+        "# comment\n"
+        "\n"
+        "TASK_QUEUE_ENABLE=2\n"
+        "export HCCL_ALGO=\"level0:NA;level1:ring\"\n"
+        "  export   HCCL_BUFFSIZE='400'   # trailing comment\n"
+        "PYTORCH_NPU_ALLOC_CONF=expandable_segments:True\n"
+        "EMPTY=\n"
+        "SPACED=\"a b\"\n"
+        "TASK_QUEUE_ENABLE=1\n"
+        "HASH='a#b'\n")
+    assert ec.parse_env_file(path) == {
+        "TASK_QUEUE_ENABLE": "1", "HCCL_ALGO": "level0:NA;level1:ring", "HCCL_BUFFSIZE": "400",
+        "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "EMPTY": "", "SPACED": "a b", "HASH": "a#b"}
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("no equals sign", "is not a setting"),
+    ("1BAD=x", "is not a setting"),
+    ("KEY = value", "is not a setting"),
+    ("KEY= value", "starts with a space"),
+    ("KEY=a b", "unquoted spaces"),
+    ("KEY=\"open", "close the quote"),
+])
+def test_parse_env_file_errors_name_the_line(tmp_path, line, fragment):
+    path = tmp_path / "bad.env"
+    path.write_text(f"OK=1\n{line}\n")
+    with pytest.raises(ec.ParameterError, match=fragment) as info:
+        ec.parse_env_file(path)
+    assert f"{path}:2:" in str(info.value)
+
+
+def test_parse_env_file_missing_file(tmp_path):
+    with pytest.raises(ec.ParameterError, match="cannot read env file"):
+        ec.parse_env_file(tmp_path / "missing.env")
+
+
+def test_write_env_file_keeps_only_validated_settings(tmp_path):
+    environ = {"HCCL_ALGO": "level0:NA;level1:ring", "HCCL_BUFFSIZE": "400", "TASK_QUEUE_ENABLE": "0",
+               "PATH": "/usr/bin", "HCCL_WHITELIST_DISABLE": "1", "HCCL_BUFSIZE": "1"}
+    path, findings = ec.write_env_file(environ, tmp_path / "sub" / "run.env")
+    text = path.read_text()
+    assert text.startswith("# Written by helpers.diagnose.envcatalog.write_env_file")
+    assert "# warning: TASK_QUEUE_ENABLE" in text
+    # Validated names only: PATH, the recognised-only and the misspelt name are not written.
+    assert ec.parse_env_file(path) == {"HCCL_ALGO": "level0:NA;level1:ring", "HCCL_BUFFSIZE": "400",
+                                       "TASK_QUEUE_ENABLE": "0"}
+    assert {f.name for f in findings} >= {"HCCL_ALGO", "HCCL_BUFSIZE"}
+
+
+def test_write_env_file_raises_listing_every_invalid_setting(tmp_path):
+    environ = {"PT_DEBUG": "1", "HCCL_ALGO": "tree", "HCCL_BUFFSIZE": "400",
+               "HCCL_INTRA_ROCE_ENABLE": "1", "HCCL_INTRA_PCIE_ENABLE": "1"}
+    target = tmp_path / "run.env"
+    with pytest.raises(ec.ParameterError) as info:
+        ec.write_env_file(environ, target)
+    message = str(info.value)
+    for name in ("PT_DEBUG", "HCCL_ALGO", "HCCL_INTRA_ROCE_ENABLE+HCCL_INTRA_PCIE_ENABLE"):
+        assert name in message
+    assert "fix:" in message and not target.exists()
+    path, _ = ec.write_env_file(environ, target, skip_invalid=True)
+    assert ec.parse_env_file(path) == {"HCCL_BUFFSIZE": "400"}
+    assert "Left out as invalid or invented: HCCL_ALGO, HCCL_INTRA_PCIE_ENABLE, HCCL_INTRA_ROCE_ENABLE, PT_DEBUG" \
+        in path.read_text()
+
+
+def test_write_env_file_npu_flag_changes_the_verdict(tmp_path):
+    environ = {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    with pytest.raises(ec.ParameterError):
+        ec.write_env_file(environ, tmp_path / "a.env", npu=True)
+    path, _ = ec.write_env_file(environ, tmp_path / "b.env", npu=False)
+    assert set(ec.parse_env_file(path)) == set(environ)
+
+
+def test_write_env_file_unwritable_path(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ec.OutputDirError):
+        ec.write_env_file({"HCCL_BUFFSIZE": "400"}, blocker / "run.env")
+
+
+def test_format_finding_is_one_line_with_the_fix():
+    (f,) = ec.check_env({"HCCL_ALGO": "tree"})
+    line = ec.format_finding(f)
+    assert "\n" not in line and line.startswith("ERROR   HCCL_ALGO=tree:") and "| fix: " in line

@@ -21,8 +21,12 @@ Typical use::
     findings = check_env(os.environ)
     findings_frame(findings)          # a table sorted errors first
 
-The data is laid out so that a command line (``python -m helpers env check``)
-can print :func:`catalog_frame` and :func:`findings_frame` directly.
+The command line ``python -m helpers env check`` (helpers/workbook/cli.py)
+prints :func:`format_finding` lines and :func:`catalog_frame`.
+:func:`parse_env_file` reads a proposed ``KEY=VALUE`` file and
+:func:`write_env_file` writes only the validated settings as ``export`` lines
+that torchrun's shell can ``source``. Per-process-group HCCL settings (rather
+than environment variables) are built by ``helpers.comm.hccl_options``.
 """
 
 from __future__ import annotations
@@ -30,8 +34,13 @@ from __future__ import annotations
 import difflib
 import logging
 import re
+import shlex
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable, Iterable, Mapping
+
+from helpers.errors import OutputDirError, ParameterError
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +59,20 @@ __all__ = [
     "ALLOC_KEYS_NPU",
     "HCCL_ALGOS",
     "HCCL_ALGO_OPS",
+    "NCCL_ALGOS",
+    "NCCL_PROTOS",
+    "NCCL_FUNCS",
+    "DEPRECATED",
+    "INVENTED_VALUES",
     "lookup",
     "parse_alloc_conf",
     "validate_value",
     "check_env",
     "findings_frame",
     "catalog_frame",
+    "parse_env_file",
+    "write_env_file",
+    "format_finding",
 ]
 
 SCOPES: tuple[str, ...] = ("torch_npu", "CANN", "HCCL", "NCCL", "torch", "threads")
@@ -65,10 +82,14 @@ SCOPES: tuple[str, ...] = ("torch_npu", "CANN", "HCCL", "NCCL", "torch", "thread
 #: "alloc_conf_any": comma-separated ``key:value`` allocator settings;
 #: "hccl_algo": HCCL_ALGO syntax; "cpu_affinity": CPU_AFFINITY_CONF syntax;
 #: "device_list": comma-separated device indices; "thread_list": OpenMP thread
-#: counts; "npu_log_modules": TORCH_NPU_LOGS syntax; "free": not checked.
+#: counts; "npu_log_modules": TORCH_NPU_LOGS syntax; "nccl_algo" / "nccl_proto":
+#: NCCL's ``[^]elem,...[;func:[^]elem,...]`` lists (NCCL ``src/graph/tuning.cc``
+#: ``parseList``); "torch_bool": the booleans torch's c10d ``getCvarBool`` accepts;
+#: "free": not checked.
 KINDS: tuple[str, ...] = (
     "enum", "int", "alloc_conf_npu", "alloc_conf_cuda", "alloc_conf_any",
-    "hccl_algo", "cpu_affinity", "device_list", "thread_list", "npu_log_modules", "free",
+    "hccl_algo", "cpu_affinity", "device_list", "thread_list", "npu_log_modules",
+    "nccl_algo", "nccl_proto", "torch_bool", "free",
 )
 
 SEVERITIES: tuple[str, ...] = ("ok", "warning", "error")
@@ -85,6 +106,10 @@ _FC = "docs/ascend_api_factcheck.md"
 _NPU_DOC = "Ascend/pytorch docs/zh/api/environment_variable/"
 _CANN_ENV = "hiascend.com CANN env-var reference (canncommercial maintenref/envvar/"
 _NCCL_DOC = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
+#: NCCL sources read for parsers and limits (github.com/NVIDIA/nccl, commit 5067397c, 2026-06-11).
+_NCCL_SRC = "NVIDIA/nccl 5067397c "
+_TORCH_PG = ("torch 2.13 include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp (env-name lists) and "
+             "Utils.hpp (getCvarBool/getCvarInt)")
 _OMP_DOC = "OpenMP API specification, chapter 'Environment Variables'"
 _TORCH_ALLOC = ("torch 2.13 include/c10/core/AllocatorConfig.h and c10/cuda/CUDAAllocatorConfig.h; "
                 "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf")
@@ -158,6 +183,9 @@ class EnvVar:
             "device_list": "comma-separated device indices, e.g. 0,1,2,3",
             "thread_list": "positive integer (or comma list for nested levels)",
             "npu_log_modules": "comma-separated [+|-]module, e.g. memory,+dispatch,-all",
+            "nccl_algo": "[^]algo,...[;<func>:[^]algo,...] with algo in " + ", ".join(NCCL_ALGOS),
+            "nccl_proto": "[^]proto,...[;<func>:[^]proto,...] with proto in " + ", ".join(NCCL_PROTOS),
+            "torch_bool": "1|0 (also true/false, yes/no, y/n, t/f; case-insensitive)",
             "free": "any string (not checked)",
         }[self.kind]
 
@@ -234,6 +262,23 @@ HCCL_ALGOS: tuple[str, ...] = ("ring", "H-D_R", "NHR", "NHR_V1", "NB", "AHC", "p
 #: the fact-check (``alltoall=...``).
 HCCL_ALGO_OPS: tuple[str, ...] = ("allreduce", "allgather", "broadcast", "reducescatter", "alltoall")
 _HCCL_ALGO_FIX = 'export HCCL_ALGO="level0:NA;level1:ring" (or H-D_R, NHR, NHR_V1, NB, AHC, pipeline)'
+
+# --------------------------------------------------------------------------
+# NCCL vocabulary (NCCL src/init.cc ncclAlgoStr / ncclProtoStr / ncclFuncStr)
+# --------------------------------------------------------------------------
+
+#: Algorithm names NCCL_ALGO accepts (matched case-insensitively by NCCL).
+NCCL_ALGOS: tuple[str, ...] = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
+#: Protocol names NCCL_PROTO accepts (matched case-insensitively by NCCL).
+NCCL_PROTOS: tuple[str, ...] = ("LL", "LL128", "Simple")
+#: Collective names usable as the ``<func>:`` prefix of NCCL_ALGO / NCCL_PROTO.
+NCCL_FUNCS: tuple[str, ...] = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
+#: NCCL's hard channel limit (``MAXCHANNELS`` in src/include/device.h).
+NCCL_MAX_CHANNELS = 64
+
+#: Values torch's ``getCvarBool`` accepts (lower-cased first), true then false.
+_TORCH_TRUE = ("1", "y", "yes", "t", "true")
+_TORCH_FALSE = ("0", "n", "no", "f", "false")
 
 #: TORCH_NPU_LOGS modules (torch_npu docs alarm_message_printing/TORCH_NPU_LOGS.md), plus "all".
 NPU_LOG_MODULES: tuple[str, ...] = (
@@ -391,6 +436,60 @@ _ENTRIES: tuple[EnvVar, ...] = (
     _v("NCCL_IB_DISABLE", "NCCL",
        "1 stops NCCL from using InfiniBand/RoCE (falls back to IP sockets).",
        "enum", default="0", choices=("0", "1"), source=_NCCL_DOC),
+    _v("NCCL_P2P_DISABLE", "NCCL",
+       "1 disables the peer-to-peer transport (direct GPU-to-GPU access over NVLink or PCI).",
+       "enum", default="0", choices=("0", "1"),
+       source=f"{_NCCL_DOC}; {_NCCL_SRC}src/graph/paths.cc (ncclGetLevel NCCL_P2P_DISABLE/NCCL_P2P_LEVEL)",
+       notes="Traffic then goes through host memory or the network: a debugging switch, not a tuning knob."),
+    _v("NCCL_ALGO", "NCCL",
+       "Which algorithms NCCL may use: a comma list, '^' to exclude, and per-collective "
+       "overrides such as 'ring;allreduce:tree'.",
+       "nccl_algo",
+       source=f"{_NCCL_DOC}; {_NCCL_SRC}src/graph/tuning.cc parseList, src/init.cc ncclAlgoStr",
+       notes="Restricting it disables NCCL's size/topology-based selection; NCCL's docs list it under "
+             "debugging. An unknown name makes communicator creation fail (ncclInvalidUsage)."),
+    _v("NCCL_PROTO", "NCCL",
+       "Which protocols NCCL may use (LL, LL128, Simple), same list syntax as NCCL_ALGO.",
+       "nccl_proto",
+       source=f"{_NCCL_DOC}; {_NCCL_SRC}src/graph/tuning.cc parseList, src/init.cc ncclProtoStr",
+       notes="LL128 is enabled by default only where NCCL knows it is safe; forcing it elsewhere can "
+             "corrupt data. A debugging setting."),
+    _v("NCCL_BUFFSIZE", "NCCL",
+       "Size of the buffer NCCL uses per connection between a pair of ranks (Simple protocol).",
+       "int", default="4194304", minimum=1, unit="bytes",
+       source=f"{_NCCL_DOC}; {_NCCL_SRC}src/init.cc DEFAULT_BUFFSIZE (1 << 22)",
+       notes="Bytes, not MB (unlike HCCL_BUFFSIZE). NCCL's docs recommend powers of two."),
+    _v("NCCL_NTHREADS", "NCCL",
+       "CUDA threads per block NCCL uses for its kernels.",
+       "int", minimum=64, maximum=512, unit="threads",
+       source=f"{_NCCL_DOC}; {_NCCL_SRC}src/graph/tuning.cc getNthreads (multiple of 32, 64..512)",
+       notes="NCCL replaces a value that is not a multiple of 32, or out of range, by its own choice "
+             "(with an INFO line only). The default depends on the GPU."),
+    _v("NCCL_MIN_NCHANNELS", "NCCL",
+       "Lowest number of channels (parallel rings/trees, one CUDA block each) NCCL may use.",
+       "int", minimum=1, maximum=NCCL_MAX_CHANNELS, unit="channels",
+       source=f"{_NCCL_DOC}; {_NCCL_SRC}src/graph/connect.cc ncclMinNchannels, MAXCHANNELS=64",
+       notes="Older name NCCL_MIN_NRINGS. More channels use more SMs that compute could use."),
+    _v("NCCL_MAX_NCHANNELS", "NCCL",
+       "Highest number of channels NCCL may use.",
+       "int", minimum=1, maximum=NCCL_MAX_CHANNELS, unit="channels",
+       source=f"{_NCCL_DOC}; {_NCCL_SRC}src/graph/connect.cc ncclMaxNchannels, MAXCHANNELS=64",
+       notes="Older name NCCL_MAX_NRINGS. Must not be below NCCL_MIN_NCHANNELS."),
+    # ---- torch's ProcessGroupNCCL ------------------------------------------
+    _v("TORCH_NCCL_ASYNC_ERROR_HANDLING", "torch",
+       "What ProcessGroupNCCL's watchdog does on a failed or timed-out collective: 0 nothing, "
+       "1 abort communicators and tear the process down, 2 abort only, 3 tear down without "
+       "cleaning up (the default).",
+       "enum", default="3", choices=("0", "1", "2", "3"),
+       source=f"{_TORCH_PG}: enum ErrorHandlingMode {{NoHandling=0, TearDown=1, CleanUpOnly=2, SkipCleanUp=3}}",
+       notes="0 lets a hung collective block forever. The old name NCCL_ASYNC_ERROR_HANDLING is deprecated."),
+    _v("TORCH_NCCL_BLOCKING_WAIT", "torch",
+       "1 makes work.wait() block the CPU until the collective finishes or times out, raising an "
+       "exception on timeout.",
+       "torch_bool", default="0",
+       source=_TORCH_PG,
+       notes="For debugging: it serialises the host with every collective. The old name NCCL_BLOCKING_WAIT "
+             "is deprecated."),
     # ---- threads ----------------------------------------------------------
     _v("OMP_NUM_THREADS", "threads",
        "OpenMP threads per parallel region (torch's intra-op thread pool follows it).",
@@ -433,15 +532,15 @@ RECOGNISED: dict[str, tuple[str, str]] = {
         "HCCL_RDMA_SL", "HCCL_DETERMINISTIC", "HCCL_LOGIC_SUPERPOD_ID",
     )},
     **{n: ("NCCL", _NCCL_DOC) for n in (
-        "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_P2P_DIRECT_DISABLE", "NCCL_SHM_DISABLE",
-        "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_BUFFSIZE", "NCCL_NTHREADS",
-        "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS", "NCCL_CROSS_NIC", "NCCL_CHECKS_DISABLE",
+        "NCCL_P2P_LEVEL", "NCCL_P2P_DIRECT_DISABLE", "NCCL_SHM_DISABLE",
+        "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_CROSS_NIC", "NCCL_CHECKS_DISABLE",
         "NCCL_CHECK_POINTERS", "NCCL_LAUNCH_MODE", "NCCL_IB_HCA", "NCCL_IB_TIMEOUT",
         "NCCL_IB_RETRY_CNT", "NCCL_IB_GID_INDEX", "NCCL_IB_SL", "NCCL_IB_TC", "NCCL_IB_AR_THRESHOLD",
         "NCCL_IB_CUDA_SUPPORT", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_PCI_RELAXED_ORDERING",
         "NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ",
         "NCCL_NET_SHARED_BUFFERS", "NCCL_NET_SHARED_COMMS", "NCCL_SINGLE_RING_THRESHOLD",
-        "NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD", "NCCL_ALGO", "NCCL_PROTO",
+        "NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD", "NCCL_LL_BUFFSIZE", "NCCL_LL128_BUFFSIZE",
+        "NCCL_LL128_NTHREADS", "NCCL_MIN_NRINGS", "NCCL_MAX_NRINGS",
         "NCCL_IGNORE_CPU_AFFINITY", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "NCCL_COLLNET_ENABLE",
         "NCCL_COLLNET_NODE_THRESHOLD", "NCCL_TOPO_FILE", "NCCL_TOPO_DUMP_FILE", "NCCL_NVB_DISABLE",
         "NCCL_PXN_DISABLE", "NCCL_P2P_PXN_LEVEL", "NCCL_GRAPH_REGISTER", "NCCL_SET_STACK_SIZE",
@@ -450,11 +549,18 @@ RECOGNISED: dict[str, tuple[str, str]] = {
         "NCCL_COMM_BLOCKING",
     )},
     **{n: ("torch", "torch 2.13 Python sources (os.environ reads)") for n in (
-        "TORCH_LOGS", "TORCH_COMPILE_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-        "TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "TORCH_LOGS", "TORCH_COMPILE_DEBUG", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
         "TORCH_DISTRIBUTED_DEBUG", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_HOME", "TORCH_CUDA_ARCH_LIST",
         "TORCH_EXTENSIONS_DIR", "TORCH_USE_CUDA_DSA", "PYTORCH_NO_CUDA_MEMORY_CACHING",
         "PYTORCH_NVML_BASED_CUDA_CHECK", "PYTORCH_HIP_ALLOC_CONF",
+    )},
+    **{n: ("torch", _TORCH_PG) for n in (
+        "TORCH_NCCL_AVOID_RECORD_STREAMS", "TORCH_NCCL_BCAST_UNIQUEID", "TORCH_NCCL_COORD_CHECK_MILSEC",
+        "TORCH_NCCL_CUDA_EVENT_CACHE", "TORCH_NCCL_DESYNC_DEBUG", "TORCH_NCCL_ENABLE_MONITORING",
+        "TORCH_NCCL_ENABLE_TIMING", "TORCH_NCCL_EXTRA_DUMP_ON_EXEC", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC",
+        "TORCH_NCCL_HIGH_PRIORITY", "TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN", "TORCH_NCCL_NAN_CHECK",
+        "TORCH_NCCL_PROPAGATE_ERROR", "TORCH_NCCL_RANKS_PER_ROOT", "TORCH_NCCL_RETHROW_CUDA_ERRORS",
+        "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC",
     )},
     **{n: ("threads", _OMP_DOC) for n in (
         "OMP_SCHEDULE", "OMP_DYNAMIC", "OMP_PROC_BIND", "OMP_PLACES", "OMP_STACKSIZE",
@@ -475,6 +581,28 @@ INVENTED: dict[str, str] = {
         "ASCEND_GLOBAL_LOG_LEVEL."),
     "ASCEND_COMPRESS_LEVEL": (
         "does not exist anywhere in CANN or torch_npu; remove it."),
+}
+
+
+#: Real but deprecated names: old name -> (current name, source). torch still
+#: reads them (``getCvarBool``/``getCvarInt`` try the later names of each list
+#: first, so the current name wins when both are set) and warns "Environment
+#: variable <old> is deprecated; use <new> instead".
+DEPRECATED: dict[str, tuple[str, str]] = {
+    "NCCL_ASYNC_ERROR_HANDLING": ("TORCH_NCCL_ASYNC_ERROR_HANDLING", _TORCH_PG),
+    "NCCL_BLOCKING_WAIT": ("TORCH_NCCL_BLOCKING_WAIT", _TORCH_PG),
+    "NCCL_DESYNC_DEBUG": ("TORCH_NCCL_DESYNC_DEBUG", _TORCH_PG),
+    "NCCL_ENABLE_TIMING": ("TORCH_NCCL_ENABLE_TIMING", _TORCH_PG),
+    "NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": ("TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK", _TORCH_PG),
+}
+
+#: Real names whose *value* is commonly wrong in circulating advice, with the
+#: check that catches it (each is also validated by its catalog entry).
+INVENTED_VALUES: dict[str, str] = {
+    "HCCL_ALGO": "'tree' (or any bare algorithm name): HCCL has no tree algorithm and the value must name "
+                 "levels, e.g. level0:NA;level1:ring",
+    "HCCL_OP_EXPANSION_MODE": "integers 0..3: the variable takes AI_CPU, AIV, HOST or HOST_TS; integers belong "
+                              "to torch_npu's per-group hccl_config",
 }
 
 
@@ -832,6 +960,59 @@ def _check_npu_log_modules(var: EnvVar, value: str) -> list[_Issue]:
     return issues
 
 
+def _check_nccl_list(var: EnvVar, value: str) -> list[_Issue]:
+    """Mirror NCCL's ``parseList`` (src/graph/tuning.cc): ``[^]e,...[;func:[^]e,...]``, names case-insensitive.
+
+    NCCL fails communicator creation (ncclInvalidUsage) on an unknown element,
+    on a prefix-less entry after the first, and on an unknown function prefix.
+    """
+    elems = NCCL_ALGOS if var.kind == "nccl_algo" else NCCL_PROTOS
+    lower = {e.lower(): e for e in elems}
+    funcs = {f.lower() for f in NCCL_FUNCS}
+    example = "Ring,Tree" if var.kind == "nccl_algo" else "^LL128"
+    fix = (f"use names from {', '.join(elems)}, e.g. {var.name}={example} or "
+           f"{var.name}=\"{'ring;allreduce:tree' if var.kind == 'nccl_algo' else 'LL,Simple;allreduce:^LL'}\"; "
+           f"or unset {var.name} to let NCCL choose")
+    text = value.strip()
+    if not text:
+        return [("error", f"{var.name} is set but empty", f"unset {var.name} to let NCCL choose")]
+    issues: list[_Issue] = []
+    for i, entry in enumerate(text.split(";")):
+        entry = entry.strip()
+        if not entry:
+            continue
+        prefix, sep, elem_list = entry.partition(":")
+        if not sep:
+            prefix, elem_list = None, entry
+            if i > 0:
+                issues.append(("error", f"{var.name}={value!r}: entry {entry!r} needs a '<collective>:' prefix "
+                                        "(only the first entry may omit it)", fix))
+                continue
+        elif prefix.strip().lower() not in funcs:
+            issues.append(("error", f"{var.name}={value!r}: {prefix.strip()!r} is not a collective "
+                                    f"({', '.join(NCCL_FUNCS)})", fix))
+            continue
+        elem_list = elem_list.strip()
+        if elem_list.startswith("^"):
+            elem_list = elem_list[1:]
+        for elem in (e.strip() for e in elem_list.split(",")):
+            if elem.lower() not in lower:
+                hint = ""
+                if var.kind == "nccl_algo" and elem.lower() in ("nhr", "h-d_r", "pipeline", "pairwise", "nb", "ahc"):
+                    hint = " (that is an HCCL algorithm: set it in HCCL_ALGO on Ascend)"
+                issues.append(("error", f"{var.name}={value!r}: {elem!r} is not one of {', '.join(elems)}{hint}",
+                               fix))
+    return issues
+
+
+def _check_torch_bool(var: EnvVar, value: str) -> list[_Issue]:
+    if value.strip().lower() in _TORCH_TRUE + _TORCH_FALSE:
+        return []
+    return [("error", f"{var.name}={value!r} is not a boolean torch accepts: torch stops with "
+                      f"'Invalid value for environment variable: {var.name}'",
+             f"set {var.name}=1 or {var.name}=0")]
+
+
 _VALIDATORS: dict[str, Callable[..., list[_Issue]]] = {
     "enum": _check_enum,
     "int": _check_int,
@@ -843,6 +1024,9 @@ _VALIDATORS: dict[str, Callable[..., list[_Issue]]] = {
     "device_list": _check_device_list,
     "thread_list": _check_thread_list,
     "npu_log_modules": _check_npu_log_modules,
+    "nccl_algo": _check_nccl_list,
+    "nccl_proto": _check_nccl_list,
+    "torch_bool": _check_torch_bool,
     "free": lambda var, value: [],
 }
 
@@ -860,6 +1044,31 @@ def _advice(var: EnvVar, value: str) -> list[_Issue]:
     if name == "MULTI_STREAM_MEMORY_REUSE" and v == "2":
         return [("warning", "MULTI_STREAM_MEMORY_REUSE=2 holds strong references and may extend tensor "
                             "lifetimes; the torch_npu docs do not recommend it", "use 1 (default) or 3")]
+    if name == "TORCH_NCCL_ASYNC_ERROR_HANDLING" and v == "0":
+        return [("warning", "TORCH_NCCL_ASYNC_ERROR_HANDLING=0 turns the watchdog's error handling off: a failed "
+                            "or hung collective then blocks the job until something else kills it",
+                 "unset it (default 3) or set 1 to tear the process down on errors")]
+    if name == "TORCH_NCCL_BLOCKING_WAIT" and v.lower() in _TORCH_TRUE:
+        return [("warning", f"TORCH_NCCL_BLOCKING_WAIT={v} makes the host wait for every collective "
+                            "(debugging only; it removes communication/computation overlap)",
+                 "unset TORCH_NCCL_BLOCKING_WAIT when not debugging")]
+    if name == "NCCL_NTHREADS":
+        n = _parse_int(v)
+        if n is not None and n % 32:
+            return [("error", f"NCCL_NTHREADS={n} is not a multiple of 32 (the warp size): NCCL ignores it "
+                              "and uses its maximum instead", "use 64, 128, 256 or 512, or unset it")]
+    if name == "NCCL_BUFFSIZE":
+        n = _parse_int(v)
+        if n is not None and n & (n - 1):
+            return [("warning", f"NCCL_BUFFSIZE={n} bytes is not a power of two (NCCL's docs recommend one)",
+                     "use e.g. 4194304 (4 MiB, the default) or 8388608")]
+        if n is not None and n < 65536:
+            return [("warning", f"NCCL_BUFFSIZE={n} bytes is very small: the unit is bytes, not MB "
+                                "(HCCL_BUFFSIZE is the one in MB)", "use e.g. 4194304 (4 MiB, the default)")]
+    if name in ("NCCL_ALGO", "NCCL_PROTO"):
+        return [("warning", f"{name}={v} overrides NCCL's own per-size choice; NCCL's docs list it with the "
+                            "debugging settings that should not be kept in production",
+                 f"measure with and without it, and unset {name} unless it is faster")]
     return []
 
 
@@ -874,6 +1083,9 @@ _OK_NOTES: dict[tuple[str, str | None], str] = {
     ("CPU_AFFINITY_CONF", "0"): "core binding is off; 2 (fine-grained) is recommended",
     ("NCCL_DEBUG", "INFO"): "debug output; remove it for production runs",
     ("NCCL_DEBUG", "TRACE"): "debug output; remove it for production runs",
+    ("NCCL_P2P_DISABLE", "1"): "GPU-to-GPU traffic then goes through host memory or the network",
+    ("NCCL_IB_DISABLE", "1"): "inter-node traffic then uses IP sockets",
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"): "the default since torch 2.2",
 }
 
 
@@ -973,7 +1185,7 @@ def check_env(
     if npu is None:
         npu = _npu_in_play(environ)
     findings: list[Finding] = []
-    candidates = sorted(set(CATALOG) | set(RECOGNISED))
+    candidates = sorted(set(CATALOG) | set(RECOGNISED) | set(DEPRECATED))
 
     for name in sorted(environ):
         value = environ[name]
@@ -982,6 +1194,14 @@ def check_env(
                                     f"{name} {INVENTED[name]}", f"unset {name}"))
         elif name in CATALOG:
             findings.extend(validate_value(name, value, npu=npu))
+        elif name in DEPRECATED:
+            new, _ = DEPRECATED[name]
+            problems = [f for f in validate_value(new, value, npu=npu) if f.severity == "error"] \
+                if new in CATALOG else []
+            extra = f"; and the value is wrong: {problems[0].message}" if problems else ""
+            findings.append(Finding(name, value, "error" if problems else "warning",
+                                    f"{name} is deprecated; torch reads it but warns and prefers {new}{extra}",
+                                    f"rename it: export {new}={value}" if not problems else problems[0].fix))
         elif name in RECOGNISED:
             continue  # real, but not validated: nothing to say
         elif _watched(name, prefixes):
@@ -991,7 +1211,7 @@ def check_env(
                                     f"{name} is not in the catalog; check spelling", fix))
 
     cross = _cross_checks(environ, npu=npu, usable_cores=usable_cores)
-    flagged = {f.name for f in cross}
+    flagged = {part for f in cross for part in f.name.split("+")}
     # A variable that a cross-check flags should not also be reported as plainly "ok".
     findings = [f for f in findings if not (f.severity == "ok" and f.name in flagged)]
     findings.extend(cross)
@@ -1045,6 +1265,17 @@ def _cross_checks(environ: Mapping[str, str], *, npu: bool, usable_cores: int | 
                            f"HCCL_EXEC_TIMEOUT={exec_timeout}; HCCL_OP_EXPANSION_MODE=AIV", "warning",
                            "in AIV expansion mode HCCL_EXEC_TIMEOUT is limited to [0, 1091] s",
                            "set HCCL_EXEC_TIMEOUT to at most 1091"))
+    lo, hi = _parse_int(get("NCCL_MIN_NCHANNELS", "")), _parse_int(get("NCCL_MAX_NCHANNELS", ""))
+    if lo is not None and hi is not None and lo > hi:
+        out.append(Finding("NCCL_MIN_NCHANNELS+NCCL_MAX_NCHANNELS",
+                           f"NCCL_MIN_NCHANNELS={lo}; NCCL_MAX_NCHANNELS={hi}", "error",
+                           f"the minimum channel count ({lo}) is above the maximum ({hi})",
+                           "set NCCL_MIN_NCHANNELS <= NCCL_MAX_NCHANNELS, or unset both"))
+    for old, (new, _) in DEPRECATED.items():
+        if old in environ and new in environ and environ[old].strip() != environ[new].strip():
+            out.append(Finding(f"{old}+{new}", f"{old}={environ[old]}; {new}={environ[new]}", "warning",
+                               f"both names are set with different values; torch uses {new}={environ[new]!r} "
+                               f"and ignores {old}", f"unset {old}"))
     omp = _parse_int(get("OMP_NUM_THREADS", "").split(",")[0]) if "OMP_NUM_THREADS" in environ else None
     if usable_cores is not None and omp is not None and omp > usable_cores:
         out.append(Finding("OMP_NUM_THREADS", get("OMP_NUM_THREADS", ""), "warning",
@@ -1090,3 +1321,165 @@ def catalog_frame():
             for v in CATALOG.values()]
     rows.sort(key=lambda r: (SCOPES.index(r[1]), r[0]))
     return pd.DataFrame(rows, columns=["name", "scope", "allowed", "default", "description", "notes", "source"])
+
+
+# --------------------------------------------------------------------------
+# Env files: read a proposed set, write a validated one for torchrun
+# --------------------------------------------------------------------------
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_env_file(path: str | Path) -> dict[str, str]:
+    """Read ``KEY=VALUE`` settings from a shell-style env file.
+
+    Accepted lines: ``KEY=VALUE``, ``export KEY=VALUE``, values in single or
+    double quotes (shell quoting rules, via :mod:`shlex`), blank lines, whole-line
+    ``#`` comments and trailing ``# comments`` after a value. A later setting of
+    the same name wins, as in a shell. Nothing is expanded (``$HOME`` stays as
+    written) and nothing is executed.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The file to read (UTF-8).
+
+    Returns
+    -------
+    dict of str to str
+        Name -> value, in file order.
+
+    Raises
+    ------
+    ParameterError
+        If the file cannot be read, or a line is not a setting; the message
+        names the file, the line number and the line.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParameterError(f"cannot read env file {path}: {exc}; pass a readable UTF-8 file of "
+                             "KEY=VALUE lines") from exc
+    settings: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{path}:{number}: {raw.strip()!r}"
+        body = line[len("export"):].lstrip() if re.match(r"export\s", line) else line
+        name, sep, rest = body.partition("=")
+        if not sep or not _NAME_RE.fullmatch(name):
+            raise ParameterError(f"{where} is not a setting; write KEY=VALUE or export KEY=VALUE "
+                                 "(no spaces around '=')")
+        if rest[:1].isspace():
+            raise ParameterError(f"{where}: the value starts with a space, which a shell reads as an empty "
+                                 f"value; write {name}=VALUE or quote it: {name}=\" VALUE\"")
+        try:
+            tokens = shlex.split(rest, comments=True, posix=True)
+        except ValueError as exc:
+            raise ParameterError(f"{where}: {exc} (unbalanced quotes?); close the quote") from exc
+        if len(tokens) > 1:
+            raise ParameterError(f"{where}: the value has unquoted spaces; quote it: "
+                                 f"{name}={shlex.quote(' '.join(tokens))}")
+        if name in settings:
+            logger.info("%s sets %s again; the later value wins", where, name)
+        settings[name] = tokens[0] if tokens else ""
+    return settings
+
+
+def _implicated(finding: Finding) -> list[str]:
+    return finding.name.split("+")
+
+
+def write_env_file(
+    environ: Mapping[str, str],
+    path: str | Path,
+    *,
+    npu: bool | None = None,
+    skip_invalid: bool = False,
+) -> tuple[Path, list[Finding]]:
+    """Check settings and write the valid ones as an env file torchrun's shell can ``source``.
+
+    Only names the catalog validates (:data:`CATALOG`) and whose value passed
+    are written, one ``export NAME=value`` line each (values quoted with
+    :func:`shlex.quote`), under a header comment saying what wrote the file and
+    when. Names the catalog only recognises, unknown names and everything else in
+    ``environ`` (``PATH``, ``HOME``...) are left out; so is a name whose value is
+    an error, or that takes part in an error between variables. Warnings do not
+    stop a setting from being written; they are listed in the header.
+
+    Parameters
+    ----------
+    environ : mapping of str to str
+        The settings to check (``os.environ``, or :func:`parse_env_file`'s result).
+    path : str or pathlib.Path
+        The file to write; its parent folder is created.
+    npu : bool or None
+        Passed to :func:`check_env` (None: inferred from the settings).
+    skip_invalid : bool
+        False (default): raise when any setting is invalid or invented. True:
+        leave those out, write the rest, and log what was left out.
+
+    Returns
+    -------
+    (pathlib.Path, list of Finding)
+        The file written and every finding of :func:`check_env`.
+
+    Raises
+    ------
+    ParameterError
+        When ``skip_invalid`` is False and there are error findings; the message
+        lists each one with its fix. Nothing is written then.
+    OutputDirError
+        If the file cannot be written.
+    """
+    path = Path(path)
+    findings = check_env(environ, npu=npu)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors and not skip_invalid:
+        lines = "\n".join(f"  - {format_finding(f)}" for f in errors)
+        raise ParameterError(f"{len(errors)} invalid or invented setting(s); nothing was written to {path}:\n"
+                             f"{lines}\nFix them, or pass skip_invalid=True to write only the valid ones.")
+    rejected = {name for f in errors for name in _implicated(f)}
+    keep = {name: environ[name] for name in sorted(environ) if name in CATALOG and name not in rejected}
+    warnings = [f for f in findings if f.severity == "warning"]
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    header = [
+        f"# Written by helpers.diagnose.envcatalog.write_env_file ({stamp}).",
+        "# Every setting below was validated against the workbook's catalog of real HCCL, NCCL,",
+        "# torch_npu, CANN and torch settings. Load it before torchrun:  source THIS_FILE && torchrun ...",
+    ]
+    if rejected:
+        header.append(f"# Left out as invalid or invented: {', '.join(sorted(rejected))}")
+    for f in warnings:
+        header.append(f"# warning: {f.name}: {f.message}".replace("\n", " "))
+    body = [f"export {name}={shlex.quote(value)}" for name, value in keep.items()]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(header + body) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise OutputDirError(f"cannot write env file {path}: {exc}; choose a writable path") from exc
+    if rejected:
+        logger.warning("left out of %s: %s", path, ", ".join(sorted(rejected)))
+    return path, findings
+
+
+def format_finding(finding: Finding) -> str:
+    """One finding on one line: ``SEVERITY name=value: message | fix: ...``.
+
+    Parameters
+    ----------
+    finding : Finding
+
+    Returns
+    -------
+    str
+        A single line (newlines in the parts are replaced by spaces).
+    """
+    value = finding.value if "+" in finding.name else shlex.quote(finding.value)
+    head = finding.name if "+" in finding.name else f"{finding.name}={value}"
+    text = f"{finding.severity.upper():<7} {head}: {finding.message}"
+    if finding.fix:
+        text += f" | fix: {finding.fix}"
+    return " ".join(text.split("\n"))

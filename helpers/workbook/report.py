@@ -1,34 +1,168 @@
 """The run report: report.md and a self-contained report.html.
 
-The first screen answers "what should I change and why": the run's status and
-a checklist table with one row per notebook (its headline figure with its
-interval, the recommendation and the reason, all read from the verdict
-records). Then one section per notebook: verdict, its records, its figures,
-or, for a notebook that failed, the failing cell and how to rerun it.
-Every number comes from results.jsonl; nothing is typed by hand.
+The first screen answers "what should I change on this machine, and why":
+the run's overall verdict (host-bound or device-bound baseline, and the
+end-to-end speedup when notebook 10 ran), then the checklist table with one
+row per item of the workbook (environment check ... end to end): the measured
+effect with its interval, the recommendation as a badge, the reason, and links
+to the item's section and to the executed notebook in the run folder. Then one
+section per notebook: its verdict sentence, its figures and a compact table of
+its records.
+
+Every number comes from ``results.jsonl`` (read with
+:func:`helpers.results.load_results`); nothing is typed by hand. A notebook
+without results (not part of the run, failed, interrupted, or records lost)
+gets a row and a section that say what is missing and the command that
+produces it; building the report never raises because of a missing or damaged
+input. report.html embeds its figures as base64 PNG and its CSS inline: it
+makes no network request and needs no JavaScript.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import io
 import json
+import logging
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from helpers.results import load_results
 
+__all__ = [
+    "CHECKLIST",
+    "NotebookSection",
+    "Report",
+    "collect",
+    "headline",
+    "overall_verdict",
+    "to_html",
+    "to_markdown",
+    "write_report",
+]
+
+log = logging.getLogger(__name__)
+
 RUN_FILE = "run.json"
 RESULTS_FILE = "results.jsonl"
+#: Records shown per notebook section; the rest stay in results.jsonl.
+MAX_RECORD_ROWS = 40
+#: Sections whose records table is shown unfolded when it has at most this many rows.
+OPEN_RECORD_ROWS = 8
+
+#: The workbook's checklist: notebook number -> item name, in reading order.
+CHECKLIST: tuple[tuple[str, str], ...] = (
+    ("00", "environment check"),
+    ("01", "baseline profiling"),
+    ("02", "batched decode"),
+    ("03", "DataLoader tuning"),
+    ("04", "pinned memory"),
+    ("05", "stream overlap"),
+    ("06", "mixed precision"),
+    ("07", "channels_last"),
+    ("08", "collectives"),
+    ("09", "memory and batch size"),
+    ("10", "end to end"),
+)
+
+GLOSSARY = (
+    ("effect", "the notebook's key measured figure with its spread: IQR is the middle half of the repeats, "
+               "CI a bootstrap confidence interval of a ratio (a speedup whose CI includes 1 is not a "
+               "measured improvement)"),
+    ("exposed input", "share of a training step in which the computation waits for the input pipeline "
+                      "(data loading and the host-to-device copy); above the threshold the job is host-bound"),
+    ("recommendation", "what to do on this machine, decided from the measurement: enable, leave off, not "
+                       "applicable; for the baseline: host-bound or device-bound"),
+)
+
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class NotebookSection:
+    """What the report shows about one notebook.
+
+    Attributes
+    ----------
+    id : str
+        Notebook id, e.g. ``"01_baseline_profiling"`` (the section anchor).
+    number : str
+        Two-digit number, e.g. ``"01"``.
+    item : str
+        Checklist item name, e.g. ``"baseline profiling"``.
+    status : str
+        ``ok``, ``failed``, ``interrupted``, ``pending``, ``running`` (from run.json),
+        ``not in run`` (the run did not select it) or ``unknown`` (no run.json).
+    verdict : dict or None
+        The notebook's last verdict record.
+    records : pandas.DataFrame
+        Its other records (columns of :func:`helpers.results.load_results`).
+    figures : tuple of (Path, bytes)
+        Readable PNG figures, in name order, with their bytes.
+    bad_figures : tuple of (Path, str)
+        Figure files that could not be read, with the reason.
+    executed : Path or None
+        The executed notebook, relative to the run folder, if it exists.
+    error : dict or None
+        The runner's error record for a failed notebook.
+    duration_s : float or None
+        How long the notebook ran, seconds.
+    missing : str or None
+        For a notebook without a verdict: what is missing and the command that produces it.
+    missing_short : str or None
+        The same in one line, for the checklist.
+    """
+
+    id: str
+    number: str
+    item: str
+    status: str
+    verdict: dict | None
+    records: pd.DataFrame
+    figures: tuple = ()
+    bad_figures: tuple = ()
+    executed: Path | None = None
+    error: dict | None = None
+    duration_s: float | None = None
+    missing: str | None = None
+    missing_short: str | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything the report shows, gathered once from a run folder.
+
+    Attributes
+    ----------
+    run_dir : Path
+        The run folder.
+    state : dict
+        run.json's content (``{}`` when there is none or it cannot be read).
+    notes : tuple of str
+        Problems met while reading the inputs (unreadable lines, a damaged run.json).
+    sections : tuple of NotebookSection
+        One per checklist item, then any other notebook found in the results.
+    """
+
+    run_dir: Path
+    state: dict
+    notes: tuple = ()
+    sections: tuple = field(default_factory=tuple)
 
 
 def _fmt(value, digits: int = 3) -> str:
+    """Format a number for a reader: 3 significant digits, thousands separators, "—" for none."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
-    if isinstance(value, (int,)) and not isinstance(value, bool):
-        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}" if abs(value) >= 10000 else str(value)
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -42,39 +176,67 @@ def _fmt(value, digits: int = 3) -> str:
     return f"{v:.{digits}g}"
 
 
-def _spread_text(spread) -> str:
+def _is_num(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fmt_value(value, unit: str | None) -> str:
+    """A value with its unit: fractions as percent, ratios as ``1.23x``."""
+    unit = unit or ""
+    if not _is_num(value):
+        return "—"
+    if unit == "fraction":
+        return f"{100 * value:.0f}%"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "bool":
+        return "yes" if value else "no"
+    return f"{_fmt(value)} {unit}".strip()
+
+
+def _spread_text(spread, unit: str | None = None) -> str:
+    """The interval of a spread dict: ``95% CI 1.1–1.3`` or ``IQR 64–70%``; "" when none."""
     if not isinstance(spread, dict):
         return ""
-    if "ci_low" in spread and "ci_high" in spread:
+
+    def v(x):
+        if unit == "fraction":
+            return f"{100 * x:.0f}%"
+        if unit == "x":
+            return f"{x:.2f}"
+        return _fmt(x)
+
+    if _is_num(spread.get("ci_low")) and _is_num(spread.get("ci_high")):
         conf = spread.get("confidence", 0.95)
-        return f"{int(round(100 * conf))}% CI {_fmt(spread['ci_low'])}–{_fmt(spread['ci_high'])}"
-    if "p25" in spread and "p75" in spread:
-        return f"IQR {_fmt(spread['p25'])}–{_fmt(spread['p75'])}"
+        conf = conf if _is_num(conf) else 0.95
+        return f"{int(round(100 * conf))}% CI {v(spread['ci_low'])}–{v(spread['ci_high'])}"
+    if _is_num(spread.get("p25")) and _is_num(spread.get("p75")):
+        return f"IQR {v(spread['p25'])}–{v(spread['p75'])}"
     return ""
 
 
 def headline(verdict: pd.Series | dict | None) -> str:
-    """Format a verdict record's headline: "0.81 fraction (IQR ...)"; "not applicable" when it has no value."""
+    """Format a verdict's measured effect with its interval, e.g. ``"1.23x (95% CI 1.13–1.30)"``.
+
+    Parameters
+    ----------
+    verdict : dict, pandas.Series or None
+        A verdict record (``value``, ``unit``, ``spread``, ``recommendation``).
+
+    Returns
+    -------
+    str
+        ``"—"`` for no verdict, ``"not applicable"`` / ``"no value"`` for a verdict without a number.
+    """
     if verdict is None:
         return "—"
     v = dict(verdict)
     value = v.get("value")
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if not _is_num(value):
         return "not applicable" if v.get("recommendation") == "not applicable" else "no value"
-    text = f"{_fmt(v.get('value'))} {v.get('unit') or ''}".strip()
-    spread = _spread_text(v.get("spread"))
+    text = _fmt_value(value, v.get("unit"))
+    spread = _spread_text(v.get("spread"), v.get("unit"))
     return f"{text} ({spread})" if spread else text
-
-
-GLOSSARY = (
-    ("headline", "the notebook's key measured figure, with its spread (IQR: the middle half of the repeats; "
-                 "CI: a bootstrap confidence interval of a ratio)"),
-    ("exposed input fraction", "share of a training step in which the computation waits for the input pipeline "
-                               "(data loading and the host-to-device copy); above the threshold the job is "
-                               "host-bound"),
-    ("recommendation", "what to do on this machine, decided from the measurement: enable, leave off, not "
-                       "applicable; for the baseline: host-bound or device-bound"),
-)
 
 
 def _context(verdict: dict | None) -> str:
@@ -89,190 +251,517 @@ def _artifacts(run_dir: Path, notebook: str) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".json", ".csv", ".gz"))[:10]
 
 
-def _load_state(run_dir: Path) -> dict:
+def _load_state(run_dir: Path) -> tuple[dict, list[str]]:
+    """run.json's content and any note about it; ``{}`` when absent or unreadable."""
     path = run_dir / RUN_FILE
-    if path.is_file():
-        return json.loads(path.read_text())
-    return {"notebooks": [], "status": "unknown"}
+    if not path.is_file():
+        return {}, []
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(state, dict):
+            raise ValueError(f"expected a JSON object, got {type(state).__name__}")
+        if not isinstance(state.get("notebooks", []), list):
+            raise ValueError("its 'notebooks' entry is not a list")
+        return state, []
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        log.warning("cannot read %s: %s", path, exc)
+        return {}, [f"run.json could not be read ({type(exc).__name__}: {exc}); notebook statuses are unknown."]
 
 
-def _figures(run_dir: Path, notebook: str) -> list[Path]:
-    return sorted((run_dir / "figures").glob(f"{notebook}__*.png"))
+def _unreadable_lines(path: Path, n_records: int) -> int:
+    """How many non-blank lines of the results file load_results left out."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return 0
+    return max(0, sum(1 for line in raw.split(b"\n") if line.strip()) - n_records)
 
 
-def collect(run_dir: Path) -> dict:
-    """Gather what the report shows: run state, records, verdicts and figures per notebook.
+def _read_figures(run_dir: Path, notebook: str) -> tuple[list[tuple[Path, bytes]], list[tuple[Path, str]]]:
+    """Readable PNG figures of ``notebook`` (path, bytes) and the unreadable ones (path, reason)."""
+    from PIL import Image, UnidentifiedImageError
+
+    good, bad = [], []
+    for path in sorted((run_dir / "figures").glob(f"{notebook}__*.png")):
+        try:
+            data = path.read_bytes()
+            if not data.startswith(_PNG_MAGIC):
+                raise ValueError(f"not a PNG file ({len(data)} bytes)")
+            with Image.open(io.BytesIO(data)) as im:
+                im.verify()
+        except FileNotFoundError:
+            bad.append((path, "the file is missing (a dangling link?)"))
+            continue
+        except (OSError, ValueError, UnidentifiedImageError, SyntaxError) as exc:
+            bad.append((path, f"{type(exc).__name__}: {exc}"))
+            continue
+        good.append((path, data))
+    return good, bad
+
+
+def _display_dir(run_dir: Path) -> str:
+    """The run folder as a user types it from the repository root (where ``make`` runs)."""
+    from helpers.workbook.paths import repo_root
+
+    p = run_dir.resolve()
+    try:
+        return p.relative_to(repo_root()).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def _notebook_file_exists(number: str) -> bool:
+    from helpers.workbook.paths import notebooks_dir
+
+    return any(notebooks_dir().glob(f"{number}_*.ipynb"))
+
+
+def _missing_text(*, nb_id: str, number: str, status: str, error: dict | None, n_records: int,
+                  run_dir: Path, state: dict) -> tuple[str, str]:
+    """Say what is missing for a notebook without a verdict, and the exact command that produces it.
 
     Returns
     -------
-    dict
-        ``{"state": dict, "records": DataFrame, "rows": [ {id, status, verdict (dict|None),
-        records (DataFrame), figures [Path], error (dict|None), duration_s} ]}``.
+    tuple of str
+        ``(short, long)``: one line for the checklist, and the full explanation for the section.
+    """
+    out = _display_dir(run_dir)
+    resume = f"python -m helpers run --resume --out {out}"
+    opts = "".join(f" --{k} {state[k]}" for k in ("profile", "device") if state.get(k))
+    new_run = f"python -m helpers run --only {number}{opts}"
+    no_file = ("" if _notebook_file_exists(number) else
+               f" This checkout has no notebooks/{number}_*.ipynb yet: update it first.")
+    if status == "failed":
+        err = error or {}
+        cell = err.get("cell_index")
+        where = f" in cell {cell}" if cell is not None else ""
+        msg = str(err.get("message") or err.get("type") or "no error message").rstrip(".")
+        return (f"Failed{where}: {msg}. Rerun: `{resume}`",
+                f"Failed{where}: {msg}. The traceback is in the executed notebook {nb_id}.ipynb and the kernel's "
+                f"log in logs/{nb_id}.log of the run folder; after fixing the cause, rerun it with `{resume}`.")
+    if status in ("pending", "running", "interrupted"):
+        return (f"Did not finish ({status}). Continue: `{resume}`",
+                f"Did not finish (status: {status}); its records are incomplete or absent. "
+                f"Continue the run with `{resume}`.")
+    if status == "not in run":
+        only = " ".join(str(x) for x in state.get("only") or [])
+        why = f"the run selected only notebooks {only} (--only)" if only else "the run did not include it"
+        return (f"Not in this run. Produce it: `{new_run}`",
+                f"No results: {why}. Produce them with `{new_run}` (a new run folder: --resume cannot add a "
+                f"notebook to an existing run).{no_file}")
+    if status == "ok":
+        have = f"{n_records} record(s) but no verdict" if n_records else "no records"
+        return (f"Finished, but no verdict recorded. Rerun: `{new_run}`",
+                f"The notebook finished but results.jsonl holds {have} for it (records lost or cut off?). "
+                f"Produce them again with `{new_run}`.{no_file}")
+    # no run.json: a folder of records only (e.g. runs/interactive)
+    return (f"No results. Produce them: `{new_run}`",
+            f"No results for this notebook in results.jsonl. Produce them with `{new_run}`, or run "
+            f"notebooks/{nb_id}.ipynb top to bottom in JupyterLab.{no_file}")
+
+
+def _section_ids(state: dict, records: pd.DataFrame) -> dict[str, str]:
+    """Notebook number -> id, from run.json, the records and the parameter specs."""
+    from helpers.workbook.specs import notebook_ids
+
+    ids: dict[str, str] = {}
+    sources = [n.get("id") for n in state.get("notebooks", []) if isinstance(n, dict)]
+    sources += list(records["notebook"].unique()) if len(records) else []
+    sources += list(notebook_ids())
+    for nb_id in sources:
+        if isinstance(nb_id, str) and nb_id[:2].isdigit():
+            ids.setdefault(nb_id[:2], nb_id)
+    return ids
+
+
+def collect(run_dir: Path) -> Report:
+    """Gather what the report shows from a run folder, without raising on missing or damaged inputs.
+
+    Parameters
+    ----------
+    run_dir : Path
+        A run folder: ``run.json`` (optional), ``results.jsonl`` (optional),
+        ``figures/<notebook>__<name>.png``, executed notebooks.
+
+    Returns
+    -------
+    Report
+        One :class:`NotebookSection` per checklist item (in checklist order),
+        then one per other notebook that has records.
+
+    Raises
+    ------
+    helpers.errors.DataError
+        Only if ``results.jsonl`` exists but is a folder or cannot be read at all.
     """
     run_dir = Path(run_dir)
-    state = _load_state(run_dir)
-    records = load_results(run_dir / RESULTS_FILE)
-    rows = []
-    ids = [n["id"] for n in state.get("notebooks", [])]
-    if not ids and len(records):
-        ids = sorted(records["notebook"].unique())
-    by_id = {n["id"]: n for n in state.get("notebooks", [])}
-    for nb_id in ids:
+    state, notes = _load_state(run_dir)
+    results_path = run_dir / RESULTS_FILE
+    records = load_results(results_path)
+    if results_path.is_file():
+        lost = _unreadable_lines(results_path, len(records))
+        if lost:
+            notes.append(f"{lost} line(s) of results.jsonl could not be read (cut off by an interrupted write, "
+                         f"or not a valid record) and are left out.")
+    elif state:
+        notes.append("The run folder has no results.jsonl: no notebook recorded a result yet.")
+    by_id = {n.get("id"): n for n in state.get("notebooks", []) if isinstance(n, dict)}
+    ids = _section_ids(state, records)
+    names = dict(CHECKLIST)
+    order = [num for num, _ in CHECKLIST]
+    order += sorted(num for num in ids if num not in names)
+    extra_ids = [nb for nb in (records["notebook"].unique() if len(records) else [])
+                 if not (isinstance(nb, str) and nb[:2].isdigit())]
+
+    sections = []
+    for key in order + extra_ids:
+        nb_id = ids.get(key, key)
+        number = nb_id[:2] if nb_id[:2].isdigit() else ""
         recs = records[records["notebook"] == nb_id] if len(records) else records
         verdict = None
-        if len(recs):
-            vs = recs[recs["experiment"] == "verdict"]
-            if len(vs):
-                verdict = vs.iloc[-1].to_dict()
-        info = by_id.get(nb_id, {})
-        rows.append({
-            "id": nb_id,
-            "status": info.get("status", "unknown"),
-            "duration_s": info.get("duration_s"),
-            "error": info.get("error"),
-            "verdict": verdict,
-            "records": recs[recs["experiment"] != "verdict"] if len(recs) else recs,
-            "figures": _figures(run_dir, nb_id),
-            "artifacts": _artifacts(run_dir, nb_id),
-        })
-    return {"state": state, "records": records, "rows": rows}
+        vs = recs[recs["experiment"] == "verdict"] if len(recs) else recs
+        if len(vs):
+            verdict = {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                       for k, v in vs.iloc[-1].to_dict().items()}
+        info = by_id.get(nb_id)
+        if info is not None:
+            status = str(info.get("status", "unknown"))
+        elif state:
+            status = "not in run"
+        else:
+            status = "unknown" if not len(recs) else "recorded"
+        figures, bad = _read_figures(run_dir, nb_id)
+        executed = None
+        out = (info or {}).get("output")
+        for cand in ([Path(out)] if out else []) + [run_dir / f"{nb_id}.ipynb"]:
+            cand = cand if cand.is_absolute() else run_dir / cand
+            if cand.is_file():
+                try:
+                    executed = cand.resolve().relative_to(run_dir.resolve())
+                except ValueError:
+                    continue
+                break
+        others = recs[recs["experiment"] != "verdict"] if len(recs) else recs
+        missing = (None, None)
+        if verdict is None:
+            missing = _missing_text(nb_id=nb_id, number=number, status=status, error=(info or {}).get("error"),
+                                    n_records=len(recs), run_dir=run_dir, state=state)
+        sections.append(NotebookSection(
+            id=nb_id, number=number, item=names.get(number, nb_id), status=status, verdict=verdict,
+            records=others, figures=tuple(figures), bad_figures=tuple(bad), executed=executed,
+            error=(info or {}).get("error"), duration_s=(info or {}).get("duration_s"),
+            missing_short=missing[0], missing=missing[1],
+        ))
+    return Report(run_dir=run_dir, state=state, notes=tuple(notes), sections=tuple(sections))
+
+
+def overall_verdict(report: Report) -> str:
+    """One sentence for the top of the report: the baseline's state and, if measured, the end-to-end speedup.
+
+    Examples: ``"host-bound baseline → 2.71x faster end to end (95% CI 2.5–2.9)"``;
+    ``"host-bound baseline (exposed input 67% of each step); end to end not measured yet"``.
+    """
+    by_num = {s.number: s for s in report.sections}
+    base = by_num["01"].verdict if "01" in by_num else None
+    e2e = by_num["10"].verdict if "10" in by_num else None
+    if base and base.get("recommendation") in ("host-bound", "device-bound"):
+        state = f"{base['recommendation']} baseline"
+    else:
+        state = "baseline"
+    if e2e and _is_num(e2e.get("value")):
+        spread = _spread_text(e2e.get("spread"), e2e.get("unit"))
+        unit = e2e.get("unit") or ""
+        amount = f"{e2e['value']:.2f}x" if unit == "x" else _fmt_value(e2e["value"], unit)
+        return f"{state} → {amount} faster end to end" + (f" ({spread})" if spread else "")
+    if base:
+        if _is_num(base.get("value")) and base.get("unit") == "fraction":
+            detail = f" (exposed input {_fmt_value(base['value'], 'fraction')} of each step)"
+        elif _is_num(base.get("value")):
+            detail = f" ({base.get('metric')} {headline(base)})"
+        else:
+            detail = ""
+        return f"{state}{detail}; end to end not measured yet (notebook 10)"
+    status = report.state.get("status")
+    return "no baseline measured yet (notebook 01)" + (f"; run status: {status}" if status else "")
+
+
+def _advice(report: Report) -> list[tuple[str, list[str]]]:
+    """(label, item names) for the recommendations that ask for a change, and for missing items."""
+    groups: dict[str, list[str]] = {"enable": [], "leave off": [], "missing": []}
+    for s in report.sections:
+        rec = (s.verdict or {}).get("recommendation")
+        if rec in ("enable", "leave off"):
+            groups[rec].append(s.item)
+        elif s.verdict is None and s.number:
+            groups["missing"].append(s.item)
+    labels = {"enable": "Enable on this machine", "leave off": "Leave off (measured: no gain here)",
+              "missing": "Not measured in this run"}
+    return [(labels[k], v) for k, v in groups.items() if v]
+
+
+# --------------------------------------------------------------------------- tables
 
 
 def _records_table(recs: pd.DataFrame) -> pd.DataFrame:
+    """Compact table of a notebook's records: experiment, variant, metric, value with unit, interval, n."""
     if not len(recs):
         return pd.DataFrame()
-    out = pd.DataFrame({
-        "experiment": recs["experiment"],
-        "variant": recs["variant"],
-        "metric": recs["metric"],
-        "value": [_fmt(v) for v in recs["value"]],
-        "unit": recs["unit"],
-        "repeats": [("" if r is None or (isinstance(r, float) and math.isnan(r)) else int(r))
-                    for r in recs["repeats"]],
-        "spread": [_spread_text(s) for s in recs["spread"]],
+    recs = recs.iloc[:MAX_RECORD_ROWS]
+    return pd.DataFrame({
+        "experiment": list(recs["experiment"]),
+        "variant": list(recs["variant"]),
+        "metric": list(recs["metric"]),
+        "value": [_fmt_value(v, u) if _is_num(v) else "—" for v, u in zip(recs["value"], recs["unit"])],
+        "interval": [_spread_text(s, u) for s, u in zip(recs["spread"], recs["unit"])],
+        "n": [("" if r is None or (isinstance(r, float) and math.isnan(r)) else int(r)) for r in recs["repeats"]],
     })
-    return out
 
 
-def _missing_text(row: dict, run_dir: Path) -> str:
-    nb = row["id"]
-    rerun = f"python -m helpers run --resume --out {run_dir.name if run_dir.parent.name == 'runs' else run_dir}"
-    if row["status"] == "failed" and row["error"]:
-        err = row["error"]
-        cell = err.get("cell_index")
-        where = f" in cell {cell}" if cell is not None else ""
-        return (f"Failed{where}: {err.get('message', '')}. Open the executed notebook {nb}.ipynb in the run "
-                f"folder to see the traceback; after fixing the cause, rerun with `{rerun}`.")
-    if row["status"] in ("pending", "running", "interrupted"):
-        return f"Not finished ({row['status']}). Continue the run with `{rerun}`."
-    return (f"No verdict was recorded. Run it with `python -m helpers run --only {nb[:2]}` to produce one.")
-
-
-def to_markdown(run_dir: Path) -> str:
-    """Render the report as Markdown (figures linked by relative path)."""
-    run_dir = Path(run_dir)
-    data = collect(run_dir)
-    st = data["state"]
-    lines = ["# Training-performance workbook: run report", ""]
-    lines.append(f"Run `{run_dir.name}` · profile **{st.get('profile', '?')}** · device **{st.get('resolved_device') or st.get('device', '?')}** "
-                 f"· status **{st.get('status', '?')}** · {_fmt(st.get('duration_s'))} s")
-    lines += ["", "## Checklist", "", "| notebook | status | headline | recommendation | why |", "|---|---|---|---|---|"]
-    for row in data["rows"]:
-        v = row["verdict"]
-        why = (v or {}).get("reason") or _missing_text(row, run_dir)
-        lines.append(f"| [{row['id']}](#{row['id']}) | {row['status']} | {headline(v)} | "
-                     f"{(v or {}).get('recommendation') or '—'} | {why.replace('|', '/')} |")
-    lines += ["", "How to read it: " + "; ".join(f"*{k}*: {d}" for k, d in GLOSSARY) + "."]
-    for row in data["rows"]:
-        lines += ["", f"## {row['id']}", ""]
-        v = row["verdict"]
-        if v:
-            lines.append(f"**{v.get('recommendation')}**: {v.get('reason')}  ")
-            lines.append(f"Headline: {v.get('metric')} = {headline(v)}")
-            if _context(v):
-                lines += ["", f"*Setting:* {_context(v)}"]
-        else:
-            lines.append(_missing_text(row, run_dir))
-        for art in row["artifacts"]:
-            lines += ["", f"Artifact: [{art.relative_to(run_dir).as_posix()}]({art.relative_to(run_dir).as_posix()})"]
-        for fig in row["figures"]:
-            lines += ["", f"![{fig.stem}]({fig.relative_to(run_dir).as_posix()})"]
-        table = _records_table(row["records"])
-        if len(table):
-            lines += ["", f"Records ({len(table)}):", "", _md_table(table)]
-    return "\n".join(lines) + "\n"
+def _md_cell(text) -> str:
+    return str(text).replace("|", "/").replace("\n", " ")
 
 
 def _md_table(df: pd.DataFrame) -> str:
     cols = [str(c) for c in df.columns]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in df.itertuples(index=False):
-        out.append("| " + " | ".join(str(x).replace("|", "/") for x in row) + " |")
+        out.append("| " + " | ".join(_md_cell(x) for x in row) + " |")
     return "\n".join(out)
 
 
+def _status_line(report: Report) -> tuple[str, str, str, str, str]:
+    st = report.state
+    device = st.get("resolved_device") or st.get("device") or "?"
+    return (report.run_dir.name, str(st.get("profile", "?")), str(device), str(st.get("status", "?")),
+            _fmt(st.get("duration_s")))
+
+
+def _why(s: NotebookSection) -> str:
+    return str((s.verdict or {}).get("reason") or s.missing_short or "")
+
+
+def _rec_text(s: NotebookSection) -> str:
+    if s.verdict is not None:
+        return str(s.verdict.get("recommendation") or "no recommendation")
+    return {"failed": "failed", "interrupted": "interrupted", "pending": "not run",
+            "running": "did not finish"}.get(s.status, "missing")
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def to_markdown(run_dir: Path | Report) -> str:
+    """Render the report as Markdown (figures linked by their path relative to the run folder).
+
+    Parameters
+    ----------
+    run_dir : Path or Report
+        A run folder, or a :class:`Report` already collected from one.
+    """
+    rep = run_dir if isinstance(run_dir, Report) else collect(Path(run_dir))
+    name, profile, device, status, dur = _status_line(rep)
+    lines = ["# Training-performance workbook: run report", "",
+             f"**Verdict: {overall_verdict(rep)}**", "",
+             (f"Run `{name}` · profile **{profile}** · device **{device}** · status **{status}** · {dur} s"
+              if rep.state else f"Folder `{name}`: records only (no run.json, e.g. notebooks run by hand)")]
+    for label, items in _advice(rep):
+        lines += ["", f"- {label}: {', '.join(items)}"]
+    for note in rep.notes:
+        lines += ["", f"> Note: {note}"]
+    lines += ["", "## Checklist", "", "| item | measured effect | recommendation | why | notebook |",
+              "|---|---|---|---|---|"]
+    for s in rep.sections:
+        link = f"[{s.executed.as_posix()}]({s.executed.as_posix()})" if s.executed else "—"
+        lines.append(f"| [{_md_cell(s.item)}](#{s.id}) | {_md_cell(headline(s.verdict))} | "
+                     f"**{_md_cell(_rec_text(s))}** | {_md_cell(_why(s))} | {link} |")
+    lines += ["", "How to read it: " + "; ".join(f"*{k}*: {d}" for k, d in GLOSSARY) + "."]
+    for s in rep.sections:
+        lines += ["", f'<a id="{s.id}"></a>', "", f"## {s.number} {s.item}".strip() + f" (`{s.id}`)", ""]
+        if s.verdict:
+            lines.append(f"**{s.verdict.get('recommendation')}**: {s.verdict.get('reason')}  ")
+            lines.append(f"Measured: {s.verdict.get('metric')} = {headline(s.verdict)}")
+            if _context(s.verdict):
+                lines += ["", f"*Setting:* {_context(s.verdict)}"]
+        else:
+            lines.append(f"**{_rec_text(s)}**: {s.missing}")
+        if s.executed:
+            lines += ["", f"Executed notebook: [{s.executed.as_posix()}]({s.executed.as_posix()})"]
+        for art in _artifacts(rep.run_dir, s.id):
+            rel = art.relative_to(rep.run_dir).as_posix()
+            lines += ["", f"Artifact: [{rel}]({rel})"]
+        for fig, _ in s.figures:
+            lines += ["", f"![{fig.stem.split('__', 1)[-1]}]({fig.relative_to(rep.run_dir).as_posix()})"]
+        for fig, why in s.bad_figures:
+            lines += ["", f"> Figure {fig.name} could not be shown: {why}"]
+        if s.verdict and not s.figures and not s.bad_figures:
+            lines += ["", f"*No figure was saved (figures/{s.id}__*.png).*"]
+        table = _records_table(s.records)
+        if len(table):
+            more = len(s.records) - len(table)
+            lines += ["", f"Records ({len(s.records)}{f', first {len(table)} shown' if more else ''}):", "",
+                      _md_table(table)]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- HTML
+
+
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:0.92em}th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f3f3f3}.ok{color:#1b7f3b;font-weight:600}.failed,.interrupted{color:#b00020;font-weight:600}
-.rec{font-weight:600}img{max-width:100%;border:1px solid #eee;margin:0.5em 0}code{background:#f6f6f6;padding:1px 4px}
-.meta{color:#555}
+*{box-sizing:border-box}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1180px;margin:1.5em auto;
+ padding:0 1.2em;color:#1f2328;line-height:1.45;background:#fff}
+h1{font-size:1.6em;margin:.2em 0}h2{font-size:1.25em;margin-top:2em;padding-top:.6em;border-top:1px solid #e5e7eb}
+a{color:#0b5cad}code{background:#f3f4f6;padding:1px 4px;border-radius:3px;font-size:.92em}
+.meta{color:#57606a;font-size:.92em}
+.verdict{font-size:1.35em;font-weight:650;background:#f0f6ff;border-left:6px solid #0b5cad;padding:.6em .9em;
+ margin:.8em 0}
+.advice{margin:.4em 0 1em 0;padding-left:1.2em}.advice li{margin:.15em 0}
+.note{background:#fff8e1;border-left:4px solid #d49b00;padding:.4em .8em;margin:.5em 0}
+table{border-collapse:collapse;margin:.8em 0;font-size:.92em;width:100%}
+th,td{border-bottom:1px solid #e5e7eb;padding:6px 8px;text-align:left;vertical-align:top}
+th{background:#f6f8fa;font-weight:600;border-bottom:2px solid #d0d7de}
+tr:nth-child(even) td{background:#fbfbfc}
+#checklist td.effect{white-space:nowrap;font-variant-numeric:tabular-nums}
+#checklist td.why{color:#343a40;font-size:.95em}
+.badge{display:inline-block;padding:1px 9px;border-radius:999px;font-size:.85em;font-weight:650;white-space:nowrap;
+ border:1px solid transparent}
+.b-enable{background:#dcfce7;color:#166534;border-color:#86efac}
+.b-leave-off{background:#f1f5f9;color:#475569;border-color:#cbd5e1}
+.b-not-applicable{background:#fff;color:#6b7280;border-color:#d1d5db}
+.b-host-bound{background:#ffedd5;color:#9a3412;border-color:#fdba74}
+.b-device-bound{background:#dbeafe;color:#1e40af;border-color:#93c5fd}
+.b-missing,.b-not-run,.b-did-not-finish,.b-interrupted{background:#fef9c3;color:#854d0e;border-color:#fde047}
+.b-failed{background:#fee2e2;color:#991b1b;border-color:#fca5a5}
+.b-no-recommendation{background:#f3f4f6;color:#374151}
+.figs{display:flex;flex-wrap:wrap;gap:0 1.2em;align-items:flex-start}
+figure{margin:.8em 0;max-width:100%}img{max-width:100%;height:auto;border:1px solid #e5e7eb;border-radius:4px}
+figcaption{color:#57606a;font-size:.88em}
+details{margin:.6em 0}summary{cursor:pointer;color:#0b5cad}
+.missing{background:#fffbeb;border:1px solid #fde68a;padding:.5em .8em;border-radius:4px}
 """
 
 
-def to_html(run_dir: Path) -> str:
-    """Render the report as one self-contained HTML page (figures embedded as base64 PNG)."""
-    run_dir = Path(run_dir)
-    data = collect(run_dir)
-    st = data["state"]
+def _badge(text: str) -> str:
+    cls = "b-" + "".join(c if c.isalnum() else "-" for c in text.lower())
+    return f"<span class='badge {cls}'>{html.escape(text)}</span>"
+
+
+def _code_spans(text: str) -> str:
+    """Escape ``text`` and turn `backquoted` parts into <code> (commands in missing-result messages)."""
+    parts = text.split("`")
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
+
+
+def to_html(run_dir: Path | Report) -> str:
+    """Render the report as one self-contained HTML page.
+
+    Figures are embedded as base64 PNG data URIs and the CSS is inline, so
+    the file can be mailed or opened offline; it makes no network request and
+    uses no JavaScript. Links to executed notebooks and artifacts are
+    relative to the run folder.
+
+    Parameters
+    ----------
+    run_dir : Path or Report
+        A run folder, or a :class:`Report` already collected from one.
+    """
+    rep = run_dir if isinstance(run_dir, Report) else collect(Path(run_dir))
     e = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Workbook report {e(run_dir.name)}</title>"
-             f"<style>{_CSS}</style></head><body>",
-             "<h1>Training-performance workbook: run report</h1>",
-             f"<p class='meta'>Run <code>{e(run_dir.name)}</code> · profile <b>{e(str(st.get('profile', '?')))}</b> · "
-             f"device <b>{e(str(st.get('resolved_device') or st.get('device', '?')))}</b> · status "
-             f"<span class='{e(str(st.get('status')))}'>{e(str(st.get('status', '?')))}</span> · "
-             f"{e(_fmt(st.get('duration_s')))} s</p>",
-             "<h2>Checklist</h2><table id='checklist'><tr><th>notebook</th><th>status</th><th>headline</th>"
-             "<th>recommendation</th><th>why</th></tr>"]
-    for row in data["rows"]:
-        v = row["verdict"]
-        why = (v or {}).get("reason") or _missing_text(row, run_dir)
-        parts.append(f"<tr><td><a href='#{e(row['id'])}'>{e(row['id'])}</a></td>"
-                     f"<td class='{e(row['status'])}'>{e(row['status'])}</td><td>{e(headline(v))}</td>"
-                     f"<td class='rec'>{e(str((v or {}).get('recommendation') or '—'))}</td><td>{e(why)}</td></tr>")
-    parts.append("</table>")
+    name, profile, device, status, dur = _status_line(rep)
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>Workbook report {e(name)}</title><style>{_CSS}</style></head><body>",
+        "<h1>Training-performance workbook: run report</h1>",
+        f"<p class='verdict' id='verdict'>{e(overall_verdict(rep))}</p>",
+        (f"<p class='meta'>Run <code>{e(name)}</code> · profile <b>{e(profile)}</b> · device <b>{e(device)}</b> · "
+         f"status {_badge(status) if status in ('failed', 'interrupted') else '<b>' + e(status) + '</b>'} · "
+         f"{e(dur)} s</p>") if rep.state else
+        f"<p class='meta'>Folder <code>{e(name)}</code>: records only (no run.json, e.g. notebooks run by hand)</p>",
+    ]
+    advice = _advice(rep)
+    if advice:
+        parts.append("<ul class='advice'>" + "".join(
+            f"<li><b>{e(label)}:</b> {e(', '.join(items))}</li>" for label, items in advice) + "</ul>")
+    for note in rep.notes:
+        parts.append(f"<p class='note'>{e(note)}</p>")
+    parts.append("<table id='checklist'><thead><tr><th>item</th><th>measured effect</th><th>recommendation</th>"
+                 "<th>why</th><th>notebook</th></tr></thead><tbody>")
+    for s in rep.sections:
+        nb_link = (f"<a href='{e(s.executed.as_posix())}'>{e(s.executed.name)}</a>" if s.executed
+                   else "<span class='meta'>—</span>")
+        parts.append(
+            f"<tr data-notebook='{e(s.id)}'><td><a href='#{e(s.id)}'>{e(s.item)}</a></td>"
+            f"<td class='effect'>{e(headline(s.verdict))}</td><td>{_badge(_rec_text(s))}</td>"
+            f"<td class='why'>{_code_spans(_why(s))}</td><td>{nb_link}</td></tr>")
+    parts.append("</tbody></table>")
     parts.append("<p class='meta'>How to read it: " + "; ".join(f"<i>{e(k)}</i>: {e(d)}" for k, d in GLOSSARY)
                  + ".</p>")
-    for row in data["rows"]:
-        parts.append(f"<h2 id='{e(row['id'])}'>{e(row['id'])}</h2>")
-        v = row["verdict"]
-        if v:
-            parts.append(f"<p><span class='rec'>{e(str(v.get('recommendation')))}</span>: {e(str(v.get('reason')))}<br>"
-                         f"Headline: {e(str(v.get('metric')))} = {e(headline(v))}</p>")
-            if _context(v):
-                parts.append(f"<p class='meta'><i>Setting:</i> {e(_context(v))}</p>")
+    for s in rep.sections:
+        title = f"{s.number} {s.item}".strip()
+        parts.append(f"<section><h2 id='{e(s.id)}'>{e(title)} {_badge(_rec_text(s))}</h2>")
+        if s.verdict:
+            parts.append(f"<p>{e(str(s.verdict.get('reason') or ''))}</p>"
+                         f"<p class='meta'>Measured: {e(str(s.verdict.get('metric')))} = {e(headline(s.verdict))}"
+                         + (f" · ran {e(_fmt(s.duration_s))} s" if s.duration_s is not None else "") + "</p>")
+            if _context(s.verdict):
+                parts.append(f"<p class='meta'><i>Setting:</i> {e(_context(s.verdict))}</p>")
         else:
-            parts.append(f"<p>{e(_missing_text(row, run_dir))}</p>")
-        for art in row["artifacts"]:
-            rel = art.relative_to(run_dir).as_posix()
-            parts.append(f"<p class='meta'>Artifact: <a href='{e(rel)}'>{e(rel)}</a></p>")
-        for fig in row["figures"]:
-            b64 = base64.b64encode(fig.read_bytes()).decode()
-            parts.append(f"<figure><img alt='{e(fig.stem)}' src='data:image/png;base64,{b64}'>"
-                         f"<figcaption>{e(fig.stem.split('__', 1)[-1].replace('_', ' '))}</figcaption></figure>")
-        table = _records_table(row["records"])
+            parts.append(f"<p class='missing'>{_code_spans(s.missing or '')}</p>")
+        links = []
+        if s.executed:
+            links.append(f"executed notebook <a href='{e(s.executed.as_posix())}'>{e(s.executed.as_posix())}</a>")
+        for art in _artifacts(rep.run_dir, s.id):
+            rel = art.relative_to(rep.run_dir).as_posix()
+            links.append(f"artifact <a href='{e(rel)}'>{e(rel)}</a>")
+        if links:
+            parts.append("<p class='meta'>" + " · ".join(links) + "</p>")
+        if s.figures:
+            parts.append("<div class='figs'>")
+        for fig, data in s.figures:
+            b64 = base64.b64encode(data).decode("ascii")
+            caption = fig.stem.split("__", 1)[-1].replace("_", " ")
+            parts.append(f"<figure><img alt='{e(caption)}' src='data:image/png;base64,{b64}'>"
+                         f"<figcaption>{e(caption)}</figcaption></figure>")
+        if s.figures:
+            parts.append("</div>")
+        for fig, why in s.bad_figures:
+            parts.append(f"<p class='note'>Figure {e(fig.name)} could not be shown: {e(why)}</p>")
+        if s.verdict and not s.figures and not s.bad_figures:
+            parts.append(f"<p class='meta'>No figure was saved (figures/{e(s.id)}__*.png).</p>")
+        table = _records_table(s.records)
         if len(table):
-            parts.append(f"<details><summary>Records ({len(table)})</summary>" + table.to_html(index=False, border=0)
-                         + "</details>")
+            more = len(s.records) - len(table)
+            opened = " open" if len(table) <= OPEN_RECORD_ROWS else ""
+            parts.append(f"<details{opened}><summary>Records ({len(s.records)}"
+                         f"{f', first {len(table)} shown' if more else ''})</summary>"
+                         + table.to_html(index=False, border=0, classes="records", escape=True) + "</details>")
+        parts.append("</section>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
 def write_report(run_dir: Path) -> tuple[Path, Path]:
-    """Write report.html and report.md into ``run_dir``; return their paths."""
+    """Write ``report.html`` and ``report.md`` into ``run_dir``.
+
+    Parameters
+    ----------
+    run_dir : Path
+        The run folder (see :func:`collect`).
+
+    Returns
+    -------
+    tuple of Path
+        ``(report.html, report.md)``.
+
+    Raises
+    ------
+    OSError
+        If the files cannot be written.
+    """
     run_dir = Path(run_dir)
+    rep = collect(run_dir)
     html_path, md_path = run_dir / "report.html", run_dir / "report.md"
-    md_path.write_text(to_markdown(run_dir))
-    html_path.write_text(to_html(run_dir))
+    md_path.write_text(to_markdown(rep), encoding="utf-8")
+    html_path.write_text(to_html(rep), encoding="utf-8")
     return html_path, md_path

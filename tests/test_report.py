@@ -1,0 +1,326 @@
+"""The run report: checklist, overall verdict, embedded figures, and missing or damaged inputs."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shlex
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from helpers.results import ResultsStore
+from helpers.workbook import report
+from helpers.workbook.cli import _parser, main
+from helpers.workbook.report import CHECKLIST, collect, headline, overall_verdict, to_html, to_markdown
+
+IDS = {
+    "00": "00_environment_check", "01": "01_baseline_profiling", "02": "02_batched_decode",
+    "07": "07_channels_last", "10": "10_end_to_end",
+}
+
+
+def _png(path: Path, color=(30, 120, 200), size=(24, 16)) -> bytes:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, "PNG")
+    path.write_bytes(buf.getvalue())
+    return buf.getvalue()
+
+
+def _store(run_dir: Path, nb: str) -> ResultsStore:
+    return ResultsStore(run_dir / "results.jsonl", notebook=nb, device="cpu:test")
+
+
+def _run_json(run_dir: Path, entries: dict, *, only=(), profile="smoke", device="cpu", status="failed"):
+    nbs = [{"id": nb, "input": f"notebooks/{nb}.ipynb", "output": str(run_dir / f"{nb}.ipynb"),
+            "parameters": {}, "status": st, "duration_s": 1.5, "error": err}
+           for nb, (st, err) in entries.items()]
+    (run_dir / "run.json").write_text(json.dumps({
+        "run_dir": str(run_dir), "profile": profile, "device": device, "resolved_device": "cpu:test",
+        "only": list(only), "started": "2025-01-01T00:00:00+00:00", "status": status, "duration_s": 12.0,
+        "notebooks": nbs}))
+
+
+@pytest.fixture
+def partial_run(tmp_path):
+    """A run of 00, 01, 02, 07, 10 (--only): 02 failed in cell 3; the others recorded verdicts; 01 has a figure."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    s = _store(run_dir, IDS["00"])
+    s.add("host", "cpu", "usable_cores", 2, "cores")
+    s.verdict(metric="invalid_env_settings", value=0, unit="settings", recommendation="not applicable",
+              reason="0 invalid environment settings")
+    s = _store(run_dir, IDS["01"])
+    s.add("step", "baseline", "step_time", 0.2, "s", repeats=20, spread={"p25": 0.19, "p75": 0.21})
+    s.verdict(metric="exposed_input_fraction", value=0.8, unit="fraction", recommendation="host-bound",
+              reason="the device waits for input 80% of each step", spread={"p25": 0.78, "p75": 0.83}, repeats=20)
+    s = _store(run_dir, IDS["07"])
+    s.verdict(metric="speedup", value=1.26, unit="x", recommendation="enable", reason="channels_last 1.26x faster",
+              spread={"ci_low": 1.14, "ci_high": 1.40, "confidence": 0.95}, repeats=9)
+    s = _store(run_dir, IDS["10"])
+    s.verdict(metric="speedup", value=2.7, unit="x", recommendation="enable", reason="2.7x the baseline, same learning",
+              spread={"ci_low": 2.5, "ci_high": 2.9, "confidence": 0.95}, repeats=5)
+    fig = _png(run_dir / "figures" / f"{IDS['01']}__phase_breakdown.png")
+    for nb in (IDS["00"], IDS["01"], IDS["02"]):
+        (run_dir / f"{nb}.ipynb").write_text("{}")
+    err = {"type": "PapermillExecutionError", "ename": "RuntimeError", "evalue": "boom",
+           "message": "RuntimeError: boom", "cell_index": 3}
+    _run_json(run_dir, {IDS["00"]: ("ok", None), IDS["01"]: ("ok", None), IDS["02"]: ("failed", err),
+                        IDS["07"]: ("ok", None), IDS["10"]: ("ok", None)},
+              only=("00", "01", "02", "07", "10"))
+    return run_dir, fig
+
+
+class _Doc(HTMLParser):
+    """Collects the checklist rows, every img src, href, id and script tag of a page."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.imgs, self.hrefs, self.ids, self.scripts, self.stylesheets = [], [], [], set(), 0, 0
+        self._in_checklist = False
+        self._row = None
+        self._cell = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.add(a["id"])
+        if tag == "table" and a.get("id") == "checklist":
+            self._in_checklist = True
+        elif tag == "tr" and self._in_checklist and "data-notebook" in a:
+            self._row = {"id": a["data-notebook"], "cells": [], "hrefs": [], "badges": []}
+        elif tag == "td" and self._row is not None:
+            self._cell = []
+        elif tag == "img":
+            self.imgs.append(a.get("src", ""))
+        elif tag == "script":
+            self.scripts += 1
+        elif tag == "link" and a.get("rel") == "stylesheet":
+            self.stylesheets += 1
+        if tag == "a" and "href" in a:
+            self.hrefs.append(a["href"])
+            if self._row is not None:
+                self._row["hrefs"].append(a["href"])
+        if tag == "span" and self._row is not None and "badge" in (a.get("class") or ""):
+            self._row["badges"].append(a["class"])
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._row is not None and self._cell is not None:
+            self._row["cells"].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self.rows.append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._in_checklist = False
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _parse(text: str) -> _Doc:
+    doc = _Doc()
+    doc.feed(text)
+    return doc
+
+
+def _cli_accepts(command: str):
+    """Parse a `python -m helpers ...` command with the real command-line parser (flags must exist)."""
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "helpers"], command
+    return _parser().parse_args(argv[3:])
+
+
+# --------------------------------------------------------------------------- the first screen
+
+
+def test_overall_verdict_states_baseline_and_end_to_end_speedup(partial_run):
+    run_dir, _ = partial_run
+    rep = collect(run_dir)
+    assert overall_verdict(rep) == "host-bound baseline → 2.70x faster end to end (95% CI 2.50–2.90)"
+    assert overall_verdict(rep) in to_html(rep) and overall_verdict(rep) in to_markdown(rep)
+
+
+def test_overall_verdict_without_notebook_10_gives_the_baseline_state(tmp_path):
+    s = _store(tmp_path, IDS["01"])
+    s.verdict(metric="exposed_input_fraction", value=0.67, unit="fraction", recommendation="host-bound",
+              reason="waits 67%")
+    assert overall_verdict(collect(tmp_path)) == ("host-bound baseline (exposed input 67% of each step); "
+                                                  "end to end not measured yet (notebook 10)")
+
+
+def test_checklist_has_every_item_in_order_with_effect_badge_and_links(partial_run):
+    run_dir, _ = partial_run
+    doc = _parse(to_html(run_dir))
+    assert [r["cells"][0] for r in doc.rows] == [name for _, name in CHECKLIST]
+    by_id = {r["id"]: r for r in doc.rows}
+    ch = by_id[IDS["07"]]
+    assert ch["cells"][1] == "1.26x (95% CI 1.14–1.40)"
+    assert ch["cells"][2] == "enable" and "b-enable" in ch["badges"][0]
+    assert by_id[IDS["01"]]["cells"][1] == "80% (IQR 78%–83%)"
+    assert "b-host-bound" in by_id[IDS["01"]]["badges"][0]
+    # links: the section anchor (which exists) and the executed notebook, relative to the run folder
+    for row in doc.rows:
+        assert row["hrefs"][0] == f"#{row['id']}" and row["id"] in doc.ids
+    assert by_id[IDS["01"]]["hrefs"][1] == f"{IDS['01']}.ipynb"
+    assert (run_dir / by_id[IDS["01"]]["hrefs"][1]).is_file()
+    assert len(by_id[IDS["07"]]["hrefs"]) == 1  # no executed notebook in the folder: no dangling link
+
+
+def test_html_is_self_contained_and_embeds_the_figure_bytes(partial_run):
+    run_dir, fig = partial_run
+    text = to_html(run_dir)
+    doc = _parse(text)
+    assert doc.scripts == 0 and doc.stylesheets == 0 and "<style>" in text
+    assert len(doc.imgs) == 1
+    prefix = "data:image/png;base64,"
+    assert doc.imgs[0].startswith(prefix) and base64.b64decode(doc.imgs[0][len(prefix):]) == fig
+    assert not [h for h in doc.hrefs if re.match(r"^[a-z]+://", h)]
+    assert "max-width:100%" in text
+
+
+def test_markdown_has_checklist_sections_and_relative_figure_links(partial_run):
+    run_dir, _ = partial_run
+    md = to_markdown(run_dir)
+    assert "| [channels_last](#07_channels_last) | 1.26x (95% CI 1.14–1.40) | **enable** |" in md
+    assert f"![phase_breakdown](figures/{IDS['01']}__phase_breakdown.png)" in md
+    for nb_id in IDS.values():
+        assert f'<a id="{nb_id}"></a>' in md
+
+
+# --------------------------------------------------------------------------- missing results
+
+
+def test_failed_notebook_says_where_and_how_to_rerun(partial_run):
+    run_dir, _ = partial_run
+    rep = collect(run_dir)
+    sec = next(s for s in rep.sections if s.id == IDS["02"])
+    assert sec.verdict is None and sec.status == "failed"
+    assert "Failed in cell 3: RuntimeError: boom" in sec.missing and f"logs/{IDS['02']}.log" in sec.missing
+    cmd = re.search(r"`([^`]+)`", sec.missing).group(1)
+    args = _cli_accepts(cmd)
+    assert args.resume and Path(args.out).resolve() == run_dir.resolve()
+    doc = _parse(to_html(rep))
+    row = next(r for r in doc.rows if r["id"] == IDS["02"])
+    assert row["cells"][2] == "failed" and "b-failed" in row["badges"][0]
+
+
+def test_notebook_outside_the_run_gets_the_command_that_produces_it(partial_run):
+    run_dir, _ = partial_run
+    rep = collect(run_dir)
+    sec = next(s for s in rep.sections if s.number == "03")
+    assert sec.status == "not in run" and sec.verdict is None
+    assert "selected only notebooks 00 01 02 07 10 (--only)" in sec.missing
+    cmd = re.search(r"`([^`]+)`", sec.missing).group(1)
+    args = _cli_accepts(cmd)
+    assert (args.only, args.profile, args.device, args.resume) == (["03"], "smoke", "cpu", False)
+    assert f"`{cmd}`" in to_markdown(rep)
+    assert f"<code>{cmd}</code>" in to_html(rep)
+
+
+def test_records_without_run_json(tmp_path):
+    s = _store(tmp_path, IDS["01"])
+    s.verdict(metric="exposed_input_fraction", value=0.5, unit="fraction", recommendation="host-bound", reason="r")
+    rep = collect(tmp_path)
+    assert rep.state == {} and len(rep.sections) == len(CHECKLIST)
+    sec = next(s for s in rep.sections if s.number == "05")
+    cmd = re.search(r"`([^`]+)`", sec.missing).group(1)
+    assert _cli_accepts(cmd).only == ["05"]
+    assert "records only" in to_html(rep)
+
+
+def test_empty_results_file(tmp_path):
+    (tmp_path / "results.jsonl").write_text("")
+    _run_json(tmp_path, {IDS["00"]: ("ok", None)}, only=("00",), status="ok")
+    rep = collect(tmp_path)
+    sec = rep.sections[0]
+    assert sec.id == IDS["00"] and sec.verdict is None
+    assert "holds no records for it" in sec.missing
+    assert overall_verdict(rep) == "no baseline measured yet (notebook 01); run status: ok"
+    html_text, md = to_html(rep), to_markdown(rep)
+    assert "holds no records for it" in html_text and "holds no records for it" in md
+
+
+def test_no_results_file_at_all(tmp_path):
+    _run_json(tmp_path, {IDS["00"]: ("pending", None)}, status="interrupted")
+    rep = collect(tmp_path)
+    assert any("no results.jsonl" in n for n in rep.notes)
+    assert "Did not finish (status: pending)" in rep.sections[0].missing
+
+
+def test_truncated_last_line_is_left_out_and_said(partial_run):
+    run_dir, _ = partial_run
+    path = run_dir / "results.jsonl"
+    before = collect(run_dir)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines) + "\n" + lines[-1][: len(lines[-1]) // 2])  # a write cut short
+    rep = collect(run_dir)
+    assert rep.notes == ("1 line(s) of results.jsonl could not be read (cut off by an interrupted write, "
+                         "or not a valid record) and are left out.",)
+    assert [s.verdict for s in rep.sections] == [s.verdict for s in before.sections]
+    assert rep.notes[0] in to_html(rep) and rep.notes[0] in to_markdown(rep)
+
+
+def test_corrupted_run_json_is_reported_not_raised(partial_run):
+    run_dir, _ = partial_run
+    (run_dir / "run.json").write_text('{"notebooks": [')
+    rep = collect(run_dir)
+    assert rep.state == {} and "run.json could not be read" in rep.notes[0]
+    assert next(s for s in rep.sections if s.number == "07").verdict["value"] == 1.26
+    to_html(rep), to_markdown(rep)
+
+
+def test_missing_broken_and_absent_figures(partial_run):
+    run_dir, _ = partial_run
+    figs = run_dir / "figures"
+    (figs / f"{IDS['07']}__empty.png").write_bytes(b"")
+    (figs / f"{IDS['07']}__text.png").write_text("not a png")
+    _png(figs / f"{IDS['07']}__ok.png")
+    (figs / f"{IDS['07']}__gone.png").symlink_to(figs / "deleted.png")  # the file it names is missing
+    rep = collect(run_dir)
+    sec = next(s for s in rep.sections if s.id == IDS["07"])
+    assert [p.name for p, _ in sec.figures] == [f"{IDS['07']}__ok.png"]
+    bad = {p.name.split("__")[1]: why for p, why in sec.bad_figures}
+    assert set(bad) == {"empty.png", "text.png", "gone.png"} and "missing" in bad["gone.png"]
+    html_text = to_html(rep)
+    assert html_text.count("could not be shown") == 3
+    assert len(_parse(html_text).imgs) == 2  # 01's figure and 07's readable one
+    # a notebook with a verdict but no figure says so
+    assert f"No figure was saved (figures/{IDS['10']}__*.png)" in html_text
+
+
+def test_write_report_through_the_command_line(partial_run, capsys):
+    run_dir, _ = partial_run
+    assert main(["report", str(run_dir)]) == 0
+    assert (run_dir / "report.html").stat().st_size > 0 and (run_dir / "report.md").stat().st_size > 0
+    assert str(run_dir / "report.html") in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+@pytest.mark.parametrize("verdict, text", [
+    (None, "—"),
+    ({"value": None, "unit": "x", "recommendation": "not applicable"}, "not applicable"),
+    ({"value": 2.0, "unit": "x", "spread": {"ci_low": 1.5, "ci_high": 2.5, "confidence": 0.9}},
+     "2.00x (90% CI 1.50–2.50)"),
+    ({"value": 0.42, "unit": "fraction", "spread": {"p25": 0.4, "p75": 0.45}}, "42% (IQR 40%–45%)"),
+    ({"value": 812.0, "unit": "GB/s", "spread": None}, "812 GB/s"),
+    ({"value": 1536.0, "unit": "samples", "spread": {"p25": 1500.0, "p75": 1600.0}}, "1,536 samples (IQR 1,500–1,600)"),
+])
+def test_headline(verdict, text):
+    assert headline(verdict) == text
+
+
+def test_unknown_extra_notebook_gets_its_own_section(tmp_path):
+    s = _store(tmp_path, "11_custom_study")
+    s.verdict(metric="m", value=1.0, unit="x", recommendation="enable", reason="custom")
+    rep = collect(tmp_path)
+    assert [s.id for s in rep.sections][-1] == "11_custom_study"
+    assert report.to_markdown(rep).count("## ") >= len(CHECKLIST) + 2
