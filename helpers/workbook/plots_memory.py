@@ -1,0 +1,110 @@
+"""Figures of notebook 09 (memory and batch size).
+
+Same conventions as :mod:`helpers.workbook.plots`: each function takes plain
+data (frames from :mod:`helpers.compute.memory`), returns a matplotlib figure,
+and the notebook saves it with ``plots.save_figure(fig, ctx, name)``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import matplotlib.pyplot as plt
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+ALLOC_COLOR = "#1b9e77"
+RESERVED_COLOR = "#7570b3"
+PEAK_COLOR = "#d95f02"
+BUDGET_COLOR = "#e7298a"
+STATUS_MARKERS = {"fits": "o", "over margin": "s", "over budget": "X", "oom": "X", "skipped": "x"}
+
+
+def memory_per_step(frame: "pd.DataFrame", *, title: str = ""):
+    """Memory after each training step (and the step's peak).
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        From :func:`helpers.compute.memory.trace_memory`. With ``source ==
+        "device"``: allocated, reserved and peak (MiB) on the left axis,
+        fragmentation on the right. With ``source == "process"`` (CPU): RSS,
+        USS and the sampled peak RSS (MiB).
+    title : str
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    steps = frame["step"].to_numpy()
+    device = bool((frame["source"] == "device").all())
+    if device:
+        ax.plot(steps, frame["allocated_mib"], color=ALLOC_COLOR, marker=".", label="allocated")
+        ax.plot(steps, frame["reserved_mib"], color=RESERVED_COLOR, marker=".", label="reserved")
+        ax.plot(steps, frame["peak_mib"], color=PEAK_COLOR, linestyle="--", label="peak in step")
+        ax2 = ax.twinx()
+        ax2.plot(steps, frame["fragmentation"], color="grey", linewidth=0.8, label="fragmentation")
+        ax2.set_ylim(0, 1)
+        ax2.set_ylabel("fragmentation (1 - alloc/reserved)", fontsize=8)
+    else:
+        ax.plot(steps, frame["rss_mib"], color=RESERVED_COLOR, marker=".", label="process RSS")
+        ax.plot(steps, frame["uss_mib"], color=ALLOC_COLOR, marker=".", label="process USS")
+        ax.plot(steps, frame["peak_mib"], color=PEAK_COLOR, linestyle="--", label="peak RSS seen in step")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("MiB")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title or ("device allocator memory per step" if device else "process memory per step (CPU)"))
+    fig.tight_layout()
+    return fig
+
+
+def finder_curve(frame: "pd.DataFrame", *, budget_mib: float, limit_mib: float, chosen: int | None,
+                 current: int | None = None, title: str = ""):
+    """Throughput and peak memory against batch size, with the budget and the chosen size.
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        ``FinderResult.frame`` (columns batch, status, peak_mib, throughput,
+        throughput_p25, throughput_p75).
+    budget_mib, limit_mib : float
+        The budget and the most a fitting size may use (budget minus margin), MiB.
+    chosen : int or None
+        The chosen batch size (marked), if any.
+    current : int or None
+        The batch size in use now (marked), if any.
+    title : str
+    """
+    f = frame.sort_values("batch")
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.5, 5.0), sharex=True)
+    ran = f[f["throughput"].notna()]
+    ax.plot(ran["batch"], ran["throughput"], color=ALLOC_COLOR, linewidth=1.2)
+    for status, part in ran.groupby("status"):
+        err = [part["throughput"] - part["throughput_p25"], part["throughput_p75"] - part["throughput"]]
+        ax.errorbar(part["batch"], part["throughput"], yerr=err, fmt=STATUS_MARKERS.get(status, "o"),
+                    color=ALLOC_COLOR if status == "fits" else PEAK_COLOR, label=status, capsize=3)
+    ax.set_ylabel("samples/s (median, IQR)")
+    ax.legend(fontsize=8)
+    ax2.plot(ran["batch"], ran["peak_mib"], color=RESERVED_COLOR, marker="o", label="peak memory")
+    ax2.axhline(budget_mib, color=BUDGET_COLOR, linestyle="-", label=f"budget {budget_mib:.0f} MiB")
+    ax2.axhline(limit_mib, color=BUDGET_COLOR, linestyle=":", label=f"budget - margin {limit_mib:.0f} MiB")
+    failed = f[f["status"].isin(["oom", "skipped"])]
+    for b in failed["batch"]:
+        ax2.axvline(b, color=PEAK_COLOR, linewidth=0.8, linestyle="--")
+    ax2.set_ylabel("peak memory, MiB")
+    ax2.set_xlabel("batch size (samples)")
+    ax2.set_xscale("log", base=2)
+    ax2.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+    peaks = ran["peak_mib"][ran["peak_mib"] > 0]
+    if len(peaks) and budget_mib > 20 * peaks.max():
+        ax2.set_yscale("log")  # a budget far above the peaks would flatten them
+    for a in (ax, ax2):
+        if chosen is not None:
+            a.axvline(chosen, color="black", linewidth=1.0)
+        if current is not None:
+            a.axvline(current, color="grey", linewidth=1.0, linestyle="-.")
+    marks = [f"chosen {chosen}" if chosen is not None else "none fits"]
+    if current is not None:
+        marks.append(f"current {current}")
+    ax2.legend(fontsize=8, loc="upper left")
+    ax.set_title(title or f"batch-size finder ({', '.join(marks)})")
+    fig.tight_layout()
+    return fig

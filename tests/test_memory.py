@@ -1,0 +1,343 @@
+"""Tests of helpers.compute.memory: trace, allocator settings, empty_cache, batch-size finder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from helpers.compute import memory as M
+from helpers.device import get_accelerator
+from helpers.errors import ParameterError
+
+MIB = M.MIB
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return get_accelerator("cpu")
+
+
+# ---------------------------------------------------------------- OOM detection
+
+
+def test_is_oom_recognises_the_kinds_of_out_of_memory():
+    assert M.is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert M.is_oom(RuntimeError("NPU out of memory. Tried to allocate 260.00 MiB (NPU 0; 28.50 GiB total)"))
+    assert M.is_oom(RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 8 GB"))
+    assert M.is_oom(MemoryError())
+    assert M.is_oom(M.MemoryBudgetExceeded(64, 200 * MIB, 100 * MIB))
+    assert not M.is_oom(RuntimeError("shape mismatch"))
+    assert not M.is_oom(ValueError("out of memory"))  # not a RuntimeError: a bug, not an OOM
+
+
+# ---------------------------------------------------------------- trace
+
+
+def test_trace_on_cpu_reports_process_memory_per_step(cpu):
+    keep = []
+
+    def step():
+        keep.append(torch.ones(4 * MIB // 4))  # +4 MiB per step, kept alive
+        return keep[-1].sum()
+
+    frame = M.trace_memory(step, cpu, 3, sample_interval_s=0.001)
+    assert list(frame["step"]) == [1, 2, 3]
+    assert set(frame["source"]) == {"process"}
+    assert frame["allocated_mib"].isna().all() and frame["fragmentation"].isna().all()
+    assert (frame["peak_mib"] >= frame["rss_mib"] - 1).all()
+    # memory kept alive grows the RSS by about 4 MiB per step
+    assert frame["rss_mib"].iloc[-1] - frame["rss_mib"].iloc[0] >= 7
+
+
+def test_trace_on_a_device_reads_allocator_stats(cpu, monkeypatch):
+    class FakeAcc:
+        is_cpu = False
+        resets = 0
+        allocated = 0
+
+        def synchronize(self):
+            pass
+
+        def reset_peak_memory_stats(self):
+            FakeAcc.resets += 1
+
+        def memory_stats(self):
+            return {"allocated_bytes": 30 * MIB, "reserved_bytes": 40 * MIB,
+                    "peak_allocated_bytes": 35 * MIB, "fragmentation": 0.25}
+
+    frame = M.trace_memory(lambda: None, FakeAcc(), 2)
+    assert FakeAcc.resets == 2  # the peak is reset before every step
+    assert list(frame["source"]) == ["device", "device"]
+    assert frame["allocated_mib"].tolist() == [30.0, 30.0]
+    assert frame["reserved_mib"].tolist() == [40.0, 40.0]
+    assert frame["peak_mib"].tolist() == [35.0, 35.0]
+    assert frame["fragmentation"].tolist() == [0.25, 0.25]
+
+
+def test_trace_rejects_bad_arguments(cpu):
+    with pytest.raises(ParameterError, match="steps"):
+        M.trace_memory(lambda: None, cpu, 0)
+    with pytest.raises(ParameterError, match="callable"):
+        M.trace_memory(None, cpu, 1)
+
+
+def test_rss_peak_sampler_sees_a_transient_allocation():
+    with M.RssPeakSampler(0.0005) as s:
+        x = torch.ones(64 * MIB // 4)
+        x += 1
+        t0 = __import__("time").perf_counter()
+        while __import__("time").perf_counter() - t0 < 0.02:  # stay alive long enough to be sampled
+            pass
+        del x
+    assert s.samples >= 1
+    assert s.peak_bytes - s.start_bytes >= 32 * MIB
+    with pytest.raises(ParameterError):
+        M.RssPeakSampler(0)
+
+
+# ---------------------------------------------------------------- allocator settings
+
+
+def test_alloc_conf_var_per_device():
+    assert M.alloc_conf_var("cuda") == "PYTORCH_CUDA_ALLOC_CONF"
+    assert M.alloc_conf_var("npu") == "PYTORCH_NPU_ALLOC_CONF"
+    assert M.alloc_conf_var("cpu") is None
+
+
+def test_check_alloc_conf_accepts_valid_and_rejects_bad_values():
+    assert M.check_alloc_conf("", "cuda") == []
+    assert M.check_alloc_conf("expandable_segments:True", "npu")
+    with pytest.raises(ParameterError, match="True or False"):
+        M.check_alloc_conf("expandable_segments:true", "cuda")
+    with pytest.raises(ParameterError, match="expandable_segmets"):
+        M.check_alloc_conf("expandable_segmets:True", "cuda")
+    # torch_npu refuses expandable segments together with max_split_size_mb
+    with pytest.raises(ParameterError, match="cannot be enabled"):
+        M.check_alloc_conf("expandable_segments:True,max_split_size_mb:128", "npu")
+    with pytest.raises(ParameterError, match="string"):
+        M.check_alloc_conf(3, "cuda")
+    assert M.check_alloc_conf_list(["", " expandable_segments:True", "expandable_segments:True"], "cuda") == [
+        "", "expandable_segments:True"]
+
+
+def test_bad_alloc_conf_fails_before_any_child_starts(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("a child was started for an invalid setting")
+
+    monkeypatch.setattr(subprocess, "run", boom)
+    with pytest.raises(ParameterError, match="max_split_size_mb"):
+        M.run_alloc_conf_child("max_split_size_mb:10", M.TraceConfig(device="cuda"))
+
+
+def test_child_gets_exactly_the_setting_under_test(monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, env, capture_output, text, timeout):
+        seen["cmd"], seen["env"] = cmd, env
+        out = M._RESULT_MARK + json.dumps({"ok": True, "device": "cuda", "trace": [], "empty_cache": None})
+        return subprocess.CompletedProcess(cmd, 0, stdout="noise\n" + out + "\n", stderr="")
+
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")  # would take priority in torch 2.13
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    res = M.run_alloc_conf_child("expandable_segments:True", M.TraceConfig(device="cuda", steps=2))
+    assert res["ok"] and res["alloc_conf"] == "expandable_segments:True"
+    assert seen["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_ALLOC_CONF" not in seen["env"]
+    assert json.loads(seen["cmd"][-1])["steps"] == 2
+
+
+def test_child_failure_and_timeout_are_reported_not_raised(monkeypatch):
+    def failing(cmd, **k):
+        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="Traceback\nRuntimeError: broken driver")
+
+    monkeypatch.setattr(subprocess, "run", failing)
+    res = M.run_alloc_conf_child("", M.TraceConfig(device="npu"))
+    assert res["ok"] is False and "broken driver" in res["error"] and res["returncode"] == 1
+
+    def slow(cmd, **k):
+        raise subprocess.TimeoutExpired(cmd, k["timeout"])
+
+    monkeypatch.setattr(subprocess, "run", slow)
+    res = M.run_alloc_conf_child("", M.TraceConfig(device="npu"), timeout_s=5)
+    assert res["ok"] is False and "5 s" in res["error"]
+
+
+def test_child_main_rejects_bad_arguments(capsys):
+    assert M.main([]) == 2
+    assert M.main(["{\"nope\": 1}"]) == 2
+
+
+def test_empty_cache_is_not_applicable_on_cpu(cpu):
+    assert M.measure_empty_cache(lambda: None, cpu) is None
+
+
+# ---------------------------------------------------------------- budget
+
+
+def test_budget_from_parameter_and_default(cpu):
+    assert M.resolve_budget_bytes(100, cpu)[0] == 100 * MIB
+    import psutil
+
+    b, why = M.resolve_budget_bytes(0, cpu)
+    avail = psutil.virtual_memory().available
+    assert 0.3 * avail < b <= 0.7 * avail and "half" in why
+    with pytest.raises(ParameterError):
+        M.resolve_budget_bytes(-1, cpu)
+
+
+def test_finder_config_validation():
+    with pytest.raises(ParameterError, match="max_batch"):
+        M.FinderConfig(start_batch=64, max_batch=8, steps=1, budget_bytes=MIB)
+    with pytest.raises(ParameterError, match="safety_margin"):
+        M.FinderConfig(start_batch=8, max_batch=64, steps=1, budget_bytes=MIB, safety_margin=0.95)
+    with pytest.raises(ParameterError, match="steps"):
+        M.FinderConfig(start_batch=8, max_batch=64, steps=0, budget_bytes=MIB)
+    assert M.FinderConfig(start_batch=8, max_batch=64, steps=1, budget_bytes=100,
+                          safety_margin=0.1).limit_bytes == 90
+
+
+# ---------------------------------------------------------------- finder
+
+
+class FakeDeviceAcc:
+    """A device whose allocator reports ``per_sample`` bytes per sample of the last step."""
+
+    is_cpu = False
+    kind = "cuda"
+
+    def __init__(self, per_sample):
+        self.per_sample = per_sample
+        self.peak = 0
+        self.emptied = 0
+
+    def synchronize(self):
+        pass
+
+    def reset_peak_memory_stats(self):
+        self.peak = 0
+
+    def memory_stats(self):
+        return {"allocated_bytes": 0, "reserved_bytes": 0, "peak_allocated_bytes": self.peak,
+                "fragmentation": None}
+
+
+def test_finder_recovers_from_a_real_oom_and_keeps_earlier_records(monkeypatch):
+    acc = FakeDeviceAcc(per_sample=MIB)
+    monkeypatch.setattr(M, "_release", lambda a: setattr(a, "emptied", a.emptied + 1))
+    recorded = []
+
+    def make_step(batch):
+        def step():
+            if batch > 40:
+                raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {batch} MiB")
+            acc.peak = max(acc.peak, batch * acc.per_sample)
+        return step
+
+    cfg = M.FinderConfig(start_batch=8, max_batch=1024, steps=3, budget_bytes=1000 * MIB,
+                         safety_margin=0.1, multiple_of=4, refine_steps=2)
+    res = M.find_batch_size(make_step, acc, cfg, on_result=recorded.append)
+    f = res.frame
+    assert f["batch"].tolist() == [8, 16, 32, 64, 48, 40]
+    assert f["status"].tolist() == ["fits", "fits", "fits", "oom", "oom", "fits"]
+    assert f["phase"].tolist() == ["grow"] * 4 + ["refine"] * 2
+    assert res.chosen == 40 and "out of memory at batch 64" in res.stop_reason
+    assert len(recorded) == len(f)  # every row reported as it came
+    assert [r["batch"] for r in recorded] == f["batch"].tolist()
+    assert "OutOfMemoryError" in f.loc[3, "error"]
+    assert f.loc[0, "peak_mib"] == 8.0 and f.loc[0, "throughput"] > 0
+    assert acc.emptied >= len(f)  # released after every size
+
+
+def test_npu_style_runtime_error_counts_as_oom_but_other_errors_propagate(monkeypatch):
+    acc = FakeDeviceAcc(per_sample=MIB)
+    monkeypatch.setattr(M, "_release", lambda a: None)
+
+    def npu_step(batch):
+        def step():
+            if batch >= 16:
+                raise RuntimeError("NPU out of memory. Tried to allocate 1.00 GiB")
+        return step
+
+    cfg = M.FinderConfig(start_batch=8, max_batch=64, steps=1, budget_bytes=1000 * MIB, refine_steps=0)
+    res = M.find_batch_size(npu_step, acc, cfg)
+    assert res.chosen == 8 and res.frame["status"].tolist() == ["fits", "oom"]
+
+    def buggy(batch):
+        def step():
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+        return step
+
+    with pytest.raises(RuntimeError, match="shapes"):
+        M.find_batch_size(buggy, acc, cfg)
+
+
+def test_finder_margin_and_max_batch(monkeypatch):
+    acc = FakeDeviceAcc(per_sample=MIB)
+    monkeypatch.setattr(M, "_release", lambda a: None)
+
+    def make_step(batch):
+        def step():
+            acc.peak = batch * MIB
+        return step
+
+    # budget 100 MiB, margin 0.2: a size fits when its peak <= 80 MiB; 128 MiB is over budget
+    cfg = M.FinderConfig(start_batch=8, max_batch=1024, steps=1, budget_bytes=100 * MIB,
+                         safety_margin=0.2, refine_steps=3)
+    res = M.find_batch_size(make_step, acc, cfg)
+    st = dict(zip(res.frame["batch"], res.frame["status"]))
+    assert st[64] == "fits" and st[128] == "over budget"
+    assert res.chosen == 80 and st[96] == "over margin"
+    # never beyond max_batch; the last size is capped at it
+    cfg = M.FinderConfig(start_batch=8, max_batch=50, steps=1, budget_bytes=1000 * MIB, multiple_of=2)
+    res = M.find_batch_size(make_step, acc, cfg)
+    assert res.frame["batch"].tolist() == [8, 16, 32, 50] and res.chosen == 50
+    assert "finder_max_batch=50" in res.stop_reason
+
+
+def test_finder_with_a_tiny_real_model_and_a_small_budget_on_cpu(cpu):
+    torch.manual_seed(0)
+    width = 2048
+
+    def make_step(batch):
+        model = torch.nn.Sequential(torch.nn.Linear(256, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(batch, 256)
+
+        def step():
+            opt.zero_grad()
+            h = model[1](model[0](x))
+            # activations of about batch * width * 4 bytes, several copies kept for backward
+            loss = (model[2](h * h.sigmoid() + h.tanh())).square().mean()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step
+
+    # activations at batch 4096: 4096 * 2048 * 4 B = 32 MiB each, several alive at once
+    cfg = M.FinderConfig(start_batch=256, max_batch=1 << 15, steps=2, budget_bytes=160 * MIB,
+                         safety_margin=0.1, refine_steps=1)
+    res = M.find_batch_size(make_step, cpu, cfg, sample_interval_s=0.0005)
+    f = res.frame
+    assert res.chosen is not None and 256 <= res.chosen < (1 << 15)
+    assert f["status"].iloc[0] == "fits"
+    failed = f[f["status"].isin(["over budget", "over margin", "skipped"])]
+    assert len(failed) >= 1  # the budget stopped the growth before max_batch
+    assert (f.loc[f["status"] == "fits", "peak_mib"] <= cfg.limit_bytes / MIB).all()
+    assert (f.loc[f["status"] == "over budget", "peak_mib"] > 160).all()
+    ok = f[f["status"] == "fits"]
+    assert (ok["throughput"] > 0).all() and (ok["throughput_p25"] <= ok["throughput_p75"]).all()
+
+
+def test_ppo_step_factory_builds_a_training_step(cpu):
+    cfg = M.TraceConfig(device="cpu", max_images=8, batch_size=8, image_size=32, model_width=4, d_model=16)
+    make_step = M.ppo_step_factory(cfg, cpu)
+    step = make_step(8)
+    stats = step()
+    assert {"loss", "value_loss"} <= set(stats) and torch.isfinite(stats["loss"])
+    frame = M.trace_memory(step, cpu, 2)
+    assert len(frame) == 2 and (frame["rss_mib"] > 0).all()
+    with pytest.raises(ParameterError):
+        make_step(0)
