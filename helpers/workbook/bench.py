@@ -93,6 +93,37 @@ def input_pipeline(*, profile: str = "quick", device: str = "auto", data_dir: st
     return out
 
 
+def allreduce_bench(*, backend: str = "auto", world_size: int = 2, min_bytes: int = 8, max_size_mib: float = 256,
+                    repeats: int = 10, warmup: int = 3, timeout_s: float = 600.0, master_port: int = 0,
+                    device: str = "auto") -> str | None:
+    """The allreduce benchmark (issue 5) as a JSON string.
+
+    Started by hand, it launches ``world_size`` ranks under torchrun on this
+    machine (:func:`helpers.comm.allreduce.allreduce_benchmark`). Started by
+    torchrun itself (RANK, WORLD_SIZE and MASTER_ADDR set, e.g. on several
+    nodes), it runs as that rank; rank 0 returns the JSON, other ranks None.
+    Keys: backend, world_size, device, sizes (bytes, time_s, time_p25_s,
+    time_p75_s, algbw_gbps, busbw_gbps; GB/s = 1e9 B/s), bare,
+    overhead_vs_bare, bare_busbw_gbps_64mib, target, met, timing, wall_s.
+    """
+    from helpers.diagnose.npu_probe import prepare_torch_import
+
+    prepare_torch_import(fallback_to_cpu=True)
+    from helpers.comm.allreduce import allreduce_benchmark, allreduce_in_launched_job, launched_by_torchrun
+
+    if launched_by_torchrun():
+        out = allreduce_in_launched_job(backend=backend, min_bytes=min_bytes, max_size_mib=max_size_mib,
+                                        repeats=repeats, warmup=warmup)
+        return None if out is None else json.dumps(out, indent=2)
+    from helpers.device import get_accelerator
+
+    kind = get_accelerator(device).kind
+    out = allreduce_benchmark(backend=backend, world_size=world_size, min_bytes=min_bytes,
+                              max_size_mib=max_size_mib, repeats=repeats, warmup=warmup, timeout_s=timeout_s,
+                              master_port=master_port, device_kind=kind)
+    return json.dumps(out, indent=2)
+
+
 BENCHMARKS = {"input-pipeline": input_pipeline}
 
 

@@ -3,9 +3,11 @@
 Commands
 --------
 run         execute the notebooks into a run folder and write the report
-bench       run a benchmark (input-pipeline) and print its figures as JSON
+bench       run a benchmark (input-pipeline, allreduce) and print its figures as JSON
 data build  build the embedded photo dataset (done on first use anyway)
 report      rebuild the report of an existing run folder
+env check   validate HCCL/NCCL/torch_npu environment settings (current or proposed) and write
+            a validated env file for torchrun; exit 1 when a setting is invalid or invented
 """
 
 from __future__ import annotations
@@ -43,13 +45,41 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
 
     be = sub.add_parser("bench", help="run a benchmark and print its figures as JSON")
-    be.add_argument("name", choices=("input-pipeline",), help="which benchmark")
+    be.add_argument("name", choices=("input-pipeline", "allreduce"), help="which benchmark")
     be.add_argument("--profile", default="quick", choices=PROFILES, help="parameter profile (default: quick)")
     be.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="device kind (default: auto)")
     be.add_argument("--data-dir", default=None, metavar="DIR", help="a folder of images instead of the embedded photos")
+    be.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl", "hccl"),
+                    help="allreduce: torch.distributed backend (auto: hccl on npu, nccl on cuda, gloo on cpu)")
+    be.add_argument("--world-size", type=int, default=2, metavar="N", help="allreduce: ranks on this machine")
+    be.add_argument("--min-bytes", type=int, default=8, metavar="B", help="allreduce: smallest message, bytes")
+    be.add_argument("--max-size-mib", type=float, default=256, metavar="M", help="allreduce: largest message, MiB")
+    be.add_argument("--repeats", type=int, default=10, metavar="R", help="allreduce: timed calls per size")
+    be.add_argument("--warmup", type=int, default=3, metavar="W", help="allreduce: untimed calls per size")
+    be.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                    help="allreduce: seconds before the job counts as hung and is stopped")
+    be.add_argument("--master-port", type=int, default=0, metavar="P",
+                    help="allreduce: rendezvous port on 127.0.0.1 (0: a free one)")
 
     rep = sub.add_parser("report", help="rebuild report.html and report.md of a run folder")
     rep.add_argument("run_dir", type=Path)
+
+    env = sub.add_parser("env", help="environment-settings commands")
+    esub = env.add_subparsers(dest="env_command", required=True)
+    ec = esub.add_parser("check", help="check the current environment or a proposed set against the catalog "
+                                       "(exit 1 when a setting is invalid or invented)")
+    ec.add_argument("--file", type=Path, default=None, metavar="PROPOSED.env",
+                    help="check the KEY=VALUE / export KEY=VALUE settings of this file instead of the environment")
+    ec.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                    help="a proposed setting (repeatable; overrides --file); with --set or --file the current "
+                         "environment is not checked")
+    ec.add_argument("--npu", action=argparse.BooleanOptionalAction, default=None,
+                    help="whether torch_npu is in play (default: inferred from ASCEND_*/HCCL_* settings)")
+    ec.add_argument("--write", type=Path, default=None, metavar="OUT.env",
+                    help="write the validated settings as an env file to source before torchrun")
+    ec.add_argument("--skip-invalid", action="store_true",
+                    help="with --write: leave invalid settings out instead of writing nothing")
+    ec.add_argument("--catalog", action="store_true", help="print the catalog of known settings")
     return p
 
 
@@ -81,8 +111,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from helpers.workbook.bench import run_benchmark
 
+            if args.name == "allreduce":
+                from helpers.workbook.bench import allreduce_bench
+
+                text = allreduce_bench(backend=args.backend, world_size=args.world_size, min_bytes=args.min_bytes,
+                                       max_size_mib=args.max_size_mib, repeats=args.repeats, warmup=args.warmup,
+                                       timeout_s=args.timeout, master_port=args.master_port, device=args.device)
+                if text is not None:  # None on ranks other than 0 of a torchrun job
+                    print(text)
+                return 0
             print(run_benchmark(args.name, profile=args.profile, device=args.device, data_dir=args.data_dir))
             return 0
+        if args.command == "env":
+            return _env_check(args)
         if args.command == "report":
             from helpers.workbook.report import write_report
 
@@ -95,6 +136,45 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 2
+
+
+def _env_check(args: argparse.Namespace) -> int:
+    """``env check``: print one line per finding; 0 when nothing is invalid or invented, else 1."""
+    import os
+
+    from helpers.diagnose import envcatalog as ec
+    from helpers.errors import ParameterError
+
+    if args.catalog:
+        frame = ec.catalog_frame()[["name", "scope", "allowed", "default"]]
+        print(frame.to_string(index=False))
+        if args.file is None and not args.settings:
+            return 0
+    if args.file is not None or args.settings:
+        environ: dict[str, str] = dict(ec.parse_env_file(args.file)) if args.file is not None else {}
+        for item in args.settings:
+            name, sep, value = item.partition("=")
+            if not sep or not name.strip():
+                raise ParameterError(f"--set {item!r} is not KEY=VALUE; write e.g. --set HCCL_BUFFSIZE=400")
+            environ[name.strip()] = value
+        source = "proposed settings"
+    else:
+        environ = dict(os.environ)
+        source = "current environment"
+    findings = ec.check_env(environ, npu=args.npu)
+    order = {"error": 0, "warning": 1, "ok": 2}
+    for finding in sorted(findings, key=lambda f: (order[f.severity], f.name)):
+        print(ec.format_finding(finding))
+    counts = {sev: sum(f.severity == sev for f in findings) for sev in order}
+    print(f"{source}: {counts['error']} invalid or invented, {counts['warning']} warning(s), "
+          f"{counts['ok']} valid")
+    if args.write is not None:
+        if counts["error"] and not args.skip_invalid:
+            print(f"not written: {args.write} (fix the errors above, or pass --skip-invalid)", file=sys.stderr)
+        else:
+            path, _ = ec.write_env_file(environ, args.write, npu=args.npu, skip_invalid=True)
+            print(f"validated env file: {path}  (use: source {path} && torchrun ...)")
+    return 1 if counts["error"] else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -126,6 +126,60 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("attention_head_dim", int, 32, "width of one head in the attention comparison", minimum=1,
               maximum=1024),
     ),
+    "08_collectives": _COMMON + _DATA + _batch("samples per rank per DDP step") + _training(
+            16, "timed DDP steps per variant") + (
+        Param("backend", str, "auto", "torch.distributed backend: auto picks hccl on npu, nccl on cuda, gloo on cpu",
+              choices=("auto", "gloo", "nccl", "hccl")),
+        Param("world_size", int, 2, "processes in the process group (one per device on cuda/npu)", minimum=2,
+              maximum=64),
+        Param("min_bytes", int, 8, "smallest allreduce message, bytes", minimum=4, maximum=1 << 30),
+        Param("max_size_mib", int, 256, "largest allreduce message, MiB", minimum=1, maximum=1 << 16),
+        Param("repeats", int, 10, "timed allreduces per message size", minimum=3, maximum=10000),
+        Param("warmup", int, 3, "untimed allreduces per message size", minimum=0, maximum=1000),
+        Param("bucket_cap_mb_list", list, [0.25, 1, 25], "DDP bucket_cap_mb values to sweep (25 is DDP's default)",
+              item_kind=float, minimum=0.01, maximum=4096),
+        Param("compression_hooks", list, ["none", "fp16", "bf16"],
+              "DDP gradient compression hooks to compare (none is plain allreduce)", item_kind=str,
+              choices=("none", "fp16", "bf16")),
+        Param("timeout_s", float, 300.0, "seconds before a collective job counts as hung and is stopped",
+              minimum=5.0, maximum=7200.0),
+        Param("master_port", int, 0, "TCP port of the rendezvous on 127.0.0.1 (0 picks a free one)", minimum=0,
+              maximum=65535),
+    ),
+    "09_memory_and_batch_size": _COMMON + _DATA + _batch("samples per step of the memory trace") + _training(
+            16, "training steps of the memory trace") + (
+        Param("memory_budget_mib", int, 0,
+              "memory the batch-size finder may use, MiB (0: the device's free memory; on CPU half the available RAM)",
+              minimum=0, maximum=1 << 24),
+        Param("finder_start_batch", int, 8, "first batch size the finder tries", minimum=1, maximum=1 << 20),
+        Param("finder_max_batch", int, 1024, "largest batch size the finder tries", minimum=1, maximum=1 << 20),
+        Param("finder_steps", int, 3, "timed training steps per batch size tried", minimum=1, maximum=1000),
+        Param("safety_margin", float, 0.10, "fraction of memory kept free when choosing the batch size",
+              minimum=0.0, maximum=0.9),
+        Param("alloc_conf_list", list, ["", "expandable_segments:True"],
+              "allocator settings to compare on cuda/npu (PYTORCH_CUDA_ALLOC_CONF / PYTORCH_NPU_ALLOC_CONF)",
+              item_kind=str),
+    ),
+    "10_end_to_end": _COMMON + _DATA + (
+        Param("batch_size", int, 32, "samples per training step", minimum=1, maximum=4096),
+        Param("image_size", int, 64, "side of the square training crop, px (64: the job is host-bound on a "
+              "2-core CPU, see notebook 10)", minimum=16, maximum=1024),
+        Param("text_len", int, 16, "caption length in tokens (padded/truncated)", minimum=2, maximum=512),
+    ) + _training(16, "measured training steps per job") + (
+        Param("optimizations", list, ["auto"],
+              "optimizations of the optimized job: auto follows the earlier verdicts of this run; or names "
+              "from batched_decode, dataloader_workers, pinned_memory, prefetcher, mixed_precision, channels_last",
+              item_kind=str),
+        Param("ablation", bool, True, "also run the optimized job with each optimization removed in turn"),
+        Param("curve_steps", int, 30, "training steps of the learning curves of both jobs", minimum=2,
+              maximum=100000),
+        Param("loss_rtol", float, 0.10, "relative tolerance of optimized vs baseline mean value loss over the last steps",
+              minimum=0.0, maximum=10.0),
+        Param("projection_steps", int, 100000, "training steps of the projected full job (before vs after)",
+              minimum=1, maximum=10**12),
+        Param("host_bound_threshold", float, 0.10,
+              "exposed input time / step time above which the job is called host-bound", minimum=0.0, maximum=1.0),
+    ),
 }
 
 

@@ -1,0 +1,319 @@
+"""DistributedDataParallel on the PPO workload: buckets, compression hooks, overlap.
+
+:func:`run_ddp` runs inside a rank (task ``ddp`` of :mod:`helpers.comm.worker`);
+:func:`ddp_benchmark` launches it from a process that holds no process group.
+
+What is measured, per rank, on fixed real batches (each rank draws its own
+samples: the batch order of rank r is the epoch-r permutation of the dataset):
+
+- step time of one PPO step (:meth:`helpers.compute.ppo.PPOTrainer.step`:
+  rollout, GAE, ``ppo_epochs`` updates, each with a backward pass and therefore
+  one gradient allreduce) for each ``bucket_cap_mb`` and each compression hook;
+  reported as the median (and quartiles) over steps of the max over ranks;
+- the bucket sizes DDP actually made, read from
+  ``DistributedDataParallel._get_ddp_logging_data()["rebuilt_bucket_sizes"]``
+  (bytes, comma-separated, in DDP's bucket order; torch/nn/parallel/
+  distributed.py and the c10d Logger), after the timed steps (DDP rebuilds
+  its buckets once, after the first iteration, in the order the gradients
+  became ready; see :func:`bucket_sizes`);
+- gradient error of each hook: the averaged gradients DDP produced for one
+  backward pass against an fp32 reference (the same local gradients, divided
+  by the world size and summed with ``all_reduce`` in float32, which is what
+  DDP's default ``allreduce_hook`` does);
+- overlap: the same step under ``ddp.no_sync()`` (no communication) and the
+  gradients' allreduce alone (flat float32 buffers of DDP's bucket sizes,
+  ``ppo_epochs`` times); hidden fraction ``1 - (t_ddp - t_nosync) /
+  t_allreduce_alone`` clipped to [0, 1].
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from helpers.errors import ParameterError
+
+log = logging.getLogger(__name__)
+
+HOOKS = ("none", "fp16", "bf16")
+#: Bytes per gradient element sent by each hook (fp32 gradients; the
+#: compress hooks cast to 16 bits before the allreduce, default_hooks.py).
+HOOK_BYTES = {"none": 4, "fp16": 2, "bf16": 2}
+
+
+def hook_function(name: str):
+    """The DDP communication hook for ``name`` (None for "none").
+
+    fp16 / bf16: ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``
+    ``fp16_compress_hook`` / ``bf16_compress_hook``.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if name not in HOOKS:
+        raise ParameterError(f"compression hook {name!r} is not one of {', '.join(HOOKS)}.")
+    return {"none": None, "fp16": default_hooks.fp16_compress_hook,
+            "bf16": default_hooks.bf16_compress_hook}[name]
+
+
+def bucket_sizes(ddp_model) -> list[int]:
+    """Sizes in bytes of the gradient buckets ``ddp_model`` uses now (DDP's own logging data).
+
+    DDP (torch 2.13, ``BucketCapacityConfig.compute_bucket_size_limits``)
+    starts with all parameters in one bucket when ``find_unused_parameters``
+    is off, then the reducer rebuilds the buckets after the first iteration in
+    gradient-ready order and logs ``rebuilt_bucket_sizes``; before that only
+    ``bucket_sizes`` (the initial buckets) exists. A bucket is closed once it
+    exceeds the cap, so buckets are usually larger than ``bucket_cap_mb``.
+    """
+    data = ddp_model._get_ddp_logging_data()
+    raw = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", ""))
+    return [int(x) for x in raw.split(",") if x.strip()]
+
+
+def hidden_fraction(t_ddp: float, t_nosync: float, t_allreduce: float) -> float:
+    """Share of the allreduce time hidden behind computation, in [0, 1].
+
+    ``1 - (t_ddp - t_nosync) / t_allreduce``: the exposed communication is
+    what DDP adds to the step without communication; compared with the time
+    the same allreduces take alone, the rest was overlapped with backward.
+    """
+    if t_allreduce <= 0:
+        raise ParameterError(f"t_allreduce={t_allreduce} must be > 0.")
+    return float(min(1.0, max(0.0, 1.0 - (t_ddp - t_nosync) / t_allreduce)))
+
+
+def grad_error(got: "Any", ref: "Any") -> dict[str, float]:
+    """Max absolute and relative (to max |ref|) error of flat gradient tensors ``got`` against ``ref``."""
+    import torch
+
+    d = (got.double() - ref.double()).abs()
+    scale = float(ref.double().abs().max())
+    m = float(d.max()) if d.numel() else 0.0
+    return {"max_abs_err": m, "rel_err": m / scale if scale > 0 else 0.0,
+            "mismatched": int(torch.count_nonzero(d).item())}
+
+
+def _stats(times_by_rank: Sequence[Sequence[float]]) -> dict[str, float]:
+    t = np.asarray(times_by_rank, dtype=float).max(axis=0)
+    return {"time_s": float(np.median(t)), "time_p25_s": float(np.percentile(t, 25)),
+            "time_p75_s": float(np.percentile(t, 75))}
+
+
+def _grad_loss(model, images, tokens, labels):
+    """A deterministic PPO loss of one batch (rollout quantities taken from the same forward, detached)."""
+    import torch
+
+    from helpers.compute.ppo import ppo_loss
+
+    logits, values = model(images, tokens)
+    with torch.no_grad():
+        actions = labels % logits.shape[1]
+        old = torch.log_softmax(logits.float(), dim=1).gather(1, actions[:, None]).squeeze(1)
+        rewards = (logits.argmax(1) == actions).float()
+        adv = rewards - values.float()
+    loss, _ = ppo_loss(logits, actions, old, adv, values, rewards)
+    return loss
+
+
+def _flat_grads(model):
+    import torch
+
+    return torch.cat([p.grad.reshape(-1).float() for p in model.parameters() if p.grad is not None])
+
+
+def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
+    """The DDP experiments on this rank (inside an initialized default process group); rank 0 returns the result.
+
+    Parameters
+    ----------
+    cfg : mapping
+        ``data_dir``, ``max_images``, ``seed``, ``batch_size`` (per rank),
+        ``image_size``, ``text_len``, ``model_width``, ``d_model``, ``steps``,
+        ``warmup_steps``, ``bucket_cap_mb_list``, ``compression_hooks``.
+    rc : helpers.comm.worker.RankContext
+
+    Returns
+    -------
+    dict or None
+        ``buckets`` (rows: cap_mb, bucket_sizes, n_buckets, step time stats),
+        ``hooks`` (rows: hook, bytes_per_step, step time stats, errors),
+        ``overlap`` ({t_ddp_s, t_nosync_s, t_allreduce_s, hidden_fraction}),
+        ``grad_bytes``, ``params``, ``world_size``, ``batch_per_rank``.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from helpers.compute.model import PolicyConfig, build_policy, count_parameters
+    from helpers.compute.ppo import PPOConfig, PPOTrainer
+    from helpers.device import get_accelerator
+    from helpers.pipeline.fast import BatchedDataset, batch_sampler, to_device_batch
+    from helpers.pipeline.prepare import prepare_data
+    from helpers.timing import measure
+
+    caps = [float(c) for c in cfg["bucket_cap_mb_list"]]
+    hooks = list(cfg["compression_hooks"])
+    for h in hooks:
+        hook_function(h)
+    acc = get_accelerator(rc.device.type, index=rc.device.index or 0)
+    seed, bs = int(cfg["seed"]), int(cfg["batch_size"])
+    index, tokenizer = prepare_data(cfg.get("data_dir") or None, max_images=int(cfg.get("max_images", 0)), seed=seed,
+                                    batch_size=bs, text_len=int(cfg["text_len"]))
+    ds = BatchedDataset(index, tokenizer, image_size=int(cfg["image_size"]), text_len=int(cfg["text_len"]), seed=seed)
+    ds.set_epoch(rc.rank)
+    batches = []
+    for b in itertools.islice(batch_sampler(len(index), bs, seed=seed, epoch=rc.rank), 2):
+        images, tokens, labels = to_device_batch(ds[b], acc)
+        batches.append((images.clone(), tokens.clone(), labels.clone()))
+    ds.close()
+    w = int(cfg["model_width"])
+    pcfg = PolicyConfig(image_size=int(cfg["image_size"]), conv_channels=(w, 2 * w, 4 * w),
+                        vocab_size=tokenizer.get_vocab_size(), text_len=int(cfg["text_len"]),
+                        d_model=int(cfg["d_model"]), n_actions=max(2, index.n_classes))
+    torch.manual_seed(seed)
+    base = build_policy(pcfg, device=rc.device)
+    base_state = copy.deepcopy(base.state_dict())
+    ppo_cfg = PPOConfig()
+    grad_bytes = sum(p.numel() * 4 for p in base.parameters() if p.requires_grad)
+
+    def fresh(cap: float, hook: str = "none"):
+        m = build_policy(pcfg, device=rc.device)
+        m.load_state_dict(base_state)
+        d = DDP(m, bucket_cap_mb=cap, broadcast_buffers=False)
+        fn = hook_function(hook)
+        if fn is not None:
+            d.register_comm_hook(state=None, hook=fn)
+        return d
+
+    def time_steps(ddp, *, no_sync: bool = False) -> list[float]:
+        trainer = PPOTrainer(ddp, ppo_cfg)
+        gen = torch.Generator(device=rc.device).manual_seed(seed + rc.rank)
+        it = itertools.cycle(batches)
+
+        def step():
+            images, tokens, labels = next(it)
+            if no_sync:
+                with ddp.no_sync():
+                    trainer.step(images, tokens, labels, generator=gen)
+            else:
+                trainer.step(images, tokens, labels, generator=gen)
+
+        m = measure(step, repeats=int(cfg["steps"]), warmup=int(cfg["warmup_steps"]), sync=rc.sync)
+        return list(m.times_s)
+
+    default_cap = 25.0 if 25.0 in caps else caps[-1]
+    local: dict[str, Any] = {"buckets": [], "hooks": [], "errors": {}}
+    # bucket sweep (plain fp32 allreduce)
+    ddp_default = None
+    for cap in caps:
+        d = fresh(cap)
+        times = time_steps(d)
+        local["buckets"].append({"cap_mb": cap, "bucket_sizes": bucket_sizes(d),
+                                 "rebuilt": int(d._get_ddp_logging_data().get("has_rebuilt_buckets", 0)),
+                                 "times": times})
+        if cap == default_cap:
+            ddp_default = d
+            t_ddp = times
+    # compression hooks at the default cap
+    unsupported: dict[str, str] = {}
+    for h in hooks:
+        if h == "none":
+            times = t_ddp
+        else:
+            try:
+                times = time_steps(fresh(default_cap, h))
+            except (TypeError, RuntimeError) as exc:  # e.g. bf16 hook: "required CUDA 11+ and NCCL 2.10+"
+                unsupported[h] = f"{type(exc).__name__}: {exc}"
+                continue
+        local["hooks"].append({"hook": h, "times": times})
+    # overlap: no communication, and the allreduce alone on DDP's buckets
+    t_nosync = time_steps(ddp_default, no_sync=True)
+    sizes = bucket_sizes(ddp_default) or [grad_bytes]
+    bufs = [torch.zeros(max(1, s // 4), dtype=torch.float32, device=rc.device) for s in sizes]
+
+    def allreduce_alone():
+        for _ in range(ppo_cfg.ppo_epochs):
+            for t in bufs:
+                dist.all_reduce(t)
+
+    t_ar = list(measure(allreduce_alone, repeats=int(cfg["steps"]), warmup=int(cfg["warmup_steps"]),
+                        sync=rc.sync).times_s)
+    # gradient error of each hook against the fp32 reference
+    images, tokens, labels = batches[0]
+    plain = build_policy(pcfg, device=rc.device)
+    plain.load_state_dict(base_state)
+    plain.train()
+    _grad_loss(plain, images, tokens, labels).backward()
+    ref = _flat_grads(plain) / rc.world_size
+    dist.all_reduce(ref)
+    for h in hooks:
+        if h in unsupported:
+            continue
+        d = fresh(default_cap, h)
+        d.train()
+        _grad_loss(d, images, tokens, labels).backward()
+        local["errors"][h] = grad_error(_flat_grads(d.module), ref)
+    gathered: list = [None] * rc.world_size
+    dist.all_gather_object(gathered, {"buckets": [b["times"] for b in local["buckets"]],
+                                      "hooks": [h["times"] for h in local["hooks"]],
+                                      "nosync": t_nosync, "ar": t_ar, "errors": local["errors"]})
+    if rc.rank != 0:
+        return None
+    buckets = []
+    for i, b in enumerate(local["buckets"]):
+        buckets.append({"cap_mb": b["cap_mb"], "bucket_sizes": b["bucket_sizes"], "n_buckets": len(b["bucket_sizes"]),
+                        "rebuilt": b["rebuilt"], **_stats([g["buckets"][i] for g in gathered])})
+    hook_rows = []
+    for i, h in enumerate(local["hooks"]):
+        errs = [g["errors"][h["hook"]] for g in gathered]
+        hook_rows.append({"hook": h["hook"], "cap_mb": default_cap,
+                          "bytes_per_step": grad_bytes // 4 * HOOK_BYTES[h["hook"]] * ppo_cfg.ppo_epochs,
+                          **_stats([g["hooks"][i] for g in gathered]),
+                          "max_abs_err": max(e["max_abs_err"] for e in errs),
+                          "rel_err": max(e["rel_err"] for e in errs),
+                          "mismatched": max(e["mismatched"] for e in errs)})
+    t_d = _stats([g["buckets"][caps.index(default_cap)] for g in gathered])["time_s"]
+    t_n = _stats([g["nosync"] for g in gathered])["time_s"]
+    t_a = _stats([g["ar"] for g in gathered])["time_s"]
+    return {"buckets": buckets, "hooks": hook_rows,
+            "overlap": {"cap_mb": default_cap, "t_ddp_s": t_d, "t_nosync_s": t_n, "t_allreduce_s": t_a,
+                        "hidden_fraction": hidden_fraction(t_d, t_n, t_a)},
+            "unsupported_hooks": unsupported, "grad_bytes": grad_bytes, "params": count_parameters(base), "world_size": rc.world_size,
+            "batch_per_rank": bs, "ppo_epochs": ppo_cfg.ppo_epochs, "images": len(index),
+            "timing": "median over steps of the max over ranks (each rank synced its device after every step)"}
+
+
+DDP_KEYS = ("data_dir", "max_images", "seed", "batch_size", "image_size", "text_len", "model_width", "d_model",
+            "steps", "warmup_steps", "bucket_cap_mb_list", "compression_hooks")
+
+
+def ddp_benchmark(params: Mapping[str, Any], *, world_size: int = 2, backend: str = "auto",
+                  timeout_s: float = 300.0, master_port: int = 0, device_kind: str | None = None) -> dict[str, Any]:
+    """Run :func:`run_ddp` in ``world_size`` child processes (see :func:`helpers.comm.launch.run_job`).
+
+    Parameters
+    ----------
+    params : mapping
+        Must hold the keys of :data:`DDP_KEYS` (e.g. notebook 08's parameters).
+
+    Raises
+    ------
+    ParameterError
+        A key is missing, or the job rejected its input.
+    """
+    from helpers.comm.launch import run_job
+
+    missing = [k for k in DDP_KEYS if k not in params]
+    if missing:
+        raise ParameterError(f"ddp_benchmark needs {', '.join(missing)} in params; pass notebook 08's parameters.")
+    cfg = {k: params[k] for k in DDP_KEYS}
+    job = run_job("ddp", cfg, world_size=world_size, backend=backend, device_kind=device_kind,
+                  timeout_s=timeout_s, master_port=master_port)
+    out = dict(job.data)
+    out["wall_s"] = round(job.wall_s, 2)
+    out["backend"] = job.backend
+    return out

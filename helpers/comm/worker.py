@@ -1,0 +1,149 @@
+"""One rank of a collective job: ``python -m helpers.comm.worker --task T --backend B --config C --out D``.
+
+Started by torchrun (see :mod:`helpers.comm.launch`), which sets ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. The rank
+initializes the default process group with ``init_method="env://"``, runs
+the task, and rank 0 writes ``result.json`` into the output folder. A rank
+that raises writes ``error_rank<R>.json`` ({rank, type, message}) and exits
+with status 1. The process group is destroyed on the way out.
+
+Tasks: ``allreduce`` (:func:`helpers.comm.allreduce.run_allreduce`), ``ddp``
+(:func:`helpers.comm.ddp.run_ddp`), and two self-tests used by the test suite
+to check the launcher's failure handling: ``selftest_hang`` (every rank waits
+forever after joining the group) and ``selftest_exit`` (rank 1 exits with
+status 3 while rank 0 waits in an allreduce).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Where this rank runs: rank, world size, local rank, backend, torch device and its sync function."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: Any
+    sync: Callable[[], None]
+
+
+def init_rank(backend: str, *, timeout_s: float = 600.0) -> RankContext:
+    """Join the default process group from torchrun's environment variables.
+
+    On nccl/hccl the rank uses device ``LOCAL_RANK`` (one process per device);
+    on gloo the CPU.
+
+    Raises
+    ------
+    KeyError
+        If RANK / WORLD_SIZE / LOCAL_RANK are not set (not started by torchrun).
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if backend == "hccl":
+        import torch_npu  # noqa: F401  registers the "hccl" backend (fact-check line 91)
+    kind = {"nccl": "cuda", "hccl": "npu"}.get(backend, "cpu")
+    if kind == "cpu":
+        device = torch.device("cpu")
+
+        def sync() -> None:
+            return None
+    else:
+        device = torch.device(kind, local)
+        getattr(torch, kind).set_device(device)
+        mod = getattr(torch, kind)
+
+        def sync() -> None:
+            mod.synchronize()
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return RankContext(rank, world, local, backend, device, sync)
+
+
+def run_task(task: str, cfg: dict, rc: RankContext) -> dict | None:
+    """Run ``task`` on this rank; rank 0's return value is the job's result."""
+    import torch.distributed as dist
+
+    if task == "allreduce":
+        from helpers.comm.allreduce import run_allreduce
+
+        return run_allreduce(rank=rc.rank, world_size=rc.world_size, device=rc.device, sizes=cfg["sizes"],
+                             repeats=cfg["repeats"], warmup=cfg["warmup"], sync=rc.sync,
+                             bare_bytes=cfg.get("bare_bytes"))
+    if task == "ddp":
+        from helpers.comm.ddp import run_ddp
+
+        return run_ddp(cfg, rc)
+    if task == "selftest_hang":
+        dist.barrier()
+        while True:
+            time.sleep(1.0)
+    if task == "selftest_exit":
+        import torch
+
+        dist.barrier()
+        if rc.rank == 1:
+            sys.stdout.flush()
+            os._exit(3)
+        t = torch.ones(4)
+        dist.all_reduce(t)  # waits for rank 1, which is gone
+        return {"unexpected": True}
+    if task == "selftest_ok":
+        import torch
+
+        t = torch.full((4,), float(rc.rank + 1))
+        dist.all_reduce(t)
+        return {"sum": t.tolist(), "world_size": rc.world_size, "pid": os.getpid()}
+    raise ValueError(f"unknown task {task!r}; expected allreduce, ddp, selftest_hang, selftest_exit or selftest_ok")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of one rank; returns the exit status."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", required=True)
+    p.add_argument("--backend", required=True, choices=("gloo", "nccl", "hccl"))
+    p.add_argument("--config", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    rank = int(os.environ.get("RANK", "0"))
+    cfg = json.loads(args.config.read_text())
+    try:
+        rc = init_rank(args.backend, timeout_s=float(cfg.get("pg_timeout_s", 600.0)))
+        result = run_task(args.task, cfg, rc)
+        if rc.rank == 0:
+            tmp = args.out / "result.json.tmp"
+            tmp.write_text(json.dumps(result))
+            tmp.replace(args.out / "result.json")
+    except Exception as exc:  # report, then fail the rank so torchrun stops the job
+        (args.out / f"error_rank{rank}.json").write_text(
+            json.dumps({"rank": rank, "type": type(exc).__name__, "message": str(exc)}))
+        log.error("rank %d failed: %s: %s", rank, type(exc).__name__, exc)
+        return 1
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,933 @@
+"""The end-to-end job of notebook 10: the baseline of notebook 01 and the optimized job, side by side.
+
+This module composes the building blocks of notebooks 01-07 and adds no
+pipeline or compute code of its own:
+
+- the baseline: :class:`helpers.pipeline.baseline.BaselineDataset` (per-image
+  Pillow decode, augment, normalize, tokenize in the training process), no
+  workers, no pinning, float32 NCHW, :class:`helpers.compute.ppo.PPOTrainer`;
+- the optimizations, each switched by name (:data:`OPTIMIZATIONS`):
+  ``batched_decode`` (:class:`helpers.pipeline.fast.BatchedDataset` and
+  :func:`helpers.pipeline.fast.to_device_batch`), ``dataloader_workers``
+  (:func:`helpers.pipeline.loader.make_loader`), ``pinned_memory``,
+  ``prefetcher`` (:class:`helpers.pipeline.prefetch.DevicePrefetcher`),
+  ``mixed_precision`` (autocast in ``PPOTrainer.step``, a GradScaler for
+  float16 from :func:`helpers.compute.amp.make_grad_scaler`) and
+  ``channels_last`` (model and images in NHWC).
+
+Every job draws the same batches in the same order (one
+:func:`helpers.pipeline.fast.batch_sampler` per job, same seed) and the same
+crops and flips (both datasets seed each item from ``(seed, epoch, index)``),
+and starts from the same initial weights, so the jobs' learning curves can be
+compared. :func:`run_interleaved` times several jobs in rotating blocks of
+steps, so a busy machine slows them all alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+from helpers.errors import ParameterError
+
+log = logging.getLogger(__name__)
+
+#: The optimizations the optimized job can combine, in checklist order.
+OPTIMIZATIONS: tuple[str, ...] = ("batched_decode", "dataloader_workers", "pinned_memory", "prefetcher",
+                                  "mixed_precision", "channels_last")
+
+#: The notebook whose verdict decides each optimization under ``optimizations=["auto"]``.
+SOURCE_NOTEBOOKS: dict[str, str] = {
+    "batched_decode": "02_batched_decode",
+    "dataloader_workers": "03_dataloader_tuning",
+    "pinned_memory": "04_pinned_memory",
+    "prefetcher": "05_stream_overlap",
+    "mixed_precision": "06_mixed_precision",
+    "channels_last": "07_channels_last",
+}
+
+PHASES = ("data", "h2d", "compute")
+
+
+# --------------------------------------------------------------------------- choosing the optimizations
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Whether one optimization is on in the optimized job, and why.
+
+    Attributes
+    ----------
+    name : str
+        One of :data:`OPTIMIZATIONS`.
+    enabled : bool
+    source : str
+        ``"verdict"`` (this run's verdict of its notebook), ``"default"`` (no
+        verdict: the device's default) or ``"requested"`` (an explicit list).
+    detail : str
+        One sentence for the reader.
+    """
+
+    name: str
+    enabled: bool
+    source: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The optimized job's optimizations and settings, with the reasons.
+
+    Attributes
+    ----------
+    optimizations : tuple of str
+        Enabled names, in :data:`OPTIMIZATIONS` order.
+    choices : tuple of Choice
+        One per name of :data:`OPTIMIZATIONS`.
+    missing : tuple of str
+        Notebook ids whose verdict was needed (``auto``) but not found.
+    num_workers : int
+        DataLoader worker processes when ``dataloader_workers`` is on.
+    amp_dtype : str
+        ``"bfloat16"`` or ``"float16"``: the autocast dtype when
+        ``mixed_precision`` is on.
+    """
+
+    optimizations: tuple[str, ...]
+    choices: tuple[Choice, ...]
+    missing: tuple[str, ...] = ()
+    num_workers: int = 2
+    amp_dtype: str = "bfloat16"
+
+    def job(self, name: str = "optimized") -> "JobConfig":
+        """The :class:`JobConfig` of the optimized job."""
+        return JobConfig(name=name, optimizations=self.optimizations, num_workers=self.num_workers,
+                         amp_dtype=self.amp_dtype)
+
+    def missing_lines(self) -> list[str]:
+        """What is missing and the command that produces it (empty when nothing is missing).
+
+        The runner writes one results file per run folder and refuses to add to
+        a finished run, so the command runs the missing notebooks and this one
+        together in a new run.
+        """
+        if not self.missing:
+            return []
+        numbers = " ".join(nb[:2] for nb in self.missing)
+        return [f"missing verdict(s) in this run's results: {', '.join(self.missing)}; the device default is used "
+                "for those optimizations (table below).",
+                f"to follow measured verdicts instead, run them and this notebook together: "
+                f"`python -m helpers run --only {numbers} 10` (same --profile and --device as this run)"]
+
+    def frame(self):
+        """The choices as a table: optimization, enabled, source, detail."""
+        import pandas as pd
+
+        return pd.DataFrame([{"optimization": c.name, "enabled": c.enabled, "source": c.source,
+                              "detail": c.detail} for c in self.choices])
+
+
+def check_optimizations(requested: Iterable[str]) -> tuple[str, ...]:
+    """Validate the ``optimizations`` parameter before any work.
+
+    Parameters
+    ----------
+    requested : iterable of str
+        ``["auto"]``, or names from :data:`OPTIMIZATIONS` (an empty list means
+        the optimized job equals the baseline).
+
+    Returns
+    -------
+    tuple of str
+        ``("auto",)`` or the distinct names in :data:`OPTIMIZATIONS` order.
+
+    Raises
+    ------
+    ParameterError
+        An unknown name, or ``"auto"`` mixed with names; the message lists the valid ones.
+    """
+    if isinstance(requested, str):
+        raise ParameterError(f"optimizations must be a list of names, got the string {requested!r}; "
+                             f"e.g. ['auto'] or ['batched_decode', 'mixed_precision']")
+    names = [str(n) for n in requested]
+    if "auto" in names:
+        if len(set(names)) > 1:
+            raise ParameterError(f"optimizations={names!r} mixes 'auto' with names; pass ['auto'] alone, or "
+                                 f"a list from: {', '.join(OPTIMIZATIONS)}")
+        return ("auto",)
+    unknown = [n for n in names if n not in OPTIMIZATIONS]
+    if unknown:
+        raise ParameterError(f"unknown optimization(s) {', '.join(map(repr, unknown))} in optimizations; valid: "
+                             f"auto, {', '.join(OPTIMIZATIONS)}")
+    return tuple(n for n in OPTIMIZATIONS if n in names)
+
+
+def device_defaults(acc, *, native_bf16: bool | None = None) -> dict[str, tuple[bool, str]]:
+    """The stated default of each optimization on this device, used where no verdict exists.
+
+    Parameters
+    ----------
+    acc : helpers.device.Accelerator
+    native_bf16 : bool, optional
+        Whether the CPU has native bf16 arithmetic
+        (:func:`helpers.diagnose.environment.cpu_bf16_support`); read when
+        None and the device is a CPU.
+
+    Returns
+    -------
+    dict
+        name -> (enabled, reason). Batched decode always; workers, pinned memory
+        and the prefetcher only on an accelerator (on a CPU they compete with
+        the training computation for the same cores, and a CPU has no pinned
+        memory or streams); mixed precision where the device autocasts to
+        bf16/fp16 and, on a CPU, only with native bf16 (emulated bf16 is
+        slower, field case 11); channels_last on CPU and CUDA, never on NPU
+        (fact-check, section 8).
+    """
+    caps = acc.capabilities
+    on_acc = not acc.is_cpu
+    out: dict[str, tuple[bool, str]] = {
+        "batched_decode": (True, "batched decode replaces per-image Pillow work on every device"),
+        "dataloader_workers": (on_acc, "worker processes feed an accelerator" if on_acc else
+                               "on a CPU, workers take cores from the training computation"),
+        "pinned_memory": (on_acc and caps.pinned_memory.available,
+                          "pinned host buffers speed host-to-device copies" if on_acc and caps.pinned_memory.available
+                          else f"not available here: {caps.pinned_memory.detail or 'no accelerator'}"),
+        "prefetcher": (on_acc and caps.streams.available,
+                       "a side-stream copy hides the transfer" if on_acc and caps.streams.available
+                       else f"no side streams here: {caps.streams.detail or 'no accelerator'}"),
+    }
+    dtypes = tuple(caps.autocast_dtypes)
+    if not dtypes:
+        out["mixed_precision"] = (False, f"{acc.kind} has no autocast dtype")
+    elif acc.is_cpu:
+        if native_bf16 is None:
+            from helpers.diagnose.environment import cpu_bf16_support
+
+            native_bf16 = bool(cpu_bf16_support()["native_bf16"])
+        out["mixed_precision"] = (bool(native_bf16) and "bfloat16" in dtypes,
+                                  "this CPU has native bf16 (AVX512-BF16/AMX/Arm BF16)" if native_bf16 else
+                                  "this CPU has no native bf16: emulated bf16 is slower than fp32")
+    else:
+        out["mixed_precision"] = (True, f"{acc.kind} autocasts to {', '.join(dtypes)}")
+    if acc.kind == "npu":
+        out["channels_last"] = (False, "NPU kernels want NCHW: channels_last must not be used there")
+    elif caps.channels_last.available:
+        out["channels_last"] = (True, "the conv encoder runs NHWC kernels on this device")
+    else:
+        out["channels_last"] = (False, f"channels_last unavailable: {caps.channels_last.detail}")
+    return out
+
+
+def _default_dtype(acc) -> str:
+    dtypes = tuple(acc.capabilities.autocast_dtypes)
+    if acc.is_cpu or "float16" not in dtypes:
+        return "bfloat16" if "bfloat16" in dtypes or not dtypes else dtypes[0]
+    return "bfloat16" if "bfloat16" in dtypes else "float16"
+
+
+def _workers_from(setting: Any, default: int) -> int:
+    """Parse ``"workers=N, ..."`` (notebook 03's ``best_setting``) into N."""
+    m = re.search(r"workers=(\d+)", str(setting or ""))
+    return int(m.group(1)) if m else default
+
+
+def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16: bool | None = None,
+                         default_workers: int | None = None) -> Selection:
+    """Decide the optimized job: from this run's verdicts (``auto``) or an explicit list.
+
+    Parameters
+    ----------
+    requested : sequence of str
+        The ``optimizations`` parameter (see :func:`check_optimizations`).
+    results : pandas.DataFrame or None
+        This run's records (:func:`helpers.results.load_results`); None or
+        empty when there are none (notebook 10 run alone).
+    acc : helpers.device.Accelerator
+    native_bf16 : bool, optional
+        See :func:`device_defaults`.
+    default_workers : int, optional
+        Workers when notebook 03 recorded none; default ``min(4, usable cores)``.
+
+    Returns
+    -------
+    Selection
+
+    Raises
+    ------
+    ParameterError
+        If ``requested`` is invalid (before any work).
+    """
+    from helpers.device import usable_cores
+    from helpers.results import verdicts
+
+    names = check_optimizations(requested)
+    defaults = device_defaults(acc, native_bf16=native_bf16)
+    workers = default_workers if default_workers is not None else max(1, min(4, usable_cores()))
+    dtype = _default_dtype(acc)
+    table = None
+    if results is not None and len(results):
+        table = verdicts(results)
+        table = table.set_index("notebook") if len(table) else None
+    # settings recorded by notebooks 03 and 06, whatever the mode
+    if table is not None and "03_dataloader_tuning" in table.index:
+        extra = table.loc["03_dataloader_tuning"].get("extra") or {}
+        workers = _workers_from(extra.get("best_setting"), workers) or workers
+    if table is not None and "06_mixed_precision" in table.index:
+        params = table.loc["06_mixed_precision"].get("parameters") or {}
+        try:
+            from helpers.compute.amp import resolve_autocast_dtype
+
+            d = resolve_autocast_dtype(str(params.get("autocast_dtype", "auto")), acc.kind,
+                                       acc.capabilities.autocast_dtypes)
+            dtype = str(d).replace("torch.", "")
+        except ParameterError as exc:
+            log.warning("notebook 06's autocast dtype does not apply here (%s); using %s", exc, dtype)
+    choices, missing = [], []
+    for name in OPTIMIZATIONS:
+        nb = SOURCE_NOTEBOOKS[name]
+        if names != ("auto",):
+            on = name in names
+            choices.append(Choice(name, on, "requested", "in the optimizations list" if on else "not requested"))
+            continue
+        if table is not None and nb in table.index:
+            row = table.loc[nb]
+            rec = str(row.get("recommendation"))
+            value = row.get("value")
+            vtxt = f" ({float(value):.2f} {row.get('unit') or ''})" if value is not None and not (
+                isinstance(value, float) and math.isnan(value)) else ""
+            choices.append(Choice(name, rec == "enable", "verdict", f"notebook {nb[:2]}: {rec}{vtxt}"))
+        else:
+            missing.append(nb)
+            on, why = defaults[name]
+            choices.append(Choice(name, on, "default", f"no verdict from {nb[:2]}; default here: "
+                                  f"{'on' if on else 'off'} ({why})"))
+    enabled = tuple(c.name for c in choices if c.enabled)
+    return Selection(optimizations=enabled, choices=tuple(choices), missing=tuple(missing),
+                     num_workers=int(workers), amp_dtype=dtype)
+
+
+# --------------------------------------------------------------------------- one job
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The shape of the training job (notebook 01's parameters).
+
+    Attributes
+    ----------
+    batch_size, image_size, text_len, model_width, d_model, seed : int
+        Samples per step; crop side (px); caption tokens; first conv stage
+        channels (stages use 1x, 2x, 4x); text transformer width; seed of data
+        order, augmentation, initial weights and action sampling.
+    """
+
+    batch_size: int = 32
+    image_size: int = 128
+    text_len: int = 16
+    model_width: int = 16
+    d_model: int = 64
+    seed: int = 0
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "Workload":
+        """Take the fields from a notebook's parameters (extra keys are ignored)."""
+        return cls(**{k: int(params[k]) for k in cls.__dataclass_fields__ if k in params})
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One job: a name and the optimizations it uses.
+
+    Attributes
+    ----------
+    name : str
+        Label in tables and figures.
+    optimizations : tuple of str
+        Names from :data:`OPTIMIZATIONS` (empty: the baseline).
+    num_workers : int
+        DataLoader workers when ``dataloader_workers`` is on (>= 1).
+    amp_dtype : str
+        Autocast dtype name when ``mixed_precision`` is on.
+    """
+
+    name: str
+    optimizations: tuple[str, ...] = ()
+    num_workers: int = 2
+    amp_dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        check_optimizations(list(self.optimizations))
+        if self.num_workers < 1:
+            raise ParameterError(f"num_workers={self.num_workers}; the workers optimization needs >= 1")
+        if self.amp_dtype not in ("bfloat16", "float16"):
+            raise ParameterError(f"amp_dtype={self.amp_dtype!r}; allowed: bfloat16, float16")
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` is on."""
+        return name in self.optimizations
+
+    def without(self, name: str) -> "JobConfig":
+        """This job with ``name`` removed, named ``"without <name>"``."""
+        return replace(self, name=f"without {name}", optimizations=tuple(o for o in self.optimizations if o != name))
+
+    def label(self) -> str:
+        """The optimizations in words (``"none (baseline)"`` when empty)."""
+        parts = []
+        for o in self.optimizations:
+            if o == "dataloader_workers":
+                parts.append(f"dataloader_workers ({self.num_workers})")
+            elif o == "mixed_precision":
+                parts.append(f"mixed_precision ({self.amp_dtype})")
+            else:
+                parts.append(o)
+        return ", ".join(parts) or "none (baseline)"
+
+
+def ablation_configs(optimized: JobConfig) -> list[JobConfig]:
+    """The optimized job with each of its optimizations removed in turn."""
+    return [optimized.without(o) for o in optimized.optimizations]
+
+
+class PerItemBatches:
+    """Adapter that makes the baseline's per-item dataset answer ``dataset[list_of_indices]`` with a batch.
+
+    The batch is ``collate_batch([dataset[i] for i in indices])``: exactly the
+    baseline's per-image work, in the order :func:`helpers.pipeline.fast.batch_sampler`
+    gives, so the baseline and the batched pipeline see the same batches and can
+    share one loader path (:func:`helpers.pipeline.loader.make_loader`).
+    Picklable (for workers) when the wrapped dataset is.
+
+    Parameters
+    ----------
+    dataset : helpers.pipeline.baseline.BaselineDataset
+    """
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch (augmentations are drawn per (seed, epoch, index))."""
+        self.dataset.set_epoch(epoch)
+
+    def __getitem__(self, indices) -> dict:
+        from helpers.pipeline.baseline import collate_batch
+
+        return collate_batch([self.dataset[int(i)] for i in indices])
+
+
+class _ChannelsLast:
+    """A ``transfer`` that returns the images of another transfer in channels_last (picklable, no closure)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __call__(self, batch, acc, *, non_blocking: bool = False):
+        import torch
+
+        images, tokens, labels = self.inner(batch, acc, non_blocking=non_blocking)
+        return images.contiguous(memory_format=torch.channels_last), tokens, labels
+
+
+class Job:
+    """A training job that can be stepped in blocks, with every phase of every step timed.
+
+    Parameters
+    ----------
+    config : JobConfig
+    index : helpers.pipeline.dataset.DatasetIndex
+    tokenizer : tokenizers.Tokenizer
+    acc : helpers.device.Accelerator
+    workload : Workload
+    n_actions : int, optional
+        Policy actions; default ``max(2, index.n_classes)``.
+
+    Notes
+    -----
+    Steps are timed with :class:`helpers.timing.PhaseTimer` (a device
+    synchronize closes each phase): *data* (next batch), *h2d* (the transfer:
+    copy, and for the batched pipeline conversion and normalization on the
+    device) and *compute* (one PPO step). Statistics are read from the device
+    after the step's timing. The data iterator lives across blocks, so
+    worker processes and the prefetcher keep running between blocks.
+    """
+
+    def __init__(self, config: JobConfig, index, tokenizer, acc, workload: Workload, *,
+                 n_actions: int | None = None) -> None:
+        import torch
+
+        from helpers.compute.amp import make_grad_scaler
+        from helpers.compute.model import PolicyConfig, build_policy
+        from helpers.compute.ppo import PPOConfig, PPOTrainer
+        from helpers.compute.train import default_transfer
+        from helpers.pipeline.baseline import BaselineDataset
+        from helpers.pipeline.fast import BatchedDataset, batch_sampler, to_device_batch
+        from helpers.pipeline.loader import LoaderConfig, make_loader
+        from helpers.timing import PhaseTimer
+
+        self.config, self.acc, self.workload = config, acc, workload
+        w = workload
+        pin = config.has("pinned_memory") and acc.capabilities.pinned_memory.available
+        workers = config.num_workers if config.has("dataloader_workers") else 0
+        if config.has("batched_decode"):
+            threads = 0 if workers == 0 else max(1, _cores() // workers)
+            self.dataset = BatchedDataset(index, tokenizer, image_size=w.image_size, text_len=w.text_len,
+                                          seed=w.seed, threads=threads, pin_memory=pin and workers == 0)
+            base_transfer = to_device_batch
+        else:
+            self.dataset = PerItemBatches(BaselineDataset(index, tokenizer, image_size=w.image_size,
+                                                          text_len=w.text_len, seed=w.seed))
+            base_transfer = default_transfer
+        self.sampler = batch_sampler(len(self.dataset), w.batch_size, seed=w.seed)
+        loader_cfg = LoaderConfig(batch_size=w.batch_size, num_workers=workers, pin_memory=pin and workers > 0,
+                                  seed=w.seed)
+        self.loader = make_loader(self.dataset, loader_cfg, acc, batch_sampler=self.sampler)
+        self.transfer = _ChannelsLast(base_transfer) if config.has("channels_last") else base_transfer
+        self.prefetcher = None
+        if config.has("prefetcher"):
+            from helpers.pipeline.prefetch import DevicePrefetcher, prefetched
+
+            self.prefetcher = DevicePrefetcher(self.loader, acc, transfer=self.transfer, non_blocking=pin,
+                                               time_copies=False)
+            self.source, self.transfer = self.prefetcher, prefetched
+        else:
+            self.source = self.loader
+        torch.manual_seed(w.seed)  # same initial weights in every job
+        cfg = PolicyConfig(image_size=w.image_size, conv_channels=(w.model_width, 2 * w.model_width,
+                                                                   4 * w.model_width),
+                           vocab_size=tokenizer.get_vocab_size(), text_len=w.text_len, d_model=w.d_model,
+                           n_actions=n_actions or max(2, index.n_classes))
+        model = build_policy(cfg, device=acc.device)
+        if config.has("channels_last"):
+            model = model.to(memory_format=torch.channels_last)
+        self.amp_dtype = getattr(torch, config.amp_dtype) if config.has("mixed_precision") else None
+        scaler = None
+        if self.amp_dtype is torch.float16:
+            scaler = make_grad_scaler(acc.kind, self.amp_dtype)
+        self.trainer = PPOTrainer(model, PPOConfig(), scaler=scaler)
+        self.generator = torch.Generator(device=acc.device).manual_seed(w.seed)
+        self.non_blocking = bool(pin)
+        self.timer = PhaseTimer(sync=acc.synchronize)
+        self.measured: list[bool] = []
+        self.stats: list[dict[str, float]] = []
+        self.peak_bytes: int | None = None
+        self._it = None
+
+    def _batches(self):
+        epoch = 0
+        while True:
+            if hasattr(self.dataset, "set_epoch"):
+                self.dataset.set_epoch(epoch)
+            self.sampler.set_epoch(epoch)
+            for batch in self.source:
+                yield batch
+            epoch += 1
+
+    def run(self, steps: int, *, measured: bool = True) -> None:
+        """Run ``steps`` PPO steps, timing each phase; ``measured=False`` marks them as warm-up."""
+        if self._it is None:
+            self._it = self._batches()
+        if not self.acc.is_cpu:
+            self.acc.reset_peak_memory_stats()
+        for _ in range(int(steps)):
+            with self.timer.phase("data"):
+                batch = next(self._it)
+            with self.timer.phase("h2d"):
+                images, tokens, labels = self.transfer(batch, self.acc, non_blocking=self.non_blocking)
+            with self.timer.phase("compute"):
+                stats = self.trainer.step(images, tokens, labels, generator=self.generator,
+                                          autocast_dtype=self.amp_dtype)
+            self.timer.end_step()
+            self.measured.append(bool(measured))
+            self.stats.append({k: float(v.detach().float().cpu()) for k, v in stats.items()})
+        if not self.acc.is_cpu:
+            peak = self.acc.memory_stats().get("peak_allocated_bytes")
+            if peak is not None:
+                self.peak_bytes = max(self.peak_bytes or 0, int(peak))
+
+    def steps_frame(self, *, measured_only: bool = True):
+        """One row per step: step, data, h2d, compute, step_s, exposed_input_s, exposed_fraction, and the PPO stats."""
+        import pandas as pd
+
+        totals = self.timer.totals().reset_index(drop=True)
+        for p in PHASES:
+            if p not in totals:
+                totals[p] = 0.0
+        totals["exposed_input_s"] = totals["data"] + totals["h2d"]
+        totals["exposed_fraction"] = totals["exposed_input_s"] / totals["step_s"]
+        df = pd.concat([totals, pd.DataFrame(self.stats)], axis=1)
+        df["measured"] = self.measured[: len(df)]
+        return df[df["measured"]].reset_index(drop=True) if measured_only else df
+
+    def measurement(self, column: str = "step_s"):
+        """The measured steps' ``column`` as a :class:`helpers.timing.Measurement` (items = batch size)."""
+        from helpers.timing import Measurement
+
+        df = self.steps_frame()
+        return Measurement(name=self.config.name, times_s=tuple(float(x) for x in df[column]),
+                           warmup=int(len(self.measured) - len(df)),
+                           items_per_call=self.workload.batch_size if column == "step_s" else None)
+
+    def close(self) -> None:
+        """Release the dataset's thread pool and the loader's workers."""
+        self._it = None
+        inner = getattr(self.dataset, "close", None)
+        if inner is not None:
+            inner()
+
+
+def same_input_check(a: JobConfig, b: JobConfig, index, tokenizer, acc, workload: Workload) -> dict[str, Any]:
+    """Check, before timing, that two jobs feed the same samples: first batch of each, on the device.
+
+    Two throwaway jobs are built (their own loaders; the timed jobs are not
+    touched) and their first batch compared after the transfer.
+
+    Returns
+    -------
+    dict
+        ``labels_equal``, ``tokens_equal`` (bool); ``mean_abs_levels`` and
+        ``max_abs_levels``: pixel difference in 0-255 levels (normalized
+        difference times 255 x the channel's std), from decoding differences
+        only (same crops and flips; the batched decoder may scale in the DCT
+        domain).
+    """
+    import torch
+
+    from helpers.pipeline.baseline import IMAGENET_STD
+
+    ja, jb = Job(a, index, tokenizer, acc, workload), Job(b, index, tokenizer, acc, workload)
+    try:
+        xa, ta, la = ja.transfer(next(ja._batches()), acc)
+        xb, tb, lb = jb.transfer(next(jb._batches()), acc)
+        std = torch.tensor(IMAGENET_STD, device=xa.device).view(1, 3, 1, 1)
+        levels = ((xa.float() - xb.float()).abs() * std * 255.0)
+        return {"labels_equal": bool(torch.equal(la.cpu(), lb.cpu())),
+                "tokens_equal": bool(torch.equal(ta.cpu(), tb.cpu())),
+                "mean_abs_levels": float(levels.mean()), "max_abs_levels": float(levels.max())}
+    finally:
+        ja.close()
+        jb.close()
+
+
+def _cores() -> int:
+    from helpers.device import usable_cores
+
+    return usable_cores()
+
+
+# --------------------------------------------------------------------------- running and comparing jobs
+
+
+def run_interleaved(jobs: Sequence[Job], *, steps: int, warmup_steps: int, block: int = 2) -> None:
+    """Run every job for ``warmup_steps`` then ``steps`` measured steps, in rotating blocks.
+
+    Warm-up: each job in turn. Measured: rounds of ``block`` steps per job, the
+    job order reversed every other round (A B C, C B A, ...: ABBA for two
+    jobs), so a drift of the machine's speed touches every job alike.
+
+    Parameters
+    ----------
+    jobs : sequence of Job
+    steps : int
+        Measured steps per job (>= 1).
+    warmup_steps : int
+        Unmeasured steps per job first (>= 0).
+    block : int
+        Steps per job per turn (>= 1).
+
+    Raises
+    ------
+    ParameterError
+        For invalid counts or no job.
+    """
+    if not jobs or steps < 1 or warmup_steps < 0 or block < 1:
+        raise ParameterError(f"need >= 1 job, steps >= 1, warmup_steps >= 0 and block >= 1; got {len(jobs)} "
+                             f"job(s), steps={steps}, warmup_steps={warmup_steps}, block={block}")
+    for job in jobs:
+        if warmup_steps:
+            job.run(warmup_steps, measured=False)
+    done, rnd = 0, 0
+    while done < steps:
+        n = min(block, steps - done)
+        for job in (jobs if rnd % 2 == 0 else list(reversed(jobs))):
+            job.run(n)
+        done += n
+        rnd += 1
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """The before/after table's numbers for one job.
+
+    Attributes
+    ----------
+    name, optimizations : str
+    step_median_s, step_p25_s, step_p75_s : float
+        Step time, seconds.
+    data_s, h2d_s, compute_s : float
+        Median seconds per step of each phase.
+    throughput : float
+        Samples/s at the median step time.
+    exposed_fraction : float
+        Median over steps of (data + h2d) / step.
+    utilization : float
+        Median compute / step: the share of a step the device computes.
+    peak_memory_bytes : int or None
+        Device peak allocated memory (None on a CPU).
+    steps : int
+        Measured steps.
+    """
+
+    name: str
+    optimizations: str
+    step_median_s: float
+    step_p25_s: float
+    step_p75_s: float
+    data_s: float
+    h2d_s: float
+    compute_s: float
+    throughput: float
+    exposed_fraction: float
+    utilization: float
+    peak_memory_bytes: int | None
+    steps: int
+
+
+def summarize(job: Job) -> JobSummary:
+    """Summarize a job's measured steps (see :class:`JobSummary`)."""
+    df = job.steps_frame()
+    m = job.measurement()
+    util = (df["compute"] / df["step_s"]).median()
+    return JobSummary(name=job.config.name, optimizations=job.config.label(), step_median_s=m.median_s,
+                      step_p25_s=m.p25_s, step_p75_s=m.p75_s, data_s=float(df["data"].median()),
+                      h2d_s=float(df["h2d"].median()), compute_s=float(df["compute"].median()),
+                      throughput=job.workload.batch_size / m.median_s,
+                      exposed_fraction=float(df["exposed_fraction"].median()), utilization=float(util),
+                      peak_memory_bytes=job.peak_bytes, steps=m.repeats)
+
+
+def summary_frame(summaries: Sequence[JobSummary]):
+    """The before/after table: one row per job, times in ms, fractions in %."""
+    import pandas as pd
+
+    rows = []
+    for s in summaries:
+        rows.append({"job": s.name, "step ms (median)": s.step_median_s * 1e3,
+                     "step ms (IQR)": f"{s.step_p25_s * 1e3:.0f}-{s.step_p75_s * 1e3:.0f}",
+                     "data ms": s.data_s * 1e3, "h2d ms": s.h2d_s * 1e3, "compute ms": s.compute_s * 1e3,
+                     "samples/s": s.throughput, "exposed input %": 100 * s.exposed_fraction,
+                     "compute share %": 100 * s.utilization,
+                     "peak memory MiB": (s.peak_memory_bytes / 2 ** 20) if s.peak_memory_bytes else None})
+    return pd.DataFrame(rows).set_index("job")
+
+
+def speedup(baseline: Job, other: Job, *, seed: int = 0):
+    """Throughput of ``other`` over ``baseline`` (= baseline step time / other's) with a bootstrap interval.
+
+    Returns
+    -------
+    helpers.timing.Comparison
+        A = baseline, B = other; ``ratio`` > 1 means ``other`` is faster.
+    """
+    from helpers.timing import Comparison
+
+    return Comparison.from_measurements(baseline.measurement(), other.measurement(), seed=seed)
+
+
+def ablation_frame(full, without: Mapping[str, Any]):
+    """Speedup of each ablated job vs the baseline and the contribution of each optimization.
+
+    Parameters
+    ----------
+    full : helpers.timing.Comparison
+        Baseline vs the full optimized job.
+    without : mapping of str to Comparison
+        Optimization name -> baseline vs the optimized job without it.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Index: ``"all"`` then each name. Columns: ``speedup``, ``ci_low``,
+        ``ci_high`` (vs baseline), ``contribution`` (full speedup / speedup
+        without it: how much slower the job gets when it is removed; 1.0 for "all").
+    """
+    import pandas as pd
+
+    rows = [{"variant": "all", "speedup": full.ratio, "ci_low": full.ci_low, "ci_high": full.ci_high,
+             "contribution": 1.0}]
+    for name, c in without.items():
+        rows.append({"variant": f"without {name}", "speedup": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                     "contribution": full.ratio / c.ratio})
+    return pd.DataFrame(rows).set_index("variant")
+
+
+# --------------------------------------------------------------------------- learning and projection
+
+
+@dataclass(frozen=True)
+class LearningCheck:
+    """Whether two jobs learned the same: tail mean value loss within a tolerance, no NaN.
+
+    Attributes
+    ----------
+    rel_diff : float
+        ``|mean(opt tail) - mean(base tail)| / mean(base tail)`` (inf with a NaN).
+    tolerance : float
+    tail : int
+        Steps averaged at the end.
+    no_nan : bool
+    ok : bool
+        ``no_nan and rel_diff <= tolerance``.
+    """
+
+    rel_diff: float
+    tolerance: float
+    tail: int
+    no_nan: bool
+    ok: bool
+
+    def sentence(self) -> str:
+        """E.g. "value loss over the last 5 steps within 3.1% of the baseline (tolerance 10%), no NaN"."""
+        if not self.no_nan:
+            return "a loss was NaN or infinite: the optimized job does not learn like the baseline"
+        word = "within" if self.ok else "OUTSIDE"
+        return (f"mean value loss over the last {self.tail} steps {word} {self.rel_diff:.1%} of the baseline's "
+                f"(tolerance {self.tolerance:.0%}), no NaN")
+
+
+def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], tolerance: float, *,
+                   tail: int | None = None) -> LearningCheck:
+    """Gate "same learning" the way notebook 06 does (:func:`helpers.compute.amp.tail_relative_difference`).
+
+    Parameters
+    ----------
+    base_losses, opt_losses : sequence of float
+        Value loss per step (same length >= 2), baseline and optimized.
+    tolerance : float
+        Largest allowed relative difference of the tail means (>= 0).
+    tail : int, optional
+        Steps averaged; default ``max(1, min(5, len // 3))`` (notebook 06's).
+
+    Returns
+    -------
+    LearningCheck
+
+    Raises
+    ------
+    ParameterError
+        Different lengths or fewer than 2 values.
+    """
+    from helpers.compute.amp import tail_relative_difference
+
+    base, opt = [float(v) for v in base_losses], [float(v) for v in opt_losses]
+    if len(base) != len(opt) or len(base) < 2:
+        raise ParameterError(f"need two loss curves of equal length >= 2; got {len(base)} and {len(opt)}")
+    tail = tail or max(1, min(5, len(base) // 3))
+    no_nan = all(math.isfinite(v) for v in base + opt)
+    rel = tail_relative_difference(base, opt, tail) if no_nan else math.inf
+    return LearningCheck(rel_diff=rel, tolerance=float(tolerance), tail=tail, no_nan=no_nan,
+                         ok=no_nan and rel <= tolerance)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} hours"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds:.0f} s"
+
+
+@dataclass(frozen=True)
+class Projection:
+    """How long ``steps`` training steps take before and after, from measured step times.
+
+    Attributes
+    ----------
+    steps : int
+    before_s, after_s : float
+        At the median step times, seconds.
+    before_range_s, after_range_s : (float, float)
+        Before: at the baseline's step-time quartiles; after: before / the
+        speedup's interval bounds.
+    """
+
+    steps: int
+    before_s: float
+    after_s: float
+    before_range_s: tuple[float, float]
+    after_range_s: tuple[float, float]
+
+    def sentence(self) -> str:
+        """The seed's "7 days to 2.5 days" sentence, computed."""
+        return (f"{self.steps:,} steps: {_duration(self.before_s)} before -> {_duration(self.after_s)} after "
+                f"(after between {_duration(self.after_range_s[0])} and {_duration(self.after_range_s[1])} "
+                f"at the speedup's interval)")
+
+
+def project(steps: int, baseline_step, comparison) -> Projection:
+    """Project ``steps`` steps before and after.
+
+    Parameters
+    ----------
+    steps : int
+        Training steps (>= 1).
+    baseline_step : helpers.timing.Measurement
+        The baseline's measured step times.
+    comparison : helpers.timing.Comparison
+        Baseline vs optimized.
+
+    Returns
+    -------
+    Projection
+
+    Raises
+    ------
+    ParameterError
+        ``steps < 1``.
+    """
+    if steps < 1:
+        raise ParameterError(f"projection steps={steps}; need >= 1")
+    before = steps * baseline_step.median_s
+    after = before / comparison.ratio
+    lo = before / comparison.ci_high if comparison.ci_high > 0 and math.isfinite(comparison.ci_high) else 0.0
+    hi = before / comparison.ci_low if comparison.ci_low > 0 else math.inf
+    return Projection(steps=int(steps), before_s=before, after_s=after,
+                      before_range_s=(steps * baseline_step.p25_s, steps * baseline_step.p75_s),
+                      after_range_s=(lo, hi))
+
+
+@dataclass(frozen=True)
+class E2EVerdict:
+    """Notebook 10's verdict: recommendation and computed reason."""
+
+    recommendation: str
+    reason: str
+
+
+def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optimized: JobConfig, *,
+                host_bound_threshold: float) -> E2EVerdict:
+    """Decide the end-to-end verdict from the speedup, the learning check and the baseline's exposed input.
+
+    "enable" when the interval's lower bound is above 1 (faster for sure) and
+    learning matched; "leave off" otherwise, with the reason that decided it.
+    """
+    base = (f"the baseline was {'host-bound' if baseline.exposed_fraction > host_bound_threshold else 'device-bound'}"
+            f" (input exposed for {baseline.exposed_fraction:.0%} of each step, threshold "
+            f"{host_bound_threshold:.0%})")
+    opts = optimized.label()
+    if not optimized.optimizations:
+        return E2EVerdict("not applicable", f"no optimization selected, so the optimized job is the baseline; {base}")
+    speed = f"{comparison.ratio:.2f}x throughput (95% CI {comparison.ci_low:.2f}-{comparison.ci_high:.2f})"
+    if not learning.ok:
+        return E2EVerdict("leave off", f"{speed} with {opts}, but {learning.sentence()}; {base}")
+    if comparison.ci_low > 1.0:
+        return E2EVerdict("enable", f"{speed} with {opts}; {learning.sentence()}; {base}")
+    return E2EVerdict("leave off", f"not reliably faster: {speed} with {opts}; {learning.sentence()}; {base}")

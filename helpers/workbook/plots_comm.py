@@ -1,0 +1,98 @@
+"""Figures of notebook 08 (collectives), in the style of :mod:`helpers.workbook.plots`.
+
+Each function takes the tables that :mod:`helpers.comm.allreduce` and
+:mod:`helpers.comm.ddp` return and gives back a matplotlib figure; save it
+with :func:`helpers.workbook.plots.save_figure`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+
+#: ColorBrewer Dark2, as plots.PHASE_COLORS.
+COLORS = {"busbw": "#1b9e77", "algbw": "#d95f02", "regime": "#7570b3", "bar": "#66a61e"}
+
+
+def _size_label(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def allreduce_bandwidth(rows: Sequence[Mapping[str, Any]], regimes: Mapping[str, Any], *, title: str = ""):
+    """Log-log bus and algorithm bandwidth (GB/s) against message size, with the two regimes marked.
+
+    Parameters
+    ----------
+    rows : sequence of dict
+        :func:`helpers.comm.allreduce.summarize` rows (``bytes``, ``busbw_gbps``,
+        ``algbw_gbps``, ``time_s``, ``time_p25_s``, ``time_p75_s``).
+    regimes : dict
+        :func:`helpers.comm.allreduce.regimes` of the same rows: the latency
+        floor and the crossover size are drawn from it.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    rows = sorted(rows, key=lambda r: r["bytes"])
+    x = [r["bytes"] for r in rows]
+    fig, (ax, axt) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    ax.loglog(x, [r["busbw_gbps"] for r in rows], "o-", color=COLORS["busbw"], label="busbw")
+    ax.loglog(x, [r["algbw_gbps"] for r in rows], "s--", color=COLORS["algbw"], label="algbw", alpha=0.7)
+    cross = regimes["crossover_bytes"]
+    ax.axvline(cross, color=COLORS["regime"], lw=1, ls=":")
+    ax.text(cross, ax.get_ylim()[0] * 1.5, f"  half of peak\n  at {_size_label(cross)}", fontsize=8,
+            color=COLORS["regime"])
+    ax.axhline(regimes["peak_busbw_gbps"], color="#999999", lw=0.8, ls=":")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bandwidth (GB/s)")
+    ax.set_title("bandwidth: latency-bound left, bandwidth-bound right", fontsize=9)
+    ax.legend(fontsize=8)
+    t = [r["time_s"] * 1e6 for r in rows]
+    axt.loglog(x, t, "o-", color=COLORS["busbw"])
+    axt.fill_between(x, [r["time_p25_s"] * 1e6 for r in rows], [r["time_p75_s"] * 1e6 for r in rows],
+                     color=COLORS["busbw"], alpha=0.2, label="25th-75th percentile")
+    axt.axhline(regimes["latency_s"] * 1e6, color=COLORS["regime"], lw=1, ls=":",
+                label=f"latency floor {regimes['latency_s'] * 1e6:.0f} us")
+    axt.set_xlabel("message size (bytes)")
+    axt.set_ylabel("time per allreduce (us)")
+    axt.set_title("time per allreduce", fontsize=9)
+    axt.legend(fontsize=8)
+    fig.suptitle(title or "Allreduce")
+    return fig
+
+
+def ddp_variants(buckets: Sequence[Mapping[str, Any]], hooks: Sequence[Mapping[str, Any]], *, title: str = ""):
+    """Step time per bucket cap (with the number of buckets DDP made) and per compression hook.
+
+    Parameters
+    ----------
+    buckets : sequence of dict
+        ``run_ddp``'s ``buckets`` rows (``cap_mb``, ``n_buckets``, ``time_s``,
+        ``time_p25_s``, ``time_p75_s``).
+    hooks : sequence of dict
+        ``run_ddp``'s ``hooks`` rows (``hook``, ``time_s``, quartiles).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.2), layout="constrained")
+
+    def bars(ax, labels, rows):
+        ms = [r["time_s"] * 1e3 for r in rows]
+        err = [[(r["time_s"] - r["time_p25_s"]) * 1e3 for r in rows],
+               [(r["time_p75_s"] - r["time_s"]) * 1e3 for r in rows]]
+        ax.bar(labels, ms, yerr=err, color=COLORS["bar"], capsize=3)
+        ax.set_ylabel("median step time (ms)")
+
+    bars(a, [f"{r['cap_mb']:g} MB\n{r['n_buckets']} bucket(s)" for r in buckets], buckets)
+    a.set_title("bucket_cap_mb (buckets DDP made)", fontsize=9)
+    bars(b, [r["hook"] for r in hooks], hooks)
+    b.set_title("gradient compression hook", fontsize=9)
+    fig.suptitle(title or "DDP step time on the PPO workload (bars: 25th-75th percentile)")
+    return fig

@@ -1,0 +1,294 @@
+"""Notebook 10's job builder: choosing the optimizations, the jobs, interleaving, learning gate, projection."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from helpers.device import get_accelerator
+from helpers.errors import ParameterError
+from helpers.pipeline.dataset import build_embedded, load_dataset
+from helpers.pipeline.text import load_or_build_tokenizer
+from helpers.results import ResultsStore, load_results
+from helpers.timing import Comparison, Measurement
+from helpers.workbook import endtoend as e2e
+
+TINY = e2e.Workload(batch_size=4, image_size=32, text_len=4, model_width=4, d_model=8, seed=0)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    index = load_dataset(build_embedded(tmp_path_factory.mktemp("emb") / "d", n_images=12, seed=3))
+    return index, load_or_build_tokenizer(index, text_len=TINY.text_len)
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return get_accelerator("cpu")
+
+
+# ------------------------------------------------------------------ choosing
+
+
+def test_check_optimizations_orders_and_rejects():
+    assert e2e.check_optimizations(["auto"]) == ("auto",)
+    assert e2e.check_optimizations(["channels_last", "batched_decode", "channels_last"]) == (
+        "batched_decode", "channels_last")
+    assert e2e.check_optimizations([]) == ()
+    with pytest.raises(ParameterError, match="valid: auto, batched_decode"):
+        e2e.check_optimizations(["batched_decoding"])
+    with pytest.raises(ParameterError, match="mixes 'auto'"):
+        e2e.check_optimizations(["auto", "prefetcher"])
+    with pytest.raises(ParameterError, match="list of names"):
+        e2e.check_optimizations("auto")
+
+
+def test_cpu_defaults_keep_host_side_helpers_off(cpu):
+    d = e2e.device_defaults(cpu, native_bf16=True)
+    assert d["batched_decode"][0] and d["channels_last"][0]
+    assert not d["dataloader_workers"][0] and not d["pinned_memory"][0] and not d["prefetcher"][0]
+    assert d["mixed_precision"][0] == ("bfloat16" in cpu.capabilities.autocast_dtypes)
+    assert not e2e.device_defaults(cpu, native_bf16=False)["mixed_precision"][0]
+
+
+def test_npu_defaults_never_use_channels_last(cpu):
+    from dataclasses import replace
+
+    caps = replace(cpu.capabilities, autocast_dtypes=("bfloat16", "float16"))
+
+    @dataclass
+    class FakeNpu:
+        kind: str = "npu"
+        is_cpu: bool = False
+        capabilities: object = caps
+
+    d = e2e.device_defaults(FakeNpu())
+    assert not d["channels_last"][0] and "NCHW" in d["channels_last"][1]
+    assert d["dataloader_workers"][0] and d["mixed_precision"][0]
+
+
+def _results(tmp_path, verdicts):
+    path = tmp_path / "results.jsonl"
+    for nb, rec, extra, params in verdicts:
+        ResultsStore(path, notebook=nb, parameters=params).verdict(
+            metric="speedup", value=1.5, unit="x", recommendation=rec, reason="test", **extra)
+    return load_results(path)
+
+
+def test_auto_follows_verdicts_and_reports_missing(tmp_path, cpu):
+    df = _results(tmp_path, [
+        ("02_batched_decode", "enable", {}, {}),
+        ("03_dataloader_tuning", "enable", {"best_setting": "workers=3, prefetch=4, persistent"}, {}),
+        ("06_mixed_precision", "leave off", {}, {"autocast_dtype": "auto"}),
+        ("07_channels_last", "enable", {}, {}),
+    ])
+    sel = e2e.select_optimizations(["auto"], df, cpu, native_bf16=True)
+    assert sel.optimizations == ("batched_decode", "dataloader_workers", "channels_last")
+    assert sel.num_workers == 3
+    assert sel.missing == ("04_pinned_memory", "05_stream_overlap")
+    by = {c.name: c for c in sel.choices}
+    assert by["mixed_precision"].source == "verdict" and not by["mixed_precision"].enabled
+    assert by["pinned_memory"].source == "default" and not by["pinned_memory"].enabled  # CPU default
+    lines = sel.missing_lines()
+    assert "04_pinned_memory, 05_stream_overlap" in lines[0]
+    assert "python -m helpers run --only 04 05 10" in lines[1]
+    assert sel.job().num_workers == 3
+
+
+def test_auto_without_results_uses_device_defaults(cpu):
+    sel = e2e.select_optimizations(["auto"], None, cpu, native_bf16=False)
+    assert sel.missing == tuple(e2e.SOURCE_NOTEBOOKS.values())
+    assert sel.optimizations == ("batched_decode", "channels_last")
+    assert set(sel.frame()["source"]) == {"default"}
+    assert "--only 02 03 04 05 06 07 10" in sel.missing_lines()[1]
+
+
+def test_explicit_list_selects_exactly_those(tmp_path, cpu):
+    df = _results(tmp_path, [("02_batched_decode", "leave off", {}, {})])
+    sel = e2e.select_optimizations(["mixed_precision", "batched_decode"], df, cpu)
+    assert sel.optimizations == ("batched_decode", "mixed_precision") and sel.missing == ()
+    assert sel.missing_lines() == []
+    with pytest.raises(ParameterError, match="unknown optimization"):
+        e2e.select_optimizations(["fast"], df, cpu)
+
+
+def test_job_config_without_and_label():
+    cfg = e2e.JobConfig("opt", ("batched_decode", "mixed_precision", "channels_last"), amp_dtype="bfloat16")
+    abl = e2e.ablation_configs(cfg)
+    assert [c.name for c in abl] == ["without batched_decode", "without mixed_precision", "without channels_last"]
+    assert abl[1].optimizations == ("batched_decode", "channels_last")
+    assert "mixed_precision (bfloat16)" in cfg.label()
+    assert e2e.JobConfig("b").label() == "none (baseline)"
+    with pytest.raises(ParameterError):
+        e2e.JobConfig("x", ("warp",))
+    with pytest.raises(ParameterError):
+        e2e.JobConfig("x", amp_dtype="float8")
+
+
+# ------------------------------------------------------------------ jobs
+
+
+def test_baseline_and_batched_jobs_see_the_same_batches(data, cpu):
+    index, tok = data
+    base = e2e.Job(e2e.JobConfig("baseline"), index, tok, cpu, TINY)
+    fast = e2e.Job(e2e.JobConfig("fast", ("batched_decode",)), index, tok, cpu, TINY)
+    try:
+        bi, fi = base._batches(), fast._batches()
+        n_per_epoch = len(index) // TINY.batch_size
+        for _ in range(n_per_epoch + 1):  # crosses an epoch boundary
+            b, f = next(bi), next(fi)
+            assert torch.equal(b["label"], f["label"]) and torch.equal(b["tokens"], f["tokens"])
+            bx, _, _ = base.transfer(b, cpu)
+            fx, _, _ = fast.transfer(f, cpu)
+            assert bx.shape == fx.shape == (TINY.batch_size, 3, TINY.image_size, TINY.image_size)
+            # same crops and flips: the batched decode matches the reference pixels closely
+            assert (bx - fx).abs().mean() < 0.1
+    finally:
+        base.close()
+        fast.close()
+
+
+def test_jobs_start_from_the_same_weights_and_time_every_phase(data, cpu):
+    index, tok = data
+    jobs = [e2e.Job(e2e.JobConfig("baseline"), index, tok, cpu, TINY),
+            e2e.Job(e2e.JobConfig("opt", ("batched_decode", "mixed_precision", "channels_last")), index, tok,
+                    cpu, TINY)]
+    try:
+        w0 = [next(j.trainer.model.parameters()).detach().clone() for j in jobs]
+        assert torch.equal(w0[0], w0[1])
+        assert jobs[1].trainer.model.image_encoder is not None
+        e2e.run_interleaved(jobs, steps=3, warmup_steps=1, block=2)
+        for j in jobs:
+            df = j.steps_frame()
+            assert len(df) == 3 and len(j.steps_frame(measured_only=False)) == 4
+            assert (df[["data", "h2d", "compute"]] >= 0).all().all()
+            assert (abs(df["data"] + df["h2d"] + df["compute"] - df["step_s"]) < 1e-9).all()
+            assert df["value_loss"].notna().all()
+            s = e2e.summarize(j)
+            assert s.steps == 3 and s.throughput == pytest.approx(TINY.batch_size / s.step_median_s)
+            assert s.peak_memory_bytes is None  # CPU: no device allocator
+        c = e2e.speedup(jobs[0], jobs[1])
+        assert c.ratio == pytest.approx(jobs[0].measurement().median_s / jobs[1].measurement().median_s)
+        table = e2e.summary_frame([e2e.summarize(j) for j in jobs])
+        assert list(table.index) == ["baseline", "opt"]
+    finally:
+        for j in jobs:
+            j.close()
+
+
+def test_channels_last_job_feeds_nhwc_images(data, cpu):
+    index, tok = data
+    job = e2e.Job(e2e.JobConfig("cl", ("channels_last",)), index, tok, cpu, TINY)
+    try:
+        images, _, _ = job.transfer(next(job._batches()), cpu)
+        assert images.is_contiguous(memory_format=torch.channels_last)
+    finally:
+        job.close()
+
+
+class FakeJob:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def run(self, steps, *, measured=True):
+        self.log.append((self.name, steps, measured))
+
+
+def test_run_interleaved_rotates_blocks_and_warms_up_first():
+    log = []
+    jobs = [FakeJob("A", log), FakeJob("B", log), FakeJob("C", log)]
+    e2e.run_interleaved(jobs, steps=5, warmup_steps=2, block=2)
+    assert log[:3] == [("A", 2, False), ("B", 2, False), ("C", 2, False)]
+    assert [x[0] for x in log[3:]] == list("ABCCBAABC")
+    assert [x[1] for x in log[-3:]] == [1, 1, 1]
+    for name in "ABC":
+        assert sum(n for j, n, m in log if j == name and m) == 5
+    with pytest.raises(ParameterError):
+        e2e.run_interleaved(jobs, steps=0, warmup_steps=0)
+
+
+# ------------------------------------------------------------------ learning, projection, verdict
+
+
+def test_learning_check_gate():
+    base = [1.0] * 10
+    ok = e2e.learning_check(base, [1.05] * 10, 0.10)
+    assert ok.ok and ok.tail == 3 and ok.rel_diff == pytest.approx(0.05) and "within" in ok.sentence()
+    bad = e2e.learning_check(base, [1.2] * 10, 0.10)
+    assert not bad.ok and "OUTSIDE" in bad.sentence()
+    nan = e2e.learning_check(base, [1.0] * 9 + [math.nan], 0.10)
+    assert not nan.ok and not nan.no_nan and "NaN" in nan.sentence()
+    with pytest.raises(ParameterError):
+        e2e.learning_check([1.0, 1.0], [1.0], 0.1)
+
+
+def _cmp(a_ms, b_ms):
+    a = Measurement("baseline", tuple(t / 1e3 for t in a_ms), 0, 32)
+    b = Measurement("opt", tuple(t / 1e3 for t in b_ms), 0, 32)
+    return Comparison.from_measurements(a, b)
+
+
+def test_projection_and_sentence():
+    c = _cmp([300, 300, 300, 300], [100, 100, 100, 100])
+    p = e2e.project(100_000, c.a, c)
+    assert p.before_s == pytest.approx(30_000) and p.after_s == pytest.approx(10_000)
+    assert p.after_range_s == (pytest.approx(10_000), pytest.approx(10_000))
+    assert "8.3 hours before -> 2.8 hours after" in p.sentence()
+    with pytest.raises(ParameterError):
+        e2e.project(0, c.a, c)
+
+
+def test_ablation_contribution():
+    full = _cmp([300] * 4, [100] * 4)
+    without = {"batched_decode": _cmp([300] * 4, [200] * 4), "channels_last": _cmp([300] * 4, [100] * 4)}
+    df = e2e.ablation_frame(full, without)
+    assert df.loc["all", "speedup"] == pytest.approx(3.0)
+    assert df.loc["without batched_decode", "contribution"] == pytest.approx(2.0)
+    assert df.loc["without channels_last", "contribution"] == pytest.approx(1.0)
+
+
+def test_verdict_wording():
+    learned = e2e.learning_check([1.0] * 6, [1.0] * 6, 0.1)
+    summary = e2e.JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.25, 0.0, 0.05, 100.0, 0.8, 0.2, None, 4)
+    opt = e2e.JobConfig("opt", ("batched_decode",))
+    fast = _cmp([300, 310, 290, 305], [100, 101, 99, 102])
+    v = e2e.e2e_verdict(fast, learned, summary, opt, host_bound_threshold=0.1)
+    assert v.recommendation == "enable" and "host-bound" in v.reason and "80%" in v.reason
+    assert "within" in v.reason and "batched_decode" in v.reason
+    differs = e2e.learning_check([1.0] * 6, [2.0] * 6, 0.1)
+    assert e2e.e2e_verdict(fast, differs, summary, opt, host_bound_threshold=0.1).recommendation == "leave off"
+    same = _cmp([300, 310, 290, 305], [305, 295, 300, 310])
+    assert e2e.e2e_verdict(same, learned, summary, opt, host_bound_threshold=0.1).recommendation == "leave off"
+    none = e2e.e2e_verdict(fast, learned, summary, e2e.JobConfig("opt"), host_bound_threshold=0.1)
+    assert none.recommendation == "not applicable"
+
+
+def test_same_input_check_compares_first_batches(data, cpu):
+    index, tok = data
+    r = e2e.same_input_check(e2e.JobConfig("baseline"), e2e.JobConfig("fast", ("batched_decode", "channels_last")),
+                             index, tok, cpu, TINY)
+    assert r["labels_equal"] and r["tokens_equal"]
+    assert 0.0 <= r["mean_abs_levels"] < 10.0 and r["max_abs_levels"] <= 255.0
+    same = e2e.same_input_check(e2e.JobConfig("a"), e2e.JobConfig("b"), index, tok, cpu, TINY)
+    assert same["max_abs_levels"] == 0.0
+
+
+@pytest.mark.parametrize("names", [
+    ("dataloader_workers", "pinned_memory", "prefetcher"),  # per-item baseline dataset through workers
+    e2e.OPTIMIZATIONS,  # everything at once
+])
+def test_host_side_optimizations_run_on_cpu_and_see_the_same_samples(data, cpu, names):
+    index, tok = data
+    cfg = e2e.JobConfig("opt", tuple(names), num_workers=1)
+    check = e2e.same_input_check(e2e.JobConfig("baseline"), cfg, index, tok, cpu, TINY)
+    assert check["labels_equal"] and check["tokens_equal"]
+    job = e2e.Job(cfg, index, tok, cpu, TINY)
+    try:
+        job.run(len(index) // TINY.batch_size + 1)  # crosses an epoch boundary with worker processes
+        df = job.steps_frame()
+        assert len(df) == len(index) // TINY.batch_size + 1 and df["value_loss"].notna().all()
+    finally:
+        job.close()
