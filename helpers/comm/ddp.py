@@ -29,6 +29,7 @@ samples: the batch order of rank r is the epoch-r permutation of the dataset):
 from __future__ import annotations
 
 import copy
+import gc
 import itertools
 import logging
 from typing import Any, Mapping, Sequence
@@ -221,6 +222,12 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     # compression hooks at the default cap
     unsupported: dict[str, str] = {}
     for h in hooks:
+        if h == "bf16" and rc.backend == "gloo":
+            # DDP's own check (torch/nn/parallel/distributed.py, _check_comm_hook) accepts the bf16 hook only with
+            # CUDA + NCCL >= 2.10 or XPU + XCCL; ask before building a DDP model that would be torn down half-made
+            unsupported[h] = ("TypeError: BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ "
+                              "or XPU and XCCL (DDP's check; not available with gloo)")
+            continue
         if h == "none":
             times = t_ddp
         else:
@@ -261,6 +268,11 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     dist.all_gather_object(gathered, {"buckets": [b["times"] for b in local["buckets"]],
                                       "hooks": [h["times"] for h in local["hooks"]],
                                       "nosync": t_nosync, "ar": t_ar, "errors": local["errors"]})
+    # release every DDP model (and its reducer) while the process group is alive: a reducer torn down after
+    # destroy_process_group() can abort the rank at exit ("terminate called without an active exception")
+    del ddp_default, d, plain
+    gc.collect()
+    dist.barrier()
     if rc.rank != 0:
         return None
     buckets = []
