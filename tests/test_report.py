@@ -202,7 +202,8 @@ def test_failed_notebook_says_where_and_how_to_rerun(partial_run):
     rep = collect(run_dir)
     sec = next(s for s in rep.sections if s.id == IDS["02"])
     assert sec.verdict is None and sec.status == "failed"
-    assert "Failed in cell 3: RuntimeError: boom" in sec.missing and f"logs/{IDS['02']}.log" in sec.missing
+    # no execution count and no readable executed notebook: the runner's cell index is all there is
+    assert "Failed at cell 3: RuntimeError: boom." in sec.missing and f"logs/{IDS['02']}.log" in sec.missing
     cmd = re.search(r"`([^`]+)`", sec.missing).group(1)
     args = _cli_accepts(cmd)
     assert args.resume and Path(args.out).resolve() == run_dir.resolve()
@@ -324,3 +325,165 @@ def test_unknown_extra_notebook_gets_its_own_section(tmp_path):
     rep = collect(tmp_path)
     assert [s.id for s in rep.sections][-1] == "11_custom_study"
     assert report.to_markdown(rep).count("## ") >= len(CHECKLIST) + 2
+
+
+# --------------------------------------------------------------------------- failures, as the user sees them
+
+#: run.json's error record of a notebook whose torchrun job aborted (shape of a real run's record).
+DDP_ERROR = {
+    "type": "PapermillExecutionError", "ename": "RuntimeError",
+    "evalue": ("collective job 'ddp' (gloo, world_size=2) failed: rank 1 exited with code -6. The other ranks "
+               "were stopped. Last output:\nE1129 16:10:08.550000 api.py:1002] failed (exitcode: -6)\n"
+               "Traceback (most recent call last):\n  File \"/venv/lib/python3.11/site-packages/torch/run.py\", "
+               "line 1032, in <module>\n    main()\ntorch.distributed.elastic.multiprocessing.errors."
+               "ChildFailedError:\nRoot Cause (first observed failure):\n  exitcode  : -6 (pid: 16411)  (SIGABRT)"),
+    "message": "RuntimeError: collective job 'ddp' (gloo, world_size=2) failed: rank 1 exited with code -6. "
+               "The other ranks were stopped. Last output:\nE1129 16:10:08.550000 api.py:1002] failed\n"
+               "  File \"/venv/lib/python3.11/site-packages/",
+    "cell_index": 12, "exec_count": 8,
+    "cell_source": "from helpers.comm.ddp import ddp_benchmark\n\nddp_res = None\n",
+}
+
+
+def _cell(kind, source, count=None, tags=()):
+    c = {"cell_type": kind, "metadata": {"tags": list(tags)}, "source": source}
+    if kind == "code":
+        c.update(execution_count=count, outputs=[])
+    return c
+
+
+def _executed_08() -> dict:
+    """An executed notebook as papermill leaves it after a failure: error banner cells and the failed In [8]."""
+    banner = '<span id="papermill-error-cell" style="color:red">Execution using papermill encountered an exception'
+    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        _cell("markdown", '<span style="color:red">An Exception was encountered</span>',
+              tags=["papermill-error-cell-tag"]),
+        _cell("markdown", "# Measure collectives\n\nintro"),
+        _cell("code", "x = 1", 1, tags=["parameters"]),
+        _cell("markdown", "## 2. Allreduce bandwidth\n\ntext"),
+        _cell("code", 'plots.save_figure(fig, ctx, "allreduce_bandwidth")', 7),
+        _cell("markdown", "Below the crossover ...\n\n## 3. DDP on the PPO workload\n\nbuckets"),
+        _cell("markdown", banner, tags=["papermill-error-cell-tag"]),
+        _cell("code", DDP_ERROR["cell_source"], 8),
+        _cell("code", "later()", None),
+    ]}
+
+
+@pytest.fixture
+def failed_ddp_run(tmp_path):
+    """A run whose 08 failed at In [8] (with its executed notebook) while 07 recorded a verdict."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    s = _store(run_dir, IDS["07"])
+    s.verdict(metric="speedup", value=1.26, unit="x", recommendation="enable", reason="faster",
+              spread={"ci_low": 1.14, "ci_high": 1.40, "confidence": 0.95})
+    nb08 = "08_collectives"
+    (run_dir / f"{nb08}.ipynb").write_text(json.dumps(_executed_08()))
+    _run_json(run_dir, {IDS["07"]: ("ok", None), nb08: ("failed", DDP_ERROR)}, only=("07", "08"))
+    return run_dir
+
+
+def test_error_cause_is_the_exception_and_first_line_of_its_message():
+    cause = report.error_cause(DDP_ERROR)
+    assert cause == ("RuntimeError: collective job 'ddp' (gloo, world_size=2) failed: rank 1 exited with code -6. "
+                     "The other ranks were stopped.")  # the dangling "Last output:" lead-in is dropped
+    assert report.error_cause({"type": "CellTimeoutError", "message": "A cell timed out after 600 s."}) == \
+        "CellTimeoutError: A cell timed out after 600 s."
+    assert report.error_cause({"ename": "ValueError", "evalue": "\x1b[0;31mbad value\x1b[0m\nmore"}) == \
+        "ValueError: bad value"
+    assert report.error_cause(None) == "no error message"
+    long = report.error_cause({"ename": "E", "evalue": "word " * 200})
+    assert len(long) <= report.MAX_CAUSE_CHARS + 2 and long.endswith(" …") and "word wo " not in long
+
+
+def test_failed_cell_is_named_as_the_notebook_shows_it():
+    nb = _executed_08()
+    assert report.failed_cell(DDP_ERROR, nb) == "In [8], under “3. DDP on the PPO workload”"
+    # without the execution count, papermill's error marker finds the cell
+    no_count = {k: v for k, v in DDP_ERROR.items() if k != "exec_count"}
+    assert report.failed_cell(no_count, nb) == "In [8], under “3. DDP on the PPO workload”"
+    assert report.failed_cell(DDP_ERROR, None) == "In [8]"
+    assert report.failed_cell(no_count, None) == "the cell that starts `from helpers.comm.ddp import ddp_benchmark`"
+    assert report.failed_cell({"cell_index": 3}, None) == "cell 3"
+    assert report.failed_cell({}, None) == ""
+
+
+def test_failed_notebook_gets_a_failed_bucket_cell_and_the_error_tail(failed_ddp_run):
+    rep = collect(failed_ddp_run)
+    sec = next(s for s in rep.sections if s.number == "08")
+    assert sec.cause == report.error_cause(DDP_ERROR)
+    assert sec.missing_short.startswith("Failed at In [8], under “3. DDP on the PPO workload”: RuntimeError: "
+                                        "collective job 'ddp'")
+    assert "site-packages" not in sec.missing_short and "site-packages" not in sec.missing
+    assert sec.error_tail.endswith("exitcode  : -6 (pid: 16411)  (SIGABRT)")  # the root cause, not a cut middle
+    md, html_text = to_markdown(rep), to_html(rep)
+    assert f"- Failed: collectives ({sec.cause})" in md
+    not_measured = next(line for line in md.splitlines() if line.startswith("- Not measured in this run:"))
+    assert "collectives" not in not_measured and "environment check" in not_measured
+    assert "(SIGABRT)" in md and "(SIGABRT)" in html_text
+    assert "<li class=failed><b>Failed:</b> collectives (RuntimeError: collective job &#x27;ddp&#x27;" in html_text
+    row = next(r for r in _parse(html_text).rows if r["id"] == "08_collectives")
+    assert row["cells"][3].startswith("Failed at In [8]")
+
+
+# --------------------------------------------------------------------------- figure order
+
+
+def test_figures_keep_the_order_the_notebook_saved_them(failed_ddp_run, tmp_path):
+    import os
+    import shutil
+
+    run_dir = failed_ddp_run
+    nb = _executed_08()
+    nb["cells"].insert(2, _cell("code", 'plots.save_figure(fig, ctx, "zeta plot");\nfig2 = 1', 2))
+    nb["cells"].insert(3, _cell("code", "plots.save_figure(fig, ctx, 'alpha')", 3))
+    (run_dir / "08_collectives.ipynb").write_text(json.dumps(nb))
+    figs = run_dir / "figures"
+    names = ["allreduce_bandwidth", "alpha", "zeta_plot", "unnamed_b", "unnamed_a"]
+    for i, name in enumerate(names):
+        _png(figs / f"08_collectives__{name}.png")
+        os.utime(figs / f"08_collectives__{name}.png", (1000 + i, 1000 + i))  # file times: allreduce first
+    expected = ["zeta_plot", "alpha", "allreduce_bandwidth", "unnamed_b", "unnamed_a"]
+
+    def shown(folder):
+        sec = next(s for s in collect(folder).sections if s.number == "08")
+        return [p.stem.split("__", 1)[1] for p, _ in sec.figures]
+
+    # the notebook's save_figure calls decide; figures it does not name follow by file time
+    assert shown(run_dir) == expected
+    md = to_markdown(run_dir)
+    assert [md.index(f"__{n}.png") for n in expected] == sorted(md.index(f"__{n}.png") for n in expected)
+    # a copy of the run folder (file times lost) keeps the notebook's order
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy, copy_function=shutil.copyfile)
+    assert shown(copy)[:3] == expected[:3]
+
+
+# --------------------------------------------------------------------------- small numbers
+
+
+@pytest.mark.parametrize("value, text", [
+    (0.77, "77%"), (0.025, "2.5%"), (0.0201, "2%"), (0.001, "0.1%"), (0.0005, "0.05%"),
+    (0.00144, "0.14%"), (0.0, "0%"), (1e-9, "<0.001%"), (-0.003, "-0.3%"),
+])
+def test_small_fractions_are_not_rounded_to_zero(value, text):
+    assert headline({"value": value, "unit": "fraction"}) == text
+
+
+def test_fraction_records_in_tables_keep_their_digits(tmp_path):
+    s = _store(tmp_path, IDS["10"])
+    s.add("learning", "optimized vs baseline", "value_loss_relative_difference", 0.001, "fraction")
+    s.verdict(metric="speedup", value=2.87, unit="x", recommendation="enable",
+              reason="2.87x; value loss within 0.1% of the baseline's",
+              spread={"ci_low": 2.53, "ci_high": 3.21, "confidence": 0.95})
+    md = to_markdown(tmp_path)
+    assert "| value_loss_relative_difference | 0.1% |" in md
+    assert "within 0.1% of the baseline's" in md  # the reason is quoted as written
+    assert "| [end to end](#10_end_to_end) | 2.87x (95% CI 2.53–3.21) | **enable** |" in md
+
+
+def test_batch_size_verdict_reads_as_a_number_of_samples(tmp_path):
+    s = _store(tmp_path, "09_memory_and_batch_size")
+    s.verdict(metric="max_batch_size", value=256.0, unit="samples", recommendation="leave off", reason="r")
+    assert "| [memory and batch size](#09_memory_and_batch_size) | 256 samples | **leave off** |" in \
+        to_markdown(tmp_path)

@@ -1,7 +1,7 @@
 """Figures of the workbook (matplotlib), saved where the report finds them.
 
 Every figure a notebook draws is saved as ``<out_dir>/figures/<notebook>__<name>.png``;
-the report embeds the figures of each notebook in its section, in name order.
+the report embeds the figures of each notebook in its section, in the order the notebook saves them.
 Plot functions take DataFrames with documented columns and return the figure.
 """
 

@@ -26,6 +26,7 @@ import io
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,8 @@ __all__ = [
     "NotebookSection",
     "Report",
     "collect",
+    "error_cause",
+    "failed_cell",
     "headline",
     "overall_verdict",
     "to_html",
@@ -105,7 +108,7 @@ class NotebookSection:
     records : pandas.DataFrame
         Its other records (columns of :func:`helpers.results.load_results`).
     figures : tuple of (Path, bytes)
-        Readable PNG figures, in name order, with their bytes.
+        Readable PNG figures, in the order the notebook saved them, with their bytes.
     bad_figures : tuple of (Path, str)
         Figure files that could not be read, with the reason.
     executed : Path or None
@@ -118,6 +121,10 @@ class NotebookSection:
         For a notebook without a verdict: what is missing and the command that produces it.
     missing_short : str or None
         The same in one line, for the checklist.
+    cause : str or None
+        For a failed notebook: the error's one-line cause (:func:`error_cause`).
+    error_tail : str
+        For a failed notebook: the last lines of a multi-line error message ("" if none).
     """
 
     id: str
@@ -133,6 +140,8 @@ class NotebookSection:
     duration_s: float | None = None
     missing: str | None = None
     missing_short: str | None = None
+    cause: str | None = None
+    error_tail: str = ""
 
 
 @dataclass(frozen=True)
@@ -180,13 +189,29 @@ def _is_num(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _pct(fraction: float) -> str:
+    """A fraction as percent, with the digits a small value needs: 77%, 2.5%, 0.1%, 0.05%, <0.001%.
+
+    Whole percents from 10% up; two significant digits below, so that a
+    value the notebook reported as "0.1%" is not shown as "0%".
+    """
+    p = 100 * float(fraction)
+    if p == 0:
+        return "0%"
+    if abs(p) >= 9.95:
+        return f"{p:.0f}%"
+    if abs(p) < 0.001:
+        return ("-" if p < 0 else "") + "<0.001%"
+    return f"{p:.2g}%"
+
+
 def _fmt_value(value, unit: str | None) -> str:
     """A value with its unit: fractions as percent, ratios as ``1.23x``."""
     unit = unit or ""
     if not _is_num(value):
         return "—"
     if unit == "fraction":
-        return f"{100 * value:.0f}%"
+        return _pct(value)
     if unit == "x":
         return f"{value:.2f}x"
     if unit == "bool":
@@ -201,7 +226,7 @@ def _spread_text(spread, unit: str | None = None) -> str:
 
     def v(x):
         if unit == "fraction":
-            return f"{100 * x:.0f}%"
+            return _pct(x)
         if unit == "x":
             return f"{x:.2f}"
         return _fmt(x)
@@ -277,12 +302,72 @@ def _unreadable_lines(path: Path, n_records: int) -> int:
     return max(0, sum(1 for line in raw.split(b"\n") if line.strip()) - n_records)
 
 
-def _read_figures(run_dir: Path, notebook: str) -> tuple[list[tuple[Path, bytes]], list[tuple[Path, str]]]:
-    """Readable PNG figures of ``notebook`` (path, bytes) and the unreadable ones (path, reason)."""
+_SAVE_FIGURE = re.compile(r"""save_figure\(\s*[^,()]+,\s*[^,()]+,\s*(?:name\s*=\s*)?(["'])([^"'\\]+)\1""")
+
+
+def _load_notebook(path: Path | None) -> dict | None:
+    """An executed notebook's JSON (``cells`` list), or None when absent or unreadable."""
+    if path is None:
+        return None
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        log.info("cannot read notebook %s: %s", path, exc)
+        return None
+    return nb if isinstance(nb, dict) and isinstance(nb.get("cells"), list) else None
+
+
+def _cell_text(cell) -> str:
+    src = cell.get("source", "") if isinstance(cell, dict) else ""
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def _figure_names_in_order(nb: dict | None) -> list[str]:
+    """Figure names in the order the notebook saves them: each ``save_figure(fig, ctx, "name")`` call, cell by cell.
+
+    The names are made file-safe as :func:`helpers.workbook.plots.figure_path` does.
+    """
+    names: list[str] = []
+    for cell in (nb or {}).get("cells", []):
+        if isinstance(cell, dict) and cell.get("cell_type") == "code":
+            for m in _SAVE_FIGURE.finditer(_cell_text(cell)):
+                safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in m.group(2))
+                if safe not in names:
+                    names.append(safe)
+    return names
+
+
+def _figure_order(paths: list[Path], notebook: str, nb: dict | None) -> list[Path]:
+    """Sort figure files in the order the notebook saved them.
+
+    First the figures named by a ``save_figure`` call of the notebook, in the
+    order of those calls (robust to copying the run folder, which loses file
+    times); then any other figure by modification time, then name.
+    """
+    rank = {name: i for i, name in enumerate(_figure_names_in_order(nb))}
+
+    def key(path: Path):
+        name = path.stem[len(notebook) + 2:]
+        try:
+            mtime = path.lstat().st_mtime
+        except OSError:
+            mtime = math.inf
+        return (rank.get(name, len(rank)), mtime if name not in rank else 0.0, path.name)
+
+    return sorted(paths, key=key)
+
+
+def _read_figures(run_dir: Path, notebook: str,
+                  nb: dict | None = None) -> tuple[list[tuple[Path, bytes]], list[tuple[Path, str]]]:
+    """Readable PNG figures of ``notebook`` (path, bytes) and the unreadable ones (path, reason).
+
+    Both lists are in the order the notebook saved the figures (see :func:`_figure_order`);
+    ``nb`` is the executed notebook's JSON, when there is one.
+    """
     from PIL import Image, UnidentifiedImageError
 
     good, bad = [], []
-    for path in sorted((run_dir / "figures").glob(f"{notebook}__*.png")):
+    for path in _figure_order(list((run_dir / "figures").glob(f"{notebook}__*.png")), notebook, nb):
         try:
             data = path.read_bytes()
             if not data.startswith(_PNG_MAGIC):
@@ -297,6 +382,112 @@ def _read_figures(run_dir: Path, notebook: str) -> tuple[list[tuple[Path, bytes]
             continue
         good.append((path, data))
     return good, bad
+
+
+# --------------------------------------------------------------------------- failures
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: Longest error cause quoted in one line, characters.
+MAX_CAUSE_CHARS = 300
+#: Last lines of a multi-line error shown (folded) in a failed notebook's section.
+MAX_ERROR_LINES = 30
+
+
+def error_cause(error: dict | None) -> str:
+    """The one-line cause of a runner error record: exception type and the first line of its message.
+
+    Parameters
+    ----------
+    error : dict or None
+        run.json's ``error`` entry of a failed notebook (``ename``, ``evalue``,
+        ``type``, ``message``).
+
+    Returns
+    -------
+    str
+        E.g. ``"RuntimeError: collective job 'ddp' failed: rank 1 exited with code -6."``;
+        a trailing lead-in sentence that ends with ":" (``"Last output:"``) is dropped,
+        and a cause longer than :data:`MAX_CAUSE_CHARS` is cut at a word, with "…".
+    """
+    err = error or {}
+    ename = str(err.get("ename") or "").strip()
+    text = _ANSI.sub("", str(err.get("evalue") if ename else err.get("message") or ""))
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if first.endswith(":"):
+        head, sep, _ = first[:-1].rpartition(". ")
+        if sep:
+            first = head + "."
+    kind = ename or str(err.get("type") or "")
+    if kind and not first.startswith(kind):
+        first = f"{kind}: {first}" if first else kind
+    first = first or "no error message"
+    if len(first) > MAX_CAUSE_CHARS:
+        first = first[:MAX_CAUSE_CHARS].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+    return first
+
+
+def _error_tail(error: dict | None) -> str:
+    """The last lines of a multi-line error message ("" for a one-line message)."""
+    err = error or {}
+    text = _ANSI.sub("", str(err.get("evalue") or err.get("message") or ""))
+    lines = [line.rstrip() for line in text.strip().splitlines()]
+    if len(lines) <= 1:
+        return ""
+    return "\n".join(lines[-MAX_ERROR_LINES:])
+
+
+def failed_cell(error: dict | None, nb: dict | None) -> str:
+    """Name the cell that failed the way the user sees it in the executed notebook.
+
+    Parameters
+    ----------
+    error : dict or None
+        run.json's ``error`` entry (``exec_count``, ``cell_index``, ``cell_source``).
+    nb : dict or None
+        The executed notebook's JSON.
+
+    Returns
+    -------
+    str
+        ``"In [8], under “2. Allreduce bandwidth”"`` (execution count and the nearest
+        markdown heading above the cell); without the notebook, ``"In [8]"`` or the cell's
+        first line; ``""`` when nothing is known.
+    """
+    err = error or {}
+    count = err.get("exec_count")
+    count = count if isinstance(count, int) and not isinstance(count, bool) else None
+    cells = [c for c in (nb or {}).get("cells", []) if isinstance(c, dict)]
+    pos = None
+    if count is not None:
+        pos = next((i for i, c in enumerate(cells)
+                    if c.get("cell_type") == "code" and c.get("execution_count") == count), None)
+    if pos is None:  # papermill marks the failed cell with a tagged markdown cell just above it
+        for i, c in enumerate(cells[:-1]):
+            tags = (c.get("metadata") or {}).get("tags") or []
+            if "papermill-error-cell-tag" in tags and 'id="papermill-error-cell"' in _cell_text(c):
+                pos = i + 1
+                if count is None and isinstance(cells[pos].get("execution_count"), int):
+                    count = cells[pos]["execution_count"]
+                break
+    first_line = next((ln.strip() for ln in str(err.get("cell_source") or "").splitlines()
+                       if ln.strip() and not ln.lstrip().startswith("#")), "")
+    if count is not None:
+        where = f"In [{count}]"
+    elif first_line:
+        where = f"the cell that starts `{first_line[:80]}`"
+    elif _is_num(err.get("cell_index")):
+        where = f"cell {err['cell_index']}"
+    else:
+        return ""
+    heading = ""
+    for c in reversed(cells[:pos] if pos is not None else []):
+        if c.get("cell_type") == "markdown":
+            h = next((ln.lstrip("#").strip() for ln in reversed(_cell_text(c).splitlines())
+                      if ln.startswith("#")), "")
+            if h:
+                heading = h
+                break
+    return f"{where}, under “{heading}”" if heading else where
 
 
 def _display_dir(run_dir: Path) -> str:
@@ -317,7 +508,7 @@ def _notebook_file_exists(number: str) -> bool:
 
 
 def _missing_text(*, nb_id: str, number: str, status: str, error: dict | None, n_records: int,
-                  run_dir: Path, state: dict) -> tuple[str, str]:
+                  run_dir: Path, state: dict, nb: dict | None = None) -> tuple[str, str]:
     """Say what is missing for a notebook without a verdict, and the exact command that produces it.
 
     Returns
@@ -332,13 +523,14 @@ def _missing_text(*, nb_id: str, number: str, status: str, error: dict | None, n
     no_file = ("" if _notebook_file_exists(number) else
                f" This checkout has no notebooks/{number}_*.ipynb yet: update it first.")
     if status == "failed":
-        err = error or {}
-        cell = err.get("cell_index")
-        where = f" in cell {cell}" if cell is not None else ""
-        msg = str(err.get("message") or err.get("type") or "no error message").rstrip(".")
-        return (f"Failed{where}: {msg}. Rerun: `{resume}`",
-                f"Failed{where}: {msg}. The traceback is in the executed notebook {nb_id}.ipynb and the kernel's "
-                f"log in logs/{nb_id}.log of the run folder; after fixing the cause, rerun it with `{resume}`.")
+        cell = failed_cell(error, nb)
+        where = f" at {cell}" if cell else ""
+        msg = error_cause(error)
+        end = "" if msg.endswith((".", "…", "!", "?")) else "."
+        return (f"Failed{where}: {msg}{end} Rerun: `{resume}`",
+                f"Failed{where}: {msg}{end} The traceback is in the executed notebook {nb_id}.ipynb and the "
+                f"kernel's log in logs/{nb_id}.log of the run folder; after fixing the cause, rerun it with "
+                f"`{resume}`.")
     if status in ("pending", "running", "interrupted"):
         return (f"Did not finish ({status}). Continue: `{resume}`",
                 f"Did not finish (status: {status}); its records are incomplete or absent. "
@@ -430,7 +622,6 @@ def collect(run_dir: Path) -> Report:
             status = "not in run"
         else:
             status = "unknown" if not len(recs) else "recorded"
-        figures, bad = _read_figures(run_dir, nb_id)
         executed = None
         out = (info or {}).get("output")
         for cand in ([Path(out)] if out else []) + [run_dir / f"{nb_id}.ipynb"]:
@@ -441,16 +632,22 @@ def collect(run_dir: Path) -> Report:
                 except ValueError:
                     continue
                 break
+        nb = _load_notebook(run_dir / executed if executed is not None else None)
+        figures, bad = _read_figures(run_dir, nb_id, nb)
         others = recs[recs["experiment"] != "verdict"] if len(recs) else recs
+        error = (info or {}).get("error")
+        error = error if isinstance(error, dict) else None
         missing = (None, None)
         if verdict is None:
-            missing = _missing_text(nb_id=nb_id, number=number, status=status, error=(info or {}).get("error"),
-                                    n_records=len(recs), run_dir=run_dir, state=state)
+            missing = _missing_text(nb_id=nb_id, number=number, status=status, error=error,
+                                    n_records=len(recs), run_dir=run_dir, state=state, nb=nb)
+        failed = status == "failed"
         sections.append(NotebookSection(
             id=nb_id, number=number, item=names.get(number, nb_id), status=status, verdict=verdict,
             records=others, figures=tuple(figures), bad_figures=tuple(bad), executed=executed,
-            error=(info or {}).get("error"), duration_s=(info or {}).get("duration_s"),
+            error=error, duration_s=(info or {}).get("duration_s"),
             missing_short=missing[0], missing=missing[1],
+            cause=error_cause(error) if failed else None, error_tail=_error_tail(error) if failed else "",
         ))
     return Report(run_dir=run_dir, state=state, notes=tuple(notes), sections=tuple(sections))
 
@@ -486,17 +683,23 @@ def overall_verdict(report: Report) -> str:
 
 
 def _advice(report: Report) -> list[tuple[str, list[str]]]:
-    """(label, item names) for the recommendations that ask for a change, and for missing items."""
-    groups: dict[str, list[str]] = {"enable": [], "leave off": [], "missing": []}
+    """(label, items) for the recommendations that ask for a change, failed notebooks and missing items.
+
+    A failed notebook is listed under "Failed" with its error's one-line cause,
+    e.g. ``"collectives (RuntimeError: ...)"``, not under "Not measured".
+    """
+    groups: dict[str, list[str]] = {"enable": [], "leave off": [], "failed": [], "missing": []}
     for s in report.sections:
         rec = (s.verdict or {}).get("recommendation")
         if rec in ("enable", "leave off"):
             groups[rec].append(s.item)
+        elif s.verdict is None and s.status == "failed":
+            groups["failed"].append(f"{s.item} ({s.cause})" if s.cause else s.item)
         elif s.verdict is None and s.number:
             groups["missing"].append(s.item)
     labels = {"enable": "Enable on this machine", "leave off": "Leave off (measured: no gain here)",
-              "missing": "Not measured in this run"}
-    return [(labels[k], v) for k, v in groups.items() if v]
+              "failed": "Failed", "missing": "Not measured in this run"}
+    return [(labels[k], ("; " if k == "failed" else ", ").join(v)) for k, v in groups.items() if v]
 
 
 # --------------------------------------------------------------------------- tables
@@ -565,7 +768,7 @@ def to_markdown(run_dir: Path | Report) -> str:
              (f"Run `{name}` · profile **{profile}** · device **{device}** · status **{status}** · {dur} s"
               if rep.state else f"Folder `{name}`: records only (no run.json, e.g. notebooks run by hand)")]
     for label, items in _advice(rep):
-        lines += ["", f"- {label}: {', '.join(items)}"]
+        lines += ["", f"- {label}: {items}"]
     for note in rep.notes:
         lines += ["", f"> Note: {note}"]
     lines += ["", "## Checklist", "", "| item | measured effect | recommendation | why | notebook |",
@@ -584,6 +787,8 @@ def to_markdown(run_dir: Path | Report) -> str:
                 lines += ["", f"*Setting:* {_context(s.verdict)}"]
         else:
             lines.append(f"**{_rec_text(s)}**: {s.missing}")
+            if s.error_tail:
+                lines += ["", "Last lines of the error:", "", "~~~~text", s.error_tail, "~~~~"]
         if s.executed:
             lines += ["", f"Executed notebook: [{s.executed.as_posix()}]({s.executed.as_posix()})"]
         for art in _artifacts(rep.run_dir, s.id):
@@ -637,6 +842,9 @@ tr:nth-child(even) td{background:#fbfbfc}
 figure{margin:.8em 0;max-width:100%}img{max-width:100%;height:auto;border:1px solid #e5e7eb;border-radius:4px}
 figcaption{color:#57606a;font-size:.88em}
 details{margin:.6em 0}summary{cursor:pointer;color:#0b5cad}
+.advice li.failed{color:#991b1b}
+pre.error{background:#fef2f2;border:1px solid #fecaca;padding:.5em .8em;border-radius:4px;overflow-x:auto;
+ font-size:.85em;white-space:pre-wrap;word-break:break-word}
 .missing{background:#fffbeb;border:1px solid #fde68a;padding:.5em .8em;border-radius:4px}
 """
 
@@ -682,7 +890,8 @@ def to_html(run_dir: Path | Report) -> str:
     advice = _advice(rep)
     if advice:
         parts.append("<ul class='advice'>" + "".join(
-            f"<li><b>{e(label)}:</b> {e(', '.join(items))}</li>" for label, items in advice) + "</ul>")
+            f"<li{' class=failed' if label == 'Failed' else ''}><b>{e(label)}:</b> {e(items)}</li>"
+            for label, items in advice) + "</ul>")
     for note in rep.notes:
         parts.append(f"<p class='note'>{e(note)}</p>")
     parts.append("<table id='checklist'><thead><tr><th>item</th><th>measured effect</th><th>recommendation</th>"
@@ -708,6 +917,9 @@ def to_html(run_dir: Path | Report) -> str:
                 parts.append(f"<p class='meta'><i>Setting:</i> {e(_context(s.verdict))}</p>")
         else:
             parts.append(f"<p class='missing'>{_code_spans(s.missing or '')}</p>")
+            if s.error_tail:
+                parts.append(f"<details><summary>Last lines of the error</summary>"
+                             f"<pre class='error'>{e(s.error_tail)}</pre></details>")
         links = []
         if s.executed:
             links.append(f"executed notebook <a href='{e(s.executed.as_posix())}'>{e(s.executed.as_posix())}</a>")

@@ -501,8 +501,10 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             state.save(run_dir)
             line = f"[{i}/{len(state.notebooks)}] {nb.id}: {nb.status} in {nb.duration_s:.1f} s"
             if nb.error:
-                cell = nb.error.get("cell_index")
-                line += f" — {nb.error['message']}" + (f" (cell {cell})" if cell is not None else "")
+                count, cell = nb.error.get("exec_count"), nb.error.get("cell_index")
+                where = f"In [{count}]" if count is not None else (f"cell {cell}" if cell is not None else "")
+                message = nb.error["message"].split("\n")[0][:300]
+                line += f" — {message}" + (f" ({where}; log: logs/{nb.id}.log)" if where else "")
             echo(line)
     except KeyboardInterrupt:
         state.status = "interrupted"
