@@ -126,14 +126,63 @@ def test_write_produces_a_file_bash_can_source(tmp_path, capsys):
         assert shown == "level0:NA;level1:ring"
 
 
-def test_write_refuses_invalid_settings_unless_skipped(tmp_path, capsys):
+def test_write_writes_the_valid_part_lists_the_rest_and_exits_1(tmp_path, capsys):
     out_file = tmp_path / "run.env"
-    args = ["env", "check", "--set", "PT_DEBUG=1", "--set", "HCCL_BUFFSIZE=400", "--write", str(out_file)]
-    assert main(args) == 1
-    assert not out_file.exists()
-    assert "not written" in capsys.readouterr().err
-    assert main(args + ["--skip-invalid"]) == 1  # still reports the error
-    assert ec.parse_env_file(out_file) == {"HCCL_BUFFSIZE": "400"}
+    args = ["env", "check", "--set", "PT_DEBUG=1", "--set", "HCCL_BUFFSIZE=400", "--set", "NCCL_DEBUG=warn",
+            "--write", str(out_file)]
+    assert main(args) == 1  # still an error, so `... && source run.env && torchrun` stops
+    out = capsys.readouterr().out
+    assert ec.parse_env_file(out_file) == {"HCCL_BUFFSIZE": "400", "NCCL_DEBUG": "warn"}
+    assert "left out as invalid or invented: PT_DEBUG" in out
+    assert "Left out as invalid or invented: PT_DEBUG" in out_file.read_text()
+    out_file.unlink()
+    assert main(args + ["--skip-invalid"]) == 1  # the old flag is still accepted and changes nothing
+    assert ec.parse_env_file(out_file) == {"HCCL_BUFFSIZE": "400", "NCCL_DEBUG": "warn"}
+
+
+def test_help_describes_the_write_behaviour(capsys):
+    with pytest.raises(SystemExit):
+        main(["env", "check", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "invalid or invented ones are left out and listed" in text
+    assert "--skip-invalid" not in text
+
+
+def test_nccl_debug_lower_case_is_valid(capsys):
+    assert main(["env", "check", "--set", "NCCL_DEBUG=warn"]) == 0
+    assert main(["env", "check", "--set", "NCCL_DEBUG=abort"]) == 0
+    assert main(["env", "check", "--set", "NCCL_DEBUG=loud"]) == 1
+
+
+def test_finding_line_prints_name_and_value_once(capsys):
+    main(["env", "check", "--set", "HCCL_ALGO=tree"])
+    (line,) = [ln for ln in finding_lines(capsys.readouterr().out) if ln.startswith("ERROR")]
+    head, _, _ = line.partition(" | fix: ")
+    assert head.count("HCCL_ALGO") == 1 and head.startswith("ERROR   HCCL_ALGO=tree: ")
+
+
+def test_catalog_prints_every_entry_with_what_it_does_and_its_source(capsys):
+    assert main(["env", "check", "--catalog"]) == 0
+    out = capsys.readouterr().out
+    assert "default: NaN" not in out and "default: None" not in out
+    for var in ec.CATALOG.values():
+        assert f"{var.name}  ({var.scope})" in out
+    assert out.count("  source:") == len(ec.CATALOG) and out.count("  what:") == len(ec.CATALOG)
+    assert "  default: unset" in out
+
+
+def test_catalog_into_a_closed_pipe_has_no_traceback():
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c",
+         "import os, sys\n"
+         "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+         "from helpers.workbook.cli import main\n"
+         "sys.exit(main(['env', 'check', '--catalog']))"],
+        capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1
 
 
 def test_npu_switch_changes_the_verdict(capsys):

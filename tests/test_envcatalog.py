@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from helpers.diagnose import envcatalog as ec
@@ -146,7 +148,7 @@ def test_typo_suggests_the_real_name():
     findings = ec.check_env({"HCCL_BUFSIZE": "200"})
     assert len(findings) == 1
     f = findings[0]
-    assert f.severity == "warning" and "check spelling" in f.message
+    assert f.severity == "warning" and "check the spelling" in f.message
     assert "HCCL_BUFFSIZE" in f.fix
 
 
@@ -446,3 +448,83 @@ def test_format_finding_is_one_line_with_the_fix():
     (f,) = ec.check_env({"HCCL_ALGO": "tree"})
     line = ec.format_finding(f)
     assert "\n" not in line and line.startswith("ERROR   HCCL_ALGO=tree:") and "| fix: " in line
+
+
+# ---- NCCL's own parsing of its debug variables (NVIDIA/nccl 5067397c src/debug.cc, param parsers) ----
+
+@pytest.mark.parametrize("value", ["WARN", "warn", "Info", "abort", "ABORT", " TRACE ", "version"])
+def test_nccl_debug_is_matched_in_any_case_like_nccl(value):
+    (f,) = ec.validate_value("NCCL_DEBUG", value)
+    assert f.severity == "ok", f
+
+
+@pytest.mark.parametrize("value", ["DEBUG", "verbose", "1", ""])
+def test_nccl_debug_unknown_value_is_an_error_that_says_nccl_ignores_it(value):
+    (f,) = ec.validate_value("NCCL_DEBUG", value)
+    assert f.severity == "error" and "no debug output" in f.message
+    assert "ABORT" in f.message
+
+
+def test_nccl_debug_ok_notes_do_not_depend_on_case():
+    (f,) = ec.validate_value("NCCL_DEBUG", "info")
+    assert f.severity == "ok" and "production" in f.message
+
+
+@pytest.mark.parametrize("value, severity", [
+    ("ALL", "ok"), ("all", "ok"), ("INIT,COLL", "ok"), ("init, net ,Graph", "ok"), ("^INIT,COLL", "ok"),
+    ("ALLOC_HOST,DESTROY", "ok"), ("INIT,,COLL", "ok"),
+    ("foo", "error"), ("INIT,colls", "error"),
+    ("init,^coll", "error"),  # '^' only inverts when it starts the whole value
+])
+def test_nccl_debug_subsys_follows_nccls_bitset_parser(value, severity):
+    (f,) = ec.validate_value("NCCL_DEBUG_SUBSYS", value)
+    assert f.severity == severity, f
+    if severity == "error":
+        assert "INIT,BOOTSTRAP,ENV" in f.message
+
+
+def test_nccl_debug_subsys_is_validated_not_silently_skipped():
+    findings = ec.check_env({"NCCL_DEBUG_SUBSYS": "ALL", "NCCL_FASTMODE": "1"})
+    by_name = {f.name: f for f in findings}
+    assert by_name["NCCL_DEBUG_SUBSYS"].severity == "ok"
+    assert by_name["NCCL_FASTMODE"].severity == "warning" and "catalog" in by_name["NCCL_FASTMODE"].message
+    assert "NCCL_DEBUG_SUBSYS" not in ec.RECOGNISED
+
+
+@pytest.mark.parametrize("name, value", [("NCCL_PROTO", "ll128"), ("NCCL_PROTO", "simple"), ("NCCL_ALGO", "RING")])
+def test_nccl_algo_and_proto_names_are_case_insensitive(name, value):
+    assert [f.severity for f in ec.validate_value(name, value)] == ["warning"]  # valid; advice only
+
+
+def test_allowed_ranges_are_written_for_people():
+    assert ec.CATALOG["HCCL_BUFFSIZE"].allowed == "integer >= 1 MB"
+    assert ec.CATALOG["HCCL_CONNECT_TIMEOUT"].allowed == "integer 120 to 7200 s"
+    assert "inf" not in " ".join(v.allowed for v in ec.CATALOG.values() if v.kind == "int")
+    assert ec.CATALOG["NCCL_DEBUG"].allowed.endswith("(any case)")
+
+
+@pytest.mark.parametrize("environ", [
+    {"HCCL_ALGO": "tree"}, {"HCCL_CONNECT_TIMEOUT": "30"}, {"NCCL_DEBUG": "verbose"}, {"PT_DEBUG": "1"},
+    {"TASK_QUEUE_ENABLE": "0"}, {"NCCL_BUFFSIZE": "1000"}, {"OMP_NUM_THREADS": "x"},
+    {"PYTORCH_NPU_ALLOC_CONF": "max_split_size_mb:10"}, {"HCCL_BUFFSIZE": "400"}, {"NCCL_ASYNC_ERROR_HANDLING": "1"},
+])
+def test_a_finding_line_names_the_setting_once(environ):
+    (name, value), = environ.items()
+    for f in ec.check_env(environ):
+        head = ec.format_finding(f).partition(" | fix: ")[0]
+        assert len(re.findall(rf"(?<![A-Z_]){name}\b", head)) == 1, head
+        assert not f.message.startswith(name), f.message
+
+
+def test_catalog_frame_and_text_show_unset_defaults_and_every_entry():
+    frame = ec.catalog_frame()
+    assert frame["default"].notna().all() and (frame.loc[frame["name"] == "NCCL_NTHREADS", "default"] == "unset").all()
+    text = ec.format_catalog(width=80)
+    blocks = text.strip().split("\n\n")
+    assert len(blocks) == len(ec.CATALOG)
+    for var in ec.CATALOG.values():
+        block = next(b for b in blocks if b.startswith(var.name + "  ("))
+        for label in ("what:", "allowed:", "default:", "source:"):
+            assert label in block, (var.name, label)
+    for line in text.splitlines():  # wrapped; only a single unbreakable word (a URL, a path) may overrun
+        assert len(line) <= 80 or max(len(word) for word in line.split()) > 40, line

@@ -22,7 +22,7 @@ Typical use::
     findings_frame(findings)          # a table sorted errors first
 
 The command line ``python -m helpers env check`` (helpers/workbook/cli.py)
-prints :func:`format_finding` lines and :func:`catalog_frame`.
+prints :func:`format_finding` lines and :func:`format_catalog`.
 :func:`parse_env_file` reads a proposed ``KEY=VALUE`` file and
 :func:`write_env_file` writes only the validated settings as ``export`` lines
 that torchrun's shell can ``source``. Per-process-group HCCL settings (rather
@@ -62,6 +62,8 @@ __all__ = [
     "NCCL_ALGOS",
     "NCCL_PROTOS",
     "NCCL_FUNCS",
+    "NCCL_DEBUG_LEVELS",
+    "NCCL_DEBUG_SUBSYSTEMS",
     "DEPRECATED",
     "INVENTED_VALUES",
     "lookup",
@@ -70,6 +72,7 @@ __all__ = [
     "check_env",
     "findings_frame",
     "catalog_frame",
+    "format_catalog",
     "parse_env_file",
     "write_env_file",
     "format_finding",
@@ -84,12 +87,13 @@ SCOPES: tuple[str, ...] = ("torch_npu", "CANN", "HCCL", "NCCL", "torch", "thread
 #: "device_list": comma-separated device indices; "thread_list": OpenMP thread
 #: counts; "npu_log_modules": TORCH_NPU_LOGS syntax; "nccl_algo" / "nccl_proto":
 #: NCCL's ``[^]elem,...[;func:[^]elem,...]`` lists (NCCL ``src/graph/tuning.cc``
-#: ``parseList``); "torch_bool": the booleans torch's c10d ``getCvarBool`` accepts;
-#: "free": not checked.
+#: ``parseList``); "nccl_subsys": NCCL_DEBUG_SUBSYS's ``[^]name,...`` list (NCCL
+#: ``src/include/param/parser_bitset.h``); "torch_bool": the booleans torch's c10d
+#: ``getCvarBool`` accepts; "free": not checked.
 KINDS: tuple[str, ...] = (
     "enum", "int", "alloc_conf_npu", "alloc_conf_cuda", "alloc_conf_any",
     "hccl_algo", "cpu_affinity", "device_list", "thread_list", "npu_log_modules",
-    "nccl_algo", "nccl_proto", "torch_bool", "free",
+    "nccl_algo", "nccl_proto", "nccl_subsys", "torch_bool", "free",
 )
 
 SEVERITIES: tuple[str, ...] = ("ok", "warning", "error")
@@ -142,6 +146,9 @@ class EnvVar:
         Where the name and values are documented.
     notes : str
         Caveats a user should know (scope limits, recommended values).
+    case_insensitive : bool
+        For ``kind == "enum"``: the reader matches ``choices`` ignoring case
+        (NCCL's parsers do; torch_npu's and CANN's compare exactly).
     """
 
     name: str
@@ -155,6 +162,7 @@ class EnvVar:
     unit: str | None = None
     source: str = ""
     notes: str = ""
+    case_insensitive: bool = False
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
@@ -168,12 +176,17 @@ class EnvVar:
     def allowed(self) -> str:
         """A human-readable description of the accepted values."""
         if self.kind == "enum":
-            return " | ".join(self.choices)
+            text = " | ".join(self.choices)
+            return text + " (any case)" if self.case_insensitive else text
         if self.kind == "int":
-            lo = "-inf" if self.minimum is None else str(self.minimum)
-            hi = "inf" if self.maximum is None else str(self.maximum)
             unit = f" {self.unit}" if self.unit else ""
-            return f"integer in [{lo}, {hi}]{unit}"
+            if self.minimum is not None and self.maximum is not None:
+                return f"integer {self.minimum} to {self.maximum}{unit}"
+            if self.minimum is not None:
+                return f"integer >= {self.minimum}{unit}"
+            if self.maximum is not None:
+                return f"integer <= {self.maximum}{unit}"
+            return f"integer{unit}"
         return {
             "alloc_conf_npu": "key:value,... (torch_npu allocator keys)",
             "alloc_conf_cuda": "key:value,... (PyTorch CUDA allocator keys)",
@@ -185,6 +198,7 @@ class EnvVar:
             "npu_log_modules": "comma-separated [+|-]module, e.g. memory,+dispatch,-all",
             "nccl_algo": "[^]algo,...[;<func>:[^]algo,...] with algo in " + ", ".join(NCCL_ALGOS),
             "nccl_proto": "[^]proto,...[;<func>:[^]proto,...] with proto in " + ", ".join(NCCL_PROTOS),
+            "nccl_subsys": "[^]name,... with name in " + ", ".join(NCCL_DEBUG_SUBSYSTEMS) + " (any case)",
             "torch_bool": "1|0 (also true/false, yes/no, y/n, t/f; case-insensitive)",
             "free": "any string (not checked)",
         }[self.kind]
@@ -273,6 +287,17 @@ NCCL_ALGOS: tuple[str, ...] = ("Tree", "Ring", "CollNetDirect", "CollNetChain", 
 NCCL_PROTOS: tuple[str, ...] = ("LL", "LL128", "Simple")
 #: Collective names usable as the ``<func>:`` prefix of NCCL_ALGO / NCCL_PROTO.
 NCCL_FUNCS: tuple[str, ...] = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
+#: NCCL_DEBUG levels (NCCL ``src/debug.cc`` ncclParamDebugLevel, commit 5067397c; matched
+#: case-insensitively: ``iequals`` in ``src/include/param/utils.h``, ``strcasecmp`` in
+#: NCCL <= 2.29). An unknown value is ignored silently (no debug output at all).
+NCCL_DEBUG_LEVELS: tuple[str, ...] = ("VERSION", "WARN", "INFO", "ABORT", "TRACE")
+#: NCCL_DEBUG_SUBSYS names (NCCL ``src/debug.cc`` ncclParamDebugSubsys, commit 5067397c;
+#: ALLOC_HOST and DESTROY are newer than NCCL 2.27). Matched case-insensitively, comma-separated,
+#: with one leading '^' to invert the whole list (``src/include/param/parser_bitset.h``).
+NCCL_DEBUG_SUBSYSTEMS: tuple[str, ...] = (
+    "INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC", "ALLOC_HOST", "CALL",
+    "PROXY", "NVLS", "BOOTSTRAP", "REG", "PROFILE", "RAS", "DESTROY", "ALL",
+)
 #: NCCL's hard channel limit (``MAXCHANNELS`` in src/include/device.h).
 NCCL_MAX_CHANNELS = 64
 
@@ -426,10 +451,19 @@ _ENTRIES: tuple[EnvVar, ...] = (
        source="CUDA C Programming Guide, 'CUDA Environment Variables'"),
     # ---- NCCL -------------------------------------------------------------
     _v("NCCL_DEBUG", "NCCL",
-       "Amount of NCCL debug output: VERSION, WARN, INFO or TRACE.",
-       "enum", choices=("VERSION", "WARN", "INFO", "TRACE"),
-       source=_NCCL_DOC,
-       notes="INFO/TRACE are for debugging; NCCL's docs advise against keeping debug settings in production."),
+       "Amount of NCCL debug output: VERSION, WARN, INFO, ABORT or TRACE (each includes the less "
+       "verbose ones); unset prints nothing.",
+       "enum", choices=NCCL_DEBUG_LEVELS, case_insensitive=True,
+       source=f"{_NCCL_DOC}; {_NCCL_SRC}src/debug.cc ncclParamDebugLevel, src/include/param/parser_enum.h",
+       notes="Matched in any case (warn = WARN). An unknown value is ignored without a message, so no "
+             "debug output appears. INFO/TRACE are for debugging; NCCL's docs advise against keeping "
+             "debug settings in production."),
+    _v("NCCL_DEBUG_SUBSYS", "NCCL",
+       "Which subsystems' NCCL_DEBUG=INFO lines are printed: a comma list, or '^' first to exclude.",
+       "nccl_subsys", default="INIT,BOOTSTRAP,ENV",
+       source=f"{_NCCL_DOC}; {_NCCL_SRC}src/debug.cc ncclParamDebugSubsys, src/include/param/parser_bitset.h",
+       notes="Names match in any case. NCCL 2.30+ ignores the whole value when one name is unknown "
+             "(and keeps INIT,BOOTSTRAP,ENV); older NCCL skips the unknown name."),
     _v("NCCL_SOCKET_IFNAME", "NCCL",
        "Network interfaces NCCL may use: prefixes, '^' to exclude, '=' for exact names.",
        "free", source=_NCCL_DOC),
@@ -541,7 +575,7 @@ RECOGNISED: dict[str, tuple[str, str]] = {
         "NCCL_NET_SHARED_BUFFERS", "NCCL_NET_SHARED_COMMS", "NCCL_SINGLE_RING_THRESHOLD",
         "NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD", "NCCL_LL_BUFFSIZE", "NCCL_LL128_BUFFSIZE",
         "NCCL_LL128_NTHREADS", "NCCL_MIN_NRINGS", "NCCL_MAX_NRINGS",
-        "NCCL_IGNORE_CPU_AFFINITY", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "NCCL_COLLNET_ENABLE",
+        "NCCL_IGNORE_CPU_AFFINITY", "NCCL_DEBUG_FILE", "NCCL_COLLNET_ENABLE",
         "NCCL_COLLNET_NODE_THRESHOLD", "NCCL_TOPO_FILE", "NCCL_TOPO_DUMP_FILE", "NCCL_NVB_DISABLE",
         "NCCL_PXN_DISABLE", "NCCL_P2P_PXN_LEVEL", "NCCL_GRAPH_REGISTER", "NCCL_SET_STACK_SIZE",
         "NCCL_SET_THREAD_NAME", "NCCL_GRAPH_MIXING_SUPPORT", "NCCL_DMABUF_ENABLE",
@@ -633,21 +667,25 @@ def _parse_float(text: str) -> float | None:
 
 
 def _check_enum(var: EnvVar, value: str) -> list[_Issue]:
-    if value.strip() in var.choices:
+    text = value.strip()
+    if text in var.choices or (var.case_insensitive and text.upper() in {c.upper() for c in var.choices}):
         return []
-    return [("error", f"{var.name}={value!r} is not one of {', '.join(var.choices)}",
-             f"set {var.name} to one of {', '.join(var.choices)} or unset it")]
+    if var.name == "NCCL_DEBUG":
+        return [("error", f"not one of {var.allowed}: NCCL ignores an unknown value without a message, "
+                          "so no debug output appears",
+                 "set NCCL_DEBUG=WARN (or INFO for details) or unset it")]
+    return [("error", f"not one of {var.allowed}", f"set {var.name} to one of {', '.join(var.choices)} or unset it")]
 
 
 def _check_int(var: EnvVar, value: str) -> list[_Issue]:
     number = _parse_int(value)
     unit = f" {var.unit}" if var.unit else ""
     if number is None:
-        return [("error", f"{var.name}={value!r} is not an integer", f"set {var.name} to {var.allowed}")]
+        return [("error", f"not an integer (expected {var.allowed})", f"set {var.name} to an {var.allowed}")]
     if (var.minimum is not None and number < var.minimum) or (
             var.maximum is not None and number > var.maximum):
-        return [("error", f"{var.name}={number}{unit} is out of range: {var.allowed}",
-                 f"set {var.name} to {var.allowed}")]
+        return [("error", f"{number}{unit} is out of range (expected {var.allowed})",
+                 f"set {var.name} to an {var.allowed}")]
     return []
 
 
@@ -830,7 +868,7 @@ def _check_alloc_conf(var: EnvVar, value: str, *, npu: bool | None = None) -> li
 def _check_levels(spec: str, op: str | None) -> list[_Issue]:
     """Validate one ``level0:NA;level1:<algo>[;level2:<algo>]`` block of HCCL_ALGO."""
     issues: list[_Issue] = []
-    where = f"HCCL_ALGO ({op})" if op else "HCCL_ALGO"
+    where = f"in the {op} block" if op else "HCCL_ALGO"
     levels: dict[str, str] = {}
     for part in spec.split(";"):
         part = part.strip()
@@ -873,7 +911,7 @@ def _check_hccl_algo(var: EnvVar, value: str) -> list[_Issue]:
     if "level" not in text:
         word = text.split(";")[0]
         reason = "HCCL has no 'tree' algorithm, and " if "tree" in text.lower() else ""
-        return [("error", f"HCCL_ALGO={value!r}: {reason}the value must name levels "
+        return [("error", f"{reason}the value must name levels "
                           f"(e.g. level0:NA;level1:ring), not a bare algorithm {word!r}", _HCCL_ALGO_FIX)]
     issues: list[_Issue] = []
     if "=" in text:
@@ -1005,6 +1043,28 @@ def _check_nccl_list(var: EnvVar, value: str) -> list[_Issue]:
     return issues
 
 
+def _check_nccl_subsys(var: EnvVar, value: str) -> list[_Issue]:
+    """Mirror NCCL's bitset parser (``src/include/param/parser_bitset.h``, commit 5067397c).
+
+    One optional leading ``^`` inverts the whole list; names are comma-separated,
+    trimmed and matched ignoring case; empty items are skipped. NCCL 2.30+ rejects
+    the whole value when a name is unknown and keeps its default INIT,BOOTSTRAP,ENV
+    (``ncclParam::loadValue``); NCCL <= 2.29 (``src/debug.cc`` strcasecmp chain)
+    skips just that name.
+    """
+    text = value.strip()
+    body = text[1:] if text.startswith("^") else text
+    names = {n.upper(): n for n in NCCL_DEBUG_SUBSYSTEMS}
+    unknown = [item.strip() for item in body.split(",") if item.strip() and item.strip().upper() not in names]
+    if not unknown:
+        return []
+    hint = " ('^' may only start the whole list: ^INIT,COLL excludes both)" if any(
+        u.startswith("^") for u in unknown) else ""
+    return [("error", f"unknown subsystem {', '.join(repr(u) for u in unknown)}{hint}: NCCL 2.30+ then "
+                      f"ignores the whole value and keeps INIT,BOOTSTRAP,ENV",
+             f"use names from {', '.join(NCCL_DEBUG_SUBSYSTEMS)}, e.g. NCCL_DEBUG_SUBSYS=INIT,COLL or ^PROXY")]
+
+
 def _check_torch_bool(var: EnvVar, value: str) -> list[_Issue]:
     if value.strip().lower() in _TORCH_TRUE + _TORCH_FALSE:
         return []
@@ -1026,6 +1086,7 @@ _VALIDATORS: dict[str, Callable[..., list[_Issue]]] = {
     "npu_log_modules": _check_npu_log_modules,
     "nccl_algo": _check_nccl_list,
     "nccl_proto": _check_nccl_list,
+    "nccl_subsys": _check_nccl_subsys,
     "torch_bool": _check_torch_bool,
     "free": lambda var, value: [],
 }
@@ -1060,10 +1121,10 @@ def _advice(var: EnvVar, value: str) -> list[_Issue]:
     if name == "NCCL_BUFFSIZE":
         n = _parse_int(v)
         if n is not None and n & (n - 1):
-            return [("warning", f"NCCL_BUFFSIZE={n} bytes is not a power of two (NCCL's docs recommend one)",
+            return [("warning", "not a power of two (NCCL's docs recommend one; the unit is bytes)",
                      "use e.g. 4194304 (4 MiB, the default) or 8388608")]
         if n is not None and n < 65536:
-            return [("warning", f"NCCL_BUFFSIZE={n} bytes is very small: the unit is bytes, not MB "
+            return [("warning", f"{n} bytes is very small: the unit is bytes, not MB "
                                 "(HCCL_BUFFSIZE is the one in MB)", "use e.g. 4194304 (4 MiB, the default)")]
     if name in ("NCCL_ALGO", "NCCL_PROTO"):
         return [("warning", f"{name}={v} overrides NCCL's own per-size choice; NCCL's docs list it with the "
@@ -1135,9 +1196,26 @@ def validate_value(name: str, value: str, *, npu: bool | None = None) -> list[Fi
     if not issues:
         issues = _advice(var, value)
     if not issues:
-        note = _OK_NOTES.get((name, value.strip()), _OK_NOTES.get((name, None), ""))
-        return [Finding(name, value, "ok", f"{name}={value!r} is valid" + (f"; {note}" if note else ""), "")]
-    return [Finding(name, value, sev, msg, fix) for sev, msg, fix in issues]
+        key = value.strip().upper() if var.case_insensitive else value.strip()
+        note = _OK_NOTES.get((name, key), _OK_NOTES.get((name, None), ""))
+        return [Finding(name, value, "ok", "valid" + (f"; {note}" if note else ""), "")]
+    return [Finding(name, value, sev, _without_subject(name, value, msg), fix) for sev, msg, fix in issues]
+
+
+def _without_subject(name: str, value: str, message: str) -> str:
+    """Drop a leading ``NAME=value`` / ``NAME:`` / ``NAME is`` from ``message``.
+
+    :func:`format_finding` prints ``NAME=value:`` before the message and the
+    findings table has name and value columns, so the message need not repeat them.
+    """
+    values = sorted({repr(value), repr(value.strip()), value, value.strip()} - {""}, key=len, reverse=True)
+    alternatives = "|".join(re.escape(v) for v in values)
+    pattern = rf"{re.escape(name)}(?:=(?:{alternatives}))?" if alternatives else re.escape(name)
+    m = re.match(rf"{pattern}(?::\s+|\s+-\s+|\s+(?=[a-z(]))", message)
+    if not m:
+        return message
+    rest = message[m.end():]
+    return rest[3:] if rest.startswith("is ") else rest
 
 
 def _watched(name: str, prefixes: Iterable[str]) -> bool:
@@ -1190,8 +1268,7 @@ def check_env(
     for name in sorted(environ):
         value = environ[name]
         if name in INVENTED:
-            findings.append(Finding(name, value, "error",
-                                    f"{name} {INVENTED[name]}", f"unset {name}"))
+            findings.append(Finding(name, value, "error", INVENTED[name], f"unset {name}"))
         elif name in CATALOG:
             findings.extend(validate_value(name, value, npu=npu))
         elif name in DEPRECATED:
@@ -1200,7 +1277,7 @@ def check_env(
                 if new in CATALOG else []
             extra = f"; and the value is wrong: {problems[0].message}" if problems else ""
             findings.append(Finding(name, value, "error" if problems else "warning",
-                                    f"{name} is deprecated; torch reads it but warns and prefers {new}{extra}",
+                                    f"deprecated; torch reads it but warns and prefers {new}{extra}",
                                     f"rename it: export {new}={value}" if not problems else problems[0].fix))
         elif name in RECOGNISED:
             continue  # real, but not validated: nothing to say
@@ -1208,7 +1285,8 @@ def check_env(
             close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.75)
             fix = f"did you mean {', '.join(close)}?" if close else "check the spelling against the vendor docs"
             findings.append(Finding(name, value, "warning",
-                                    f"{name} is not in the catalog; check spelling", fix))
+                                    "not in the workbook's catalog (unknown or unchecked name); check "
+                                    "the spelling", fix))
 
     cross = _cross_checks(environ, npu=npu, usable_cores=usable_cores)
     flagged = {part for f in cross for part in f.name.split("+")}
@@ -1279,7 +1357,7 @@ def _cross_checks(environ: Mapping[str, str], *, npu: bool, usable_cores: int | 
     omp = _parse_int(get("OMP_NUM_THREADS", "").split(",")[0]) if "OMP_NUM_THREADS" in environ else None
     if usable_cores is not None and omp is not None and omp > usable_cores:
         out.append(Finding("OMP_NUM_THREADS", get("OMP_NUM_THREADS", ""), "warning",
-                           f"OMP_NUM_THREADS={omp} is more than the {usable_cores} cores this process may use: "
+                           f"{omp} threads is more than the {usable_cores} cores this process may use: "
                            "threads will oversubscribe the cores",
                            f"set OMP_NUM_THREADS to at most {usable_cores} (divided by processes per machine)"))
     return out
@@ -1313,14 +1391,54 @@ def catalog_frame():
     -------
     pandas.DataFrame
         Columns ``name``, ``scope``, ``allowed``, ``default``, ``description``,
-        ``notes``, ``source``; one row per :data:`CATALOG` entry, sorted by scope then name.
+        ``notes``, ``source`` (all str; ``default`` is "unset" when the variable has
+        no documented default); one row per :data:`CATALOG` entry, sorted by scope then name.
     """
     import pandas as pd
 
-    rows = [(v.name, v.scope, v.allowed, v.default, v.description, v.notes, v.source)
-            for v in CATALOG.values()]
+    rows = [(v.name, v.scope, v.allowed, "unset" if v.default is None else v.default, v.description, v.notes,
+             v.source) for v in CATALOG.values()]
     rows.sort(key=lambda r: (SCOPES.index(r[1]), r[0]))
     return pd.DataFrame(rows, columns=["name", "scope", "allowed", "default", "description", "notes", "source"])
+
+
+def format_catalog(width: int = 100) -> str:
+    """The catalog as plain text for a terminal: one block per entry, wrapped to ``width``.
+
+    Each block is the name and scope, then ``what``, ``allowed``, ``default``
+    ("unset" when none is documented), ``notes`` (when any) and ``source``, each
+    wrapped with a hanging indent; blocks are separated by a blank line and
+    sorted by scope then name.
+
+    Parameters
+    ----------
+    width : int
+        Line width in characters (at least 40 is used).
+
+    Returns
+    -------
+    str
+        The text, ending with a newline.
+    """
+    import textwrap
+
+    width = max(40, int(width))
+    label_w = len("default: ")
+    blocks = []
+    for var in sorted(CATALOG.values(), key=lambda v: (SCOPES.index(v.scope), v.name)):
+        lines = [f"{var.name}  ({var.scope})"]
+        fields = [("what", var.description), ("allowed", var.allowed),
+                  ("default", "unset" if var.default is None else var.default),
+                  ("notes", var.notes), ("source", var.source)]
+        for label, text in fields:
+            if not text:
+                continue
+            head = f"  {label + ':':<{label_w}}"
+            lines.append(textwrap.fill(text, width=width, initial_indent=head,
+                                       subsequent_indent=" " * len(head), break_on_hyphens=False,
+                                       break_long_words=False))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
 
 
 # --------------------------------------------------------------------------
