@@ -290,11 +290,23 @@ def test_finder_margin_and_max_batch(monkeypatch):
     st = dict(zip(res.frame["batch"], res.frame["status"]))
     assert st[64] == "fits" and st[128] == "over budget"
     assert res.chosen == 80 and st[96] == "over margin"
+    assert not res.reached_max and res.largest_fit_text() == "80"  # a real limit was found
     # never beyond max_batch; the last size is capped at it
     cfg = M.FinderConfig(start_batch=8, max_batch=50, steps=1, budget_bytes=1000 * MIB, multiple_of=2)
     res = M.find_batch_size(make_step, acc, cfg)
     assert res.frame["batch"].tolist() == [8, 16, 32, 50] and res.chosen == 50
     assert "finder_max_batch=50" in res.stop_reason
+    # every size fitted: 50 is the search cap, a lower bound, and the text says so
+    assert res.reached_max and res.max_batch == 50
+    assert res.largest_fit_text() == ">= 50 (no limit found up to finder_max_batch=50)"
+    # the cap reached exactly on the doubling path is also "no limit found"
+    cfg = M.FinderConfig(start_batch=8, max_batch=32, steps=1, budget_bytes=1000 * MIB)
+    res = M.find_batch_size(make_step, acc, cfg)
+    assert res.frame["batch"].tolist() == [8, 16, 32] and res.reached_max
+    # nothing fits: no lower bound to state
+    cfg = M.FinderConfig(start_batch=8, max_batch=32, steps=1, budget_bytes=4 * MIB)
+    res = M.find_batch_size(make_step, acc, cfg)
+    assert res.chosen is None and not res.reached_max and res.largest_fit_text() == "none"
 
 
 def test_finder_with_a_tiny_real_model_and_a_small_budget_on_cpu(cpu):

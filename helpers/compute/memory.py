@@ -737,6 +737,12 @@ class FinderResult:
         Why growing stopped, in words.
     budget_bytes, limit_bytes : int
         The budget and the most a fitting size may use.
+    reached_max : bool
+        True when every size up to ``max_batch`` fitted: growing stopped at the
+        search cap, not at a memory limit, so ``chosen`` is a lower bound of
+        the largest batch that fits.
+    max_batch : int or None
+        The search cap (``FinderConfig.max_batch``).
     """
 
     chosen: int | None
@@ -744,6 +750,22 @@ class FinderResult:
     stop_reason: str
     budget_bytes: int
     limit_bytes: int
+    reached_max: bool = False
+    max_batch: int | None = None
+
+    def largest_fit_text(self) -> str:
+        """The largest fitting batch in words: ``"80"``, ``">= 256 (no limit found up to finder_max_batch=256)"``
+        or ``"none"``.
+
+        Returns
+        -------
+        str
+        """
+        if self.chosen is None:
+            return "none"
+        if self.reached_max:
+            return f">= {self.chosen} (no limit found up to finder_max_batch={self.max_batch})"
+        return str(self.chosen)
 
 
 def resolve_budget_bytes(budget_mib: int, acc: "Accelerator") -> tuple[int, str]:
@@ -914,7 +936,8 @@ def find_batch_size(make_step: Callable[[int], Callable[[], Any]], acc: "Acceler
 
     m = cfg.multiple_of
     size = _round_up(cfg.start_batch, m)
-    stop_reason = f"reached finder_max_batch={cfg.max_batch}"
+    stop_reason = f"reached finder_max_batch={cfg.max_batch} with every size fitting: no memory limit found"
+    reached_max = True
     tried: set[int] = set()
     while size <= cfg.max_batch and size not in tried:
         tried.add(size)
@@ -925,6 +948,7 @@ def find_batch_size(make_step: Callable[[int], Callable[[], Any]], acc: "Acceler
                            "over budget": f"batch {size} exceeded the memory budget",
                            "over margin": f"batch {size} left less than the safety margin free",
                            "skipped": f"batch {size} was predicted not to fit in the available RAM"}[row["status"]]
+            reached_max = False
             break
         nxt = size * 2
         if nxt > cfg.max_batch and size < cfg.max_batch:
@@ -954,7 +978,8 @@ def find_batch_size(make_step: Callable[[int], Callable[[], Any]], acc: "Acceler
     frame = pd.DataFrame(rows, columns=["batch", "phase", "status", "peak_mib", "step_ms", "throughput",
                                         "throughput_p25", "throughput_p75", "error"])
     return FinderResult(chosen=max(fits) if fits else None, frame=frame, stop_reason=stop_reason,
-                        budget_bytes=cfg.budget_bytes, limit_bytes=cfg.limit_bytes)
+                        budget_bytes=cfg.budget_bytes, limit_bytes=cfg.limit_bytes,
+                        reached_max=reached_max and bool(fits), max_batch=cfg.max_batch)
 
 
 def main(argv: list[str] | None = None) -> int:

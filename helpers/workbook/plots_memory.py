@@ -57,8 +57,15 @@ def memory_per_step(frame: "pd.DataFrame", *, title: str = ""):
 
 
 def finder_curve(frame: "pd.DataFrame", *, budget_mib: float, limit_mib: float, chosen: int | None,
-                 current: int | None = None, title: str = ""):
-    """Throughput and peak memory against batch size, with the budget and the chosen size.
+                 current: int | None = None, best: int | None = None, reached_max: bool = False,
+                 title: str = ""):
+    """Throughput and peak memory against batch size, with the budget, the chosen, current and best sizes.
+
+    The peak-memory axis is zoomed to the measured peaks: when the budget is
+    far above them (more than 1.5x the largest), its lines would flatten the
+    curve, so the budget is written in the panel instead of drawn. Legends sit
+    to the right of the axes, off the data; the vertical lines are labelled
+    there.
 
     Parameters
     ----------
@@ -68,43 +75,61 @@ def finder_curve(frame: "pd.DataFrame", *, budget_mib: float, limit_mib: float, 
     budget_mib, limit_mib : float
         The budget and the most a fitting size may use (budget minus margin), MiB.
     chosen : int or None
-        The chosen batch size (marked), if any.
+        The largest size that fitted (marked), if any.
     current : int or None
         The batch size in use now (marked), if any.
+    best : int or None
+        The size with the highest measured throughput (marked), if any.
+    reached_max : bool, default False
+        True when ``chosen`` is the search cap (every size fitted), so the
+        label says "no limit found" instead of "largest that fits".
     title : str
     """
     f = frame.sort_values("batch")
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.5, 5.0), sharex=True)
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8.0, 5.4), sharex=True, layout="constrained")
     ran = f[f["throughput"].notna()]
     ax.plot(ran["batch"], ran["throughput"], color=ALLOC_COLOR, linewidth=1.2)
     for status, part in ran.groupby("status"):
         err = [part["throughput"] - part["throughput_p25"], part["throughput_p75"] - part["throughput"]]
         ax.errorbar(part["batch"], part["throughput"], yerr=err, fmt=STATUS_MARKERS.get(status, "o"),
                     color=ALLOC_COLOR if status == "fits" else PEAK_COLOR, label=status, capsize=3)
-    ax.set_ylabel("samples/s (median, IQR)")
-    ax.legend(fontsize=8)
-    ax2.plot(ran["batch"], ran["peak_mib"], color=RESERVED_COLOR, marker="o", label="peak memory")
-    ax2.axhline(budget_mib, color=BUDGET_COLOR, linestyle="-", label=f"budget {budget_mib:.0f} MiB")
-    ax2.axhline(limit_mib, color=BUDGET_COLOR, linestyle=":", label=f"budget - margin {limit_mib:.0f} MiB")
-    failed = f[f["status"].isin(["oom", "skipped"])]
-    for b in failed["batch"]:
+    ax.set_ylabel("samples/s\n(median, IQR)")
+    ax.set_ylim(bottom=0)
+
+    ax2.plot(ran["batch"], ran["peak_mib"], color=RESERVED_COLOR, linewidth=1.2)
+    for status, part in ran.groupby("status"):
+        ax2.plot(part["batch"], part["peak_mib"], linestyle="none", marker=STATUS_MARKERS.get(status, "o"),
+                 color=RESERVED_COLOR if status == "fits" else PEAK_COLOR, label=f"peak ({status})")
+    peaks = ran["peak_mib"].dropna()
+    top = float(peaks.max()) if len(peaks) else 0.0
+    if top > 0 and budget_mib > 1.5 * top:
+        ax2.set_ylim(0, 1.2 * top)
+        ax2.text(0.02, 0.95, f"budget {budget_mib:,.0f} MiB (fits below {limit_mib:,.0f} MiB) is off the scale: "
+                 f"{budget_mib / top:.0f}x the largest peak", transform=ax2.transAxes, va="top", fontsize=8,
+                 color=BUDGET_COLOR)
+    else:
+        ax2.axhline(budget_mib, color=BUDGET_COLOR, linestyle="-", label=f"budget {budget_mib:,.0f} MiB")
+        ax2.axhline(limit_mib, color=BUDGET_COLOR, linestyle=":", label=f"budget - margin {limit_mib:,.0f} MiB")
+        ax2.set_ylim(0, 1.1 * max(top, budget_mib))
+    for b in f[f["status"].isin(["oom", "skipped"])]["batch"]:
         ax2.axvline(b, color=PEAK_COLOR, linewidth=0.8, linestyle="--")
     ax2.set_ylabel("peak memory, MiB")
     ax2.set_xlabel("batch size (samples)")
     ax2.set_xscale("log", base=2)
     ax2.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
-    peaks = ran["peak_mib"][ran["peak_mib"] > 0]
-    if len(peaks) and budget_mib > 20 * peaks.max():
-        ax2.set_yscale("log")  # a budget far above the peaks would flatten them
-    for a in (ax, ax2):
-        if chosen is not None:
-            a.axvline(chosen, color="black", linewidth=1.0)
-        if current is not None:
-            a.axvline(current, color="grey", linewidth=1.0, linestyle="-.")
-    marks = [f"chosen {chosen}" if chosen is not None else "none fits"]
+
+    marks = []
+    if chosen is not None:
+        lab = (f"largest tried {chosen} (no limit found)" if reached_max else f"largest that fits {chosen}")
+        marks.append((chosen, dict(color="black", linewidth=1.0), lab))
     if current is not None:
-        marks.append(f"current {current}")
-    ax2.legend(fontsize=8, loc="upper left")
-    ax.set_title(title or f"batch-size finder ({', '.join(marks)})")
-    fig.tight_layout()
+        marks.append((current, dict(color="grey", linewidth=1.2, linestyle="-."), f"current {current}"))
+    if best is not None:
+        marks.append((best, dict(color=ALLOC_COLOR, linewidth=1.2, linestyle=":"), f"best throughput {best}"))
+    for a in (ax, ax2):
+        for b, style, lab in marks:
+            a.axvline(b, label=lab if a is ax else None, **style)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax2.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.set_title(title or "batch-size finder: throughput and peak memory per size tried", fontsize=10)
     return fig
