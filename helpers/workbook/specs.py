@@ -151,13 +151,14 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("master_port", int, 0, "TCP port of the rendezvous on 127.0.0.1 (0 picks a free one)", minimum=0,
               maximum=65535),
     ),
-    "09_memory_and_batch_size": _COMMON + _DATA + _batch("samples per step of the memory trace") + _training(
-            16, "training steps of the memory trace") + (
+    "09_memory_and_batch_size": _COMMON + _DATA + _batch("samples per step of the memory trace",
+                                                          image_size=JOB_IMAGE_SIZE) + _training(
+            16, "training steps of the memory trace, and of each side of the current-vs-best batch comparison") + (
         Param("memory_budget_mib", int, 0,
               "memory the batch-size finder may use, MiB (0: the device's free memory; on CPU half the available RAM)",
               minimum=0, maximum=1 << 24),
         Param("finder_start_batch", int, 8, "first batch size the finder tries", minimum=1, maximum=1 << 20),
-        Param("finder_max_batch", int, 1024, "largest batch size the finder tries", minimum=1, maximum=1 << 20),
+        Param("finder_max_batch", int, 256, "largest batch size the finder tries", minimum=1, maximum=1 << 20),
         Param("finder_steps", int, 3, "timed training steps per batch size tried", minimum=1, maximum=1000),
         Param("safety_margin", float, 0.10, "fraction of memory kept free when choosing the batch size",
               minimum=0.0, maximum=0.9),
