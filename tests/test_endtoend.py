@@ -236,7 +236,11 @@ def test_projection_and_sentence():
     p = e2e.project(100_000, c.a, c)
     assert p.before_s == pytest.approx(30_000) and p.after_s == pytest.approx(10_000)
     assert p.after_range_s == (pytest.approx(10_000), pytest.approx(10_000))
-    assert "8.3 hours before -> 2.8 hours after" in p.sentence()
+    assert p.unit() == ("hours", 3600.0)
+    assert "8.3 hours before (between 8.3 and 8.3 " in p.sentence()
+    assert "-> 2.8 hours after (between 2.8 and 2.8 " in p.sentence()
+    big = e2e.project(10_000_000, c.a, c)  # 3e6 s = 34.7 days: every number in days, the after too
+    assert big.unit()[0] == "days" and "34.7 days before" in big.sentence() and "11.6 days after" in big.sentence()
     with pytest.raises(ParameterError):
         e2e.project(0, c.a, c)
 
@@ -248,6 +252,91 @@ def test_ablation_contribution():
     assert df.loc["all", "speedup"] == pytest.approx(3.0)
     assert df.loc["without batched_decode", "contribution"] == pytest.approx(2.0)
     assert df.loc["without channels_last", "contribution"] == pytest.approx(1.0)
+    assert math.isnan(df.loc["without batched_decode", "contribution_low"])  # no interval without contributions
+
+
+def _m(name, ms):
+    return Measurement(name, tuple(t / 1e3 for t in ms), 0, 32)
+
+
+def test_contribution_interval_decides_keep_drop_or_nothing():
+    opt = [100, 102, 98, 101, 99, 100]
+    keep = Comparison.from_measurements(_m("without a", [200, 205, 195, 201, 199, 200]), _m("opt", opt))
+    drop = Comparison.from_measurements(_m("without b", [80, 81, 79, 80, 82, 78]), _m("opt", opt))
+    none = Comparison.from_measurements(_m("without c", [99, 103, 97, 101, 100, 102]), _m("opt", opt))
+    assert keep.ratio == pytest.approx(2.0, rel=0.02)
+    assert e2e.contribution_decision(keep) == "keep it"
+    assert e2e.contribution_decision(drop) == "drop it here"
+    assert e2e.contribution_decision(none) == "no measurable contribution here"
+    full = Comparison.from_measurements(_m("baseline", [300] * 6), _m("opt", opt))
+    without = {n: Comparison.from_measurements(_m("baseline", [300] * 6), c.a)
+               for n, c in (("a", keep), ("b", drop), ("c", none))}
+    df = e2e.ablation_frame(full, without, {"a": keep, "b": drop, "c": none})
+    assert df.loc["without b", "decision"] == "drop it here"
+    assert df.loc["without b", "contribution_high"] < 1.0
+    assert df.loc["without a", "contribution"] == pytest.approx(keep.ratio)
+    # the verdict names what to drop and what does nothing, with the interval
+    learned = e2e.learning_check([1.0] * 6, [1.0] * 6, 0.1)
+    base = e2e.JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.23, 0.0, 0.07, 100.0, 0.77, 0.23, None, 6)
+    v = e2e.e2e_verdict(full, learned, base, e2e.JobConfig("opt", ("batched_decode", "channels_last")),
+                        host_bound_threshold=0.1, ablation=df)
+    assert "b: drop it here" in v.reason and "c: no measurable contribution here" in v.reason
+    assert "a: " not in v.reason.split("ablation:")[1]
+
+
+def test_compute_side_lines_reconcile_with_the_notebooks_figure():
+    import pandas as pd
+
+    opt = e2e.JobSummary("optimized", "x", 0.1, 0.1, 0.1, 0.04, 0.0, 0.06, 300.0, 0.4, 0.6, None, 6)
+    wo = e2e.JobSummary("without mixed_precision", "x", 0.12, 0.12, 0.12, 0.04, 0.0, 0.08, 250.0, 1 / 3, 2 / 3,
+                        None, 6)
+    frame = pd.DataFrame([{"variant": "without mixed_precision", "contribution": 1.2, "contribution_low": 1.1,
+                           "contribution_high": 1.3, "decision": "keep it"}]).set_index("variant")
+    lines = e2e.compute_side_lines(frame, {"optimized": opt, "without mixed_precision": wo},
+                                   {"mixed_precision": (1.72, "x", "06_mixed_precision")})
+    assert len(lines) == 1
+    line = lines[0]
+    # compute 80 -> 60 ms = 1.33x; compute is 2/3 of the step without it; at most 1 / (1/3 + (2/3) / 1.333) = 1.2x
+    assert "notebook 06 measured 1.72x" in line and "80.0 -> 60.0 ms (1.33x)" in line and "67%" in line
+    assert "predicts 1.20x for the whole job" in line and "keep it" in line
+
+
+def test_next_step_follows_the_dominant_phase():
+    host = e2e.JobSummary("optimized", "x", 0.064, 0.06, 0.07, 0.026, 0.001, 0.035, 500.0, 0.44, 0.56, None, 20)
+    s = e2e.next_step(host, is_cpu=True, enabled=("batched_decode",), host_bound_threshold=0.1)
+    assert "compute is the largest phase" in s and "still exposed" in s and "cheaper" in s
+    s = e2e.next_step(host, is_cpu=False, enabled=("batched_decode",), host_bound_threshold=0.1)
+    assert "dataloader_workers and prefetcher" in s
+    dev = e2e.JobSummary("optimized", "x", 0.1, 0.1, 0.1, 0.005, 0.0, 0.095, 300.0, 0.05, 0.95, None, 20)
+    s = e2e.next_step(dev, is_cpu=True, enabled=("batched_decode",), host_bound_threshold=0.1)
+    assert "compute dominates" in s and "mixed_precision and channels_last" in s
+    learned = e2e.learning_check([1.0] * 6, [1.0] * 6, 0.1)
+    base = e2e.JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.23, 0.0, 0.07, 100.0, 0.77, 0.23, None, 20)
+    v = e2e.e2e_verdict(_cmp([300] * 4, [64] * 4), learned, base, e2e.JobConfig("opt", ("batched_decode",)),
+                        host_bound_threshold=0.1, optimized_summary=host)
+    assert "STILL host-bound (input 44%" in v.reason and "target >= 2.5x" in v.reason and ": met" in v.reason
+
+
+def test_value_formatting_and_percent():
+    assert e2e.format_value(0.02, "fraction") == "2%"
+    assert e2e.format_value(1.7234, "x") == "1.72x"
+    assert e2e.format_value(None, "x") == "" and e2e.format_value(float("nan"), "x") == ""
+    assert e2e.percent(0.00123) == "0.12%" and e2e.percent(0.031) == "3.1%" and e2e.percent(0.45) == "45%"
+    check = e2e.learning_check([1.0] * 9, [1.0] * 8 + [1.004], 0.1)
+    assert check.percent() == "0.13%" and "0.13%" in check.sentence() and "not that they converge" in check.sentence()
+
+
+def test_workload_warning_when_the_deciding_notebook_ran_another_job(tmp_path, cpu):
+    df = _results(tmp_path, [("02_batched_decode", "enable", {}, {"image_size": 128}),
+                             ("07_channels_last", "enable", {}, {"image_size": 64, "model_width": 16})])
+    sel = e2e.select_optimizations(["auto"], df, cpu, native_bf16=True,
+                                   workload=e2e.Workload(image_size=64, model_width=16))
+    by = {c.name: c for c in sel.choices}
+    assert "image_size 128 px there vs 64 px here" in by["batched_decode"].warning
+    assert by["channels_last"].warning == ""
+    assert len(sel.warning_lines()) == 1 and "1.50x" in by["batched_decode"].detail
+    frame = sel.frame()
+    assert list(frame["workload"])[-1] == "same"
 
 
 def test_verdict_wording():
@@ -257,7 +346,7 @@ def test_verdict_wording():
     fast = _cmp([300, 310, 290, 305], [100, 101, 99, 102])
     v = e2e.e2e_verdict(fast, learned, summary, opt, host_bound_threshold=0.1)
     assert v.recommendation == "enable" and "host-bound" in v.reason and "80%" in v.reason
-    assert "within" in v.reason and "batched_decode" in v.reason
+    assert "within tolerance" in v.reason and "batched_decode" in v.reason and "not that they converge" in v.reason
     differs = e2e.learning_check([1.0] * 6, [2.0] * 6, 0.1)
     assert e2e.e2e_verdict(fast, differs, summary, opt, host_bound_threshold=0.1).recommendation == "leave off"
     same = _cmp([300, 310, 290, 305], [305, 295, 300, 310])

@@ -69,12 +69,16 @@ class Choice:
         verdict: the device's default) or ``"requested"`` (an explicit list).
     detail : str
         One sentence for the reader.
+    warning : str
+        Non-empty when the deciding notebook ran a different workload
+        (image_size / model_width) than this job.
     """
 
     name: str
     enabled: bool
     source: str
     detail: str
+    warning: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,12 +126,71 @@ class Selection:
                 f"to follow measured verdicts instead, run them and this notebook together: "
                 f"`python -m helpers run --only {numbers} 10` (same --profile and --device as this run)"]
 
+    def warning_lines(self) -> list[str]:
+        """One line per choice whose deciding notebook ran a different workload than this job."""
+        return [f"warning: {c.name}: {c.warning}" for c in self.choices if c.warning]
+
     def frame(self):
-        """The choices as a table: optimization, enabled, source, detail."""
+        """The choices as a table: optimization, enabled, source, detail (and workload warning, if any)."""
         import pandas as pd
 
         return pd.DataFrame([{"optimization": c.name, "enabled": c.enabled, "source": c.source,
-                              "detail": c.detail} for c in self.choices])
+                              "detail": c.detail,
+                              "workload": c.warning or ("same" if c.source == "verdict" else "")}
+                             for c in self.choices])
+
+
+def format_value(value: Any, unit: Any) -> str:
+    """A verdict's value in its own unit: fractions as percent, speedups as ``1.72x``.
+
+    Parameters
+    ----------
+    value : float or None
+    unit : str or None
+        ``"fraction"`` -> ``"2%"``; ``"x"`` -> ``"1.72x"``; otherwise ``"<value> <unit>"``.
+
+    Returns
+    -------
+    str
+        Empty when ``value`` is None or NaN.
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    v, u = float(value), str(unit or "")
+    if u == "fraction":
+        return f"{v:.0%}" if abs(v) >= 0.01 or v == 0 else f"{v:.1%}"
+    if u == "x":
+        return f"{v:.2f}x"
+    return f"{v:.3g} {u}".strip()
+
+
+def workload_warning(params: Mapping[str, Any] | None, workload: "Workload | None", notebook: str) -> str:
+    """Say when ``notebook``'s recorded parameters ran a different image_size / model_width than ``workload``.
+
+    Parameters
+    ----------
+    params : mapping or None
+        The ``parameters`` of the notebook's verdict record.
+    workload : Workload or None
+        This job's workload (None: no check).
+    notebook : str
+        Notebook id, for the sentence.
+
+    Returns
+    -------
+    str
+        Empty when the sizes match or are not recorded.
+    """
+    if workload is None or not isinstance(params, Mapping):
+        return ""
+    diffs = []
+    for key, unit in (("image_size", " px"), ("model_width", " channels")):
+        if key in params and params[key] is not None and int(params[key]) != int(getattr(workload, key)):
+            diffs.append(f"{key} {int(params[key])}{unit} there vs {int(getattr(workload, key))}{unit} here")
+    if not diffs:
+        return ""
+    return (f"notebook {notebook[:2]} measured a different job ({'; '.join(diffs)}): its verdict may not hold "
+            f"for this job; the ablation below measures it here")
 
 
 def check_optimizations(requested: Iterable[str]) -> tuple[str, ...]:
@@ -236,7 +299,7 @@ def _workers_from(setting: Any, default: int) -> int:
 
 
 def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16: bool | None = None,
-                         default_workers: int | None = None) -> Selection:
+                         default_workers: int | None = None, workload: "Workload | None" = None) -> Selection:
     """Decide the optimized job: from this run's verdicts (``auto``) or an explicit list.
 
     Parameters
@@ -251,6 +314,9 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
         See :func:`device_defaults`.
     default_workers : int, optional
         Workers when notebook 03 recorded none; default ``min(4, usable cores)``.
+    workload : Workload, optional
+        This job; when given, each verdict-based choice whose notebook recorded
+        a different ``image_size`` or ``model_width`` carries a warning.
 
     Returns
     -------
@@ -296,10 +362,10 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
         if table is not None and nb in table.index:
             row = table.loc[nb]
             rec = str(row.get("recommendation"))
-            value = row.get("value")
-            vtxt = f" ({float(value):.2f} {row.get('unit') or ''})" if value is not None and not (
-                isinstance(value, float) and math.isnan(value)) else ""
-            choices.append(Choice(name, rec == "enable", "verdict", f"notebook {nb[:2]}: {rec}{vtxt}"))
+            vtxt = format_value(row.get("value"), row.get("unit"))
+            vtxt = f" ({vtxt})" if vtxt else ""
+            choices.append(Choice(name, rec == "enable", "verdict", f"notebook {nb[:2]}: {rec}{vtxt}",
+                                  workload_warning(row.get("parameters"), workload, nb)))
         else:
             missing.append(nb)
             on, why = defaults[name]
@@ -675,9 +741,11 @@ class JobSummary:
     throughput : float
         Samples/s at the median step time.
     exposed_fraction : float
-        Median over steps of (data + h2d) / step.
+        (median data + median h2d) / (sum of the three phase medians): the
+        input's share of the median step, as drawn in the phase-breakdown figure.
     utilization : float
-        Median compute / step: the share of a step the device computes.
+        median compute / (sum of the three phase medians): the share of the
+        median step the device computes (same definition, so the two add up to 1).
     peak_memory_bytes : int or None
         Device peak allocated memory (None on a CPU).
     steps : int
@@ -703,17 +771,23 @@ def summarize(job: Job) -> JobSummary:
     """Summarize a job's measured steps (see :class:`JobSummary`)."""
     df = job.steps_frame()
     m = job.measurement()
-    util = (df["compute"] / df["step_s"]).median()
+    data, h2d, comp = (float(df[p].median()) for p in PHASES)
+    total = data + h2d + comp
+    exposed = (data + h2d) / total if total > 0 else 0.0
     return JobSummary(name=job.config.name, optimizations=job.config.label(), step_median_s=m.median_s,
-                      step_p25_s=m.p25_s, step_p75_s=m.p75_s, data_s=float(df["data"].median()),
-                      h2d_s=float(df["h2d"].median()), compute_s=float(df["compute"].median()),
+                      step_p25_s=m.p25_s, step_p75_s=m.p75_s, data_s=data, h2d_s=h2d, compute_s=comp,
                       throughput=job.workload.batch_size / m.median_s,
-                      exposed_fraction=float(df["exposed_fraction"].median()), utilization=float(util),
+                      exposed_fraction=exposed, utilization=(comp / total if total > 0 else 0.0),
                       peak_memory_bytes=job.peak_bytes, steps=m.repeats)
 
 
 def summary_frame(summaries: Sequence[JobSummary]):
-    """The before/after table: one row per job, times in ms, fractions in %."""
+    """The before/after table: one row per job, times in ms, fractions in %.
+
+    ``peak memory MiB`` is the device's peak allocated memory, or the text
+    ``"n/a on CPU"`` where the device does not report it (a CPU: the process's
+    peak RSS covers every job of the process and cannot be split).
+    """
     import pandas as pd
 
     rows = []
@@ -723,7 +797,8 @@ def summary_frame(summaries: Sequence[JobSummary]):
                      "data ms": s.data_s * 1e3, "h2d ms": s.h2d_s * 1e3, "compute ms": s.compute_s * 1e3,
                      "samples/s": s.throughput, "exposed input %": 100 * s.exposed_fraction,
                      "compute share %": 100 * s.utilization,
-                     "peak memory MiB": (s.peak_memory_bytes / 2 ** 20) if s.peak_memory_bytes else None})
+                     "peak memory MiB": (f"{s.peak_memory_bytes / 2 ** 20:.0f}" if s.peak_memory_bytes
+                                         else "n/a on CPU")})
     return pd.DataFrame(rows).set_index("job")
 
 
@@ -740,7 +815,47 @@ def speedup(baseline: Job, other: Job, *, seed: int = 0):
     return Comparison.from_measurements(baseline.measurement(), other.measurement(), seed=seed)
 
 
-def ablation_frame(full, without: Mapping[str, Any]):
+def contribution(optimized: Job, without: Job, *, seed: int = 0):
+    """What one optimization contributes: the optimized job vs the same job without it, with a bootstrap interval.
+
+    Parameters
+    ----------
+    optimized : Job
+        The full optimized job.
+    without : Job
+        The optimized job with one optimization removed (timed in the same rotation).
+    seed : int
+
+    Returns
+    -------
+    helpers.timing.Comparison
+        A = ``without``, B = ``optimized``; ``ratio`` = median step without /
+        median step with (= full speedup / speedup without it): > 1 means the
+        optimization makes the job faster, < 1 that the job is faster without it.
+    """
+    from helpers.timing import Comparison
+
+    return Comparison.from_measurements(without.measurement(), optimized.measurement(), seed=seed)
+
+
+def contribution_decision(c) -> str:
+    """What to do with one optimization from its contribution interval (see :func:`contribution`).
+
+    Returns
+    -------
+    str
+        ``"keep it"`` when the interval lies entirely above 1, ``"drop it here"``
+        when it lies entirely below 1 (removing it made the job measurably
+        faster), ``"no measurable contribution here"`` when it includes 1.
+    """
+    if c.ci_low > 1.0:
+        return "keep it"
+    if c.ci_high < 1.0:
+        return "drop it here"
+    return "no measurable contribution here"
+
+
+def ablation_frame(full, without: Mapping[str, Any], contributions: Mapping[str, Any] | None = None):
     """Speedup of each ablated job vs the baseline and the contribution of each optimization.
 
     Parameters
@@ -749,22 +864,82 @@ def ablation_frame(full, without: Mapping[str, Any]):
         Baseline vs the full optimized job.
     without : mapping of str to Comparison
         Optimization name -> baseline vs the optimized job without it.
+    contributions : mapping of str to Comparison, optional
+        Optimization name -> :func:`contribution` (without it vs the full
+        optimized job). When given, the contribution's interval and the
+        decision come from it; otherwise the contribution is the ratio of the
+        two speedups, without interval or decision.
 
     Returns
     -------
     pandas.DataFrame
-        Index: ``"all"`` then each name. Columns: ``speedup``, ``ci_low``,
-        ``ci_high`` (vs baseline), ``contribution`` (full speedup / speedup
-        without it: how much slower the job gets when it is removed; 1.0 for "all").
+        Index: ``"all"`` then ``"without <name>"``. Columns: ``speedup``,
+        ``ci_low``, ``ci_high`` (vs baseline, x), ``contribution`` (x: how many
+        times slower the job gets when it is removed; 1.0 for "all"),
+        ``contribution_low``, ``contribution_high`` (its 95% interval) and
+        ``decision`` (:func:`contribution_decision`; empty for "all").
     """
     import pandas as pd
 
+    contributions = contributions or {}
     rows = [{"variant": "all", "speedup": full.ratio, "ci_low": full.ci_low, "ci_high": full.ci_high,
-             "contribution": 1.0}]
+             "contribution": 1.0, "contribution_low": math.nan, "contribution_high": math.nan, "decision": ""}]
     for name, c in without.items():
+        k = contributions.get(name)
         rows.append({"variant": f"without {name}", "speedup": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high,
-                     "contribution": full.ratio / c.ratio})
+                     "contribution": k.ratio if k is not None else full.ratio / c.ratio,
+                     "contribution_low": k.ci_low if k is not None else math.nan,
+                     "contribution_high": k.ci_high if k is not None else math.nan,
+                     "decision": contribution_decision(k) if k is not None else ""})
     return pd.DataFrame(rows).set_index("variant")
+
+
+def compute_side_lines(frame, summaries: Mapping[str, JobSummary], earlier: Mapping[str, Any]) -> list[str]:
+    """Reconcile each compute-side optimization's contribution here with its own notebook's figure.
+
+    For ``mixed_precision`` and ``channels_last`` (when ablated): the compute
+    phase's median with and without it in this job, the share of the step the
+    compute phase takes without it, and the job-level contribution, next to
+    the speedup its notebook measured (all measured numbers).
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame
+        :func:`ablation_frame` with contributions.
+    summaries : mapping of str to JobSummary
+        By job name: ``"optimized"`` and ``"without <name>"``.
+    earlier : mapping of str to (value, unit, notebook)
+        Optimization name -> its notebook's verdict value, unit and notebook id
+        (missing names are described without it).
+
+    Returns
+    -------
+    list of str
+    """
+    lines = []
+    opt = summaries.get("optimized")
+    for name in ("mixed_precision", "channels_last"):
+        key = f"without {name}"
+        if opt is None or key not in summaries or key not in frame.index:
+            continue
+        w = summaries[key]
+        row = frame.loc[key]
+        comp_ratio = w.compute_s / opt.compute_s if opt.compute_s > 0 else math.nan
+        share = w.compute_s / (w.data_s + w.h2d_s + w.compute_s) if w.compute_s > 0 else 0.0
+        ref = ""
+        if name in earlier:
+            value, unit, nb = earlier[name]
+            txt = format_value(value, unit)
+            if txt:
+                ref = f"notebook {nb[:2]} measured {txt} on its own comparison; "
+        bound = 1.0 / ((1.0 - share) + share / comp_ratio) if comp_ratio > 0 and math.isfinite(comp_ratio) \
+            else math.nan
+        lines.append(f"{name}: {ref}in this job its compute phase went {w.compute_s * 1e3:.1f} -> "
+                     f"{opt.compute_s * 1e3:.1f} ms ({comp_ratio:.2f}x); compute is {share:.0%} of the median step "
+                     f"without it (data {w.data_s * 1e3:.1f} ms, h2d {w.h2d_s * 1e3:.1f} ms), which alone predicts "
+                     f"{bound:.2f}x for the whole job; measured: {row['contribution']:.2f}x (95% CI "
+                     f"{row['contribution_low']:.2f}-{row['contribution_high']:.2f}): {row['decision'] or 'no interval'}")
+    return lines
 
 
 # --------------------------------------------------------------------------- learning and projection
@@ -791,14 +966,33 @@ class LearningCheck:
     tail: int
     no_nan: bool
     ok: bool
+    steps: int = 0
+
+    def percent(self) -> str:
+        """``rel_diff`` as a percentage with two significant digits (e.g. ``"0.12%"``, ``"3.1%"``)."""
+        return percent(self.rel_diff)
 
     def sentence(self) -> str:
-        """E.g. "value loss over the last 5 steps within 3.1% of the baseline (tolerance 10%), no NaN"."""
+        """E.g. "numerical agreement on identical batches over 30 steps: mean value loss of the last 5 steps
+        0.12% from the baseline's (tolerance 10%), no NaN (not a convergence test)"."""
         if not self.no_nan:
-            return "a loss was NaN or infinite: the optimized job does not learn like the baseline"
-        word = "within" if self.ok else "OUTSIDE"
-        return (f"mean value loss over the last {self.tail} steps {word} {self.rel_diff:.1%} of the baseline's "
-                f"(tolerance {self.tolerance:.0%}), no NaN")
+            return "a loss was NaN or infinite: the optimized job does not compute like the baseline"
+        word = "within tolerance" if self.ok else "OUTSIDE the tolerance"
+        over = f" over {self.steps} steps" if self.steps else ""
+        return (f"numerical agreement on identical batches{over}: mean value loss of the last {self.tail} steps "
+                f"{self.percent()} from the baseline's, {word} ({self.tolerance:.0%}), no NaN (this checks that "
+                f"both jobs compute the same, not that they converge)")
+
+
+def percent(fraction: float) -> str:
+    """A fraction as a percentage with two significant digits: 0.00123 -> ``"0.12%"``, 0.031 -> ``"3.1%"``."""
+    if not math.isfinite(fraction):
+        return "inf%"
+    pct = 100.0 * fraction
+    if pct == 0:
+        return "0%"
+    digits = max(0, 1 - int(math.floor(math.log10(abs(pct)))))
+    return f"{pct:.{digits}f}%"
 
 
 def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], tolerance: float, *,
@@ -832,17 +1026,21 @@ def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], to
     no_nan = all(math.isfinite(v) for v in base + opt)
     rel = tail_relative_difference(base, opt, tail) if no_nan else math.inf
     return LearningCheck(rel_diff=rel, tolerance=float(tolerance), tail=tail, no_nan=no_nan,
-                         ok=no_nan and rel <= tolerance)
+                         ok=no_nan and rel <= tolerance, steps=len(base))
 
 
-def _duration(seconds: float) -> str:
+def duration_unit(seconds: float) -> tuple[str, float]:
+    """The unit for durations around ``seconds``: (name, seconds per unit).
+
+    Days from 2 days up, hours from 2 hours, minutes from 2 minutes, else seconds.
+    """
     if seconds >= 2 * 86400:
-        return f"{seconds / 86400:.1f} days"
+        return "days", 86400.0
     if seconds >= 2 * 3600:
-        return f"{seconds / 3600:.1f} hours"
+        return "hours", 3600.0
     if seconds >= 120:
-        return f"{seconds / 60:.0f} minutes"
-    return f"{seconds:.0f} s"
+        return "minutes", 60.0
+    return "s", 1.0
 
 
 @dataclass(frozen=True)
@@ -865,11 +1063,20 @@ class Projection:
     before_range_s: tuple[float, float]
     after_range_s: tuple[float, float]
 
+    def unit(self) -> tuple[str, float]:
+        """One unit for every number of this projection, chosen from the before duration (:func:`duration_unit`)."""
+        return duration_unit(self.before_s)
+
     def sentence(self) -> str:
-        """The seed's "7 days to 2.5 days" sentence, computed."""
-        return (f"{self.steps:,} steps: {_duration(self.before_s)} before -> {_duration(self.after_s)} after "
-                f"(after between {_duration(self.after_range_s[0])} and {_duration(self.after_range_s[1])} "
-                f"at the speedup's interval)")
+        """The seed's "7 days to 2.5 days" sentence, computed, every number in one unit."""
+        name, div = self.unit()
+
+        def f(x: float) -> str:
+            return "inf" if not math.isfinite(x) else f"{x / div:.1f}"
+
+        return (f"{self.steps:,} steps: {f(self.before_s)} {name} before (between {f(self.before_range_s[0])} and "
+                f"{f(self.before_range_s[1])} at the baseline's step-time quartiles) -> {f(self.after_s)} {name} after "
+                f"(between {f(self.after_range_s[0])} and {f(self.after_range_s[1])} at the speedup's 95% interval)")
 
 
 def project(steps: int, baseline_step, comparison) -> Projection:
@@ -904,6 +1111,65 @@ def project(steps: int, baseline_step, comparison) -> Projection:
                       after_range_s=(lo, hi))
 
 
+#: The review's target for the end-to-end job (project brief): optimized throughput >= 2.5x the baseline's,
+#: on a baseline whose input is exposed for >= 70% of the step.
+TARGET_SPEEDUP = 2.5
+TARGET_BASELINE_EXPOSED = 0.70
+
+
+def next_step(summary: JobSummary, *, is_cpu: bool, enabled: Sequence[str], host_bound_threshold: float) -> str:
+    """What to try next on a job, from its phase breakdown (which phase dominates now).
+
+    Parameters
+    ----------
+    summary : JobSummary
+        The job (normally the optimized one).
+    is_cpu : bool
+        Whether the device is the CPU that also prepares the input.
+    enabled : sequence of str
+        Optimizations already on in the job.
+    host_bound_threshold : float
+        Exposed-input share above which the job is host-bound.
+
+    Returns
+    -------
+    str
+        One sentence: the phases' shares of the median step and the next
+        lever for the dominant one (or for the exposed input when the job is
+        host-bound).
+    """
+    total = summary.data_s + summary.h2d_s + summary.compute_s
+    if total <= 0:
+        return "no phase time was measured"
+    shares = {p: getattr(summary, f"{p}_s") / total for p in PHASES}
+    top = max(shares, key=shares.get)
+    parts = ", ".join(f"{p} {getattr(summary, f'{p}_s') * 1e3:.1f} ms ({shares[p]:.0%})" for p in PHASES)
+    host_bound = summary.exposed_fraction > host_bound_threshold
+    if host_bound:
+        input_top = "data" if shares["data"] >= shares["h2d"] else "h2d"
+        if input_top == "h2d":
+            todo = [o for o in ("pinned_memory", "prefetcher") if o not in enabled]
+            lever = (f"hide the copy ({' and '.join(todo)}, notebooks 04-05)" if todo else
+                     "the copy is already pinned and prefetched: send smaller batches (uint8 images, "
+                     "normalize on the device)")
+        elif is_cpu:
+            lever = ("on a CPU the input shares the cores with the computation and cannot overlap for free, "
+                     "so make it cheaper: store the images pre-resized near the crop size (less to decode) or "
+                     "cache decoded images; workers help only with idle cores (notebook 03)")
+        else:
+            todo = [o for o in ("dataloader_workers", "prefetcher") if o not in enabled]
+            lever = (f"overlap the input with compute ({' and '.join(todo)}, notebooks 03 and 05)" if todo else
+                     "more DataLoader workers or cheaper decoding (images stored near the crop size)")
+        return (f"the median step is {parts}; {top} is the largest phase and the input is still exposed, "
+                f"so next: {lever}")
+    if top == "compute":
+        todo = [o for o in ("mixed_precision", "channels_last") if o not in enabled]
+        lever = (f"try {' and '.join(todo)} (notebooks 06-07)" if todo else
+                 "a larger batch per step (notebook 09) or a smaller model; the input side no longer limits it")
+        return f"the median step is {parts}; compute dominates, so next: {lever}"
+    return f"the median step is {parts}; {top} dominates"
+
+
 @dataclass(frozen=True)
 class E2EVerdict:
     """Notebook 10's verdict: recommendation and computed reason."""
@@ -913,21 +1179,69 @@ class E2EVerdict:
 
 
 def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optimized: JobConfig, *,
-                host_bound_threshold: float) -> E2EVerdict:
-    """Decide the end-to-end verdict from the speedup, the learning check and the baseline's exposed input.
+                host_bound_threshold: float, optimized_summary: JobSummary | None = None,
+                ablation=None, is_cpu: bool = True) -> E2EVerdict:
+    """Decide the end-to-end verdict from the speedup, the learning check and the exposed input.
 
     "enable" when the interval's lower bound is above 1 (faster for sure) and
-    learning matched; "leave off" otherwise, with the reason that decided it.
+    the numerical-agreement check passed; "leave off" otherwise, with the
+    reason that decided it. The reason also says whether the baseline and the
+    optimized job are host-bound (and, for the optimized job, the next step
+    from :func:`next_step`), which optimizations the ablation says to drop,
+    and whether the target (:data:`TARGET_SPEEDUP` on a baseline exposed for
+    at least :data:`TARGET_BASELINE_EXPOSED`) was met.
+
+    Parameters
+    ----------
+    comparison : helpers.timing.Comparison
+        Baseline vs optimized.
+    learning : LearningCheck
+    baseline : JobSummary
+    optimized : JobConfig
+    host_bound_threshold : float
+    optimized_summary : JobSummary, optional
+        The optimized job's summary (adds its host-bound state and the next step).
+    ablation : pandas.DataFrame, optional
+        :func:`ablation_frame` with contributions (adds the drop/no-effect decisions).
+    is_cpu : bool
+        Whether the device is a CPU (for the next step's advice).
     """
-    base = (f"the baseline was {'host-bound' if baseline.exposed_fraction > host_bound_threshold else 'device-bound'}"
-            f" (input exposed for {baseline.exposed_fraction:.0%} of each step, threshold "
-            f"{host_bound_threshold:.0%})")
+    def bound(frac: float) -> str:
+        return "host-bound" if frac > host_bound_threshold else "device-bound"
+
+    tail = [f"the baseline was {bound(baseline.exposed_fraction)} (input {baseline.exposed_fraction:.0%} of the "
+            f"median step, threshold {host_bound_threshold:.0%})"]
+    if optimized_summary is not None and optimized.optimizations:
+        o = optimized_summary
+        if o.exposed_fraction > host_bound_threshold:
+            tail.append(f"the optimized job is STILL host-bound (input {o.exposed_fraction:.0%} of the median step): "
+                        + next_step(o, is_cpu=is_cpu, enabled=optimized.optimizations,
+                                    host_bound_threshold=host_bound_threshold))
+        else:
+            tail.append(f"the optimized job is device-bound (input {o.exposed_fraction:.0%} of the median step): "
+                        + next_step(o, is_cpu=is_cpu, enabled=optimized.optimizations,
+                                    host_bound_threshold=host_bound_threshold))
+    if ablation is not None and "decision" in getattr(ablation, "columns", ()):
+        notes = []
+        for variant, row in ablation.iterrows():
+            if variant == "all" or row["decision"] in ("", "keep it"):
+                continue
+            notes.append(f"{str(variant).replace('without ', '')}: {row['decision']} (contribution "
+                         f"{row['contribution']:.2f}x, 95% CI {row['contribution_low']:.2f}-"
+                         f"{row['contribution_high']:.2f})")
+        if notes:
+            tail.append("ablation: " + "; ".join(notes))
+    met = (comparison.ratio >= TARGET_SPEEDUP and baseline.exposed_fraction >= TARGET_BASELINE_EXPOSED)
+    tail.append(f"target >= {TARGET_SPEEDUP:g}x on a baseline exposed >= {TARGET_BASELINE_EXPOSED:.0%}: "
+                f"{'met' if met else 'NOT met'} ({comparison.ratio:.2f}x, baseline exposed "
+                f"{baseline.exposed_fraction:.0%})")
+    rest = "; ".join(tail)
     opts = optimized.label()
     if not optimized.optimizations:
-        return E2EVerdict("not applicable", f"no optimization selected, so the optimized job is the baseline; {base}")
+        return E2EVerdict("not applicable", f"no optimization selected, so the optimized job is the baseline; {rest}")
     speed = f"{comparison.ratio:.2f}x throughput (95% CI {comparison.ci_low:.2f}-{comparison.ci_high:.2f})"
     if not learning.ok:
-        return E2EVerdict("leave off", f"{speed} with {opts}, but {learning.sentence()}; {base}")
+        return E2EVerdict("leave off", f"{speed} with {opts}, but {learning.sentence()}; {rest}")
     if comparison.ci_low > 1.0:
-        return E2EVerdict("enable", f"{speed} with {opts}; {learning.sentence()}; {base}")
-    return E2EVerdict("leave off", f"not reliably faster: {speed} with {opts}; {learning.sentence()}; {base}")
+        return E2EVerdict("enable", f"{speed} with {opts}; {learning.sentence()}; {rest}")
+    return E2EVerdict("leave off", f"not reliably faster: {speed} with {opts}; {learning.sentence()}; {rest}")
