@@ -43,11 +43,23 @@ def test_regimes_from_data():
             [(8, 1e-4, 8e-5), (64, 2e-4, 3e-4), (512, 1e-4, 5e-3), (4096, 1e-4, 0.04), (2**20, 2e-3, 0.5),
              (2**24, 2e-2, 0.8), (2**26, 7e-2, 0.95), (2**28, 0.3, 0.9)]]
     reg = ar.regimes(rows)
-    assert reg["latency_s"] == pytest.approx(1.5e-4)  # median time of the first quarter (2 smallest sizes)
+    assert reg["small_time_s"] == pytest.approx(1.5e-4)  # median time of the first quarter (2 smallest sizes)
+    assert reg["small_sizes"] == [8, 64]
+    assert reg["plateau_busbw_gbps"] == pytest.approx(0.9)  # median of the 3 largest sizes, not the max
     assert reg["peak_busbw_gbps"] == 0.95 and reg["peak_bytes"] == 2**26
-    assert reg["crossover_bytes"] == 2**20  # first size at >= half of the peak
+    assert reg["crossover_bytes"] == 2**20  # from here on every size is >= half of the plateau
     with pytest.raises(ParameterError):
         ar.regimes([])
+
+
+def test_regimes_crossover_ignores_an_early_spike():
+    """A lucky small size above half the plateau, followed by a dip, is not the crossover."""
+    bws = [0.001, 0.01, 2.7, 1.0, 0.3, 1.5, 1.6, 1.7]  # 2.7 at 1 KiB is a spike; 0.3 dips below half of 1.6
+    rows = [{"bytes": 2**(7 + i), "time_s": 1e-3, "busbw_gbps": bw} for i, bw in enumerate(bws)]
+    reg = ar.regimes(rows)
+    assert reg["plateau_busbw_gbps"] == pytest.approx(1.6)
+    assert reg["crossover_bytes"] == 2**12  # first size after the dip; all larger ones stay >= 0.8
+    assert all(r["busbw_gbps"] >= 0.5 * reg["plateau_busbw_gbps"] for r in rows if r["bytes"] >= 2**12)
 
 
 def test_bench_command_prints_the_json_schema(capsys):
@@ -61,13 +73,18 @@ def test_bench_command_prints_the_json_schema(capsys):
     sizes = [r["bytes"] for r in out["sizes"]]
     assert sizes[0] == 8 and sizes[-1] == 2**20 and sizes == sorted(sizes)
     for r in out["sizes"]:
-        assert set(r) == {"bytes", "time_s", "time_p25_s", "time_p75_s", "algbw_gbps", "busbw_gbps"}
+        assert set(r) == {"bytes", "time_s", "time_p25_s", "time_p75_s", "algbw_gbps", "busbw_gbps", "repeats"}
+        assert r["repeats"] == (3 * ar.SMALL_REPEAT_FACTOR if r["bytes"] <= ar.SMALL_BYTES else 3)
         assert r["time_p25_s"] <= r["time_s"] <= r["time_p75_s"]
         assert r["algbw_gbps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9)
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"])  # n=2
     assert out["bare"]["bytes"] == 2**20  # largest size when under 64 MiB
-    assert out["overhead_vs_bare"] == pytest.approx(out["bare"]["busbw_gbps"] / out["sizes"][-1]["busbw_gbps"])
-    assert out["bare_busbw_gbps_64mib"] == out["bare"]["busbw_gbps"]
+    # both sides of the ratio use the same statistic, measured interleaved
+    assert out["overhead_vs_bare"] == pytest.approx(out["bare"]["busbw_gbps"] / out["bare"]["bench_busbw_gbps"])
+    assert out["bare"]["bench_busbw_gbps"] == pytest.approx(2**20 / out["bare"]["bench_time_s"] / 1e9)
+    assert "median over" in out["overhead_statistic"] and out["overhead_statistic"] == out["bare"]["statistic"]
+    assert out["bare_busbw_gbps"] == out["bare"]["busbw_gbps"] and out["bare_bytes"] == 2**20
+    assert "not at 64 MiB" in out["bare_note"] and "bare_busbw_gbps_64mib" not in out
     assert out["target"] == {"overhead_vs_bare": "<= 1.1"}
     assert out["met"]["overhead_vs_bare"] == (out["overhead_vs_bare"] <= 1.10)
 
@@ -92,3 +109,22 @@ def test_wrong_values_are_detected(monkeypatch):
 def test_torchrun_environment_detection():
     assert ar.launched_by_torchrun({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
     assert not ar.launched_by_torchrun({"RANK": "0"})
+
+
+def test_bench_command_reports_a_failed_job_without_traceback(capsys):
+    from helpers.workbook.cli import main
+
+    rc = main(["bench", "allreduce", "--backend", "gloo", "--world-size", "2", "--max-size-mib", "1",
+               "--repeats", "2", "--warmup", "0", "--timeout", "0.5"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.startswith("error: ") and "--timeout" in err and "Traceback" not in err
+
+
+def test_bench_command_bad_flag_values_exit_2(capsys):
+    from helpers.workbook.cli import main
+
+    assert main(["bench", "allreduce", "--backend", "gloo", "--world-size", "0"]) == 2
+    assert "--world-size" in capsys.readouterr().err
+    assert main(["bench", "allreduce", "--backend", "gloo", "--timeout", "-1"]) == 2
+    assert "--timeout" in capsys.readouterr().err

@@ -66,9 +66,28 @@ def test_fp32_reference_is_exact_and_fp16_error_small(result):
         assert "bf16" in result["unsupported_hooks"]
 
 
+def test_overlap_arithmetic_flags_inconsistent_medians():
+    ok = ddp.overlap_figures(1.0, 0.8, 0.4)
+    assert ok["consistent"] and ok["hidden_fraction"] == pytest.approx(0.5) and "50%" in ok["note"]
+    bad = ddp.overlap_figures(2.0, 1.0, 0.4)  # exposed 1.0 s > allreduce alone 0.4 s
+    assert not bad["consistent"] and bad["hidden_fraction"] is None and "inconsistent" in bad["note"]
+    assert bad["raw_hidden_fraction"] == pytest.approx(-1.5)
+    neg = ddp.overlap_figures(0.9, 1.0, 0.4)
+    assert not neg["consistent"] and neg["hidden_fraction"] is None
+    with pytest.raises(ParameterError):
+        ddp.overlap_figures(1.0, 1.0, 0.0)
+
+
 def test_overlap_figures(result):
     ov = result["overlap"]
-    assert 0.0 <= ov["hidden_fraction"] <= 1.0
-    assert ov["hidden_fraction"] == pytest.approx(
-        ddp.hidden_fraction(ov["t_ddp_s"], ov["t_nosync_s"], ov["t_allreduce_s"]))
+    # measured at a cap with several buckets (the smallest of the sweep here), never at a single bucket
+    assert ov["cap_mb"] == 0.01 and ov["n_buckets"] > 1
+    assert ov["n_buckets"] == result["buckets"][0]["n_buckets"]
+    fig = ddp.overlap_figures(ov["t_ddp_s"], ov["t_nosync_s"], ov["t_allreduce_s"])
+    assert ov["consistent"] == fig["consistent"] and ov["note"] == fig["note"]
+    if ov["consistent"]:
+        assert 0.0 <= ov["hidden_fraction"] <= 1.0
+    else:
+        assert ov["hidden_fraction"] is None
+    assert all(h["cap_mb"] == 25.0 for h in result["hooks"])
     assert result["world_size"] == 2 and result["ppo_epochs"] >= 1

@@ -28,11 +28,12 @@ def test_two_launches_back_to_back_give_correct_sums():
     assert _my_descendants() <= before
 
 
-def test_hang_becomes_timeout_and_kills_every_process():
+def test_hang_becomes_timeout_and_kills_every_process(tmp_path):
     before = _my_descendants()
     t0 = time.perf_counter()
     with pytest.raises(TimeoutError, match="timeout_s"):
-        launch.run_job("selftest_hang", {}, world_size=2, backend="gloo", timeout_s=12)
+        launch.run_job("selftest_hang", {}, world_size=2, backend="gloo", timeout_s=12, log_dir=tmp_path)
+    assert list(tmp_path.glob("comm_selftest_hang_*/torchrun.log"))
     assert time.perf_counter() - t0 < 12 + 15  # timeout plus the kill grace periods
     time.sleep(0.5)
     assert _my_descendants() <= before
@@ -42,12 +43,33 @@ def test_hang_becomes_timeout_and_kills_every_process():
     assert stray == []
 
 
-def test_dead_peer_is_named_with_exit_code():
+def test_dead_peer_is_named_with_exit_code(tmp_path):
     before = _my_descendants()
-    with pytest.raises(RuntimeError, match=r"rank 1 exited with code 3"):
-        launch.run_job("selftest_exit", {"pg_timeout_s": 60}, world_size=2, backend="gloo", timeout_s=90)
+    with pytest.raises(RuntimeError, match=r"rank 1 exited with code 3") as info:
+        launch.run_job("selftest_exit", {"pg_timeout_s": 60}, world_size=2, backend="gloo", timeout_s=90,
+                       log_dir=tmp_path)
+    msg = str(info.value)
+    # the failed rank's own stderr is quoted, and the logs survive the job's temporary folder
+    assert "selftest_exit: rank 1 leaves with status 3" in msg
+    assert "rerun" in msg and "--world-size" in msg
+    kept = list(tmp_path.glob("comm_selftest_exit_*"))
+    assert len(kept) == 1 and str(kept[0]) in msg
+    assert (kept[0] / "torchrun.log").is_file()
+    stderr_logs = list(kept[0].glob("ranks/*/attempt_*/1/stderr.log"))
+    assert stderr_logs and "leaves with status 3" in stderr_logs[0].read_text()
     time.sleep(0.5)
     assert _my_descendants() <= before
+
+
+def test_rank_log_tail_prefers_stderr_and_handles_missing(tmp_path):
+    d = tmp_path / "run1" / "attempt_0" / "1"
+    d.mkdir(parents=True)
+    (d / "stdout.log").write_text("out line\n")
+    (d / "stderr.log").write_text("".join(f"err {i}\n" for i in range(30)))
+    assert launch.rank_log_tail(tmp_path, 1, lines=3) == "err 27\nerr 28\nerr 29"
+    assert launch.rank_log_tail(tmp_path, 0) == ""
+    (d / "stderr.log").write_text("")
+    assert launch.rank_log_tail(tmp_path, 1) == "out line"
 
 
 def test_port_in_use_is_refused_before_launch():

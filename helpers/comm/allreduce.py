@@ -14,7 +14,19 @@ the call, and after the call plus a device synchronize), with no barrier in
 the timed loop. Rank 0 gathers the per-rank times after the loop and reports,
 per size, the maximum over ranks of each rank's median time (the slowest rank
 sets the pace of a collective), with the 25th and 75th percentiles taken the
-same way (max over ranks of each rank's percentile).
+same way (max over ranks of each rank's percentile). Sizes up to
+``SMALL_BYTES`` get ``SMALL_REPEAT_FACTOR`` times more timed calls: they cost
+well under a millisecond each, and on a loaded machine a scheduler pause of a
+few milliseconds can otherwise move a median built from a handful of calls.
+
+Bare-loop comparison (``overhead_vs_bare``): at the bare size, ``chunks``
+rounds each hold one chunk of ``chunk_calls`` benchmark-style calls (a clock
+read around each call) and one chunk of the bare loop, in alternating order
+(benchmark first in even rounds, bare first in odd ones), (``all_reduce; sync``
+repeated, one clock read around the chunk). Both sides are reduced the same
+way: per rank, the median over rounds of the chunk's mean time per call; then
+the maximum over ranks. ``overhead_vs_bare`` = bare busbw / benchmark busbw
+of these two figures (the same statistic, measured interleaved).
 """
 
 from __future__ import annotations
@@ -32,6 +44,14 @@ MIB = 2**20
 BARE_BYTES = 64 * MIB
 #: Target on overhead_vs_bare (issue 5, Performance).
 OVERHEAD_TARGET = 1.10
+#: Sizes up to this many bytes get SMALL_REPEAT_FACTOR x the timed calls (cheap: well under 1 ms per call).
+SMALL_BYTES = 64 * 2**10
+SMALL_REPEAT_FACTOR = 5
+#: Rounds of the interleaved benchmark-vs-bare comparison.
+BARE_CHUNKS = 5
+OVERHEAD_STATISTIC = ("per rank, median over {chunks} interleaved rounds of the mean time per call of a chunk of "
+                      "{calls} calls (benchmark chunk: clock read around each call; bare chunk: one clock read "
+                      "around the chunk); then max over ranks")
 
 
 def bus_factor(world_size: int) -> float:
@@ -101,49 +121,69 @@ def summarize(nbytes: int, times_by_rank: Sequence[Sequence[float]], world_size:
             "busbw_gbps": busbw_gbps(nbytes, med, world_size)}
 
 
-def regimes(rows: Sequence[dict], *, fraction: float = 0.5) -> dict[str, Any]:
-    """Split a bandwidth curve into its latency and bandwidth regimes, from the data.
+def regimes(rows: Sequence[dict], *, fraction: float = 0.5, plateau_sizes: int = 3) -> dict[str, Any]:
+    """Split a bandwidth curve into its latency-bound and bandwidth-bound parts, from the data.
 
-    The latency floor is the median time of the smallest sizes (the first
-    quarter, at least one); the bandwidth plateau is the largest busbw seen.
-    The crossover is the first size whose busbw reaches ``fraction`` of the
-    plateau.
+    - small-message time: the median of the per-size median times of the
+      smallest sizes (the first quarter of the sizes, at least one). It is a
+      typical value, not a lower bound: single sizes can lie below it.
+    - plateau: the median busbw of the ``plateau_sizes`` largest sizes (not the
+      maximum, which a single lucky size can set).
+    - crossover: the smallest size from which *every* size (it and all larger
+      ones) stays at or above ``fraction`` of the plateau; the largest size if
+      none qualifies before it.
 
     Returns
     -------
     dict
-        ``latency_s``, ``peak_busbw_gbps``, ``peak_bytes``, ``crossover_bytes``.
+        ``small_time_s``, ``small_sizes`` (bytes of the sizes it was taken
+        from), ``plateau_busbw_gbps``, ``plateau_bytes`` (sizes used),
+        ``peak_busbw_gbps`` and ``peak_bytes`` (the single highest point, for
+        reference), ``crossover_bytes``, ``fraction``.
     """
     if not rows:
         raise ParameterError("regimes() needs at least one result row.")
     rows = sorted(rows, key=lambda r: r["bytes"])
     k = max(1, len(rows) // 4)
-    latency = float(np.median([r["time_s"] for r in rows[:k]]))
+    small = float(np.median([r["time_s"] for r in rows[:k]]))
+    top = rows[-max(1, min(plateau_sizes, len(rows))):]
+    plateau = float(np.median([r["busbw_gbps"] for r in top]))
     peak = max(rows, key=lambda r: r["busbw_gbps"])
-    cross = next((r["bytes"] for r in rows if r["busbw_gbps"] >= fraction * peak["busbw_gbps"]), peak["bytes"])
-    return {"latency_s": latency, "peak_busbw_gbps": peak["busbw_gbps"], "peak_bytes": peak["bytes"],
-            "crossover_bytes": cross}
+    cross = rows[-1]["bytes"]
+    for i in range(len(rows) - 1, -1, -1):  # walk down from the largest size while every size stays above
+        if rows[i]["busbw_gbps"] >= fraction * plateau:
+            cross = rows[i]["bytes"]
+        else:
+            break
+    return {"small_time_s": small, "small_sizes": [r["bytes"] for r in rows[:k]],
+            "plateau_busbw_gbps": plateau, "plateau_bytes": [r["bytes"] for r in top],
+            "peak_busbw_gbps": peak["busbw_gbps"], "peak_bytes": peak["bytes"], "crossover_bytes": cross,
+            "fraction": fraction}
 
 
 def run_allreduce(*, rank: int, world_size: int, device: Any, sizes: Sequence[int], repeats: int, warmup: int,
                   sync: Callable[[], None], bare_bytes: int | None = BARE_BYTES,
-                  bare_repeats: int | None = None) -> dict[str, Any] | None:
+                  bare_chunks: int = BARE_CHUNKS, chunk_calls: int | None = None) -> dict[str, Any] | None:
     """The allreduce benchmark on this rank (inside an initialized default process group).
 
     For each size: a float32 tensor filled with ``rank + 1`` is allreduced
     once and checked against ``n(n+1)/2`` (correctness), then zeroed (so the
     repeated sums stay exact and free of overflow), ``warmup`` untimed calls,
-    then ``repeats`` timed calls, each ``all_reduce`` followed by ``sync()``.
+    then ``repeats`` timed calls (``SMALL_REPEAT_FACTOR`` times more for sizes
+    up to ``SMALL_BYTES``), each ``all_reduce`` followed by ``sync()``.
     Right after the timed calls of size ``bare_bytes`` (which must be one of
-    ``sizes``), the bare loop on the same tensor: ``for _ in range(R):
-    all_reduce(t); sync()`` timed as a whole and divided by R (no per-call
-    clock reads).
+    ``sizes``), ``bare_chunks`` interleaved rounds of a benchmark-style chunk
+    and a bare chunk of ``chunk_calls`` calls each (default
+    ``max(2, repeats // 2)``); see the module docstring.
 
     Returns
     -------
     dict or None
         On rank 0: ``{"sizes": [rows...], "bare": {...}, "overhead_vs_bare",
-        "timing": str}``; None on the other ranks.
+        "timing": str}``; None on the other ranks. ``bare`` holds ``bytes``,
+        ``time_s`` / ``busbw_gbps`` (bare loop), ``bench_time_s`` /
+        ``bench_busbw_gbps`` (benchmark-style chunks), ``chunks``,
+        ``chunk_calls`` and ``statistic``.
 
     Raises
     ------
@@ -155,8 +195,9 @@ def run_allreduce(*, rank: int, world_size: int, device: Any, sizes: Sequence[in
 
     if bare_bytes and bare_bytes not in sizes:
         raise ParameterError(f"bare_bytes={bare_bytes} must be one of the sizes (see bench_config).")
-    reps = bare_repeats or repeats
-    bare_time = None
+    calls = int(chunk_calls or max(2, repeats // 2))
+    chunks = max(1, int(bare_chunks))
+    bare_stat = None
     expected = world_size * (world_size + 1) / 2
     clock = time.perf_counter
     all_times: list[list[float]] = []
@@ -172,37 +213,56 @@ def run_allreduce(*, rank: int, world_size: int, device: Any, sizes: Sequence[in
         for _ in range(warmup):
             dist.all_reduce(t)
         sync()
-        times = [0.0] * repeats
-        for i in range(repeats):
+        n_rep = repeats * (SMALL_REPEAT_FACTOR if nbytes <= SMALL_BYTES else 1)
+        times = [0.0] * n_rep
+        for i in range(n_rep):
             t0 = clock()
             dist.all_reduce(t)
             sync()
             times[i] = clock() - t0
         all_times.append(times)
-        if nbytes == bare_bytes:  # the bare loop, right after the same size, on the same tensor
-            t0 = clock()
-            for _ in range(reps):
-                dist.all_reduce(t)
-                sync()
-            bare_time = (clock() - t0) / reps
+        if nbytes == bare_bytes:  # benchmark-style and bare chunks, interleaved, on the same tensor
+            bench_means, bare_means = [], []
+            for j in range(chunks):
+                for kind in (("bench", "bare") if j % 2 == 0 else ("bare", "bench")):  # alternate which goes first
+                    if kind == "bench":
+                        acc = 0.0
+                        for _ in range(calls):
+                            t0 = clock()
+                            dist.all_reduce(t)
+                            sync()
+                            acc += clock() - t0
+                        bench_means.append(acc / calls)
+                    else:
+                        t0 = clock()
+                        for _ in range(calls):
+                            dist.all_reduce(t)
+                            sync()
+                        bare_means.append((clock() - t0) / calls)
+            bare_stat = {"bench": float(np.median(bench_means)), "bare": float(np.median(bare_means))}
         del t
     bare = None
     gathered: list = [None] * world_size
-    dist.all_gather_object(gathered, {"times": all_times, "bare": bare_time if bare_bytes else None})
+    dist.all_gather_object(gathered, {"times": all_times, "bare": bare_stat if bare_bytes else None})
     if rank != 0:
         return None
     rows = [summarize(nb, [g["times"][i] for g in gathered], world_size) for i, nb in enumerate(sizes)]
+    for row, nb in zip(rows, sizes):
+        row["repeats"] = repeats * (SMALL_REPEAT_FACTOR if nb <= SMALL_BYTES else 1)
     overhead = None
     if bare_bytes:
-        bt = max(g["bare"] for g in gathered)
+        bt = max(g["bare"]["bare"] for g in gathered)
+        bench_t = max(g["bare"]["bench"] for g in gathered)
         bare = {"bytes": int(bare_bytes), "time_s": bt, "algbw_gbps": algbw_gbps(bare_bytes, bt),
-                "busbw_gbps": busbw_gbps(bare_bytes, bt, world_size), "repeats": reps}
-        # the benchmark's own figure at the same size, measured in this run
-        at = [r for r in rows if r["bytes"] == bare_bytes]
-        overhead = bare["busbw_gbps"] / at[0]["busbw_gbps"]
+                "busbw_gbps": busbw_gbps(bare_bytes, bt, world_size), "bench_time_s": bench_t,
+                "bench_busbw_gbps": busbw_gbps(bare_bytes, bench_t, world_size), "chunks": chunks,
+                "chunk_calls": calls, "statistic": OVERHEAD_STATISTIC.format(chunks=chunks, calls=calls)}
+        overhead = bare["busbw_gbps"] / bare["bench_busbw_gbps"]
     return {"sizes": rows, "bare": bare, "overhead_vs_bare": overhead,
-            "timing": "per size: max over ranks of each rank's median time of all_reduce + device sync "
-                      "(each rank on its own clock, no barrier); bare: whole loop / repeats, max over ranks"}
+            "timing": f"per size: max over ranks of each rank's median time of all_reduce + device sync "
+                      f"(each rank on its own clock, no barrier; {repeats} calls, x{SMALL_REPEAT_FACTOR} up to "
+                      f"{SMALL_BYTES} bytes); overhead_vs_bare: bare busbw / benchmark busbw, both "
+                      + (bare["statistic"] if bare else "not measured")}
 
 
 def bench_config(*, min_bytes: int = 8, max_size_mib: float = 256, repeats: int = 10, warmup: int = 3,
@@ -210,30 +270,42 @@ def bench_config(*, min_bytes: int = 8, max_size_mib: float = 256, repeats: int 
     """The worker config of one allreduce benchmark: sizes (with the bare size among them), repeats, warm-up.
 
     The bare loop runs at 64 MiB, or at the largest size when that is smaller.
+
+    Raises
+    ------
+    ParameterError
+        Sizes, repeats or warm-up out of range (the message names the ``bench`` flags too).
     """
+    if not max_size_mib > 0 or min_bytes < 4 or min_bytes > max_size_mib * MIB:
+        raise ParameterError(f"need 4 <= min_bytes (--min-bytes) <= max_size_mib (--max-size-mib) in bytes; got "
+                             f"min_bytes={min_bytes}, max_size_mib={max_size_mib}: raise --max-size-mib or lower "
+                             "--min-bytes.")
     max_bytes = int(max_size_mib * MIB)
     sizes = message_sizes(min_bytes, max_bytes, factor)
     bare = min(BARE_BYTES, sizes[-1])
     if bare not in sizes:
         sizes = sorted(sizes + [bare])
     if repeats < 1 or warmup < 0:
-        raise ParameterError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0.")
+        raise ParameterError(f"repeats={repeats} (--repeats) must be >= 1 and warmup={warmup} (--warmup) >= 0.")
     return {"sizes": sizes, "repeats": int(repeats), "warmup": int(warmup), "bare_bytes": bare}
 
 
 def allreduce_benchmark(*, backend: str = "auto", world_size: int = 2, min_bytes: int = 8,
                         max_size_mib: float = 256, repeats: int = 10, warmup: int = 3, timeout_s: float = 300.0,
-                        master_port: int = 0, device_kind: str | None = None) -> dict[str, Any]:
+                        master_port: int = 0, device_kind: str | None = None,
+                        log_dir: "str | None" = None) -> dict[str, Any]:
     """Run the allreduce benchmark in ``world_size`` child processes and return its JSON-able result.
 
     Returns
     -------
     dict
         ``backend``, ``world_size``, ``device``, ``sizes`` (rows of
-        :func:`summarize`), ``bare``, ``overhead_vs_bare``,
-        ``bare_busbw_gbps_64mib`` (the bare loop's busbw; at the largest size
-        when that is under 64 MiB, see ``bare["bytes"]``), ``target`` and
-        ``met``, ``timing`` and ``wall_s``.
+        :func:`summarize`, plus ``repeats``), ``bare``, ``overhead_vs_bare``,
+        ``overhead_statistic``, ``bare_busbw_gbps`` and ``bare_bytes`` (the
+        bare loop's busbw and its size: 64 MiB, or the largest size when that
+        is smaller, then with ``bare_note``), ``target`` and ``met``,
+        ``timing`` and ``wall_s``. ``log_dir``: where the logs of a failed
+        job are kept (see :func:`helpers.comm.launch.run_job`).
 
     Raises
     ------
@@ -246,7 +318,8 @@ def allreduce_benchmark(*, backend: str = "auto", world_size: int = 2, min_bytes
     from helpers.comm.launch import backend_device_kind
 
     job = run_job("allreduce", cfg, world_size=world_size, backend=backend, device_kind=device_kind,
-                  timeout_s=timeout_s, master_port=master_port, bytes_per_rank=2 * cfg["sizes"][-1])
+                  timeout_s=timeout_s, master_port=master_port, bytes_per_rank=2 * cfg["sizes"][-1],
+                  log_dir=log_dir)
     data = dict(job.data)
     data.update(backend=job.backend, world_size=job.world_size, device=backend_device_kind(job.backend))
     return finish_result(data, wall_s=job.wall_s)
@@ -258,7 +331,13 @@ def finish_result(data: dict[str, Any], *, wall_s: float | None = None) -> dict[
     out = {k: data[k] for k in lead if k in data}
     out.update({k: v for k, v in data.items() if k not in lead})
     ov = out.get("overhead_vs_bare")
-    out["bare_busbw_gbps_64mib"] = (out.get("bare") or {}).get("busbw_gbps")
+    bare = out.get("bare") or {}
+    out["overhead_statistic"] = bare.get("statistic")
+    out["bare_busbw_gbps"] = bare.get("busbw_gbps")
+    out["bare_bytes"] = bare.get("bytes")
+    if bare.get("bytes") is not None and bare["bytes"] != BARE_BYTES:
+        out["bare_note"] = (f"bare loop at {bare['bytes'] / MIB:g} MiB, the largest size, not at 64 MiB "
+                            "(--max-size-mib is below 64)")
     out["target"] = {"overhead_vs_bare": f"<= {OVERHEAD_TARGET}"}
     out["met"] = {"overhead_vs_bare": None if ov is None else bool(ov <= OVERHEAD_TARGET)}
     if wall_s is not None:

@@ -20,10 +20,14 @@ samples: the batch order of rank r is the epoch-r permutation of the dataset):
   backward pass against an fp32 reference (the same local gradients, divided
   by the world size and summed with ``all_reduce`` in float32, which is what
   DDP's default ``allreduce_hook`` does);
-- overlap: the same step under ``ddp.no_sync()`` (no communication) and the
-  gradients' allreduce alone (flat float32 buffers of DDP's bucket sizes,
-  ``ppo_epochs`` times); hidden fraction ``1 - (t_ddp - t_nosync) /
-  t_allreduce_alone`` clipped to [0, 1].
+- overlap, at the smallest cap of the sweep that gave more than one bucket
+  (with a single bucket nothing can overlap: its allreduce starts when the
+  backward pass ends): the same step under ``ddp.no_sync()`` (no
+  communication) and the gradients' allreduce alone (flat float32 buffers of
+  DDP's bucket sizes, ``ppo_epochs`` times); hidden fraction ``1 - (t_ddp -
+  t_nosync) / t_allreduce_alone``. When the exposed time ``t_ddp - t_nosync``
+  is larger than the allreduce alone or negative, the three medians do not
+  fit together (noise) and no fraction is reported (:func:`overlap_figures`).
 """
 
 from __future__ import annotations
@@ -87,6 +91,40 @@ def hidden_fraction(t_ddp: float, t_nosync: float, t_allreduce: float) -> float:
     return float(min(1.0, max(0.0, 1.0 - (t_ddp - t_nosync) / t_allreduce)))
 
 
+def overlap_figures(t_ddp: float, t_nosync: float, t_allreduce: float) -> dict[str, Any]:
+    """The overlap figures of one cap, with a check that the three medians fit together.
+
+    Parameters
+    ----------
+    t_ddp, t_nosync, t_allreduce : float
+        Seconds: DDP step, the same step under ``no_sync()``, the step's
+        allreduces alone.
+
+    Returns
+    -------
+    dict
+        ``exposed_s`` (t_ddp - t_nosync), ``raw_hidden_fraction`` (``1 -
+        exposed / t_allreduce``, unclipped), ``consistent`` (0 <= exposed <=
+        t_allreduce), ``hidden_fraction`` (the raw value when consistent,
+        else None) and ``note`` (a sentence).
+    """
+    if t_allreduce <= 0:
+        raise ParameterError(f"t_allreduce={t_allreduce} must be > 0.")
+    exposed = t_ddp - t_nosync
+    raw = 1.0 - exposed / t_allreduce
+    if exposed > t_allreduce:
+        note = (f"measurement inconsistent (noise): DDP adds {exposed * 1e3:.1f} ms to the step, more than the "
+                f"{t_allreduce * 1e3:.1f} ms its allreduces take alone")
+    elif exposed < 0:
+        note = (f"measurement inconsistent (noise): the DDP step was {-exposed * 1e3:.1f} ms faster than the same "
+                "step without communication")
+    else:
+        note = f"{100 * raw:.0f}% of the allreduce time hidden behind computation"
+    ok = 0.0 <= exposed <= t_allreduce
+    return {"exposed_s": exposed, "raw_hidden_fraction": raw, "consistent": ok,
+            "hidden_fraction": raw if ok else None, "note": note}
+
+
 def grad_error(got: "Any", ref: "Any") -> dict[str, float]:
     """Max absolute and relative (to max |ref|) error of flat gradient tensors ``got`` against ``ref``."""
     import torch
@@ -142,7 +180,10 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     dict or None
         ``buckets`` (rows: cap_mb, bucket_sizes, n_buckets, step time stats),
         ``hooks`` (rows: hook, bytes_per_step, step time stats, errors),
-        ``overlap`` ({t_ddp_s, t_nosync_s, t_allreduce_s, hidden_fraction}),
+        ``overlap`` ({cap_mb, n_buckets, t_ddp_s, t_nosync_s, t_allreduce_s}
+        and the keys of :func:`overlap_figures`; hidden_fraction is None when
+        the measurement is inconsistent), hook rows carry ``cap_mb`` (the
+        default cap, 25 when swept),
         ``grad_bytes``, ``params``, ``world_size``, ``batch_per_rank``.
     """
     import torch
@@ -209,16 +250,23 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     default_cap = 25.0 if 25.0 in caps else caps[-1]
     local: dict[str, Any] = {"buckets": [], "hooks": [], "errors": {}}
     # bucket sweep (plain fp32 allreduce)
-    ddp_default = None
+    models: dict[float, Any] = {}
     for cap in caps:
         d = fresh(cap)
         times = time_steps(d)
         local["buckets"].append({"cap_mb": cap, "bucket_sizes": bucket_sizes(d),
                                  "rebuilt": int(d._get_ddp_logging_data().get("has_rebuilt_buckets", 0)),
                                  "times": times})
+        models[cap] = d
         if cap == default_cap:
-            ddp_default = d
             t_ddp = times
+    # overlap needs several buckets: the smallest cap that made more than one (else the default cap)
+    multi = sorted(b["cap_mb"] for b in local["buckets"] if len(b["bucket_sizes"]) > 1)
+    overlap_cap = multi[0] if multi else default_cap
+    for cap in caps:  # keep only the model the overlap measurement needs
+        if cap != overlap_cap:
+            models.pop(cap)
+    ddp_overlap = models.pop(overlap_cap)
     # compression hooks at the default cap
     unsupported: dict[str, str] = {}
     for h in hooks:
@@ -238,8 +286,8 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
                 continue
         local["hooks"].append({"hook": h, "times": times})
     # overlap: no communication, and the allreduce alone on DDP's buckets
-    t_nosync = time_steps(ddp_default, no_sync=True)
-    sizes = bucket_sizes(ddp_default) or [grad_bytes]
+    t_nosync = time_steps(ddp_overlap, no_sync=True)
+    sizes = bucket_sizes(ddp_overlap) or [grad_bytes]
     bufs = [torch.zeros(max(1, s // 4), dtype=torch.float32, device=rc.device) for s in sizes]
 
     def allreduce_alone():
@@ -270,7 +318,7 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
                                       "nosync": t_nosync, "ar": t_ar, "errors": local["errors"]})
     # release every DDP model (and its reducer) while the process group is alive: a reducer torn down after
     # destroy_process_group() can abort the rank at exit ("terminate called without an active exception")
-    del ddp_default, d, plain
+    del ddp_overlap, d, plain, models
     gc.collect()
     dist.barrier()
     if rc.rank != 0:
@@ -288,12 +336,12 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
                           "max_abs_err": max(e["max_abs_err"] for e in errs),
                           "rel_err": max(e["rel_err"] for e in errs),
                           "mismatched": max(e["mismatched"] for e in errs)})
-    t_d = _stats([g["buckets"][caps.index(default_cap)] for g in gathered])["time_s"]
+    t_d = _stats([g["buckets"][caps.index(overlap_cap)] for g in gathered])["time_s"]
     t_n = _stats([g["nosync"] for g in gathered])["time_s"]
     t_a = _stats([g["ar"] for g in gathered])["time_s"]
     return {"buckets": buckets, "hooks": hook_rows,
-            "overlap": {"cap_mb": default_cap, "t_ddp_s": t_d, "t_nosync_s": t_n, "t_allreduce_s": t_a,
-                        "hidden_fraction": hidden_fraction(t_d, t_n, t_a)},
+            "overlap": {"cap_mb": overlap_cap, "n_buckets": len(sizes), "t_ddp_s": t_d, "t_nosync_s": t_n,
+                        "t_allreduce_s": t_a, **overlap_figures(t_d, t_n, t_a)},
             "unsupported_hooks": unsupported, "grad_bytes": grad_bytes, "params": count_parameters(base), "world_size": rc.world_size,
             "batch_per_rank": bs, "ppo_epochs": ppo_cfg.ppo_epochs, "images": len(index),
             "timing": "median over steps of the max over ranks (each rank synced its device after every step)"}
@@ -304,13 +352,16 @@ DDP_KEYS = ("data_dir", "max_images", "seed", "batch_size", "image_size", "text_
 
 
 def ddp_benchmark(params: Mapping[str, Any], *, world_size: int = 2, backend: str = "auto",
-                  timeout_s: float = 300.0, master_port: int = 0, device_kind: str | None = None) -> dict[str, Any]:
+                  timeout_s: float = 300.0, master_port: int = 0, device_kind: str | None = None,
+                  log_dir: "str | None" = None) -> dict[str, Any]:
     """Run :func:`run_ddp` in ``world_size`` child processes (see :func:`helpers.comm.launch.run_job`).
 
     Parameters
     ----------
     params : mapping
         Must hold the keys of :data:`DDP_KEYS` (e.g. notebook 08's parameters).
+    log_dir : path, optional
+        Where the logs of a failed job are kept (see :func:`helpers.comm.launch.run_job`).
 
     Raises
     ------
@@ -324,7 +375,7 @@ def ddp_benchmark(params: Mapping[str, Any], *, world_size: int = 2, backend: st
         raise ParameterError(f"ddp_benchmark needs {', '.join(missing)} in params; pass notebook 08's parameters.")
     cfg = {k: params[k] for k in DDP_KEYS}
     job = run_job("ddp", cfg, world_size=world_size, backend=backend, device_kind=device_kind,
-                  timeout_s=timeout_s, master_port=master_port)
+                  timeout_s=timeout_s, master_port=master_port, log_dir=log_dir)
     out = dict(job.data)
     out["wall_s"] = round(job.wall_s, 2)
     out["backend"] = job.backend

@@ -13,6 +13,14 @@ every process it started (torchrun starts its workers in sessions of their
 own, so the whole tree is collected with psutil before it is killed). Rank 0
 writes the result as ``result.json`` in the output folder; a rank that fails
 writes ``error_rank<R>.json`` with its message.
+
+Each rank's own stdout and stderr are kept in files by torchrun
+(``--log-dir OUT/ranks --tee 3``: ``ranks/<run id>/attempt_0/<local rank>/
+std{out,err}.log``, and still copied to torchrun's console log). When a job
+fails or times out, the error message quotes the last lines of the failed
+rank's stderr, and ``torchrun.log`` with every rank's logs is copied to a
+folder that survives the job (``log_dir``, or a new temporary folder that is
+not removed) whose path the message gives.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -182,11 +191,11 @@ def max_world_size(backend: str, *, bytes_per_rank: int = 0) -> tuple[int, str]:
 def check_world_size(world_size: int, backend: str, *, bytes_per_rank: int = 0) -> None:
     """Raise ParameterError if ``world_size`` ranks of ``backend`` cannot run here (see :func:`max_world_size`)."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ParameterError(f"world_size={world_size!r} must be an integer >= 1.")
+        raise ParameterError(f"world_size={world_size!r} (--world-size) must be an integer >= 1.")
     n, why = max_world_size(backend, bytes_per_rank=bytes_per_rank)
     if world_size > n:
         raise ParameterError(f"world_size={world_size} is larger than what can run here with {backend}: "
-                             f"at most {n} ({why}); lower world_size or run on more devices/nodes.")
+                             f"at most {n} ({why}); lower world_size (--world-size) or run on more devices/nodes.")
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -202,10 +211,10 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 def check_port(port: int) -> None:
     """Raise ParameterError if the explicit rendezvous ``port`` cannot be bound on 127.0.0.1."""
     if not 1 <= port <= 65535:
-        raise ParameterError(f"master_port={port} is outside 1-65535; use 0 to pick a free port.")
+        raise ParameterError(f"master_port={port} (--master-port) is outside 1-65535; use 0 to pick a free port.")
     if not port_is_free(port):
         raise ParameterError(f"master_port={port} is already in use on 127.0.0.1 (another job, or a process group "
-                             "left open); use master_port=0 to pick a free port, or stop the process holding it "
+                             "left open); use master_port=0 (--master-port 0) to pick a free port, or stop the process holding it "
                              f"(e.g. `ss -ltnp 'sport = :{port}'`).")
 
 
@@ -259,10 +268,84 @@ def failed_rank(log_text: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def rank_log_tail(rank_logs: str | Path, local_rank: int, *, lines: int = 20) -> str:
+    """The last ``lines`` lines a rank wrote to stderr (its stdout when stderr is empty), from torchrun's log folder.
+
+    Parameters
+    ----------
+    rank_logs : path
+        The ``--log-dir`` given to torchrun; the files are
+        ``<run id>/attempt_<k>/<local_rank>/std{err,out}.log`` (torch 2.13,
+        ``torch.distributed.elastic.multiprocessing``).
+    local_rank : int
+
+    Returns
+    -------
+    str
+        Empty when the rank wrote nothing or no log exists.
+    """
+    root = Path(rank_logs)
+    for stream in ("stderr.log", "stdout.log"):
+        files = sorted(root.glob(f"*/attempt_*/{int(local_rank)}/{stream}"), key=lambda p: p.stat().st_mtime)
+        if files:
+            text = files[-1].read_text(errors="replace").strip()
+            if text:
+                return "\n".join(text.splitlines()[-lines:])
+    return ""
+
+
+def keep_logs(out: Path, log_dir: str | Path | None, task: str) -> Path | None:
+    """Copy ``torchrun.log`` and the per-rank logs of a failed job out of ``out`` to a folder that survives it.
+
+    Parameters
+    ----------
+    out : Path
+        The job's output folder (holds ``torchrun.log`` and ``ranks/``).
+    log_dir : path, optional
+        Where to keep them: ``log_dir/comm_<task>_<time>``; None: a new
+        temporary folder that is not removed.
+
+    Returns
+    -------
+    Path or None
+        The folder written, or None when nothing could be copied (the reason is logged).
+    """
+    try:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        if log_dir is None:
+            dest = Path(tempfile.mkdtemp(prefix=f"comm_{task}_failed_"))
+        else:
+            dest = Path(log_dir) / f"comm_{task}_{stamp}"
+            dest.mkdir(parents=True, exist_ok=True)
+        for name in ("torchrun.log", "config.json"):
+            if (out / name).is_file():
+                shutil.copy2(out / name, dest / name)
+        for err in out.glob("error_rank*.json"):
+            shutil.copy2(err, dest / err.name)
+        if (out / "ranks").is_dir():
+            shutil.copytree(out / "ranks", dest / "ranks", dirs_exist_ok=True)
+        return dest
+    except OSError as exc:
+        log.warning("could not keep the logs of the failed %s job: %s", task, exc)
+        return None
+
+
+def _advice(kept: Path | None, rank_tail: str, who: int | None) -> str:
+    parts = []
+    if rank_tail:
+        parts.append(f"Last lines of rank {who}'s own output:\n{rank_tail}")
+    parts.append("What to do: rerun (a rank killed once by a loaded machine usually passes); if it fails again, "
+                 "lower world_size (--world-size), the steps or the largest size (--max-size-mib), or raise "
+                 "timeout_s (--timeout)")
+    if kept is not None:
+        parts.append(f"Full logs (torchrun.log, ranks/*/std*.log): {kept}")
+    return "\n".join(parts)
+
+
 def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backend: str = "auto",
             device_kind: str | None = None, timeout_s: float = 300.0, master_port: int = 0,
             out_dir: str | Path | None = None, bytes_per_rank: int = 0,
-            env: Mapping[str, str] | None = None) -> JobResult:
+            env: Mapping[str, str] | None = None, log_dir: str | Path | None = None) -> JobResult:
     """Run ``helpers.comm.worker --task task`` on ``world_size`` ranks under torchrun and return rank 0's JSON.
 
     Parameters
@@ -287,6 +370,10 @@ def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backen
         Memory each rank needs beyond the interpreter, for the world-size check.
     env : mapping, optional
         Extra environment variables for the job (e.g. a validated HCCL set).
+    log_dir : path, optional
+        Where the logs of a failed or timed-out job are kept
+        (``log_dir/comm_<task>_<time>/``: torchrun.log and each rank's
+        stdout/stderr); default: a new temporary folder that is not removed.
 
     Returns
     -------
@@ -302,9 +389,11 @@ def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backen
     DeviceUnavailableError
         Backend unavailable (before anything starts).
     TimeoutError
-        The job ran longer than ``timeout_s`` (it is killed first).
+        The job ran longer than ``timeout_s`` (it is killed first); the message
+        says where the logs were kept.
     RuntimeError
-        A rank failed: the message names the rank, its exit code and its error.
+        A rank failed: the message names the rank, its exit code, its error
+        and the last lines of its own stderr, and where the logs were kept.
     """
     if device_kind is None:
         from helpers.device import get_accelerator
@@ -312,7 +401,7 @@ def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backen
         device_kind = get_accelerator("auto").kind
     be = resolve_backend(backend, device_kind)
     if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-        raise ParameterError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
+        raise ParameterError(f"timeout_s={timeout_s!r} (--timeout) must be a positive number of seconds.")
     check_backend(be)
     check_world_size(world_size, be, bytes_per_rank=bytes_per_rank)
     if master_port:
@@ -327,12 +416,14 @@ def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backen
     try:
         for stale in list(out.glob("error_rank*.json")) + [out / "result.json"]:
             stale.unlink(missing_ok=True)
+        shutil.rmtree(out / "ranks", ignore_errors=True)
         cfg_path = out / "config.json"
         cfg_path.write_text(json.dumps(dict(config)))
         rdzv = (["--standalone"] if not master_port else
                 ["--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(master_port)])
         cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(world_size),
-               "--monitor-interval", "0.2", "-m", "helpers.comm.worker", "--task", task, "--backend", be,
+               "--monitor-interval", "0.2", "--log-dir", str(out / "ranks"), "--tee", "3",
+               "-m", "helpers.comm.worker", "--task", task, "--backend", be,
                "--config", str(cfg_path), "--out", str(out)]
         job_env = dict(os.environ)
         job_env.update(env or {})
@@ -346,9 +437,12 @@ def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backen
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 kill_tree(proc)
+                kept = keep_logs(out, log_dir, task)
                 raise TimeoutError(f"collective job {task!r} ({be}, world_size={world_size}) did not finish "
-                                   f"within timeout_s={timeout_s:g} s and was stopped with all its processes; "
-                                   "a peer may be stuck or the job is too large: raise timeout_s or shrink it.")
+                                   f"within timeout_s={timeout_s:g} s (--timeout) and was stopped with all its "
+                                   "processes; a peer may be stuck or the job is too large: raise timeout_s "
+                                   "(--timeout) or shrink the job (--world-size, --max-size-mib, steps)."
+                                   + (f" Logs: {kept}" if kept is not None else "")) from None
             except BaseException:
                 kill_tree(proc)
                 raise
@@ -370,9 +464,19 @@ def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backen
                     raise ParameterError(f"collective job {task!r} rejected its input: {detail}")
             fr = failed_rank(text)
             who = f"rank {fr[0]} exited with code {fr[1]}" if fr else f"torchrun exited with code {rc}"
+            if fr and fr[1] < 0:
+                try:
+                    who += f" ({signal.Signals(-fr[1]).name})"
+                except ValueError:
+                    pass
+            bad = fr[0] if fr else (json.loads(errors[0].read_text()).get("rank") if errors else None)
+            # single node: local rank == rank
+            rank_tail = rank_log_tail(out / "ranks", bad) if bad is not None else ""
+            kept = keep_logs(out, log_dir, task)
             raise RuntimeError(f"collective job {task!r} ({be}, world_size={world_size}) failed: {who}"
-                               f"{'; ' + detail if detail else ''}. The other ranks were stopped. "
-                               f"Last output:\n{tail}")
+                               f"{'; ' + detail if detail else ''}. The other ranks were stopped.\n"
+                               f"{_advice(kept, rank_tail, bad)}\n"
+                               f"Last lines of torchrun's log:\n{tail}")
         res = out / "result.json"
         if not res.is_file():
             raise RuntimeError(f"collective job {task!r} finished but rank 0 wrote no result.json. "

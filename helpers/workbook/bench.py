@@ -103,8 +103,17 @@ def allreduce_bench(*, backend: str = "auto", world_size: int = 2, min_bytes: in
     torchrun itself (RANK, WORLD_SIZE and MASTER_ADDR set, e.g. on several
     nodes), it runs as that rank; rank 0 returns the JSON, other ranks None.
     Keys: backend, world_size, device, sizes (bytes, time_s, time_p25_s,
-    time_p75_s, algbw_gbps, busbw_gbps; GB/s = 1e9 B/s), bare,
-    overhead_vs_bare, bare_busbw_gbps_64mib, target, met, timing, wall_s.
+    time_p75_s, algbw_gbps, busbw_gbps, repeats; GB/s = 1e9 B/s), bare,
+    overhead_vs_bare, overhead_statistic, bare_busbw_gbps, bare_bytes
+    (bare_note when that is not 64 MiB), target, met, timing, wall_s.
+
+    Raises
+    ------
+    ParameterError, DeviceUnavailableError
+        Bad values or an unavailable backend (the ``bench`` command exits 2).
+    TimeoutError, RuntimeError
+        The job hung or a rank failed (the ``bench`` command prints
+        ``error: ...`` and exits 1).
     """
     from helpers.diagnose.npu_probe import prepare_torch_import
 

@@ -3,11 +3,12 @@
 Commands
 --------
 run         execute the notebooks into a run folder and write the report
-bench       run a benchmark (input-pipeline, allreduce) and print its figures as JSON
+bench       run a benchmark (input-pipeline, allreduce) and print its figures as JSON; exit 2 on bad
+            flag values or an unavailable backend, 1 when the allreduce job ran and failed or timed out
 data build  build the embedded photo dataset (done on first use anyway)
 report      rebuild the report of an existing run folder
-env check   validate HCCL/NCCL/torch_npu environment settings (current or proposed) and write
-            a validated env file for torchrun; exit 1 when a setting is invalid or invented
+env check   validate HCCL/NCCL/torch_npu environment settings (current or proposed), write the valid
+            ones as an env file for torchrun; exit 1 when a setting is invalid or invented
 """
 
 from __future__ import annotations
@@ -76,10 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     ec.add_argument("--npu", action=argparse.BooleanOptionalAction, default=None,
                     help="whether torch_npu is in play (default: inferred from ASCEND_*/HCCL_* settings)")
     ec.add_argument("--write", type=Path, default=None, metavar="OUT.env",
-                    help="write the validated settings as an env file to source before torchrun")
-    ec.add_argument("--skip-invalid", action="store_true",
-                    help="with --write: leave invalid settings out instead of writing nothing")
-    ec.add_argument("--catalog", action="store_true", help="print the catalog of known settings")
+                    help="write the valid settings as 'export' lines to source before torchrun; invalid or "
+                         "invented ones are left out and listed (the exit status is still 1 then, so "
+                         "'... --write run.env && source run.env && torchrun' stops before torchrun)")
+    ec.add_argument("--skip-invalid", action="store_true", help=argparse.SUPPRESS)  # old flag; now the default
+    ec.add_argument("--catalog", action="store_true",
+                    help="print every known setting: what it does, allowed values, default and source")
     return p
 
 
@@ -114,16 +117,29 @@ def main(argv: list[str] | None = None) -> int:
             if args.name == "allreduce":
                 from helpers.workbook.bench import allreduce_bench
 
-                text = allreduce_bench(backend=args.backend, world_size=args.world_size, min_bytes=args.min_bytes,
-                                       max_size_mib=args.max_size_mib, repeats=args.repeats, warmup=args.warmup,
-                                       timeout_s=args.timeout, master_port=args.master_port, device=args.device)
+                try:
+                    text = allreduce_bench(backend=args.backend, world_size=args.world_size,
+                                           min_bytes=args.min_bytes, max_size_mib=args.max_size_mib,
+                                           repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
+                                           master_port=args.master_port, device=args.device)
+                except WorkbookError:
+                    raise  # bad flag values, unavailable backend: exit 2 below
+                except (TimeoutError, RuntimeError) as exc:  # the job ran and failed or hung: exit 1
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 1
                 if text is not None:  # None on ranks other than 0 of a torchrun job
                     print(text)
                 return 0
             print(run_benchmark(args.name, profile=args.profile, device=args.device, data_dir=args.data_dir))
             return 0
         if args.command == "env":
-            return _env_check(args)
+            try:
+                status = _env_check(args)
+                sys.stdout.flush()  # a closed pipe shows here, not in Python's final flush
+                return status
+            except BrokenPipeError:  # e.g. `env check --catalog | head`: the reader has gone
+                _silence_stdout()
+                return 1
         if args.command == "report":
             from helpers.workbook.report import write_report
 
@@ -146,10 +162,12 @@ def _env_check(args: argparse.Namespace) -> int:
     from helpers.errors import ParameterError
 
     if args.catalog:
-        frame = ec.catalog_frame()[["name", "scope", "allowed", "default"]]
-        print(frame.to_string(index=False))
+        import shutil
+
+        print(ec.format_catalog(width=min(shutil.get_terminal_size((100, 24)).columns, 120)), end="")
         if args.file is None and not args.settings:
             return 0
+        print()
     if args.file is not None or args.settings:
         environ: dict[str, str] = dict(ec.parse_env_file(args.file)) if args.file is not None else {}
         for item in args.settings:
@@ -169,12 +187,33 @@ def _env_check(args: argparse.Namespace) -> int:
     print(f"{source}: {counts['error']} invalid or invented, {counts['warning']} warning(s), "
           f"{counts['ok']} valid")
     if args.write is not None:
-        if counts["error"] and not args.skip_invalid:
-            print(f"not written: {args.write} (fix the errors above, or pass --skip-invalid)", file=sys.stderr)
-        else:
+        envlog = logging.getLogger(ec.__name__)
+        level = envlog.level
+        envlog.setLevel(logging.ERROR)  # the left-out names are printed below
+        try:
             path, _ = ec.write_env_file(environ, args.write, npu=args.npu, skip_invalid=True)
-            print(f"validated env file: {path}  (use: source {path} && torchrun ...)")
+        finally:
+            envlog.setLevel(level)
+        written = [name for name in ec.parse_env_file(path)]
+        left_out = sorted({part for f in findings if f.severity == "error" for part in f.name.split("+")})
+        print(f"written: {path} with {len(written)} valid setting(s)"
+              + (f": {', '.join(written)}" if written else ""))
+        if left_out:
+            print(f"left out as invalid or invented: {', '.join(left_out)} (fix them and run again; exit status 1)")
+        else:
+            print(f"use: source {path} && torchrun ...")
     return 1 if counts["error"] else 0
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that Python's final flush does not fail on a closed pipe."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -31,8 +31,8 @@ def allreduce_bandwidth(rows: Sequence[Mapping[str, Any]], regimes: Mapping[str,
         :func:`helpers.comm.allreduce.summarize` rows (``bytes``, ``busbw_gbps``,
         ``algbw_gbps``, ``time_s``, ``time_p25_s``, ``time_p75_s``).
     regimes : dict
-        :func:`helpers.comm.allreduce.regimes` of the same rows: the latency
-        floor and the crossover size are drawn from it.
+        :func:`helpers.comm.allreduce.regimes` of the same rows: the median
+        small-message time, the plateau and the crossover size are drawn from it.
 
     Returns
     -------
@@ -45,9 +45,10 @@ def allreduce_bandwidth(rows: Sequence[Mapping[str, Any]], regimes: Mapping[str,
     ax.loglog(x, [r["algbw_gbps"] for r in rows], "s--", color=COLORS["algbw"], label="algbw", alpha=0.7)
     cross = regimes["crossover_bytes"]
     ax.axvline(cross, color=COLORS["regime"], lw=1, ls=":")
-    ax.text(cross, ax.get_ylim()[0] * 1.5, f"  half of peak\n  at {_size_label(cross)}", fontsize=8,
+    ax.text(cross, ax.get_ylim()[0] * 1.5, f"  >= half of plateau\n  from {_size_label(cross)}", fontsize=8,
             color=COLORS["regime"])
-    ax.axhline(regimes["peak_busbw_gbps"], color="#999999", lw=0.8, ls=":")
+    ax.axhline(regimes["plateau_busbw_gbps"], color="#999999", lw=0.8, ls=":",
+               label=f"plateau {regimes['plateau_busbw_gbps']:.2f} GB/s")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bandwidth (GB/s)")
     ax.set_title("bandwidth: latency-bound left, bandwidth-bound right", fontsize=9)
@@ -56,8 +57,8 @@ def allreduce_bandwidth(rows: Sequence[Mapping[str, Any]], regimes: Mapping[str,
     axt.loglog(x, t, "o-", color=COLORS["busbw"])
     axt.fill_between(x, [r["time_p25_s"] * 1e6 for r in rows], [r["time_p75_s"] * 1e6 for r in rows],
                      color=COLORS["busbw"], alpha=0.2, label="25th-75th percentile")
-    axt.axhline(regimes["latency_s"] * 1e6, color=COLORS["regime"], lw=1, ls=":",
-                label=f"latency floor {regimes['latency_s'] * 1e6:.0f} us")
+    axt.axhline(regimes["small_time_s"] * 1e6, color=COLORS["regime"], lw=1, ls=":",
+                label=f"median small-message time {regimes['small_time_s'] * 1e6:.0f} us")
     axt.set_xlabel("message size (bytes)")
     axt.set_ylabel("time per allreduce (us)")
     axt.set_title("time per allreduce", fontsize=9)
