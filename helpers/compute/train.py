@@ -188,8 +188,12 @@ def classify(exposed_fraction: float, threshold: float, *, device_kind: str = ""
     compute_pct = 100 - pct
     busy = ("the training computation, on the same CPU, runs" if device_kind == "cpu" else "the device computes")
     if exposed_fraction > threshold:
+        # on a CPU the input shares the cores with the computation: hiding it behind compute (workers, a
+        # prefetcher) is not free there (notebook 05 measures it), so only making it cheaper is a sure saving
+        lever = ("making the input cheaper (hiding it behind compute needs idle cores)" if device_kind == "cpu"
+                 else "hiding or speeding up the input")
         reason = (f"input preparation and copy are exposed for {pct:.0f}% of each step (threshold {thr:.0f}%), "
-                  f"{busy} for {compute_pct:.0f}%: hiding or speeding up the input can save up to "
+                  f"{busy} for {compute_pct:.0f}%: {lever} can save up to "
                   f"{pct:.0f}% of the step, a 2x faster compute only {compute_pct / 2:.0f}%; fix the input first")
         return "host-bound", reason
     reason = (f"input is exposed for only {pct:.0f}% of each step (threshold {thr:.0f}%) and {busy} for "
