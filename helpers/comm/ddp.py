@@ -26,8 +26,16 @@ samples: the batch order of rank r is the epoch-r permutation of the dataset):
   communication) and the gradients' allreduce alone (flat float32 buffers of
   DDP's bucket sizes, ``ppo_epochs`` times); hidden fraction ``1 - (t_ddp -
   t_nosync) / t_allreduce_alone``. When the exposed time ``t_ddp - t_nosync``
-  is larger than the allreduce alone or negative, the three medians do not
-  fit together (noise) and no fraction is reported (:func:`overlap_figures`).
+  is at least the allreduce alone, nothing measurable was hidden (fraction
+  0); when it is negative, the medians do not fit together (noise) and no
+  fraction is reported (:func:`overlap_figures`).
+
+All variants (caps, hooks, no_sync, allreduce alone) are timed interleaved in
+one job: one step of each per round, the order reversed every other round
+(ABBA), so that slow phases of a shared machine hit every variant alike.
+:func:`bucket_comparison` and :func:`hook_comparison` then judge whether any
+difference exceeds the noise (the spread between caps that made the same
+buckets, and the quartile ranges).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import copy
 import gc
 import itertools
 import logging
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -105,24 +114,145 @@ def overlap_figures(t_ddp: float, t_nosync: float, t_allreduce: float) -> dict[s
     dict
         ``exposed_s`` (t_ddp - t_nosync), ``raw_hidden_fraction`` (``1 -
         exposed / t_allreduce``, unclipped), ``consistent`` (0 <= exposed <=
-        t_allreduce), ``hidden_fraction`` (the raw value when consistent,
-        else None) and ``note`` (a sentence).
+        t_allreduce), ``hidden_fraction`` (the raw value when consistent; 0.0
+        when DDP adds at least as much as the allreduces take alone: no
+        measurable overlap; None when DDP was faster than no_sync, i.e. noise)
+        and ``note`` (a sentence).
     """
     if t_allreduce <= 0:
         raise ParameterError(f"t_allreduce={t_allreduce} must be > 0.")
     exposed = t_ddp - t_nosync
     raw = 1.0 - exposed / t_allreduce
-    if exposed > t_allreduce:
-        note = (f"measurement inconsistent (noise): DDP adds {exposed * 1e3:.1f} ms to the step, more than the "
-                f"{t_allreduce * 1e3:.1f} ms its allreduces take alone")
+    ok = 0.0 <= exposed <= t_allreduce
+    if exposed >= t_allreduce:
+        hidden = 0.0
+        note = (f"no measurable overlap (hidden ~ 0; DDP adds {exposed * 1e3:.1f} ms >= "
+                f"{t_allreduce * 1e3:.1f} ms the allreduces take alone)")
     elif exposed < 0:
+        hidden = None
         note = (f"measurement inconsistent (noise): the DDP step was {-exposed * 1e3:.1f} ms faster than the same "
                 "step without communication")
     else:
+        hidden = raw
         note = f"{100 * raw:.0f}% of the allreduce time hidden behind computation"
-    ok = 0.0 <= exposed <= t_allreduce
     return {"exposed_s": exposed, "raw_hidden_fraction": raw, "consistent": ok,
-            "hidden_fraction": raw if ok else None, "note": note}
+            "hidden_fraction": hidden, "note": note}
+
+
+def iqr_overlap(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+    """Whether the 25th-75th percentile ranges (``time_p25_s``..``time_p75_s``) of two rows overlap."""
+    return a["time_p25_s"] <= b["time_p75_s"] and b["time_p25_s"] <= a["time_p75_s"]
+
+
+def _differs(a: Mapping[str, float], b: Mapping[str, float], noise_s: float | None) -> bool:
+    """Measurably different: the quartile ranges do not overlap and the medians lie more than the noise apart."""
+    return (not iqr_overlap(a, b)) and abs(a["time_s"] - b["time_s"]) > (noise_s or 0.0)
+
+
+def bucket_comparison(buckets: Sequence[Mapping[str, Any]], ppo_epochs: int = 1) -> dict[str, Any]:
+    """Group the bucket-sweep rows by the bucket layout DDP made and decide whether any layout was measurably faster.
+
+    Caps that produced the same buckets ran the same computation and communication, so the spread of
+    their medians is the noise of the measurement. Two layouts differ measurably only when their quartile
+    ranges do not overlap and their medians lie further apart than that noise.
+
+    Parameters
+    ----------
+    buckets : sequence of dict
+        :func:`run_ddp`'s ``buckets`` rows (``cap_mb``, ``bucket_sizes``, ``n_buckets``, ``time_s``,
+        ``time_p25_s``, ``time_p75_s``; seconds).
+    ppo_epochs : int
+        Backward passes (so allreduce rounds) per step, for the per-bucket cost.
+
+    Returns
+    -------
+    dict
+        ``groups`` (rows: ``caps``, ``bucket_sizes``, ``n_buckets``, ``time_s`` (median of the member medians),
+        ``time_p25_s`` (lowest member p25), ``time_p75_s`` (highest p75), ``spread_s`` (max - min of the member
+        medians)); ``noise_s`` (largest spread of a group with >= 2 caps, None without one); ``measurable``
+        (the fewest- and most-bucket layouts differ measurably); ``per_bucket_s`` (seconds per extra bucket per
+        backward pass, only when measurable, else None); ``best`` (the caps of the fastest layout when it is
+        measurably faster than every other layout, else "none measurable"); ``note`` (a sentence).
+    """
+    if not buckets:
+        raise ParameterError("bucket_comparison() needs at least one bucket row.")
+    by_layout: dict[tuple, list] = {}
+    for b in buckets:
+        by_layout.setdefault(tuple(b["bucket_sizes"]), []).append(b)
+    groups = []
+    for layout, rows in by_layout.items():
+        med = [r["time_s"] for r in rows]
+        groups.append({"caps": [r["cap_mb"] for r in rows], "bucket_sizes": list(layout), "n_buckets": len(layout),
+                       "time_s": float(np.median(med)), "time_p25_s": min(r["time_p25_s"] for r in rows),
+                       "time_p75_s": max(r["time_p75_s"] for r in rows), "spread_s": max(med) - min(med)})
+    groups.sort(key=lambda g: g["n_buckets"])
+    spreads = [g["spread_s"] for g in groups if len(g["caps"]) > 1]
+    noise = max(spreads) if spreads else None
+    few, many = groups[0], groups[-1]
+    per_bucket = None
+    noise_txt = (f"caps with the same buckets differ by up to {noise * 1e3:.1f} ms (noise)" if noise is not None
+                 else "no two caps made the same buckets, so the noise is only judged by the quartile ranges")
+    if len(groups) == 1:
+        measurable = False
+        note = f"every cap made the same {few['n_buckets']} bucket(s); {noise_txt}"
+    else:
+        measurable = _differs(few, many, noise)
+        caps_txt = lambda g: "/".join(f"{c:g}" for c in g["caps"])  # noqa: E731
+        if measurable:
+            per_bucket = (many["time_s"] - few["time_s"]) / ((many["n_buckets"] - few["n_buckets"]) * ppo_epochs)
+            note = (f"{many['n_buckets']} buckets (cap {caps_txt(many)}) {many['time_s'] * 1e3:.1f} ms vs "
+                    f"{few['n_buckets']} (cap {caps_txt(few)}) {few['time_s'] * 1e3:.1f} ms per step: "
+                    f"{per_bucket * 1e3:+.2f} ms per extra bucket per backward pass; {noise_txt}")
+        else:
+            note = (f"no measurable difference: {many['n_buckets']} buckets (cap {caps_txt(many)}) "
+                    f"{many['time_s'] * 1e3:.1f} ms [{many['time_p25_s'] * 1e3:.1f}-{many['time_p75_s'] * 1e3:.1f}] "
+                    f"vs {few['n_buckets']} (cap {caps_txt(few)}) {few['time_s'] * 1e3:.1f} ms "
+                    f"[{few['time_p25_s'] * 1e3:.1f}-{few['time_p75_s'] * 1e3:.1f}] per step (median "
+                    f"[25th-75th percentile]); {noise_txt}")
+    fastest = min(groups, key=lambda g: g["time_s"])
+    best: Any = "none measurable"
+    if len(groups) > 1 and all(_differs(fastest, g, noise) for g in groups if g is not fastest):
+        best = fastest["caps"]
+    return {"groups": groups, "noise_s": noise, "measurable": measurable, "per_bucket_s": per_bucket,
+            "best": best, "note": note}
+
+
+def hook_comparison(hooks: Sequence[Mapping[str, Any]], noise_s: float | None = None) -> dict[str, Any]:
+    """Whether a compression hook made the step measurably faster than plain allreduce ("none").
+
+    Parameters
+    ----------
+    hooks : sequence of dict
+        :func:`run_ddp`'s ``hooks`` rows (``hook``, ``time_s``, ``time_p25_s``, ``time_p75_s``, ``rel_err``).
+    noise_s : float or None
+        Noise level in seconds (e.g. :func:`bucket_comparison`'s ``noise_s``); medians closer than this do not
+        count as different.
+
+    Returns
+    -------
+    dict
+        ``best`` (the hook name when it is measurably faster than "none", else "none measurable"),
+        ``faster`` / ``slower`` (lists of hooks measurably faster / slower than "none"), ``candidate`` (the
+        fastest compressed row or None), ``base`` (the "none" row or None), ``note`` (a sentence).
+    """
+    rows = {h["hook"]: h for h in hooks}
+    base = rows.get("none")
+    comp = [h for k, h in rows.items() if k != "none"]
+    if base is None or not comp:
+        return {"best": "none measurable", "faster": [], "slower": [], "candidate": None, "base": base,
+                "note": "no compression hook and plain allreduce both measured"}
+    faster = [h["hook"] for h in comp if _differs(h, base, noise_s) and h["time_s"] < base["time_s"]]
+    slower = [h["hook"] for h in comp if _differs(h, base, noise_s) and h["time_s"] > base["time_s"]]
+    cand = min(comp, key=lambda h: h["time_s"])
+    best = cand["hook"] if cand["hook"] in faster else "none measurable"
+    ms = lambda h: f"{h['time_s'] * 1e3:.1f} ms [{h['time_p25_s'] * 1e3:.1f}-{h['time_p75_s'] * 1e3:.1f}]"  # noqa: E731
+    if best != "none measurable":
+        note = f"{cand['hook']} measurably faster: {ms(cand)} vs plain allreduce {ms(base)}"
+    elif cand["hook"] in slower:
+        note = f"{cand['hook']} measurably slower: {ms(cand)} vs plain allreduce {ms(base)}"
+    else:
+        note = f"no measurable difference: {cand['hook']} {ms(cand)} vs plain allreduce {ms(base)}"
+    return {"best": best, "faster": faster, "slower": slower, "candidate": cand, "base": base, "note": note}
 
 
 def grad_error(got: "Any", ref: "Any") -> dict[str, float]:
@@ -195,7 +325,7 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     from helpers.device import get_accelerator
     from helpers.pipeline.fast import BatchedDataset, batch_sampler, to_device_batch
     from helpers.pipeline.prepare import prepare_data
-    from helpers.timing import measure
+    from helpers.timing import _timed_call
 
     caps = [float(c) for c in cfg["bucket_cap_mb_list"]]
     hooks = list(cfg["compression_hooks"])
@@ -231,7 +361,11 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
             d.register_comm_hook(state=None, hook=fn)
         return d
 
-    def time_steps(ddp, *, no_sync: bool = False) -> list[float]:
+    default_cap = 25.0 if 25.0 in caps else caps[-1]
+    local: dict[str, Any] = {"buckets": [], "hooks": [], "errors": {}}
+    n_warm = int(cfg["warmup_steps"])
+
+    def stepper(ddp, *, no_sync: bool = False):
         trainer = PPOTrainer(ddp, ppo_cfg)
         gen = torch.Generator(device=rc.device).manual_seed(seed + rc.rank)
         it = itertools.cycle(batches)
@@ -243,51 +377,52 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
                     trainer.step(images, tokens, labels, generator=gen)
             else:
                 trainer.step(images, tokens, labels, generator=gen)
+        return step
 
-        m = measure(step, repeats=int(cfg["steps"]), warmup=int(cfg["warmup_steps"]), sync=rc.sync)
-        return list(m.times_s)
-
-    default_cap = 25.0 if 25.0 in caps else caps[-1]
-    local: dict[str, Any] = {"buckets": [], "hooks": [], "errors": {}}
-    # bucket sweep (plain fp32 allreduce)
+    # every variant is built and warmed up first (>= 2 steps for the cap models: DDP rebuilds its buckets after
+    # the first iteration), then all are timed INTERLEAVED, one step each per round, the order reversed every
+    # other round (ABBA), so that a slow phase of the machine hits every variant alike
     models: dict[float, Any] = {}
+    variants: list[tuple[str, Any]] = []
     for cap in caps:
         d = fresh(cap)
-        times = time_steps(d)
-        local["buckets"].append({"cap_mb": cap, "bucket_sizes": bucket_sizes(d),
-                                 "rebuilt": int(d._get_ddp_logging_data().get("has_rebuilt_buckets", 0)),
-                                 "times": times})
+        fn = stepper(d)
+        for _ in range(max(2, n_warm)):
+            fn()
         models[cap] = d
-        if cap == default_cap:
-            t_ddp = times
+        variants.append((f"cap:{cap}", fn))
     # overlap needs several buckets: the smallest cap that made more than one (else the default cap)
-    multi = sorted(b["cap_mb"] for b in local["buckets"] if len(b["bucket_sizes"]) > 1)
+    multi = sorted(c for c in caps if len(bucket_sizes(models[c])) > 1)
     overlap_cap = multi[0] if multi else default_cap
-    for cap in caps:  # keep only the model the overlap measurement needs
-        if cap != overlap_cap:
-            models.pop(cap)
-    ddp_overlap = models.pop(overlap_cap)
-    # compression hooks at the default cap
     unsupported: dict[str, str] = {}
+    hook_models = []
     for h in hooks:
+        if h == "none":
+            continue
         if h == "bf16" and rc.backend == "gloo":
             # DDP's own check (torch/nn/parallel/distributed.py, _check_comm_hook) accepts the bf16 hook only with
             # CUDA + NCCL >= 2.10 or XPU + XCCL; ask before building a DDP model that would be torn down half-made
             unsupported[h] = ("TypeError: BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ "
                               "or XPU and XCCL (DDP's check; not available with gloo)")
             continue
-        if h == "none":
-            times = t_ddp
-        else:
-            try:
-                times = time_steps(fresh(default_cap, h))
-            except (TypeError, RuntimeError) as exc:  # e.g. bf16 hook: "required CUDA 11+ and NCCL 2.10+"
-                unsupported[h] = f"{type(exc).__name__}: {exc}"
-                continue
-        local["hooks"].append({"hook": h, "times": times})
-    # overlap: no communication, and the allreduce alone on DDP's buckets
-    t_nosync = time_steps(ddp_overlap, no_sync=True)
-    sizes = bucket_sizes(ddp_overlap) or [grad_bytes]
+        try:
+            d = fresh(default_cap, h)
+            fn = stepper(d)
+            for _ in range(n_warm):
+                fn()
+        except (TypeError, RuntimeError) as exc:  # e.g. bf16 hook: "required CUDA 11+ and NCCL 2.10+"
+            unsupported[h] = f"{type(exc).__name__}: {exc}"
+            continue
+        hook_models.append(d)
+        variants.append((f"hook:{h}", fn))
+    # overlap: the same step without communication (a model of its own, so the DDP model's ranks stay in step),
+    # and the allreduce alone on DDP's buckets
+    nosync_model = fresh(overlap_cap)
+    fn = stepper(nosync_model, no_sync=True)
+    for _ in range(n_warm):
+        fn()
+    variants.append(("nosync", fn))
+    sizes = bucket_sizes(models[overlap_cap]) or [grad_bytes]
     bufs = [torch.zeros(max(1, s // 4), dtype=torch.float32, device=rc.device) for s in sizes]
 
     def allreduce_alone():
@@ -295,8 +430,25 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
             for t in bufs:
                 dist.all_reduce(t)
 
-    t_ar = list(measure(allreduce_alone, repeats=int(cfg["steps"]), warmup=int(cfg["warmup_steps"]),
-                        sync=rc.sync).times_s)
+    for _ in range(n_warm):
+        allreduce_alone()
+    variants.append(("ar", allreduce_alone))
+    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    for r in range(int(cfg["steps"])):
+        for name, fn in (variants if r % 2 == 0 else variants[::-1]):
+            times[name].append(_timed_call(fn, rc.sync, time.perf_counter))
+    for cap in caps:
+        d = models[cap]
+        local["buckets"].append({"cap_mb": cap, "bucket_sizes": bucket_sizes(d),
+                                 "rebuilt": int(d._get_ddp_logging_data().get("has_rebuilt_buckets", 0)),
+                                 "times": times[f"cap:{cap}"]})
+    for h in hooks:
+        if h == "none":
+            local["hooks"].append({"hook": h, "times": times[f"cap:{default_cap}"]})
+        elif f"hook:{h}" in times:
+            local["hooks"].append({"hook": h, "times": times[f"hook:{h}"]})
+    t_nosync, t_ar = times["nosync"], times["ar"]
+    del models, hook_models, nosync_model, variants
     # gradient error of each hook against the fp32 reference
     images, tokens, labels = batches[0]
     plain = build_policy(pcfg, device=rc.device)
@@ -318,7 +470,7 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
                                       "nosync": t_nosync, "ar": t_ar, "errors": local["errors"]})
     # release every DDP model (and its reducer) while the process group is alive: a reducer torn down after
     # destroy_process_group() can abort the rank at exit ("terminate called without an active exception")
-    del ddp_overlap, d, plain, models
+    del d, plain
     gc.collect()
     dist.barrier()
     if rc.rank != 0:
@@ -340,11 +492,13 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     t_n = _stats([g["nosync"] for g in gathered])["time_s"]
     t_a = _stats([g["ar"] for g in gathered])["time_s"]
     return {"buckets": buckets, "hooks": hook_rows,
-            "overlap": {"cap_mb": overlap_cap, "n_buckets": len(sizes), "t_ddp_s": t_d, "t_nosync_s": t_n,
+            "overlap": {"cap_mb": overlap_cap, "n_buckets": len(sizes), "steps": int(cfg["steps"]), "t_ddp_s": t_d, "t_nosync_s": t_n,
                         "t_allreduce_s": t_a, **overlap_figures(t_d, t_n, t_a)},
             "unsupported_hooks": unsupported, "grad_bytes": grad_bytes, "params": count_parameters(base), "world_size": rc.world_size,
             "batch_per_rank": bs, "ppo_epochs": ppo_cfg.ppo_epochs, "images": len(index),
-            "timing": "median over steps of the max over ranks (each rank synced its device after every step)"}
+            "timing": ("median over steps of the max over ranks (each rank synced its device after every step); "
+                       "all variants timed interleaved, one step each per round, the order reversed every other "
+                       "round")}
 
 
 DDP_KEYS = ("data_dir", "max_images", "seed", "batch_size", "image_size", "text_len", "model_width", "d_model",

@@ -22,7 +22,8 @@ def _size_label(nbytes: float) -> str:
     return f"{nbytes:g} B"
 
 
-def allreduce_bandwidth(rows: Sequence[Mapping[str, Any]], regimes: Mapping[str, Any], *, title: str = ""):
+def allreduce_bandwidth(rows: Sequence[Mapping[str, Any]], regimes: Mapping[str, Any], *, title: str = "",
+                        flagged: Sequence[int] = ()):
     """Log-log bus and algorithm bandwidth (GB/s) against message size, with the two regimes marked.
 
     Parameters
@@ -33,6 +34,9 @@ def allreduce_bandwidth(rows: Sequence[Mapping[str, Any]], regimes: Mapping[str,
     regimes : dict
         :func:`helpers.comm.allreduce.regimes` of the same rows: the median
         small-message time, the plateau and the crossover size are drawn from it.
+    flagged : sequence of int
+        Sizes in bytes to mark as suspect (red rings), e.g. from
+        :func:`helpers.comm.allreduce.flag_outliers`.
 
     Returns
     -------
@@ -57,6 +61,11 @@ def allreduce_bandwidth(rows: Sequence[Mapping[str, Any]], regimes: Mapping[str,
     axt.loglog(x, t, "o-", color=COLORS["busbw"])
     axt.fill_between(x, [r["time_p25_s"] * 1e6 for r in rows], [r["time_p75_s"] * 1e6 for r in rows],
                      color=COLORS["busbw"], alpha=0.2, label="25th-75th percentile")
+    bad = [r for r in rows if r["bytes"] in set(flagged)]
+    if bad:
+        for a, key, scale in ((ax, "busbw_gbps", 1.0), (axt, "time_s", 1e6)):
+            a.plot([r["bytes"] for r in bad], [r[key] * scale for r in bad], "o", ms=11, mfc="none", mec="#e7298a",
+                   mew=1.5, label=f"flagged ({len(bad)})" if a is axt else None, zorder=5)
     axt.axhline(regimes["small_time_s"] * 1e6, color=COLORS["regime"], lw=1, ls=":",
                 label=f"median small-message time {regimes['small_time_s'] * 1e6:.0f} us")
     axt.set_xlabel("message size (bytes)")
