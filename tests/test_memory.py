@@ -353,3 +353,15 @@ def test_ppo_step_factory_builds_a_training_step(cpu):
     assert len(frame) == 2 and (frame["rss_mib"] > 0).all()
     with pytest.raises(ParameterError):
         make_step(0)
+
+
+def test_budget_from_parameter_names_the_default(cpu):
+    """A budget set by parameter says so once, and names the default this machine would get."""
+    b, why = M.resolve_budget_bytes(100, cpu)
+    assert b == 100 * MIB
+    assert why.startswith("set by parameter") and "the default here would be" in why and "GiB" in why
+    assert "memory_budget_mib=100" not in why  # no "(memory_budget_mib=100 MiB (set by parameter))" nesting
+
+
+def test_budget_exceeded_names_what_was_measured():
+    assert "measured RSS growth 2.0 MiB" in str(M.MemoryBudgetExceeded(8, 2 * MIB, MIB, what="RSS growth"))

@@ -487,3 +487,55 @@ def test_batch_size_verdict_reads_as_a_number_of_samples(tmp_path):
     s.verdict(metric="max_batch_size", value=256.0, unit="samples", recommendation="leave off", reason="r")
     assert "| [memory and batch size](#09_memory_and_batch_size) | 256 samples | **leave off** |" in \
         to_markdown(tmp_path)
+
+
+def test_first_screen_lists_settings_not_notebooks(tmp_path):
+    """The advice lists say what each verdict decides; notebook 10 (the summary) is not among them."""
+    _store(tmp_path, "06_mixed_precision").verdict(
+        metric="speedup", value=1.08, unit="x", recommendation="enable",
+        reason="bfloat16 autocast is 1.08x faster than fp32 (95% CI 1.04-1.14)")
+    _store(tmp_path, "08_collectives").verdict(
+        metric="busbw_at_largest_size", value=1.6, unit="GB/s", recommendation="leave off",
+        reason="fp16 compression was 1.03x as fast here but not clearly faster", best_hook="none")
+    _store(tmp_path, "09_memory_and_batch_size").verdict(
+        metric="max_batch_size", value=80.0, unit="samples", recommendation="enable",
+        reason="raise the batch to 80: 1.24x the throughput of the current 32 (95% CI 1.11-1.41)")
+    _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=2.6, unit="x", recommendation="enable", reason="r")
+    advice = dict(report._advice(collect(tmp_path)))
+    assert advice["Enable on this machine"] == "bf16 autocast: enable; batch size 32 → 80"
+    assert advice["Leave off (measured: no gain here)"] == "fp16 gradient compression: leave off"
+
+
+def test_checklist_why_is_the_first_clause_and_the_section_keeps_the_reason(tmp_path):
+    long_aside = "(" + "detail " * 20 + ")"
+    reason = (f"the input is hidden {long_aside}, but the step got slower: the cores cost more; "
+              "why: the worker(s) cost the step CPU time " + "x" * 200)
+    _store(tmp_path, "05_stream_overlap").verdict(metric="exposed_input_fraction", value=0.03, unit="fraction",
+                                                  recommendation="leave off", reason=reason)
+    md = to_markdown(tmp_path)
+    row = next(line for line in md.splitlines() if line.startswith("| [stream overlap]"))
+    assert "| the input is hidden, but the step got slower: the cores cost more |" in row
+    assert reason in md  # in the notebook's section, whole
+    cut = report.short_reason("word " * 100)
+    assert len(cut) <= report.WHY_MAX_CHARS and cut.endswith("…")
+
+
+def test_record_values_units_severity_time_iqr_and_folded_sweeps(tmp_path):
+    s = _store(tmp_path, "08_collectives")
+    for i in range(26):
+        s.add("allreduce", f"{8 << i} B", "busbw", float(i + 1) if i != 5 else 99.0, "GB/s", repeats=10,
+              spread={"time_s": 2e-3, "time_p25_s": 1e-3, "time_p75_s": 3e-3})
+    s.add("ddp_compression", "fp16", "grad_rel_err", 1.4e-4, "1")
+    s.add("env_check", "HCCL_ALGO", "severity", 2, "level", severity="error")
+    s.add("env_check", "NCCL_DEBUG", "severity", 1, "level")
+    s.verdict(metric="busbw_at_largest_size", value=1.6, unit="GB/s", recommendation="leave off", reason="r")
+    md = to_markdown(tmp_path)
+    assert "| ddp_compression | fp16 | grad_rel_err | 0.00014 |" in md  # unit "1" left out
+    assert "| env_check | HCCL_ALGO | severity | error |" in md
+    assert "| env_check | NCCL_DEBUG | severity | warning |" in md
+    assert "| allreduce | 8 B (first/min) | busbw | 1 GB/s | time IQR 1–3 ms | 10 |" in md
+    assert f"| allreduce | {8 << 5} B (max) | busbw | 99 GB/s |" in md
+    assert f"| allreduce | {8 << 25} B (last) | busbw | 26 GB/s |" in md
+    assert md.count("| allreduce |") == 3  # first/min, max, last
+    assert "allreduce busbw: 26 rows folded to first, last, min and max" in md
+    assert "shown" not in md.split("Records (")[1].split(")")[0]

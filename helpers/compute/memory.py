@@ -74,6 +74,7 @@ __all__ = [
 
 #: Bytes in a MiB.
 MIB = 1024 * 1024
+GIB = 1024 * MIB
 
 #: Environment variable each device's caching allocator reads (torch 2.13
 #: ``c10/cuda/CUDAAllocatorConfig.h``; torch_npu ``NPUAllocatorConfig.cpp``;
@@ -184,12 +185,12 @@ class MemoryBudgetExceeded(RuntimeError):
         The measured peak and the budget, in bytes.
     """
 
-    def __init__(self, batch: int, used_bytes: int, budget_bytes: int) -> None:
+    def __init__(self, batch: int, used_bytes: int, budget_bytes: int, what: str = "peak") -> None:
         self.batch = batch
         self.used_bytes = used_bytes
         self.budget_bytes = budget_bytes
         super().__init__(
-            f"batch {batch}: measured peak {used_bytes / MIB:.1f} MiB exceeds the memory budget "
+            f"batch {batch}: measured {what} {used_bytes / MIB:.1f} MiB exceeds the memory budget "
             f"{budget_bytes / MIB:.1f} MiB"
         )
 
@@ -782,7 +783,8 @@ def resolve_budget_bytes(budget_mib: int, acc: "Accelerator") -> tuple[int, str]
     Returns
     -------
     (int, str)
-        Bytes, and a sentence saying how they were chosen.
+        Bytes, and a sentence saying how they were chosen; for a budget set by
+        parameter it also names the default this machine would get.
 
     Raises
     ------
@@ -792,12 +794,23 @@ def resolve_budget_bytes(budget_mib: int, acc: "Accelerator") -> tuple[int, str]
     if isinstance(budget_mib, bool) or not isinstance(budget_mib, int) or budget_mib < 0:
         raise ParameterError(f"memory_budget_mib must be an int >= 0 (MiB; 0 picks one), got {budget_mib!r}")
     if budget_mib > 0:
-        return budget_mib * MIB, f"memory_budget_mib={budget_mib} MiB (set by parameter)"
+        why = "set by parameter (the quick profile uses a small one to show the back-off)"
+        try:
+            default, _ = _default_budget(acc)
+            why += f"; the default here would be {default / GIB:.1f} GiB"
+        except Exception as exc:  # noqa: BLE001 - the default is only a hint in the message
+            logger.debug("default memory budget unavailable: %s", exc)
+        return budget_mib * MIB, why
+    return _default_budget(acc)
+
+
+def _default_budget(acc: "Accelerator") -> tuple[int, str]:
+    """The budget ``memory_budget_mib=0`` picks: see :func:`resolve_budget_bytes`."""
     if acc.is_cpu:
         import psutil
 
         avail = int(psutil.virtual_memory().available)
-        return avail // 2, f"half of the available RAM ({avail / MIB:.0f} MiB available, psutil)"
+        return avail // 2, f"half of the available RAM ({avail / MIB:,.0f} MiB available, psutil)"
     import torch
 
     mem = getattr(torch.accelerator, "memory", None) or torch.get_device_module(acc.kind)
@@ -805,7 +818,7 @@ def resolve_budget_bytes(budget_mib: int, acc: "Accelerator") -> tuple[int, str]
     free, total = (int(x) for x in info(acc.index))
     reserved = int(mem.memory_reserved(acc.index))
     return free + reserved, (f"the device's free memory plus this process's reserved memory "
-                             f"({(free + reserved) / MIB:.0f} of {total / MIB:.0f} MiB)")
+                             f"({(free + reserved) / MIB:,.0f} of {total / MIB:,.0f} MiB)")
 
 
 def _round_up(n: int, m: int) -> int:
@@ -916,7 +929,8 @@ def find_batch_size(make_step: Callable[[int], Callable[[], Any]], acc: "Acceler
             row["throughput_p25"] = m.rate_p25 if m.rate_p25 is not None else nan
             row["throughput_p75"] = m.rate_p75 if m.rate_p75 is not None else nan
             if used > cfg.budget_bytes:
-                raise MemoryBudgetExceeded(batch, used, cfg.budget_bytes)
+                raise MemoryBudgetExceeded(batch, used, cfg.budget_bytes,
+                                           what="RSS growth" if acc.is_cpu else "peak")
             row["status"] = "fits" if used <= cfg.limit_bytes else "over margin"
         except Exception as exc:  # noqa: BLE001 - only OOMs are handled, the rest re-raised
             if not is_oom(exc):

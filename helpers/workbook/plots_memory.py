@@ -58,7 +58,7 @@ def memory_per_step(frame: "pd.DataFrame", *, title: str = ""):
 
 def finder_curve(frame: "pd.DataFrame", *, budget_mib: float, limit_mib: float, chosen: int | None,
                  current: int | None = None, best: int | None = None, reached_max: bool = False,
-                 title: str = ""):
+                 title: str = "", memory_label: str = "peak memory"):
     """Throughput and peak memory against batch size, with the budget, the chosen, current and best sizes.
 
     The peak-memory axis is zoomed to the measured peaks: when the budget is
@@ -84,6 +84,9 @@ def finder_curve(frame: "pd.DataFrame", *, budget_mib: float, limit_mib: float, 
         True when ``chosen`` is the search cap (every size fitted), so the
         label says "no limit found" instead of "largest that fits".
     title : str
+    memory_label : str, default "peak memory"
+        What ``peak_mib`` measures, for the axis and legend: on a CPU the
+        finder records the process's sampled RSS growth, so pass "RSS growth".
     """
     f = frame.sort_values("batch")
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8.0, 5.4), sharex=True, layout="constrained")
@@ -99,13 +102,13 @@ def finder_curve(frame: "pd.DataFrame", *, budget_mib: float, limit_mib: float, 
     ax2.plot(ran["batch"], ran["peak_mib"], color=RESERVED_COLOR, linewidth=1.2)
     for status, part in ran.groupby("status"):
         ax2.plot(part["batch"], part["peak_mib"], linestyle="none", marker=STATUS_MARKERS.get(status, "o"),
-                 color=RESERVED_COLOR if status == "fits" else PEAK_COLOR, label=f"peak ({status})")
+                 color=RESERVED_COLOR if status == "fits" else PEAK_COLOR, label=f"{memory_label} ({status})")
     peaks = ran["peak_mib"].dropna()
     top = float(peaks.max()) if len(peaks) else 0.0
     if top > 0 and budget_mib > 1.5 * top:
         ax2.set_ylim(0, 1.2 * top)
         ax2.text(0.02, 0.95, f"budget {budget_mib:,.0f} MiB (fits below {limit_mib:,.0f} MiB) is off the scale: "
-                 f"{budget_mib / top:.0f}x the largest peak", transform=ax2.transAxes, va="top", fontsize=8,
+                 f"{budget_mib / top:.0f}x the largest {memory_label}", transform=ax2.transAxes, va="top", fontsize=8,
                  color=BUDGET_COLOR)
     else:
         ax2.axhline(budget_mib, color=BUDGET_COLOR, linestyle="-", label=f"budget {budget_mib:,.0f} MiB")
@@ -113,7 +116,7 @@ def finder_curve(frame: "pd.DataFrame", *, budget_mib: float, limit_mib: float, 
         ax2.set_ylim(0, 1.1 * max(top, budget_mib))
     for b in f[f["status"].isin(["oom", "skipped"])]["batch"]:
         ax2.axvline(b, color=PEAK_COLOR, linewidth=0.8, linestyle="--")
-    ax2.set_ylabel("peak memory, MiB")
+    ax2.set_ylabel(f"{memory_label}, MiB")
     ax2.set_xlabel("batch size (samples)")
     ax2.set_xscale("log", base=2)
     ax2.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
@@ -131,5 +134,5 @@ def finder_curve(frame: "pd.DataFrame", *, budget_mib: float, limit_mib: float, 
             a.axvline(b, label=lab if a is ax else None, **style)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax2.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    ax.set_title(title or "batch-size finder: throughput and peak memory per size tried", fontsize=10)
+    ax.set_title(title or f"batch-size finder: throughput and {memory_label} per size tried", fontsize=10)
     return fig

@@ -56,6 +56,13 @@ RESULTS_FILE = "results.jsonl"
 MAX_RECORD_ROWS = 40
 #: Sections whose records table is shown unfolded when it has at most this many rows.
 OPEN_RECORD_ROWS = 8
+#: An experiment with more records than this (a sweep, e.g. 08's allreduce sizes) is folded to its
+#: first, last, smallest and largest value; the figure and results.jsonl hold the whole series.
+FOLD_EXPERIMENT_ROWS = 10
+#: Longest "why" text in the checklist; the full reason stays in the notebook's section.
+WHY_MAX_CHARS = 160
+#: Severity levels as notebook 08 records them (``ctx.store.add("env_check", ..., "severity", 0/1/2, "level")``).
+SEVERITY_NAMES = {0: "ok", 1: "warning", 2: "error"}
 
 #: The workbook's checklist: notebook number -> item name, in reading order.
 CHECKLIST: tuple[tuple[str, str], ...] = (
@@ -692,32 +699,102 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
     for s in report.sections:
         rec = (s.verdict or {}).get("recommendation")
         if rec in ("enable", "leave off"):
-            groups[rec].append(s.item)
+            action = _action(s)
+            if action:
+                groups[rec].append(action)
         elif s.verdict is None and s.status == "failed":
             groups["failed"].append(f"{s.item} ({s.cause})" if s.cause else s.item)
         elif s.verdict is None and s.number:
             groups["missing"].append(s.item)
     labels = {"enable": "Enable on this machine", "leave off": "Leave off (measured: no gain here)",
               "failed": "Failed", "missing": "Not measured in this run"}
-    return [(labels[k], ("; " if k == "failed" else ", ").join(v)) for k, v in groups.items() if v]
+    return [(labels[k], "; ".join(v)) for k, v in groups.items() if v]
 
 
 # --------------------------------------------------------------------------- tables
 
 
-def _records_table(recs: pd.DataFrame) -> pd.DataFrame:
-    """Compact table of a notebook's records: experiment, variant, metric, value with unit, interval, n."""
+def _fold_sweeps(recs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Fold each (experiment, metric) series longer than FOLD_EXPERIMENT_ROWS to first, last, min and max.
+
+    Returns the kept records (original order, a ``_fold`` column naming the
+    folded rows' role) and one note per folded series.
+    """
+    keep, notes = [], []
+    recs = recs.reset_index(drop=True).copy()
+    recs["_fold"] = ""
+    keys = list(zip(recs["experiment"], recs["metric"]))
+    for key in dict.fromkeys(keys):
+        idx = [i for i, k in enumerate(keys) if k == key]
+        if len(idx) <= FOLD_EXPERIMENT_ROWS:
+            keep += idx
+            continue
+        vals = pd.to_numeric(recs.loc[idx, "value"], errors="coerce")
+        roles = {idx[0]: ["first"], idx[-1]: ["last"]}
+        if vals.notna().any():
+            roles.setdefault(int(vals.idxmin()), []).append("min")
+            roles.setdefault(int(vals.idxmax()), []).append("max")
+        for i, r in roles.items():
+            recs.loc[i, "_fold"] = "/".join(r)
+        keep += sorted(roles)
+        notes.append(f"{key[0]} {key[1]}: {len(idx)} rows folded to first, last, min and max")
+    if notes:
+        notes.append("every row is in results.jsonl")
+    return recs.loc[sorted(keep)], notes
+
+
+def _value_text(value, unit, metric, extra) -> str:
+    """A record's value: severity levels by name, a dimensionless unit ("1", "") left out."""
+    if unit == "level" and metric == "severity":
+        named = extra.get("severity") if isinstance(extra, dict) else None
+        if isinstance(named, str) and named:
+            return named
+        if _is_num(value) and int(value) in SEVERITY_NAMES:
+            return SEVERITY_NAMES[int(value)]
+    if not _is_num(value):
+        return "—"
+    return _fmt_value(value, "" if unit in ("1", "dimensionless") else unit)
+
+
+def _record_interval(spread, unit) -> str:
+    """The record's interval; for a rate, the IQR of its time per call when the spread holds one."""
+    text = _spread_text(spread, unit)
+    if text or not isinstance(spread, dict):
+        return text
+    lo, hi = spread.get("time_p25_s"), spread.get("time_p75_s")
+    if _is_num(lo) and _is_num(hi):
+        scale, name = (1e3, "ms") if hi >= 1e-3 else (1e6, "µs")
+        return f"time IQR {_fmt(lo * scale)}–{_fmt(hi * scale)} {name}"
+    return ""
+
+
+def _records_table(recs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Compact table of a notebook's records and the notes on what it folded.
+
+    Columns: experiment, variant, metric, value with unit, interval, n.
+    Sweeps longer than FOLD_EXPERIMENT_ROWS are folded (see ``_fold_sweeps``),
+    then at most MAX_RECORD_ROWS rows are kept.
+    """
     if not len(recs):
-        return pd.DataFrame()
-    recs = recs.iloc[:MAX_RECORD_ROWS]
+        return pd.DataFrame(), []
+    recs, notes = _fold_sweeps(recs)
+    if len(recs) > MAX_RECORD_ROWS:
+        notes.append(f"first {MAX_RECORD_ROWS} rows shown")
+        recs = recs.iloc[:MAX_RECORD_ROWS]
+    extras = list(recs["extra"]) if "extra" in recs.columns else [None] * len(recs)
     return pd.DataFrame({
         "experiment": list(recs["experiment"]),
-        "variant": list(recs["variant"]),
+        "variant": [f"{v} ({f})" if f else v for v, f in zip(recs["variant"], recs["_fold"])],
         "metric": list(recs["metric"]),
-        "value": [_fmt_value(v, u) if _is_num(v) else "—" for v, u in zip(recs["value"], recs["unit"])],
-        "interval": [_spread_text(s, u) for s, u in zip(recs["spread"], recs["unit"])],
+        "value": [_value_text(v, u, m, x) for v, u, m, x in zip(recs["value"], recs["unit"], recs["metric"], extras)],
+        "interval": [_record_interval(s, u) for s, u in zip(recs["spread"], recs["unit"])],
         "n": [("" if r is None or (isinstance(r, float) and math.isnan(r)) else int(r)) for r in recs["repeats"]],
-    })
+    }), notes
+
+
+def _records_caption(n_all: int, notes: list[str]) -> str:
+    """``"Records (45; allreduce: 26 rows folded to first, last, min and max; ...)"``."""
+    return f"Records ({n_all}" + "".join(f"; {b}" for b in notes) + ")"
 
 
 def _md_cell(text) -> str:
@@ -739,8 +816,133 @@ def _status_line(report: Report) -> tuple[str, str, str, str, str]:
             _fmt(st.get("duration_s")))
 
 
+def _top_level_parts(text: str, sep: str) -> list[str]:
+    """Split ``text`` at ``sep`` where it is outside parentheses and brackets."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        if ch == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def _drop_long_parentheticals(text: str, longest: int = 50) -> str:
+    """Remove top-level ``( ... )`` asides longer than ``longest`` characters (details the section keeps)."""
+    out, depth, start = [], 0, 0
+    i = 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == ")" and depth:
+            depth -= 1
+            if depth == 0:
+                aside = text[start:i + 1]
+                if len(aside) <= longest:
+                    out.append(aside)
+                continue
+        if depth == 0:
+            out.append(ch)
+    if depth:  # unbalanced: keep the rest as it was
+        out.append(text[start:])
+    return re.sub(r"\s+([,;:])", r"\1", re.sub(r"\s{2,}", " ", "".join(out))).strip()
+
+
+def short_reason(reason: str, limit: int = WHY_MAX_CHARS) -> str:
+    """The first clause of a verdict's reason, for the checklist: the decision and its figure.
+
+    Long parenthetical asides are dropped, the text is cut at the first
+    top-level ``;`` (taking the next clause too when the first is under 40
+    characters), then, if still longer than ``limit``, at the first
+    top-level ``:``, and finally at a word boundary with "…".
+
+    Parameters
+    ----------
+    reason : str
+        The full reason, as the notebook recorded it.
+    limit : int
+        Most characters returned.
+
+    Returns
+    -------
+    str
+        At most ``limit`` characters.
+    """
+    text = " ".join(str(reason or "").split())
+    if len(text) <= limit and ";" not in text:
+        return text
+    text = _drop_long_parentheticals(text)
+    clauses = [c.strip() for c in _top_level_parts(text, ";") if c.strip()]
+    out = clauses[0] if clauses else text
+    if len(out) < 40 and len(clauses) > 1 and len(out) + 2 + len(clauses[1]) <= limit:
+        out = f"{out}; {clauses[1]}"
+    if len(out) > limit:
+        head = _top_level_parts(out, ":")[0].strip()
+        if 40 <= len(head) < len(out):
+            out = head
+    if len(out) > limit:
+        cut = out[:limit - 1]
+        cut = cut[:cut.rfind(" ")] if " " in cut[limit // 2:] else cut
+        out = cut.rstrip(" ,;:(") + "…"
+    return out
+
+
 def _why(s: NotebookSection) -> str:
-    return str((s.verdict or {}).get("reason") or s.missing_short or "")
+    reason = (s.verdict or {}).get("reason")
+    return short_reason(str(reason)) if reason else str(s.missing_short or "")
+
+
+def _action(s: NotebookSection) -> str | None:
+    """What a verdict decides, as a setting and its value: ``"bf16 autocast: enable"``, ``"batch size 32 → 80"``.
+
+    Built from the notebook id, the recommendation and the verdict's own
+    figures; falls back to the item name with the recommendation. Returns
+    None for notebook 10, whose verdict is the run's summary, not a setting.
+    """
+    v = s.verdict or {}
+    rec = v.get("recommendation")
+    reason = str(v.get("reason") or "")
+    extra = v.get("extra") if isinstance(v.get("extra"), dict) else {}
+    num = s.number
+    if num == "10":
+        return None
+    if num == "02":
+        return f"batched decode + device normalize: {rec}"
+    if num == "03":
+        best = extra.get("best_setting")
+        if rec == "enable" and best:
+            return f"DataLoader {best}"
+        return "DataLoader workers: keep num_workers=0" if rec == "leave off" else f"DataLoader workers: {rec}"
+    if num == "04":
+        return f"pinned memory: {rec}"
+    if num == "05":
+        return f"overlapped input (worker/stream prefetch): {rec}"
+    if num == "06":
+        m = re.search(r"\b(bfloat16|float16|bf16|fp16)\s+autocast", reason)
+        name = {"bfloat16": "bf16", "float16": "fp16"}.get(m.group(1), m.group(1)) if m else "mixed precision"
+        return f"{name} autocast: {rec}"
+    if num == "07":
+        return f"channels_last: {rec}"
+    if num == "08":
+        hook = extra.get("best_hook")
+        m = re.search(r"\b(fp16|bf16) compression", reason)
+        name = (hook if hook and hook != "none" else (m.group(1) if m else "")) or "gradient"
+        return f"{name} gradient compression: {rec}"
+    if num == "09":
+        m = re.search(r"current (\d+)", reason)
+        new = v.get("value")
+        if rec == "enable" and m and _is_num(new):
+            return f"batch size {m.group(1)} → {int(new)}"
+        return f"batch size: keep {m.group(1)}" if (rec == "leave off" and m) else f"larger batch: {rec}"
+    return f"{s.item}: {rec}"
 
 
 def _rec_text(s: NotebookSection) -> str:
@@ -800,11 +1002,9 @@ def to_markdown(run_dir: Path | Report) -> str:
             lines += ["", f"> Figure {fig.name} could not be shown: {why}"]
         if s.verdict and not s.figures and not s.bad_figures:
             lines += ["", f"*No figure was saved (figures/{s.id}__*.png).*"]
-        table = _records_table(s.records)
+        table, notes = _records_table(s.records)
         if len(table):
-            more = len(s.records) - len(table)
-            lines += ["", f"Records ({len(s.records)}{f', first {len(table)} shown' if more else ''}):", "",
-                      _md_table(table)]
+            lines += ["", _records_caption(len(s.records), notes) + ":", "", _md_table(table)]
     return "\n".join(lines) + "\n"
 
 
@@ -941,12 +1141,10 @@ def to_html(run_dir: Path | Report) -> str:
             parts.append(f"<p class='note'>Figure {e(fig.name)} could not be shown: {e(why)}</p>")
         if s.verdict and not s.figures and not s.bad_figures:
             parts.append(f"<p class='meta'>No figure was saved (figures/{e(s.id)}__*.png).</p>")
-        table = _records_table(s.records)
+        table, notes = _records_table(s.records)
         if len(table):
-            more = len(s.records) - len(table)
             opened = " open" if len(table) <= OPEN_RECORD_ROWS else ""
-            parts.append(f"<details{opened}><summary>Records ({len(s.records)}"
-                         f"{f', first {len(table)} shown' if more else ''})</summary>"
+            parts.append(f"<details{opened}><summary>{e(_records_caption(len(s.records), notes))}</summary>"
                          + table.to_html(index=False, border=0, classes="records", escape=True) + "</details>")
         parts.append("</section>")
     parts.append("</body></html>")
