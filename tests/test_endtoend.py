@@ -280,8 +280,60 @@ def test_contribution_interval_decides_keep_drop_or_nothing():
     base = e2e.JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.23, 0.0, 0.07, 100.0, 0.77, 0.23, None, 6)
     v = e2e.e2e_verdict(full, learned, base, e2e.JobConfig("opt", ("batched_decode", "channels_last")),
                         host_bound_threshold=0.1, ablation=df)
-    assert "b: drop it here" in v.reason and "c: no measurable contribution here" in v.reason
+    assert "b: drop it here" in v.reason and "c: no measurable contribution in this end-to-end job" in v.reason
     assert "a: " not in v.reason.split("ablation:")[1]
+    v = e2e.e2e_verdict(full, learned, base, e2e.JobConfig("opt", ("batched_decode", "channels_last")),
+                        host_bound_threshold=0.1, ablation=df, recommended=("c",), batch_note="notebook 09 says X")
+    assert "c: recommended by notebook ??, but no measurable" in v.reason and "; notebook 09 says X;" in v.reason
+
+
+def _steps(data, h2d, compute):
+    import pandas as pd
+
+    df = pd.DataFrame({"data": data, "h2d": h2d, "compute": compute}) / 1e3
+    df["step_s"] = df["data"] + df["h2d"] + df["compute"]
+    return df
+
+
+def test_attribution_decides_on_the_phases_it_acts_on():
+    n = 12
+    jitter = [0.0, 0.3, -0.3, 0.2, -0.2, 0.1, -0.1, 0.25, -0.25, 0.15, -0.15, 0.05]
+    opt = _steps([24 + j for j in jitter], [0.8] * n, [36 + j for j in jitter])
+    # without channels_last: same compute and h2d, but a slower data phase (it does not touch it)
+    wo = _steps([30 + j for j in jitter], [0.8] * n, [36 - j for j in jitter])
+    a = e2e.attribute("channels_last", opt, wo)
+    assert a.phases == ("h2d", "compute") and a.decision == "no measurable contribution here"
+    assert a.step.ci_low > 1.0  # the whole step was faster with it...
+    assert "not attributable here (the difference is in the data phase" in a.note  # ...but not because of it
+    assert "acts on the h2d+compute phases" in a.sentence() and "whole step" in a.sentence()
+    # the input side acts on data+h2d: the same numbers keep batched_decode
+    b = e2e.attribute("batched_decode", opt, wo)
+    assert b.decision == "keep it" and b.note == "" and b.phase.ci_low > 1.0
+    # its phase faster, the whole step slower (e.g. workers taking cores): drop it, and say where
+    wo2 = _steps([30 + j for j in jitter], [0.8] * n, [20 + j for j in jitter])
+    c = e2e.attribute("dataloader_workers", opt, wo2)
+    assert c.decision == "drop it here" and "the difference is in the compute phase" in c.note
+    df = e2e.ablation_frame(_cmp([300] * 4, [60] * 4), {"channels_last": _cmp([300] * 4, [66] * 4)},
+                            {"channels_last": a.step}, {"channels_last": a})
+    row = df.loc["without channels_last"]
+    assert row["decision"] == "no measurable contribution here" and row["phases"] == "h2d+compute"
+    assert row["phase_low"] <= 1.0 <= row["phase_high"] and "not attributable" in row["note"]
+    with pytest.raises(ParameterError):
+        e2e.attribute("nope", opt, wo)
+
+
+def test_batch_size_note_only_when_09_recommended_another_batch(tmp_path):
+    import pandas as pd
+
+    assert e2e.batch_size_note(None, 32) == ""
+    store = ResultsStore(tmp_path / "r.jsonl", notebook="09_memory_and_batch_size", parameters={"batch_size": 32})
+    store.verdict(metric="max_batch_size", value=80, unit="samples", recommendation="enable", reason="r",
+                  best_throughput_batch=64)
+    df = load_results(tmp_path / "r.jsonl")
+    note = e2e.batch_size_note(df, 32)
+    assert "recommended batch 64" in note and "batch_size=64" in note and "keeps batch_size 32" in note
+    assert e2e.batch_size_note(df, 64) == ""
+    assert isinstance(df, pd.DataFrame)
 
 
 def test_compute_side_lines_reconcile_with_the_notebooks_figure():
@@ -310,6 +362,7 @@ def test_next_step_follows_the_dominant_phase():
     dev = e2e.JobSummary("optimized", "x", 0.1, 0.1, 0.1, 0.005, 0.0, 0.095, 300.0, 0.05, 0.95, None, 20)
     s = e2e.next_step(dev, is_cpu=True, enabled=("batched_decode",), host_bound_threshold=0.1)
     assert "compute dominates" in s and "mixed_precision and channels_last" in s
+    assert "h2d 0.0 ms (0%: conversion and normalization on the CPU, not a copy)" in s
     learned = e2e.learning_check([1.0] * 6, [1.0] * 6, 0.1)
     base = e2e.JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.23, 0.0, 0.07, 100.0, 0.77, 0.23, None, 20)
     v = e2e.e2e_verdict(_cmp([300] * 4, [64] * 4), learned, base, e2e.JobConfig("opt", ("batched_decode",)),
@@ -333,7 +386,16 @@ def test_workload_warning_when_the_deciding_notebook_ran_another_job(tmp_path, c
                                    workload=e2e.Workload(image_size=64, model_width=16))
     by = {c.name: c for c in sel.choices}
     assert "image_size 128 px there vs 64 px here" in by["batched_decode"].warning
+    assert "ablation below (section 5) measures it" in by["batched_decode"].warning
     assert by["channels_last"].warning == ""
+    (tmp_path / "off").mkdir()
+    off = _results(tmp_path / "off", [("03_dataloader_tuning", "leave off", {}, {"image_size": 128}),
+                                      ("02_batched_decode", "enable", {}, {"image_size": 64})])
+    sel_off = e2e.select_optimizations(["auto"], off, cpu, native_bf16=True,
+                                       workload=e2e.Workload(image_size=64, model_width=16))
+    w = {c.name: c for c in sel_off.choices}["dataloader_workers"].warning
+    assert "not enabled, so not measured here: rerun notebook 03 at image_size 64" in w
+    assert "ablation" not in w and '"batched_decode", "dataloader_workers"' in w
     assert len(sel.warning_lines()) == 1 and "1.50x" in by["batched_decode"].detail
     frame = sel.frame()
     assert list(frame["workload"])[-1] == "same"

@@ -51,6 +51,24 @@ SOURCE_NOTEBOOKS: dict[str, str] = {
 
 PHASES = ("data", "h2d", "compute")
 
+#: The step phases each optimization acts on, where its effect must show (see :func:`attribute`).
+#: Input side: data and h2d (batched decode also moves the conversion and normalization into h2d, see
+#: :func:`helpers.pipeline.fast.to_device_batch`). Compute side: compute; channels_last also converts the
+#: images to NHWC in the h2d phase (:class:`_ChannelsLast`), so h2d counts for it too.
+ACTS_ON: dict[str, tuple[str, ...]] = {
+    "batched_decode": ("data", "h2d"),
+    "dataloader_workers": ("data", "h2d"),
+    "pinned_memory": ("data", "h2d"),
+    "prefetcher": ("data", "h2d"),
+    "mixed_precision": ("compute",),
+    "channels_last": ("h2d", "compute"),
+}
+
+#: What the h2d phase is on a CPU (no copy there): printed under tables and in the next-step sentence.
+CPU_H2D_NOTE = ("on the CPU the h2d phase is no copy: it is to_device_batch's conversion and normalization "
+                "(uint8 NHWC -> float NCHW; plus the NHWC reorder with channels_last); the baseline normalizes "
+                "on the host, in its data phase, so its h2d is ~0")
+
 
 # --------------------------------------------------------------------------- choosing the optimizations
 
@@ -136,7 +154,8 @@ class Selection:
 
         return pd.DataFrame([{"optimization": c.name, "enabled": c.enabled, "source": c.source,
                               "detail": c.detail,
-                              "workload": c.warning or ("same" if c.source == "verdict" else "")}
+                              "workload": c.warning or ("same" if c.source == "verdict"
+                                                        and not c.detail.endswith("not applicable") else "")}
                              for c in self.choices])
 
 
@@ -164,7 +183,8 @@ def format_value(value: Any, unit: Any) -> str:
     return f"{v:.3g} {u}".strip()
 
 
-def workload_warning(params: Mapping[str, Any] | None, workload: "Workload | None", notebook: str) -> str:
+def workload_warning(params: Mapping[str, Any] | None, workload: "Workload | None", notebook: str, *,
+                     enabled: bool = True, name: str = "", enabled_names: Sequence[str] = ()) -> str:
     """Say when ``notebook``'s recorded parameters ran a different image_size / model_width than ``workload``.
 
     Parameters
@@ -175,6 +195,14 @@ def workload_warning(params: Mapping[str, Any] | None, workload: "Workload | Non
         This job's workload (None: no check).
     notebook : str
         Notebook id, for the sentence.
+    enabled : bool
+        Whether the optimization is on in the optimized job. Only enabled ones
+        are ablated (measured) here; for a disabled one the sentence says how
+        to measure it instead.
+    name : str
+        The optimization's name (for the ``optimizations=[...]`` suggestion).
+    enabled_names : sequence of str
+        The optimizations that are on (for the suggestion).
 
     Returns
     -------
@@ -189,8 +217,15 @@ def workload_warning(params: Mapping[str, Any] | None, workload: "Workload | Non
             diffs.append(f"{key} {int(params[key])}{unit} there vs {int(getattr(workload, key))}{unit} here")
     if not diffs:
         return ""
-    return (f"notebook {notebook[:2]} measured a different job ({'; '.join(diffs)}): its verdict may not hold "
-            f"for this job; the ablation below measures it here")
+    head = f"notebook {notebook[:2]} measured a different job ({'; '.join(diffs)}): its verdict may not hold for this job"
+    if enabled:
+        return f"{head}; the ablation below (section 5) measures it on this job"
+    sizes = " and ".join(f"{k} {int(getattr(workload, k))}" for k in ("image_size", "model_width")
+                         if k in params and params[k] is not None and int(params[k]) != int(getattr(workload, k)))
+    names = [n for n in OPTIMIZATIONS if n in set(enabled_names) | ({name} if name else set())]
+    listed = ", ".join(f'"{n}"' for n in names)
+    return (f"{head}; not enabled, so not measured here: rerun notebook {notebook[:2]} at {sizes} before this one, "
+            f"or pass optimizations=[{listed}] to measure it in this job")
 
 
 def check_optimizations(requested: Iterable[str]) -> tuple[str, ...]:
@@ -365,13 +400,20 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
             vtxt = format_value(row.get("value"), row.get("unit"))
             vtxt = f" ({vtxt})" if vtxt else ""
             choices.append(Choice(name, rec == "enable", "verdict", f"notebook {nb[:2]}: {rec}{vtxt}",
-                                  workload_warning(row.get("parameters"), workload, nb)))
+                                  # a "not applicable" verdict (capability absent) holds whatever the workload
+                                  "" if row.get("parameters") is None or rec == "not applicable" else "check"))
         else:
             missing.append(nb)
             on, why = defaults[name]
             choices.append(Choice(name, on, "default", f"no verdict from {nb[:2]}; default here: "
                                   f"{'on' if on else 'off'} ({why})"))
     enabled = tuple(c.name for c in choices if c.enabled)
+    # the workload warnings, now that the enabled set is known (a disabled one is not measured here)
+    for i, c in enumerate(choices):
+        if c.warning:
+            params = table.loc[SOURCE_NOTEBOOKS[c.name]].get("parameters")
+            choices[i] = replace(c, warning=workload_warning(params, workload, SOURCE_NOTEBOOKS[c.name],
+                                                             enabled=c.enabled, name=c.name, enabled_names=enabled))
     return Selection(optimizations=enabled, choices=tuple(choices), missing=tuple(missing),
                      num_workers=int(workers), amp_dtype=dtype)
 
@@ -855,7 +897,147 @@ def contribution_decision(c) -> str:
     return "no measurable contribution here"
 
 
-def ablation_frame(full, without: Mapping[str, Any], contributions: Mapping[str, Any] | None = None):
+def phase_label(phases: Sequence[str]) -> str:
+    """``("data", "h2d")`` -> ``"input (data+h2d)"``; ``("compute",)`` -> ``"compute"``; else ``"h2d+compute"``."""
+    if tuple(phases) == ("data", "h2d"):
+        return "input (data+h2d)"
+    return "+".join(phases)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """One optimization's contribution where it acts (its phases) and on the whole step.
+
+    Attributes
+    ----------
+    name : str
+    phases : tuple of str
+        The phases it acts on (:data:`ACTS_ON`).
+    phase : helpers.timing.Comparison or None
+        Without it vs with it, on the per-step sum of ``phases`` (None when
+        that sum's median is 0 with it, so no ratio exists).
+    step : helpers.timing.Comparison
+        Without it vs with it, on the whole step (:func:`contribution`).
+    phase_ms : (float, float)
+        Median per-step time of ``phases`` without it and with it, ms.
+    decision : str
+        ``"keep it"``, ``"drop it here"`` or ``"no measurable contribution here"``,
+        decided on ``phase`` (see :func:`attribute`).
+    note : str
+        Why the step-level figure tells something else, or empty.
+    """
+
+    name: str
+    phases: tuple[str, ...]
+    phase: Any
+    step: Any
+    phase_ms: tuple[float, float]
+    decision: str
+    note: str = ""
+
+    def sentence(self) -> str:
+        """E.g. "channels_last: acts on the h2d+compute phases: 36.3 -> 36.6 ms, contribution 0.99x (95% CI
+        0.95-1.03): no measurable contribution here; whole step 1.11x (95% CI 1.02-1.19); not attributable ..."."""
+        ph = phase_label(self.phases)
+        where = f"acts on the {ph} phase{'s' if '+' in ph else ''}"
+        if self.phase is None:
+            pc = f"{where}: {self.phase_ms[0]:.1f} -> {self.phase_ms[1]:.1f} ms (no ratio)"
+        else:
+            pc = (f"{where}: {self.phase_ms[0]:.1f} -> {self.phase_ms[1]:.1f} ms, contribution "
+                  f"{self.phase.ratio:.2f}x (95% CI {self.phase.ci_low:.2f}-{self.phase.ci_high:.2f})")
+        st = f"whole step {self.step.ratio:.2f}x (95% CI {self.step.ci_low:.2f}-{self.step.ci_high:.2f})"
+        return f"{self.name}: {pc}: {self.decision}; {st}" + (f"; {self.note}" if self.note else "")
+
+
+def _phase_measurement(steps, phases: Sequence[str], name: str):
+    from helpers.timing import Measurement
+
+    total = sum(steps[p] for p in phases)
+    return Measurement(name=name, times_s=tuple(float(x) for x in total), warmup=0)
+
+
+def attribute(name: str, optimized_steps, without_steps, *, seed: int = 0) -> Attribution:
+    """Decide one optimization on the phases it acts on, and check the whole step against it.
+
+    An optimization can only change the phases it acts on (:data:`ACTS_ON`);
+    a step-level difference that shows up in another phase is noise or the
+    rotation's side effects, not its doing. The decision therefore follows
+    the contribution on its own phases (median per-step sum of those phases
+    without it / with it, 95% bootstrap interval over the steps):
+
+    - ``"keep it"``: that interval lies above 1, and the whole step is not
+      measurably slower with it;
+    - ``"drop it here"``: its phases are measurably slower with it, or they are
+      faster but the whole step is measurably slower (it costs more elsewhere,
+      e.g. worker processes taking cores from the computation on a CPU);
+    - ``"no measurable contribution here"``: otherwise.
+
+    When the whole-step interval excludes 1 but the decision does not say
+    the same, ``note`` names the phase that changed most outside the acted-on
+    ones ("not attributable here (the difference is in the data phase, which
+    it does not touch)").
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`OPTIMIZATIONS`.
+    optimized_steps, without_steps : pandas.DataFrame
+        :meth:`Job.steps_frame` of the full optimized job and of the job
+        without ``name``: per measured step, the columns ``data``, ``h2d``,
+        ``compute`` and ``step_s`` (seconds).
+    seed : int
+        Bootstrap seed.
+
+    Returns
+    -------
+    Attribution
+
+    Raises
+    ------
+    ParameterError
+        Unknown ``name``, or a frame lacking a phase column.
+    """
+    from helpers.timing import Comparison, Measurement
+
+    if name not in ACTS_ON:
+        raise ParameterError(f"unknown optimization {name!r}; valid: {', '.join(OPTIMIZATIONS)}")
+    for label, df in (("optimized_steps", optimized_steps), ("without_steps", without_steps)):
+        absent = [c for c in (*PHASES, "step_s") if c not in df]
+        if absent:
+            raise ParameterError(f"{label} lacks column(s) {absent}; pass Job.steps_frame()")
+    phases = ACTS_ON[name]
+    step = Comparison.from_measurements(
+        Measurement(f"without {name}", tuple(float(x) for x in without_steps["step_s"]), 0),
+        Measurement("optimized", tuple(float(x) for x in optimized_steps["step_s"]), 0), seed=seed)
+    wo = _phase_measurement(without_steps, phases, f"without {name}")
+    op = _phase_measurement(optimized_steps, phases, "optimized")
+    phase = Comparison.from_measurements(wo, op, seed=seed) if op.median_s > 0 else None
+    step_decision = contribution_decision(step)
+    if phase is None:
+        decision = "no measurable contribution here"
+    elif phase.ci_high < 1.0:
+        decision = "drop it here"
+    elif phase.ci_low > 1.0:
+        decision = "drop it here" if step.ci_high < 1.0 else "keep it"
+    else:
+        decision = "no measurable contribution here"
+    others = [p for p in PHASES if p not in phases]
+    diffs = {p: float(optimized_steps[p].median() - without_steps[p].median()) for p in others}
+    top = max(diffs, key=lambda p: abs(diffs[p])) if diffs else "other"
+    d_ms = diffs.get(top, math.nan) * 1e3
+    note = ""
+    if phase is not None and phase.ci_low > 1.0 and step.ci_high < 1.0:
+        note = (f"its own phases are faster but the whole step is slower: the difference is in the {top} phase "
+                f"({d_ms:+.1f} ms per step with it)")
+    elif step_decision != "no measurable contribution here" and step_decision != decision:
+        note = (f"the step-level change is not attributable here (the difference is in the {top} phase, "
+                f"{d_ms:+.1f} ms per step with it, which it does not touch)")
+    return Attribution(name=name, phases=tuple(phases), phase=phase, step=step,
+                       phase_ms=(wo.median_s * 1e3, op.median_s * 1e3), decision=decision, note=note)
+
+
+def ablation_frame(full, without: Mapping[str, Any], contributions: Mapping[str, Any] | None = None,
+                   attributions: Mapping[str, Attribution] | None = None):
     """Speedup of each ablated job vs the baseline and the contribution of each optimization.
 
     Parameters
@@ -878,19 +1060,39 @@ def ablation_frame(full, without: Mapping[str, Any], contributions: Mapping[str,
         times slower the job gets when it is removed; 1.0 for "all"),
         ``contribution_low``, ``contribution_high`` (its 95% interval) and
         ``decision`` (:func:`contribution_decision`; empty for "all").
+        With ``attributions`` also ``phases`` (where it acts),
+        ``phase_contribution``, ``phase_low``, ``phase_high`` and ``note``,
+        and ``decision`` is :attr:`Attribution.decision` (decided on its phases).
+    attributions : mapping of str to Attribution, optional
+        Optimization name -> :func:`attribute`.
     """
     import pandas as pd
 
     contributions = contributions or {}
+    attributions = attributions or {}
     rows = [{"variant": "all", "speedup": full.ratio, "ci_low": full.ci_low, "ci_high": full.ci_high,
              "contribution": 1.0, "contribution_low": math.nan, "contribution_high": math.nan, "decision": ""}]
+    if attributions:
+        rows[0].update({"phases": "", "phase_contribution": math.nan, "phase_low": math.nan, "phase_high": math.nan,
+                        "note": ""})
     for name, c in without.items():
         k = contributions.get(name)
-        rows.append({"variant": f"without {name}", "speedup": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high,
-                     "contribution": k.ratio if k is not None else full.ratio / c.ratio,
-                     "contribution_low": k.ci_low if k is not None else math.nan,
-                     "contribution_high": k.ci_high if k is not None else math.nan,
-                     "decision": contribution_decision(k) if k is not None else ""})
+        a = attributions.get(name)
+        row = {"variant": f"without {name}", "speedup": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high,
+               "contribution": k.ratio if k is not None else full.ratio / c.ratio,
+               "contribution_low": k.ci_low if k is not None else math.nan,
+               "contribution_high": k.ci_high if k is not None else math.nan,
+               "decision": contribution_decision(k) if k is not None else ""}
+        if attributions:
+            ph = a.phase if a is not None else None
+            row.update({"phases": phase_label(a.phases) if a is not None else "",
+                        "phase_contribution": ph.ratio if ph is not None else math.nan,
+                        "phase_low": ph.ci_low if ph is not None else math.nan,
+                        "phase_high": ph.ci_high if ph is not None else math.nan,
+                        "note": a.note if a is not None else ""})
+            if a is not None:
+                row["decision"] = a.decision
+        rows.append(row)
     return pd.DataFrame(rows).set_index("variant")
 
 
@@ -937,8 +1139,9 @@ def compute_side_lines(frame, summaries: Mapping[str, JobSummary], earlier: Mapp
         lines.append(f"{name}: {ref}in this job its compute phase went {w.compute_s * 1e3:.1f} -> "
                      f"{opt.compute_s * 1e3:.1f} ms ({comp_ratio:.2f}x); compute is {share:.0%} of the median step "
                      f"without it (data {w.data_s * 1e3:.1f} ms, h2d {w.h2d_s * 1e3:.1f} ms), which alone predicts "
-                     f"{bound:.2f}x for the whole job; measured: {row['contribution']:.2f}x (95% CI "
-                     f"{row['contribution_low']:.2f}-{row['contribution_high']:.2f}): {row['decision'] or 'no interval'}")
+                     f"{bound:.2f}x for the whole job; whole step measured: {row['contribution']:.2f}x (95% CI "
+                     f"{row['contribution_low']:.2f}-{row['contribution_high']:.2f}); decided on the phases it acts "
+                     f"on: {row['decision'] or 'no interval'}")
     return lines
 
 
@@ -1143,11 +1346,16 @@ def next_step(summary: JobSummary, *, is_cpu: bool, enabled: Sequence[str], host
         return "no phase time was measured"
     shares = {p: getattr(summary, f"{p}_s") / total for p in PHASES}
     top = max(shares, key=shares.get)
-    parts = ", ".join(f"{p} {getattr(summary, f'{p}_s') * 1e3:.1f} ms ({shares[p]:.0%})" for p in PHASES)
+    parts = ", ".join(f"{p} {getattr(summary, f'{p}_s') * 1e3:.1f} ms ({shares[p]:.0%}"
+                      f"{': conversion and normalization on the CPU, not a copy' if is_cpu and p == 'h2d' else ''})"
+                      for p in PHASES)
     host_bound = summary.exposed_fraction > host_bound_threshold
     if host_bound:
         input_top = "data" if shares["data"] >= shares["h2d"] else "h2d"
-        if input_top == "h2d":
+        if input_top == "h2d" and is_cpu:
+            lever = ("on a CPU the h2d phase is the batch's conversion and normalization: convert fewer bytes "
+                     "(smaller crops) or fold the normalization into the model's first layer")
+        elif input_top == "h2d":
             todo = [o for o in ("pinned_memory", "prefetcher") if o not in enabled]
             lever = (f"hide the copy ({' and '.join(todo)}, notebooks 04-05)" if todo else
                      "the copy is already pinned and prefetched: send smaller batches (uint8 images, "
@@ -1178,9 +1386,51 @@ class E2EVerdict:
     reason: str
 
 
+def batch_size_note(results, batch_size: int) -> str:
+    """Say that notebook 09's recommended batch is not part of this job, when it differs from ``batch_size``.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame or None
+        This run's records (:func:`helpers.results.load_results`).
+    batch_size : int
+        This job's batch size.
+
+    Returns
+    -------
+    str
+        Empty when notebook 09 has no verdict, did not recommend a change, or
+        recommended this very batch size. The recommended batch is the
+        verdict's ``best_throughput_batch`` (its ``value`` when absent).
+    """
+    if results is None or not len(results):
+        return ""
+    from helpers.results import verdicts
+
+    table = verdicts(results)
+    rows = table[table["notebook"] == "09_memory_and_batch_size"] if len(table) else table
+    if not len(rows):
+        return ""
+    row = rows.iloc[-1]
+    if str(row.get("recommendation")) != "enable":
+        return ""
+    extra = row.get("extra") if isinstance(row.get("extra"), Mapping) else {}
+    best = extra.get("best_throughput_batch", row.get("value"))
+    try:
+        best = int(best)
+    except (TypeError, ValueError):
+        return ""
+    if best == int(batch_size):
+        return ""
+    return (f"notebook 09 recommended batch {best}, which is not part of this job: it keeps batch_size "
+            f"{int(batch_size)} (notebook 01's workload), so the speedup above does not include it; pass "
+            f"batch_size={best} to measure it here")
+
+
 def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optimized: JobConfig, *,
                 host_bound_threshold: float, optimized_summary: JobSummary | None = None,
-                ablation=None, is_cpu: bool = True) -> E2EVerdict:
+                ablation=None, is_cpu: bool = True, recommended: Sequence[str] = (),
+                batch_note: str = "") -> E2EVerdict:
     """Decide the end-to-end verdict from the speedup, the learning check and the exposed input.
 
     "enable" when the interval's lower bound is above 1 (faster for sure) and
@@ -1205,6 +1455,11 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
         :func:`ablation_frame` with contributions (adds the drop/no-effect decisions).
     is_cpu : bool
         Whether the device is a CPU (for the next step's advice).
+    recommended : sequence of str
+        Optimizations enabled because their notebook recommended them (named
+        as such when the ablation finds no measurable contribution).
+    batch_note : str
+        :func:`batch_size_note`, appended when non-empty.
     """
     def bound(frac: float) -> str:
         return "host-bound" if frac > host_bound_threshold else "device-bound"
@@ -1226,11 +1481,21 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
         for variant, row in ablation.iterrows():
             if variant == "all" or row["decision"] in ("", "keep it"):
                 continue
-            notes.append(f"{str(variant).replace('without ', '')}: {row['decision']} (contribution "
-                         f"{row['contribution']:.2f}x, 95% CI {row['contribution_low']:.2f}-"
-                         f"{row['contribution_high']:.2f})")
+            name = str(variant).replace("without ", "")
+            who = f"recommended by notebook {SOURCE_NOTEBOOKS.get(name, '??')[:2]}, but " if name in recommended else ""
+            where = ""
+            if "phase_contribution" in row and isinstance(row.get("phases"), str) and row["phases"] \
+                    and math.isfinite(row["phase_contribution"]):
+                where = (f"{row['phases']} phase {row['phase_contribution']:.2f}x, 95% CI {row['phase_low']:.2f}-"
+                         f"{row['phase_high']:.2f}; ")
+            what = ("no measurable contribution in this end-to-end job"
+                    if row["decision"] == "no measurable contribution here" else row["decision"])
+            notes.append(f"{name}: {who}{what} ({where}whole step {row['contribution']:.2f}x, 95% CI "
+                         f"{row['contribution_low']:.2f}-{row['contribution_high']:.2f})")
         if notes:
             tail.append("ablation: " + "; ".join(notes))
+    if batch_note:
+        tail.append(batch_note)
     met = (comparison.ratio >= TARGET_SPEEDUP and baseline.exposed_fraction >= TARGET_BASELINE_EXPOSED)
     tail.append(f"target >= {TARGET_SPEEDUP:g}x on a baseline exposed >= {TARGET_BASELINE_EXPOSED:.0%}: "
                 f"{'met' if met else 'NOT met'} ({comparison.ratio:.2f}x, baseline exposed "
