@@ -934,8 +934,9 @@ def _action(s: NotebookSection) -> str | None:
     if num == "08":
         hook = extra.get("best_hook")
         m = re.search(r"\b(fp16|bf16) compression", reason)
-        name = (hook if hook and hook != "none" else (m.group(1) if m else "")) or "gradient"
-        return f"{name} gradient compression: {rec}"
+        # best_hook is a hook name, "none" (plain allreduce won) or "none measurable"
+        name = hook if hook in ("fp16", "bf16") else (m.group(1) if m else "")
+        return f"{name + ' ' if name else ''}gradient compression: {rec}"
     if num == "09":
         m = re.search(r"current (\d+)", reason)
         new = v.get("value")
