@@ -44,6 +44,7 @@ __all__ = [
     "Comparison",
     "PhaseTimer",
     "measure",
+    "timed_call",
     "measure_events",
     "compare",
     "bootstrap_ratio_ci",
@@ -298,8 +299,27 @@ class Measurement:
 # --------------------------------------------------------------------------- measure
 
 
-def _timed_call(fn: Callable[[], Any], sync: Callable[[], None] | None, clock: Callable[[], float]) -> float:
-    """Time one call: sync, t0, fn(), sync, t1; return t1 - t0 in clock units (seconds)."""
+def timed_call(fn: Callable[[], Any], sync: Callable[[], None] | None = None,
+               clock: Callable[[], float] = time.perf_counter) -> float:
+    """Time one call of ``fn`` between two device synchronizations.
+
+    For interleaving several variants step by step (each call timed on its
+    own, statistics taken by the caller); :func:`measure` is the usual entry.
+
+    Parameters
+    ----------
+    fn : callable
+        The work, called once with no arguments.
+    sync : callable or None
+        Device synchronize, called before the first and after the call.
+    clock : callable
+        Seconds clock (default ``time.perf_counter``).
+
+    Returns
+    -------
+    float
+        ``t1 - t0`` in seconds.
+    """
     if sync is not None:
         sync()
     t0 = clock()
@@ -387,7 +407,7 @@ def measure(
 
     for _ in range(warmup):
         fn()
-    times = [_timed_call(fn, sync, clock) for _ in range(repeats)]
+    times = [timed_call(fn, sync, clock) for _ in range(repeats)]
     _warn_zero_times(name, times)
     return Measurement(name=name, times_s=tuple(times), warmup=warmup, items_per_call=items)
 
@@ -802,7 +822,7 @@ def compare(
         if i % 2 == 1:
             order = order[::-1]
         for fn, times in order:
-            times.append(_timed_call(fn, sync, clock))
+            times.append(timed_call(fn, sync, clock))
     _warn_zero_times(names[0], times_a)
     _warn_zero_times(names[1], times_b)
     a = Measurement(name=names[0], times_s=tuple(times_a), warmup=warmup, items_per_call=items_a)

@@ -325,7 +325,7 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     from helpers.device import get_accelerator
     from helpers.pipeline.fast import BatchedDataset, batch_sampler, to_device_batch
     from helpers.pipeline.prepare import prepare_data
-    from helpers.timing import _timed_call
+    from helpers.timing import timed_call
 
     caps = [float(c) for c in cfg["bucket_cap_mb_list"]]
     hooks = list(cfg["compression_hooks"])
@@ -436,7 +436,7 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     times: dict[str, list[float]] = {name: [] for name, _ in variants}
     for r in range(int(cfg["steps"])):
         for name, fn in (variants if r % 2 == 0 else variants[::-1]):
-            times[name].append(_timed_call(fn, rc.sync, time.perf_counter))
+            times[name].append(timed_call(fn, rc.sync, time.perf_counter))
     for cap in caps:
         d = models[cap]
         local["buckets"].append({"cap_mb": cap, "bucket_sizes": bucket_sizes(d),
