@@ -342,10 +342,9 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
         images, tokens, labels = to_device_batch(ds[b], acc)
         batches.append((images.clone(), tokens.clone(), labels.clone()))
     ds.close()
-    w = int(cfg["model_width"])
-    pcfg = PolicyConfig(image_size=int(cfg["image_size"]), conv_channels=(w, 2 * w, 4 * w),
-                        vocab_size=tokenizer.get_vocab_size(), text_len=int(cfg["text_len"]),
-                        d_model=int(cfg["d_model"]), n_actions=max(2, index.n_classes))
+    pcfg = PolicyConfig.for_job(image_size=int(cfg["image_size"]), model_width=int(cfg["model_width"]),
+                                d_model=int(cfg["d_model"]), text_len=int(cfg["text_len"]),
+                                vocab_size=tokenizer.get_vocab_size(), n_classes=index.n_classes)
     torch.manual_seed(seed)
     base = build_policy(pcfg, device=rc.device)
     base_state = copy.deepcopy(base.state_dict())

@@ -560,10 +560,9 @@ def ppo_step_factory(cfg: TraceConfig, acc: "Accelerator", *, n_batches: int = 2
         pool = {k: decoded[k].clone() for k in ("image", "tokens", "label")}  # the image buffer is reused
     finally:
         dataset.close()
-    w = cfg.model_width
-    policy_cfg = PolicyConfig(image_size=cfg.image_size, conv_channels=(w, 2 * w, 4 * w),
-                              vocab_size=tokenizer.get_vocab_size(), text_len=cfg.text_len,
-                              d_model=cfg.d_model, n_actions=max(2, index.n_classes))
+    policy_cfg = PolicyConfig.for_job(image_size=cfg.image_size, model_width=cfg.model_width, d_model=cfg.d_model,
+                                      text_len=cfg.text_len, vocab_size=tokenizer.get_vocab_size(),
+                                      n_classes=index.n_classes)
 
     def make_step(batch_size: int) -> Callable[[], Any]:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

@@ -116,6 +116,32 @@ class PolicyConfig:
     n_actions: int = 16
     dropout: float = 0.0
 
+    @classmethod
+    def for_job(cls, *, image_size: int, model_width: int, d_model: int, text_len: int, vocab_size: int,
+                n_classes: int) -> "PolicyConfig":
+        """The workbook's sizing of the policy from a notebook's parameters.
+
+        Conv stages of ``model_width``, ``2 * model_width`` and ``4 * model_width``
+        channels, one action per class (at least 2).
+
+        Parameters
+        ----------
+        image_size, model_width, d_model, text_len : int
+            The notebook parameters of the same names (px, channels, width, tokens).
+        vocab_size : int
+            The tokenizer's vocabulary size.
+        n_classes : int
+            Labels in the dataset (``DatasetIndex.n_classes``).
+
+        Raises
+        ------
+        ParameterError
+            As the constructor, for out-of-range sizes.
+        """
+        w = model_width
+        return cls(image_size=image_size, conv_channels=(w, 2 * w, 4 * w), vocab_size=vocab_size,
+                   text_len=text_len, d_model=d_model, n_actions=max(2, n_classes))
+
     def __post_init__(self) -> None:
         owner = "PolicyConfig"
         for name in (

@@ -607,10 +607,11 @@ class Job:
         else:
             self.source = self.loader
         torch.manual_seed(w.seed)  # same initial weights in every job
-        cfg = PolicyConfig(image_size=w.image_size, conv_channels=(w.model_width, 2 * w.model_width,
-                                                                   4 * w.model_width),
-                           vocab_size=tokenizer.get_vocab_size(), text_len=w.text_len, d_model=w.d_model,
-                           n_actions=n_actions or max(2, index.n_classes))
+        cfg = PolicyConfig.for_job(image_size=w.image_size, model_width=w.model_width, d_model=w.d_model,
+                                   text_len=w.text_len, vocab_size=tokenizer.get_vocab_size(),
+                                   n_classes=index.n_classes)
+        if n_actions:
+            cfg = replace(cfg, n_actions=n_actions)
         model = build_policy(cfg, device=acc.device)
         if config.has("channels_last"):
             model = model.to(memory_format=torch.channels_last)
