@@ -12,7 +12,7 @@ crops and flips and their pixels can be compared.
 Randomness is per item: a generator seeded from ``(seed, epoch, index)``
 (:func:`item_generator`), never an RNG object made in ``__init__``, which
 every DataLoader worker would copy with the same state and so repeat the same
-augmentations (field case 1, pytorch#5059). The same item in the same epoch
+augmentations (pytorch/pytorch#5059). The same item in the same epoch
 gets the same augmentation whichever worker or rank loads it.
 """
 
@@ -242,7 +242,7 @@ class BaselineDataset(Dataset):
         self.text_len = int(text_len)
         self.seed = _non_negative_int("seed", seed)
         self.epoch = 0
-        # NumPy arrays, not lists: forked workers share these pages (field case 3).
+        # NumPy arrays, not lists: forked workers share these pages (pytorch/pytorch#13246).
         self.paths = index.paths
         self.captions = index.captions
         self.labels = np.asarray(index.labels, dtype=np.int64)

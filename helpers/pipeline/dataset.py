@@ -17,7 +17,7 @@ A user folder is any folder of images (searched recursively), with optional
 captions and labels; bad files are reported and skipped, never decoded wrong.
 Per-sample metadata is held in NumPy arrays, not Python lists or dicts, so
 that forked DataLoader workers do not copy it page by page as reference counts
-change (field case 3, pytorch#13246).
+change (pytorch/pytorch#13246).
 """
 
 from __future__ import annotations

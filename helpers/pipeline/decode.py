@@ -49,7 +49,8 @@ JPEG simplejpeg rejects    ``reference``, which raises
                            reason when Pillow cannot decode it either
 =========================  ==================================================
 
-Channel order is RGB on every route (field case 14); EXIF orientation is
+Channel order is RGB on every route (OpenCV decodes to BGR:
+https://docs.opencv.org/4.x/d4/da8/group__imgcodecs.html); EXIF orientation is
 applied on every route (simplejpeg ignores EXIF, so it is read from the
 header and applied here), with the same 8 transforms as
 ``PIL.ImageOps.exif_transpose``.
@@ -716,7 +717,8 @@ def compare_routes(paths, *, transform: ImageTransformConfig, config: DecodeConf
                    seed: int = 0, epoch: int = 0):
     """Decode each file by the fast path and by the reference, and say whether they agree.
 
-    For the fixtures of field cases 12-14: every file must either decode on
+    For the awkward-file fixtures (truncated: pytorch/vision#138; CMYK,
+    16-bit: pytorch/vision#6538; channel order): every file must either decode on
     both paths to the same picture (PSNR), or be rejected by both with the
     same reason.
 
@@ -768,7 +770,7 @@ def corner_colours(path: str | os.PathLike, *, config: DecodeConfig = DecodeConf
     The whole picture is squashed to ``size x size`` (crop = the full frame,
     no flip), so a fixture with pure red, green and blue corner squares
     (``data/fixtures/rgb_patches.*``) must come out red, green, blue: a BGR
-    decoder would swap red and blue (field case 14).
+    decoder (OpenCV's default) would swap red and blue.
 
     Parameters
     ----------

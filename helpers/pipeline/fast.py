@@ -42,7 +42,7 @@ Buffer reuse: who may hold a batch, and for how long
 -----------------------------------------------------
 In the main process the image buffers come from a small ring (``buffers``
 slots, 3 by default) allocated once and reused, so that no batch pays for
-allocating (or pinning: field case 7) memory. A slot is reused only when it is
+allocating (or pinning: pytorch/pytorch#124456) memory. A slot is reused only when it is
 safe:
 
 * if the consumer still holds the tensor handed out (the batch dict or
@@ -53,7 +53,7 @@ safe:
 * if :func:`to_device_batch` started an asynchronous (``non_blocking``) copy
   from that buffer, it left a device event on the tensor, and the slot waits
   for that event before the buffer is overwritten, so the DMA never reads a
-  half-written batch (field case 8).
+  half-written batch (huggingface/pytorch-image-models#2781).
 
 In a DataLoader worker process there is no ring: each batch gets a new
 buffer, because sending a tensor to the main process moves its storage into
@@ -61,8 +61,8 @@ shared memory in place, and rewriting it would change the batch the main
 process is reading. Pinning is not done in workers either (the DataLoader's
 pin-memory thread pins in the main process).
 
-Bad files met mid-epoch (field cases 12 and 13)
------------------------------------------------
+Bad files met mid-epoch (pytorch/vision#138 and #6538)
+------------------------------------------------------
 A file that fails to decode (truncated, corrupt, unsupported) never kills the
 epoch: it is logged once per process, listed in ``batch["skipped"]``, and its
 slot is filled with a deterministic substitute, the next item of the dataset
@@ -226,7 +226,7 @@ class BatchedDataset:
     Parameters
     ----------
     index : helpers.pipeline.dataset.DatasetIndex
-        Images, captions and labels (kept as NumPy arrays: field case 3).
+        Images, captions and labels (kept as NumPy arrays: pytorch/pytorch#13246).
     tokenizer : tokenizers.Tokenizer
         From :func:`helpers.pipeline.text.load_or_build_tokenizer`.
     image_size : int, default 128
@@ -244,7 +244,7 @@ class BatchedDataset:
         Allocate the batch buffers in pinned memory (main process only). Pass
         ``acc.capabilities.pinned_memory.available``; when pinning is not
         possible here (no accelerator) a warning is logged and plain memory
-        is used (field case 6).
+        is used (pytorch/pytorch#73003).
     transform : ImageTransformConfig, optional
         Crop, flip and normalization settings; its ``image_size`` must equal
         ``image_size``. Default ``ImageTransformConfig(image_size=image_size)``.
@@ -295,7 +295,7 @@ class BatchedDataset:
         self.decode = decode or DecodeConfig()
         self.pin_memory = bool(pin_memory)
         self.epoch = 0
-        # NumPy arrays, not lists: forked workers share these pages (field case 3).
+        # NumPy arrays, not lists: forked workers share these pages (pytorch/pytorch#13246).
         self.paths = np.asarray(index.paths)
         self.captions = np.asarray(index.captions)
         self.labels = np.asarray(index.labels, dtype=np.int64)

@@ -8,12 +8,12 @@ order, upright (EXIF orientation applied), whatever the file's mode.
 :func:`scan_images` fully decodes a list of files up front and reports the
 bad ones with a short human reason, so that a truncated or unreadable file is
 found before training instead of crashing a DataLoader worker late in an
-epoch (field case 12). This module never sets
+epoch (pytorch/vision#138). This module never sets
 ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES``, and refuses to decode (DataError)
 when other code has set it: a truncated file must fail, not decode silently
 into a partly grey picture.
 
-Mode handling of :func:`load_rgb` (field case 13):
+Mode handling of :func:`load_rgb` (pytorch/vision#6538):
 
 =====================  ==================================================
 file mode (Pillow)     what the reference decode does

@@ -1,23 +1,25 @@
 """DataLoader tuning: one validated configuration, per-worker seeding, guarded iteration, worker memory, the sweep.
 
 Everything a notebook needs to run ``torch.utils.data.DataLoader`` with worker
-processes without the usual failures (``reference/field_cases.md``):
+processes without the usual failures (each reported in the public issue cited):
 
 * :class:`LoaderConfig` holds every loader setting, validated once, and
   :meth:`LoaderConfig.to_kwargs` passes ``DataLoader`` only what applies:
   no ``prefetch_factor``, ``persistent_workers`` or ``timeout`` with
-  ``num_workers=0`` (torch raises ``ValueError`` for the first two; field
-  case 4), and ``pin_memory`` only where the device can pin (field case 6).
+  ``num_workers=0`` (torch raises ``ValueError`` for the first two;
+  pytorch/pytorch#68576), and ``pin_memory`` only where the device can pin
+  (pytorch/pytorch#73003).
 * :func:`worker_init_fn` reseeds ``random``, NumPy's global generator and
   torch in each worker from the worker's seed *and the distributed rank*, and
-  reseeds the RNG objects a dataset holds (field case 1; protocol below).
+  reseeds the RNG objects a dataset holds (pytorch/pytorch#5059; protocol below).
 * :class:`LoaderIterator` (``iterate(loader)``) turns a hung or dead worker,
   a dead pin-memory thread, or a dataset that cannot be sent to a worker into
   a :class:`~helpers.errors.DataError` that names the loader setting and the
-  likely cause, within ``LoaderConfig.timeout_s`` (field cases 2 and 5), and
+  likely cause, within ``LoaderConfig.timeout_s`` (Optimization-AI/LibAUC#60,
+  pytorch/pytorch#47445), and
   leaves no worker process behind.
 * :func:`measure_epoch_memory` reads the USS/PSS of the main process and of
-  each worker at the start and at the end of an epoch (field case 3).
+  each worker at the start and at the end of an epoch (pytorch/pytorch#13246).
 * :func:`run_sweep` times ``num_workers x prefetch_factor x persistent_workers``
   in rotated order, counting only batches finished after its clock started
   (:func:`completion_window`); :func:`speedup_plausibility` flags a result
@@ -29,12 +31,12 @@ With the ``fork`` start method (the default on Linux up to Python 3.13) a
 worker is a copy of the main process: the dataset is not pickled, a class
 defined in a notebook works, and memory pages are shared until written, which
 includes the reference-count writes Python makes when it merely *reads* a
-list or dict (field case 3: keep per-sample metadata in NumPy arrays). With
+list or dict (pytorch/pytorch#13246: keep per-sample metadata in NumPy arrays). With
 ``spawn`` (macOS and Windows default) and ``forkserver`` (Linux default from
 Python 3.14) a worker is a fresh interpreter: the dataset, ``collate_fn`` and
 ``worker_init_fn`` are pickled and must be importable by name, so a class
 defined in a notebook (module ``__main__``) fails in the worker with
-"Can't get attribute ..." (field case 2). That is why every dataset and
+"Can't get attribute ..." (Optimization-AI/LibAUC#60). That is why every dataset and
 function here lives in a module of ``helpers``.
 
 The reseed protocol (worker_init_fn)
@@ -288,8 +290,8 @@ def pin_memory_decision(requested: bool, acc: Any = None) -> PinDecision:
     PinDecision
         ``pin=True`` only when requested and the device can pin. On a
         CPU-only machine ``Tensor.pin_memory()`` raises "Cannot access
-        accelerator device when none is available" (field case 6,
-        ``reference/ascend_api_factcheck.md`` section 1), so the request is
+        accelerator device when none is available" (pytorch/pytorch#73003;
+        ``docs/ascend_api_factcheck.md`` section 1), so the request is
         dropped with the reason, logged at INFO.
     """
     if not requested:
@@ -393,7 +395,7 @@ class LoaderConfig:
             problems.append(f"seed={self.seed!r}: allowed: an int >= 0")
         workers_ok = _is_int(self.num_workers) and self.num_workers >= 0
         if workers_ok and self.num_workers == 0:
-            # field case 4 (pytorch#68576): torch raises ValueError for these.
+            # pytorch/pytorch#68576: torch raises ValueError for these.
             if self.prefetch_factor is not None:
                 problems.append(
                     f"prefetch_factor={self.prefetch_factor!r} applies only with num_workers > 0 "
@@ -1435,7 +1437,7 @@ def measure_epoch_memory(loader: Any, *, label: str = "loader", max_batches: int
 
 
 class MetadataDataset(Dataset):
-    """A batched dataset of per-sample metadata only, to show how worker memory grows (field case 3).
+    """A batched dataset of per-sample metadata only, to show how worker memory grows (pytorch/pytorch#13246).
 
     Each item has a path, a caption and a label. ``storage="arrays"`` keeps
     them in three NumPy arrays (fixed-width unicode and int64): reading an

@@ -2,8 +2,8 @@
 
 :class:`DevicePrefetcher` copies batch k+1 to the device on one side stream
 while step k computes on the consumer (current) stream. Side-stream
-prefetchers are easy to get subtly wrong (field case 8,
-huggingface/pytorch-image-models#2781):
+prefetchers are easy to get subtly wrong
+(huggingface/pytorch-image-models#2781):
 
 - using a batch before its copy has finished (no ``wait_stream``): the step
   reads memory the DMA is still writing;
@@ -984,7 +984,8 @@ def run_overlap_variant(index, tokenizer, acc: "Accelerator", *, label: str, bat
         restored afterwards.
     seed : int
     timeout_s : float
-        Loader timeout: a hung worker becomes an error (field cases 2 and 5).
+        Loader timeout: a hung worker becomes an error (Optimization-AI/LibAUC#60,
+        pytorch/pytorch#47445).
 
     Returns
     -------

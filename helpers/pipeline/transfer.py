@@ -6,7 +6,7 @@ staging buffer of its own, in pieces, and waits for each piece. From memory
 that is already pinned the DMA engine reads directly and the copy can be
 asynchronous (``non_blocking=True``). Pinning is not free: it allocates
 page-locked memory and costs a host memcpy, and doing it on every batch can
-cost more than it saves (field case 7, pytorch#124456). So this module times
+cost more than it saves (pytorch/pytorch#124456). So this module times
 the ways to get a batch onto the device side by side:
 
 ``pageable``
@@ -30,7 +30,7 @@ non-blocking copy from memory pinned beforehand, timed with device events
 
 Without an accelerator none of this applies: ``Tensor.pin_memory()`` raises
 ``RuntimeError: Cannot access accelerator device when none is available``
-(field case 6, pytorch#73003; reference/ascend_api_factcheck.md, section 1).
+(pytorch/pytorch#73003; docs/ascend_api_factcheck.md, section 1).
 Every function here decides from ``acc.capabilities.pinned_memory`` and, on a
 CPU, reports "not applicable" with the reason instead of raising.
 
@@ -155,7 +155,7 @@ def pinning_applicability(acc: "Accelerator") -> Applicability:
     -------
     Applicability
         Not applicable on a CPU (nothing is copied to a device, and
-        ``Tensor.pin_memory()`` raises without an accelerator: field case 6),
+        ``Tensor.pin_memory()`` raises without an accelerator: pytorch/pytorch#73003),
         with the capability's own explanation as the reason.
     """
     cap = acc.capabilities.pinned_memory
@@ -260,9 +260,13 @@ def pcie_limit_gbps(gt_per_s: float, width: int) -> float:
     ``gt_per_s * width * encoding / 8``: one transfer carries one bit per
     lane; the encoding (8b/10b for Gen1-2, 128b/130b for Gen3-5; see
     :data:`PCIE_LANE_RATES`) removes the line-code overhead. Packet (TLP)
-    headers are not subtracted, so measured DMA copies reach about 77-87% of
-    this figure (reference/performance_anchors.md, section 3.2). Gen3 x16
-    gives 15.75 GB/s, Gen4 x16 31.5, Gen5 x16 63.0.
+    headers are not subtracted, so published pinned host-to-device copies
+    reach about 77-87% of this figure: 12.15 GB/s on Gen3 x16 (P100,
+    bandwidthTest; mpicbg-scicomp/gearshifft#82), 25.13 GB/s on Gen4 x16
+    (A100, nvbandwidth; NVIDIA/nvbandwidth#42), 54.8 GB/s on Gen5 x16 (H100,
+    https://github.com/ZiyanIshani/vpbenchmarking,
+    results/stream_nvbench/stream_nvbench_summary.md). Gen3 x16 gives
+    15.75 GB/s, Gen4 x16 31.5, Gen5 x16 63.0.
 
     Parameters
     ----------
@@ -577,7 +581,7 @@ class PinnedStaging:
 class _CloneDataset:
     """Map-style dataset returning a fresh copy of one tensor per item (what a real collate returns).
 
-    Module-level so that DataLoader workers can unpickle it under spawn (field case 2).
+    Module-level so that DataLoader workers can unpickle it under spawn (Optimization-AI/LibAUC#60).
     """
 
     def __init__(self, tensor, length: int) -> None:
@@ -607,7 +611,7 @@ def copy_method(method: str, acc: "Accelerator", host: "torch.Tensor", *,
     first_batch_timeout_s : float, default 120
         ``loader_pin_thread`` only: the DataLoader's ``timeout``, so a worker
         or pin thread that hangs becomes an error instead of a silent wait
-        (field case 5).
+        (pytorch/pytorch#47445).
 
     Yields
     ------
