@@ -9,13 +9,13 @@ that goes through PyTorch's device-generic APIs (``torch.accelerator``,
 On a CPU-only build of torch, ``torch.accelerator.synchronize()``,
 ``current_stream()``, the ``memory_*`` functions and ``Tensor.pin_memory()``
 raise ``RuntimeError: Cannot access accelerator device when none is
-available`` (``reference/ascend_api_factcheck.md``, sections 1 and 2), so
+available`` (``docs/ascend_api_factcheck.md``, sections 1 and 2), so
 every such call here is behind the device kind: on ``"cpu"`` they are no-ops
 or report "not available" with the reason.
 
 Importing this module does not import torch: torch is imported on the first
 call, after :func:`helpers.diagnose.npu_probe.prepare_torch_import` has made
-sure a broken torch_npu cannot make ``import torch`` fail (field case 18).
+sure a broken torch_npu cannot make ``import torch`` fail (huggingface/accelerate#3754).
 
 What the CPU reports, and why
 -----------------------------
@@ -30,7 +30,7 @@ What the CPU reports, and why
 - autocast: ``bfloat16`` and ``float16`` (torch 2.13's CPU autocast accepts
   both: ``torch/amp/autocast_mode.py``, ``device_supported_dtypes``).  Accepted
   does not mean fast: bf16 on a CPU without AVX512-BF16/AMX can be slower than
-  fp32 (field case 11); the notebooks measure it.
+  fp32 (pytorch/pytorch#118499); the notebooks measure it.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ _DTYPE_ALIASES = {
 }
 
 #: Device kinds on which ``torch.channels_last`` must not be used, and why
-#: (``reference/ascend_api_factcheck.md``, section 8, "channels_last / NHWC").
+#: (``docs/ascend_api_factcheck.md``, section 8, "channels_last / NHWC").
 _NO_CHANNELS_LAST = {
     "npu": (
         "NPU Tensor.to accepts only contiguous_format/preserve_format; conv kernels "

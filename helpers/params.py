@@ -1,7 +1,9 @@
 """Validation of notebook parameters before any work is done.
 
 Papermill passes parameters in ways that are easy to get wrong (facts checked
-with papermill 2.7.0; see reference/notebook_conventions.md, section 1.5):
+with papermill 2.7.0: ``_resolve_type`` in ``papermill/cli.py``, the
+"Passed unknown parameter" warning in ``papermill/execute.py``, and
+nteract/papermill#586 for tuples):
 
 * ``-p name value`` guesses the type: ``True``/``False``/``None``, then int,
   then float, else str. So ``-p batch_size 32`` is an int but

@@ -73,7 +73,7 @@ def versions() -> dict[str, str | None]:
 
     Reads installed distribution metadata with :mod:`importlib.metadata`; it
     never imports torch or torch_npu (importing torch_npu without a working
-    CANN toolkit can fail or take seconds; field case 18).
+    CANN toolkit can fail or take seconds; huggingface/accelerate#3754).
 
     Returns
     -------

@@ -80,8 +80,10 @@ def bucket_sizes(ddp_model) -> list[int]:
     starts with all parameters in one bucket when ``find_unused_parameters``
     is off, then the reducer rebuilds the buckets after the first iteration in
     gradient-ready order and logs ``rebuilt_bucket_sizes``; before that only
-    ``bucket_sizes`` (the initial buckets) exists. A bucket is closed once it
-    exceeds the cap, so buckets are usually larger than ``bucket_cap_mb``.
+    ``bucket_sizes`` (the initial buckets) exists. A bucket is closed as soon as
+    it reaches the cap (``bucket.size >= limit`` in
+    ``compute_bucket_assignment_by_size``, torch/csrc/distributed/c10d/
+    reducer.cpp), so buckets are usually a little larger than ``bucket_cap_mb``.
     """
     data = ddp_model._get_ddp_logging_data()
     raw = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", ""))

@@ -1,7 +1,7 @@
 """Start collective jobs in child processes with torchrun, with a timeout and no stray process.
 
 The calling process (a notebook kernel, the ``bench`` command, a test) never
-holds a process group (field case 17: "Address already in use" and hangs when
+holds a process group (pytorch/pytorch#104136: "Address already in use" and hangs when
 a notebook initializes a process group twice). It runs::
 
     python -m torch.distributed.run --standalone --nproc-per-node N \\

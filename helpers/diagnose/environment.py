@@ -4,7 +4,7 @@ Everything here only *reads* the system (``/proc``, ``/sys``, ``psutil``,
 ``importlib.metadata``); nothing changes a setting. The module does not import
 torch: the environment notebook calls it before torch is imported, because
 importing torch can fail when torch_npu is installed but CANN is not set up
-(field case 18). Torch facts (intra-op threads) are reported only when torch is
+(huggingface/accelerate#3754). Torch facts (intra-op threads) are reported only when torch is
 already in ``sys.modules``.
 
 Typical use::
@@ -39,7 +39,7 @@ __all__ = [
 
 #: x86 CPU flags (as spelled in the ``flags`` line of Linux ``/proc/cpuinfo``)
 #: that decide how fast CPU training kernels can be. ``avx512_bf16`` and
-#: ``amx_bf16`` are the native bf16 paths (field case 11, pytorch#118499);
+#: ``amx_bf16`` are the native bf16 paths (pytorch/pytorch#118499);
 #: ``amx_tile`` is the AMX tile unit; ``avx512_fp16`` is AVX512-FP16.
 CPU_FLAGS: tuple[str, ...] = (
     "avx2",
@@ -330,7 +330,7 @@ def cpu_bf16_support(info: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Say whether this CPU has native bf16 arithmetic.
 
     bf16 autocast on a CPU without AVX512-BF16 or AMX is emulated and can be
-    slower than fp32 (field case 11, pytorch#118499), so the mixed-precision
+    slower than fp32 (pytorch/pytorch#118499), so the mixed-precision
     notebook measures before it recommends; this function gives the reason.
 
     Parameters

@@ -4,8 +4,8 @@ When ``torch_npu`` is installed, ``import torch`` loads it automatically
 through the entry point ``[torch.backends] torch_npu = torch_npu:_autoload``
 (PyTorch >= 2.5).  If the CANN runtime is not set up, or torch and torch_npu
 versions differ, that makes ``import torch`` itself fail, and a notebook
-kernel that tried it is unusable until restarted (field case 18 in
-``reference/field_cases.md``).  This module therefore tries the import in a
+kernel that tried it is unusable until restarted
+(huggingface/accelerate#3754).  This module therefore tries the import in a
 *child* process, turns what went wrong into one sentence of cause and the
 exact command that fixes it, and can switch autoloading off
 (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) before the parent imports torch.
@@ -19,7 +19,7 @@ Sources
   ``os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1"``).
 - The error texts matched here: ``torch_npu/__init__.py`` (libhccl.so /
   libascendcl.so handling; "Two accelerators cannot be used at the same time
-  in PyTorch: npu and <type>") and ``reference/ascend_api_factcheck.md``
+  in PyTorch: npu and <type>") and ``docs/ascend_api_factcheck.md``
   section 7 (local reproduction with torch 2.13.0+cpu and torch_npu 2.13.0).
 - torch_npu ``X.Y.Z`` requires ``torch==X.Y.Z.*`` (wheel METADATA, fact-check
   section 7).

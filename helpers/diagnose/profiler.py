@@ -93,7 +93,7 @@ def activities_for(kind: str) -> list:
     list
         cpu: ``[torch.profiler.ProfilerActivity.CPU]``; cuda: CPU and CUDA;
         npu: ``[torch_npu.profiler.ProfilerActivity.CPU, torch_npu.profiler.ProfilerActivity.NPU]``
-        (the CUDA activity is invalid on Ascend, field case 19).
+        (the CUDA activity is invalid on Ascend, sgl-project/sglang#14308).
 
     Raises
     ------
@@ -486,7 +486,7 @@ def _profile_npu(step_fn, folder: Path, activities, sync, total: int, steps: int
 
     def on_trace_ready(prof) -> None:
         # torch_npu calls this on stop() even mid-record; parsing an interrupted
-        # run would produce incomplete data (field case 19), so skip it.
+        # run would produce incomplete data (sgl-project/sglang#14308), so skip it.
         if state["complete"] or getattr(prof, "step_num", 0) >= total:
             handler(prof)
         else:

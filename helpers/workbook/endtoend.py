@@ -282,7 +282,7 @@ def device_defaults(acc, *, native_bf16: bool | None = None) -> dict[str, tuple[
         the training computation for the same cores, and a CPU has no pinned
         memory or streams); mixed precision where the device autocasts to
         bf16/fp16 and, on a CPU, only with native bf16 (emulated bf16 is
-        slower, field case 11); channels_last on CPU and CUDA, never on NPU
+        slower, pytorch/pytorch#118499); channels_last on CPU and CUDA, never on NPU
         (fact-check, section 8).
     """
     caps = acc.capabilities

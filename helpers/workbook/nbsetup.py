@@ -7,7 +7,7 @@ fails in the first seconds with a clear message:
 1. validate the parameters cell's values against the notebook's spec
    (helpers/workbook/specs.py), coercing papermill's strings;
 2. probe torch_npu in a child process before ``import torch`` (a broken
-   torch_npu install otherwise crashes the kernel on import; field case 18);
+   torch_npu install otherwise crashes the kernel on import; huggingface/accelerate#3754);
 3. resolve the device (``auto`` / ``cpu`` / ``cuda`` / ``npu``);
 4. seed Python, NumPy and torch; open the results store and the figure folder.
 """
