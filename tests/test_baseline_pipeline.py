@@ -90,7 +90,7 @@ def test_augmentations_differ_across_items_and_epochs():
 
 
 def test_dataset_holds_no_shared_rng_and_workers_match_main_process(dataset):
-    # field case 1: the augmentation of item i must not depend on which process loads it
+    # pytorch/pytorch#5059: the augmentation of item i must not depend on which process loads it
     assert not any(isinstance(v, (np.random.Generator, torch.Generator)) for v in vars(dataset).values())
     loader = torch.utils.data.DataLoader(dataset, batch_size=1, shuffle=False, num_workers=2,
                                          collate_fn=collate_batch, timeout=60)

@@ -210,7 +210,7 @@ class _Transform:
 
 
 class _RngHolder:
-    """A dataset that makes the field-case-1 mistake in several ways."""
+    """A dataset that makes the mistake of pytorch/pytorch#5059 (RNG objects copied into workers) in several ways."""
 
     def __init__(self):
         self.rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 """Tests for helpers.diagnose.npu_probe.
 
-Each failure of field case 18 is simulated by a fake ``torch_npu`` package
+Each failure mode of a broken torch_npu (huggingface/accelerate#3754) is simulated by a fake ``torch_npu`` package
 put on the child's path (``extra_sys_path``): one whose import raises the
 libhccl.so error, one that raises "Two accelerators ...", one that hangs,
 fake dist-info metadata for a version mismatch, and fakes that import fine

@@ -1,4 +1,4 @@
-"""The side-stream prefetcher (field case 8) and the overlap metric.
+"""The side-stream prefetcher (huggingface/pytorch-image-models#2781) and the overlap metric.
 
 Every prefetched batch is compared bit for bit with a synchronous copy: on the CPU
 directly, and with a faked stream/event implementation that records every call, so

@@ -1,7 +1,7 @@
 """Host-to-device copy methods, the PCIe link limit from sysfs, and the pinning verdict.
 
 No accelerator here: the CPU path must report "not applicable" without raising
-(field case 6), and the device paths are exercised with a faked accelerator whose
+(pytorch/pytorch#73003), and the device paths are exercised with a faked accelerator whose
 "device" is the CPU, with ``Tensor.pin_memory`` replaced by a copy (pinning itself
 cannot run without an accelerator).
 """
@@ -105,7 +105,7 @@ def test_parse_link_width(text, expected):
 
 
 def test_pcie_limits_match_the_published_figures():
-    # 128b/130b: Gen3 x16 = 15.75 GB/s (performance_anchors 3.1), Gen4 31.5, Gen5 63.0
+    # 128b/130b: Gen3 x16 = 8 GT/s x 16 x 128/130 / 8 = 15.75 GB/s, Gen4 31.5, Gen5 63.0
     assert tr.pcie_limit_gbps(8.0, 16) == pytest.approx(15.754, abs=1e-3)
     assert tr.pcie_limit_gbps(16.0, 16) == pytest.approx(31.508, abs=1e-3)
     assert tr.pcie_limit_gbps(32.0, 16) == pytest.approx(63.015, abs=1e-3)
