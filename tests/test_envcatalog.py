@@ -528,3 +528,176 @@ def test_catalog_frame_and_text_show_unset_defaults_and_every_entry():
             assert label in block, (var.name, label)
     for line in text.splitlines():  # wrapped; only a single unbreakable word (a URL, a path) may overrun
         assert len(line) <= 80 or max(len(word) for word in line.split()) > 40, line
+
+
+# --------------------------------------------------------------------------
+# CANN 9.0.0 HCCL pages and NCCL's env.rst (catalog update)
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value, severity", [
+    ("CCU_SCHED", "ok"),
+    ("CCU_MS", "warning"),      # documented, but CANN 9.0.0 says the current version does not support it
+    ("AI_CPU", "ok"), ("HOST_TS", "ok"),
+    ("CCU", "error"), ("ccu_sched", "error"),  # CANN compares exactly
+])
+def test_hccl_op_expansion_mode_takes_the_ccu_modes(value, severity):
+    assert [f.severity for f in ec.check_env({"HCCL_OP_EXPANSION_MODE": value})] == [severity]
+
+
+def test_hccl_op_expansion_mode_integer_error_lists_the_ccu_modes():
+    (f,) = ec.check_env({"HCCL_OP_EXPANSION_MODE": "2"})
+    assert f.severity == "error" and "CCU_MS" in f.message and "CCU_SCHED" in f.message
+
+
+@pytest.mark.parametrize("value", ["0.05", "0.5", "1.25", "1091.00", "1836", "0", "+30", " 0.1 "])
+def test_hccl_exec_timeout_accepts_whole_seconds_and_10ms_steps(value):
+    (f,) = ec.check_env({"HCCL_EXEC_TIMEOUT": value})
+    assert f.severity == "ok", f
+    if "." in value:
+        assert "AIV" in f.message and "whole seconds" in f.message
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("0.055", "10 ms"), ("0.001", "10 ms"),            # finer than HCCL's precision
+    ("-0.05", "out of range"), ("2147483648", "out of range"),
+    ("abc", "not a number"), ("1e3", "not a number"), (".5", "not a number"), ("5.", "not a number"),
+    ("0,05", "not a number"), ("30s", "not a number"), ("", "not a number"),
+])
+def test_hccl_exec_timeout_rejects_other_values(value, fragment):
+    (f,) = ec.check_env({"HCCL_EXEC_TIMEOUT": value})
+    assert f.severity == "error" and fragment in f.message, f
+    assert "0.05" in f.fix
+
+
+@pytest.mark.parametrize("mode", ["HOST", "HOST_TS", "CCU_MS", "CCU_SCHED"])
+def test_hccl_exec_timeout_fraction_in_a_whole_seconds_mode_is_a_warning(mode):
+    findings = ec.check_env({"HCCL_EXEC_TIMEOUT": "0.05", "HCCL_OP_EXPANSION_MODE": mode})
+    (pair,) = only(findings, "HCCL_EXEC_TIMEOUT+HCCL_OP_EXPANSION_MODE")
+    assert pair.severity == "warning" and "whole seconds" in pair.message
+    assert not only(ec.check_env({"HCCL_EXEC_TIMEOUT": "60", "HCCL_OP_EXPANSION_MODE": mode}),
+                    "HCCL_EXEC_TIMEOUT+HCCL_OP_EXPANSION_MODE")
+
+
+@pytest.mark.parametrize("environ, conflict", [
+    ({"HCCL_EXEC_TIMEOUT": "0.05", "HCCL_OP_EXPANSION_MODE": "AIV"}, False),
+    ({"HCCL_EXEC_TIMEOUT": "0.05", "HCCL_OP_EXPANSION_MODE": "AI_CPU"}, False),
+    ({"HCCL_EXEC_TIMEOUT": "1091.5", "HCCL_OP_EXPANSION_MODE": "AIV"}, True),   # above AIV's 1091
+    ({"HCCL_EXEC_TIMEOUT": "0", "HCCL_OP_EXPANSION_MODE": "AIV"}, True),        # 0 is taken as 1091 in AIV
+])
+def test_hccl_exec_timeout_in_aiv_and_ai_cpu_modes(environ, conflict):
+    findings = ec.check_env(environ)
+    assert bool(only(findings, "HCCL_EXEC_TIMEOUT+HCCL_OP_EXPANSION_MODE")) is conflict, findings
+    assert not by_severity(findings, "error")
+
+
+def test_hccl_exec_timeout_allowed_text_names_the_precision():
+    allowed = ec.CATALOG["HCCL_EXEC_TIMEOUT"].allowed
+    assert "10 ms" in allowed and "2147483647" in allowed and "0.05" in allowed
+
+
+@pytest.mark.parametrize("value", [
+    "reduce=level0:NA;level1:ring",
+    "scatter=level0:NA;level1:NHR",
+    "allreduce=level0:NA;level1:ring/reduce=level0:NA;level1:H-D_R/scatter=level0:NA;level1:NB",
+])
+def test_hccl_algo_per_operator_form_takes_reduce_and_scatter(value):
+    assert [f.severity for f in ec.check_env({"HCCL_ALGO": value})] == ["ok"]
+
+
+def test_hccl_algo_operator_list_is_the_documented_seven():
+    assert set(ec.HCCL_ALGO_OPS) == {"allgather", "reducescatter", "allreduce", "broadcast", "reduce",
+                                     "scatter", "alltoall"}
+    warn = ec.check_env({"HCCL_ALGO": "gather=level0:NA;level1:ring"})
+    assert [f.severity for f in warn] == ["warning"] and "reduce" in warn[0].message
+
+
+@pytest.mark.parametrize("environ, unset_name", [
+    ({"HCCL_INTRA_PCIE_ENABLE": "0"}, "HCCL_INTRA_ROCE_ENABLE"),
+    ({"HCCL_INTRA_ROCE_ENABLE": "0"}, "HCCL_INTRA_PCIE_ENABLE"),
+])
+def test_intra_link_zero_with_the_other_unset_is_a_conflict(environ, unset_name):
+    findings = ec.check_env(environ)
+    assert [(f.name, f.severity) for f in findings] == [("HCCL_INTRA_ROCE_ENABLE+HCCL_INTRA_PCIE_ENABLE", "error")]
+    (f,) = findings
+    assert f"{unset_name}=(unset)" in f.value and "does not support" in f.message and f.fix
+    line = ec.format_finding(f)
+    assert line.startswith("ERROR   HCCL_INTRA_ROCE_ENABLE+HCCL_INTRA_PCIE_ENABLE:")
+
+
+@pytest.mark.parametrize("pcie, roce", [("1", None), ("1", "0"), ("0", "1"), (None, "1"), ("0", "0"), (None, None)])
+def test_intra_link_combinations_in_the_cann_table_are_not_conflicts(pcie, roce):
+    environ = {k: v for k, v in (("HCCL_INTRA_PCIE_ENABLE", pcie), ("HCCL_INTRA_ROCE_ENABLE", roce)) if v is not None}
+    assert not by_severity(ec.check_env(environ), "error")
+
+
+def test_write_env_file_leaves_out_an_unsupported_intra_link_setting(tmp_path):
+    path, _ = ec.write_env_file({"HCCL_INTRA_PCIE_ENABLE": "0", "HCCL_BUFFSIZE": "400"}, tmp_path / "run.env",
+                                skip_invalid=True)
+    assert ec.parse_env_file(path) == {"HCCL_BUFFSIZE": "400"}
+
+
+@pytest.mark.parametrize("name, value, severity", [
+    ("HCCL_RDMA_TIMEOUT", "5", "ok"),
+    ("HCCL_RDMA_TIMEOUT", "20", "ok"),
+    ("HCCL_RDMA_TIMEOUT", "24", "warning"),   # 910A/300I Duo/Atlas 350 only; A2/A3 stop at 20
+    ("HCCL_RDMA_TIMEOUT", "4", "error"),
+    ("HCCL_RDMA_TIMEOUT", "25", "error"),
+    ("HCCL_RDMA_TIMEOUT", "6.5", "error"),
+    ("HCCL_RDMA_RETRY_CNT", "1", "ok"),
+    ("HCCL_RDMA_RETRY_CNT", "7", "ok"),
+    ("HCCL_RDMA_RETRY_CNT", "0", "error"),
+    ("HCCL_RDMA_RETRY_CNT", "8", "error"),
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "61000-61050", "ok"),                     # the four documented examples
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "61000,61050-61100,61200-61210", "ok"),
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "57000,57005,57007,58008,58100,58105,58107,58108", "ok"),
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "auto", "ok"),
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "16666", "ok"),
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "1000-1100", "warning"),                  # reaches into 1-1023
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "61000-61050,61040-61060", "error"),      # overlapping entries
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "61000,61000", "error"),
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "61050-61000", "error"),
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "0", "error"),
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "65536", "error"),
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "61000;61001", "error"),
+    ("HCCL_NPU_SOCKET_PORT_RANGE", "", "error"),
+])
+def test_hccl_rdma_and_npu_port_settings(name, value, severity):
+    findings = ec.check_env({name: value})
+    assert [f.severity for f in findings] == [severity], findings
+
+
+def test_new_hccl_entries_have_documented_defaults_and_cann_900_sources():
+    expected = {"HCCL_RDMA_TIMEOUT": "20", "HCCL_RDMA_RETRY_CNT": "7", "HCCL_NPU_SOCKET_PORT_RANGE": "16666"}
+    for name, default in expected.items():
+        var = ec.CATALOG[name]
+        assert var.scope == "HCCL" and var.default == default and "canncommercial/900" in var.source, name
+        assert [f.severity for f in ec.validate_value(name, default)] == ["ok"]
+    assert ec.CATALOG["HCCL_RDMA_TIMEOUT"].allowed == "integer 5 to 24"
+    assert not ({"HCCL_RDMA_TIMEOUT", "HCCL_RDMA_RETRY_CNT", "HCCL_NPU_SOCKET_PORT_RANGE"} & set(ec.RECOGNISED))
+
+
+@pytest.mark.parametrize("name, version", [
+    ("NCCL_LL_THRESHOLD", "2.5"), ("NCCL_TREE_THRESHOLD", "2.5"), ("NCCL_SINGLE_RING_THRESHOLD", "2.3"),
+    ("NCCL_IB_CUDA_SUPPORT", "2.4.0"), ("NCCL_CHECKS_DISABLE", "2.2.12"),
+])
+def test_nccl_names_nccl_no_longer_reads_are_a_warning_with_the_version(name, version):
+    (f,) = ec.check_env({name: "1"})
+    assert f.severity == "warning" and f.name == name
+    assert "does nothing in current NCCL" in f.message and f"NCCL {version}" in f.message
+    assert f.fix.startswith(f"unset {name}")
+    assert name in ec.REMOVED and name not in ec.RECOGNISED and ec.REMOVED[name][2]
+
+
+def test_removed_nccl_names_point_to_what_replaced_them():
+    (f,) = ec.check_env({"NCCL_IB_CUDA_SUPPORT": "0"})
+    assert "NCCL_NET_GDR_LEVEL" in f.fix
+    (f,) = ec.check_env({"NCCL_LL_THRESHOLD": "0"})
+    assert "NCCL_PROTO" in f.fix
+
+
+def test_removed_names_are_disjoint_from_the_other_tables_and_not_written(tmp_path):
+    tables = (ec.CATALOG, ec.RECOGNISED, ec.INVENTED, ec.DEPRECATED)
+    assert not any(set(ec.REMOVED) & set(t) for t in tables)
+    path, findings = ec.write_env_file({"NCCL_LL_THRESHOLD": "0", "NCCL_DEBUG": "WARN"}, tmp_path / "run.env")
+    assert ec.parse_env_file(path) == {"NCCL_DEBUG": "WARN"}
+    assert "# warning: NCCL_LL_THRESHOLD" in path.read_text()

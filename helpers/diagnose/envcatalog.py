@@ -4,15 +4,17 @@ The catalog is data: one :class:`EnvVar` per setting the workbook knows how to
 validate, with where it is documented. :func:`check_env` reads a mapping (pass
 ``os.environ``; this module does no I/O of its own) and returns one
 :class:`Finding` per set variable that the catalog validates (or per problem
-with it), per invented name, per unknown name with a watched prefix, and per
-cross-variable conflict. Real names that are only recognised (:data:`RECOGNISED`,
-e.g. the paths CANN's set_env.sh exports) produce no finding.
+with it), per invented name, per unknown name with a watched prefix, per name
+that its reader no longer reads (:data:`REMOVED`), and per cross-variable
+conflict. Real names that are only recognised (:data:`RECOGNISED`, e.g. the
+paths CANN's set_env.sh exports) produce no finding.
 
 Ground truth is ``docs/ascend_api_factcheck.md`` (sections 3 and 7),
 the torch_npu docs under ``docs/zh/api/environment_variable/`` of Ascend/pytorch
 (master 9e73e708a), torch_npu's ``NPUAllocatorConfig.{h,cpp}``, torch 2.13's
-``c10/core/AllocatorConfig.h`` and ``c10/cuda/CUDAAllocatorConfig.h``, and the
-NCCL and OpenMP documentation. Nothing here is guessed: a name that could not
+``c10/core/AllocatorConfig.h`` and ``c10/cuda/CUDAAllocatorConfig.h``, the
+CANN 9.0.0 HCCL environment-variable pages on hiascend.com, and the NCCL and
+OpenMP documentation. Nothing here is guessed: a name that could not
 be checked is not in the catalog.
 
 Typical use::
@@ -37,6 +39,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -65,6 +68,7 @@ __all__ = [
     "NCCL_DEBUG_LEVELS",
     "NCCL_DEBUG_SUBSYSTEMS",
     "DEPRECATED",
+    "REMOVED",
     "INVENTED_VALUES",
     "lookup",
     "parse_alloc_conf",
@@ -83,7 +87,10 @@ SCOPES: tuple[str, ...] = ("torch_npu", "CANN", "HCCL", "NCCL", "torch", "thread
 #: How a value is checked. "enum": one of ``choices``; "int": an integer in
 #: [``minimum``, ``maximum``]; "alloc_conf_npu" / "alloc_conf_cuda" /
 #: "alloc_conf_any": comma-separated ``key:value`` allocator settings;
-#: "hccl_algo": HCCL_ALGO syntax; "cpu_affinity": CPU_AFFINITY_CONF syntax;
+#: "hccl_algo": HCCL_ALGO syntax; "hccl_exec_timeout": seconds in
+#: [``minimum``, ``maximum``], whole or with at most two decimals (HCCL's 10 ms
+#: precision); "port_list": ``auto`` or comma-separated ports and ``a-b`` port
+#: ranges (HCCL_NPU_SOCKET_PORT_RANGE); "cpu_affinity": CPU_AFFINITY_CONF syntax;
 #: "device_list": comma-separated device indices; "thread_list": OpenMP thread
 #: counts; "npu_log_modules": TORCH_NPU_LOGS syntax; "nccl_algo" / "nccl_proto":
 #: NCCL's ``[^]elem,...[;func:[^]elem,...]`` lists (NCCL ``src/graph/tuning.cc``
@@ -92,7 +99,8 @@ SCOPES: tuple[str, ...] = ("torch_npu", "CANN", "HCCL", "NCCL", "torch", "thread
 #: ``getCvarBool`` accepts; "free": not checked.
 KINDS: tuple[str, ...] = (
     "enum", "int", "alloc_conf_npu", "alloc_conf_cuda", "alloc_conf_any",
-    "hccl_algo", "cpu_affinity", "device_list", "thread_list", "npu_log_modules",
+    "hccl_algo", "hccl_exec_timeout", "port_list", "cpu_affinity", "device_list", "thread_list",
+    "npu_log_modules",
     "nccl_algo", "nccl_proto", "nccl_subsys", "torch_bool", "free",
 )
 
@@ -109,9 +117,14 @@ WATCHED_PREFIXES: tuple[str, ...] = (
 _FC = "docs/ascend_api_factcheck.md"
 _NPU_DOC = "Ascend/pytorch docs/zh/api/environment_variable/"
 _CANN_ENV = "hiascend.com CANN env-var reference (canncommercial maintenref/envvar/"
+#: CANN 9.0.0 pages (commercial edition): the environment-variable reference and the HCCL guide.
+_CANN_900_ENV = "https://www.hiascend.com/document/detail/zh/canncommercial/900/maintenref/envvar/"
+_CANN_900_HCCL = "https://www.hiascend.com/document/detail/zh/canncommercial/900/API/hcclug/"
 _NCCL_DOC = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
 #: NCCL sources read for parsers and limits (github.com/NVIDIA/nccl, commit 5067397c, 2026-06-11).
 _NCCL_SRC = "NVIDIA/nccl 5067397c "
+#: The reStructuredText that docs.nvidia.com's env.html is built from, at the same commit.
+_NCCL_ENV_RST = f"{_NCCL_SRC}docs/userguide/source/env.rst"
 _TORCH_PG = ("torch 2.13 include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp (env-name lists) and "
              "Utils.hpp (getCvarBool/getCvarInt)")
 _OMP_DOC = "OpenMP API specification, chapter 'Environment Variables'"
@@ -139,7 +152,7 @@ class EnvVar:
     choices : tuple of str
         Allowed values when ``kind == "enum"``.
     minimum, maximum : int or None
-        Inclusive bounds when ``kind == "int"`` (None: unbounded).
+        Inclusive bounds when ``kind`` is "int" or "hccl_exec_timeout" (None: unbounded).
     unit : str or None
         Unit of an integer value ("MB", "s", "entries"...).
     source : str
@@ -178,6 +191,9 @@ class EnvVar:
         if self.kind == "enum":
             text = " | ".join(self.choices)
             return text + " (any case)" if self.case_insensitive else text
+        if self.kind == "hccl_exec_timeout":
+            return (f"seconds {self.minimum} to {self.maximum}: whole, or to 10 ms (two decimals, e.g. 0.05) "
+                    "in AIV mode and in A3's AI_CPU mode")
         if self.kind == "int":
             unit = f" {self.unit}" if self.unit else ""
             if self.minimum is not None and self.maximum is not None:
@@ -192,6 +208,7 @@ class EnvVar:
             "alloc_conf_cuda": "key:value,... (PyTorch CUDA allocator keys)",
             "alloc_conf_any": "key:value,... (PyTorch or torch_npu allocator keys)",
             "hccl_algo": "level0:NA;level1:<algo>[;level2:<algo>] or <op>=...;.../<op>=...",
+            "port_list": "auto, or comma-separated ports and a-b ranges in 1..65535, e.g. 61000-61050,61200",
             "cpu_affinity": "<mode 0|1|2>[,force:0|1][,npu<N>:<a>-<b>...][,npu_affine:0|1]",
             "device_list": "comma-separated device indices, e.g. 0,1,2,3",
             "thread_list": "positive integer (or comma list for nested levels)",
@@ -271,10 +288,13 @@ _ALLOC_BOOL_KEYS = frozenset({
 # --------------------------------------------------------------------------
 
 HCCL_ALGOS: tuple[str, ...] = ("ring", "H-D_R", "NHR", "NHR_V1", "NB", "AHC", "pipeline", "pairwise")
-#: Operator names of the per-operator HCCL_ALGO form, as used in CANN's own
-#: tests (``allreduce=...;.../allgather=.../broadcast=.../reducescatter=...``) and
-#: the fact-check (``alltoall=...``).
-HCCL_ALGO_OPS: tuple[str, ...] = ("allreduce", "allgather", "broadcast", "reducescatter", "alltoall")
+#: Operator names of the per-operator HCCL_ALGO form (``<op>=level0:NA;level1:<algo>/...``):
+#: the seven the HCCL_ALGO page lists ("<op> ... allgather, reducescatter, allreduce,
+#: broadcast, reduce, scatter, alltoall"; hiascend canncommercial 800 envref_07_0079,
+#: CANN 8.0.0, and 80RC3 envref_07_0089, CANN 8.0.RC3).
+HCCL_ALGO_OPS: tuple[str, ...] = (
+    "allreduce", "allgather", "broadcast", "reducescatter", "reduce", "scatter", "alltoall",
+)
 _HCCL_ALGO_FIX = 'export HCCL_ALGO="level0:NA;level1:ring" (or H-D_R, NHR, NHR_V1, NB, AHC, pipeline)'
 
 # --------------------------------------------------------------------------
@@ -402,9 +422,10 @@ _ENTRIES: tuple[EnvVar, ...] = (
        "Inter-server collective algorithm, globally (level0:NA;level1:<algo>) or per operator.",
        "hccl_algo",
        source=("https://www.hiascend.com/document/detail/en/canncommercial/850/maintenref/envvar/"
-               f"envref_07_0079.html; {_FC} §3"),
+               "envref_07_0079.html; operator names: https://hiascend.com/document/detail/zh/canncommercial/"
+               f"800/apiref/envvar/envref_07_0079.html (CANN 8.0.0); {_FC} §3"),
        notes="Setting it disables HCCL's adaptive algorithm selection. There is no 'tree'. "
-             "pairwise is for AlltoAll only."),
+             "pairwise is for AlltoAll only. Per-operator names: " + ", ".join(HCCL_ALGO_OPS) + "."),
     _v("HCCL_BUFFSIZE", "HCCL",
        "Size of each communicator's buffer; each communicator uses 2 x BUFFSIZE (send and receive).",
        "int", default="200", minimum=1, unit="MB",
@@ -416,28 +437,55 @@ _ENTRIES: tuple[EnvVar, ...] = (
        source=f"{_CANN_ENV}envref_07_0077 / 07_0149); {_FC} §3",
        notes="Raise it for slow cluster start-up (field case 19)."),
     _v("HCCL_EXEC_TIMEOUT", "HCCL",
-       "Timeout for executing a collective; on A2/A3 0 means never time out.",
-       "int", default="1836", minimum=0, maximum=2_147_483_647, unit="s",
-       source=f"{_CANN_ENV}envref_07_0078, latest); {_FC} §3",
-       notes="A2/A3: [0, 2147483647]. AIV expansion mode: [0, 1091], default 1091. "
+       "Timeout for executing a collective, in seconds; on A2/A3 0 means never time out.",
+       "hccl_exec_timeout", default="1836", minimum=0, maximum=2_147_483_647, unit="s",
+       source=f"{_CANN_900_ENV}envref_07_0078.html (CANN 9.0.0); {_FC} §3",
+       notes="A2/A3: [0, 2147483647]. AIV expansion mode: [0, 1091], default 1091 (0, or more than 1091, is "
+             "taken as 1091). 10 ms precision (e.g. 0.05 = 50 ms) in AIV mode and on A3 in AI_CPU (and "
+             "AICPU_CacheDisable) mode; whole seconds "
+             "in A2's HOST/HOST_TS modes, on the Atlas 350 and on 910A/inference parts. "
              "910A: (0, 17340], rounded down to a multiple of 68."),
     _v("HCCL_INTRA_ROCE_ENABLE", "HCCL",
        "1 uses RoCE for the intra-server link instead of PCIe.",
        "enum", default="0", choices=("0", "1"),
        source=f"{_CANN_ENV}hcclenvref_07_0007, 9.0.0; envref_07_0082, 8.0.0); {_FC} §3",
        notes="Only for Atlas 300T Pro and A2 200T Box16 (A3: LLM-DataDist only); not a "
-             "tuning knob for 8-card HCCS servers. Not together with HCCL_INTRA_PCIE_ENABLE=1."),
+             "tuning knob for 8-card HCCS servers. Not together with HCCL_INTRA_PCIE_ENABLE=1, and "
+             "not 0 while HCCL_INTRA_PCIE_ENABLE is unset."),
     _v("HCCL_INTRA_PCIE_ENABLE", "HCCL",
        "1 uses PCIe for the intra-server link (the default link).",
        "enum", choices=("0", "1"),
-       source=f"{_CANN_ENV}hcclenvref_07_0007, 9.0.0; envref_07_0082, 8.0.0); {_FC} §3",
-       notes="Same narrow scope as HCCL_INTRA_ROCE_ENABLE; both 1 is not allowed."),
+       source=(f"{_CANN_900_HCCL}hcclenvref_07_0006.html (CANN 9.0.0, table 1); "
+               f"{_CANN_ENV}envref_07_0082, 8.0.0); {_FC} §3"),
+       notes="Same narrow scope as HCCL_INTRA_ROCE_ENABLE. Not allowed: both 1; PCIE 0 with ROCE unset; "
+             "PCIE unset with ROCE 0."),
     _v("HCCL_OP_EXPANSION_MODE", "HCCL",
-       "Where collective operators are expanded: AI_CPU, AIV, HOST or HOST_TS (product-dependent).",
-       "enum", choices=("AI_CPU", "AIV", "HOST", "HOST_TS"),
-       source=f"{_CANN_ENV}envref_07_0096, 8.5.0); {_FC} §3",
-       notes="A3 defaults to AI_CPU; on A2, AIV covers inference features only. The per-group "
+       "Where collective operators are expanded: AI_CPU, AIV, HOST, HOST_TS, or on the CCU (CCU_MS, "
+       "CCU_SCHED; Atlas 350 only) (product-dependent).",
+       "enum", choices=("AI_CPU", "AIV", "HOST", "HOST_TS", "CCU_MS", "CCU_SCHED"),
+       source=f"{_CANN_900_ENV}envref_07_0096.html (CANN 9.0.0); {_CANN_ENV}envref_07_0096, 8.5.0); {_FC} §3",
+       notes="A3 defaults to AI_CPU; on A2, AIV covers inference features only. CCU_MS (CCU with Memory "
+             "Slice relay; falls back to AI_CPU when CCU resources run out) and CCU_SCHED (CCU as scheduler, "
+             "HBM to HBM) exist for the Atlas 350 only, and CANN 9.0.0 says CCU_MS is not supported yet; a "
+             "product that does not support a value keeps its default. The per-group "
              'torch_npu form takes integers: hccl_config={"hccl_op_expansion_mode": 0..3}.'),
+    _v("HCCL_RDMA_TIMEOUT", "HCCL",
+       "Exponent of the RDMA NIC's retransmission timeout: the minimum timeout is 4.096 us x 2^value.",
+       "int", default="20", minimum=5, maximum=24,
+       source=f"{_CANN_900_ENV}envref_07_0091.html (CANN 9.0.0; HCCL guide hcclenvref_07_0026)",
+       notes="A2/A3: [5, 20]; Atlas 350, 910A and 300I Duo: [5, 24]. Default 20 everywhere."),
+    _v("HCCL_RDMA_RETRY_CNT", "HCCL",
+       "How many times the RDMA NIC retransmits.",
+       "int", default="7", minimum=1, maximum=7, unit="retries",
+       source=f"{_CANN_900_ENV}envref_07_0092.html (CANN 9.0.0; HCCL guide hcclenvref_07_0027)"),
+    _v("HCCL_NPU_SOCKET_PORT_RANGE", "HCCL",
+       "NPU-side ports HCCL uses for communicators created from root-node info: ports, a-b ranges, "
+       "or auto (chosen by the OS).",
+       "port_list", default="16666",
+       source=f"{_CANN_900_HCCL}hcclenvref_07_0021.html (CANN 9.0.0; envref_07_0144)",
+       notes="Unset: port 16666. Plan at least as many ports as HCCL processes per NPU; ranges must not "
+             "overlap; avoid the reserved ports 1-1023. In a multi-card job every card of the communicator "
+             "must set it. Not with MC2 fused operators on A2. Recommended when several processes share one NPU."),
     # ---- torch / device selection ------------------------------------------
     _v("TORCH_DEVICE_BACKEND_AUTOLOAD", "torch",
        "1 (default) lets `import torch` load out-of-tree backends such as torch_npu; 0 disables it.",
@@ -567,13 +615,12 @@ RECOGNISED: dict[str, tuple[str, str]] = {
     )},
     **{n: ("NCCL", _NCCL_DOC) for n in (
         "NCCL_P2P_LEVEL", "NCCL_P2P_DIRECT_DISABLE", "NCCL_SHM_DISABLE",
-        "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_CROSS_NIC", "NCCL_CHECKS_DISABLE",
+        "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_CROSS_NIC",
         "NCCL_CHECK_POINTERS", "NCCL_LAUNCH_MODE", "NCCL_IB_HCA", "NCCL_IB_TIMEOUT",
         "NCCL_IB_RETRY_CNT", "NCCL_IB_GID_INDEX", "NCCL_IB_SL", "NCCL_IB_TC", "NCCL_IB_AR_THRESHOLD",
-        "NCCL_IB_CUDA_SUPPORT", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_PCI_RELAXED_ORDERING",
+        "NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_PCI_RELAXED_ORDERING",
         "NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ",
-        "NCCL_NET_SHARED_BUFFERS", "NCCL_NET_SHARED_COMMS", "NCCL_SINGLE_RING_THRESHOLD",
-        "NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD", "NCCL_LL_BUFFSIZE", "NCCL_LL128_BUFFSIZE",
+        "NCCL_NET_SHARED_BUFFERS", "NCCL_NET_SHARED_COMMS", "NCCL_LL_BUFFSIZE", "NCCL_LL128_BUFFSIZE",
         "NCCL_LL128_NTHREADS", "NCCL_MIN_NRINGS", "NCCL_MAX_NRINGS",
         "NCCL_IGNORE_CPU_AFFINITY", "NCCL_DEBUG_FILE", "NCCL_COLLNET_ENABLE",
         "NCCL_COLLNET_NODE_THRESHOLD", "NCCL_TOPO_FILE", "NCCL_TOPO_DUMP_FILE", "NCCL_NVB_DISABLE",
@@ -630,13 +677,42 @@ DEPRECATED: dict[str, tuple[str, str]] = {
     "NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": ("TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK", _TORCH_PG),
 }
 
+#: Real names that current versions of their reader no longer read, so setting
+#: them does nothing: name -> (when it went, what to do instead or "", source).
+#: Each is reported as a warning. The NCCL versions are those in NCCL's env.rst;
+#: checked against the source of all 62 v2.* tags of NVIDIA/nccl (v2.3.5-5 to
+#: v2.30.7-1) and commit 5067397c: each ``NCCL_PARAM`` is absent from the version
+#: named on, and none of these names is read anywhere at 5067397c.
+REMOVED: dict[str, tuple[str, str, str]] = {
+    "NCCL_SINGLE_RING_THRESHOLD": (
+        "removed in NCCL 2.3", "",
+        f"{_NCCL_ENV_RST} ('since 2.1, removed in 2.3'); in no public NVIDIA/nccl source (v2.3.5-5 on)"),
+    "NCCL_LL_THRESHOLD": (
+        "removed in NCCL 2.5", "NCCL 2.5+ picks algorithms and protocols itself; NCCL_PROTO (since 2.5) "
+        "restricts protocols, for debugging only",
+        f"{_NCCL_ENV_RST} ('since 2.1, removed in 2.5'); NCCL_PARAM(LlThreshold) is in v2.4.8-1, not in v2.5.6-1"),
+    "NCCL_TREE_THRESHOLD": (
+        "removed in NCCL 2.5", "NCCL 2.5+ picks algorithms itself; NCCL_ALGO (since 2.5) restricts them, "
+        "for debugging only",
+        f"{_NCCL_ENV_RST} ('since 2.4, removed in 2.5'); NCCL_PARAM(TreeThreshold) is in v2.4.8-1, not in v2.5.6-1"),
+    "NCCL_IB_CUDA_SUPPORT": (
+        "removed in NCCL 2.4.0", "use NCCL_NET_GDR_LEVEL to control GPU Direct RDMA",
+        f"{_NCCL_ENV_RST} ('removed in 2.4.0, see NCCL_NET_GDR_LEVEL'); NCCL_PARAM(IbCudaSupport) is in "
+        "v2.3.7-1, not in v2.4.2-1"),
+    "NCCL_CHECKS_DISABLE": (
+        "deprecated in NCCL 2.2.12 and not read by any NCCL whose source is public (2.3.5 and later)",
+        "since NCCL 2.29.7 NCCL_CHECK_MODE controls argument checks (default DEFAULT: no checks)",
+        f"{_NCCL_ENV_RST} ('since 2.0.5, deprecated in 2.2.12'); no CHECKS_DISABLE in NVIDIA/nccl src "
+        "from v2.3.5-5 on"),
+}
+
 #: Real names whose *value* is commonly wrong in circulating advice, with the
 #: check that catches it (each is also validated by its catalog entry).
 INVENTED_VALUES: dict[str, str] = {
     "HCCL_ALGO": "'tree' (or any bare algorithm name): HCCL has no tree algorithm and the value must name "
                  "levels, e.g. level0:NA;level1:ring",
-    "HCCL_OP_EXPANSION_MODE": "integers 0..3: the variable takes AI_CPU, AIV, HOST or HOST_TS; integers belong "
-                              "to torch_npu's per-group hccl_config",
+    "HCCL_OP_EXPANSION_MODE": "integers 0..3: the variable takes AI_CPU, AIV, HOST, HOST_TS, CCU_MS or CCU_SCHED; "
+                              "integers belong to torch_npu's per-group hccl_config",
 }
 
 
@@ -687,6 +763,69 @@ def _check_int(var: EnvVar, value: str) -> list[_Issue]:
         return [("error", f"{number}{unit} is out of range (expected {var.allowed})",
                  f"set {var.name} to an {var.allowed}")]
     return []
+
+
+_SECONDS_RE = re.compile(r"[+-]?(\d+)(?:\.(\d+))?")
+
+
+def _parse_seconds(text: str) -> Decimal | None:
+    """A decimal number of seconds (``1836``, ``0.05``), or None; no exponent, no bare ``.5``."""
+    text = text.strip()
+    return Decimal(text) if _SECONDS_RE.fullmatch(text) else None
+
+
+def _check_hccl_exec_timeout(var: EnvVar, value: str) -> list[_Issue]:
+    """Seconds, whole or to 10 ms (CANN 9.0.0 envref_07_0078: "支持十毫秒级精度配置(例如...0.05)").
+
+    Which products and expansion modes take the fraction is a cross-variable
+    matter (see :func:`_cross_checks`); here a value is refused only when it is
+    not a number, has more than two decimals, or is outside the entry's bounds.
+    """
+    text = value.strip()
+    fix = f"set {var.name} to whole seconds (e.g. 1836) or to 10 ms steps (e.g. 0.05)"
+    m = _SECONDS_RE.fullmatch(text)
+    if not m:
+        return [("error", f"not a number of seconds (expected {var.allowed})", fix)]
+    if m.group(2) is not None and len(m.group(2)) > 2:
+        return [("error", f"{text} s is finer than HCCL's 10 ms precision (at most two decimals)", fix)]
+    number = Decimal(text)
+    if (var.minimum is not None and number < var.minimum) or (var.maximum is not None and number > var.maximum):
+        return [("error", f"{text} s is out of range (expected {var.allowed})", fix)]
+    return []
+
+
+def _check_port_list(var: EnvVar, value: str) -> list[_Issue]:
+    """``auto`` or ``port|a-b[,port|a-b...]`` in [1, 65535] without overlaps (CANN 9.0.0 hcclenvref_07_0021)."""
+    text = value.strip()
+    fix = f'e.g. {var.name}="61000-61050" or "61000,61050-61100" or auto'
+    if text == "auto":
+        return []
+    if not text:
+        return [("error", f"{var.name} is set but empty", f"unset {var.name} (port 16666) or {fix}")]
+    issues: list[_Issue] = []
+    spans: list[tuple[int, int, str]] = []
+    for entry in (e.strip() for e in text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", entry)
+        if not m:
+            issues.append(("error", f"{entry!r} is not a port or a port range a-b (or the word auto)", fix))
+            continue
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if not (1 <= lo <= 65535 and 1 <= hi <= 65535):
+            issues.append(("error", f"{entry!r}: ports must be in [1, 65535]", fix))
+        elif lo > hi:
+            issues.append(("error", f"{entry!r}: the range starts above its end", fix))
+        else:
+            spans.append((lo, hi, entry))
+    spans.sort()
+    for (lo1, hi1, e1), (lo2, hi2, e2) in zip(spans, spans[1:]):
+        if lo2 <= hi1:
+            issues.append(("error", f"{e1!r} and {e2!r} overlap; HCCL does not allow overlapping entries",
+                           "list each port once"))
+    if any(lo <= 1023 for lo, _, _ in spans):
+        issues.append(("warning", "uses ports in 1-1023, which are reserved for the system",
+                       "use ports above 1023, e.g. 61000-61050"))
+    return issues
 
 
 def _split_top_level(text: str, sep: str = ",") -> list[str]:
@@ -1080,6 +1219,8 @@ _VALIDATORS: dict[str, Callable[..., list[_Issue]]] = {
     "alloc_conf_cuda": _check_alloc_conf,
     "alloc_conf_any": _check_alloc_conf,
     "hccl_algo": _check_hccl_algo,
+    "hccl_exec_timeout": _check_hccl_exec_timeout,
+    "port_list": _check_port_list,
     "cpu_affinity": _check_cpu_affinity,
     "device_list": _check_device_list,
     "thread_list": _check_thread_list,
@@ -1126,6 +1267,15 @@ def _advice(var: EnvVar, value: str) -> list[_Issue]:
         if n is not None and n < 65536:
             return [("warning", f"{n} bytes is very small: the unit is bytes, not MB "
                                 "(HCCL_BUFFSIZE is the one in MB)", "use e.g. 4194304 (4 MiB, the default)")]
+    if name == "HCCL_OP_EXPANSION_MODE" and v == "CCU_MS":
+        return [("warning", "CCU_MS is documented for the Atlas 350 only, and CANN 9.0.0 says the current version "
+                            "does not support it yet (other products keep their default mode)",
+                 "use CCU_SCHED or AI_CPU on the Atlas 350, or unset it to keep the adaptive choice")]
+    if name == "HCCL_RDMA_TIMEOUT":
+        n = _parse_int(v)
+        if n is not None and n > 20:
+            return [("warning", f"{n} is above 20, the maximum on Atlas A2/A3 ([5, 20]); only the Atlas 350, "
+                                "910A and 300I Duo accept up to 24", "use at most 20 on A2/A3 (20 is the default)")]
     if name in ("NCCL_ALGO", "NCCL_PROTO"):
         return [("warning", f"{name}={v} overrides NCCL's own per-size choice; NCCL's docs list it with the "
                             "debugging settings that should not be kept in production",
@@ -1139,7 +1289,9 @@ _OK_NOTES: dict[tuple[str, str | None], str] = {
     ("TASK_QUEUE_ENABLE", "2"): "may raise peak NPU memory",
     ("HCCL_ALGO", None): "this disables HCCL's adaptive algorithm selection",
     ("HCCL_INTRA_ROCE_ENABLE", "1"): "only for Atlas 300T Pro and A2 200T Box16 (A3: LLM-DataDist only)",
-    ("HCCL_EXEC_TIMEOUT", "0"): "on A2/A3, 0 means collectives never time out",
+    ("HCCL_EXEC_TIMEOUT", "0"): "on A2/A3, 0 means collectives never time out (in AIV mode it means 1091 s)",
+    ("HCCL_OP_EXPANSION_MODE", "CCU_SCHED"): "Atlas 350 only; other products keep their default mode",
+    ("HCCL_NPU_SOCKET_PORT_RANGE", None): "every card of the communicator must set it (root-info communicators)",
     ("TORCH_DEVICE_BACKEND_AUTOLOAD", "0"): "torch_npu is not loaded by `import torch`; import it explicitly",
     ("CPU_AFFINITY_CONF", "0"): "core binding is off; 2 (fine-grained) is recommended",
     ("NCCL_DEBUG", "INFO"): "debug output; remove it for production runs",
@@ -1148,6 +1300,11 @@ _OK_NOTES: dict[tuple[str, str | None], str] = {
     ("NCCL_IB_DISABLE", "1"): "inter-node traffic then uses IP sockets",
     ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"): "the default since torch 2.2",
 }
+
+
+#: Where HCCL_EXEC_TIMEOUT's 10 ms precision applies (CANN 9.0.0 envref_07_0078).
+_EXEC_TIMEOUT_FRACTION_NOTE = ("fractions of a second count only in AIV mode and on A3 in AI_CPU mode; "
+                               "A2's HOST/HOST_TS modes, the Atlas 350 and 910A/inference parts take whole seconds")
 
 
 def validate_value(name: str, value: str, *, npu: bool | None = None) -> list[Finding]:
@@ -1183,9 +1340,9 @@ def validate_value(name: str, value: str, *, npu: bool | None = None) -> list[Fi
     # Specific fixes for common mistakes.
     if name == "HCCL_OP_EXPANSION_MODE" and value.strip() in ("0", "1", "2", "3"):
         issues = [("error", f"HCCL_OP_EXPANSION_MODE={value!r}: the environment variable takes strings "
-                            "(AI_CPU, AIV, HOST, HOST_TS); integers 0..3 belong to torch_npu's "
+                            "(AI_CPU, AIV, HOST, HOST_TS, CCU_MS, CCU_SCHED); integers 0..3 belong to torch_npu's "
                             'hccl_config={"hccl_op_expansion_mode": N}',
-                   "set HCCL_OP_EXPANSION_MODE=AI_CPU (or AIV, HOST, HOST_TS)")]
+                   "set HCCL_OP_EXPANSION_MODE=AI_CPU (or AIV, HOST, HOST_TS, CCU_SCHED)")]
     if name == "ACLNN_CACHE_LIMIT" and value.strip() == "0":
         issues = [("warning", "ACLNN_CACHE_LIMIT=0 (cache off) is accepted only by some CANN 9.1 betas; "
                               "the documented range is [1, 10000000]", "set a value >= 1 (default 10000)")]
@@ -1198,6 +1355,8 @@ def validate_value(name: str, value: str, *, npu: bool | None = None) -> list[Fi
     if not issues:
         key = value.strip().upper() if var.case_insensitive else value.strip()
         note = _OK_NOTES.get((name, key), _OK_NOTES.get((name, None), ""))
+        if name == "HCCL_EXEC_TIMEOUT" and "." in key:
+            note = _EXEC_TIMEOUT_FRACTION_NOTE
         return [Finding(name, value, "ok", "valid" + (f"; {note}" if note else ""), "")]
     return [Finding(name, value, sev, _without_subject(name, value, msg), fix) for sev, msg, fix in issues]
 
@@ -1244,8 +1403,9 @@ def check_env(
         It is only read.
     prefixes : iterable of str
         Name prefixes to watch: a set variable with one of these prefixes that
-        is neither in :data:`CATALOG`, :data:`RECOGNISED` nor :data:`INVENTED`
-        is reported as a warning with spelling suggestions (difflib).
+        is in none of :data:`CATALOG`, :data:`RECOGNISED`, :data:`INVENTED`,
+        :data:`DEPRECATED` and :data:`REMOVED` is reported as a warning with
+        spelling suggestions (difflib).
     npu : bool or None
         Whether torch_npu is in play. None (default) infers it: true when
         PYTORCH_NPU_ALLOC_CONF or any ASCEND_* / HCCL_* variable is set.
@@ -1263,7 +1423,7 @@ def check_env(
     if npu is None:
         npu = _npu_in_play(environ)
     findings: list[Finding] = []
-    candidates = sorted(set(CATALOG) | set(RECOGNISED) | set(DEPRECATED))
+    candidates = sorted(set(CATALOG) | set(RECOGNISED) | set(DEPRECATED) | set(REMOVED))
 
     for name in sorted(environ):
         value = environ[name]
@@ -1279,6 +1439,12 @@ def check_env(
             findings.append(Finding(name, value, "error" if problems else "warning",
                                     f"deprecated; torch reads it but warns and prefers {new}{extra}",
                                     f"rename it: export {new}={value}" if not problems else problems[0].fix))
+        elif name in REMOVED:
+            when, instead, _ = REMOVED[name]
+            reader = name.split("_", 1)[0]
+            findings.append(Finding(name, value, "warning",
+                                    f"setting it does nothing in current {reader}: {when}",
+                                    f"unset {name}" + (f"; {instead}" if instead else "")))
         elif name in RECOGNISED:
             continue  # real, but not validated: nothing to say
         elif _watched(name, prefixes):
@@ -1320,11 +1486,27 @@ def _cross_checks(environ: Mapping[str, str], *, npu: bool, usable_cores: int | 
                            "both set: torch 2.13's CUDA allocator reads PYTORCH_CUDA_ALLOC_CONF first and "
                            "then ignores PYTORCH_ALLOC_CONF (c10/cuda/CUDAAllocatorConfig.h)",
                            "keep only PYTORCH_ALLOC_CONF (the current name)"))
-    if get("HCCL_INTRA_ROCE_ENABLE", "").strip() == "1" and get("HCCL_INTRA_PCIE_ENABLE", "").strip() == "1":
+    roce, pcie = get("HCCL_INTRA_ROCE_ENABLE", "").strip(), get("HCCL_INTRA_PCIE_ENABLE", "").strip()
+    if roce == "1" and pcie == "1":
         out.append(Finding("HCCL_INTRA_ROCE_ENABLE+HCCL_INTRA_PCIE_ENABLE",
                            "HCCL_INTRA_ROCE_ENABLE=1; HCCL_INTRA_PCIE_ENABLE=1", "error",
                            "both intra-server links are set to 1, which HCCL does not allow",
                            "set only one of them to 1 (PCIe is the default)"))
+    # CANN 9.0.0 hcclenvref_07_0006 table 1: an explicit 0 needs the other variable set (unset = empty here).
+    elif pcie == "0" and not roce:
+        out.append(Finding("HCCL_INTRA_ROCE_ENABLE+HCCL_INTRA_PCIE_ENABLE",
+                           "HCCL_INTRA_ROCE_ENABLE=(unset); HCCL_INTRA_PCIE_ENABLE=0", "error",
+                           "HCCL_INTRA_PCIE_ENABLE=0 with HCCL_INTRA_ROCE_ENABLE unset is a combination HCCL "
+                           "does not support (CANN 9.0.0)",
+                           "for RoCE also set HCCL_INTRA_ROCE_ENABLE=1; for PCIe (the default) unset "
+                           "HCCL_INTRA_PCIE_ENABLE"))
+    elif roce == "0" and not pcie:
+        out.append(Finding("HCCL_INTRA_ROCE_ENABLE+HCCL_INTRA_PCIE_ENABLE",
+                           "HCCL_INTRA_ROCE_ENABLE=0; HCCL_INTRA_PCIE_ENABLE=(unset)", "error",
+                           "HCCL_INTRA_ROCE_ENABLE=0 with HCCL_INTRA_PCIE_ENABLE unset is a combination HCCL "
+                           "does not support (CANN 9.0.0)",
+                           "unset HCCL_INTRA_ROCE_ENABLE (PCIe is the default), or also set "
+                           "HCCL_INTRA_PCIE_ENABLE=1"))
     if get("INF_NAN_MODE_ENABLE", "").strip() == "0" and get("INF_NAN_MODE_FORCE_DISABLE", "").strip() != "1":
         out.append(Finding("INF_NAN_MODE_ENABLE+INF_NAN_MODE_FORCE_DISABLE",
                            f"INF_NAN_MODE_ENABLE=0; INF_NAN_MODE_FORCE_DISABLE={get('INF_NAN_MODE_FORCE_DISABLE', '(unset)')}",
@@ -1337,12 +1519,25 @@ def _cross_checks(environ: Mapping[str, str], *, npu: bool, usable_cores: int | 
                            f"ASCEND_LAUNCH_BLOCKING=1; TASK_QUEUE_ENABLE={get('TASK_QUEUE_ENABLE')}", "warning",
                            "TASK_QUEUE_ENABLE has no effect while ASCEND_LAUNCH_BLOCKING=1",
                            "unset ASCEND_LAUNCH_BLOCKING when not debugging"))
-    exec_timeout = _parse_int(get("HCCL_EXEC_TIMEOUT", ""))
-    if get("HCCL_OP_EXPANSION_MODE", "").strip() == "AIV" and exec_timeout is not None and exec_timeout > 1091:
-        out.append(Finding("HCCL_EXEC_TIMEOUT+HCCL_OP_EXPANSION_MODE",
-                           f"HCCL_EXEC_TIMEOUT={exec_timeout}; HCCL_OP_EXPANSION_MODE=AIV", "warning",
-                           "in AIV expansion mode HCCL_EXEC_TIMEOUT is limited to [0, 1091] s",
+    exec_text = get("HCCL_EXEC_TIMEOUT", "").strip()
+    exec_timeout = _parse_seconds(exec_text)
+    mode = get("HCCL_OP_EXPANSION_MODE", "").strip()
+    pair = f"HCCL_EXEC_TIMEOUT={exec_text}; HCCL_OP_EXPANSION_MODE={mode}"
+    if mode == "AIV" and exec_timeout is not None and exec_timeout > 1091:
+        out.append(Finding("HCCL_EXEC_TIMEOUT+HCCL_OP_EXPANSION_MODE", pair, "warning",
+                           "in AIV expansion mode HCCL_EXEC_TIMEOUT is limited to [0, 1091] s "
+                           "(larger values are taken as 1091)",
                            "set HCCL_EXEC_TIMEOUT to at most 1091"))
+    elif mode == "AIV" and exec_timeout == 0:
+        out.append(Finding("HCCL_EXEC_TIMEOUT+HCCL_OP_EXPANSION_MODE", pair, "warning",
+                           "in AIV expansion mode 0 does not mean 'never time out': HCCL takes it as 1091 s",
+                           "set the timeout you want, at most 1091 s"))
+    elif (mode in ("HOST", "HOST_TS", "CCU_MS", "CCU_SCHED") and exec_timeout is not None
+          and exec_timeout != exec_timeout.to_integral_value()):
+        out.append(Finding("HCCL_EXEC_TIMEOUT+HCCL_OP_EXPANSION_MODE", pair, "warning",
+                           f"in {mode} mode HCCL takes whole seconds: CANN 9.0.0 (envref_07_0078) documents 10 ms "
+                           "precision only for AIV mode and A3's AI_CPU mode",
+                           "set HCCL_EXEC_TIMEOUT to a whole number of seconds"))
     lo, hi = _parse_int(get("NCCL_MIN_NCHANNELS", "")), _parse_int(get("NCCL_MAX_NCHANNELS", ""))
     if lo is not None and hi is not None and lo > hi:
         out.append(Finding("NCCL_MIN_NCHANNELS+NCCL_MAX_NCHANNELS",
