@@ -14,7 +14,7 @@ every such call here is behind the device kind: on ``"cpu"`` they are no-ops
 or report "not available" with the reason.
 
 Importing this module does not import torch: torch is imported on the first
-call, after :func:`helpers.diagnose.npu_probe.prepare_torch_import` has made
+call, after :func:`helpers.npu_probe.prepare_torch_import` has made
 sure a broken torch_npu cannot make ``import torch`` fail (huggingface/accelerate#3754).
 
 What the CPU reports, and why
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from helpers.diagnose import npu_probe
+from helpers import npu_probe
 from helpers.errors import DeviceUnavailableError, ParameterError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -669,7 +669,7 @@ def get_accelerator(kind: str = "auto", *, index: int = 0) -> Accelerator:
     kind : str, default "auto"
         ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"npu"`` (case-insensitive).
         ``"auto"`` picks the NPU when torch_npu is usable (checked in a child
-        process by :func:`helpers.diagnose.npu_probe.get_probe`), else CUDA
+        process by :func:`helpers.npu_probe.get_probe`), else CUDA
         when available, else the CPU.
     index : int, default 0
         Which device of that kind (``0 <= index < count``; 0 for cpu).

@@ -31,6 +31,7 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from helpers.errors import DataError, OutputDirError, ParameterError
+from helpers.verdict import RECOMMENDATIONS, Action, Verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -49,8 +50,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The verdicts a notebook may give (``Record.recommendation``).
-RECOMMENDATIONS = ("enable", "leave off", "not applicable", "host-bound", "device-bound")
 
 #: Distributions whose versions are recorded, as ``key: distribution name``.
 _VERSION_DISTS = {
@@ -645,6 +644,7 @@ class ResultsStore:
         reason: str,
         repeats: int | None = None,
         spread: Mapping[str, float] | None = None,
+        action: Action | None = None,
         **extra: Any,
     ) -> Record:
         """Append the notebook's verdict (experiment and variant ``"verdict"``).
@@ -662,6 +662,9 @@ class ResultsStore:
         repeats, spread
             Repeats and spread of ``value``, as in :meth:`add` (e.g. the
             interval of a speedup: ``{"ci_low", "ci_high", "confidence"}``).
+        action : helpers.verdict.Action, optional
+            The setting decided and its value, stored as ``extra["action"]``
+            (the report and notebook 10 read it; nothing parses ``reason``).
         **extra
             Stored in ``extra``.
 
@@ -670,6 +673,10 @@ class ResultsStore:
         ParameterError
             If ``recommendation`` is not in :data:`RECOMMENDATIONS` or ``reason`` is empty.
         """
+        if action is not None:
+            if not isinstance(action, Action):
+                raise ParameterError(f"verdict: action must be a helpers.verdict.Action, got {action!r}")
+            extra["action"] = action.to_dict()
         if recommendation not in RECOMMENDATIONS:
             raise ParameterError(
                 f"verdict: recommendation {recommendation!r} is not one of "
@@ -681,6 +688,19 @@ class ResultsStore:
             )
         return self.add("verdict", "verdict", metric, value, unit, repeats=repeats, spread=spread,
                         recommendation=recommendation, reason=reason, **extra)
+
+    def add_verdict(self, verdict: Verdict) -> Record:
+        """Append a :class:`helpers.verdict.Verdict` (see :meth:`verdict`).
+
+        Raises
+        ------
+        ParameterError
+            If the verdict belongs to another notebook than this store's.
+        """
+        if verdict.notebook != self.notebook:
+            raise ParameterError(f"add_verdict: the verdict is {verdict.notebook!r}'s, this store records "
+                                 f"{self.notebook!r}")
+        return self.verdict(**verdict.store_fields())
 
     # -- reading ---------------------------------------------------------------------
 

@@ -22,8 +22,8 @@ import torch
 
 from helpers import device as dev
 from helpers.device import Capabilities, Capability, describe_all, get_accelerator
-from helpers.diagnose import npu_probe
-from helpers.diagnose.npu_probe import NpuProbe
+from helpers import npu_probe
+from helpers.npu_probe import NpuProbe
 from helpers.errors import DeviceUnavailableError, ParameterError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,6 +12,7 @@ from helpers.device import get_accelerator
 from helpers.errors import ParameterError
 from helpers.pipeline.dataset import build_embedded, load_dataset
 from helpers.pipeline.text import load_or_build_tokenizer
+from helpers.verdict import Action
 from helpers.results import ResultsStore, load_results
 from helpers.timing import Comparison, Measurement
 from helpers.workbook import endtoend as e2e
@@ -81,7 +82,9 @@ def _results(tmp_path, verdicts):
 def test_auto_follows_verdicts_and_reports_missing(tmp_path, cpu):
     df = _results(tmp_path, [
         ("02_batched_decode", "enable", {}, {}),
-        ("03_dataloader_tuning", "enable", {"best_setting": "workers=3, prefetch=4, persistent"}, {}),
+        # the worker count comes from the verdict's structured action, not from its wording
+        ("03_dataloader_tuning", "enable", {"best_setting": "workers=9, prefetch=4, persistent",
+                                            "action": Action("num_workers", 3, "DataLoader workers=3")}, {}),
         ("06_mixed_precision", "leave off", {}, {"autocast_dtype": "auto"}),
         ("07_channels_last", "enable", {}, {}),
     ])

@@ -13,10 +13,10 @@ import nbformat
 import papermill as pm
 import pytest
 
-from helpers.results import load_results
+from helpers.results import load_results, verdicts
 from helpers.workbook.nbtools import is_check_cell
 from helpers.workbook.runner import RunOptions, discover_notebooks, run
-from helpers.workbook.specs import spec_for
+from helpers.specs import spec_for
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = discover_notebooks(ROOT / "notebooks")
@@ -86,6 +86,19 @@ def test_smoke_run_records_a_verdict_per_notebook(smoke_run):
     for _, v in verdicts.iterrows():
         assert v["metric"] and v["unit"] and v["reason"]
         assert v["recommendation"] in ("enable", "leave off", "not applicable", "host-bound", "device-bound")
+
+
+@pytest.mark.notebook
+def test_smoke_run_verdicts_that_decide_a_setting_carry_it_as_fields(smoke_run):
+    """Each notebook that decides an optimization or a setting records the action as fields (nothing parses prose)."""
+    from helpers.verdict import Verdict
+
+    run_dir, _ = smoke_run
+    deciding = {"02", "03", "04", "05", "06", "07", "08", "09"}
+    for _, row in verdicts(load_results(run_dir / "results.jsonl")).iterrows():
+        v = Verdict.from_record(row.to_dict())
+        if v.notebook[:2] in deciding and v.recommendation in ("enable", "leave off"):
+            assert v.action is not None and v.action.text, v.notebook
 
 
 @pytest.mark.notebook

@@ -1,4 +1,4 @@
-"""Tests for helpers.diagnose.npu_probe.
+"""Tests for helpers.npu_probe.
 
 Each failure mode of a broken torch_npu (huggingface/accelerate#3754) is simulated by a fake ``torch_npu`` package
 put on the child's path (``extra_sys_path``): one whose import raises the
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.diagnose import npu_probe
-from helpers.diagnose.npu_probe import NpuProbe, prepare_torch_import, probe_npu
+from helpers import npu_probe
+from helpers.npu_probe import NpuProbe, prepare_torch_import, probe_npu
 from helpers.errors import DeviceUnavailableError, ParameterError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ def test_not_installed_is_fast_path_without_child(monkeypatch):
 
 def test_probe_module_never_imports_torch():
     code = (
-        "import sys; from helpers.diagnose.npu_probe import probe_npu; "
+        "import sys; from helpers.npu_probe import probe_npu; "
         "p = probe_npu(); print(p.status, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
@@ -381,7 +381,7 @@ def test_end_to_end_autoloaded_broken_torch_npu(tmp_path):
     code = textwrap.dedent("""
         import logging, os
         logging.basicConfig(level=logging.WARNING)
-        from helpers.diagnose.npu_probe import prepare_torch_import
+        from helpers.npu_probe import prepare_torch_import
         probe = prepare_torch_import()
         import torch
         print("STATUS", probe.status, os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD"),

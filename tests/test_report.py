@@ -16,6 +16,7 @@ from PIL import Image
 from helpers.results import ResultsStore
 from helpers.workbook import report
 from helpers.workbook.cli import _parser, main
+from helpers.verdict import Action
 from helpers.workbook.report import CHECKLIST, collect, headline, overall_verdict, to_html, to_markdown
 
 IDS = {
@@ -493,17 +494,34 @@ def test_first_screen_lists_settings_not_notebooks(tmp_path):
     """The advice lists say what each verdict decides; notebook 10 (the summary) is not among them."""
     _store(tmp_path, "06_mixed_precision").verdict(
         metric="speedup", value=1.08, unit="x", recommendation="enable",
-        reason="bfloat16 autocast is 1.08x faster than fp32 (95% CI 1.04-1.14)")
+        reason="bfloat16 autocast is 1.08x faster than fp32 (95% CI 1.04-1.14)",
+        action=Action("autocast_dtype", "bfloat16", "bf16 autocast: enable"))
     _store(tmp_path, "08_collectives").verdict(
         metric="busbw_at_largest_size", value=1.6, unit="GB/s", recommendation="leave off",
-        reason="fp16 compression was 1.03x as fast here but not clearly faster", best_hook="none")
+        reason="fp16 compression was 1.03x as fast here but not clearly faster", best_hook="none",
+        action=Action("comm_hook", "none", "fp16 gradient compression: leave off"))
     _store(tmp_path, "09_memory_and_batch_size").verdict(
-        metric="max_batch_size", value=80.0, unit="samples", recommendation="enable",
-        reason="raise the batch to 80: 1.24x the throughput of the current 32 (95% CI 1.11-1.41)")
+        metric="max_batch_size", value=96.0, unit="samples", recommendation="enable",
+        reason="raise the batch to 80: 1.24x the throughput of the current 32 (95% CI 1.11-1.41)",
+        action=Action("batch_size", 80, "batch size 32 → 80", current=32))
     _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=2.6, unit="x", recommendation="enable", reason="r")
     advice = dict(report._advice(collect(tmp_path)))
     assert advice["Enable on this machine"] == "bf16 autocast: enable; batch size 32 → 80"
     assert advice["Leave off (measured: no gain here)"] == "fp16 gradient compression: leave off"
+
+
+def test_first_screen_reads_the_action_not_the_wording(tmp_path):
+    """A reason that names another setting does not change what the first screen says the verdict decides."""
+    _store(tmp_path, "06_mixed_precision").verdict(
+        metric="speedup", value=1.08, unit="x", recommendation="enable",
+        reason="float16 autocast was measured beside bf16 autocast; current 32",
+        action=Action("autocast_dtype", "bfloat16", "bf16 autocast: enable"))
+    _store(tmp_path, "07_channels_last").verdict(metric="speedup", value=1.0, unit="x", recommendation="leave off",
+                                                 reason="bf16 autocast and fp16 compression were also tried")
+    advice = dict(report._advice(collect(tmp_path)))
+    assert advice["Enable on this machine"] == "bf16 autocast: enable"
+    # a verdict recorded without an action (an older results file) shows its item, nothing parsed
+    assert advice["Leave off (measured: no gain here)"] == "channels_last: leave off"
 
 
 def test_checklist_why_is_the_first_clause_and_the_section_keeps_the_reason(tmp_path):

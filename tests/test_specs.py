@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.errors import ParameterError
-from helpers.workbook.specs import injected_parameter_names, spec_for, validate_notebook_params
+from helpers.specs import injected_parameter_names, spec_for, validate_notebook_params
 
 INJECTED = '# Parameters\nbatchsize = 8\ndevice = "cpu"\n'
 

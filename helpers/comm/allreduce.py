@@ -38,6 +38,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from helpers.errors import ParameterError
+from helpers.comm.launch import backend_device_kind, resolve_backend, run_job
+from helpers.comm.rank import init_rank
+from helpers.device import get_accelerator
 
 MIB = 2**20
 #: Size of the bare reference loop (issue 5: "overhead_vs_bare ... at 64 MiB").
@@ -381,10 +384,8 @@ def allreduce_benchmark(*, backend: str = "auto", world_size: int = 2, min_bytes
     ParameterError, DeviceUnavailableError, TimeoutError, RuntimeError
         See :func:`helpers.comm.launch.run_job`.
     """
-    from helpers.comm.launch import run_job
 
     cfg = bench_config(min_bytes=min_bytes, max_size_mib=max_size_mib, repeats=repeats, warmup=warmup)
-    from helpers.comm.launch import backend_device_kind
 
     job = run_job("allreduce", cfg, world_size=world_size, backend=backend, device_kind=device_kind,
                   timeout_s=timeout_s, master_port=master_port, bytes_per_rank=2 * cfg["sizes"][-1],
@@ -423,12 +424,8 @@ def allreduce_in_launched_job(*, backend: str = "auto", min_bytes: int = 8, max_
     This is the multi-node path: ``torchrun ... -m helpers bench allreduce``
     runs this in every rank; rank 0 returns the result, the others None.
     """
-    from helpers.comm.launch import backend_device_kind, resolve_backend
-    from helpers.comm.worker import init_rank
 
     if backend == "auto":
-        from helpers.device import get_accelerator
-
         backend = resolve_backend("auto", get_accelerator("auto").kind)
     cfg = bench_config(min_bytes=min_bytes, max_size_mib=max_size_mib, repeats=repeats, warmup=warmup)
     import torch.distributed as dist

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from helpers.errors import DataError, DeviceUnavailableError, ParameterError
+from helpers.device import get_accelerator, usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +137,6 @@ def check_backend(backend: str) -> None:
                 f"backend 'nccl' needs CUDA: is_nccl_available()={dist.is_nccl_available()}, "
                 f"cuda.is_available()={torch.cuda.is_available()}; use backend='gloo' (CPU) or a CUDA build on a GPU.")
     elif backend == "hccl":
-        from helpers.device import get_accelerator
-
         try:
             acc = get_accelerator("npu")
         except Exception as exc:  # DeviceUnavailableError or an import failure of torch_npu
@@ -176,8 +175,6 @@ def max_world_size(backend: str, *, bytes_per_rank: int = 0) -> tuple[int, str]:
         n = npu.device_count() if npu is not None else 0
         return n, f"{n} visible NPU(s), one process each"
     import psutil
-
-    from helpers.device import usable_cores
 
     cores = usable_cores()
     avail = psutil.virtual_memory().available
@@ -396,8 +393,6 @@ def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backen
         and the last lines of its own stderr, and where the logs were kept.
     """
     if device_kind is None:
-        from helpers.device import get_accelerator
-
         device_kind = get_accelerator("auto").kind
     be = resolve_backend(backend, device_kind)
     if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:

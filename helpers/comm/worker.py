@@ -23,58 +23,13 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+
+from helpers.comm.rank import RankContext, init_rank
+from helpers.comm.allreduce import run_allreduce
+from helpers.comm.ddp import run_ddp
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RankContext:
-    """Where this rank runs: rank, world size, local rank, backend, torch device and its sync function."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    backend: str
-    device: Any
-    sync: Callable[[], None]
-
-
-def init_rank(backend: str, *, timeout_s: float = 600.0) -> RankContext:
-    """Join the default process group from torchrun's environment variables.
-
-    On nccl/hccl the rank uses device ``LOCAL_RANK`` (one process per device);
-    on gloo the CPU.
-
-    Raises
-    ------
-    KeyError
-        If RANK / WORLD_SIZE / LOCAL_RANK are not set (not started by torchrun).
-    """
-    import torch
-    import torch.distributed as dist
-
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    if backend == "hccl":
-        import torch_npu  # noqa: F401  registers the "hccl" backend (fact-check line 91)
-    kind = {"nccl": "cuda", "hccl": "npu"}.get(backend, "cpu")
-    if kind == "cpu":
-        device = torch.device("cpu")
-
-        def sync() -> None:
-            return None
-    else:
-        device = torch.device(kind, local)
-        getattr(torch, kind).set_device(device)
-        mod = getattr(torch, kind)
-
-        def sync() -> None:
-            mod.synchronize()
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    return RankContext(rank, world, local, backend, device, sync)
 
 
 def run_task(task: str, cfg: dict, rc: RankContext) -> dict | None:
@@ -82,14 +37,10 @@ def run_task(task: str, cfg: dict, rc: RankContext) -> dict | None:
     import torch.distributed as dist
 
     if task == "allreduce":
-        from helpers.comm.allreduce import run_allreduce
-
         return run_allreduce(rank=rc.rank, world_size=rc.world_size, device=rc.device, sizes=cfg["sizes"],
                              repeats=cfg["repeats"], warmup=cfg["warmup"], sync=rc.sync,
                              bare_bytes=cfg.get("bare_bytes"))
     if task == "ddp":
-        from helpers.comm.ddp import run_ddp
-
         return run_ddp(cfg, rc)
     if task == "selftest_hang":
         dist.barrier()

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from helpers.errors import ParameterError
+from helpers.verdict import Action
 
 logger = logging.getLogger(__name__)
 
@@ -373,7 +374,8 @@ def channels_last_verdict(comparisons: dict[str, Any], *, applicable: bool = Tru
     dict
         ``value`` (float or None, "x"), ``recommendation`` ("enable", "leave off"
         or "not applicable"), ``reason`` (sentence), ``spread`` (interval or
-        None), ``best`` (label or None).
+        None), ``best`` (label or None), ``action`` (:class:`helpers.verdict.Action` on
+        ``memory_format``).
 
     Raises
     ------
@@ -382,7 +384,9 @@ def channels_last_verdict(comparisons: dict[str, Any], *, applicable: bool = Tru
     """
     if not applicable:
         return {"value": None, "recommendation": "not applicable", "spread": None, "best": None,
-                "reason": f"channels_last was not measured: {why_not or 'not supported on this device'}"}
+                "reason": f"channels_last was not measured: {why_not or 'not supported on this device'}",
+                "action": Action("memory_format", None, "channels_last: not applicable",
+                                 current="contiguous_format")}
     if not comparisons:
         raise ParameterError("channels_last_verdict: no comparison given; measure at least the fp32 one.")
     best = max(comparisons, key=lambda k: comparisons[k].ratio)
@@ -399,4 +403,6 @@ def channels_last_verdict(comparisons: dict[str, Any], *, applicable: bool = Tru
                 f"above 1 (best {best}: {c.ratio:.2f}x)")
     return {"value": c.ratio, "recommendation": rec, "best": best,
             "spread": {"ci_low": c.ci_low, "ci_high": c.ci_high, "confidence": c.confidence},
-            "reason": f"{head}; speedup over NCHW by precision: {'; '.join(parts)}"}
+            "reason": f"{head}; speedup over NCHW by precision: {'; '.join(parts)}",
+            "action": Action("memory_format", "channels_last" if rec == "enable" else "contiguous_format",
+                             f"channels_last: {rec}", current="contiguous_format")}

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from helpers.errors import DataError, ParameterError
+from helpers.verdict import Action
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pathlib import Path
@@ -1059,7 +1060,7 @@ def baseline_workload(results_path: "str | Path | None" = None) -> tuple[dict[st
         A results file (JSON lines). When it holds records of notebook 01,
         the parameters of its latest record are used (that is the run the
         report shows beside notebook 05's); otherwise notebook 01's defaults
-        (:func:`helpers.workbook.specs.spec_for`).
+        (:func:`helpers.specs.spec_for`).
 
     Returns
     -------
@@ -1069,7 +1070,7 @@ def baseline_workload(results_path: "str | Path | None" = None) -> tuple[dict[st
         defaults"``.
     """
     from helpers.results import load_results
-    from helpers.workbook.specs import spec_for
+    from helpers.specs import spec_for
 
     values = {p.name: p.default for p in spec_for(BASELINE_NOTEBOOK) if p.name in WORKLOAD_PARAMS}
     source = "notebook 01's defaults"
@@ -1245,8 +1246,10 @@ def overlap_verdict(before: OverlapRun, after: OverlapRun, *, seed: int = 0) -> 
             why = ("; none of the known causes (one batch per epoch, workers taking the cores, input longer than "
                    "the compute) was found: with few steps the interval is wide, so run more steps")
         reason = f"no measurable drop in exposed input ({direction}): {numbers}" + why
+    action = Action("prefetcher", recommendation == "enable",
+                    f"overlapped input (worker/stream prefetch): {recommendation}", current=False)
     return {"recommendation": recommendation, "reason": reason, "exposed": exposed_cmp, "step": step_cmp,
-            "compute": compute_cmp, "dropped": dropped, "slower": slower, "notes": notes}
+            "compute": compute_cmp, "dropped": dropped, "slower": slower, "notes": notes, "action": action}
 
 
 # --------------------------------------------------------------------------- the benchmark

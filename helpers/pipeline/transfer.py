@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from helpers.errors import DataError, ParameterError
+from helpers.verdict import Action
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
@@ -1121,8 +1122,18 @@ def pinning_verdict(comparisons: dict[str, "Comparison"], *, threshold: float = 
         ``recommendation`` ("enable", "leave off", "not applicable"),
         ``value`` (the best method's speedup, or None), ``method`` (its name
         or None), ``spread`` (its interval or None) and ``reason`` (a
-        sentence built from the numbers).
+        sentence built from the numbers), ``action`` (a :class:`helpers.verdict.Action` on
+        ``pin_memory``).
     """
+    v = _pinning_decision(comparisons, threshold=threshold, applicability=applicability, reference=reference)
+    rec = v["recommendation"]
+    v["action"] = Action("pin_memory", rec == "enable", f"pinned memory: {rec}", current=False)
+    return v
+
+
+def _pinning_decision(comparisons: dict[str, "Comparison"], *, threshold: float = 1.05,
+                      applicability: Applicability | None = None,
+                      reference: dict[str, Any] | None = None) -> dict[str, Any]:
     if applicability is not None and not applicability.applicable:
         reason = applicability.reason
         if reference is not None:

@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable
 
 from helpers.workbook.runner import load_profile
-from helpers.workbook.specs import spec_for, validate_notebook_params
+from helpers.specs import spec_for, validate_notebook_params
 
 #: Targets of issue 3 for a 2-core CPU, quick profile, embedded data.
 INPUT_PIPELINE_TARGETS = {
@@ -57,7 +57,7 @@ def input_pipeline(*, profile: str = "quick", device: str = "auto", data_dir: st
     target, the measured value and whether it was met), ``decode`` and
     ``overlap`` (the full results), ``profile``, ``device``, ``duration_s``.
     """
-    from helpers.diagnose.npu_probe import prepare_torch_import
+    from helpers.npu_probe import prepare_torch_import
 
     prepare_torch_import(fallback_to_cpu=True)
     from helpers.device import get_accelerator
@@ -115,7 +115,7 @@ def allreduce_bench(*, backend: str = "auto", world_size: int = 2, min_bytes: in
         The job hung or a rank failed (the ``bench`` command prints
         ``error: ...`` and exits 1).
     """
-    from helpers.diagnose.npu_probe import prepare_torch_import
+    from helpers.npu_probe import prepare_torch_import
 
     prepare_torch_import(fallback_to_cpu=True)
     from helpers.comm.allreduce import allreduce_benchmark, allreduce_in_launched_job, launched_by_torchrun

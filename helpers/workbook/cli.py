@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from helpers.errors import WorkbookError
-from helpers.workbook.specs import DEVICE_CHOICES, PROFILES
+from helpers.specs import DEVICE_CHOICES, PROFILES
 
 
 def _parser() -> argparse.ArgumentParser:

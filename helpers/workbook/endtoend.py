@@ -27,42 +27,25 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from helpers import checklist
 from helpers.errors import ParameterError
+from helpers.verdict import Action
 
 log = logging.getLogger(__name__)
 
-#: The optimizations the optimized job can combine, in checklist order.
-OPTIMIZATIONS: tuple[str, ...] = ("batched_decode", "dataloader_workers", "pinned_memory", "prefetcher",
-                                  "mixed_precision", "channels_last")
+#: The optimizations the optimized job can combine, in checklist order (from :mod:`helpers.checklist`).
+OPTIMIZATIONS: tuple[str, ...] = checklist.optimization_names()
 
 #: The notebook whose verdict decides each optimization under ``optimizations=["auto"]``.
-SOURCE_NOTEBOOKS: dict[str, str] = {
-    "batched_decode": "02_batched_decode",
-    "dataloader_workers": "03_dataloader_tuning",
-    "pinned_memory": "04_pinned_memory",
-    "prefetcher": "05_stream_overlap",
-    "mixed_precision": "06_mixed_precision",
-    "channels_last": "07_channels_last",
-}
+SOURCE_NOTEBOOKS: dict[str, str] = {o.name: o.notebook for o in checklist.OPTIMIZATIONS}
 
-PHASES = ("data", "h2d", "compute")
+PHASES = checklist.PHASES
 
 #: The step phases each optimization acts on, where its effect must show (see :func:`attribute`).
-#: Input side: data and h2d (batched decode also moves the conversion and normalization into h2d, see
-#: :func:`helpers.pipeline.fast.to_device_batch`). Compute side: compute; channels_last also converts the
-#: images to NHWC in the h2d phase (:class:`_ChannelsLast`), so h2d counts for it too.
-ACTS_ON: dict[str, tuple[str, ...]] = {
-    "batched_decode": ("data", "h2d"),
-    "dataloader_workers": ("data", "h2d"),
-    "pinned_memory": ("data", "h2d"),
-    "prefetcher": ("data", "h2d"),
-    "mixed_precision": ("compute",),
-    "channels_last": ("h2d", "compute"),
-}
+ACTS_ON: dict[str, tuple[str, ...]] = {o.name: o.acts_on for o in checklist.OPTIMIZATIONS}
 
 #: What the h2d phase is on a CPU (no copy there): printed under tables and in the next-step sentence.
 CPU_H2D_NOTE = ("on the CPU the h2d phase is no copy: it is to_device_batch's conversion and normalization "
@@ -327,10 +310,11 @@ def _default_dtype(acc) -> str:
     return "bfloat16" if "bfloat16" in dtypes else "float16"
 
 
-def _workers_from(setting: Any, default: int) -> int:
-    """Parse ``"workers=N, ..."`` (notebook 03's ``best_setting``) into N."""
-    m = re.search(r"workers=(\d+)", str(setting or ""))
-    return int(m.group(1)) if m else default
+def _action_value(row, setting: str) -> Any:
+    """The value of a verdict's structured action on ``setting`` (None if it has none)."""
+    extra = row.get("extra") if isinstance(row.get("extra"), dict) else {}
+    action = Action.from_dict(extra.get("action"))
+    return action.value if action is not None and action.setting == setting else None
 
 
 def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16: bool | None = None,
@@ -374,11 +358,13 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
         table = verdicts(results)
         table = table.set_index("notebook") if len(table) else None
     # settings recorded by notebooks 03 and 06, whatever the mode
-    if table is not None and "03_dataloader_tuning" in table.index:
-        extra = table.loc["03_dataloader_tuning"].get("extra") or {}
-        workers = _workers_from(extra.get("best_setting"), workers) or workers
-    if table is not None and "06_mixed_precision" in table.index:
-        params = table.loc["06_mixed_precision"].get("parameters") or {}
+    workers_nb = checklist.optimization("dataloader_workers").notebook
+    if table is not None and workers_nb in table.index:
+        best = _action_value(table.loc[workers_nb], "num_workers")
+        workers = int(best) if isinstance(best, int) and not isinstance(best, bool) and best >= 1 else workers
+    amp_nb = checklist.optimization("mixed_precision").notebook
+    if table is not None and amp_nb in table.index:
+        params = table.loc[amp_nb].get("parameters") or {}
         try:
             from helpers.compute.amp import resolve_autocast_dtype
 

@@ -5,7 +5,7 @@ notebook needs before any work, so that a bad parameter or an unusable device
 fails in the first seconds with a clear message:
 
 1. validate the parameters cell's values against the notebook's spec
-   (helpers/workbook/specs.py), coercing papermill's strings;
+   (helpers/specs.py), coercing papermill's strings;
 2. probe torch_npu in a child process before ``import torch`` (a broken
    torch_npu install otherwise crashes the kernel on import; huggingface/accelerate#3754);
 3. resolve the device (``auto`` / ``cpu`` / ``cuda`` / ``npu``);
@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from helpers.fsutil import ensure_writable_dir
 from helpers.workbook.paths import interactive_dir
-from helpers.workbook.specs import validate_notebook_params
+from helpers.specs import validate_notebook_params
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def start(notebook: str, namespace: Mapping[str, Any], *, need_device: bool = Tr
     results_path = Path(params["results_path"]) if params.get("results_path") else out_dir / "results.jsonl"
     _writable_dir(results_path.parent, "results_path folder")
 
-    from helpers.diagnose.npu_probe import prepare_torch_import
+    from helpers.npu_probe import prepare_torch_import
 
     probe = prepare_torch_import(fallback_to_cpu=True)
 

@@ -32,7 +32,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from helpers import checklist
 from helpers.results import load_results
+from helpers.verdict import Action
 
 __all__ = [
     "CHECKLIST",
@@ -64,20 +66,10 @@ WHY_MAX_CHARS = 160
 #: Severity levels as notebook 08 records them (``ctx.store.add("env_check", ..., "severity", 0/1/2, "level")``).
 SEVERITY_NAMES = {0: "ok", 1: "warning", 2: "error"}
 
-#: The workbook's checklist: notebook number -> item name, in reading order.
-CHECKLIST: tuple[tuple[str, str], ...] = (
-    ("00", "environment check"),
-    ("01", "baseline profiling"),
-    ("02", "batched decode"),
-    ("03", "DataLoader tuning"),
-    ("04", "pinned memory"),
-    ("05", "stream overlap"),
-    ("06", "mixed precision"),
-    ("07", "channels_last"),
-    ("08", "collectives"),
-    ("09", "memory and batch size"),
-    ("10", "end to end"),
-)
+#: The workbook's checklist, from the registry: notebook number -> item name, in reading order.
+CHECKLIST: tuple[tuple[str, str], ...] = tuple((i.number, i.name) for i in checklist.CHECKLIST)
+_BASELINE_NUMBER = checklist.item(checklist.BASELINE).number
+_END_TO_END_NUMBER = checklist.item(checklist.END_TO_END).number
 
 GLOSSARY = (
     ("effect", "the notebook's key measured figure with its spread: IQR is the middle half of the repeats, "
@@ -560,13 +552,11 @@ def _missing_text(*, nb_id: str, number: str, status: str, error: dict | None, n
 
 
 def _section_ids(state: dict, records: pd.DataFrame) -> dict[str, str]:
-    """Notebook number -> id, from run.json, the records and the parameter specs."""
-    from helpers.workbook.specs import notebook_ids
-
+    """Notebook number -> id, from run.json, the records and the checklist registry."""
     ids: dict[str, str] = {}
     sources = [n.get("id") for n in state.get("notebooks", []) if isinstance(n, dict)]
     sources += list(records["notebook"].unique()) if len(records) else []
-    sources += list(notebook_ids())
+    sources += list(checklist.notebook_ids())
     for nb_id in sources:
         if isinstance(nb_id, str) and nb_id[:2].isdigit():
             ids.setdefault(nb_id[:2], nb_id)
@@ -666,8 +656,8 @@ def overall_verdict(report: Report) -> str:
     ``"host-bound baseline (exposed input 67% of each step); end to end not measured yet"``.
     """
     by_num = {s.number: s for s in report.sections}
-    base = by_num["01"].verdict if "01" in by_num else None
-    e2e = by_num["10"].verdict if "10" in by_num else None
+    base = by_num[_BASELINE_NUMBER].verdict if _BASELINE_NUMBER in by_num else None
+    e2e = by_num[_END_TO_END_NUMBER].verdict if _END_TO_END_NUMBER in by_num else None
     if base and base.get("recommendation") in ("host-bound", "device-bound"):
         state = f"{base['recommendation']} baseline"
     else:
@@ -901,49 +891,20 @@ def _why(s: NotebookSection) -> str:
 
 
 def _action(s: NotebookSection) -> str | None:
-    """What a verdict decides, as a setting and its value: ``"bf16 autocast: enable"``, ``"batch size 32 → 80"``.
+    """What a verdict decides, as its notebook wrote it: ``"bf16 autocast: enable"``, ``"batch size 32 → 80"``.
 
-    Built from the notebook id, the recommendation and the verdict's own
-    figures; falls back to the item name with the recommendation. Returns
-    None for notebook 10, whose verdict is the run's summary, not a setting.
+    Read from the verdict's structured action (:class:`helpers.verdict.Action`, ``extra["action"]``); a
+    verdict recorded without one (an older results file) falls back to the item name with the
+    recommendation. Returns None for the end-to-end notebook, whose verdict is the run's summary.
     """
     v = s.verdict or {}
-    rec = v.get("recommendation")
-    reason = str(v.get("reason") or "")
-    extra = v.get("extra") if isinstance(v.get("extra"), dict) else {}
-    num = s.number
-    if num == "10":
+    if s.number == _END_TO_END_NUMBER:
         return None
-    if num == "02":
-        return f"batched decode + device normalize: {rec}"
-    if num == "03":
-        best = extra.get("best_setting")
-        if rec == "enable" and best:
-            return f"DataLoader {best}"
-        return "DataLoader workers: keep num_workers=0" if rec == "leave off" else f"DataLoader workers: {rec}"
-    if num == "04":
-        return f"pinned memory: {rec}"
-    if num == "05":
-        return f"overlapped input (worker/stream prefetch): {rec}"
-    if num == "06":
-        m = re.search(r"\b(bfloat16|float16|bf16|fp16)\s+autocast", reason)
-        name = {"bfloat16": "bf16", "float16": "fp16"}.get(m.group(1), m.group(1)) if m else "mixed precision"
-        return f"{name} autocast: {rec}"
-    if num == "07":
-        return f"channels_last: {rec}"
-    if num == "08":
-        hook = extra.get("best_hook")
-        m = re.search(r"\b(fp16|bf16) compression", reason)
-        # best_hook is a hook name, "none" (plain allreduce won) or "none measurable"
-        name = hook if hook in ("fp16", "bf16") else (m.group(1) if m else "")
-        return f"{name + ' ' if name else ''}gradient compression: {rec}"
-    if num == "09":
-        m = re.search(r"current (\d+)", reason)
-        new = v.get("value")
-        if rec == "enable" and m and _is_num(new):
-            return f"batch size {m.group(1)} → {int(new)}"
-        return f"batch size: keep {m.group(1)}" if (rec == "leave off" and m) else f"larger batch: {rec}"
-    return f"{s.item}: {rec}"
+    extra = v.get("extra") if isinstance(v.get("extra"), dict) else {}
+    action = Action.from_dict(extra.get("action"))
+    if action is not None:
+        return action.text
+    return f"{s.item}: {v.get('recommendation')}"
 
 
 def _rec_text(s: NotebookSection) -> str:

@@ -34,10 +34,11 @@ from typing import Callable, Sequence
 
 import yaml
 
+from helpers import checklist
 from helpers.errors import DeviceUnavailableError, ParameterError
 from helpers.fsutil import ensure_writable_dir
 from helpers.workbook.paths import notebooks_dir, runs_dir
-from helpers.workbook.specs import DEVICE_CHOICES, PROFILES, spec_for, validate_notebook_params
+from helpers.specs import DEVICE_CHOICES, PROFILES, spec_for, validate_notebook_params
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,8 @@ def load_profile(name: str, folder: Path | None = None) -> dict:
     Raises
     ------
     ParameterError
-        Unknown profile name, or a profile file that is not a mapping.
+        Unknown profile name, a profile file that is not a mapping, or a section
+        named after no notebook of the checklist registry (:mod:`helpers.checklist`).
     """
     if name not in PROFILES:
         raise ParameterError(f"--profile: {name!r} is not one of {', '.join(PROFILES)}")
@@ -169,6 +171,10 @@ def load_profile(name: str, folder: Path | None = None) -> dict:
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ParameterError(f"profile file {path.name} must hold a mapping, got {type(data).__name__}")
+    unknown = [k for k in data if k != "common" and k not in checklist.notebook_ids()]
+    if unknown:
+        raise ParameterError(f"profile file {path.name} has section(s) {', '.join(map(repr, unknown))} that name no "
+                             f"notebook; known: common, {', '.join(checklist.notebook_ids())}")
     return data
 
 
@@ -224,7 +230,7 @@ def check_device(device: str, *, timeout_s: float = 300.0) -> str:
         raise ParameterError(f"--device: {device!r} is not one of {', '.join(DEVICE_CHOICES)}")
     code = (
         "import json,sys\n"
-        "from helpers.diagnose.npu_probe import prepare_torch_import\n"
+        "from helpers.npu_probe import prepare_torch_import\n"
         "prepare_torch_import(fallback_to_cpu=True)\n"
         "from helpers.device import get_accelerator\n"
         "try:\n"

@@ -185,11 +185,6 @@ SPECS: dict[str, tuple[Param, ...]] = {
 }
 
 
-def notebook_ids() -> tuple[str, ...]:
-    """Return the ids (file stems) of the notebooks that have a spec, in order."""
-    return tuple(sorted(SPECS))
-
-
 def spec_for(notebook: str) -> tuple[Param, ...]:
     """Return the parameter spec of ``notebook`` (its file stem, e.g. "01_baseline_profiling").
 
@@ -203,7 +198,7 @@ def spec_for(notebook: str) -> tuple[Param, ...]:
     except KeyError:
         raise ParameterError(
             f"no parameter spec for notebook {notebook!r}; known: {', '.join(SPECS)}. "
-            "Add one to helpers/workbook/specs.py."
+            "Add one to helpers/specs.py (and an entry to helpers/checklist.py)."
         ) from None
 
 
