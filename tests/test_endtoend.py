@@ -139,7 +139,7 @@ def test_baseline_and_batched_jobs_see_the_same_batches(data, cpu):
     base = e2e.Job(e2e.JobConfig("baseline"), index, tok, cpu, TINY)
     fast = e2e.Job(e2e.JobConfig("fast", ("batched_decode",)), index, tok, cpu, TINY)
     try:
-        bi, fi = base._batches(), fast._batches()
+        bi, fi = base.batches(), fast.batches()
         n_per_epoch = len(index) // TINY.batch_size
         for _ in range(n_per_epoch + 1):  # crosses an epoch boundary
             b, f = next(bi), next(fi)
@@ -186,7 +186,7 @@ def test_channels_last_job_feeds_nhwc_images(data, cpu):
     index, tok = data
     job = e2e.Job(e2e.JobConfig("cl", ("channels_last",)), index, tok, cpu, TINY)
     try:
-        images, _, _ = job.transfer(next(job._batches()), cpu)
+        images, _, _ = job.transfer(next(job.batches()), cpu)
         assert images.is_contiguous(memory_format=torch.channels_last)
     finally:
         job.close()

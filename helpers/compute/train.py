@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
+import pandas as pd
 import torch
 
 from helpers.errors import ParameterError
@@ -43,7 +44,7 @@ class TrainRun:
         One row per phase per measured step: step, phase, start_s, duration_s (seconds).
     steps : pandas.DataFrame
         One row per measured step: step, data, h2d, compute, step_s (seconds),
-        exposed_input_s, exposed_fraction, and the PPO statistics (loss,
+        exposed_input_s, exposed_fraction, and the step's statistics (loss,
         reward_mean, ... as floats).
     warmup_steps : int
         Steps run before measuring (not in the frames).
@@ -63,19 +64,122 @@ class TrainRun:
         return {c: float(self.steps[c].median()) for c in (*PHASES, "step_s")}
 
 
-def _infinite(loader: Iterable, dataset=None):
+def epochs(source: Iterable, *, datasets: Iterable = ()) -> Iterator:
+    """Iterate ``source`` again and again, one pass per epoch, forever.
+
+    Before each pass ``set_epoch(epoch)`` is called on each of ``datasets``
+    that has it (a dataset that draws augmentations per epoch, a batch
+    sampler that draws a new order per epoch).
+
+    Raises
+    ------
+    ParameterError
+        If a pass yields no batch (the dataset is smaller than one batch).
+    """
     epoch = 0
     while True:
-        if dataset is not None and hasattr(dataset, "set_epoch"):
-            dataset.set_epoch(epoch)
+        for obj in datasets:
+            if obj is not None and hasattr(obj, "set_epoch"):
+                obj.set_epoch(epoch)
         yielded = False
-        for batch in loader:
+        for batch in source:
             yielded = True
             yield batch
         if not yielded:
             raise ParameterError("the data loader yielded no batch: the dataset is smaller than one batch "
                                  "(with drop_last); lower batch_size or add images")
         epoch += 1
+
+
+def _stats_row(stats: Mapping[str, Any] | None) -> dict[str, float]:
+    """A step's statistics as floats, read after the step's timing (the sync it implies is not charged)."""
+    out = {}
+    for k, v in (stats or {}).items():
+        out[k] = float(v.detach().float().cpu()) if isinstance(v, torch.Tensor) else float(v)
+    return out
+
+
+class TimedLoop:
+    """The phase-timed training loop of the workbook: every experiment that trains runs its steps here.
+
+    Each step has three phases, each closed by a device synchronize
+    (:class:`helpers.timing.PhaseTimer`): *data* (``next(batches)``), *h2d*
+    (``to_device(batch)``) and *compute* (``step(device_batch)``). The loop
+    can run in blocks (:meth:`run`), so several jobs can be interleaved, and
+    marks each step as measured or warm-up.
+
+    Parameters
+    ----------
+    batches : iterator
+        Host batches (e.g. :func:`epochs` over a loader).
+    to_device : callable
+        ``to_device(batch) -> device_batch``; timed as *h2d*.
+    step : callable
+        ``step(device_batch) -> stats`` (dict of 0-d tensors or floats); timed as *compute*.
+    sync : callable
+        The device synchronize (``Accelerator.synchronize``).
+    """
+
+    def __init__(self, batches: Iterator, to_device: Callable[[Any], Any], step: Callable[[Any], Any],
+                 sync: Callable[[], None]) -> None:
+        self.batches, self.to_device, self.step = batches, to_device, step
+        self.timer = PhaseTimer(sync=sync)
+        self.measured: list[bool] = []
+        self.stats: list[dict[str, float]] = []
+        self.discarded = 0
+
+    def discard(self) -> "TimedLoop":
+        """Forget the steps run so far (counted as warm-up); the next step's phases start the timeline at 0."""
+        self.discarded += len(self.measured)
+        self.timer.reset()
+        self.measured, self.stats = [], []
+        return self
+
+    def run(self, steps: int, *, measured: bool = True) -> "TimedLoop":
+        """Run ``steps`` steps; ``measured=False`` marks them as warm-up. Returns self."""
+        for _ in range(int(steps)):
+            with self.timer.phase("data"):
+                batch = next(self.batches)
+            with self.timer.phase("h2d"):
+                device_batch = self.to_device(batch)
+            with self.timer.phase("compute"):
+                stats = self.step(device_batch)
+            self.timer.end_step()
+            self.measured.append(bool(measured))
+            self.stats.append(_stats_row(stats))
+        return self
+
+    def steps_frame(self, *, measured_only: bool = True):
+        """One row per step: step, data, h2d, compute, step_s, exposed_input_s, exposed_fraction, the stats."""
+        totals = self.timer.totals().reset_index(drop=True)
+        for p in PHASES:
+            if p not in totals:
+                totals[p] = 0.0
+        totals["exposed_input_s"] = totals[list(INPUT_PHASES)].sum(axis=1)
+        totals["exposed_fraction"] = totals["exposed_input_s"] / totals["step_s"]
+        df = pd.concat([totals, pd.DataFrame(self.stats)], axis=1)
+        df["measured"] = self.measured[: len(df)]
+        if not measured_only:
+            return df
+        return df[df["measured"]].reset_index(drop=True)
+
+    def phases_frame(self, *, measured_only: bool = True):
+        """One row per phase per step (``step``, ``phase``, ``start_s``, ``duration_s``)."""
+        phases = self.timer.frame()
+        if not measured_only or not len(phases):
+            return phases
+        keep = {i for i, m in enumerate(self.measured) if m}
+        return phases[phases["step"].isin(keep)].reset_index(drop=True)
+
+    def result(self) -> TrainRun:
+        """The measured steps as a :class:`TrainRun` (step numbers restart at 0 after the warm-up)."""
+        kept_warmup = sum(1 for m in self.measured if not m)
+        steps = self.steps_frame()
+        steps["step"] = range(len(steps))
+        phases = self.phases_frame()
+        if len(phases):
+            phases = phases.assign(step=phases["step"] - kept_warmup)
+        return TrainRun(phases=phases, steps=steps, warmup_steps=self.discarded + kept_warmup)
 
 
 def default_transfer(batch: dict, acc, *, non_blocking: bool = False):
@@ -89,7 +193,7 @@ def default_transfer(batch: dict, acc, *, non_blocking: bool = False):
 def train(loader: Iterable, trainer, acc, *, steps: int, warmup_steps: int = 2,
           generator: torch.Generator | None = None, non_blocking: bool = False,
           dataset=None, transfer: Callable[..., tuple] | None = None) -> TrainRun:
-    """Run ``warmup_steps + steps`` PPO steps, timing the phases of the measured ones.
+    """Run ``warmup_steps + steps`` PPO steps in a :class:`TimedLoop`, timing the phases of the measured ones.
 
     Parameters
     ----------
@@ -113,9 +217,7 @@ def train(loader: Iterable, trainer, acc, *, steps: int, warmup_steps: int = 2,
     transfer : callable, optional
         ``transfer(batch, acc, non_blocking=...) -> (images, tokens, labels)``
         on the device; the *h2d* phase times it. Default
-        :func:`default_transfer` (the baseline's float batch). A pipeline that
-        ships uint8 NHWC batches passes its own (copy, then convert and
-        normalize on the device).
+        :func:`default_transfer` (the baseline's float batch).
 
     Returns
     -------
@@ -126,38 +228,14 @@ def train(loader: Iterable, trainer, acc, *, steps: int, warmup_steps: int = 2,
     ParameterError
         ``steps < 1`` or ``warmup_steps < 0``, or a loader that yields nothing.
     """
-    import pandas as pd
-
     if steps < 1 or warmup_steps < 0:
         raise ParameterError(f"steps must be >= 1 and warmup_steps >= 0, got steps={steps}, "
                              f"warmup_steps={warmup_steps}")
-    timer = PhaseTimer(sync=acc.synchronize)
-    it = _infinite(loader, dataset)
-    stats_rows = []
-    for i in range(warmup_steps + steps):
-        measured = i >= warmup_steps
-        if i == warmup_steps:
-            timer.reset()
-        with timer.phase("data"):
-            batch = next(it)
-        with timer.phase("h2d"):
-            images, tokens, labels = (transfer or default_transfer)(batch, acc, non_blocking=non_blocking)
-        with timer.phase("compute"):
-            stats = trainer.step(images, tokens, labels, generator=generator)
-        timer.end_step()
-        if measured:
-            # .item() after the step's timing: the sync it implies is not charged to any phase
-            stats_rows.append({k: float(v.detach().float().cpu()) for k, v in stats.items()})
-    phases = timer.frame()
-    totals = timer.totals()
-    for p in PHASES:
-        if p not in totals:
-            totals[p] = 0.0
-    totals["exposed_input_s"] = totals[list(INPUT_PHASES)].sum(axis=1)
-    totals["exposed_fraction"] = totals["exposed_input_s"] / totals["step_s"]
-    stats_df = pd.DataFrame(stats_rows)
-    steps_df = pd.concat([totals.reset_index(drop=True), stats_df.reset_index(drop=True)], axis=1)
-    return TrainRun(phases=phases, steps=steps_df, warmup_steps=warmup_steps)
+    move = transfer or default_transfer
+    loop = TimedLoop(epochs(loader, datasets=[dataset] if dataset is not None else []),
+                     lambda batch: move(batch, acc, non_blocking=non_blocking),
+                     lambda b: trainer.step(*b, generator=generator), acc.synchronize)
+    return loop.run(warmup_steps, measured=False).discard().run(steps).result()
 
 
 def classify(exposed_fraction: float, threshold: float, *, device_kind: str = "") -> tuple[str, str]:

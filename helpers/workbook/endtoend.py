@@ -30,7 +30,15 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+import torch
+
 from helpers import checklist
+from helpers.compute.train import TimedLoop, epochs
+from helpers.jobs.base import StepOptions, Workload
+from helpers.jobs.ppo import PPOJob
+from helpers.pipeline.loader import LoaderConfig
+from helpers.pipeline.prefetch import DevicePrefetcher, prefetched
+from helpers.timing import Measurement
 from helpers.errors import ParameterError
 from helpers.verdict import Action
 
@@ -408,31 +416,6 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
 
 
 @dataclass(frozen=True)
-class Workload:
-    """The shape of the training job (notebook 01's parameters).
-
-    Attributes
-    ----------
-    batch_size, image_size, text_len, model_width, d_model, seed : int
-        Samples per step; crop side (px); caption tokens; first conv stage
-        channels (stages use 1x, 2x, 4x); text transformer width; seed of data
-        order, augmentation, initial weights and action sampling.
-    """
-
-    batch_size: int = 32
-    image_size: int = 128
-    text_len: int = 16
-    model_width: int = 16
-    d_model: int = 64
-    seed: int = 0
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> "Workload":
-        """Take the fields from a notebook's parameters (extra keys are ignored)."""
-        return cls(**{k: int(params[k]) for k in cls.__dataclass_fields__ if k in params})
-
-
-@dataclass(frozen=True)
 class JobConfig:
     """One job: a name and the optimizations it uses.
 
@@ -486,51 +469,12 @@ def ablation_configs(optimized: JobConfig) -> list[JobConfig]:
     return [optimized.without(o) for o in optimized.optimizations]
 
 
-class PerItemBatches:
-    """Adapter that makes the baseline's per-item dataset answer ``dataset[list_of_indices]`` with a batch.
-
-    The batch is ``collate_batch([dataset[i] for i in indices])``: exactly the
-    baseline's per-image work, in the order :func:`helpers.pipeline.fast.batch_sampler`
-    gives, so the baseline and the batched pipeline see the same batches and can
-    share one loader path (:func:`helpers.pipeline.loader.make_loader`).
-    Picklable (for workers) when the wrapped dataset is.
-
-    Parameters
-    ----------
-    dataset : helpers.pipeline.baseline.BaselineDataset
-    """
-
-    def __init__(self, dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch (augmentations are drawn per (seed, epoch, index))."""
-        self.dataset.set_epoch(epoch)
-
-    def __getitem__(self, indices) -> dict:
-        from helpers.pipeline.baseline import collate_batch
-
-        return collate_batch([self.dataset[int(i)] for i in indices])
-
-
-class _ChannelsLast:
-    """A ``transfer`` that returns the images of another transfer in channels_last (picklable, no closure)."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-
-    def __call__(self, batch, acc, *, non_blocking: bool = False):
-        import torch
-
-        images, tokens, labels = self.inner(batch, acc, non_blocking=non_blocking)
-        return images.contiguous(memory_format=torch.channels_last), tokens, labels
-
-
 class Job:
-    """A training job that can be stepped in blocks, with every phase of every step timed.
+    """One configuration of the training job, stepped in blocks with every phase of every step timed.
+
+    The job itself (dataset, loader, model, step, transfer) comes from
+    :class:`helpers.jobs.ppo.PPOJob`; this class switches the optimizations of
+    ``config`` on it and times it in a :class:`helpers.compute.train.TimedLoop`.
 
     Parameters
     ----------
@@ -544,126 +488,78 @@ class Job:
 
     Notes
     -----
-    Steps are timed with :class:`helpers.timing.PhaseTimer` (a device
-    synchronize closes each phase): *data* (next batch), *h2d* (the transfer:
-    copy, and for the batched pipeline conversion and normalization on the
-    device) and *compute* (one PPO step). Statistics are read from the device
-    after the step's timing. The data iterator lives across blocks, so
-    worker processes and the prefetcher keep running between blocks.
+    Steps are timed by the loop (a device synchronize closes each phase):
+    *data* (next batch), *h2d* (the transfer: copy, and for the batched
+    pipeline conversion and normalization on the device) and *compute* (one
+    PPO step). Statistics are read from the device after the step's timing.
+    The data iterator lives across blocks, so worker processes and the
+    prefetcher keep running between blocks.
     """
 
     def __init__(self, config: JobConfig, index, tokenizer, acc, workload: Workload, *,
                  n_actions: int | None = None) -> None:
-        import torch
-
-        from helpers.compute.amp import make_grad_scaler
-        from helpers.compute.model import PolicyConfig, build_policy
-        from helpers.compute.ppo import PPOConfig, PPOTrainer
-        from helpers.compute.train import default_transfer
-        from helpers.pipeline.baseline import BaselineDataset
-        from helpers.pipeline.fast import BatchedDataset, batch_sampler, to_device_batch
-        from helpers.pipeline.loader import LoaderConfig, make_loader
-        from helpers.timing import PhaseTimer
-
         self.config, self.acc, self.workload = config, acc, workload
-        w = workload
+        job = PPOJob(index, tokenizer, workload, n_actions=n_actions)
         pin = config.has("pinned_memory") and acc.capabilities.pinned_memory.available
         workers = config.num_workers if config.has("dataloader_workers") else 0
+        amp_dtype = getattr(torch, config.amp_dtype) if config.has("mixed_precision") else None
+        self.options = StepOptions(autocast_dtype=amp_dtype, channels_last=config.has("channels_last"))
+        self.amp_dtype = amp_dtype
         if config.has("batched_decode"):
             threads = 0 if workers == 0 else max(1, _cores() // workers)
-            self.dataset = BatchedDataset(index, tokenizer, image_size=w.image_size, text_len=w.text_len,
-                                          seed=w.seed, threads=threads, pin_memory=pin and workers == 0)
-            base_transfer = to_device_batch
+            self.dataset = job.make_dataset("batched", threads=threads, pin_memory=pin and workers == 0)
         else:
-            self.dataset = PerItemBatches(BaselineDataset(index, tokenizer, image_size=w.image_size,
-                                                          text_len=w.text_len, seed=w.seed))
-            base_transfer = default_transfer
-        self.sampler = batch_sampler(len(self.dataset), w.batch_size, seed=w.seed)
-        loader_cfg = LoaderConfig(batch_size=w.batch_size, num_workers=workers, pin_memory=pin and workers > 0,
-                                  seed=w.seed)
-        self.loader = make_loader(self.dataset, loader_cfg, acc, batch_sampler=self.sampler)
-        self.transfer = _ChannelsLast(base_transfer) if config.has("channels_last") else base_transfer
+            self.dataset = job.make_dataset("baseline")
+        self.sampler = job.batch_sampler(len(self.dataset))
+        loader_cfg = LoaderConfig(batch_size=workload.batch_size, num_workers=workers,
+                                  pin_memory=pin and workers > 0, seed=workload.seed)
+        self.loader = job.make_loader(self.dataset, loader_cfg, acc, batch_sampler=self.sampler)
+        self.transfer = _Transfer(job, self.options)
         self.prefetcher = None
         if config.has("prefetcher"):
-            from helpers.pipeline.prefetch import DevicePrefetcher, prefetched
-
             self.prefetcher = DevicePrefetcher(self.loader, acc, transfer=self.transfer, non_blocking=pin,
                                                time_copies=False)
             self.source, self.transfer = self.prefetcher, prefetched
         else:
             self.source = self.loader
-        torch.manual_seed(w.seed)  # same initial weights in every job
-        cfg = PolicyConfig.for_job(image_size=w.image_size, model_width=w.model_width, d_model=w.d_model,
-                                   text_len=w.text_len, vocab_size=tokenizer.get_vocab_size(),
-                                   n_classes=index.n_classes)
-        if n_actions:
-            cfg = replace(cfg, n_actions=n_actions)
-        model = build_policy(cfg, device=acc.device)
-        if config.has("channels_last"):
-            model = model.to(memory_format=torch.channels_last)
-        self.amp_dtype = getattr(torch, config.amp_dtype) if config.has("mixed_precision") else None
-        scaler = None
-        if self.amp_dtype is torch.float16:
-            scaler = make_grad_scaler(acc.kind, self.amp_dtype)
-        self.trainer = PPOTrainer(model, PPOConfig(), scaler=scaler)
-        self.generator = torch.Generator(device=acc.device).manual_seed(w.seed)
+        model = job.make_model(acc, self.options)
+        self.step = job.make_step(model, acc, self.options)
+        self.trainer = self.step.trainer
         self.non_blocking = bool(pin)
-        self.timer = PhaseTimer(sync=acc.synchronize)
-        self.measured: list[bool] = []
-        self.stats: list[dict[str, float]] = []
+        self.loop = TimedLoop(self.batches(),
+                              lambda batch: self.transfer(batch, acc, non_blocking=self.non_blocking),
+                              self.step, acc.synchronize)
+        self.timer = self.loop.timer
         self.peak_bytes: int | None = None
-        self._it = None
 
-    def _batches(self):
-        epoch = 0
-        while True:
-            if hasattr(self.dataset, "set_epoch"):
-                self.dataset.set_epoch(epoch)
-            self.sampler.set_epoch(epoch)
-            for batch in self.source:
-                yield batch
-            epoch += 1
+    def batches(self):
+        """The host batches of this job, epoch after epoch (a new iterator over the same loader)."""
+        return epochs(self.source, datasets=[self.dataset, self.sampler])
+
+    @property
+    def measured(self) -> list[bool]:
+        """Per step run so far: measured (True) or warm-up (False)."""
+        return self.loop.measured
 
     def run(self, steps: int, *, measured: bool = True) -> None:
         """Run ``steps`` PPO steps, timing each phase; ``measured=False`` marks them as warm-up."""
-        if self._it is None:
-            self._it = self._batches()
         if not self.acc.is_cpu:
             self.acc.reset_peak_memory_stats()
-        for _ in range(int(steps)):
-            with self.timer.phase("data"):
-                batch = next(self._it)
-            with self.timer.phase("h2d"):
-                images, tokens, labels = self.transfer(batch, self.acc, non_blocking=self.non_blocking)
-            with self.timer.phase("compute"):
-                stats = self.trainer.step(images, tokens, labels, generator=self.generator,
-                                          autocast_dtype=self.amp_dtype)
-            self.timer.end_step()
-            self.measured.append(bool(measured))
-            self.stats.append({k: float(v.detach().float().cpu()) for k, v in stats.items()})
+        self.loop.run(steps, measured=measured)
         if not self.acc.is_cpu:
             peak = self.acc.memory_stats().get("peak_allocated_bytes")
             if peak is not None:
                 self.peak_bytes = max(self.peak_bytes or 0, int(peak))
 
     def steps_frame(self, *, measured_only: bool = True):
-        """One row per step: step, data, h2d, compute, step_s, exposed_input_s, exposed_fraction, and the PPO stats."""
-        import pandas as pd
+        """One row per step: step, data, h2d, compute, step_s, exposed_input_s, exposed_fraction, and the PPO stats.
 
-        totals = self.timer.totals().reset_index(drop=True)
-        for p in PHASES:
-            if p not in totals:
-                totals[p] = 0.0
-        totals["exposed_input_s"] = totals["data"] + totals["h2d"]
-        totals["exposed_fraction"] = totals["exposed_input_s"] / totals["step_s"]
-        df = pd.concat([totals, pd.DataFrame(self.stats)], axis=1)
-        df["measured"] = self.measured[: len(df)]
-        return df[df["measured"]].reset_index(drop=True) if measured_only else df
+        With ``measured_only=False`` every step is returned, with a ``measured`` column.
+        """
+        return self.loop.steps_frame(measured_only=measured_only)
 
     def measurement(self, column: str = "step_s"):
         """The measured steps' ``column`` as a :class:`helpers.timing.Measurement` (items = batch size)."""
-        from helpers.timing import Measurement
-
         df = self.steps_frame()
         return Measurement(name=self.config.name, times_s=tuple(float(x) for x in df[column]),
                            warmup=int(len(self.measured) - len(df)),
@@ -671,10 +567,20 @@ class Job:
 
     def close(self) -> None:
         """Release the dataset's thread pool and the loader's workers."""
-        self._it = None
+        self.loop.batches = None
         inner = getattr(self.dataset, "close", None)
         if inner is not None:
             inner()
+
+
+class _Transfer:
+    """``transfer(batch, acc, non_blocking=...)`` of a job with its step options (picklable, no closure)."""
+
+    def __init__(self, job: PPOJob, options: StepOptions) -> None:
+        self.job, self.options = job, options
+
+    def __call__(self, batch, acc, *, non_blocking: bool = False):
+        return self.job.to_device(batch, acc, non_blocking=non_blocking, options=self.options)
 
 
 def same_input_check(a: JobConfig, b: JobConfig, index, tokenizer, acc, workload: Workload) -> dict[str, Any]:
@@ -698,8 +604,8 @@ def same_input_check(a: JobConfig, b: JobConfig, index, tokenizer, acc, workload
 
     ja, jb = Job(a, index, tokenizer, acc, workload), Job(b, index, tokenizer, acc, workload)
     try:
-        xa, ta, la = ja.transfer(next(ja._batches()), acc)
-        xb, tb, lb = jb.transfer(next(jb._batches()), acc)
+        xa, ta, la = ja.transfer(next(ja.batches()), acc)
+        xb, tb, lb = jb.transfer(next(jb.batches()), acc)
         std = torch.tensor(IMAGENET_STD, device=xa.device).view(1, 3, 1, 1)
         levels = ((xa.float() - xb.float()).abs() * std * 255.0)
         return {"labels_equal": bool(torch.equal(la.cpu(), lb.cpu())),

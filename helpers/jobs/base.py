@@ -1,0 +1,170 @@
+"""What a training job is to the workbook: the :class:`Job` interface and its :class:`Workload`.
+
+A Job says how to make its dataset and loader (from one validated
+:class:`helpers.pipeline.loader.LoaderConfig`), its model, one training step
+(forward, loss, backward, optimizer step, with the precision and memory-format
+switches of :class:`StepOptions`), how a batch goes to the device, and what
+its workload parameters are. The experiments (``helpers/experiments``) time
+and compare jobs through this interface only, with the one phase-timed loop
+:func:`helpers.compute.train.run_steps`; the built-in PPO job
+(:class:`helpers.jobs.ppo.PPOJob`) is one implementation.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, Mapping
+
+import torch
+
+from helpers.errors import ParameterError
+from helpers.pipeline.loader import LoaderConfig, make_loader
+
+__all__ = ["Job", "StepOptions", "Workload", "WORKLOAD_PARAMS"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The shape of a training job: the notebook parameters that size a batch and the model.
+
+    Attributes
+    ----------
+    batch_size : int
+        Samples per training step.
+    image_size : int
+        Side of the square training crop, px.
+    text_len : int
+        Caption length in tokens (padded/truncated).
+    model_width : int
+        Channels of the first conv stage (stages use 1x, 2x, 4x).
+    d_model : int
+        Width of the text transformer.
+    seed : int
+        Seed of data order, augmentation, initial weights and action sampling.
+
+    Raises
+    ------
+    ParameterError
+        If a field is not a positive integer (``seed``: not a non-negative one).
+    """
+
+    batch_size: int = 32
+    image_size: int = 128
+    text_len: int = 16
+    model_width: int = 16
+    d_model: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            least = 0 if f.name == "seed" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise ParameterError(f"Workload.{f.name}: expected an int >= {least}, got {v!r}")
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "Workload":
+        """Take the fields from a notebook's parameters (other keys are ignored, missing ones default)."""
+        return cls(**{f.name: int(params[f.name]) for f in fields(cls) if f.name in params})
+
+    def as_dict(self) -> dict[str, int]:
+        """The fields as a plain dict (for records and for a child process's configuration)."""
+        return asdict(self)
+
+
+#: The workload parameters that make two notebooks' measurements of the job comparable (``seed`` aside).
+WORKLOAD_PARAMS: tuple[str, ...] = tuple(f.name for f in fields(Workload) if f.name != "seed")
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """The switches of one training step.
+
+    Attributes
+    ----------
+    autocast_dtype : torch.dtype or None
+        Run forward and loss under ``torch.autocast`` with this dtype (None: fp32).
+    channels_last : bool
+        Model and images in the channels_last (NHWC) memory format.
+    grad_scaler : bool or None
+        Scale the loss with a GradScaler; None: exactly when ``autocast_dtype`` is float16.
+    """
+
+    autocast_dtype: torch.dtype | None = None
+    channels_last: bool = False
+    grad_scaler: bool | None = None
+
+    @property
+    def uses_scaler(self) -> bool:
+        """Whether the step scales its loss (fp16 needs it; bf16 and fp32 do not)."""
+        return self.autocast_dtype is torch.float16 if self.grad_scaler is None else bool(self.grad_scaler)
+
+
+class Job(abc.ABC):
+    """A training job as the workbook sees it.
+
+    Subclasses implement the abstract methods; :meth:`make_loader` and
+    :meth:`describe` have defaults. A batch is whatever the dataset yields
+    (a dict of host tensors for the built-in job); :meth:`to_device` turns
+    it into the arguments of the step function.
+
+    Attributes
+    ----------
+    name : str
+        Whose job this is, as the report names it.
+    workload : Workload
+        Its workload parameters.
+    """
+
+    name: str = "job"
+    workload: Workload
+
+    #: The input pipelines this job can build (:meth:`make_dataset`'s ``pipeline``).
+    pipelines: tuple[str, ...] = ("default",)
+
+    @abc.abstractmethod
+    def make_dataset(self, pipeline: str = "default", **options: Any) -> Any:
+        """A map-style dataset whose ``dataset[list_of_indices]`` is one batch (host side).
+
+        Raises
+        ------
+        ParameterError
+            If ``pipeline`` is not one of :attr:`pipelines`.
+        """
+
+    def make_loader(self, dataset: Any, config: LoaderConfig, acc: Any = None, *, batch_sampler: Any = None):
+        """A DataLoader over ``dataset`` built from one validated ``config``.
+
+        Default: :func:`helpers.pipeline.loader.make_loader` with the batch
+        sampler of :meth:`batch_sampler` (every job draws its batches in the
+        same seeded order), so only what applies to ``config`` is passed on.
+        """
+        sampler = batch_sampler if batch_sampler is not None else self.batch_sampler(len(dataset))
+        return make_loader(dataset, config, acc, batch_sampler=sampler)
+
+    @abc.abstractmethod
+    def batch_sampler(self, n_items: int):
+        """The one batch order: a sampler of index lists with ``set_epoch(epoch)``."""
+
+    @abc.abstractmethod
+    def make_model(self, acc: Any, options: StepOptions = StepOptions()) -> torch.nn.Module:
+        """The model on ``acc.device``, seeded from the workload (same initial weights every time)."""
+
+    @abc.abstractmethod
+    def make_step(self, model: torch.nn.Module, acc: Any,
+                  options: StepOptions = StepOptions()) -> Callable[[Any], Mapping[str, torch.Tensor]]:
+        """One training step on a device batch: forward, loss, backward, optimizer step.
+
+        Returns a function ``step(device_batch) -> stats`` (a dict of 0-d device tensors,
+        read only after the step's timing). The step must not synchronize the device itself.
+        """
+
+    @abc.abstractmethod
+    def to_device(self, batch: Any, acc: Any, *, non_blocking: bool = False,
+                  options: StepOptions = StepOptions()) -> Any:
+        """The host batch on the device, in the form :meth:`make_step`'s function takes."""
+
+    def describe(self) -> dict[str, Any]:
+        """Name and workload parameters, as records and the report show them."""
+        return {"job": self.name, **self.workload.as_dict()}

@@ -1,0 +1,215 @@
+"""The workbook's built-in training job: PPO on a multimodal policy, fed JPEG photos and captions.
+
+This is the one place where the built-in job is assembled (dataset, loader,
+model, trainer, batch transfer); notebooks 01, 05-07, 09, 10 and the DDP
+variants of 08 get it from here, through the :class:`helpers.jobs.base.Job`
+interface, from one :class:`helpers.jobs.base.Workload`.
+
+Two input pipelines, chosen by :meth:`PPOJob.make_dataset`:
+
+``"baseline"``
+    :class:`helpers.pipeline.baseline.BaselineDataset` (per-image Pillow
+    decode, augment, normalize and tokenize in the calling process), batched
+    by :class:`PerItemBatches`; the batch is float32 NCHW, normalized on the host.
+``"batched"``
+    :class:`helpers.pipeline.fast.BatchedDataset` (a thread pool decodes a
+    whole batch with libjpeg-turbo and DCT-domain scaling into one uint8 NHWC
+    buffer); :func:`helpers.pipeline.fast.to_device_batch` converts and
+    normalizes on the device.
+
+Both seed every item's crop and flip from ``(seed, epoch, index)`` and both are
+drawn in the order of one :func:`helpers.pipeline.fast.batch_sampler`, so the
+two pipelines feed the same samples in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, Mapping
+
+import torch
+
+from helpers.compute.amp import make_grad_scaler
+from helpers.compute.model import PolicyConfig, build_policy
+from helpers.compute.ppo import PPOConfig, PPOTrainer
+from helpers.errors import ParameterError
+from helpers.jobs.base import Job, StepOptions, Workload
+from helpers.pipeline.baseline import BaselineDataset, collate_batch
+from helpers.pipeline.fast import BatchedDataset, batch_sampler, to_device_batch
+from helpers.pipeline.prepare import prepare_data
+
+__all__ = ["PPOJob", "PerItemBatches", "host_to_device"]
+
+
+class PerItemBatches:
+    """Make the baseline's per-item dataset answer ``dataset[list_of_indices]`` with a batch.
+
+    The batch is ``collate_batch([dataset[i] for i in indices])``: exactly the
+    baseline's per-image work, so the baseline and the batched pipeline share
+    one loader path. Picklable (for workers) when the wrapped dataset is.
+
+    Parameters
+    ----------
+    dataset : helpers.pipeline.baseline.BaselineDataset
+    """
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch (augmentations are drawn per (seed, epoch, index))."""
+        self.dataset.set_epoch(epoch)
+
+    def __getitem__(self, indices) -> dict:
+        return collate_batch([self.dataset[int(i)] for i in indices])
+
+
+def host_to_device(batch: dict, acc, *, non_blocking: bool = False) -> tuple:
+    """Copy a baseline batch to the device: ``(images, tokens, labels)`` as given.
+
+    ``batch["image"]`` is float32 (B, 3, S, S) already normalized on the host;
+    ``tokens`` int64 (B, L); ``label`` int64 (B,).
+    """
+    return tuple(batch[k].to(acc.device, non_blocking=non_blocking) for k in ("image", "tokens", "label"))
+
+
+class PPOJob(Job):
+    """The built-in job: a multimodal policy (conv image encoder, text transformer, fused head) trained with PPO.
+
+    Parameters
+    ----------
+    index : helpers.pipeline.dataset.DatasetIndex
+        The images, captions and labels.
+    tokenizer : tokenizers.Tokenizer
+        Caption tokenizer (:func:`helpers.pipeline.text.load_or_build_tokenizer`).
+    workload : Workload
+        Batch size, crop, caption length, model size, seed.
+    n_actions : int, optional
+        Policy actions; default one per class, at least 2.
+    ppo : helpers.compute.ppo.PPOConfig, optional
+        PPO hyper-parameters (default ``PPOConfig()``).
+    name : str
+        How the report names the job.
+    """
+
+    pipelines = ("baseline", "batched")
+
+    def __init__(self, index, tokenizer, workload: Workload, *, n_actions: int | None = None,
+                 ppo: PPOConfig | None = None, name: str = "built-in PPO job") -> None:
+        self.index, self.tokenizer, self.workload = index, tokenizer, workload
+        self.n_actions = n_actions
+        self.ppo = ppo or PPOConfig()
+        self.name = name
+
+    @classmethod
+    def from_data(cls, workload: Workload, data_dir: str | None = None, *, max_images: int = 0,
+                  **kwargs: Any) -> "PPOJob":
+        """Load the images (embedded photos when ``data_dir`` is empty) and build the job.
+
+        Raises
+        ------
+        helpers.errors.DataError
+            Missing, empty or undecodable folder, or fewer images than one batch.
+        """
+        index, tokenizer = prepare_data(data_dir or None, max_images=max_images, seed=workload.seed,
+                                        batch_size=workload.batch_size, text_len=workload.text_len)
+        return cls(index, tokenizer, workload, **kwargs)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], **kwargs: Any) -> "PPOJob":
+        """The job of a notebook's parameters (``data_dir``, ``max_images`` and the workload's names)."""
+        return cls.from_data(Workload.from_params(params), params.get("data_dir") or None,
+                             max_images=int(params.get("max_images") or 0), **kwargs)
+
+    # -- the input ------------------------------------------------------------------------
+
+    def make_dataset(self, pipeline: str = "baseline", *, threads: int = 0, pin_memory: bool = False,
+                     **options: Any):
+        """The dataset of one pipeline (``"baseline"`` or ``"batched"``, see the module docstring).
+
+        Parameters
+        ----------
+        threads : int
+            Decode threads of the batched pipeline (0: all usable cores).
+        pin_memory : bool
+            The batched pipeline writes its batches into pinned buffers (only in the main process).
+        **options
+            Passed to the dataset (e.g. ``transform``, ``decode``).
+
+        Raises
+        ------
+        ParameterError
+            If ``pipeline`` is unknown.
+        """
+        w = self.workload
+        if pipeline == "baseline":
+            return PerItemBatches(BaselineDataset(self.index, self.tokenizer, image_size=w.image_size,
+                                                  text_len=w.text_len, seed=w.seed, **options))
+        if pipeline == "batched":
+            return BatchedDataset(self.index, self.tokenizer, image_size=w.image_size, text_len=w.text_len,
+                                  seed=w.seed, threads=threads, pin_memory=pin_memory, **options)
+        raise ParameterError(f"pipeline={pipeline!r}; allowed: {', '.join(self.pipelines)}")
+
+    def batch_sampler(self, n_items: int):
+        """The seeded epoch batch order shared by every pipeline (:func:`helpers.pipeline.fast.batch_sampler`)."""
+        return batch_sampler(n_items, self.workload.batch_size, seed=self.workload.seed)
+
+    def to_device(self, batch: dict, acc, *, non_blocking: bool = False,
+                  options: StepOptions = StepOptions()) -> tuple:
+        """``(images, tokens, labels)`` on the device; images float32 NCHW (or NHWC with channels_last).
+
+        A batched-pipeline batch (uint8 NHWC) is converted and normalized on the
+        device (:func:`helpers.pipeline.fast.to_device_batch`); a baseline batch is copied.
+        """
+        move = to_device_batch if batch["image"].dtype == torch.uint8 else host_to_device
+        images, tokens, labels = move(batch, acc, non_blocking=non_blocking)
+        if options.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, tokens, labels
+
+    # -- the model and its step -------------------------------------------------------------
+
+    def policy_config(self) -> PolicyConfig:
+        """The policy's sizes from the workload (:meth:`helpers.compute.model.PolicyConfig.for_job`)."""
+        w = self.workload
+        cfg = PolicyConfig.for_job(image_size=w.image_size, model_width=w.model_width, d_model=w.d_model,
+                                   text_len=w.text_len, vocab_size=self.tokenizer.get_vocab_size(),
+                                   n_classes=self.index.n_classes)
+        return replace(cfg, n_actions=self.n_actions) if self.n_actions else cfg
+
+    def make_model(self, acc, options: StepOptions = StepOptions()) -> torch.nn.Module:
+        """The policy on ``acc.device``, initialized from ``workload.seed`` (the same weights every call)."""
+        torch.manual_seed(self.workload.seed)
+        model = build_policy(self.policy_config(), device=acc.device)
+        if options.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        return model
+
+    def make_trainer(self, model: torch.nn.Module, acc, options: StepOptions = StepOptions()) -> PPOTrainer:
+        """The PPO trainer of ``model`` (with a GradScaler when the options ask for one)."""
+        scaler = make_grad_scaler(acc.kind, options.autocast_dtype) if options.uses_scaler else None
+        return PPOTrainer(model, self.ppo, scaler=scaler)
+
+    def make_step(self, model: torch.nn.Module, acc, options: StepOptions = StepOptions(), *,
+                  generator: torch.Generator | None = None) -> Callable[[tuple], dict]:
+        """``step((images, tokens, labels)) -> stats``: one PPO step (rollout, GAE, update epochs).
+
+        ``generator`` samples the actions (default: a device generator seeded from the workload).
+        """
+        trainer = self.make_trainer(model, acc, options)
+        gen = generator or torch.Generator(device=acc.device).manual_seed(self.workload.seed)
+        dtype = options.autocast_dtype
+
+        def step(device_batch: tuple) -> dict:
+            images, tokens, labels = device_batch
+            return trainer.step(images, tokens, labels, generator=gen, autocast_dtype=dtype)
+
+        step.trainer = trainer  # the caller may need the optimizer or the scaler
+        return step
+
+    def describe(self) -> dict[str, Any]:
+        """Name, workload and data: what the report says was measured."""
+        return {**super().describe(), "images": len(self.index), "classes": self.index.n_classes}
