@@ -18,6 +18,7 @@ from helpers.workbook import report
 from helpers.workbook.cli import _parser, main
 from helpers.verdict import Action
 from helpers.workbook.report import CHECKLIST, collect, headline, overall_verdict, to_html, to_markdown
+from helpers.workbook.report.collect import _advice
 
 IDS = {
     "00": "00_environment_check", "01": "01_baseline_profiling", "02": "02_batched_decode",
@@ -505,7 +506,7 @@ def test_first_screen_lists_settings_not_notebooks(tmp_path):
         reason="raise the batch to 80: 1.24x the throughput of the current 32 (95% CI 1.11-1.41)",
         action=Action("batch_size", 80, "batch size 32 → 80", current=32))
     _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=2.6, unit="x", recommendation="enable", reason="r")
-    advice = dict(report._advice(collect(tmp_path)))
+    advice = dict(_advice(collect(tmp_path)))
     assert advice["Enable on this machine"] == "bf16 autocast: enable; batch size 32 → 80"
     assert advice["Leave off (measured: no gain here)"] == "fp16 gradient compression: leave off"
 
@@ -518,7 +519,7 @@ def test_first_screen_reads_the_action_not_the_wording(tmp_path):
         action=Action("autocast_dtype", "bfloat16", "bf16 autocast: enable"))
     _store(tmp_path, "07_channels_last").verdict(metric="speedup", value=1.0, unit="x", recommendation="leave off",
                                                  reason="bf16 autocast and fp16 compression were also tried")
-    advice = dict(report._advice(collect(tmp_path)))
+    advice = dict(_advice(collect(tmp_path)))
     assert advice["Enable on this machine"] == "bf16 autocast: enable"
     # a verdict recorded without an action (an older results file) shows its item, nothing parsed
     assert advice["Leave off (measured: no gain here)"] == "channels_last: leave off"

@@ -1,0 +1,593 @@
+"""Reading a run folder for the report: what each notebook recorded, saved and why it is missing.
+
+:func:`collect` gathers everything the report shows into a :class:`Report`
+(one :class:`NotebookSection` per notebook) without raising on missing or
+damaged inputs; the rest of this module is the logic both renderers
+(:mod:`~helpers.workbook.report.markdown`, :mod:`~helpers.workbook.report.html`)
+share: the overall verdict, the first-screen advice and the checklist cells.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from helpers import checklist
+from helpers.results import load_results
+from helpers.verdict import Action
+from helpers.workbook.report.format import _fmt, _fmt_value, _is_num, _spread_text, headline, short_reason
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
+RESULTS_FILE = "results.jsonl"
+
+#: The workbook's checklist, from the registry: notebook number -> item name, in reading order.
+CHECKLIST: tuple[tuple[str, str], ...] = tuple((i.number, i.name) for i in checklist.CHECKLIST)
+_BASELINE_NUMBER = checklist.item(checklist.BASELINE).number
+_END_TO_END_NUMBER = checklist.item(checklist.END_TO_END).number
+
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class NotebookSection:
+    """What the report shows about one notebook.
+
+    Attributes
+    ----------
+    id : str
+        Notebook id, e.g. ``"01_baseline_profiling"`` (the section anchor).
+    number : str
+        Two-digit number, e.g. ``"01"``.
+    item : str
+        Checklist item name, e.g. ``"baseline profiling"``.
+    status : str
+        ``ok``, ``failed``, ``interrupted``, ``pending``, ``running`` (from run.json),
+        ``not in run`` (the run did not select it) or ``unknown`` (no run.json).
+    verdict : dict or None
+        The notebook's last verdict record.
+    records : pandas.DataFrame
+        Its other records (columns of :func:`helpers.results.load_results`).
+    figures : tuple of (Path, bytes)
+        Readable PNG figures, in the order the notebook saved them, with their bytes.
+    bad_figures : tuple of (Path, str)
+        Figure files that could not be read, with the reason.
+    executed : Path or None
+        The executed notebook, relative to the run folder, if it exists.
+    error : dict or None
+        The runner's error record for a failed notebook.
+    duration_s : float or None
+        How long the notebook ran, seconds.
+    missing : str or None
+        For a notebook without a verdict: what is missing and the command that produces it.
+    missing_short : str or None
+        The same in one line, for the checklist.
+    cause : str or None
+        For a failed notebook: the error's one-line cause (:func:`error_cause`).
+    error_tail : str
+        For a failed notebook: the last lines of a multi-line error message ("" if none).
+    """
+
+    id: str
+    number: str
+    item: str
+    status: str
+    verdict: dict | None
+    records: pd.DataFrame
+    figures: tuple = ()
+    bad_figures: tuple = ()
+    executed: Path | None = None
+    error: dict | None = None
+    duration_s: float | None = None
+    missing: str | None = None
+    missing_short: str | None = None
+    cause: str | None = None
+    error_tail: str = ""
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything the report shows, gathered once from a run folder.
+
+    Attributes
+    ----------
+    run_dir : Path
+        The run folder.
+    state : dict
+        run.json's content (``{}`` when there is none or it cannot be read).
+    notes : tuple of str
+        Problems met while reading the inputs (unreadable lines, a damaged run.json).
+    sections : tuple of NotebookSection
+        One per checklist item, then any other notebook found in the results.
+    """
+
+    run_dir: Path
+    state: dict
+    notes: tuple = ()
+    sections: tuple = field(default_factory=tuple)
+
+
+# --------------------------------------------------------------------------- run folder
+
+
+def _artifacts(run_dir: Path, notebook: str) -> list[Path]:
+    folder = run_dir / "artifacts" / notebook
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".json", ".csv", ".gz"))[:10]
+
+
+def _load_state(run_dir: Path) -> tuple[dict, list[str]]:
+    """run.json's content and any note about it; ``{}`` when absent or unreadable."""
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        return {}, []
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(state, dict):
+            raise ValueError(f"expected a JSON object, got {type(state).__name__}")
+        if not isinstance(state.get("notebooks", []), list):
+            raise ValueError("its 'notebooks' entry is not a list")
+        return state, []
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        log.warning("cannot read %s: %s", path, exc)
+        return {}, [f"run.json could not be read ({type(exc).__name__}: {exc}); notebook statuses are unknown."]
+
+
+def _unreadable_lines(path: Path, n_records: int) -> int:
+    """How many non-blank lines of the results file load_results left out."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return 0
+    return max(0, sum(1 for line in raw.split(b"\n") if line.strip()) - n_records)
+
+
+_SAVE_FIGURE = re.compile(r"""save_figure\(\s*[^,()]+,\s*[^,()]+,\s*(?:name\s*=\s*)?(["'])([^"'\\]+)\1""")
+
+
+def _load_notebook(path: Path | None) -> dict | None:
+    """An executed notebook's JSON (``cells`` list), or None when absent or unreadable."""
+    if path is None:
+        return None
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        log.info("cannot read notebook %s: %s", path, exc)
+        return None
+    return nb if isinstance(nb, dict) and isinstance(nb.get("cells"), list) else None
+
+
+def _cell_text(cell) -> str:
+    src = cell.get("source", "") if isinstance(cell, dict) else ""
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def _figure_names_in_order(nb: dict | None) -> list[str]:
+    """Figure names in the order the notebook saves them: each ``save_figure(fig, ctx, "name")`` call, cell by cell.
+
+    The names are made file-safe as :func:`helpers.workbook.plots.figure_path` does.
+    """
+    names: list[str] = []
+    for cell in (nb or {}).get("cells", []):
+        if isinstance(cell, dict) and cell.get("cell_type") == "code":
+            for m in _SAVE_FIGURE.finditer(_cell_text(cell)):
+                safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in m.group(2))
+                if safe not in names:
+                    names.append(safe)
+    return names
+
+
+def _figure_order(paths: list[Path], notebook: str, nb: dict | None) -> list[Path]:
+    """Sort figure files in the order the notebook saved them.
+
+    First the figures named by a ``save_figure`` call of the notebook, in the
+    order of those calls (robust to copying the run folder, which loses file
+    times); then any other figure by modification time, then name.
+    """
+    rank = {name: i for i, name in enumerate(_figure_names_in_order(nb))}
+
+    def key(path: Path):
+        name = path.stem[len(notebook) + 2:]
+        try:
+            mtime = path.lstat().st_mtime
+        except OSError:
+            mtime = math.inf
+        return (rank.get(name, len(rank)), mtime if name not in rank else 0.0, path.name)
+
+    return sorted(paths, key=key)
+
+
+def _read_figures(run_dir: Path, notebook: str,
+                  nb: dict | None = None) -> tuple[list[tuple[Path, bytes]], list[tuple[Path, str]]]:
+    """Readable PNG figures of ``notebook`` (path, bytes) and the unreadable ones (path, reason).
+
+    Both lists are in the order the notebook saved the figures (see :func:`_figure_order`);
+    ``nb`` is the executed notebook's JSON, when there is one.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    good, bad = [], []
+    for path in _figure_order(list((run_dir / "figures").glob(f"{notebook}__*.png")), notebook, nb):
+        try:
+            data = path.read_bytes()
+            if not data.startswith(_PNG_MAGIC):
+                raise ValueError(f"not a PNG file ({len(data)} bytes)")
+            with Image.open(io.BytesIO(data)) as im:
+                im.verify()
+        except FileNotFoundError:
+            bad.append((path, "the file is missing (a dangling link?)"))
+            continue
+        except (OSError, ValueError, UnidentifiedImageError, SyntaxError) as exc:
+            bad.append((path, f"{type(exc).__name__}: {exc}"))
+            continue
+        good.append((path, data))
+    return good, bad
+
+
+# --------------------------------------------------------------------------- failures
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: Longest error cause quoted in one line, characters.
+MAX_CAUSE_CHARS = 300
+#: Last lines of a multi-line error shown (folded) in a failed notebook's section.
+MAX_ERROR_LINES = 30
+
+
+def error_cause(error: dict | None) -> str:
+    """The one-line cause of a runner error record: exception type and the first line of its message.
+
+    Parameters
+    ----------
+    error : dict or None
+        run.json's ``error`` entry of a failed notebook (``ename``, ``evalue``,
+        ``type``, ``message``).
+
+    Returns
+    -------
+    str
+        E.g. ``"RuntimeError: collective job 'ddp' failed: rank 1 exited with code -6."``;
+        a trailing lead-in sentence that ends with ":" (``"Last output:"``) is dropped,
+        and a cause longer than :data:`MAX_CAUSE_CHARS` is cut at a word, with "…".
+    """
+    err = error or {}
+    ename = str(err.get("ename") or "").strip()
+    text = _ANSI.sub("", str(err.get("evalue") if ename else err.get("message") or ""))
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if first.endswith(":"):
+        head, sep, _ = first[:-1].rpartition(". ")
+        if sep:
+            first = head + "."
+    kind = ename or str(err.get("type") or "")
+    if kind and not first.startswith(kind):
+        first = f"{kind}: {first}" if first else kind
+    first = first or "no error message"
+    if len(first) > MAX_CAUSE_CHARS:
+        first = first[:MAX_CAUSE_CHARS].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+    return first
+
+
+def _error_tail(error: dict | None) -> str:
+    """The last lines of a multi-line error message ("" for a one-line message)."""
+    err = error or {}
+    text = _ANSI.sub("", str(err.get("evalue") or err.get("message") or ""))
+    lines = [line.rstrip() for line in text.strip().splitlines()]
+    if len(lines) <= 1:
+        return ""
+    return "\n".join(lines[-MAX_ERROR_LINES:])
+
+
+def failed_cell(error: dict | None, nb: dict | None) -> str:
+    """Name the cell that failed the way the user sees it in the executed notebook.
+
+    Parameters
+    ----------
+    error : dict or None
+        run.json's ``error`` entry (``exec_count``, ``cell_index``, ``cell_source``).
+    nb : dict or None
+        The executed notebook's JSON.
+
+    Returns
+    -------
+    str
+        ``"In [8], under “2. Allreduce bandwidth”"`` (execution count and the nearest
+        markdown heading above the cell); without the notebook, ``"In [8]"`` or the cell's
+        first line; ``""`` when nothing is known.
+    """
+    err = error or {}
+    count = err.get("exec_count")
+    count = count if isinstance(count, int) and not isinstance(count, bool) else None
+    cells = [c for c in (nb or {}).get("cells", []) if isinstance(c, dict)]
+    pos = None
+    if count is not None:
+        pos = next((i for i, c in enumerate(cells)
+                    if c.get("cell_type") == "code" and c.get("execution_count") == count), None)
+    if pos is None:  # papermill marks the failed cell with a tagged markdown cell just above it
+        for i, c in enumerate(cells[:-1]):
+            tags = (c.get("metadata") or {}).get("tags") or []
+            if "papermill-error-cell-tag" in tags and 'id="papermill-error-cell"' in _cell_text(c):
+                pos = i + 1
+                if count is None and isinstance(cells[pos].get("execution_count"), int):
+                    count = cells[pos]["execution_count"]
+                break
+    first_line = next((ln.strip() for ln in str(err.get("cell_source") or "").splitlines()
+                       if ln.strip() and not ln.lstrip().startswith("#")), "")
+    if count is not None:
+        where = f"In [{count}]"
+    elif first_line:
+        where = f"the cell that starts `{first_line[:80]}`"
+    elif _is_num(err.get("cell_index")):
+        where = f"cell {err['cell_index']}"
+    else:
+        return ""
+    heading = ""
+    for c in reversed(cells[:pos] if pos is not None else []):
+        if c.get("cell_type") == "markdown":
+            h = next((ln.lstrip("#").strip() for ln in reversed(_cell_text(c).splitlines())
+                      if ln.startswith("#")), "")
+            if h:
+                heading = h
+                break
+    return f"{where}, under “{heading}”" if heading else where
+
+
+def _display_dir(run_dir: Path) -> str:
+    """The run folder as a user types it from the repository root (where ``make`` runs)."""
+    from helpers.workbook.paths import repo_root
+
+    p = run_dir.resolve()
+    try:
+        return p.relative_to(repo_root()).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def _notebook_file_exists(number: str) -> bool:
+    from helpers.workbook.paths import notebooks_dir
+
+    return any(notebooks_dir().glob(f"{number}_*.ipynb"))
+
+
+def _missing_text(*, nb_id: str, number: str, status: str, error: dict | None, n_records: int,
+                  run_dir: Path, state: dict, nb: dict | None = None) -> tuple[str, str]:
+    """Say what is missing for a notebook without a verdict, and the exact command that produces it.
+
+    Returns
+    -------
+    tuple of str
+        ``(short, long)``: one line for the checklist, and the full explanation for the section.
+    """
+    out = _display_dir(run_dir)
+    resume = f"python -m helpers run --resume --out {out}"
+    opts = "".join(f" --{k} {state[k]}" for k in ("profile", "device") if state.get(k))
+    new_run = f"python -m helpers run --only {number}{opts}"
+    no_file = ("" if _notebook_file_exists(number) else
+               f" This checkout has no notebooks/{number}_*.ipynb yet: update it first.")
+    if status == "failed":
+        cell = failed_cell(error, nb)
+        where = f" at {cell}" if cell else ""
+        msg = error_cause(error)
+        end = "" if msg.endswith((".", "…", "!", "?")) else "."
+        return (f"Failed{where}: {msg}{end} Rerun: `{resume}`",
+                f"Failed{where}: {msg}{end} The traceback is in the executed notebook {nb_id}.ipynb and the "
+                f"kernel's log in logs/{nb_id}.log of the run folder; after fixing the cause, rerun it with "
+                f"`{resume}`.")
+    if status in ("pending", "running", "interrupted"):
+        return (f"Did not finish ({status}). Continue: `{resume}`",
+                f"Did not finish (status: {status}); its records are incomplete or absent. "
+                f"Continue the run with `{resume}`.")
+    if status == "not in run":
+        only = " ".join(str(x) for x in state.get("only") or [])
+        why = f"the run selected only notebooks {only} (--only)" if only else "the run did not include it"
+        return (f"Not in this run. Produce it: `{new_run}`",
+                f"No results: {why}. Produce them with `{new_run}` (a new run folder: --resume cannot add a "
+                f"notebook to an existing run).{no_file}")
+    if status == "ok":
+        have = f"{n_records} record(s) but no verdict" if n_records else "no records"
+        return (f"Finished, but no verdict recorded. Rerun: `{new_run}`",
+                f"The notebook finished but results.jsonl holds {have} for it (records lost or cut off?). "
+                f"Produce them again with `{new_run}`.{no_file}")
+    # no run.json: a folder of records only (e.g. runs/interactive)
+    return (f"No results. Produce them: `{new_run}`",
+            f"No results for this notebook in results.jsonl. Produce them with `{new_run}`, or run "
+            f"notebooks/{nb_id}.ipynb top to bottom in JupyterLab.{no_file}")
+
+
+def _section_ids(state: dict, records: pd.DataFrame) -> dict[str, str]:
+    """Notebook number -> id, from run.json, the records and the checklist registry."""
+    ids: dict[str, str] = {}
+    sources = [n.get("id") for n in state.get("notebooks", []) if isinstance(n, dict)]
+    sources += list(records["notebook"].unique()) if len(records) else []
+    sources += list(checklist.notebook_ids())
+    for nb_id in sources:
+        if isinstance(nb_id, str) and nb_id[:2].isdigit():
+            ids.setdefault(nb_id[:2], nb_id)
+    return ids
+
+
+def collect(run_dir: Path) -> Report:
+    """Gather what the report shows from a run folder, without raising on missing or damaged inputs.
+
+    Parameters
+    ----------
+    run_dir : Path
+        A run folder: ``run.json`` (optional), ``results.jsonl`` (optional),
+        ``figures/<notebook>__<name>.png``, executed notebooks.
+
+    Returns
+    -------
+    Report
+        One :class:`NotebookSection` per checklist item (in checklist order),
+        then one per other notebook that has records.
+
+    Raises
+    ------
+    helpers.errors.DataError
+        Only if ``results.jsonl`` exists but is a folder or cannot be read at all.
+    """
+    run_dir = Path(run_dir)
+    state, notes = _load_state(run_dir)
+    results_path = run_dir / RESULTS_FILE
+    records = load_results(results_path)
+    if results_path.is_file():
+        lost = _unreadable_lines(results_path, len(records))
+        if lost:
+            notes.append(f"{lost} line(s) of results.jsonl could not be read (cut off by an interrupted write, "
+                         f"or not a valid record) and are left out.")
+    elif state:
+        notes.append("The run folder has no results.jsonl: no notebook recorded a result yet.")
+    by_id = {n.get("id"): n for n in state.get("notebooks", []) if isinstance(n, dict)}
+    ids = _section_ids(state, records)
+    names = dict(CHECKLIST)
+    order = [num for num, _ in CHECKLIST]
+    order += sorted(num for num in ids if num not in names)
+    extra_ids = [nb for nb in (records["notebook"].unique() if len(records) else [])
+                 if not (isinstance(nb, str) and nb[:2].isdigit())]
+
+    sections = []
+    for key in order + extra_ids:
+        nb_id = ids.get(key, key)
+        number = nb_id[:2] if nb_id[:2].isdigit() else ""
+        recs = records[records["notebook"] == nb_id] if len(records) else records
+        verdict = None
+        vs = recs[recs["experiment"] == "verdict"] if len(recs) else recs
+        if len(vs):
+            verdict = {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                       for k, v in vs.iloc[-1].to_dict().items()}
+        info = by_id.get(nb_id)
+        if info is not None:
+            status = str(info.get("status", "unknown"))
+        elif state:
+            status = "not in run"
+        else:
+            status = "unknown" if not len(recs) else "recorded"
+        executed = None
+        out = (info or {}).get("output")
+        for cand in ([Path(out)] if out else []) + [run_dir / f"{nb_id}.ipynb"]:
+            cand = cand if cand.is_absolute() else run_dir / cand
+            if cand.is_file():
+                try:
+                    executed = cand.resolve().relative_to(run_dir.resolve())
+                except ValueError:
+                    continue
+                break
+        nb = _load_notebook(run_dir / executed if executed is not None else None)
+        figures, bad = _read_figures(run_dir, nb_id, nb)
+        others = recs[recs["experiment"] != "verdict"] if len(recs) else recs
+        error = (info or {}).get("error")
+        error = error if isinstance(error, dict) else None
+        missing = (None, None)
+        if verdict is None:
+            missing = _missing_text(nb_id=nb_id, number=number, status=status, error=error,
+                                    n_records=len(recs), run_dir=run_dir, state=state, nb=nb)
+        failed = status == "failed"
+        sections.append(NotebookSection(
+            id=nb_id, number=number, item=names.get(number, nb_id), status=status, verdict=verdict,
+            records=others, figures=tuple(figures), bad_figures=tuple(bad), executed=executed,
+            error=error, duration_s=(info or {}).get("duration_s"),
+            missing_short=missing[0], missing=missing[1],
+            cause=error_cause(error) if failed else None, error_tail=_error_tail(error) if failed else "",
+        ))
+    return Report(run_dir=run_dir, state=state, notes=tuple(notes), sections=tuple(sections))
+
+
+def overall_verdict(report: Report) -> str:
+    """One sentence for the top of the report: the baseline's state and, if measured, the end-to-end speedup.
+
+    Examples: ``"host-bound baseline → 2.71x faster end to end (95% CI 2.5–2.9)"``;
+    ``"host-bound baseline (exposed input 67% of each step); end to end not measured yet"``.
+    """
+    by_num = {s.number: s for s in report.sections}
+    base = by_num[_BASELINE_NUMBER].verdict if _BASELINE_NUMBER in by_num else None
+    e2e = by_num[_END_TO_END_NUMBER].verdict if _END_TO_END_NUMBER in by_num else None
+    if base and base.get("recommendation") in ("host-bound", "device-bound"):
+        state = f"{base['recommendation']} baseline"
+    else:
+        state = "baseline"
+    if e2e and _is_num(e2e.get("value")):
+        spread = _spread_text(e2e.get("spread"), e2e.get("unit"))
+        unit = e2e.get("unit") or ""
+        amount = f"{e2e['value']:.2f}x" if unit == "x" else _fmt_value(e2e["value"], unit)
+        return f"{state} → {amount} faster end to end" + (f" ({spread})" if spread else "")
+    if base:
+        if _is_num(base.get("value")) and base.get("unit") == "fraction":
+            detail = f" (exposed input {_fmt_value(base['value'], 'fraction')} of each step)"
+        elif _is_num(base.get("value")):
+            detail = f" ({base.get('metric')} {headline(base)})"
+        else:
+            detail = ""
+        return f"{state}{detail}; end to end not measured yet (notebook 10)"
+    status = report.state.get("status")
+    return "no baseline measured yet (notebook 01)" + (f"; run status: {status}" if status else "")
+
+
+def _advice(report: Report) -> list[tuple[str, list[str]]]:
+    """(label, items) for the recommendations that ask for a change, failed notebooks and missing items.
+
+    A failed notebook is listed under "Failed" with its error's one-line cause,
+    e.g. ``"collectives (RuntimeError: ...)"``, not under "Not measured".
+    """
+    groups: dict[str, list[str]] = {"enable": [], "leave off": [], "failed": [], "missing": []}
+    for s in report.sections:
+        rec = (s.verdict or {}).get("recommendation")
+        if rec in ("enable", "leave off"):
+            action = _action(s)
+            if action:
+                groups[rec].append(action)
+        elif s.verdict is None and s.status == "failed":
+            groups["failed"].append(f"{s.item} ({s.cause})" if s.cause else s.item)
+        elif s.verdict is None and s.number:
+            groups["missing"].append(s.item)
+    labels = {"enable": "Enable on this machine", "leave off": "Leave off (measured: no gain here)",
+              "failed": "Failed", "missing": "Not measured in this run"}
+    return [(labels[k], "; ".join(v)) for k, v in groups.items() if v]
+
+
+# --------------------------------------------------------------------------- checklist cells
+
+
+def _status_line(report: Report) -> tuple[str, str, str, str, str]:
+    st = report.state
+    device = st.get("resolved_device") or st.get("device") or "?"
+    return (report.run_dir.name, str(st.get("profile", "?")), str(device), str(st.get("status", "?")),
+            _fmt(st.get("duration_s")))
+
+
+def _why(s: NotebookSection) -> str:
+    reason = (s.verdict or {}).get("reason")
+    return short_reason(str(reason)) if reason else str(s.missing_short or "")
+
+
+def _action(s: NotebookSection) -> str | None:
+    """What a verdict decides, as its notebook wrote it: ``"bf16 autocast: enable"``, ``"batch size 32 → 80"``.
+
+    Read from the verdict's structured action (:class:`helpers.verdict.Action`, ``extra["action"]``); a
+    verdict recorded without one (an older results file) falls back to the item name with the
+    recommendation. Returns None for the end-to-end notebook, whose verdict is the run's summary.
+    """
+    v = s.verdict or {}
+    if s.number == _END_TO_END_NUMBER:
+        return None
+    extra = v.get("extra") if isinstance(v.get("extra"), dict) else {}
+    action = Action.from_dict(extra.get("action"))
+    if action is not None:
+        return action.text
+    return f"{s.item}: {v.get('recommendation')}"
+
+
+def _rec_text(s: NotebookSection) -> str:
+    if s.verdict is not None:
+        return str(s.verdict.get("recommendation") or "no recommendation")
+    return {"failed": "failed", "interrupted": "interrupted", "pending": "not run",
+            "running": "did not finish"}.get(s.status, "missing")
