@@ -1,0 +1,309 @@
+"""Notebook 05's experiment: the overlap metric, the variants on a Job, the verdict and the benchmark.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers.device import get_accelerator
+from helpers.errors import ParameterError
+from helpers.experiments import overlap as ov
+from helpers.jobs.base import Workload
+from helpers.jobs.ppo import PPOJob
+
+# --------------------------------------------------------------------------- stand-ins for the fast format
+
+
+def phase_table(data, h2d, compute):
+    df = pd.DataFrame({"step": range(len(data)), "data": data, "h2d": h2d, "compute": compute})
+    df["step_s"] = df["data"] + df["h2d"] + df["compute"]
+    return df
+
+def test_overlap_stats_arithmetic():
+    steps = phase_table([0.01, 0.02, 0.01, 0.0], [0.0, 0.01, 0.0, 0.0], [0.09, 0.07, 0.09, 0.1])
+    work = [0.1, 0.1, 0.1, 0.1]
+    s = ov.overlap_stats(steps, work)
+    # per-step exposed 0.01, 0.03, 0.01, 0.0 -> median 0.01; work median 0.1; steps all 0.1
+    assert s.steps == 4 and s.median_exposed_s == pytest.approx(0.01) and s.median_input_work_s == pytest.approx(0.1)
+    assert s.median_step_s == pytest.approx(0.1) and s.median_compute_s == pytest.approx(0.09)
+    assert s.hidden_fraction == pytest.approx(1 - 0.01 / 0.1)
+    assert s.exposed_over_work == pytest.approx(0.1)
+    assert s.exposed_fraction == pytest.approx(0.01 / 0.1)
+    assert s.exposed_fraction_per_step == pytest.approx(0.1)  # per-step fractions 0.1, 0.3, 0.1, 0.0 -> median 0.1
+    # totals are kept for reference only
+    assert s.input_work_s == pytest.approx(0.4) and s.exposed_input_s == pytest.approx(0.05)
+    assert s.step_s == pytest.approx(0.4) and s.compute_s == pytest.approx(0.35)
+    assert set(s.as_dict()) >= {"hidden_fraction", "exposed_fraction", "exposed_fraction_per_step"}
+
+def test_overlap_fractions_follow_from_the_medians_not_the_totals():
+    """Review item 5: two runs with the same medians give the same fractions, whatever a slow step does to the mean."""
+    calm = ov.overlap_stats(phase_table([0.002] * 5, [0.0] * 5, [0.03] * 5), [0.008] * 5)
+    spiky = ov.overlap_stats(phase_table([0.002, 0.002, 0.002, 0.05, 0.002], [0.0] * 5,
+                                         [0.03, 0.03, 0.03, 0.03, 0.2]), [0.008, 0.008, 0.008, 0.06, 0.008])
+    assert spiky.exposed_input_s / spiky.input_work_s != pytest.approx(calm.exposed_input_s / calm.input_work_s)
+    for s in (calm, spiky):
+        # the fractions are reproduced from the medians a table shows
+        assert s.hidden_fraction == pytest.approx(1 - s.median_exposed_s / s.median_input_work_s)
+        assert s.exposed_fraction == pytest.approx(s.median_exposed_s / s.median_step_s)
+    assert spiky.hidden_fraction == pytest.approx(calm.hidden_fraction) == pytest.approx(0.75)
+    assert spiky.exposed_fraction == pytest.approx(calm.exposed_fraction)
+
+def test_overlap_stats_serial_and_over_exposed_cases():
+    serial = ov.overlap_stats(phase_table([0.05] * 3, [0.01] * 3, [0.04] * 3), [0.06] * 3)
+    assert serial.hidden_fraction == pytest.approx(0.0) and serial.exposed_fraction == pytest.approx(0.6)
+    worse = ov.overlap_stats(phase_table([0.08] * 2, [0.0] * 2, [0.02] * 2), [0.05] * 2)
+    assert worse.hidden_fraction == 0.0 and worse.exposed_over_work == pytest.approx(1.6)
+
+def test_overlap_stats_validates_its_inputs():
+    steps = phase_table([0.1], [0.0], [0.1])
+    with pytest.raises(ParameterError, match="one per measured step"):
+        ov.overlap_stats(steps, [0.1, 0.2])
+    with pytest.raises(ParameterError, match="lacks"):
+        ov.overlap_stats(steps.drop(columns="h2d"), [0.1])
+    with pytest.raises(ParameterError, match="negative"):
+        ov.overlap_stats(steps, [-1.0])
+    with pytest.raises(ParameterError, match="no step"):
+        ov.overlap_stats(steps.iloc[:0], [])
+
+def test_input_work_per_step_aligns_batches_and_copies():
+    frame = pd.DataFrame({"prep_s": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    assert ov.input_work_per_step(frame, skip=2, steps=2) == [3.0, 4.0]
+    assert ov.input_work_per_step(frame, skip=2, steps=2, copy_s=[0.1, 0.2]) == pytest.approx([3.1, 4.2])
+    assert ov.input_work_per_step(frame, skip=1, steps=2, copy_s=[9, 0.5, 0.25, 9]) == pytest.approx([2.5, 3.25])
+    with pytest.raises(ParameterError, match="fewer"):
+        ov.input_work_per_step(frame, skip=4, steps=2)
+    with pytest.raises(ParameterError, match="prep_s"):
+        ov.input_work_per_step(pd.DataFrame({"x": [1]}), skip=0, steps=1)
+
+def test_timeline_frame_puts_everything_on_one_clock():
+    phases = pd.DataFrame({"step": [0, 0, 0, 1, 1, 1], "phase": ["data", "h2d", "compute"] * 2,
+                           "start_s": [0.0, 0.1, 0.2, 1.0, 1.1, 1.2], "duration_s": [0.1, 0.1, 0.8] * 2})
+    # batch 1 (first measured, skip=1) was returned at t=100.1, so the first measured step began at t=100.0
+    batches_log = pd.DataFrame({"order": [0, 1, 2], "return_s": [99.0, 100.1, 101.1],
+                                "prep_start_s": [98.0, 99.5, 100.3], "prep_end_s": [98.5, 100.0, 100.9],
+                                "prep_s": [0.5, 0.5, 0.6], "worker": [0, 1, 0]})
+    spans = ov.timeline_frame(phases, batches_log, skip=1)
+    prep = spans[spans["kind"] == "prep"].set_index("batch")
+    assert prep.loc[0, "start_s"] == pytest.approx(-0.5) and prep.loc[0, "row"] == "worker 1 prep"
+    assert prep.loc[1, "start_s"] == pytest.approx(0.3) and prep.loc[1, "duration_s"] == pytest.approx(0.6)
+    assert set(spans["row"]) == {"worker 0 prep", "worker 1 prep", "copy", "data wait", "compute"}
+    copies = pd.DataFrame({"index": [1, 2], "start_s": [100.05, 100.95], "duration_s": [0.01, 0.01]})
+    spans = ov.timeline_frame(phases, batches_log, skip=1, copies=copies)
+    copy = spans[spans["kind"] == "copy"]
+    assert copy["start_s"].tolist() == pytest.approx([0.05, 0.95]) and copy["batch"].tolist() == [0, 1]
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    from helpers.pipeline.dataset import build_embedded, load_dataset
+    from helpers.pipeline.text import build_tokenizer
+
+    index = load_dataset(build_embedded(tmp_path_factory.mktemp("emb") / "d", n_images=16, seed=5))
+    return index, build_tokenizer(list(index.captions), vocab_size=128)
+
+def test_choose_threads_gives_each_worker_a_core():
+    assert ov.choose_threads(1, 2)["torch_threads"] == 1
+    assert ov.choose_threads(1, 8)["torch_threads"] == 7
+    over = ov.choose_threads(3, 2)
+    assert over["torch_threads"] == 1 and over["decode_threads"] == 1 and "share" in over["reason"]
+    none = ov.choose_threads(0, 4)
+    assert none["torch_threads"] == 4 and none["decode_threads"] == 4
+
+def test_thread_splits_and_fastest():
+    splits = ov.thread_splits(1, 2)
+    assert [s["label"] for s in splits] == ["1 core per worker", "all cores to torch"]
+    assert [s["torch_threads"] for s in splits] == [1, 2] and all(s["decode_threads"] == 1 for s in splits)
+    assert len(ov.thread_splits(1, 2, is_cpu=False)) == 1  # the step runs on the device
+    assert len(ov.thread_splits(0, 2)) == 1
+    assert [s["torch_threads"] for s in ov.thread_splits(2, 2)] == [1, 2]  # torch keeps at least one thread
+    runs = [_fake_run([0.0] * 3, [c] * 3, f"c{c}") for c in (0.3, 0.1, 0.2)]
+    assert ov.fastest(runs).label == "c0.1"
+    with pytest.raises(ParameterError):
+        ov.fastest([])
+
+def test_run_overlap_variants_and_verdict(small_data):
+    index, tokenizer = small_data
+    acc = get_accelerator("cpu")
+    job = PPOJob(index, tokenizer, Workload(batch_size=4, image_size=16, text_len=4, model_width=4, d_model=8, seed=0))
+    common = dict(steps=3, warmup_steps=1)
+    before = ov.run_overlap_variant(job, acc, label="before", num_workers=0, prefetcher=False, **common)
+    after = ov.run_overlap_variant(job, acc, label="after", num_workers=1, prefetcher=True, **common)
+    assert before.copies is None and len(after.copies) >= 4
+    assert before.settings["torch_threads"] == ov.choose_threads(0)["torch_threads"]
+    assert after.settings["num_workers"] == 1 and not after.settings["side_stream"]
+    assert (before.batches["worker"] == -1).all() and (after.batches["worker"] == 0).all()
+    assert before.stats.steps == after.stats.steps == 3
+    assert after.settings["batches_per_epoch"] == 4 and after.settings["cores"] >= 1
+    # synchronous: the loop waits for all of the input
+    assert before.stats.hidden_fraction == 0.0
+    spans = after.timeline()
+    assert {"worker 0 prep", "copy", "data wait", "compute"} <= set(spans["row"])
+    verdict = ov.overlap_verdict(before, after)
+    assert verdict["recommendation"] in ("enable", "leave off")
+    assert "->" in verdict["reason"] and verdict["exposed"].a.name == "before"
+    assert verdict["dropped"] == (verdict["exposed"].ci_low > 1.0)
+    # 16 images in batches of 4: the refill at each epoch start is named
+    assert any("only 4 batches per epoch" in n for n in verdict["notes"])
+
+def _fake_run(data, compute, label, work=0.05, **settings):
+    steps = phase_table(data, [0.0] * len(data), compute)
+    stats = ov.overlap_stats(steps, [work] * len(data))
+    return ov.OverlapRun(label=label, run=SimpleNamespace(steps=steps, warmup_steps=0), batches=None, copies=None,
+                         stats=stats, settings={"num_workers": 1, **settings})
+
+def test_overlap_verdict_rules():
+    before = _fake_run([0.05, 0.051, 0.049, 0.05, 0.052], [0.1] * 5, "before")
+    hidden = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.1, 0.101, 0.099, 0.1, 0.1], "after")
+    v = ov.overlap_verdict(before, hidden)
+    assert v["recommendation"] == "enable" and v["dropped"] and not v["slower"] and v["notes"] == []
+    # the input is hidden but the compute got much slower (cores taken by workers): leave it off, and say why
+    slow = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.3, 0.31, 0.29, 0.3, 0.3], "after", cores=2, torch_threads=1)
+    v = ov.overlap_verdict(before, slow)
+    assert v["recommendation"] == "leave off" and v["slower"] and "slower" in v["reason"]
+    assert any("cost the step CPU time" in n and "on 2 core(s)" in n for n in v["notes"])
+    assert v["compute"].ci_high < 1.0
+
+def test_no_measurable_drop_shows_its_interval():
+    """Review item 6: a verdict that calls a drop not measurable shows the interval it used."""
+    before = _fake_run([0.05, 0.049, 0.051, 0.05, 0.05], [0.1] * 5, "before")
+    same = _fake_run([0.05, 0.049, 0.051, 0.05, 0.05], [0.1] * 5, "after")
+    v = ov.overlap_verdict(before, same)
+    assert v["recommendation"] == "leave off" and "no measurable drop" in v["reason"]
+    c = v["exposed"]
+    assert c.ci_low <= 1.0 <= c.ci_high and "the interval includes 1" in v["reason"]
+    assert f"95% CI {c.ci_low:.2f}-{c.ci_high:.2f}" in v["reason"]
+    assert "none of the known causes" in v["reason"]  # and says that no cause was found
+    worse = _fake_run([0.07, 0.071, 0.069, 0.07, 0.072], [0.1] * 5, "after")
+    assert "rose measurably" in ov.overlap_verdict(before, worse)["reason"]
+
+def test_overlap_limits_name_each_cause():
+    """Review item 6: when the overlap cannot work, the verdict says why."""
+    before = _fake_run([0.05] * 4, [0.1] * 4, "before")
+    one_batch = _fake_run([0.06] * 4, [0.1] * 4, "after", batches_per_epoch=1)
+    notes = ov.overlap_limits(before, one_batch)
+    assert len(notes) == 1 and "1 batch per epoch" in notes[0] and "nothing to prefetch" in notes[0]
+    v = ov.overlap_verdict(before, one_batch)
+    assert v["notes"] == notes and "why: the data gives 1 batch per epoch" in v["reason"]
+    few = ov.overlap_limits(before, _fake_run([0.01] * 4, [0.1] * 4, "after", batches_per_epoch=4))
+    assert len(few) == 1 and "1 step in 4" in few[0]
+    assert ov.overlap_limits(before, _fake_run([0.01] * 4, [0.1] * 4, "after", batches_per_epoch=50)) == []
+    # more input work than the workers can prepare during the compute
+    long_input = ov.overlap_limits(before, _fake_run([0.01] * 4, [0.02] * 4, "after", work=0.05))
+    assert len(long_input) == 1 and "longer than what 1 worker(s) can prepare" in long_input[0]
+    assert ov.overlap_limits(before, _fake_run([0.01] * 4, [0.02] * 4, "after", work=0.05, num_workers=3)) == []
+    # nothing beside the step
+    alone = ov.overlap_limits(before, _fake_run([0.05] * 4, [0.1] * 4, "after", num_workers=0, side_stream=False))
+    assert any("nothing runs beside the step" in n for n in alone)
+    # nothing to hide in the first place
+    hidden_before = _fake_run([0.0005] * 4, [0.1] * 4, "before")
+    assert any("already nearly hidden" in n for n in ov.overlap_limits(hidden_before, hidden_before))
+
+def test_overlap_bench_reports_a_note(monkeypatch):
+    """overlap_bench's dict carries the verdict's interval and a note saying why the overlap could not work."""
+    monkeypatch.setattr(ov.PPOJob, "from_data", classmethod(lambda cls, workload, *a, **k: SimpleNamespace(
+        workload=workload)))
+    runs = {"before": _fake_run([0.04] * 5, [0.1] * 5, "before", num_workers=0, batches_per_epoch=1)}
+
+    def fake_variant(job, acc, *, label, num_workers, **kw):
+        return runs.get(label) or _fake_run([0.05, 0.051, 0.049, 0.05, 0.05], [0.1] * 5, label,
+                                            num_workers=num_workers, batches_per_epoch=1, torch_threads=1,
+                                            decode_threads=1)
+
+    monkeypatch.setattr(ov, "run_overlap_variant", fake_variant)
+    out = ov.overlap_bench(batch_size=12, num_workers=1, steps=5)
+    assert out["batches_per_epoch"] == 1 and out["hidden_fraction"] == 0.0
+    assert out["note"] and "1 batch per epoch" in out["note"]
+    assert out["recommendation"] == "leave off"
+    assert out["exposed_reduction"]["ci_high"] < 1.0  # the exposed input rose
+    assert "median" in out["statistic"]
+
+def _tiny_job():
+    """A PPOJob on a stand-in index and tokenizer: enough for steps on synthetic batches (no images read)."""
+    index = SimpleNamespace(n_classes=3, __len__=lambda: 0)
+    tokenizer = SimpleNamespace(get_vocab_size=lambda: 16)
+    return PPOJob(index, tokenizer, Workload(batch_size=4, image_size=16, text_len=4, model_width=4, d_model=8))
+
+def test_compute_thread_scaling_restores_threads():
+    acc = get_accelerator("cpu")
+    previous = torch.get_num_threads()
+    job = _tiny_job()
+    df = ov.compute_thread_scaling(job, acc, threads=[1], repeats=3, warmup=0)
+    assert list(df["torch_threads"]) == [1] and (df["median_s"] > 0).all()
+    assert torch.get_num_threads() == previous
+    with pytest.raises(ParameterError):
+        ov.compute_thread_scaling(job, acc, threads=[0])
+
+def test_plots_draw_from_the_tables(small_data):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers.pipeline.transfer import host_copy_sweep
+    from helpers.workbook import plots_transfer as pt
+
+    fig = pt.bandwidth_vs_size(host_copy_sweep([4096, 8192], repeats=3, warmup=0))
+    assert fig.axes
+    before = _fake_run([0.05] * 3, [0.1] * 3, "before")
+    fig = pt.exposed_vs_hidden([("before", before.stats)])
+    assert fig.axes
+    phases = pd.DataFrame({"step": [0, 0, 0], "phase": ["data", "h2d", "compute"], "start_s": [0.0, 0.1, 0.2],
+                           "duration_s": [0.1, 0.1, 0.5]})
+    log = pd.DataFrame({"order": [0], "return_s": [10.1], "prep_start_s": [9.9], "prep_end_s": [10.0],
+                        "prep_s": [0.1], "worker": [-1]})
+    fig = pt.overlap_timeline([("x", ov.timeline_frame(phases, log, skip=0))])
+    assert len(fig.axes) == 1
+
+def test_timeline_panels_share_one_axis_and_keep_short_copies_visible():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers.workbook import plots_transfer as pt
+
+    def spans(step_s, n=6):
+        rows = []
+        for k in range(n):
+            rows += [("copy", "copy", k * step_s, 0.0002, k),
+                     ("compute", "compute", k * step_s + 0.001, step_s - 0.001, k)]
+        return pd.DataFrame(rows, columns=["row", "kind", "start_s", "duration_s", "batch"])
+
+    fig = pt.overlap_timeline([("slow", spans(0.2)), ("fast", spans(0.05))])
+    top, bottom = fig.axes[0], fig.axes[1]
+    assert top.get_xlim() == bottom.get_xlim() and top.get_xlim()[1] >= 6 * 0.2 * 1e3
+    window = top.get_xlim()[1] - top.get_xlim()[0]
+    for ax in (top, bottom):
+        copy_lane = ax.collections[0]  # first lane drawn: copy
+        widths = [path.get_extents().width for path in copy_lane.get_paths()]
+        assert len(widths) == 6 and min(widths) >= pt.MIN_SPAN_FRACTION * window * 0.999
+
+def test_exposed_vs_hidden_draws_the_medians():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers.workbook import plots_transfer as pt
+
+    run = _fake_run([0.002, 0.002, 0.002, 0.05, 0.002], [0.03, 0.03, 0.03, 0.03, 0.2], "after", work=0.008)
+    fig = pt.exposed_vs_hidden([("after", run.stats)])
+    widths = sorted(round(r.get_width(), 6) for r in fig.axes[0].patches)
+    # compute 30, exposed 2 (twice: step bar and input bar), hidden 8 - 2 = 6 ms: the medians, not the means
+    assert widths == sorted([30.0, 2.0, 2.0, 6.0])
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert f"{run.stats.hidden_fraction:.0%} hidden" in texts and "75% hidden" in texts
+
+def test_baseline_workload_reads_notebook_01s_run_or_its_defaults(tmp_path):
+    """Review item 10: notebook 05 says which model it trains against notebook 01's."""
+    from helpers.results import ResultsStore
+
+    values, source = ov.baseline_workload(None)
+    assert values["model_width"] == 16 and source == "notebook 01's defaults"
+    assert set(values) == set(ov.WORKLOAD_PARAMS)
+    assert ov.baseline_workload(tmp_path / "missing.jsonl")[1] == "notebook 01's defaults"
+    path = tmp_path / "results.jsonl"
+    params = {"batch_size": 8, "image_size": 64, "text_len": 12, "model_width": 8, "d_model": 32, "steps": 4}
+    ResultsStore(path, notebook="01_baseline_profiling", device="cpu", parameters=params).add(
+        "x", "y", "z", 1.0, "s")
+    ResultsStore(path, notebook="05_stream_overlap", device="cpu", parameters={**params, "model_width": 32}).add(
+        "x", "y", "z", 1.0, "s")
+    values, source = ov.baseline_workload(path)
+    assert values == {k: params[k] for k in ov.WORKLOAD_PARAMS} and "this results file" in source
