@@ -61,7 +61,6 @@ __all__ = [
     "Capabilities",
     "Accelerator",
     "get_accelerator",
-    "describe_all",
 ]
 
 #: Accepted values of ``kind`` in :func:`get_accelerator`.
@@ -728,31 +727,3 @@ def get_accelerator(kind: str = "auto", *, index: int = 0) -> Accelerator:
         "device: %s (%s), %d visible, requested %r", acc.device, acc.name, acc.count, requested
     )
     return acc
-
-
-def describe_all() -> dict[str, Any]:
-    """Summarise every device kind for the environment notebook; never raises for a missing device.
-
-    Returns
-    -------
-    dict
-        ``torch_version``, ``torch_cuda_version`` (None on a CPU build),
-        ``cuda`` (``{"usable": bool, "detail": str}``), ``npu`` (the NPU
-        probe as a dict), ``cpu`` (``{"name", "logical_cores"}``) and
-        ``chosen`` (``get_accelerator("auto").describe()``).
-    """
-    torch = _import_torch()
-    cuda_ok, cuda_why = _cuda_status(torch)
-    chosen = get_accelerator("auto")
-    if cuda_ok:
-        cuda_detail = f"{int(torch.cuda.device_count())} GPU(s)"
-    else:
-        cuda_detail = cuda_why
-    return {
-        "torch_version": torch.__version__,
-        "torch_cuda_version": torch.version.cuda,
-        "cuda": {"usable": cuda_ok, "detail": cuda_detail},
-        "npu": npu_probe.get_probe().as_dict(),
-        "cpu": {"name": _cpu_name(), "logical_cores": os.cpu_count()},
-        "chosen": chosen.describe(),
-    }

@@ -21,7 +21,6 @@ from helpers.pipeline.baseline import (
     collate_batch,
     item_generator,
     make_baseline_loader,
-    preprocess_one,
     sample_augment,
 )
 from helpers.pipeline.dataset import build_embedded, load_dataset
@@ -163,11 +162,6 @@ def test_fewer_images_than_a_batch_is_a_data_error(dataset):
 def test_loader_rejects_bad_batch_sizes(dataset, bad):
     with pytest.raises(ParameterError):
         make_baseline_loader(dataset, batch_size=bad)
-
-
-def test_preprocess_one_is_getitem(dataset):
-    a, b = preprocess_one(dataset, 4), dataset[4]
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_parameter_checks(index, tokenizer, dataset):

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from helpers import device as dev
-from helpers.device import Capabilities, Capability, describe_all, get_accelerator
+from helpers.device import Capabilities, Capability, get_accelerator
 from helpers import npu_probe
 from helpers.npu_probe import NpuProbe
 from helpers.errors import DeviceUnavailableError, ParameterError
@@ -201,18 +201,6 @@ def test_describe_is_json_serialisable(cpu):
     json.dumps(d)
     assert d["kind"] == "cpu" and d["torch_version"] == torch.__version__
     assert d["capabilities"]["streams"].startswith("not available: ")
-
-
-def test_describe_all(monkeypatch):
-    monkeypatch.setattr(npu_probe, "_CACHE", NOT_INSTALLED)
-    d = describe_all()
-    json.dumps(d)
-    assert d["torch_version"] == torch.__version__
-    assert d["npu"]["status"] == "not installed"
-    assert set(d["chosen"]) >= {"kind", "name", "count", "capabilities"}
-    assert d["cpu"]["logical_cores"] == os.cpu_count()
-    if CPU_BUILD:
-        assert d["cuda"]["usable"] is False and "CPU build" in d["cuda"]["detail"]
 
 
 # ---------------------------------------------------------------------------

@@ -75,7 +75,6 @@ __all__ = [
     "validate_value",
     "check_env",
     "findings_frame",
-    "catalog_frame",
     "format_catalog",
     "parse_env_file",
     "write_env_file",
@@ -1577,24 +1576,6 @@ def findings_frame(findings: Iterable[Finding]):
     rows = [(f.name, f.value, f.severity, f.message, f.fix) for f in findings]
     rows.sort(key=lambda r: (_SEVERITY_RANK[r[2]], r[0]))
     return pd.DataFrame(rows, columns=["name", "value", "severity", "message", "fix"])
-
-
-def catalog_frame():
-    """The catalog as a table for display or the command line.
-
-    Returns
-    -------
-    pandas.DataFrame
-        Columns ``name``, ``scope``, ``allowed``, ``default``, ``description``,
-        ``notes``, ``source`` (all str; ``default`` is "unset" when the variable has
-        no documented default); one row per :data:`CATALOG` entry, sorted by scope then name.
-    """
-    import pandas as pd
-
-    rows = [(v.name, v.scope, v.allowed, "unset" if v.default is None else v.default, v.description, v.notes,
-             v.source) for v in CATALOG.values()]
-    rows.sort(key=lambda r: (SCOPES.index(r[1]), r[0]))
-    return pd.DataFrame(rows, columns=["name", "scope", "allowed", "default", "description", "notes", "source"])
 
 
 def format_catalog(width: int = 100) -> str:

@@ -383,19 +383,3 @@ def make_baseline_loader(dataset, *, batch_size: int, shuffle: bool = True, seed
         collate_fn=collate_batch,
         generator=generator,
     )
-
-
-def preprocess_one(dataset: BaselineDataset, i: int) -> dict:
-    """Preprocess one item: exactly ``dataset[i]`` (what notebook 02 times per image).
-
-    Parameters
-    ----------
-    dataset : BaselineDataset
-    i : int
-
-    Returns
-    -------
-    dict
-        See :meth:`BaselineDataset.__getitem__`.
-    """
-    return dataset[i]
