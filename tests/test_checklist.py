@@ -10,7 +10,8 @@ import yaml
 
 from helpers import checklist
 from helpers.specs import SPECS
-from helpers.workbook import endtoend, report
+from helpers.experiments import endtoend
+from helpers.workbook import report
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

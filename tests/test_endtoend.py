@@ -15,9 +15,11 @@ from helpers.pipeline.text import load_or_build_tokenizer
 from helpers.verdict import Action
 from helpers.results import ResultsStore, load_results
 from helpers.timing import Comparison, Measurement
-from helpers.workbook import endtoend as e2e
+from helpers.experiments import endtoend as e2e
+from helpers.jobs.base import Workload
+from helpers.jobs.ppo import PPOJob
 
-TINY = e2e.Workload(batch_size=4, image_size=32, text_len=4, model_width=4, d_model=8, seed=0)
+TINY = Workload(batch_size=4, image_size=32, text_len=4, model_width=4, d_model=8, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +138,8 @@ def test_job_config_without_and_label():
 
 def test_baseline_and_batched_jobs_see_the_same_batches(data, cpu):
     index, tok = data
-    base = e2e.Job(e2e.JobConfig("baseline"), index, tok, cpu, TINY)
-    fast = e2e.Job(e2e.JobConfig("fast", ("batched_decode",)), index, tok, cpu, TINY)
+    base = e2e.JobVariant(e2e.JobConfig("baseline"), PPOJob(index, tok, TINY), cpu)
+    fast = e2e.JobVariant(e2e.JobConfig("fast", ("batched_decode",)), PPOJob(index, tok, TINY), cpu)
     try:
         bi, fi = base.batches(), fast.batches()
         n_per_epoch = len(index) // TINY.batch_size
@@ -156,9 +158,9 @@ def test_baseline_and_batched_jobs_see_the_same_batches(data, cpu):
 
 def test_jobs_start_from_the_same_weights_and_time_every_phase(data, cpu):
     index, tok = data
-    jobs = [e2e.Job(e2e.JobConfig("baseline"), index, tok, cpu, TINY),
-            e2e.Job(e2e.JobConfig("opt", ("batched_decode", "mixed_precision", "channels_last")), index, tok,
-                    cpu, TINY)]
+    jobs = [e2e.JobVariant(e2e.JobConfig("baseline"), PPOJob(index, tok, TINY), cpu),
+            e2e.JobVariant(e2e.JobConfig("opt", ("batched_decode", "mixed_precision", "channels_last")),
+                           PPOJob(index, tok, TINY), cpu)]
     try:
         w0 = [next(j.trainer.model.parameters()).detach().clone() for j in jobs]
         assert torch.equal(w0[0], w0[1])
@@ -184,7 +186,7 @@ def test_jobs_start_from_the_same_weights_and_time_every_phase(data, cpu):
 
 def test_channels_last_job_feeds_nhwc_images(data, cpu):
     index, tok = data
-    job = e2e.Job(e2e.JobConfig("cl", ("channels_last",)), index, tok, cpu, TINY)
+    job = e2e.JobVariant(e2e.JobConfig("cl", ("channels_last",)), PPOJob(index, tok, TINY), cpu)
     try:
         images, _, _ = job.transfer(next(job.batches()), cpu)
         assert images.is_contiguous(memory_format=torch.channels_last)
@@ -423,10 +425,10 @@ def test_verdict_wording():
 def test_same_input_check_compares_first_batches(data, cpu):
     index, tok = data
     r = e2e.same_input_check(e2e.JobConfig("baseline"), e2e.JobConfig("fast", ("batched_decode", "channels_last")),
-                             index, tok, cpu, TINY)
+                             PPOJob(index, tok, TINY), cpu)
     assert r["labels_equal"] and r["tokens_equal"]
     assert 0.0 <= r["mean_abs_levels"] < 10.0 and r["max_abs_levels"] <= 255.0
-    same = e2e.same_input_check(e2e.JobConfig("a"), e2e.JobConfig("b"), index, tok, cpu, TINY)
+    same = e2e.same_input_check(e2e.JobConfig("a"), e2e.JobConfig("b"), PPOJob(index, tok, TINY), cpu)
     assert same["max_abs_levels"] == 0.0
 
 
@@ -437,9 +439,9 @@ def test_same_input_check_compares_first_batches(data, cpu):
 def test_host_side_optimizations_run_on_cpu_and_see_the_same_samples(data, cpu, names):
     index, tok = data
     cfg = e2e.JobConfig("opt", tuple(names), num_workers=1)
-    check = e2e.same_input_check(e2e.JobConfig("baseline"), cfg, index, tok, cpu, TINY)
+    check = e2e.same_input_check(e2e.JobConfig("baseline"), cfg, PPOJob(index, tok, TINY), cpu)
     assert check["labels_equal"] and check["tokens_equal"]
-    job = e2e.Job(cfg, index, tok, cpu, TINY)
+    job = e2e.JobVariant(cfg, PPOJob(index, tok, TINY), cpu)
     try:
         job.run(len(index) // TINY.batch_size + 1)  # crosses an epoch boundary with worker processes
         df = job.steps_frame()

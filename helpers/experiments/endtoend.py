@@ -1,4 +1,4 @@
-"""The end-to-end job of notebook 10: the baseline of notebook 01 and the optimized job, side by side.
+"""Notebook 10's experiment: the baseline of notebook 01 and the optimized job, side by side.
 
 This module composes the building blocks of notebooks 01-07 and adds no
 pipeline or compute code of its own:
@@ -30,16 +30,22 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+import pandas as pd
 import torch
 
 from helpers import checklist
+from helpers.compute.amp import resolve_autocast_dtype, tail_relative_difference
 from helpers.compute.train import TimedLoop, epochs
+from helpers.device import usable_cores
+from helpers.diagnose.environment import cpu_bf16_support
+from helpers.errors import ParameterError
 from helpers.jobs.base import StepOptions, Workload
 from helpers.jobs.ppo import PPOJob
+from helpers.pipeline.baseline import IMAGENET_STD
 from helpers.pipeline.loader import LoaderConfig
 from helpers.pipeline.prefetch import DevicePrefetcher, prefetched
-from helpers.timing import Measurement
-from helpers.errors import ParameterError
+from helpers.results import verdicts
+from helpers.timing import Comparison, Measurement
 from helpers.verdict import Action
 
 log = logging.getLogger(__name__)
@@ -141,8 +147,6 @@ class Selection:
 
     def frame(self):
         """The choices as a table: optimization, enabled, source, detail (and workload warning, if any)."""
-        import pandas as pd
-
         return pd.DataFrame([{"optimization": c.name, "enabled": c.enabled, "source": c.source,
                               "detail": c.detail,
                               "workload": c.warning or ("same" if c.source == "verdict"
@@ -294,8 +298,6 @@ def device_defaults(acc, *, native_bf16: bool | None = None) -> dict[str, tuple[
         out["mixed_precision"] = (False, f"{acc.kind} has no autocast dtype")
     elif acc.is_cpu:
         if native_bf16 is None:
-            from helpers.diagnose.environment import cpu_bf16_support
-
             native_bf16 = bool(cpu_bf16_support()["native_bf16"])
         out["mixed_precision"] = (bool(native_bf16) and "bfloat16" in dtypes,
                                   "this CPU has native bf16 (AVX512-BF16/AMX/Arm BF16)" if native_bf16 else
@@ -354,8 +356,6 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
     ParameterError
         If ``requested`` is invalid (before any work).
     """
-    from helpers.device import usable_cores
-    from helpers.results import verdicts
 
     names = check_optimizations(requested)
     defaults = device_defaults(acc, native_bf16=native_bf16)
@@ -374,8 +374,6 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
     if table is not None and amp_nb in table.index:
         params = table.loc[amp_nb].get("parameters") or {}
         try:
-            from helpers.compute.amp import resolve_autocast_dtype
-
             d = resolve_autocast_dtype(str(params.get("autocast_dtype", "auto")), acc.kind,
                                        acc.capabilities.autocast_dtypes)
             dtype = str(d).replace("torch.", "")
@@ -469,8 +467,8 @@ def ablation_configs(optimized: JobConfig) -> list[JobConfig]:
     return [optimized.without(o) for o in optimized.optimizations]
 
 
-class Job:
-    """One configuration of the training job, stepped in blocks with every phase of every step timed.
+class JobVariant:
+    """One configuration of a training job, stepped in blocks with every phase of every step timed.
 
     The job itself (dataset, loader, model, step, transfer) comes from
     :class:`helpers.jobs.ppo.PPOJob`; this class switches the optimizations of
@@ -479,12 +477,9 @@ class Job:
     Parameters
     ----------
     config : JobConfig
-    index : helpers.pipeline.dataset.DatasetIndex
-    tokenizer : tokenizers.Tokenizer
+    job : helpers.jobs.ppo.PPOJob
+        The job (data, workload, model, step); ``batched_decode`` uses its ``"batched"`` pipeline.
     acc : helpers.device.Accelerator
-    workload : Workload
-    n_actions : int, optional
-        Policy actions; default ``max(2, index.n_classes)``.
 
     Notes
     -----
@@ -496,10 +491,9 @@ class Job:
     prefetcher keep running between blocks.
     """
 
-    def __init__(self, config: JobConfig, index, tokenizer, acc, workload: Workload, *,
-                 n_actions: int | None = None) -> None:
-        self.config, self.acc, self.workload = config, acc, workload
-        job = PPOJob(index, tokenizer, workload, n_actions=n_actions)
+    def __init__(self, config: JobConfig, job: PPOJob, acc) -> None:
+        workload = job.workload
+        self.config, self.acc, self.workload, self.job = config, acc, workload, job
         pin = config.has("pinned_memory") and acc.capabilities.pinned_memory.available
         workers = config.num_workers if config.has("dataloader_workers") else 0
         amp_dtype = getattr(torch, config.amp_dtype) if config.has("mixed_precision") else None
@@ -583,7 +577,7 @@ class _Transfer:
         return self.job.to_device(batch, acc, non_blocking=non_blocking, options=self.options)
 
 
-def same_input_check(a: JobConfig, b: JobConfig, index, tokenizer, acc, workload: Workload) -> dict[str, Any]:
+def same_input_check(a: JobConfig, b: JobConfig, job: PPOJob, acc) -> dict[str, Any]:
     """Check, before timing, that two jobs feed the same samples: first batch of each, on the device.
 
     Two throwaway jobs are built (their own loaders; the timed jobs are not
@@ -598,11 +592,7 @@ def same_input_check(a: JobConfig, b: JobConfig, index, tokenizer, acc, workload
         only (same crops and flips; the batched decoder may scale in the DCT
         domain).
     """
-    import torch
-
-    from helpers.pipeline.baseline import IMAGENET_STD
-
-    ja, jb = Job(a, index, tokenizer, acc, workload), Job(b, index, tokenizer, acc, workload)
+    ja, jb = JobVariant(a, job, acc), JobVariant(b, job, acc)
     try:
         xa, ta, la = ja.transfer(next(ja.batches()), acc)
         xb, tb, lb = jb.transfer(next(jb.batches()), acc)
@@ -617,15 +607,13 @@ def same_input_check(a: JobConfig, b: JobConfig, index, tokenizer, acc, workload
 
 
 def _cores() -> int:
-    from helpers.device import usable_cores
-
     return usable_cores()
 
 
 # --------------------------------------------------------------------------- running and comparing jobs
 
 
-def run_interleaved(jobs: Sequence[Job], *, steps: int, warmup_steps: int, block: int = 2) -> None:
+def run_interleaved(jobs: Sequence[JobVariant], *, steps: int, warmup_steps: int, block: int = 2) -> None:
     """Run every job for ``warmup_steps`` then ``steps`` measured steps, in rotating blocks.
 
     Warm-up: each job in turn. Measured: rounds of ``block`` steps per job, the
@@ -634,7 +622,7 @@ def run_interleaved(jobs: Sequence[Job], *, steps: int, warmup_steps: int, block
 
     Parameters
     ----------
-    jobs : sequence of Job
+    jobs : sequence of JobVariant
     steps : int
         Measured steps per job (>= 1).
     warmup_steps : int
@@ -702,7 +690,7 @@ class JobSummary:
     steps: int
 
 
-def summarize(job: Job) -> JobSummary:
+def summarize(job: JobVariant) -> JobSummary:
     """Summarize a job's measured steps (see :class:`JobSummary`)."""
     df = job.steps_frame()
     m = job.measurement()
@@ -723,8 +711,6 @@ def summary_frame(summaries: Sequence[JobSummary]):
     ``"n/a on CPU"`` where the device does not report it (a CPU: the process's
     peak RSS covers every job of the process and cannot be split).
     """
-    import pandas as pd
-
     rows = []
     for s in summaries:
         rows.append({"job": s.name, "step ms (median)": s.step_median_s * 1e3,
@@ -737,7 +723,7 @@ def summary_frame(summaries: Sequence[JobSummary]):
     return pd.DataFrame(rows).set_index("job")
 
 
-def speedup(baseline: Job, other: Job, *, seed: int = 0):
+def speedup(baseline: JobVariant, other: JobVariant, *, seed: int = 0):
     """Throughput of ``other`` over ``baseline`` (= baseline step time / other's) with a bootstrap interval.
 
     Returns
@@ -745,19 +731,18 @@ def speedup(baseline: Job, other: Job, *, seed: int = 0):
     helpers.timing.Comparison
         A = baseline, B = other; ``ratio`` > 1 means ``other`` is faster.
     """
-    from helpers.timing import Comparison
 
     return Comparison.from_measurements(baseline.measurement(), other.measurement(), seed=seed)
 
 
-def contribution(optimized: Job, without: Job, *, seed: int = 0):
+def contribution(optimized: JobVariant, without: JobVariant, *, seed: int = 0):
     """What one optimization contributes: the optimized job vs the same job without it, with a bootstrap interval.
 
     Parameters
     ----------
-    optimized : Job
+    optimized : JobVariant
         The full optimized job.
-    without : Job
+    without : JobVariant
         The optimized job with one optimization removed (timed in the same rotation).
     seed : int
 
@@ -768,7 +753,6 @@ def contribution(optimized: Job, without: Job, *, seed: int = 0):
         median step with (= full speedup / speedup without it): > 1 means the
         optimization makes the job faster, < 1 that the job is faster without it.
     """
-    from helpers.timing import Comparison
 
     return Comparison.from_measurements(without.measurement(), optimized.measurement(), seed=seed)
 
@@ -843,8 +827,6 @@ class Attribution:
 
 
 def _phase_measurement(steps, phases: Sequence[str], name: str):
-    from helpers.timing import Measurement
-
     total = sum(steps[p] for p in phases)
     return Measurement(name=name, times_s=tuple(float(x) for x in total), warmup=0)
 
@@ -875,7 +857,7 @@ def attribute(name: str, optimized_steps, without_steps, *, seed: int = 0) -> At
     name : str
         One of :data:`OPTIMIZATIONS`.
     optimized_steps, without_steps : pandas.DataFrame
-        :meth:`Job.steps_frame` of the full optimized job and of the job
+        :meth:`JobVariant.steps_frame` of the full optimized job and of the job
         without ``name``: per measured step, the columns ``data``, ``h2d``,
         ``compute`` and ``step_s`` (seconds).
     seed : int
@@ -890,14 +872,13 @@ def attribute(name: str, optimized_steps, without_steps, *, seed: int = 0) -> At
     ParameterError
         Unknown ``name``, or a frame lacking a phase column.
     """
-    from helpers.timing import Comparison, Measurement
 
     if name not in ACTS_ON:
         raise ParameterError(f"unknown optimization {name!r}; valid: {', '.join(OPTIMIZATIONS)}")
     for label, df in (("optimized_steps", optimized_steps), ("without_steps", without_steps)):
         absent = [c for c in (*PHASES, "step_s") if c not in df]
         if absent:
-            raise ParameterError(f"{label} lacks column(s) {absent}; pass Job.steps_frame()")
+            raise ParameterError(f"{label} lacks column(s) {absent}; pass JobVariant.steps_frame()")
     phases = ACTS_ON[name]
     step = Comparison.from_measurements(
         Measurement(f"without {name}", tuple(float(x) for x in without_steps["step_s"]), 0),
@@ -959,8 +940,6 @@ def ablation_frame(full, without: Mapping[str, Any], contributions: Mapping[str,
     attributions : mapping of str to Attribution, optional
         Optimization name -> :func:`attribute`.
     """
-    import pandas as pd
-
     contributions = contributions or {}
     attributions = attributions or {}
     rows = [{"variant": "all", "speedup": full.ratio, "ci_low": full.ci_low, "ci_high": full.ci_high,
@@ -1113,7 +1092,6 @@ def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], to
     ParameterError
         Different lengths or fewer than 2 values.
     """
-    from helpers.compute.amp import tail_relative_difference
 
     base, opt = [float(v) for v in base_losses], [float(v) for v in opt_losses]
     if len(base) != len(opt) or len(base) < 2:
@@ -1298,7 +1276,6 @@ def batch_size_note(results, batch_size: int) -> str:
     """
     if results is None or not len(results):
         return ""
-    from helpers.results import verdicts
 
     table = verdicts(results)
     rows = table[table["notebook"] == "09_memory_and_batch_size"] if len(table) else table
