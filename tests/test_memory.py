@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers.compute import memory as M
+from helpers.experiments import memory as E
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
 
@@ -131,7 +132,7 @@ def test_bad_alloc_conf_fails_before_any_child_starts(monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", boom)
     with pytest.raises(ParameterError, match="max_split_size_mb"):
-        M.run_alloc_conf_child("max_split_size_mb:10", M.TraceConfig(device="cuda"))
+        E.run_alloc_conf_child("max_split_size_mb:10", E.TraceConfig(device="cuda"))
 
 
 def test_child_gets_exactly_the_setting_under_test(monkeypatch):
@@ -139,12 +140,12 @@ def test_child_gets_exactly_the_setting_under_test(monkeypatch):
 
     def fake_run(cmd, env, capture_output, text, timeout):
         seen["cmd"], seen["env"] = cmd, env
-        out = M._RESULT_MARK + json.dumps({"ok": True, "device": "cuda", "trace": [], "empty_cache": None})
+        out = E._RESULT_MARK + json.dumps({"ok": True, "device": "cuda", "trace": [], "empty_cache": None})
         return subprocess.CompletedProcess(cmd, 0, stdout="noise\n" + out + "\n", stderr="")
 
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")  # would take priority in torch 2.13
     monkeypatch.setattr(subprocess, "run", fake_run)
-    res = M.run_alloc_conf_child("expandable_segments:True", M.TraceConfig(device="cuda", steps=2))
+    res = E.run_alloc_conf_child("expandable_segments:True", E.TraceConfig(device="cuda", steps=2))
     assert res["ok"] and res["alloc_conf"] == "expandable_segments:True"
     assert seen["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert "PYTORCH_ALLOC_CONF" not in seen["env"]
@@ -156,20 +157,20 @@ def test_child_failure_and_timeout_are_reported_not_raised(monkeypatch):
         return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="Traceback\nRuntimeError: broken driver")
 
     monkeypatch.setattr(subprocess, "run", failing)
-    res = M.run_alloc_conf_child("", M.TraceConfig(device="npu"))
+    res = E.run_alloc_conf_child("", E.TraceConfig(device="npu"))
     assert res["ok"] is False and "broken driver" in res["error"] and res["returncode"] == 1
 
     def slow(cmd, **k):
         raise subprocess.TimeoutExpired(cmd, k["timeout"])
 
     monkeypatch.setattr(subprocess, "run", slow)
-    res = M.run_alloc_conf_child("", M.TraceConfig(device="npu"), timeout_s=5)
+    res = E.run_alloc_conf_child("", E.TraceConfig(device="npu"), timeout_s=5)
     assert res["ok"] is False and "5 s" in res["error"]
 
 
 def test_child_main_rejects_bad_arguments(capsys):
-    assert M.main([]) == 2
-    assert M.main(["{\"nope\": 1}"]) == 2
+    assert E.main([]) == 2
+    assert E.main(["{\"nope\": 1}"]) == 2
 
 
 def test_empty_cache_is_not_applicable_on_cpu(cpu):
@@ -180,24 +181,24 @@ def test_empty_cache_is_not_applicable_on_cpu(cpu):
 
 
 def test_budget_from_parameter_and_default(cpu):
-    assert M.resolve_budget_bytes(100, cpu)[0] == 100 * MIB
+    assert E.resolve_budget_bytes(100, cpu)[0] == 100 * MIB
     import psutil
 
-    b, why = M.resolve_budget_bytes(0, cpu)
+    b, why = E.resolve_budget_bytes(0, cpu)
     avail = psutil.virtual_memory().available
     assert 0.3 * avail < b <= 0.7 * avail and "half" in why
     with pytest.raises(ParameterError):
-        M.resolve_budget_bytes(-1, cpu)
+        E.resolve_budget_bytes(-1, cpu)
 
 
 def test_finder_config_validation():
     with pytest.raises(ParameterError, match="max_batch"):
-        M.FinderConfig(start_batch=64, max_batch=8, steps=1, budget_bytes=MIB)
+        E.FinderConfig(start_batch=64, max_batch=8, steps=1, budget_bytes=MIB)
     with pytest.raises(ParameterError, match="safety_margin"):
-        M.FinderConfig(start_batch=8, max_batch=64, steps=1, budget_bytes=MIB, safety_margin=0.95)
+        E.FinderConfig(start_batch=8, max_batch=64, steps=1, budget_bytes=MIB, safety_margin=0.95)
     with pytest.raises(ParameterError, match="steps"):
-        M.FinderConfig(start_batch=8, max_batch=64, steps=0, budget_bytes=MIB)
-    assert M.FinderConfig(start_batch=8, max_batch=64, steps=1, budget_bytes=100,
+        E.FinderConfig(start_batch=8, max_batch=64, steps=0, budget_bytes=MIB)
+    assert E.FinderConfig(start_batch=8, max_batch=64, steps=1, budget_bytes=100,
                           safety_margin=0.1).limit_bytes == 90
 
 
@@ -228,7 +229,7 @@ class FakeDeviceAcc:
 
 def test_finder_recovers_from_a_real_oom_and_keeps_earlier_records(monkeypatch):
     acc = FakeDeviceAcc(per_sample=MIB)
-    monkeypatch.setattr(M, "_release", lambda a: setattr(a, "emptied", a.emptied + 1))
+    monkeypatch.setattr(E, "release_memory", lambda a: setattr(a, "emptied", a.emptied + 1))
     recorded = []
 
     def make_step(batch):
@@ -238,9 +239,9 @@ def test_finder_recovers_from_a_real_oom_and_keeps_earlier_records(monkeypatch):
             acc.peak = max(acc.peak, batch * acc.per_sample)
         return step
 
-    cfg = M.FinderConfig(start_batch=8, max_batch=1024, steps=3, budget_bytes=1000 * MIB,
+    cfg = E.FinderConfig(start_batch=8, max_batch=1024, steps=3, budget_bytes=1000 * MIB,
                          safety_margin=0.1, multiple_of=4, refine_steps=2)
-    res = M.find_batch_size(make_step, acc, cfg, on_result=recorded.append)
+    res = E.find_batch_size(make_step, acc, cfg, on_result=recorded.append)
     f = res.frame
     assert f["batch"].tolist() == [8, 16, 32, 64, 48, 40]
     assert f["status"].tolist() == ["fits", "fits", "fits", "oom", "oom", "fits"]
@@ -255,7 +256,7 @@ def test_finder_recovers_from_a_real_oom_and_keeps_earlier_records(monkeypatch):
 
 def test_npu_style_runtime_error_counts_as_oom_but_other_errors_propagate(monkeypatch):
     acc = FakeDeviceAcc(per_sample=MIB)
-    monkeypatch.setattr(M, "_release", lambda a: None)
+    monkeypatch.setattr(E, "release_memory", lambda a: None)
 
     def npu_step(batch):
         def step():
@@ -263,8 +264,8 @@ def test_npu_style_runtime_error_counts_as_oom_but_other_errors_propagate(monkey
                 raise RuntimeError("NPU out of memory. Tried to allocate 1.00 GiB")
         return step
 
-    cfg = M.FinderConfig(start_batch=8, max_batch=64, steps=1, budget_bytes=1000 * MIB, refine_steps=0)
-    res = M.find_batch_size(npu_step, acc, cfg)
+    cfg = E.FinderConfig(start_batch=8, max_batch=64, steps=1, budget_bytes=1000 * MIB, refine_steps=0)
+    res = E.find_batch_size(npu_step, acc, cfg)
     assert res.chosen == 8 and res.frame["status"].tolist() == ["fits", "oom"]
 
     def buggy(batch):
@@ -273,12 +274,12 @@ def test_npu_style_runtime_error_counts_as_oom_but_other_errors_propagate(monkey
         return step
 
     with pytest.raises(RuntimeError, match="shapes"):
-        M.find_batch_size(buggy, acc, cfg)
+        E.find_batch_size(buggy, acc, cfg)
 
 
 def test_finder_margin_and_max_batch(monkeypatch):
     acc = FakeDeviceAcc(per_sample=MIB)
-    monkeypatch.setattr(M, "_release", lambda a: None)
+    monkeypatch.setattr(E, "release_memory", lambda a: None)
 
     def make_step(batch):
         def step():
@@ -286,28 +287,28 @@ def test_finder_margin_and_max_batch(monkeypatch):
         return step
 
     # budget 100 MiB, margin 0.2: a size fits when its peak <= 80 MiB; 128 MiB is over budget
-    cfg = M.FinderConfig(start_batch=8, max_batch=1024, steps=1, budget_bytes=100 * MIB,
+    cfg = E.FinderConfig(start_batch=8, max_batch=1024, steps=1, budget_bytes=100 * MIB,
                          safety_margin=0.2, refine_steps=3)
-    res = M.find_batch_size(make_step, acc, cfg)
+    res = E.find_batch_size(make_step, acc, cfg)
     st = dict(zip(res.frame["batch"], res.frame["status"]))
     assert st[64] == "fits" and st[128] == "over budget"
     assert res.chosen == 80 and st[96] == "over margin"
     assert not res.reached_max and res.largest_fit_text() == "80"  # a real limit was found
     # never beyond max_batch; the last size is capped at it
-    cfg = M.FinderConfig(start_batch=8, max_batch=50, steps=1, budget_bytes=1000 * MIB, multiple_of=2)
-    res = M.find_batch_size(make_step, acc, cfg)
+    cfg = E.FinderConfig(start_batch=8, max_batch=50, steps=1, budget_bytes=1000 * MIB, multiple_of=2)
+    res = E.find_batch_size(make_step, acc, cfg)
     assert res.frame["batch"].tolist() == [8, 16, 32, 50] and res.chosen == 50
     assert "finder_max_batch=50" in res.stop_reason
     # every size fitted: 50 is the search cap, a lower bound, and the text says so
     assert res.reached_max and res.max_batch == 50
     assert res.largest_fit_text() == ">= 50 (no limit found up to finder_max_batch=50)"
     # the cap reached exactly on the doubling path is also "no limit found"
-    cfg = M.FinderConfig(start_batch=8, max_batch=32, steps=1, budget_bytes=1000 * MIB)
-    res = M.find_batch_size(make_step, acc, cfg)
+    cfg = E.FinderConfig(start_batch=8, max_batch=32, steps=1, budget_bytes=1000 * MIB)
+    res = E.find_batch_size(make_step, acc, cfg)
     assert res.frame["batch"].tolist() == [8, 16, 32] and res.reached_max
     # nothing fits: no lower bound to state
-    cfg = M.FinderConfig(start_batch=8, max_batch=32, steps=1, budget_bytes=4 * MIB)
-    res = M.find_batch_size(make_step, acc, cfg)
+    cfg = E.FinderConfig(start_batch=8, max_batch=32, steps=1, budget_bytes=4 * MIB)
+    res = E.find_batch_size(make_step, acc, cfg)
     assert res.chosen is None and not res.reached_max and res.largest_fit_text() == "none"
 
 
@@ -331,9 +332,9 @@ def test_finder_with_a_tiny_real_model_and_a_small_budget_on_cpu(cpu):
         return step
 
     # activations at batch 4096: 4096 * 2048 * 4 B = 32 MiB each, several alive at once
-    cfg = M.FinderConfig(start_batch=256, max_batch=1 << 15, steps=2, budget_bytes=160 * MIB,
+    cfg = E.FinderConfig(start_batch=256, max_batch=1 << 15, steps=2, budget_bytes=160 * MIB,
                          safety_margin=0.1, refine_steps=1)
-    res = M.find_batch_size(make_step, cpu, cfg, sample_interval_s=0.0005)
+    res = E.find_batch_size(make_step, cpu, cfg, sample_interval_s=0.0005)
     f = res.frame
     assert res.chosen is not None and 256 <= res.chosen < (1 << 15)
     assert f["status"].iloc[0] == "fits"
@@ -345,9 +346,9 @@ def test_finder_with_a_tiny_real_model_and_a_small_budget_on_cpu(cpu):
     assert (ok["throughput"] > 0).all() and (ok["throughput_p25"] <= ok["throughput_p75"]).all()
 
 
-def test_ppo_step_factory_builds_a_training_step(cpu):
-    cfg = M.TraceConfig(device="cpu", max_images=8, batch_size=8, image_size=32, model_width=4, d_model=16)
-    make_step = M.ppo_step_factory(cfg, cpu)
+def test_job_step_factory_builds_a_training_step(cpu):
+    cfg = E.TraceConfig(device="cpu", max_images=8, batch_size=8, image_size=32, model_width=4, d_model=16)
+    make_step = E.job_step_factory(E.trace_job(cfg), cpu)
     step = make_step(8)
     stats = step()
     assert {"loss", "value_loss"} <= set(stats) and torch.isfinite(stats["loss"])
@@ -359,7 +360,7 @@ def test_ppo_step_factory_builds_a_training_step(cpu):
 
 def test_budget_from_parameter_names_the_default(cpu):
     """A budget set by parameter says so once, and names the default this machine would get."""
-    b, why = M.resolve_budget_bytes(100, cpu)
+    b, why = E.resolve_budget_bytes(100, cpu)
     assert b == 100 * MIB
     assert why.startswith("set by parameter") and "the default here would be" in why and "GiB" in why
     assert "memory_budget_mib=100" not in why  # no "(memory_budget_mib=100 MiB (set by parameter))" nesting

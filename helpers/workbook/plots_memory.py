@@ -1,7 +1,7 @@
 """Figures of notebook 09 (memory and batch size).
 
 Same conventions as :mod:`helpers.workbook.plots`: each function takes plain
-data (frames from :mod:`helpers.compute.memory`), returns a matplotlib figure,
+data (frames from :mod:`helpers.compute.memory` and :mod:`helpers.experiments.memory`), returns a matplotlib figure,
 and the notebook saves it with ``plots.save_figure(fig, ctx, name)``.
 """
 
