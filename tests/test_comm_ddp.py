@@ -1,4 +1,4 @@
-"""DDP on the PPO workload: bucket sizes reported, hook errors, fp32 reference exact, overlap arithmetic."""
+"""DDP mechanics and notebook 08's DDP experiment on the built-in job: bucket sizes reported, hook errors, fp32 reference exact, overlap arithmetic."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import psutil
 import pytest
 
 from helpers.comm import ddp
+from helpers.experiments import collectives
 from helpers.errors import ParameterError
 
 
@@ -28,7 +29,7 @@ def test_grad_error_and_hooks():
     with pytest.raises(ParameterError):
         ddp.hook_function("int8")
     with pytest.raises(ParameterError, match="needs"):
-        ddp.ddp_benchmark({"seed": 0})
+        collectives.ddp_benchmark({"seed": 0})
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def result():
     params = dict(data_dir="", max_images=32, seed=0, batch_size=8, image_size=32, text_len=8, model_width=16,
                   d_model=16, steps=3, warmup_steps=1, bucket_cap_mb_list=[0.01, 25.0],
                   compression_hooks=["none", "fp16", "bf16"])
-    out = ddp.ddp_benchmark(params, world_size=2, backend="gloo", timeout_s=150)
+    out = collectives.ddp_benchmark(params, world_size=2, backend="gloo", timeout_s=150)
     after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
     out["_stray"] = after - before
     return out
@@ -102,7 +103,7 @@ def test_bucket_comparison_uses_same_layout_caps_as_noise():
     # caps 1 and 25 made the same single bucket but took 51.6 vs 43.3 ms: that gap is noise
     rows = [_b(0.25, [300, 300, 345], 0.048, 0.046, 0.050), _b(1, [945], 0.0516, 0.050, 0.053),
             _b(25, [945], 0.0433, 0.042, 0.045)]
-    cmp_ = ddp.bucket_comparison(rows, ppo_epochs=4)
+    cmp_ = collectives.bucket_comparison(rows, ppo_epochs=4)
     assert cmp_["noise_s"] == pytest.approx(0.0083)
     assert [g["caps"] for g in cmp_["groups"]] == [[1, 25], [0.25]]
     assert not cmp_["measurable"] and cmp_["per_bucket_s"] is None and cmp_["best"] == "none measurable"
@@ -111,7 +112,7 @@ def test_bucket_comparison_uses_same_layout_caps_as_noise():
 
 def test_bucket_comparison_reports_cost_when_clear():
     rows = [_b(0.25, [1, 2, 3], 0.080, 0.079, 0.081), _b(25, [6], 0.040, 0.039, 0.041)]
-    cmp_ = ddp.bucket_comparison(rows, ppo_epochs=4)
+    cmp_ = collectives.bucket_comparison(rows, ppo_epochs=4)
     assert cmp_["measurable"] and cmp_["best"] == [25]
     assert cmp_["per_bucket_s"] == pytest.approx(0.040 / (2 * 4))
 
@@ -119,9 +120,9 @@ def test_bucket_comparison_reports_cost_when_clear():
 def test_hook_comparison():
     none = {"hook": "none", "time_s": 0.05, "time_p25_s": 0.045, "time_p75_s": 0.055}
     fp16 = {"hook": "fp16", "time_s": 0.048, "time_p25_s": 0.044, "time_p75_s": 0.052}
-    assert ddp.hook_comparison([none, fp16])["best"] == "none measurable"
+    assert collectives.hook_comparison([none, fp16])["best"] == "none measurable"
     fast = dict(fp16, time_s=0.02, time_p25_s=0.019, time_p75_s=0.021)
-    assert ddp.hook_comparison([none, fast])["best"] == "fp16"
+    assert collectives.hook_comparison([none, fast])["best"] == "fp16"
     slow = dict(fp16, time_s=0.09, time_p25_s=0.08, time_p75_s=0.1)
-    out = ddp.hook_comparison([none, slow])
+    out = collectives.hook_comparison([none, slow])
     assert out["best"] == "none measurable" and out["slower"] == ["fp16"]

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from helpers.errors import DataError, DeviceUnavailableError, ParameterError
 from helpers.device import get_accelerator, usable_cores
+from helpers.errors import DataError, DeviceUnavailableError, ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +307,7 @@ def keep_logs(out: Path, log_dir: str | Path | None, task: str) -> Path | None:
     Path or None
         The folder written, or None when nothing could be copied (the reason is logged).
     """
+    task = task.rpartition(":")[2] or task  # a module:function task is named by its function
     try:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         if log_dir is None:
@@ -348,7 +349,8 @@ def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backen
     Parameters
     ----------
     task : str
-        A task name of :mod:`helpers.comm.worker` (``allreduce``, ``ddp``, ...).
+        A task of :mod:`helpers.comm.worker`: ``allreduce``, a self-test, or ``module:function``
+        (e.g. ``helpers.experiments.collectives:run_ddp``).
     config : mapping
         JSON-able settings handed to the task.
     world_size : int

@@ -7,8 +7,11 @@ the task, and rank 0 writes ``result.json`` into the output folder. A rank
 that raises writes ``error_rank<R>.json`` ({rank, type, message}) and exits
 with status 1. The process group is destroyed on the way out.
 
-Tasks: ``allreduce`` (:func:`helpers.comm.allreduce.run_allreduce`), ``ddp``
-(:func:`helpers.comm.ddp.run_ddp`), and two self-tests used by the test suite
+Tasks: ``allreduce`` (:func:`helpers.comm.allreduce.run_allreduce`); any
+``module:function`` whose function takes ``(config, rank_context)`` and runs
+inside the process group (e.g. ``helpers.experiments.collectives:run_ddp``,
+notebook 08's DDP experiment: named by its caller, so this layer imports no
+experiment); and the self-tests used by the test suite
 to check the launcher's failure handling: ``selftest_hang`` (every rank waits
 forever after joining the group) and ``selftest_exit`` (rank 1 exits with
 status 3 while rank 0 waits in an allreduce).
@@ -17,7 +20,7 @@ status 3 while rank 0 waits in an allreduce).
 from __future__ import annotations
 
 import argparse
-import datetime
+import importlib
 import json
 import logging
 import os
@@ -25,9 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from helpers.comm.rank import RankContext, init_rank
 from helpers.comm.allreduce import run_allreduce
-from helpers.comm.ddp import run_ddp
+from helpers.comm.rank import RankContext, init_rank
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +42,9 @@ def run_task(task: str, cfg: dict, rc: RankContext) -> dict | None:
         return run_allreduce(rank=rc.rank, world_size=rc.world_size, device=rc.device, sizes=cfg["sizes"],
                              repeats=cfg["repeats"], warmup=cfg["warmup"], sync=rc.sync,
                              bare_bytes=cfg.get("bare_bytes"))
-    if task == "ddp":
-        return run_ddp(cfg, rc)
+    if ":" in task:
+        module, _, name = task.partition(":")
+        return getattr(importlib.import_module(module), name)(cfg, rc)
     if task == "selftest_hang":
         dist.barrier()
         while True:
@@ -63,7 +66,8 @@ def run_task(task: str, cfg: dict, rc: RankContext) -> dict | None:
         t = torch.full((4,), float(rc.rank + 1))
         dist.all_reduce(t)
         return {"sum": t.tolist(), "world_size": rc.world_size, "pid": os.getpid()}
-    raise ValueError(f"unknown task {task!r}; expected allreduce, ddp, selftest_hang, selftest_exit or selftest_ok")
+    raise ValueError(f"unknown task {task!r}; expected allreduce, module:function, selftest_hang, selftest_exit or "
+                     "selftest_ok")
 
 
 def main(argv: list[str] | None = None) -> int:

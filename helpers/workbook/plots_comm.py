@@ -82,10 +82,10 @@ def ddp_variants(buckets: Sequence[Mapping[str, Any]], hooks: Sequence[Mapping[s
     Parameters
     ----------
     buckets : sequence of dict
-        ``run_ddp``'s ``buckets`` rows (``cap_mb``, ``n_buckets``, ``time_s``,
+        :func:`helpers.experiments.collectives.run_ddp`'s ``buckets`` rows (``cap_mb``, ``n_buckets``, ``time_s``,
         ``time_p25_s``, ``time_p75_s``).
     hooks : sequence of dict
-        ``run_ddp``'s ``hooks`` rows (``hook``, ``time_s``, quartiles).
+        :func:`helpers.experiments.collectives.run_ddp`'s ``hooks`` rows (``hook``, ``time_s``, quartiles).
 
     Returns
     -------

@@ -1,0 +1,419 @@
+"""Notebook 08's DDP experiment: buckets, compression hooks and overlap on the built-in job, inside a process group.
+
+:func:`run_ddp` runs inside a rank (launched as the task
+``helpers.experiments.collectives:run_ddp`` of :mod:`helpers.comm.worker`);
+:func:`ddp_benchmark` launches it from a process that holds no process group.
+
+What is measured, per rank, on fixed real batches of the job (each rank draws
+its own samples: the batch order of rank r is the epoch-r permutation of the
+dataset):
+
+- step time of one training step of the job (the PPO step: rollout, GAE,
+  ``ppo_epochs`` updates, each with a backward pass and therefore one gradient
+  allreduce) for each ``bucket_cap_mb`` and each compression hook; reported as
+  the median (and quartiles) over steps of the max over ranks;
+- the bucket sizes DDP actually made (:func:`helpers.comm.ddp.bucket_sizes`);
+- gradient error of each hook: the averaged gradients DDP produced for one
+  backward pass against an fp32 reference (the same local gradients, divided
+  by the world size and summed with ``all_reduce`` in float32, which is what
+  DDP's default ``allreduce_hook`` does);
+- overlap, at the smallest cap of the sweep that gave more than one bucket
+  (with a single bucket nothing can overlap: its allreduce starts when the
+  backward pass ends): the same step under ``ddp.no_sync()`` (no
+  communication) and the gradients' allreduce alone (flat float32 buffers of
+  DDP's bucket sizes, ``ppo_epochs`` times); see
+  :func:`helpers.comm.ddp.overlap_figures`.
+
+All variants (caps, hooks, no_sync, allreduce alone) are timed interleaved in
+one job: one step of each per round, the order reversed every other round
+(ABBA), so that slow phases of a shared machine hit every variant alike.
+:func:`bucket_comparison` and :func:`hook_comparison` then judge whether any
+difference exceeds the noise (the spread between caps that made the same
+buckets, and the quartile ranges).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import itertools
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from helpers.comm.ddp import HOOK_BYTES, bucket_sizes, grad_error, hook_function, iqr_overlap, overlap_figures
+from helpers.comm.launch import run_job
+from helpers.compute.model import count_parameters
+from helpers.compute.ppo import ppo_loss
+from helpers.device import get_accelerator
+from helpers.errors import ParameterError
+from helpers.jobs.base import Workload
+from helpers.jobs.ppo import PPOJob
+from helpers.timing import timed_call
+
+__all__ = ["DDP_KEYS", "DDP_TASK", "bucket_comparison", "ddp_benchmark", "hook_comparison", "run_ddp"]
+
+#: The rank task of :func:`run_ddp`, as :func:`helpers.comm.launch.run_job` names it.
+DDP_TASK = "helpers.experiments.collectives:run_ddp"
+
+
+def _differs(a: Mapping[str, float], b: Mapping[str, float], noise_s: float | None) -> bool:
+    """Measurably different: the quartile ranges do not overlap and the medians lie more than the noise apart."""
+    return (not iqr_overlap(a, b)) and abs(a["time_s"] - b["time_s"]) > (noise_s or 0.0)
+
+
+def bucket_comparison(buckets: Sequence[Mapping[str, Any]], ppo_epochs: int = 1) -> dict[str, Any]:
+    """Group the bucket-sweep rows by the bucket layout DDP made and decide whether any layout was measurably faster.
+
+    Caps that produced the same buckets ran the same computation and communication, so the spread of
+    their medians is the noise of the measurement. Two layouts differ measurably only when their quartile
+    ranges do not overlap and their medians lie further apart than that noise.
+
+    Parameters
+    ----------
+    buckets : sequence of dict
+        :func:`run_ddp`'s ``buckets`` rows (``cap_mb``, ``bucket_sizes``, ``n_buckets``, ``time_s``,
+        ``time_p25_s``, ``time_p75_s``; seconds).
+    ppo_epochs : int
+        Backward passes (so allreduce rounds) per step, for the per-bucket cost.
+
+    Returns
+    -------
+    dict
+        ``groups`` (rows: ``caps``, ``bucket_sizes``, ``n_buckets``, ``time_s`` (median of the member medians),
+        ``time_p25_s`` (lowest member p25), ``time_p75_s`` (highest p75), ``spread_s`` (max - min of the member
+        medians)); ``noise_s`` (largest spread of a group with >= 2 caps, None without one); ``measurable``
+        (the fewest- and most-bucket layouts differ measurably); ``per_bucket_s`` (seconds per extra bucket per
+        backward pass, only when measurable, else None); ``best`` (the caps of the fastest layout when it is
+        measurably faster than every other layout, else "none measurable"); ``note`` (a sentence).
+    """
+    if not buckets:
+        raise ParameterError("bucket_comparison() needs at least one bucket row.")
+    by_layout: dict[tuple, list] = {}
+    for b in buckets:
+        by_layout.setdefault(tuple(b["bucket_sizes"]), []).append(b)
+    groups = []
+    for layout, rows in by_layout.items():
+        med = [r["time_s"] for r in rows]
+        groups.append({"caps": [r["cap_mb"] for r in rows], "bucket_sizes": list(layout), "n_buckets": len(layout),
+                       "time_s": float(np.median(med)), "time_p25_s": min(r["time_p25_s"] for r in rows),
+                       "time_p75_s": max(r["time_p75_s"] for r in rows), "spread_s": max(med) - min(med)})
+    groups.sort(key=lambda g: g["n_buckets"])
+    spreads = [g["spread_s"] for g in groups if len(g["caps"]) > 1]
+    noise = max(spreads) if spreads else None
+    few, many = groups[0], groups[-1]
+    per_bucket = None
+    noise_txt = (f"caps with the same buckets differ by up to {noise * 1e3:.1f} ms (noise)" if noise is not None
+                 else "no two caps made the same buckets, so the noise is only judged by the quartile ranges")
+    if len(groups) == 1:
+        measurable = False
+        note = f"every cap made the same {few['n_buckets']} bucket(s); {noise_txt}"
+    else:
+        measurable = _differs(few, many, noise)
+        caps_txt = lambda g: "/".join(f"{c:g}" for c in g["caps"])  # noqa: E731
+        if measurable:
+            per_bucket = (many["time_s"] - few["time_s"]) / ((many["n_buckets"] - few["n_buckets"]) * ppo_epochs)
+            note = (f"{many['n_buckets']} buckets (cap {caps_txt(many)}) {many['time_s'] * 1e3:.1f} ms vs "
+                    f"{few['n_buckets']} (cap {caps_txt(few)}) {few['time_s'] * 1e3:.1f} ms per step: "
+                    f"{per_bucket * 1e3:+.2f} ms per extra bucket per backward pass; {noise_txt}")
+        else:
+            note = (f"no measurable difference: {many['n_buckets']} buckets (cap {caps_txt(many)}) "
+                    f"{many['time_s'] * 1e3:.1f} ms [{many['time_p25_s'] * 1e3:.1f}-{many['time_p75_s'] * 1e3:.1f}] "
+                    f"vs {few['n_buckets']} (cap {caps_txt(few)}) {few['time_s'] * 1e3:.1f} ms "
+                    f"[{few['time_p25_s'] * 1e3:.1f}-{few['time_p75_s'] * 1e3:.1f}] per step (median "
+                    f"[25th-75th percentile]); {noise_txt}")
+    fastest = min(groups, key=lambda g: g["time_s"])
+    best: Any = "none measurable"
+    if len(groups) > 1 and all(_differs(fastest, g, noise) for g in groups if g is not fastest):
+        best = fastest["caps"]
+    return {"groups": groups, "noise_s": noise, "measurable": measurable, "per_bucket_s": per_bucket,
+            "best": best, "note": note}
+
+
+def hook_comparison(hooks: Sequence[Mapping[str, Any]], noise_s: float | None = None) -> dict[str, Any]:
+    """Whether a compression hook made the step measurably faster than plain allreduce ("none").
+
+    Parameters
+    ----------
+    hooks : sequence of dict
+        :func:`run_ddp`'s ``hooks`` rows (``hook``, ``time_s``, ``time_p25_s``, ``time_p75_s``, ``rel_err``).
+    noise_s : float or None
+        Noise level in seconds (e.g. :func:`bucket_comparison`'s ``noise_s``); medians closer than this do not
+        count as different.
+
+    Returns
+    -------
+    dict
+        ``best`` (the hook name when it is measurably faster than "none", else "none measurable"),
+        ``faster`` / ``slower`` (lists of hooks measurably faster / slower than "none"), ``candidate`` (the
+        fastest compressed row or None), ``base`` (the "none" row or None), ``note`` (a sentence).
+    """
+    rows = {h["hook"]: h for h in hooks}
+    base = rows.get("none")
+    comp = [h for k, h in rows.items() if k != "none"]
+    if base is None or not comp:
+        return {"best": "none measurable", "faster": [], "slower": [], "candidate": None, "base": base,
+                "note": "no compression hook and plain allreduce both measured"}
+    faster = [h["hook"] for h in comp if _differs(h, base, noise_s) and h["time_s"] < base["time_s"]]
+    slower = [h["hook"] for h in comp if _differs(h, base, noise_s) and h["time_s"] > base["time_s"]]
+    cand = min(comp, key=lambda h: h["time_s"])
+    best = cand["hook"] if cand["hook"] in faster else "none measurable"
+    ms = lambda h: f"{h['time_s'] * 1e3:.1f} ms [{h['time_p25_s'] * 1e3:.1f}-{h['time_p75_s'] * 1e3:.1f}]"  # noqa: E731
+    if best != "none measurable":
+        note = f"{cand['hook']} measurably faster: {ms(cand)} vs plain allreduce {ms(base)}"
+    elif cand["hook"] in slower:
+        note = f"{cand['hook']} measurably slower: {ms(cand)} vs plain allreduce {ms(base)}"
+    else:
+        note = f"no measurable difference: {cand['hook']} {ms(cand)} vs plain allreduce {ms(base)}"
+    return {"best": best, "faster": faster, "slower": slower, "candidate": cand, "base": base, "note": note}
+
+
+def _stats(times_by_rank: Sequence[Sequence[float]]) -> dict[str, float]:
+    t = np.asarray(times_by_rank, dtype=float).max(axis=0)
+    return {"time_s": float(np.median(t)), "time_p25_s": float(np.percentile(t, 25)),
+            "time_p75_s": float(np.percentile(t, 75))}
+
+
+def _grad_loss(model, images, tokens, labels):
+    """A deterministic PPO loss of one batch (rollout quantities taken from the same forward, detached)."""
+    logits, values = model(images, tokens)
+    with torch.no_grad():
+        actions = labels % logits.shape[1]
+        old = torch.log_softmax(logits.float(), dim=1).gather(1, actions[:, None]).squeeze(1)
+        rewards = (logits.argmax(1) == actions).float()
+        adv = rewards - values.float()
+    loss, _ = ppo_loss(logits, actions, old, adv, values, rewards)
+    return loss
+
+
+def _flat_grads(model):
+    return torch.cat([p.grad.reshape(-1).float() for p in model.parameters() if p.grad is not None])
+
+
+def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
+    """The DDP experiments on this rank (inside an initialized default process group); rank 0 returns the result.
+
+    Parameters
+    ----------
+    cfg : mapping
+        ``data_dir``, ``max_images``, ``seed``, ``batch_size`` (per rank),
+        ``image_size``, ``text_len``, ``model_width``, ``d_model``, ``steps``,
+        ``warmup_steps``, ``bucket_cap_mb_list``, ``compression_hooks``.
+    rc : helpers.comm.rank.RankContext
+
+    Returns
+    -------
+    dict or None
+        ``buckets`` (rows: cap_mb, bucket_sizes, n_buckets, step time stats),
+        ``hooks`` (rows: hook, bytes_per_step, step time stats, errors),
+        ``overlap`` ({cap_mb, n_buckets, t_ddp_s, t_nosync_s, t_allreduce_s}
+        and the keys of :func:`overlap_figures`; hidden_fraction is None when
+        the measurement is inconsistent), hook rows carry ``cap_mb`` (the
+        default cap, 25 when swept),
+        ``grad_bytes``, ``params``, ``world_size``, ``batch_per_rank``.
+    """
+    caps = [float(c) for c in cfg["bucket_cap_mb_list"]]
+    hooks = list(cfg["compression_hooks"])
+    for h in hooks:
+        hook_function(h)
+    acc = get_accelerator(rc.device.type, index=rc.device.index or 0)
+    workload = Workload.from_params(cfg)
+    seed, bs = workload.seed, workload.batch_size
+    job = PPOJob.from_data(workload, cfg.get("data_dir") or None, max_images=int(cfg.get("max_images", 0)))
+    index = job.index
+    ds = job.make_dataset("batched")
+    ds.set_epoch(rc.rank)
+    sampler = job.batch_sampler(len(ds))
+    sampler.set_epoch(rc.rank)
+    batches = []
+    for b in itertools.islice(sampler, 2):
+        images, tokens, labels = job.to_device(ds[b], acc)
+        batches.append((images.clone(), tokens.clone(), labels.clone()))
+    ds.close()
+    base = job.make_model(acc)
+    base_state = copy.deepcopy(base.state_dict())
+    ppo_cfg = job.ppo
+    grad_bytes = sum(p.numel() * 4 for p in base.parameters() if p.requires_grad)
+
+    def fresh(cap: float, hook: str = "none"):
+        m = job.make_model(acc)
+        m.load_state_dict(base_state)
+        d = DDP(m, bucket_cap_mb=cap, broadcast_buffers=False)
+        fn = hook_function(hook)
+        if fn is not None:
+            d.register_comm_hook(state=None, hook=fn)
+        return d
+
+    default_cap = 25.0 if 25.0 in caps else caps[-1]
+    local: dict[str, Any] = {"buckets": [], "hooks": [], "errors": {}}
+    n_warm = int(cfg["warmup_steps"])
+
+    def stepper(ddp, *, no_sync: bool = False):
+        train_step = job.make_step(ddp, acc, generator=torch.Generator(device=rc.device).manual_seed(seed + rc.rank))
+        it = itertools.cycle(batches)
+
+        def step():
+            if no_sync:
+                with ddp.no_sync():
+                    train_step(next(it))
+            else:
+                train_step(next(it))
+        return step
+
+    # every variant is built and warmed up first (>= 2 steps for the cap models: DDP rebuilds its buckets after
+    # the first iteration), then all are timed INTERLEAVED, one step each per round, the order reversed every
+    # other round (ABBA), so that a slow phase of the machine hits every variant alike
+    models: dict[float, Any] = {}
+    variants: list[tuple[str, Any]] = []
+    for cap in caps:
+        d = fresh(cap)
+        fn = stepper(d)
+        for _ in range(max(2, n_warm)):
+            fn()
+        models[cap] = d
+        variants.append((f"cap:{cap}", fn))
+    # overlap needs several buckets: the smallest cap that made more than one (else the default cap)
+    multi = sorted(c for c in caps if len(bucket_sizes(models[c])) > 1)
+    overlap_cap = multi[0] if multi else default_cap
+    unsupported: dict[str, str] = {}
+    hook_models = []
+    for h in hooks:
+        if h == "none":
+            continue
+        if h == "bf16" and rc.backend == "gloo":
+            # DDP's own check (torch/nn/parallel/distributed.py, _check_comm_hook) accepts the bf16 hook only with
+            # CUDA + NCCL >= 2.10 or XPU + XCCL; ask before building a DDP model that would be torn down half-made
+            unsupported[h] = ("TypeError: BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ "
+                              "or XPU and XCCL (DDP's check; not available with gloo)")
+            continue
+        try:
+            d = fresh(default_cap, h)
+            fn = stepper(d)
+            for _ in range(n_warm):
+                fn()
+        except (TypeError, RuntimeError) as exc:  # e.g. bf16 hook: "required CUDA 11+ and NCCL 2.10+"
+            unsupported[h] = f"{type(exc).__name__}: {exc}"
+            continue
+        hook_models.append(d)
+        variants.append((f"hook:{h}", fn))
+    # overlap: the same step without communication (a model of its own, so the DDP model's ranks stay in step),
+    # and the allreduce alone on DDP's buckets
+    nosync_model = fresh(overlap_cap)
+    fn = stepper(nosync_model, no_sync=True)
+    for _ in range(n_warm):
+        fn()
+    variants.append(("nosync", fn))
+    sizes = bucket_sizes(models[overlap_cap]) or [grad_bytes]
+    bufs = [torch.zeros(max(1, s // 4), dtype=torch.float32, device=rc.device) for s in sizes]
+
+    def allreduce_alone():
+        for _ in range(ppo_cfg.ppo_epochs):
+            for t in bufs:
+                dist.all_reduce(t)
+
+    for _ in range(n_warm):
+        allreduce_alone()
+    variants.append(("ar", allreduce_alone))
+    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    for r in range(int(cfg["steps"])):
+        for name, fn in (variants if r % 2 == 0 else variants[::-1]):
+            times[name].append(timed_call(fn, rc.sync, time.perf_counter))
+    for cap in caps:
+        d = models[cap]
+        local["buckets"].append({"cap_mb": cap, "bucket_sizes": bucket_sizes(d),
+                                 "rebuilt": int(d._get_ddp_logging_data().get("has_rebuilt_buckets", 0)),
+                                 "times": times[f"cap:{cap}"]})
+    for h in hooks:
+        if h == "none":
+            local["hooks"].append({"hook": h, "times": times[f"cap:{default_cap}"]})
+        elif f"hook:{h}" in times:
+            local["hooks"].append({"hook": h, "times": times[f"hook:{h}"]})
+    t_nosync, t_ar = times["nosync"], times["ar"]
+    del models, hook_models, nosync_model, variants
+    # gradient error of each hook against the fp32 reference
+    images, tokens, labels = batches[0]
+    plain = job.make_model(acc)
+    plain.load_state_dict(base_state)
+    plain.train()
+    _grad_loss(plain, images, tokens, labels).backward()
+    ref = _flat_grads(plain) / rc.world_size
+    dist.all_reduce(ref)
+    for h in hooks:
+        if h in unsupported:
+            continue
+        d = fresh(default_cap, h)
+        d.train()
+        _grad_loss(d, images, tokens, labels).backward()
+        local["errors"][h] = grad_error(_flat_grads(d.module), ref)
+    gathered: list = [None] * rc.world_size
+    dist.all_gather_object(gathered, {"buckets": [b["times"] for b in local["buckets"]],
+                                      "hooks": [h["times"] for h in local["hooks"]],
+                                      "nosync": t_nosync, "ar": t_ar, "errors": local["errors"]})
+    # release every DDP model (and its reducer) while the process group is alive: a reducer torn down after
+    # destroy_process_group() can abort the rank at exit ("terminate called without an active exception")
+    del d, plain
+    gc.collect()
+    dist.barrier()
+    if rc.rank != 0:
+        return None
+    buckets = []
+    for i, b in enumerate(local["buckets"]):
+        buckets.append({"cap_mb": b["cap_mb"], "bucket_sizes": b["bucket_sizes"], "n_buckets": len(b["bucket_sizes"]),
+                        "rebuilt": b["rebuilt"], **_stats([g["buckets"][i] for g in gathered])})
+    hook_rows = []
+    for i, h in enumerate(local["hooks"]):
+        errs = [g["errors"][h["hook"]] for g in gathered]
+        hook_rows.append({"hook": h["hook"], "cap_mb": default_cap,
+                          "bytes_per_step": grad_bytes // 4 * HOOK_BYTES[h["hook"]] * ppo_cfg.ppo_epochs,
+                          **_stats([g["hooks"][i] for g in gathered]),
+                          "max_abs_err": max(e["max_abs_err"] for e in errs),
+                          "rel_err": max(e["rel_err"] for e in errs),
+                          "mismatched": max(e["mismatched"] for e in errs)})
+    t_d = _stats([g["buckets"][caps.index(overlap_cap)] for g in gathered])["time_s"]
+    t_n = _stats([g["nosync"] for g in gathered])["time_s"]
+    t_a = _stats([g["ar"] for g in gathered])["time_s"]
+    return {"buckets": buckets, "hooks": hook_rows,
+            "overlap": {"cap_mb": overlap_cap, "n_buckets": len(sizes), "steps": int(cfg["steps"]), "t_ddp_s": t_d, "t_nosync_s": t_n,
+                        "t_allreduce_s": t_a, **overlap_figures(t_d, t_n, t_a)},
+            "unsupported_hooks": unsupported, "grad_bytes": grad_bytes, "params": count_parameters(base), "world_size": rc.world_size,
+            "batch_per_rank": bs, "ppo_epochs": ppo_cfg.ppo_epochs, "images": len(index),
+            "timing": ("median over steps of the max over ranks (each rank synced its device after every step); "
+                       "all variants timed interleaved, one step each per round, the order reversed every other "
+                       "round")}
+
+
+DDP_KEYS = ("data_dir", "max_images", "seed", "batch_size", "image_size", "text_len", "model_width", "d_model",
+            "steps", "warmup_steps", "bucket_cap_mb_list", "compression_hooks")
+
+
+def ddp_benchmark(params: Mapping[str, Any], *, world_size: int = 2, backend: str = "auto",
+                  timeout_s: float = 300.0, master_port: int = 0, device_kind: str | None = None,
+                  log_dir: "str | None" = None) -> dict[str, Any]:
+    """Run :func:`run_ddp` in ``world_size`` child processes (see :func:`helpers.comm.launch.run_job`).
+
+    Parameters
+    ----------
+    params : mapping
+        Must hold the keys of :data:`DDP_KEYS` (e.g. notebook 08's parameters).
+    log_dir : path, optional
+        Where the logs of a failed job are kept (see :func:`helpers.comm.launch.run_job`).
+
+    Raises
+    ------
+    ParameterError
+        A key is missing, or the job rejected its input.
+    """
+    missing = [k for k in DDP_KEYS if k not in params]
+    if missing:
+        raise ParameterError(f"ddp_benchmark needs {', '.join(missing)} in params; pass notebook 08's parameters.")
+    cfg = {k: params[k] for k in DDP_KEYS}
+    launched = run_job(DDP_TASK, cfg, world_size=world_size, backend=backend, device_kind=device_kind,
+                       timeout_s=timeout_s, master_port=master_port, log_dir=log_dir)
+    out = dict(launched.data)
+    out["wall_s"] = round(launched.wall_s, 2)
+    out["backend"] = launched.backend
+    return out
