@@ -18,7 +18,7 @@ several simulated ranks (each rank builds its loader exactly as a DDP job
 would, with the same seed; the rank is passed to the worker init function as
 :func:`helpers.pipeline.loader.LoaderConfig.to_kwargs` does, so no process
 group is needed), once without and once with
-:func:`helpers.pipeline.loader.worker_init_fn`, and :func:`duplicate_summary`
+:func:`helpers.pipeline.seeding.worker_init_fn`, and :func:`duplicate_summary`
 counts the repeats per source.
 """
 
@@ -35,7 +35,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from helpers.errors import ParameterError
-from helpers.pipeline.loader import LoaderConfig, iterate, make_batch_sampler, quiet_worker_count_warning
+from helpers.pipeline.guarded import iterate
+from helpers.pipeline.loader import LoaderConfig, make_batch_sampler, quiet_worker_count_warning
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -154,7 +155,7 @@ def run_probe(*, epochs: int = 2, ranks: int = 2, num_workers: int = 2, items: i
     seed : int
         Loader seed (same on every rank) and seed of the dataset's generators.
     fix : bool
-        Pass :func:`helpers.pipeline.loader.worker_init_fn` (bound to the
+        Pass :func:`helpers.pipeline.seeding.worker_init_fn` (bound to the
         rank); False leaves torch's default seeding only.
     batch_size : int
         Items per task sent to a worker.

@@ -1,8 +1,9 @@
 """Figures of notebook 03 (DataLoader tuning), in the style of :mod:`helpers.workbook.plots`.
 
-Each function takes the DataFrame a helper of :mod:`helpers.pipeline.loader`
-or :mod:`helpers.pipeline.randomness` returns (columns documented there) and
-returns a matplotlib figure; save it with :func:`helpers.workbook.plots.save_figure`.
+Each function takes the DataFrame a helper of :mod:`helpers.experiments.loader_sweep`,
+:mod:`helpers.pipeline.randomness` or :mod:`helpers.pipeline.worker_memory` returns
+(columns documented there) and returns a matplotlib figure; save it with
+:func:`helpers.workbook.plots.save_figure`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def throughput_vs_workers(summary: "pd.DataFrame", *, cores: int | None = None, 
     Parameters
     ----------
     summary : pandas.DataFrame
-        :meth:`helpers.pipeline.loader.SweepResult.summary`: ``num_workers``,
+        :meth:`helpers.experiments.loader_sweep.SweepResult.summary`: ``num_workers``,
         ``prefetch_factor`` (None for 0 workers), ``persistent_workers``,
         ``images_per_s`` with ``images_per_s_p25``/``_p75`` (images/s),
         ``first_batch_s`` (seconds).
@@ -133,7 +134,7 @@ def worker_memory(frame: "pd.DataFrame", *, column: str = "uss_mib", title: str 
     Parameters
     ----------
     frame : pandas.DataFrame
-        :func:`helpers.pipeline.loader.measure_epoch_memory` output (several
+        :func:`helpers.pipeline.worker_memory.measure_epoch_memory` output (several
         loaders concatenated): ``loader``, ``moment``, ``role`` and ``column``.
     column : str, default "uss_mib"
         ``"uss_mib"``, ``"pss_mib"`` or ``"rss_mib"`` (MiB).

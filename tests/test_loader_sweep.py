@@ -1,0 +1,199 @@
+"""Notebook 03's experiment: the loader sweep and its demonstration datasets (helpers.experiments.loader_sweep).
+
+Multi-worker tests are few and small (this machine has 2 cores); each one
+checks that no worker process is left behind.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from loader_support import FORK, Numbers, no_stray_workers  # noqa: F401  (no_stray_workers: a fixture)
+from torch.utils.data import Dataset
+
+from helpers.errors import DataError, ParameterError
+from helpers.experiments import loader_sweep as S
+from helpers.experiments.loader_sweep import (
+    LoaderSetting,
+    MetadataDataset,
+    batches_equal,
+    run_sweep,
+    sweep_settings,
+)
+from helpers.pipeline.guarded import iterate
+from helpers.pipeline.loader import (
+    TORCH_DEFAULT_PREFETCH,
+    LoaderConfig,
+    make_batch_sampler,
+    make_loader,
+)
+
+
+# --------------------------------------------------------------------------- demonstration datasets, same batches
+
+
+@pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
+def test_workers_give_the_same_batches_as_the_main_process(no_stray_workers):
+    base = LoaderConfig(batch_size=4, seed=5)
+    ds = Numbers(24)
+    ref = [b for b in make_loader(ds, base, batch_sampler=make_batch_sampler(24, base))]
+    cfg = base.with_(num_workers=2, prefetch_factor=2, timeout_s=30)
+    got = list(iterate(make_loader(ds, cfg, batch_sampler=make_batch_sampler(24, cfg))))
+    assert len(got) == len(ref) == 6
+    assert all(batches_equal(x, y) for x, y in zip(ref, got))
+    assert not batches_equal(ref[0], ref[1])
+
+
+def test_metadata_dataset_reads_the_same_values_either_way():
+    a, b = MetadataDataset(50, "arrays", seed=2), MetadataDataset(50, "objects", seed=2)
+    x, y = a[[0, 7, 49]], b[[0, 7, 49]]
+    assert torch.equal(x["label"], y["label"])
+    assert (y["caption_chars"] > x["caption_chars"]).all()  # the object captions carry a number suffix
+    with pytest.raises(ParameterError):
+        MetadataDataset(5, "lists")
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def test_sweep_settings_cover_the_grid_with_zero_once():
+    s = sweep_settings([2, 1, 2], [4, 2])
+    assert s[0] == LoaderSetting(0)
+    assert len(s) == 1 + 2 * 2 * 2
+    assert LoaderSetting(2, 4, True) in s and LoaderSetting(1, 2, False) in s
+    assert sweep_settings([1], [2])[0].label == "workers=0"  # the reference is always there
+    with pytest.raises(ParameterError):
+        sweep_settings([1], [])
+    with pytest.raises(ParameterError):
+        sweep_settings([-1], [2])
+
+
+@pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
+def test_sweep_times_every_setting_in_rotated_order(no_stray_workers):
+    settings = (LoaderSetting(0), LoaderSetting(1, 2, False), LoaderSetting(1, 2, True))
+    base = LoaderConfig(batch_size=4, timeout_s=30)
+    result = run_sweep(lambda s: Numbers(20), 20, settings, base=base, batches_per_trial=3, trials=3)
+    t = result.trials
+    assert len(t) == 9 and set(t["setting"]) == {s.label for s in settings}
+    assert (t["images"] == 12).all() and (t["elapsed_s"] > 0).all() and (t["first_batch_s"] > 0).all()
+    first_in_round = t[t["position"] == 0].sort_values("trial")["setting"].tolist()
+    assert first_in_round == [s.label for s in settings]  # each round starts one setting later
+    m = result.measurement("workers=1, prefetch=2")
+    assert m.repeats == 3 and m.items_per_call == 12
+    summary = result.summary()
+    assert list(summary["images_per_s"]) == sorted(summary["images_per_s"], reverse=True)
+    assert result.ranking()[0] == summary["setting"].iloc[0]
+    c = result.compare("workers=0", result.ranking()[0])
+    assert c.ci_low <= c.ratio <= c.ci_high
+    with pytest.raises(ParameterError, match="no setting"):
+        result.measurement("workers=9")
+
+
+def test_in_flight_is_workers_times_prefetch():
+    assert LoaderSetting(0).in_flight == 0
+    assert LoaderSetting(3, 4, True).in_flight == 12
+    assert LoaderSetting(2, None).in_flight == 2 * TORCH_DEFAULT_PREFETCH
+    assert LoaderSetting(0).min_timed_batches == 1 and LoaderSetting(3, 2).min_timed_batches == 6
+    short = S.SweepResult(trials=None, settings=(LoaderSetting(0), LoaderSetting(3, 2)), batch_size=2,
+                          batches_per_trial=4)
+    assert short.short_windows() == ["workers=3, prefetch=2"]
+
+
+def test_the_window_never_counts_batches_finished_before_the_clock():
+    # clock starts at 10 s; two batches were ready before it (prepared ahead), however late they are consumed
+    stamps = [9.0, 10.4, 9.5, 10.2, 10.9, 10.6, 11.0]
+    start, end, ahead = S.completion_window(10.0, stamps, 3)
+    assert ahead == 2
+    assert (start, end) == (10.2, 10.9)  # opens on the first completion after the clock, holds 3 more
+    assert S.completion_window(10.0, stamps, 4)[1] == 11.0
+    with pytest.raises(DataError, match="only 5 of the 7 batches finished after the clock"):
+        S.completion_window(10.0, stamps, 5)
+    with pytest.raises(ParameterError):
+        S.completion_window(10.0, stamps, 0)
+
+
+def test_a_speedup_above_the_core_count_is_flagged_as_implausible():
+    note = S.speedup_plausibility(6.61, 2)
+    assert note is not None and "6.61x" in note and "2 usable core(s)" in note and "not physically possible" in note
+    assert "batches_per_trial" in note  # what to do
+    assert S.speedup_plausibility(1.9, 2) is None and S.speedup_plausibility(2.0, 2) is None
+    assert S.speedup_plausibility(float("nan"), 4) is not None
+    with pytest.raises(ParameterError):
+        S.speedup_plausibility(1.0, 0)
+
+
+class _Straggler(Dataset):
+    """Batched dataset: every batch takes SLEEP_S in a worker, except worker 1's first, which takes 20x longer.
+
+    While worker 1 is stuck on its first batch, worker 0 finishes its queue
+    and the batches sent to it as the consumer moves on: those are ready
+    before the sweep's clock starts.
+    """
+
+    SLEEP_S = 0.03
+
+    def __init__(self, n):
+        self.n, self.calls = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, indices):
+        info = torch.utils.data.get_worker_info()
+        first = self.calls == 0
+        self.calls += 1
+        time.sleep(self.SLEEP_S * (20 if (info is not None and info.id == 1 and first) else 1))
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        return {"label": idx}
+
+
+@pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
+def test_the_sweep_excludes_batches_prepared_before_the_clock(no_stray_workers):
+    setting = LoaderSetting(2, 4, False)
+    n = 4
+    result = run_sweep(lambda s: _Straggler(8), 8, (setting,), base=LoaderConfig(batch_size=2, timeout_s=30),
+                       batches_per_trial=n, trials=1)
+    row = result.trials.iloc[0]
+    assert row["clock"] == "completion" and row["drained"] == setting.in_flight == 8
+    assert row["prepared_ahead"] >= 1  # worker 0 ran ahead while worker 1 was stuck: those were not counted
+    assert row["images"] == n * 2
+    # physical floor: n + 1 completions (the window's two ends included) shared by 2 workers, each at least
+    # SLEEP_S apart within a worker, span at least (ceil((n + 1) / 2) - 1) x SLEEP_S
+    assert row["elapsed_s"] >= (math.ceil((n + 1) / 2) - 1) * _Straggler.SLEEP_S
+    assert result.summary()["prepared_ahead_max"].iloc[0] == row["prepared_ahead"]
+    assert result.short_windows() == []  # 4 timed batches = 2 per worker
+
+
+@pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
+def test_a_sweep_trial_spans_epochs_of_a_one_batch_dataset(no_stray_workers):
+    # 5 items, batch 4: one batch per epoch; a trial needs drain + timed + tail batches
+    settings = (LoaderSetting(0), LoaderSetting(1, 2, True))
+    result = run_sweep(lambda s: Numbers(5), 5, settings, base=LoaderConfig(batch_size=4, timeout_s=30),
+                       batches_per_trial=3, trials=2)
+    assert len(result.trials) == 4 and (result.trials["images"] == 12).all()
+    assert (result.trials["elapsed_s"] > 0).all()
+
+
+def test_the_first_batch_panel_labels_the_num_workers_0_line():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from helpers.workbook.plots_loader import throughput_vs_workers
+
+    summary = pd.DataFrame({
+        "setting": ["workers=0", "workers=1, prefetch=2"], "num_workers": [0, 1], "prefetch_factor": [None, 2.0],
+        "persistent_workers": [False, False], "images_per_s": [100.0, 150.0], "images_per_s_p25": [90.0, 140.0],
+        "images_per_s_p75": [110.0, 160.0], "first_batch_s": [0.004, 0.08],
+    })
+    fig = throughput_vs_workers(summary, cores=2)
+    try:
+        panel = fig.axes[1]
+        assert any(t.get_text().startswith("num_workers=0 (4 ms)") for t in panel.texts)
+    finally:
+        plt.close(fig)
