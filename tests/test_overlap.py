@@ -240,7 +240,7 @@ def test_plots_draw_from_the_tables(small_data):
     import matplotlib
 
     matplotlib.use("Agg")
-    from helpers.pipeline.transfer import host_copy_sweep
+    from helpers.experiments.pinning import host_copy_sweep
     from helpers.workbook import plots_transfer as pt
 
     fig = pt.bandwidth_vs_size(host_copy_sweep([4096, 8192], repeats=3, warmup=0))

@@ -1,6 +1,6 @@
 """Figures of notebooks 04 (pinned memory) and 05 (stream overlap), in the style of :mod:`helpers.workbook.plots`.
 
-Each function takes the tables that :mod:`helpers.pipeline.transfer` and
+Each function takes the tables that :mod:`helpers.experiments.pinning` and
 :mod:`helpers.pipeline.prefetch` return and gives back a matplotlib figure;
 save it with :func:`helpers.workbook.plots.save_figure`.
 """
@@ -16,7 +16,7 @@ from helpers.workbook.plots import PHASE_COLORS
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from helpers.pipeline.transfer import LinkInfo
+    from helpers.diagnose.pcie import LinkInfo
 
 #: One colour per copy method (ColorBrewer Dark2, as plots.PHASE_COLORS).
 METHOD_COLORS = {
@@ -50,8 +50,8 @@ def bandwidth_vs_size(sweep: "pd.DataFrame", *, link: "LinkInfo | None" = None, 
     Parameters
     ----------
     sweep : pandas.DataFrame
-        :func:`helpers.pipeline.transfer.bandwidth_sweep` or
-        :func:`~helpers.pipeline.transfer.host_copy_sweep` rows (``method``,
+        :func:`helpers.experiments.pinning.bandwidth_sweep` or
+        :func:`~helpers.experiments.pinning.host_copy_sweep` rows (``method``,
         ``label``, ``size_bytes``, ``gbps``, ``gbps_p25``, ``gbps_p75``);
         rows with NaN rates are skipped.
     link : LinkInfo, optional
@@ -164,7 +164,7 @@ def overlap_timeline(panels: Sequence[tuple[str, "pd.DataFrame"]], *, title: str
     ----------
     panels : sequence of (str, pandas.DataFrame)
         ``(title, spans)`` per variant; spans from
-        :func:`helpers.pipeline.prefetch.timeline_frame` (``row``, ``kind``,
+        :func:`helpers.experiments.overlap.timeline_frame` (``row``, ``kind``,
         ``start_s``, ``duration_s``; seconds since the variant's first
         measured step).
     title : str
@@ -209,7 +209,7 @@ def exposed_vs_hidden(stats: Sequence[tuple[str, object]], *, title: str = ""):
     Parameters
     ----------
     stats : sequence of (str, OverlapStats)
-        ``(label, helpers.pipeline.prefetch.OverlapStats)`` per variant.
+        ``(label, helpers.experiments.overlap.OverlapStats)`` per variant.
     title : str
 
     Returns

@@ -1,0 +1,568 @@
+"""Notebook 04's experiment: what pinned memory buys a host-to-device copy, and whether to enable it.
+
+The copy methods themselves (``pageable``, ``pin_per_batch``,
+``loader_pin_thread``, ``pinned_buffer``) are the mechanism of
+:mod:`helpers.pipeline.transfer`; the link's limit and the host's cache are
+machine facts of :mod:`helpers.diagnose.pcie`. Here they are timed side by
+side and decided between:
+
+- :func:`bandwidth_sweep`: each method's host-to-device bandwidth at each
+  size of :func:`transfer_sizes`, and, as the ceiling the four are measured
+  against, :data:`REFERENCE_METHOD` (``pinned_copy_only``): a non-blocking
+  copy from memory pinned beforehand, timed with device events (the DMA's
+  own rate);
+- :func:`host_copy_sweep`: the host memcpy that pinning a batch costs at
+  least (runs on any machine);
+- :func:`bandwidth_summary`, :func:`memcpy_reference`,
+  :func:`bandwidth_records`: the peak and main-memory rates, each named for
+  what it is, as the notebook records them;
+- :func:`batch_comparison`: one batch of the workload, each pinned method
+  against pageable, interleaved;
+- :func:`pinning_verdict` / :func:`verdict`: enable the best pinned method,
+  leave pinning off, or not applicable.
+
+On a CPU nothing is copied to a device: every function reports "not
+applicable" with the reason (:func:`helpers.pipeline.transfer.pinning_applicability`)
+instead of raising, and only the host memcpy is measured.
+
+Bandwidth is in GB/s = 1e9 bytes per second (:data:`helpers.diagnose.pcie.GB`, not GiB/s).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+
+from helpers.diagnose.pcie import GB, LinkInfo, size_regime
+from helpers.errors import DataError, ParameterError
+from helpers.pipeline.transfer import METHODS, Applicability, copy_method, pinning_applicability
+from helpers.timing import Comparison, compare, measure, measure_events
+from helpers.verdict import Action, Verdict
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from helpers.device import Accelerator
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "NOTEBOOK",
+    "REFERENCE_METHOD",
+    "transfer_sizes",
+    "bandwidth_sweep",
+    "host_copy_sweep",
+    "batch_comparison",
+    "bandwidth_summary",
+    "memcpy_reference",
+    "bandwidth_records",
+    "pinning_verdict",
+    "verdict",
+    "method_label",
+]
+
+#: The notebook whose experiment this is (the id its verdict is recorded under).
+NOTEBOOK = "04_pinned_memory"
+
+#: The DMA-only reference: a copy from memory pinned beforehand, timed with device events.
+REFERENCE_METHOD = "pinned_copy_only"
+
+_METHOD_LABELS = {
+    "pageable": "pageable .to(device)",
+    "pin_per_batch": "pin_memory() then copy, every batch",
+    "loader_pin_thread": "DataLoader pin thread, then copy",
+    "pinned_buffer": "reused pinned buffer",
+    REFERENCE_METHOD: "pinned source, copy only (DMA rate)",
+    "host_memcpy": "host memcpy (the cost of staging)",
+}
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def transfer_sizes(min_size_kib: int, max_size_mib: int) -> list[int]:
+    """Transfer sizes in bytes: powers of 2 from ``min_size_kib`` KiB to ``max_size_mib`` MiB.
+
+    Parameters
+    ----------
+    min_size_kib : int
+        Smallest size, KiB (1 KiB = 1024 bytes), >= 1; rounded up to a power of 2.
+    max_size_mib : int
+        Largest size, MiB (1 MiB = 2**20 bytes), >= 1; rounded down to a power of 2.
+
+    Returns
+    -------
+    list of int
+        Ascending, each a power of 2.
+
+    Raises
+    ------
+    ParameterError
+        If either bound is not a positive int, or the range is empty.
+    """
+    for name, v in (("min_size_kib", min_size_kib), ("max_size_mib", max_size_mib)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ParameterError(f"{name} must be a positive int, got {v!r}")
+    lo = 1 << (int(min_size_kib * 1024) - 1).bit_length()
+    hi = 1 << (int(max_size_mib * 2**20).bit_length() - 1)
+    if lo > hi:
+        raise ParameterError(
+            f"min_size_kib={min_size_kib} KiB is above max_size_mib={max_size_mib} MiB: no size to test; "
+            "lower min_size_kib or raise max_size_mib")
+    sizes = []
+    n = lo
+    while n <= hi:
+        sizes.append(n)
+        n *= 2
+    return sizes
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def _sweep_row(method: str, nbytes: int, m, *, applicable: bool = True, reason: str = "") -> dict[str, Any]:
+    if m is None:
+        return {"method": method, "label": _METHOD_LABELS.get(method, method), "size_bytes": nbytes,
+                "median_s": math.nan, "p25_s": math.nan, "p75_s": math.nan, "gbps": math.nan,
+                "gbps_p25": math.nan, "gbps_p75": math.nan, "repeats": 0, "applicable": applicable,
+                "reason": reason}
+    return {"method": method, "label": _METHOD_LABELS.get(method, method), "size_bytes": nbytes,
+            "median_s": m.median_s, "p25_s": m.p25_s, "p75_s": m.p75_s,
+            "gbps": nbytes / m.median_s / GB if m.median_s > 0 else math.nan,
+            "gbps_p25": nbytes / m.p75_s / GB if m.p75_s > 0 else math.nan,
+            "gbps_p75": nbytes / m.p25_s / GB if m.p25_s > 0 else math.nan,
+            "repeats": m.repeats, "applicable": applicable, "reason": reason}
+
+
+def _random_host(nbytes: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.empty(nbytes, dtype=torch.uint8).random_(0, 256, generator=g)
+
+
+def bandwidth_sweep(acc: "Accelerator", sizes: Sequence[int], *, methods: Sequence[str] = METHODS,
+                    repeats: int = 10, warmup: int = 2, reference: bool = True, seed: int = 0,
+                    progress: Callable[[str], None] | None = None) -> "pd.DataFrame":
+    """Host-to-device bandwidth of each copy method at each size.
+
+    Each (method, size) is timed with :func:`helpers.timing.measure`:
+    ``warmup`` untimed copies, then ``repeats`` copies, each bracketed by a
+    device synchronize, so the time covers everything the training thread
+    waits for (pinning, staging memcpy, the DMA). The reference
+    ``pinned_copy_only`` is timed with device events
+    (:func:`helpers.timing.measure_events`): the DMA alone.
+
+    Parameters
+    ----------
+    acc : helpers.device.Accelerator
+    sizes : sequence of int
+        Transfer sizes in bytes (see :func:`transfer_sizes`).
+    methods : sequence of str
+        Subset of :data:`helpers.pipeline.transfer.METHODS`.
+    repeats, warmup : int
+        Timed and untimed copies per method and size.
+    reference : bool, default True
+        Also time :data:`REFERENCE_METHOD`.
+    seed : int
+        Seed of the host data.
+    progress : callable, optional
+        Called with a short line per size (e.g. ``print``), for long sweeps.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per method and size: ``method``, ``label``, ``size_bytes``,
+        ``median_s``, ``p25_s``, ``p75_s`` (seconds per copy), ``gbps``
+        (size / median time, GB/s = 1e9 bytes/s), ``gbps_p25``, ``gbps_p75``
+        (the rate at the 75th and 25th percentile times), ``repeats``,
+        ``applicable`` (bool) and ``reason``. Where pinning does not apply
+        (a CPU), one row per method with ``applicable=False``, the reason, and
+        NaN numbers; nothing raises.
+
+    Raises
+    ------
+    ParameterError
+        For an unknown method or an empty ``sizes``.
+    """
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ParameterError(f"unknown copy method(s) {bad}; choose from {', '.join(METHODS)}")
+    if not sizes:
+        raise ParameterError("sizes is empty: give at least one transfer size in bytes")
+    app = pinning_applicability(acc)
+    names = list(methods) + ([REFERENCE_METHOD] if reference else [])
+    if not app.applicable:
+        return pd.DataFrame([_sweep_row(m, 0, None, applicable=False, reason=app.reason) for m in names])
+    rows = []
+    for nbytes in sizes:
+        host = _random_host(int(nbytes), seed)
+        for method in methods:
+            with copy_method(method, acc, host) as fn:
+                m = measure(fn, repeats=repeats, warmup=warmup, sync=acc.synchronize, name=method,
+                            items_per_call=nbytes)
+            rows.append(_sweep_row(method, nbytes, m))
+        if reference:
+            pinned = host.pin_memory()
+            dst = torch.empty(int(nbytes), dtype=torch.uint8, device=acc.device)
+            m = measure_events(lambda: dst.copy_(pinned, non_blocking=True),
+                               new_event=lambda: acc.new_event(enable_timing=True), sync=acc.synchronize,
+                               repeats=repeats, warmup=warmup, name=REFERENCE_METHOD, items_per_call=nbytes)
+            rows.append(_sweep_row(REFERENCE_METHOD, nbytes, m))
+            del pinned, dst
+        if progress is not None:
+            done = [r for r in rows if r["size_bytes"] == nbytes]
+            progress(f"{nbytes / 2**20:9.3f} MiB: " + ", ".join(f"{r['method']} {r['gbps']:.2f}" for r in done)
+                     + " GB/s")
+    return pd.DataFrame(rows)
+
+
+def host_copy_sweep(sizes: Sequence[int], *, repeats: int = 10, warmup: int = 2, seed: int = 0) -> "pd.DataFrame":
+    """Host memcpy bandwidth at each size: what staging into a pinned buffer costs at least.
+
+    Runs on any machine (no device involved): ``dst.copy_(src)`` between two
+    preallocated uint8 host tensors, timed with :func:`helpers.timing.measure`.
+    Pinning a batch (``pin_memory()``, the loader's pin thread, a reused
+    buffer) costs one such copy per batch on some host thread.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Bytes.
+    repeats, warmup, seed : int
+
+    Returns
+    -------
+    pandas.DataFrame
+        Same columns as :func:`bandwidth_sweep`, ``method="host_memcpy"``.
+    """
+    if not sizes:
+        raise ParameterError("sizes is empty: give at least one transfer size in bytes")
+    rows = []
+    for nbytes in sizes:
+        src = _random_host(int(nbytes), seed)
+        dst = torch.empty_like(src)
+        m = measure(lambda: dst.copy_(src), repeats=repeats, warmup=warmup, name="host_memcpy",
+                    items_per_call=nbytes)
+        if not torch.equal(dst, src):  # pragma: no cover - would be a torch bug
+            raise DataError("host copy_ produced different bytes; the memory or torch is broken")
+        rows.append(_sweep_row("host_memcpy", nbytes, m))
+    return pd.DataFrame(rows)
+
+
+def batch_comparison(acc: "Accelerator", shape: Sequence[int], *, methods: Sequence[str] = METHODS[1:],
+                     repeats: int = 10, warmup: int = 2, seed: int = 0) -> dict[str, "Comparison"]:
+    """Per-batch copy time of each pinned method against pageable, interleaved.
+
+    For each method, :func:`helpers.timing.compare` times ``pageable`` (A)
+    and the method (B) in the ABBA order in one run; the ratio is the
+    speedup of B's copy rate over pageable's (> 1: the method is faster).
+
+    Parameters
+    ----------
+    acc : helpers.device.Accelerator
+    shape : sequence of int
+        The batch, uint8; the workload's is ``(batch_size, image_size, image_size, 3)`` (NHWC).
+    methods : sequence of str
+        Methods compared with pageable (default: the three pinned ones).
+    repeats, warmup, seed : int
+
+    Returns
+    -------
+    dict
+        ``{method: Comparison}`` (names ``"pageable"`` and the method); empty
+        where pinning does not apply (a CPU).
+    """
+    if not pinning_applicability(acc).applicable:
+        return {}
+    shape = tuple(int(s) for s in shape)
+    nbytes = math.prod(shape)
+    host = _random_host(nbytes, seed).view(shape)
+    out = {}
+    with copy_method("pageable", acc, host) as pageable:
+        for method in methods:
+            with copy_method(method, acc, host) as fn:
+                out[method] = compare(pageable, fn, repeats=repeats, warmup=warmup, sync=acc.synchronize,
+                                      names=("pageable", method), items_per_call=nbytes, seed=seed)
+    return out
+
+
+def bandwidth_summary(table: "pd.DataFrame", *, cache_bytes: int | None = None) -> "pd.DataFrame":
+    """Per method, the peak rate over sizes and the rate at the largest size, each with what it is.
+
+    A host memcpy peaks at sizes that fit in the CPU's caches; at sizes well
+    beyond the last-level cache it runs at the speed of main memory, which is
+    what staging a real stream of batches pays. So the two are kept apart and
+    each is labelled with :func:`helpers.diagnose.pcie.size_regime`.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        Rows of :func:`bandwidth_sweep` and/or :func:`host_copy_sweep`
+        (``method``, ``size_bytes``, ``gbps``, ``gbps_p25``, ``gbps_p75``,
+        ``repeats``); rows without a rate are ignored.
+    cache_bytes : int, optional
+        Last-level cache size (:func:`helpers.diagnose.pcie.last_level_cache_bytes`).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per method, in the table's order: ``method``, ``label``, and
+        for ``peak`` and ``largest``: ``{x}_gbps``, ``{x}_gbps_p25``,
+        ``{x}_gbps_p75``, ``{x}_size_bytes``, ``{x}_repeats``, ``{x}_regime``.
+    """
+    rows = []
+    data = table.dropna(subset=["gbps"])
+    for method in dict.fromkeys(data["method"]):
+        part = data[data["method"] == method]
+        row: dict[str, Any] = {"method": method, "label": method_label(method)}
+        chosen = (("peak", part.loc[part["gbps"].idxmax()]), ("largest", part.loc[part["size_bytes"].idxmax()]))
+        for name, r in chosen:
+            row.update({f"{name}_gbps": float(r["gbps"]), f"{name}_gbps_p25": float(r["gbps_p25"]),
+                        f"{name}_gbps_p75": float(r["gbps_p75"]), f"{name}_size_bytes": int(r["size_bytes"]),
+                        f"{name}_repeats": int(r["repeats"]),
+                        f"{name}_regime": size_regime(int(r["size_bytes"]), cache_bytes)})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _size_text(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def _largest_label(size: int, regime: str, cache_bytes: int | None) -> str:
+    if regime == "memory":
+        return f"main-memory rate ({_size_text(size)} copies; last-level cache {_size_text(cache_bytes)})"
+    if regime == "unknown":
+        return f"rate at the largest size ({_size_text(size)} copies; cache size unknown)"
+    where = "in" if regime == "cache" else "partly in"
+    return (f"rate at the largest size ({_size_text(size)} copies, {where} the {_size_text(cache_bytes)} cache: "
+            "not main memory)")
+
+
+def _advice(regime: str, cache_bytes: int | None) -> str:
+    if regime in ("cache", "mixed") and cache_bytes:
+        return f"set max_size_mib to {max(1, 2 * cache_bytes // 2**20)} or more for a main-memory rate"
+    if regime == "unknown":
+        return "the cache size is unknown, so whether this is a main-memory rate is not known"
+    return ""
+
+
+def memcpy_reference(summary: "pd.DataFrame", *, cache_bytes: int | None = None) -> dict[str, Any] | None:
+    """The host memcpy figure to keep as the reference: its rate at the largest size.
+
+    Pinning a batch costs one host memcpy per batch; a stream of batches does
+    not stay in the cache, so the rate that matters is the main-memory one,
+    not the cache-sized peak.
+
+    Parameters
+    ----------
+    summary : pandas.DataFrame
+        :func:`bandwidth_summary` (a ``host_memcpy`` row).
+    cache_bytes : int, optional
+        As given to :func:`bandwidth_summary` (for the label).
+
+    Returns
+    -------
+    dict or None
+        ``gbps``, ``gbps_p25``, ``gbps_p75``, ``size_bytes``, ``repeats``,
+        ``regime``, ``label`` (what the number is, with the size and the
+        cache), ``advice`` (how to get a main-memory rate when this is not
+        one; empty when it is), ``peak_gbps``, ``peak_size_bytes``,
+        ``peak_regime``; None without a host memcpy row.
+    """
+    rows = summary[summary["method"] == "host_memcpy"] if len(summary) else summary
+    if not len(rows):
+        return None
+    r = rows.iloc[0]
+    return {"gbps": float(r["largest_gbps"]), "gbps_p25": float(r["largest_gbps_p25"]),
+            "gbps_p75": float(r["largest_gbps_p75"]), "size_bytes": int(r["largest_size_bytes"]),
+            "repeats": int(r["largest_repeats"]), "regime": str(r["largest_regime"]),
+            "label": _largest_label(int(r["largest_size_bytes"]), str(r["largest_regime"]), cache_bytes),
+            "advice": _advice(str(r["largest_regime"]), cache_bytes),
+            "peak_gbps": float(r["peak_gbps"]), "peak_size_bytes": int(r["peak_size_bytes"]),
+            "peak_regime": str(r["peak_regime"])}
+
+
+def bandwidth_records(summary: "pd.DataFrame", *, cache_bytes: int | None = None,
+                      link_gbps: float | None = None) -> list[dict[str, Any]]:
+    """The records notebook 04 stores for its bandwidth summary, each named for what it is.
+
+    - ``host_memcpy``: experiment ``"host memcpy bandwidth"`` (it is not a
+      host-to-device copy); first the reference, metric
+      ``"memcpy_bandwidth"``, the rate at the largest size, labelled as a
+      main-memory rate only when that size is beyond the last-level cache;
+      then, when it is at another size, metric ``"memcpy_peak_bandwidth"``,
+      the peak (labelled cache-sized when it fits in the cache).
+    - every device method: experiment ``"h2d bandwidth"``, metrics
+      ``"bandwidth_at_largest_size"`` and ``"peak_bandwidth"``, each with its
+      size and, when the link's limit is known, its fraction of it.
+
+    Parameters
+    ----------
+    summary : pandas.DataFrame
+        :func:`bandwidth_summary`.
+    cache_bytes : int, optional
+    link_gbps : float, optional
+        The link's limit (GB/s), or None/0 when unknown.
+
+    Returns
+    -------
+    list of dict
+        Keyword arguments for :meth:`helpers.results.ResultsStore.add`:
+        ``experiment``, ``variant``, ``metric``, ``value``, ``unit``
+        (``"GB/s"``), ``repeats``, ``spread`` (``p25``/``p75``) and extra
+        fields (``size_bytes``, ``regime``, ``reference``, and for device
+        methods ``fraction_of_link``).
+    """
+    out: list[dict[str, Any]] = []
+
+    def record(experiment, variant, metric, row, which, **extra):
+        return {"experiment": experiment, "variant": variant, "metric": metric, "value": float(row[f"{which}_gbps"]),
+                "unit": "GB/s", "repeats": int(row[f"{which}_repeats"]),
+                "spread": {"p25": float(row[f"{which}_gbps_p25"]), "p75": float(row[f"{which}_gbps_p75"])},
+                "size_bytes": int(row[f"{which}_size_bytes"]), "regime": str(row[f"{which}_regime"]), **extra}
+
+    for _, row in summary.iterrows():
+        if row["method"] == "host_memcpy":
+            ref = memcpy_reference(summary, cache_bytes=cache_bytes)
+            out.append(record("host memcpy bandwidth", ref["label"], "memcpy_bandwidth", row, "largest",
+                              reference=True))
+            if int(row["peak_size_bytes"]) != int(row["largest_size_bytes"]):
+                kind = "cache-sized peak" if row["peak_regime"] == "cache" else "peak"
+                out.append(record("host memcpy bandwidth", f"{kind} ({_size_text(row['peak_size_bytes'])} copies)",
+                                  "memcpy_peak_bandwidth", row, "peak", reference=False))
+            continue
+        for which, metric in (("largest", "bandwidth_at_largest_size"), ("peak", "peak_bandwidth")):
+            frac = float(row[f"{which}_gbps"]) / link_gbps if link_gbps else None
+            out.append(record("h2d bandwidth", str(row["method"]), metric, row, which, fraction_of_link=frac))
+    return out
+
+
+def pinning_verdict(comparisons: dict[str, "Comparison"], *, threshold: float = 1.05,
+                    applicability: Applicability | None = None,
+                    reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The notebook's verdict: enable the best pinned method, leave pinning off, or not applicable.
+
+    Parameters
+    ----------
+    comparisons : dict
+        From :func:`batch_comparison`.
+    threshold : float, default 1.05
+        Least lower bound of the speedup's confidence interval that counts as
+        a real gain (5%: smaller gains are within run-to-run noise of copies).
+    applicability : helpers.pipeline.transfer.Applicability, optional
+        When given and not applicable, the verdict is "not applicable" with its reason.
+    reference : dict, optional
+        :func:`memcpy_reference`; when the verdict is "not applicable", its
+        rate is quoted in the reason (what pinning a batch would cost at
+        least), labelled for what it is.
+
+    Returns
+    -------
+    dict
+        ``recommendation`` ("enable", "leave off", "not applicable"),
+        ``value`` (the best method's speedup, or None), ``method`` (its name
+        or None), ``spread`` (its interval or None) and ``reason`` (a
+        sentence built from the numbers), ``action`` (a :class:`helpers.verdict.Action` on
+        ``pin_memory``).
+    """
+    v = _pinning_decision(comparisons, threshold=threshold, applicability=applicability, reference=reference)
+    rec = v["recommendation"]
+    v["action"] = Action("pin_memory", rec == "enable", f"pinned memory: {rec}", current=False)
+    return v
+
+
+def _pinning_decision(comparisons: dict[str, "Comparison"], *, threshold: float = 1.05,
+                      applicability: Applicability | None = None,
+                      reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    if applicability is not None and not applicability.applicable:
+        reason = applicability.reason
+        if reference is not None:
+            reason += (f"; for reference, the host memcpy that pinning a batch would cost at least: "
+                       f"{reference['gbps']:.1f} GB/s, {reference['label']}"
+                       + (f" ({reference['advice']})" if reference["advice"] else ""))
+            if reference["peak_size_bytes"] != reference["size_bytes"]:
+                kind = "cache-sized peak" if reference["peak_regime"] == "cache" else "peak"
+                reason += (f"; its {kind} is {reference['peak_gbps']:.1f} GB/s at "
+                           f"{_size_text(reference['peak_size_bytes'])}")
+        return {"recommendation": "not applicable", "value": None, "method": None, "spread": None,
+                "reason": reason}
+    if not comparisons:
+        return {"recommendation": "not applicable", "value": None, "method": None, "spread": None,
+                "reason": "no pinned copy method was measured"}
+    best_method, best = max(comparisons.items(), key=lambda kv: kv[1].ratio)
+    spread = {"ci_low": best.ci_low, "ci_high": best.ci_high, "confidence": best.confidence}
+    others = "; ".join(f"{k} {c.ratio:.2f}x" for k, c in comparisons.items() if k != best_method)
+    pct = f"{best.confidence * 100:.0f}%"
+    if best.ci_low > threshold:
+        reason = (f"{_METHOD_LABELS[best_method]} copies a batch {best.ratio:.2f}x as fast as pageable "
+                  f"({pct} CI {best.ci_low:.2f}-{best.ci_high:.2f}, above the {threshold:.2f}x threshold)"
+                  + (f"; others: {others}" if others else ""))
+        return {"recommendation": "enable", "value": best.ratio, "method": best_method, "spread": spread,
+                "reason": reason}
+    reason = (f"the best pinned method, {_METHOD_LABELS[best_method]}, reached {best.ratio:.2f}x pageable "
+              f"({pct} CI {best.ci_low:.2f}-{best.ci_high:.2f}), not clearly above {threshold:.2f}x"
+              + (f"; others: {others}" if others else ""))
+    return {"recommendation": "leave off", "value": best.ratio, "method": best_method, "spread": spread,
+            "reason": reason}
+
+
+def verdict(comparisons: Mapping[str, Comparison], *, applicability: Applicability | None = None,
+            reference: Mapping[str, Any] | None = None, link: LinkInfo | None = None,
+            batch_gbps: Mapping[str, float] | None = None, context: str | None = None,
+            threshold: float = 1.05) -> Verdict:
+    """Notebook 04's verdict as a :class:`helpers.verdict.Verdict`, from the figures of :func:`pinning_verdict`.
+
+    Parameters
+    ----------
+    comparisons, applicability, reference, threshold
+        As for :func:`pinning_verdict`.
+    link : helpers.diagnose.pcie.LinkInfo, optional
+        The host-device link (:func:`helpers.diagnose.pcie.link_limit`). When
+        its limit is known and a method was chosen, the reason adds that
+        method's per-batch rate as a percentage of the limit.
+    batch_gbps : mapping, optional
+        ``{method: GB/s}``: the per-batch copy rate of each method (the
+        batch's bytes over the median time of :func:`batch_comparison`'s
+        measurements); needed for that percentage.
+    context : str, optional
+        What was measured, in one sentence (batch, sizes, repeats, device, link).
+
+    Returns
+    -------
+    helpers.verdict.Verdict
+        Notebook :data:`NOTEBOOK`, metric ``"speedup"`` in ``"x"``: the value,
+        spread, recommendation and action of :func:`pinning_verdict`, its
+        reason (with the link sentence where it applies), ``context``, and in
+        ``extra``: ``method`` (the best method, or None) and ``reference``
+        (the host memcpy's reference figure: ``metric``
+        ``"memcpy_bandwidth"``, ``value`` in ``unit`` ``"GB/s"``, ``what``;
+        None without ``reference``).
+
+    Raises
+    ------
+    ParameterError
+        If the link's limit is known and ``batch_gbps`` lacks the chosen method's rate.
+    """
+    v = pinning_verdict(comparisons, threshold=threshold, applicability=applicability, reference=reference)
+    reason = v["reason"]
+    if v["method"] is not None and link is not None and link.limit_gbps and batch_gbps is not None:
+        if v["method"] not in batch_gbps:
+            raise ParameterError(f"verdict: batch_gbps has no rate for {v['method']!r} (it has "
+                                 f"{', '.join(batch_gbps) or 'none'}); pass the per-batch rate of every method compared")
+        best_rate = batch_gbps[v["method"]]
+        reason += (f"; that method reached {100 * best_rate / link.limit_gbps:.0f}% of the link ({link.label()}) "
+                   "on one batch")
+    ref = None if reference is None else {"metric": "memcpy_bandwidth", "value": reference["gbps"], "unit": "GB/s",
+                                          "what": f"host memcpy, {reference['label']}"}
+    return Verdict(NOTEBOOK, "speedup", v["value"], "x", v["recommendation"], reason, spread=v["spread"],
+                   action=v["action"], context=context, extra={"method": v["method"], "reference": ref})
+
+def method_label(method: str) -> str:
+    """Human-readable name of a copy method (for tables and legends)."""
+    return _METHOD_LABELS.get(method, method)
