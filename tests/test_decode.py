@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from helpers.errors import DeviceUnavailableError, ParameterError
+from helpers.experiments import decode as XD
 from helpers.pipeline import decode as D
 from helpers.pipeline.baseline import BaselineDataset, ImageTransformConfig, item_generator, sample_augment
 from helpers.pipeline.dataset import build_embedded, load_dataset
@@ -360,8 +361,8 @@ def test_usable_cores_is_positive():
 
 def test_input_decode_bench_returns_its_keys(embedded, monkeypatch):
     index, _ = embedded
-    out = D.input_decode_bench(data_dir=str(index.root), batch_size=4, image_size=32, text_len=8, threads=2,
-                               repeats=3, warmup=0, device="cpu")
+    out = XD.input_decode_bench(data_dir=str(index.root), batch_size=4, image_size=32, text_len=8, threads=2,
+                                repeats=3, warmup=0, device="cpu")
     for key in ("preprocess_speedup", "decode_efficiency", "tokenize_speedup", "tokenize_share"):
         assert isinstance(out[key], float) and out[key] > 0, key
     lo, hi = out["preprocess_speedup_ci"]
@@ -373,11 +374,11 @@ def test_input_decode_bench_returns_its_keys(embedded, monkeypatch):
 
 def test_input_decode_bench_figures_come_from_their_own_comparison(embedded):
     """Each ratio equals the ratio of the two rates reported for it, and each rate names its variant."""
-    from helpers.pipeline.fast import BASELINE_LABEL, BATCHED_DEVICE_LABEL, BATCHED_HOST_LABEL, RAW_DECODE_LABEL
+    from helpers.experiments.decode import BASELINE_LABEL, BATCHED_DEVICE_LABEL, BATCHED_HOST_LABEL, RAW_DECODE_LABEL
 
     index, _ = embedded
-    out = D.input_decode_bench(data_dir=str(index.root), batch_size=4, image_size=32, text_len=8, threads=2,
-                               repeats=3, warmup=0, device="cpu")
+    out = XD.input_decode_bench(data_dir=str(index.root), batch_size=4, image_size=32, text_len=8, threads=2,
+                                repeats=3, warmup=0, device="cpu")
     assert out["decode_efficiency"] == pytest.approx(out["batched_host_images_per_s"] / out["raw_decode_images_per_s"])
     assert out["preprocess_speedup"] == pytest.approx(out["batched_device_images_per_s"] / out["baseline_images_per_s"])
     assert out["variants"] == {"baseline_images_per_s": BASELINE_LABEL,
@@ -402,14 +403,14 @@ def test_input_decode_bench_counts_skipped_files_and_reports_them_once(tmp_path,
     (folder / "zero.jpg").write_bytes(b"")
     kw = dict(batch_size=4, image_size=32, text_len=8, threads=1, repeats=3, warmup=0, device="cpu")
     with caplog.at_level(logging.WARNING):
-        out = D.input_decode_bench(data_dir=str(folder), **kw)
+        out = XD.input_decode_bench(data_dir=str(folder), **kw)
     assert out["skipped_files"] == 2 and out["images"] == 6
     assert sum("file(s) skipped" in r.getMessage() for r in caplog.records) == 1
     # Data loaded once by the caller is not scanned again: the skipped files are counted, not logged again.
     prepared = prepare_data(str(folder), batch_size=4, text_len=8)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        out = D.input_decode_bench(data_dir=str(folder), prepared=prepared, **kw)
+        out = XD.input_decode_bench(data_dir=str(folder), prepared=prepared, **kw)
     assert out["skipped_files"] == 2 and out["images"] == 6
     assert not [r for r in caplog.records if "skipped" in r.getMessage() or "bad image" in r.getMessage()]
 

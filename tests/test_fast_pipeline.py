@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from helpers.errors import DataError, ParameterError
+from helpers.experiments import decode as XD
 from helpers.pipeline import fast as F
 from helpers.pipeline.baseline import IMAGENET_MEAN, IMAGENET_STD, BaselineDataset, collate_batch
 from helpers.pipeline.dataset import DatasetIndex, build_embedded, load_dataset
@@ -379,7 +380,7 @@ def test_trains_through_the_loop_with_to_device_batch(index, tokenizer):
 
 
 def _counting_to_device(monkeypatch) -> list:
-    """Count the calls of F.to_device_batch (the device copy and normalization) made by DecodeBench."""
+    """Count the calls of to_device_batch (the device copy and normalization) made by DecodeBench."""
     calls = []
     real = F.to_device_batch
 
@@ -387,31 +388,31 @@ def _counting_to_device(monkeypatch) -> list:
         calls.append(1)
         return real(batch, acc, **kw)
 
-    monkeypatch.setattr(F, "to_device_batch", counted)
+    monkeypatch.setattr(XD, "to_device_batch", counted)
     return calls
 
 
 def test_decode_bench_names_each_variant_by_what_it_times(dataset, monkeypatch):
     from helpers.device import get_accelerator
 
-    bench = F.DecodeBench(dataset, get_accelerator("cpu"), batch_size=4, repeats=3, warmup=0)
+    bench = XD.DecodeBench(dataset, get_accelerator("cpu"), batch_size=4, repeats=3, warmup=0)
     calls = _counting_to_device(monkeypatch)
     pre = bench.compare_preprocess()
-    assert (pre.a.name, pre.b.name) == (F.BASELINE_LABEL, F.BATCHED_DEVICE_LABEL)
+    assert (pre.a.name, pre.b.name) == (XD.BASELINE_LABEL, XD.BATCHED_DEVICE_LABEL)
     assert len(calls) == 3, "every timed batched call of the speedup ends on the device"
     calls.clear()
     eff = bench.compare_raw_decode()
-    assert (eff.a.name, eff.b.name) == (F.RAW_DECODE_LABEL, F.BATCHED_HOST_LABEL)
+    assert (eff.a.name, eff.b.name) == (XD.RAW_DECODE_LABEL, XD.BATCHED_HOST_LABEL)
     assert not calls, "decode efficiency compares host work with host work: no device step on either side"
     # the efficiency is the batched (host) rate over the raw decode-only rate of the same comparison
     assert eff.ratio == pytest.approx(eff.b.rate / eff.a.rate)
-    assert len({F.BASELINE_LABEL, F.BATCHED_DEVICE_LABEL, F.BATCHED_HOST_LABEL, F.RAW_DECODE_LABEL}) == 4
+    assert len({XD.BASELINE_LABEL, XD.BATCHED_DEVICE_LABEL, XD.BATCHED_HOST_LABEL, XD.RAW_DECODE_LABEL}) == 4
 
 
 def test_tokenize_share_is_over_the_host_batch_time(dataset, monkeypatch):
     from helpers.device import get_accelerator
 
-    bench = F.DecodeBench(dataset, get_accelerator("cpu"), batch_size=4, repeats=3, warmup=0)
+    bench = XD.DecodeBench(dataset, get_accelerator("cpu"), batch_size=4, repeats=3, warmup=0)
     given = bench.tokenize_share(host_s=0.5, baseline_s=2.0)
     assert given["host_s"] == 0.5 and given["baseline_s"] == 2.0
     assert given["batched_share"] == pytest.approx(given["tokenize_batch_s"] / 0.5)

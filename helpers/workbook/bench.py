@@ -61,7 +61,7 @@ def input_pipeline(*, profile: str = "quick", device: str = "auto", data_dir: st
 
     prepare_torch_import(fallback_to_cpu=True)
     from helpers.device import get_accelerator
-    from helpers.pipeline.decode import input_decode_bench
+    from helpers.experiments.decode import input_decode_bench
     from helpers.experiments.overlap import overlap_bench
     from helpers.pipeline.prepare import prepare_data
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import matplotlib.pyplot as plt
 import numpy as np
 
-from helpers.pipeline.fast import BASELINE_LABEL, BATCHED_DEVICE_LABEL, BATCHED_HOST_LABEL, RAW_DECODE_LABEL
+from helpers.experiments.decode import BASELINE_LABEL, BATCHED_DEVICE_LABEL, BATCHED_HOST_LABEL, RAW_DECODE_LABEL
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

@@ -1,0 +1,421 @@
+"""Notebook 02's experiment: per-image decode against the batched pipeline, on one dataset, and its benchmark.
+
+:class:`DecodeBench` holds the interleaved comparisons of notebook 02
+(preprocessing speedup, decode efficiency against the raw decoder, thread
+scaling, decoder flags, GPU decode, tokenization);
+:func:`input_decode_bench` runs the same comparisons for ``python -m helpers
+bench input-pipeline``. The mechanisms they time are
+:class:`helpers.pipeline.fast.BatchedDataset`,
+:func:`helpers.pipeline.fast.to_device_batch`,
+:class:`helpers.pipeline.baseline.BaselineDataset` and the decoder routes of
+:mod:`helpers.pipeline.decode`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from helpers.compute.train import default_transfer
+from helpers.device import get_accelerator
+from helpers.errors import DeviceUnavailableError
+from helpers.pipeline.baseline import BaselineDataset, collate_batch
+from helpers.pipeline.decode import DecodeConfig, cuda_decode_support, decode_augment_cuda, psnr, reference_augment
+from helpers.pipeline.fast import (
+    BatchedDataset,
+    EpochBatchSampler,
+    check_int,
+    to_device_batch,
+    torch_from,
+)
+from helpers.pipeline.prepare import prepare_data
+from helpers.pipeline.text import encode_batch, encode_one
+from helpers.timing import compare, measure
+
+if TYPE_CHECKING:  # pragma: no cover
+    from helpers.timing import Comparison
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BASELINE_LABEL", "BATCHED_DEVICE_LABEL", "BATCHED_HOST_LABEL", "RAW_DECODE_LABEL", "DecodeBench",
+           "input_decode_bench"]
+
+#: Names of the measured variants, used alike by the comparisons, the records, the figures and the bench,
+#: so that each number carries the name of what was timed:
+#: the per-image baseline (``BaselineDataset`` items + ``collate_batch`` + copy to the device),
+BASELINE_LABEL = "per-image baseline"
+#: the batched pipeline up to a normalized float batch on the device (``dataset[indices]`` + ``to_device_batch``),
+BATCHED_DEVICE_LABEL = "batched + device normalize"
+#: the batched pipeline up to the uint8 host batch only (``dataset[indices]``),
+BATCHED_HOST_LABEL = "batched (host)"
+#: and the decoder alone, from bytes in memory, same DCT scales and thread pool (``raw_decode``).
+RAW_DECODE_LABEL = "raw decode only"
+
+
+class DecodeBench:
+    """The measurements of notebook 02 and of ``bench input-pipeline``, on one dataset.
+
+    All variants see the same batches (drawn once from :func:`batch_sampler`
+    with ``seed``, epoch 0) in the same order. Each figure comes from one
+    interleaved comparison, and its variants carry the module's labels:
+
+    * the **preprocessing speedup** (:meth:`compare_preprocess`):
+      :data:`BATCHED_DEVICE_LABEL` over :data:`BASELINE_LABEL`, both ending
+      with a normalized float batch on the device;
+    * the **decode efficiency** (:meth:`compare_raw_decode`):
+      :data:`BATCHED_HOST_LABEL` over :data:`RAW_DECODE_LABEL`, the batched
+      rate over the raw decode-only rate of the same decoder at the same
+      thread count. Both stop at the host (the raw decode has no device
+      step), so the device copy and normalization are not part of it.
+
+    The two batched rates differ by the device step and are never
+    interchangeable: quote the efficiency with the rates of its own
+    comparison.
+
+    Parameters
+    ----------
+    dataset : BatchedDataset
+    acc : helpers.device.Accelerator
+    batch_size : int
+    repeats, warmup : int
+        Timed and untimed calls per variant (``helpers.timing``).
+    seed : int, default 0
+    """
+
+    def __init__(self, dataset: BatchedDataset, acc, *, batch_size: int, repeats: int = 10, warmup: int = 2,
+                 seed: int = 0) -> None:
+        self.dataset = dataset
+        self.acc = acc
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.repeats = check_int("repeats", repeats, 1)
+        self.warmup = check_int("warmup", warmup, 0)
+        self.seed = seed
+        dataset.set_epoch(0)
+        self.batches = EpochBatchSampler(len(dataset), self.batch_size, seed=seed).batches(0)
+        self.baseline = BaselineDataset(dataset.index, dataset.tokenizer, image_size=dataset.image_size,
+                                        text_len=dataset.text_len, seed=dataset.seed, transform=dataset.transform)
+        self._plans: dict[int, list] = {}
+
+    def _cycle(self) -> Callable[[], list[int]]:
+        it = itertools.cycle(self.batches)
+        return lambda: next(it)
+
+    def baseline_batch(self, indices: Sequence[int]):
+        """The per-image way: ``BaselineDataset`` items, ``collate_batch``, copy to the device."""
+
+        return default_transfer(collate_batch([self.baseline[i] for i in indices]), self.acc)
+
+    def batched_batch(self, indices: Sequence[int]):
+        """The batched way: ``dataset[indices]`` then :func:`to_device_batch`."""
+        return to_device_batch(self.dataset[list(indices)], self.acc)
+
+    def compare_preprocess(self) -> "Comparison":
+        """The preprocessing speedup: per-image baseline (A) vs batched + device normalize (B), interleaved.
+
+        Both variants end with a normalized float32 batch on the device,
+        synchronized: A is :meth:`baseline_batch`, B :meth:`batched_batch`.
+
+        Returns
+        -------
+        helpers.timing.Comparison
+            Named (:data:`BASELINE_LABEL`, :data:`BATCHED_DEVICE_LABEL`);
+            ratio = images/s of B over images/s of A.
+        """
+
+        next_a, next_b = self._cycle(), self._cycle()
+        return compare(lambda: self.baseline_batch(next_a()), lambda: self.batched_batch(next_b()),
+                       repeats=self.repeats, warmup=self.warmup, sync=self.acc.synchronize,
+                       names=(BASELINE_LABEL, BATCHED_DEVICE_LABEL), items_per_call=self.batch_size,
+                       seed=self.seed)
+
+    def _plan(self, k: int) -> list:
+        if k not in self._plans:
+            self._plans[k] = self.dataset.decode_plan(self.batches[k])
+        return self._plans[k]
+
+    def compare_raw_decode(self) -> "Comparison":
+        """The decode efficiency: raw decode only (A) vs batched (host) (B), interleaved.
+
+        A decodes the batch's files from bytes already in memory at the
+        planned DCT scales on the dataset's pool (:meth:`BatchedDataset.raw_decode`);
+        B builds the uint8 host batch, ``dataset[indices]`` (read, header, crop
+        draw, decode, resize, flip, copy into the batch, tokenization), with
+        the same decoder and thread count. Neither touches the device.
+
+        Returns
+        -------
+        helpers.timing.Comparison
+            Named (:data:`RAW_DECODE_LABEL`, :data:`BATCHED_HOST_LABEL`). Its
+            ratio (median A / median B) is the decode efficiency: batched
+            (host) images/s over raw decode-only images/s, 1.0 when everything
+            but the decode costs nothing.
+        """
+
+        n = len(self.batches)
+        order_a, order_b = itertools.cycle(range(n)), self._cycle()
+        for k in range(min(n, self.repeats + self.warmup)):
+            self._plan(k)
+        return compare(lambda: self.dataset.raw_decode(self._plan(next(order_a))),
+                       lambda: self.dataset[order_b()],
+                       repeats=self.repeats, warmup=self.warmup, names=(RAW_DECODE_LABEL, BATCHED_HOST_LABEL),
+                       items_per_call=self.batch_size, seed=self.seed)
+
+    def compare_threads(self, threads: int = 1) -> "Comparison":
+        """Raw decode with ``threads`` threads (A) vs the dataset's thread count (B).
+
+        The ratio is the speedup of the dataset's pool over ``threads``
+        threads: near the thread ratio when the decoder releases the GIL,
+        near 1 when it does not.
+        """
+
+        other = BatchedDataset(self.dataset.index, self.dataset.tokenizer, image_size=self.dataset.image_size,
+                               text_len=self.dataset.text_len, seed=self.dataset.seed, threads=threads,
+                               transform=self.dataset.transform, decode=self.dataset.decode, buffers=0)
+        n = len(self.batches)
+        for k in range(min(n, self.repeats + self.warmup)):
+            self._plan(k)
+        order_a, order_b = itertools.cycle(range(n)), itertools.cycle(range(n))
+        try:
+            return compare(lambda: self.dataset.raw_decode(self._plan(next(order_a)), pool_of=other),
+                           lambda: self.dataset.raw_decode(self._plan(next(order_b))),
+                           repeats=self.repeats, warmup=self.warmup,
+                           names=(f"raw decode, {threads} thread(s)", f"raw decode, {self.dataset.threads} threads"),
+                           items_per_call=self.batch_size, seed=self.seed)
+        finally:
+            other.close()
+
+    def compare_decoder_flags(self, config: DecodeConfig) -> "Comparison":
+        """Raw decode with the dataset's decoder settings (A) vs ``config`` (B), same files and scales.
+
+        The ratio is the decode speedup of ``config`` (e.g. ``fastdct`` and
+        ``fastupsample`` on).
+        """
+
+        other = BatchedDataset(self.dataset.index, self.dataset.tokenizer, image_size=self.dataset.image_size,
+                               text_len=self.dataset.text_len, seed=self.dataset.seed,
+                               threads=self.dataset.requested_threads, transform=self.dataset.transform,
+                               decode=config, buffers=0)
+        n = len(self.batches)
+        for k in range(min(n, self.repeats + self.warmup)):
+            self._plan(k)
+        order_a, order_b = itertools.cycle(range(n)), itertools.cycle(range(n))
+        try:
+            return compare(lambda: self.dataset.raw_decode(self._plan(next(order_a))),
+                           lambda: other.raw_decode(self._plan(next(order_b))),
+                           repeats=self.repeats, warmup=self.warmup, names=("default decoder", "fast flags"),
+                           items_per_call=self.batch_size, seed=self.seed)
+        finally:
+            other.close()
+
+    def compare_gpu_decode(self) -> tuple["Comparison", list[float]]:
+        """Batched + device normalize (A) vs GPU decode + device normalize (B), both to a normalized batch.
+
+        B plans on the CPU (read, header, crop draw) and decodes, crops,
+        resizes and flips on the GPU (:func:`helpers.pipeline.decode.decode_augment_cuda`).
+        Only turbo-route files (colour or grey JPEGs) are used, in both variants.
+
+        Returns
+        -------
+        (Comparison, list of float)
+            The comparison (ratio = images/s of B over A) and the PSNR of
+            each GPU-decoded image of the first batch against the reference.
+
+        Raises
+        ------
+        helpers.errors.DeviceUnavailableError
+            Where GPU decode is not available (see ``cuda_decode_support``).
+        """
+
+        ok, why = cuda_decode_support(self.acc)
+        if not ok:
+            raise DeviceUnavailableError(f"batched GPU decode is not available here: {why}")
+        ds = self.dataset
+        jpeg_batches = []
+        for k in range(len(self.batches)):
+            keep = [p.index for p in self._plan(k) if p.route == "turbo"]
+            if keep:
+                jpeg_batches.append(keep)
+        first = jpeg_batches[0]
+        gpu = decode_augment_cuda(ds.decode_plan(first), ds.image_size, self.acc).cpu().numpy()
+        quality = [psnr(gpu[k], reference_augment(ds.paths[i], seed=ds.seed, epoch=ds.epoch, index=i,
+                                                  transform=ds.transform)) for k, i in enumerate(first)]
+        it_a, it_b = itertools.cycle(jpeg_batches), itertools.cycle(jpeg_batches)
+
+        def gpu_batch():
+            b = next(it_b)
+            images = decode_augment_cuda(ds.decode_plan(b), ds.image_size, self.acc)
+            tokens = torch_from(encode_batch(ds.tokenizer, ds.captions[b], ds.text_len))
+            return to_device_batch({"image": images, "tokens": tokens, "label": torch_from(ds.labels[b])}, self.acc)
+
+        comparison = compare(lambda: to_device_batch(ds[next(it_a)], self.acc), gpu_batch,
+                             repeats=self.repeats, warmup=self.warmup, sync=self.acc.synchronize,
+                             names=(f"{BATCHED_DEVICE_LABEL} (CPU decode)", "GPU decode + device normalize"),
+                             items_per_call=(float(len(first)), float(len(first))), seed=self.seed)
+        return comparison, quality
+
+    def compare_tokenize(self) -> "Comparison":
+        """Per-sample ``encode_one`` (A) vs one ``encode_batch`` (B) on the same captions."""
+
+        ds = self.dataset
+        next_a, next_b = self._cycle(), self._cycle()
+
+        def per_sample():
+            for i in next_a():
+                encode_one(ds.tokenizer, str(ds.captions[i]), ds.text_len)
+
+        return compare(per_sample, lambda: encode_batch(ds.tokenizer, ds.captions[next_b()], ds.text_len),
+                       repeats=self.repeats, warmup=self.warmup, names=("per-sample encode", "encode_batch"),
+                       items_per_call=self.batch_size, seed=self.seed)
+
+    def tokenize_share(self, *, host_s: float | None = None, baseline_s: float | None = None
+                       ) -> dict[str, float]:
+        """Tokenization's share of preprocessing time, batched and per-sample.
+
+        Parameters
+        ----------
+        host_s : float, optional
+            Median seconds per batch of :data:`BATCHED_HOST_LABEL`
+            (``dataset[indices]``), e.g. ``compare_raw_decode().b.median_s``;
+            measured here otherwise.
+        baseline_s : float, optional
+            Median seconds per batch of :data:`BASELINE_LABEL` (items,
+            ``collate_batch``, copy: :meth:`baseline_batch`), e.g.
+            ``compare_preprocess().a.median_s``; measured here otherwise.
+
+        Returns
+        -------
+        dict
+            ``batched_share``: median ``encode_batch`` time of a batch over
+            ``host_s`` (tokenization runs on the host, inside
+            ``dataset[indices]``); ``per_sample_share``: median per-sample
+            tokenization time of a batch over ``baseline_s``; and the four
+            medians in seconds (``tokenize_batch_s``, ``tokenize_per_sample_s``,
+            ``host_s``, ``baseline_s``).
+        """
+
+        ds = self.dataset
+        n1, n2, n3, n4 = self._cycle(), self._cycle(), self._cycle(), self._cycle()
+        kw = dict(repeats=self.repeats, warmup=self.warmup, items_per_call=self.batch_size)
+        tok_b = measure(lambda: encode_batch(ds.tokenizer, ds.captions[n1()], ds.text_len), **kw)
+        tok_s = measure(lambda: [encode_one(ds.tokenizer, str(ds.captions[i]), ds.text_len) for i in n2()], **kw)
+        if host_s is None:
+            host_s = measure(lambda: ds[n3()], **kw).median_s
+        if baseline_s is None:
+            baseline_s = measure(lambda: self.baseline_batch(n4()), sync=self.acc.synchronize, **kw).median_s
+        return {
+            "batched_share": tok_b.median_s / host_s,
+            "per_sample_share": tok_s.median_s / baseline_s,
+            "tokenize_batch_s": tok_b.median_s,
+            "tokenize_per_sample_s": tok_s.median_s,
+            "host_s": host_s,
+            "baseline_s": baseline_s,
+        }
+
+
+# --------------------------------------------------------------------------- benchmark
+
+
+def input_decode_bench(*, data_dir: str | None = None, max_images: int = 0, batch_size: int = 32,
+                       image_size: int = 128, text_len: int = 16, threads: int = 0, repeats: int = 10,
+                       warmup: int = 2, seed: int = 0, device: str = "cpu", prepared: tuple | None = None) -> dict:
+    """Measure the batched pipeline against the per-image baseline: the figures of ``bench input-pipeline``.
+
+    Two interleaved comparisons (helpers.timing.compare, see
+    :class:`helpers.pipeline.fast.DecodeBench`), the same as notebook 02's;
+    every rate below comes from one of them and says which by its name:
+
+    * ``preprocess_speedup``: images/s of "batched + device normalize"
+      (``BatchedDataset[indices]`` + ``to_device_batch``) over the "per-image
+      baseline" (``BaselineDataset`` items + ``collate_batch`` + copy to the
+      device), on the same batches;
+    * ``decode_efficiency``: images/s of "batched (host)" (``BatchedDataset[indices]``,
+      no device step) over "raw decode only" (the same decoder, DCT scales
+      and thread count, from bytes in memory), measured together;
+    * ``tokenize_speedup``: per-sample ``encode_one`` time over one
+      ``encode_batch`` call for the same captions; ``tokenize_share``:
+      ``encode_batch``'s median time over the "batched (host)" median time of
+      the efficiency comparison.
+
+    Parameters
+    ----------
+    data_dir : str, optional
+        Folder of images; None or "" for the embedded dataset.
+    max_images : int, default 0
+        Use at most this many images (0: all).
+    batch_size, image_size, text_len : int
+        As notebook 02.
+    threads : int, default 0
+        Decode threads (0: usable cores).
+    repeats, warmup : int
+        Timed and untimed batches per variant.
+    seed : int
+    device : str, default "cpu"
+        Device kind for the normalization step (``helpers.device.get_accelerator``).
+    prepared : (DatasetIndex, tokenizers.Tokenizer), optional
+        Data already loaded by :func:`helpers.pipeline.prepare.prepare_data`
+        with the same ``data_dir``, ``max_images``, ``seed`` and ``text_len``
+        (and checked for ``batch_size``); the folder is then not scanned again,
+        so its skipped files are not reported (logged) a second time. None:
+        load it here.
+
+    Returns
+    -------
+    dict
+        ``preprocess_speedup``, ``preprocess_speedup_ci`` ([low, high]),
+        ``baseline_images_per_s``, ``batched_device_images_per_s`` (its two
+        rates); ``decode_efficiency``, ``decode_efficiency_ci``,
+        ``batched_host_images_per_s``, ``raw_decode_images_per_s`` (its two
+        rates); ``tokenize_speedup``, ``tokenize_speedup_ci``,
+        ``tokenize_share``; ``variants`` (each rate key -> the variant's
+        label); ``threads``, ``batch_size``, ``image_size``, ``images``
+        (usable), ``skipped_files`` (files of the folder skipped as unusable
+        by the scan), ``device``.
+
+    Raises
+    ------
+    helpers.errors.DataError
+        If the dataset holds fewer images than one batch.
+    """
+
+    acc = get_accelerator(device)
+    if prepared is None:
+        prepared = prepare_data(data_dir, max_images=max_images, seed=seed, batch_size=batch_size,
+                                text_len=text_len)
+    index, tokenizer = prepared
+    dataset = BatchedDataset(index, tokenizer, image_size=image_size, text_len=text_len, seed=seed,
+                             threads=threads, pin_memory=acc.capabilities.pinned_memory.available)
+    try:
+        bench = DecodeBench(dataset, acc, batch_size=batch_size, repeats=repeats, warmup=warmup, seed=seed)
+        pre = bench.compare_preprocess()
+        eff = bench.compare_raw_decode()
+        tok = bench.compare_tokenize()
+        share = bench.tokenize_share(host_s=eff.b.median_s, baseline_s=pre.a.median_s)
+        threads_used = dataset.threads
+    finally:
+        dataset.close()
+    return {
+        "preprocess_speedup": pre.ratio,
+        "preprocess_speedup_ci": [pre.ci_low, pre.ci_high],
+        "baseline_images_per_s": pre.a.rate,
+        "batched_device_images_per_s": pre.b.rate,
+        "decode_efficiency": eff.ratio,
+        "decode_efficiency_ci": [eff.ci_low, eff.ci_high],
+        "batched_host_images_per_s": eff.b.rate,
+        "raw_decode_images_per_s": eff.a.rate,
+        "tokenize_speedup": tok.ratio,
+        "tokenize_speedup_ci": [tok.ci_low, tok.ci_high],
+        "tokenize_share": share["batched_share"],
+        "variants": {
+            "baseline_images_per_s": pre.a.name,
+            "batched_device_images_per_s": pre.b.name,
+            "batched_host_images_per_s": eff.b.name,
+            "raw_decode_images_per_s": eff.a.name,
+        },
+        "threads": threads_used,
+        "batch_size": batch_size,
+        "image_size": image_size,
+        "images": len(index),
+        "skipped_files": len(index.skipped),
+        "device": acc.kind,
+    }
