@@ -10,14 +10,15 @@ import torch
 
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
-from helpers.pipeline.dataset import build_embedded, load_dataset
-from helpers.pipeline.text import load_or_build_tokenizer
-from helpers.verdict import Action
-from helpers.results import ResultsStore, load_results
-from helpers.timing import Comparison, Measurement
 from helpers.experiments import endtoend as e2e
+from helpers.experiments import training
 from helpers.jobs.base import Workload
 from helpers.jobs.ppo import PPOJob
+from helpers.pipeline.dataset import build_embedded, load_dataset
+from helpers.pipeline.text import load_or_build_tokenizer
+from helpers.results import ResultsStore, load_results
+from helpers.timing import Comparison, Measurement
+from helpers.verdict import Action
 
 TINY = Workload(batch_size=4, image_size=32, text_len=4, model_width=4, d_model=8, seed=0)
 
@@ -220,14 +221,14 @@ def test_run_interleaved_rotates_blocks_and_warms_up_first():
 
 def test_learning_check_gate():
     base = [1.0] * 10
-    ok = e2e.learning_check(base, [1.05] * 10, 0.10)
+    ok = training.learning_check(base, [1.05] * 10, 0.10)
     assert ok.ok and ok.tail == 3 and ok.rel_diff == pytest.approx(0.05) and "within" in ok.sentence()
-    bad = e2e.learning_check(base, [1.2] * 10, 0.10)
+    bad = training.learning_check(base, [1.2] * 10, 0.10)
     assert not bad.ok and "OUTSIDE" in bad.sentence()
-    nan = e2e.learning_check(base, [1.0] * 9 + [math.nan], 0.10)
+    nan = training.learning_check(base, [1.0] * 9 + [math.nan], 0.10)
     assert not nan.ok and not nan.no_nan and "NaN" in nan.sentence()
     with pytest.raises(ParameterError):
-        e2e.learning_check([1.0, 1.0], [1.0], 0.1)
+        training.learning_check([1.0, 1.0], [1.0], 0.1)
 
 
 def _cmp(a_ms, b_ms):
@@ -281,7 +282,7 @@ def test_contribution_interval_decides_keep_drop_or_nothing():
     assert df.loc["without b", "contribution_high"] < 1.0
     assert df.loc["without a", "contribution"] == pytest.approx(keep.ratio)
     # the verdict names what to drop and what does nothing, with the interval
-    learned = e2e.learning_check([1.0] * 6, [1.0] * 6, 0.1)
+    learned = training.learning_check([1.0] * 6, [1.0] * 6, 0.1)
     base = e2e.JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.23, 0.0, 0.07, 100.0, 0.77, 0.23, None, 6)
     v = e2e.e2e_verdict(full, learned, base, e2e.JobConfig("opt", ("batched_decode", "channels_last")),
                         host_bound_threshold=0.1, ablation=df)
@@ -368,7 +369,7 @@ def test_next_step_follows_the_dominant_phase():
     s = e2e.next_step(dev, is_cpu=True, enabled=("batched_decode",), host_bound_threshold=0.1)
     assert "compute dominates" in s and "mixed_precision and channels_last" in s
     assert "h2d 0.0 ms (0%: conversion and normalization on the CPU, not a copy)" in s
-    learned = e2e.learning_check([1.0] * 6, [1.0] * 6, 0.1)
+    learned = training.learning_check([1.0] * 6, [1.0] * 6, 0.1)
     base = e2e.JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.23, 0.0, 0.07, 100.0, 0.77, 0.23, None, 20)
     v = e2e.e2e_verdict(_cmp([300] * 4, [64] * 4), learned, base, e2e.JobConfig("opt", ("batched_decode",)),
                         host_bound_threshold=0.1, optimized_summary=host)
@@ -379,8 +380,8 @@ def test_value_formatting_and_percent():
     assert e2e.format_value(0.02, "fraction") == "2%"
     assert e2e.format_value(1.7234, "x") == "1.72x"
     assert e2e.format_value(None, "x") == "" and e2e.format_value(float("nan"), "x") == ""
-    assert e2e.percent(0.00123) == "0.12%" and e2e.percent(0.031) == "3.1%" and e2e.percent(0.45) == "45%"
-    check = e2e.learning_check([1.0] * 9, [1.0] * 8 + [1.004], 0.1)
+    assert training.percent(0.00123) == "0.12%" and training.percent(0.031) == "3.1%" and training.percent(0.45) == "45%"
+    check = training.learning_check([1.0] * 9, [1.0] * 8 + [1.004], 0.1)
     assert check.percent() == "0.13%" and "0.13%" in check.sentence() and "not that they converge" in check.sentence()
 
 
@@ -407,14 +408,14 @@ def test_workload_warning_when_the_deciding_notebook_ran_another_job(tmp_path, c
 
 
 def test_verdict_wording():
-    learned = e2e.learning_check([1.0] * 6, [1.0] * 6, 0.1)
+    learned = training.learning_check([1.0] * 6, [1.0] * 6, 0.1)
     summary = e2e.JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.25, 0.0, 0.05, 100.0, 0.8, 0.2, None, 4)
     opt = e2e.JobConfig("opt", ("batched_decode",))
     fast = _cmp([300, 310, 290, 305], [100, 101, 99, 102])
     v = e2e.e2e_verdict(fast, learned, summary, opt, host_bound_threshold=0.1)
     assert v.recommendation == "enable" and "host-bound" in v.reason and "80%" in v.reason
     assert "within tolerance" in v.reason and "batched_decode" in v.reason and "not that they converge" in v.reason
-    differs = e2e.learning_check([1.0] * 6, [2.0] * 6, 0.1)
+    differs = training.learning_check([1.0] * 6, [2.0] * 6, 0.1)
     assert e2e.e2e_verdict(fast, differs, summary, opt, host_bound_threshold=0.1).recommendation == "leave off"
     same = _cmp([300, 310, 290, 305], [305, 295, 300, 310])
     assert e2e.e2e_verdict(same, learned, summary, opt, host_bound_threshold=0.1).recommendation == "leave off"

@@ -34,11 +34,12 @@ import pandas as pd
 import torch
 
 from helpers import checklist
-from helpers.compute.amp import resolve_autocast_dtype, tail_relative_difference
+from helpers.compute.amp import resolve_autocast_dtype
 from helpers.compute.train import TimedLoop, epochs
 from helpers.device import usable_cores
 from helpers.diagnose.environment import cpu_bf16_support
 from helpers.errors import ParameterError
+from helpers.experiments.training import LearningCheck
 from helpers.jobs.base import StepOptions, Workload
 from helpers.jobs.ppo import PPOJob
 from helpers.pipeline.baseline import IMAGENET_STD
@@ -1018,89 +1019,6 @@ def compute_side_lines(frame, summaries: Mapping[str, JobSummary], earlier: Mapp
 
 
 # --------------------------------------------------------------------------- learning and projection
-
-
-@dataclass(frozen=True)
-class LearningCheck:
-    """Whether two jobs learned the same: tail mean value loss within a tolerance, no NaN.
-
-    Attributes
-    ----------
-    rel_diff : float
-        ``|mean(opt tail) - mean(base tail)| / mean(base tail)`` (inf with a NaN).
-    tolerance : float
-    tail : int
-        Steps averaged at the end.
-    no_nan : bool
-    ok : bool
-        ``no_nan and rel_diff <= tolerance``.
-    """
-
-    rel_diff: float
-    tolerance: float
-    tail: int
-    no_nan: bool
-    ok: bool
-    steps: int = 0
-
-    def percent(self) -> str:
-        """``rel_diff`` as a percentage with two significant digits (e.g. ``"0.12%"``, ``"3.1%"``)."""
-        return percent(self.rel_diff)
-
-    def sentence(self) -> str:
-        """E.g. "numerical agreement on identical batches over 30 steps: mean value loss of the last 5 steps
-        0.12% from the baseline's (tolerance 10%), no NaN (not a convergence test)"."""
-        if not self.no_nan:
-            return "a loss was NaN or infinite: the optimized job does not compute like the baseline"
-        word = "within tolerance" if self.ok else "OUTSIDE the tolerance"
-        over = f" over {self.steps} steps" if self.steps else ""
-        return (f"numerical agreement on identical batches{over}: mean value loss of the last {self.tail} steps "
-                f"{self.percent()} from the baseline's, {word} ({self.tolerance:.0%}), no NaN (this checks that "
-                f"both jobs compute the same, not that they converge)")
-
-
-def percent(fraction: float) -> str:
-    """A fraction as a percentage with two significant digits: 0.00123 -> ``"0.12%"``, 0.031 -> ``"3.1%"``."""
-    if not math.isfinite(fraction):
-        return "inf%"
-    pct = 100.0 * fraction
-    if pct == 0:
-        return "0%"
-    digits = max(0, 1 - int(math.floor(math.log10(abs(pct)))))
-    return f"{pct:.{digits}f}%"
-
-
-def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], tolerance: float, *,
-                   tail: int | None = None) -> LearningCheck:
-    """Gate "same learning" the way notebook 06 does (:func:`helpers.compute.amp.tail_relative_difference`).
-
-    Parameters
-    ----------
-    base_losses, opt_losses : sequence of float
-        Value loss per step (same length >= 2), baseline and optimized.
-    tolerance : float
-        Largest allowed relative difference of the tail means (>= 0).
-    tail : int, optional
-        Steps averaged; default ``max(1, min(5, len // 3))`` (notebook 06's).
-
-    Returns
-    -------
-    LearningCheck
-
-    Raises
-    ------
-    ParameterError
-        Different lengths or fewer than 2 values.
-    """
-
-    base, opt = [float(v) for v in base_losses], [float(v) for v in opt_losses]
-    if len(base) != len(opt) or len(base) < 2:
-        raise ParameterError(f"need two loss curves of equal length >= 2; got {len(base)} and {len(opt)}")
-    tail = tail or max(1, min(5, len(base) // 3))
-    no_nan = all(math.isfinite(v) for v in base + opt)
-    rel = tail_relative_difference(base, opt, tail) if no_nan else math.inf
-    return LearningCheck(rel_diff=rel, tolerance=float(tolerance), tail=tail, no_nan=no_nan,
-                         ok=no_nan and rel <= tolerance, steps=len(base))
 
 
 def duration_unit(seconds: float) -> tuple[str, float]:

@@ -8,15 +8,18 @@ closed by a device synchronize, warm-up excluded.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
+from helpers.compute.amp import tail_relative_difference
 from helpers.compute.train import TimedLoop, TrainRun, epochs
 from helpers.errors import ParameterError
 from helpers.jobs.base import Job, StepOptions
 from helpers.pipeline.loader import LoaderConfig, close_loader
 
-__all__ = ["TimedJob", "time_job"]
+__all__ = ["LearningCheck", "TimedJob", "fixed_batches", "learning_check", "percent", "prepare_job", "time_job"]
 
 
 @dataclass
@@ -103,3 +106,138 @@ def time_job(job: Job, acc, *, steps: int, warmup_steps: int = 2, **kwargs: Any)
         return timed.loop.run(warmup_steps, measured=False).discard().run(steps).result()
     finally:
         timed.close()
+
+
+def fixed_batches(job: Job, acc, n: int, *, pipeline: str | None = None, epoch: int = 0,
+                  options: StepOptions = StepOptions()) -> list:
+    """The first ``n`` batches of one epoch of ``job``, on the device, kept for repeated timing.
+
+    Notebooks 06, 07 and the DDP variants time the step alone on such fixed
+    batches, so that the input pipeline is not part of the comparison.
+
+    Parameters
+    ----------
+    job : Job
+    acc : helpers.device.Accelerator
+    n : int
+        Batches (>= 1; fewer when the epoch has fewer).
+    pipeline : str, optional
+        Default: the job's last pipeline (for the built-in job, ``"batched"``).
+    epoch : int
+        Epoch of the batch order and augmentations.
+
+    Returns
+    -------
+    list
+        Device batches as ``job.to_device`` returns them, cloned (the pipeline may reuse its buffers).
+
+    Raises
+    ------
+    ParameterError
+        If ``n < 1``.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ParameterError(f"n must be an int >= 1, got {n!r}")
+    dataset = job.make_dataset(pipeline or job.pipelines[-1])
+    try:
+        if hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(epoch)
+        sampler = job.batch_sampler(len(dataset))
+        sampler.set_epoch(epoch)
+        out = []
+        for indices in itertools.islice(sampler, n):
+            batch = job.to_device(dataset[indices], acc, options=options)
+            out.append(tuple(t.clone() for t in batch) if isinstance(batch, tuple) else batch)
+        return out
+    finally:
+        close = getattr(dataset, "close", None)
+        if close is not None:
+            close()
+
+
+# --------------------------------------------------------------------------- the same learning
+
+
+@dataclass(frozen=True)
+class LearningCheck:
+    """Whether two jobs learned the same: tail mean value loss within a tolerance, no NaN.
+
+    Attributes
+    ----------
+    rel_diff : float
+        ``|mean(opt tail) - mean(base tail)| / mean(base tail)`` (inf with a NaN).
+    tolerance : float
+    tail : int
+        Steps averaged at the end.
+    no_nan : bool
+    ok : bool
+        ``no_nan and rel_diff <= tolerance``.
+    """
+
+    rel_diff: float
+    tolerance: float
+    tail: int
+    no_nan: bool
+    ok: bool
+    steps: int = 0
+
+    def percent(self) -> str:
+        """``rel_diff`` as a percentage with two significant digits (e.g. ``"0.12%"``, ``"3.1%"``)."""
+        return percent(self.rel_diff)
+
+    def sentence(self) -> str:
+        """E.g. "numerical agreement on identical batches over 30 steps: mean value loss of the last 5 steps
+        0.12% from the baseline's (tolerance 10%), no NaN (not a convergence test)"."""
+        if not self.no_nan:
+            return "a loss was NaN or infinite: the optimized job does not compute like the baseline"
+        word = "within tolerance" if self.ok else "OUTSIDE the tolerance"
+        over = f" over {self.steps} steps" if self.steps else ""
+        return (f"numerical agreement on identical batches{over}: mean value loss of the last {self.tail} steps "
+                f"{self.percent()} from the baseline's, {word} ({self.tolerance:.0%}), no NaN (this checks that "
+                f"both jobs compute the same, not that they converge)")
+
+
+def percent(fraction: float) -> str:
+    """A fraction as a percentage with two significant digits: 0.00123 -> ``"0.12%"``, 0.031 -> ``"3.1%"``."""
+    if not math.isfinite(fraction):
+        return "inf%"
+    pct = 100.0 * fraction
+    if pct == 0:
+        return "0%"
+    digits = max(0, 1 - int(math.floor(math.log10(abs(pct)))))
+    return f"{pct:.{digits}f}%"
+
+
+def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], tolerance: float, *,
+                   tail: int | None = None) -> LearningCheck:
+    """Gate "same learning": two loss curves on identical batches agree (:func:`helpers.compute.amp.tail_relative_difference`).
+
+    Notebook 06 (mixed precision against fp32) and notebook 10 (the optimized
+    job against the baseline) both decide with this one function.
+
+    Parameters
+    ----------
+    base_losses, opt_losses : sequence of float
+        Value loss per step (same length >= 2), baseline and optimized.
+    tolerance : float
+        Largest allowed relative difference of the tail means (>= 0).
+    tail : int, optional
+        Steps averaged; default ``max(1, min(5, len // 3))`` (notebook 06's).
+
+    Returns
+    -------
+    LearningCheck
+
+    Raises
+    ------
+    ParameterError
+        Different lengths or fewer than 2 values.
+    """
+    base, opt = [float(v) for v in base_losses], [float(v) for v in opt_losses]
+    if len(base) != len(opt) or len(base) < 2:
+        raise ParameterError(f"need two loss curves of equal length >= 2; got {len(base)} and {len(opt)}")
+    tail = tail or max(1, min(5, len(base) // 3))
+    no_nan = all(math.isfinite(v) for v in base + opt)
+    rel = tail_relative_difference(base, opt, tail) if no_nan else math.inf
+    return LearningCheck(rel_diff=rel, tolerance=float(tolerance), tail=tail, no_nan=no_nan,
+                         ok=no_nan and rel <= tolerance, steps=len(base))
