@@ -31,12 +31,11 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from helpers.errors import DataError, OutputDirError, ParameterError
+from helpers.timing import Comparison, Measurement
 from helpers.verdict import RECOMMENDATIONS, Action, Verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
-
-    from helpers.timing import Comparison, Measurement
 
 __all__ = [
     "RECOMMENDATIONS",
@@ -558,7 +557,6 @@ class ResultsStore:
             If ``m`` is not a Measurement, or a rate metric is asked for while
             ``m.items_per_call`` is None.
         """
-        from helpers.timing import Measurement
 
         if not isinstance(m, Measurement):
             raise ParameterError(
@@ -619,7 +617,6 @@ class ResultsStore:
         ParameterError
             If ``c`` is not a Comparison or its interval is not finite.
         """
-        from helpers.timing import Comparison
 
         if not isinstance(c, Comparison):
             raise ParameterError(

@@ -37,10 +37,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from helpers.errors import ParameterError
 from helpers.comm.launch import backend_device_kind, resolve_backend, run_job
 from helpers.comm.rank import init_rank
 from helpers.device import get_accelerator
+from helpers.errors import ParameterError
 
 MIB = 2**20
 #: Size of the bare reference loop (issue 5: "overhead_vs_bare ... at 64 MiB").

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.errors import ParameterError
+from helpers.timing import PhaseTimer
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +190,6 @@ def try_compile(
     CompileResult
         ``ok=False`` with the error text when compiling or the first call failed.
     """
-    from helpers.timing import PhaseTimer
 
     compile_fn = torch.compile if compiler is None else compiler
     timer = PhaseTimer(sync=sync)

@@ -30,7 +30,9 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
+from helpers.diagnose.envcatalog import validate_value
 from helpers.errors import ParameterError
+from helpers.timing import PhaseTimer
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -348,7 +350,6 @@ def check_alloc_conf(value: str, kind: str) -> list:
         bad value, forbidden combination); the message has the catalog's
         message and fix.
     """
-    from helpers.diagnose.envcatalog import validate_value
 
     if not isinstance(value, str):
         raise ParameterError(f"an allocator setting must be a string like 'expandable_segments:True', "
@@ -417,8 +418,6 @@ def measure_empty_cache(step: Callable[[], Any], acc: "Accelerator", *, repeats:
     """
     import pandas as pd
     import torch
-
-    from helpers.timing import PhaseTimer
 
     if acc.is_cpu:
         return None

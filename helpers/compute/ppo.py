@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.compute._checks import bad_field, check_positive_int, check_real
+from helpers.compute._checks import check_positive_int, check_real
+from helpers.compute.amp import AmpStepper
 from helpers.errors import ParameterError
 
 logger = logging.getLogger(__name__)
@@ -372,8 +373,6 @@ class PPOTrainer:
         )
         self.stepper = None
         if scaler is not None:
-            from helpers.compute.amp import AmpStepper
-
             self.stepper = AmpStepper(self.optimizer, scaler, max_norm=cfg.max_grad_norm,
                                       record_scale=record_scale)
 

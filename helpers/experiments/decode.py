@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 from helpers.compute.train import default_transfer
 from helpers.device import get_accelerator
@@ -31,10 +31,7 @@ from helpers.pipeline.fast import (
 )
 from helpers.pipeline.prepare import prepare_data
 from helpers.pipeline.text import encode_batch, encode_one
-from helpers.timing import compare, measure
-
-if TYPE_CHECKING:  # pragma: no cover
-    from helpers.timing import Comparison
+from helpers.timing import Comparison, compare, measure
 
 logger = logging.getLogger(__name__)
 

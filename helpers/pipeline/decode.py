@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from helpers.device import usable_cores  # noqa: F401  (re-exported)
-from helpers.errors import ParameterError
+from helpers.errors import DeviceUnavailableError, ParameterError
 from helpers.pipeline.baseline import (
     AugmentParams,
     ImageTransformConfig,
@@ -884,8 +884,6 @@ def decode_augment_cuda(plans: list[DecodePlan], image_size: int, acc) -> "torch
     """
     import torch
     import torch.nn.functional as F
-
-    from helpers.errors import DeviceUnavailableError
 
     ok, why = cuda_decode_support(acc)
     if not ok:

@@ -82,22 +82,30 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from queue import SimpleQueue
 from dataclasses import dataclass
+from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from helpers.errors import DataError, ParameterError
 from helpers.pipeline.baseline import IMAGENET_MEAN, IMAGENET_STD, ImageTransformConfig
-from helpers.pipeline.decode import DecodeConfig, DecodePlan, plan_decode, run_plan, usable_cores
+from helpers.pipeline.decode import (
+    DecodeConfig,
+    DecodePlan,
+    decode_jpeg_scaled,
+    plan_decode,
+    psnr,
+    reference_augment,
+    run_plan,
+    usable_cores,
+)
 from helpers.pipeline.images import BadImage
 from helpers.pipeline.text import encode_batch, encode_one
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    import torch
 
-    from helpers.timing import Comparison
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -696,8 +704,6 @@ class BatchedDataset:
 
         from PIL import Image
 
-        from helpers.pipeline.decode import decode_jpeg_scaled
-
         config = self.decode
 
         def one(k: int) -> None:
@@ -930,8 +936,6 @@ def reference_check(dataset: BatchedDataset, indices: Sequence[int]):
         ``route`` and NaN values.
     """
     import pandas as pd
-
-    from helpers.pipeline.decode import psnr, reference_augment
 
     idx = dataset._indices(indices)
     batch = dataset[idx]

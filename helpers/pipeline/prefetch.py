@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from helpers.errors import ParameterError
+from helpers.pipeline.fast import to_device_batch
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
@@ -92,7 +93,6 @@ def _device_tensors(out: Any) -> list:
 
 def _default_transfer(batch: dict, acc: "Accelerator", *, non_blocking: bool = False):
     """``helpers.pipeline.fast.to_device_batch`` (the fast uint8 NHWC batch), imported on first use."""
-    from helpers.pipeline.fast import to_device_batch
 
     return to_device_batch(batch, acc, non_blocking=non_blocking)
 

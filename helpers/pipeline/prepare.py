@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from helpers.pipeline.dataset import check_batch_fits, load_dataset
+from helpers.pipeline.text import load_or_build_tokenizer
+
 
 def prepare_data(data_dir: str | None = None, *, max_images: int = 0, seed: int = 0, batch_size: int,
                  text_len: int):
@@ -28,8 +31,6 @@ def prepare_data(data_dir: str | None = None, *, max_images: int = 0, seed: int 
     helpers.errors.DataError
         Missing, empty or undecodable folder, or fewer images than one batch.
     """
-    from helpers.pipeline.dataset import check_batch_fits, load_dataset
-    from helpers.pipeline.text import load_or_build_tokenizer
 
     index = load_dataset(data_dir or None)
     if max_images:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from helpers.errors import DataError, ParameterError
+from helpers.pipeline.dataset import default_data_root
 
 logger = logging.getLogger(__name__)
 
@@ -179,8 +180,6 @@ def load_or_build_tokenizer(index, path: Path | str | None = None, text_len: int
     captions = [str(c) for c in index.captions]
     explicit = path is not None
     if path is None:
-        from helpers.pipeline.dataset import default_data_root
-
         root = Path(index.root)
         folder = root if (root / "BUILD_INFO.json").is_file() else default_data_root() / "tokenizers"
         path = folder / f"tokenizer-{_cache_key(captions, vocab_size)}.json"

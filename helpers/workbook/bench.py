@@ -60,6 +60,8 @@ def input_pipeline(*, profile: str = "quick", device: str = "auto", data_dir: st
     from helpers.npu_probe import prepare_torch_import
 
     prepare_torch_import(fallback_to_cpu=True)
+    # imported only now: these import torch, which must not happen before the torch_npu probe has decided
+    # whether torch_npu may autoload (a broken install would otherwise crash this process on import)
     from helpers.device import get_accelerator
     from helpers.experiments.decode import input_decode_bench
     from helpers.experiments.overlap import overlap_bench
@@ -118,6 +120,7 @@ def allreduce_bench(*, backend: str = "auto", world_size: int = 2, min_bytes: in
     from helpers.npu_probe import prepare_torch_import
 
     prepare_torch_import(fallback_to_cpu=True)
+    # after the probe, as in run_benchmark: this imports torch
     from helpers.comm.allreduce import allreduce_benchmark, allreduce_in_launched_job, launched_by_torchrun
 
     if launched_by_torchrun():

@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (0 ok, 1 a notebook failed, 2 bad input, 130 interrupted)."""
     args = _parser().parse_args(argv)
+    # each command imports what it needs here: `env check`, `data` and `--help` stay fast and never import torch
+    # (whose torch_npu autoload can fail on a broken Ascend install; the runner and bench probe it first)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "run":

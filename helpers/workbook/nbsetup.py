@@ -115,6 +115,7 @@ def start(notebook: str, namespace: Mapping[str, Any], *, need_device: bool = Tr
 
     probe = prepare_torch_import(fallback_to_cpu=True)
 
+    # torch (and everything that imports it) only after the probe: a broken torch_npu would crash the kernel
     import numpy as np
     import torch
 

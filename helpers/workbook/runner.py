@@ -37,8 +37,10 @@ import yaml
 from helpers import checklist
 from helpers.errors import DeviceUnavailableError, ParameterError
 from helpers.fsutil import ensure_writable_dir
-from helpers.workbook.paths import notebooks_dir, runs_dir
+from helpers.pipeline.images import IMAGE_SUFFIXES
 from helpers.specs import DEVICE_CHOICES, PROFILES, spec_for, validate_notebook_params
+from helpers.workbook.paths import notebooks_dir, runs_dir
+from helpers.workbook.report import write_report
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +261,6 @@ def _check_data_dir_fills_batches(data_dir: Path, entries: Sequence[NotebookRun]
     Counts candidate image files by suffix (cheap; the notebooks still scan
     and skip bad files), so this catches the certain failures only.
     """
-    from helpers.pipeline.images import IMAGE_SUFFIXES
 
     n = sum(1 for p in data_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
             and not any(part.startswith(".") for part in p.relative_to(data_dir).parts))
@@ -524,8 +525,6 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             state.status = "failed" if failed else "ok"
         state.save(run_dir)
         try:
-            from helpers.workbook.report import write_report
-
             html, md = write_report(run_dir)
             echo(f"Report: {html}")
             echo(f"        {md}")

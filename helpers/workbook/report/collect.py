@@ -22,6 +22,7 @@ import pandas as pd
 from helpers import checklist
 from helpers.results import load_results
 from helpers.verdict import Action
+from helpers.workbook.paths import notebooks_dir, repo_root
 from helpers.workbook.report.format import _fmt, _fmt_value, _is_num, _spread_text, headline, short_reason
 
 log = logging.getLogger(__name__)
@@ -344,7 +345,6 @@ def failed_cell(error: dict | None, nb: dict | None) -> str:
 
 def _display_dir(run_dir: Path) -> str:
     """The run folder as a user types it from the repository root (where ``make`` runs)."""
-    from helpers.workbook.paths import repo_root
 
     p = run_dir.resolve()
     try:
@@ -354,8 +354,6 @@ def _display_dir(run_dir: Path) -> str:
 
 
 def _notebook_file_exists(number: str) -> bool:
-    from helpers.workbook.paths import notebooks_dir
-
     return any(notebooks_dir().glob(f"{number}_*.ipynb"))
 
 
