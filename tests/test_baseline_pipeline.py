@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from helpers.errors import DataError, ParameterError
+from helpers.jobs.ppo import PerItemBatches
 from helpers.pipeline.baseline import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -20,11 +21,11 @@ from helpers.pipeline.baseline import (
     augment_one,
     collate_batch,
     item_generator,
-    make_baseline_loader,
     sample_augment,
 )
 from helpers.pipeline.dataset import build_embedded, load_dataset
 from helpers.pipeline.images import load_rgb
+from helpers.pipeline.loader import LoaderConfig, make_batch_sampler, make_loader
 from helpers.pipeline.text import build_tokenizer, encode_one
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,33 +136,39 @@ def test_augment_one_normalizes_extremes_to_the_imagenet_bounds():
         assert math.isclose(float(white[c, 0, 0]), (1 - IMAGENET_MEAN[c]) / IMAGENET_STD[c], rel_tol=1e-5)
 
 
-def test_collate_and_loader(dataset):
+def test_collate_and_the_jobs_loader(dataset):
     batch = collate_batch([dataset[0], dataset[1], dataset[2]])
     assert batch["image"].shape == (3, 3, 32, 32) and batch["image"].dtype == torch.float32
     assert batch["tokens"].shape == (3, 8) and batch["tokens"].dtype == torch.int64
     assert batch["label"].shape == (3,) and batch["label"].dtype == torch.int64
     pickle.dumps(collate_batch)  # importable by name in worker processes
-    loader = make_baseline_loader(dataset, batch_size=4, seed=1)
-    assert loader.num_workers == 0 and loader.pin_memory is False and loader.drop_last
-    batches = list(loader)
+    # the baseline's batches: the per-item dataset batched in the one batch order (as PPOJob builds them)
+    batched = PerItemBatches(dataset)
+    cfg = LoaderConfig(batch_size=4, seed=1)
+
+    def loader(config=cfg):
+        return make_loader(batched, config, batch_sampler=make_batch_sampler(len(batched), config))
+
+    first = loader()
+    assert first.num_workers == 0 and first.pin_memory is False
+    batches = list(first)
     assert len(batches) == N // 4 and all(b["image"].shape == (4, 3, 32, 32) for b in batches)
-    again = [b["label"].tolist() for b in make_baseline_loader(dataset, batch_size=4, seed=1)]
-    assert again == [b["label"].tolist() for b in batches]  # same seed, same order
-    ordered = list(make_baseline_loader(dataset, batch_size=3, shuffle=False, drop_last=False))
+    assert [b["label"].tolist() for b in loader()] == [b["label"].tolist() for b in batches]  # same seed, order
+    ordered = list(loader(LoaderConfig(batch_size=3, shuffle=False, drop_last=False)))
     assert [len(b["label"]) for b in ordered] == [3, 3, 3, 1]
     assert torch.equal(ordered[0]["image"][1], dataset[1]["image"])
 
 
 def test_fewer_images_than_a_batch_is_a_data_error(dataset):
     with pytest.raises(DataError, match=r"fewer than batch_size=64"):
-        make_baseline_loader(dataset, batch_size=64)
-    assert len(list(make_baseline_loader(dataset, batch_size=64, drop_last=False))) == 1
+        make_batch_sampler(len(dataset), LoaderConfig(batch_size=64))
+    assert len(list(make_batch_sampler(len(dataset), LoaderConfig(batch_size=64, drop_last=False)))) == 1
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.0, True])
-def test_loader_rejects_bad_batch_sizes(dataset, bad):
+def test_loader_rejects_bad_batch_sizes(bad):
     with pytest.raises(ParameterError):
-        make_baseline_loader(dataset, batch_size=bad)
+        LoaderConfig(batch_size=bad)
 
 
 def test_parameter_checks(index, tokenizer, dataset):

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from helpers.errors import DataError, ParameterError
 from helpers.experiments import decode as XD
 from helpers.pipeline import fast as F
+from helpers.pipeline import sampler as sampler_mod
 from helpers.pipeline.baseline import IMAGENET_MEAN, IMAGENET_STD, BaselineDataset, collate_batch
 from helpers.pipeline.dataset import DatasetIndex, build_embedded, load_dataset
 from helpers.pipeline.decode import decode_augment, psnr, reference_augment
@@ -312,7 +313,7 @@ def test_a_forked_copy_starts_its_own_pool(dataset):
 def test_dataloader_workers_build_the_same_batches(index, tokenizer, context):
     ds = F.BatchedDataset(index, tokenizer, image_size=S, text_len=L, seed=4, threads=2)
     ds[[0, 1]]  # the parent's pool exists before the fork
-    sampler = F.batch_sampler(len(index), 4, seed=1)
+    sampler = sampler_mod.batch_sampler(len(index), 4, seed=1)
     expected = [ds[b]["image"].clone() for b in sampler.batches(0)]
     loader = DataLoader(ds, batch_size=None, sampler=sampler, num_workers=2, multiprocessing_context=context,
                         timeout=120)
@@ -328,20 +329,20 @@ def test_dataloader_workers_build_the_same_batches(index, tokenizer, context):
 
 
 def test_batch_sampler_epochs():
-    s = F.batch_sampler(10, 3, seed=5)
+    s = sampler_mod.batch_sampler(10, 3, seed=5)
     e0, e1 = list(s), list(s)
     assert len(e0) == 3 == len(s) and e0 != e1, "each pass is the next epoch"
-    assert e0 == F.batch_sampler(10, 3, seed=5).batches(0)
+    assert e0 == sampler_mod.batch_sampler(10, 3, seed=5).batches(0)
     s.set_epoch(0)
     assert list(s) == e0
     s.set_epoch(0)
     next(iter(s))  # an abandoned pass (DataLoader makes one when it starts workers) does not advance
     assert list(s) == e0 and list(s) == e1
-    full = F.EpochBatchSampler(10, 3, seed=5, drop_last=False)
+    full = sampler_mod.EpochBatchSampler(10, 3, seed=5, drop_last=False)
     flat = [i for b in full.batches(0) for i in b]
     assert sorted(flat) == list(range(10)) and len(full) == 4
     with pytest.raises(DataError, match="fewer than batch_size"):
-        F.batch_sampler(2, 3)
+        sampler_mod.batch_sampler(2, 3)
 
 
 def test_threads_zero_shares_the_cores_among_workers(dataset, monkeypatch):
@@ -365,7 +366,7 @@ def test_trains_through_the_loop_with_to_device_batch(index, tokenizer):
 
     acc = get_accelerator("cpu")
     ds = F.BatchedDataset(index, tokenizer, image_size=16, text_len=4, threads=2)
-    loader = DataLoader(ds, batch_size=None, sampler=F.batch_sampler(len(index), 8, seed=0))
+    loader = DataLoader(ds, batch_size=None, sampler=sampler_mod.batch_sampler(len(index), 8, seed=0))
     cfg = PolicyConfig(image_size=16, conv_channels=(4, 8), vocab_size=tokenizer.get_vocab_size(), text_len=4,
                        d_model=8, n_heads=2, n_layers=1, fusion_hidden=16, n_actions=index.n_classes)
     trainer = PPOTrainer(build_policy(cfg, device=acc.device), PPOConfig())

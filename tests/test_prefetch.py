@@ -251,7 +251,8 @@ def small_data(tmp_path_factory):
     return index, build_tokenizer(list(index.captions), vocab_size=128)
 
 def test_verify_prefetcher_with_the_fast_pipeline(small_data):
-    from helpers.pipeline.fast import BatchedDataset, batch_sampler, to_device_batch
+    from helpers.pipeline.fast import BatchedDataset, to_device_batch
+    from helpers.pipeline.sampler import batch_sampler
 
     index, tokenizer = small_data
     acc = get_accelerator("cpu")

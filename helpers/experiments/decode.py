@@ -22,14 +22,9 @@ from helpers.device import get_accelerator
 from helpers.errors import DeviceUnavailableError
 from helpers.pipeline.baseline import BaselineDataset, collate_batch
 from helpers.pipeline.decode import DecodeConfig, cuda_decode_support, decode_augment_cuda, psnr, reference_augment
-from helpers.pipeline.fast import (
-    BatchedDataset,
-    EpochBatchSampler,
-    check_int,
-    to_device_batch,
-    torch_from,
-)
+from helpers.pipeline.fast import BatchedDataset, to_device_batch, torch_from
 from helpers.pipeline.prepare import prepare_data
+from helpers.pipeline.sampler import EpochBatchSampler, check_int
 from helpers.pipeline.text import encode_batch, encode_one
 from helpers.timing import Comparison, compare, measure
 

@@ -16,7 +16,7 @@ pipeline or compute code of its own:
   ``channels_last`` (model and images in NHWC).
 
 Every job draws the same batches in the same order (one
-:func:`helpers.pipeline.fast.batch_sampler` per job, same seed) and the same
+:func:`helpers.pipeline.sampler.batch_sampler` per job, same seed) and the same
 crops and flips (both datasets seed each item from ``(seed, epoch, index)``),
 and starts from the same initial weights, so the jobs' learning curves can be
 compared. :func:`run_interleaved` times several jobs in rotating blocks of

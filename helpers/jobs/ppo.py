@@ -18,7 +18,7 @@ Two input pipelines, chosen by :meth:`PPOJob.make_dataset`:
     normalizes on the device.
 
 Both seed every item's crop and flip from ``(seed, epoch, index)`` and both are
-drawn in the order of one :func:`helpers.pipeline.fast.batch_sampler`, so the
+drawn in the order of one :func:`helpers.pipeline.sampler.batch_sampler`, so the
 two pipelines feed the same samples in the same order.
 """
 
@@ -35,8 +35,9 @@ from helpers.compute.ppo import PPOConfig, PPOTrainer
 from helpers.errors import ParameterError
 from helpers.jobs.base import Job, StepOptions, Workload
 from helpers.pipeline.baseline import BaselineDataset, collate_batch
-from helpers.pipeline.fast import BatchedDataset, batch_sampler, to_device_batch
+from helpers.pipeline.fast import BatchedDataset, to_device_batch
 from helpers.pipeline.prepare import prepare_data
+from helpers.pipeline.sampler import batch_sampler
 
 __all__ = ["PPOJob", "PerItemBatches", "host_to_device"]
 
@@ -154,7 +155,7 @@ class PPOJob(Job):
         raise ParameterError(f"pipeline={pipeline!r}; allowed: {', '.join(self.pipelines)}")
 
     def batch_sampler(self, n_items: int):
-        """The seeded epoch batch order shared by every pipeline (:func:`helpers.pipeline.fast.batch_sampler`)."""
+        """The seeded epoch batch order shared by every pipeline (:func:`helpers.pipeline.sampler.batch_sampler`)."""
         return batch_sampler(n_items, self.workload.batch_size, seed=self.workload.seed)
 
     def to_device(self, batch: dict, acc, *, non_blocking: bool = False,

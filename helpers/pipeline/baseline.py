@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch.utils.data import Dataset
 
-from helpers.errors import DataError, ParameterError
+from helpers.errors import ParameterError
 from helpers.pipeline.images import load_rgb
 from helpers.pipeline.text import encode_one
 
@@ -330,56 +330,3 @@ def collate_batch(samples) -> dict:
         "tokens": torch.stack([s["tokens"] for s in samples]),
         "label": torch.stack([s["label"] for s in samples]),
     }
-
-
-def make_baseline_loader(dataset, *, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True):
-    """The baseline DataLoader: main process only, no pinned memory.
-
-    Parameters
-    ----------
-    dataset : BaselineDataset
-    batch_size : int
-        Samples per batch, >= 1.
-    shuffle : bool, default True
-        Reshuffle every epoch with a ``torch.Generator`` seeded by ``seed``
-        (the order is reproducible).
-    seed : int, default 0
-    drop_last : bool, default True
-        Drop the last incomplete batch (keeps every step the same shape).
-
-    Returns
-    -------
-    torch.utils.data.DataLoader
-        ``num_workers=0``, ``pin_memory=False``, ``collate_fn=collate_batch``.
-
-    Raises
-    ------
-    ParameterError
-        If ``batch_size`` or ``seed`` is invalid.
-    DataError
-        If ``drop_last`` and the dataset holds fewer items than one batch
-        (the loader would yield nothing).
-    """
-    import torch
-    from torch.utils.data import DataLoader
-
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ParameterError(f"batch_size must be a positive integer, got {batch_size!r}; e.g. 32")
-    seed = _non_negative_int("seed", seed)
-    if drop_last and len(dataset) < batch_size:
-        raise DataError(
-            f"the dataset has {len(dataset)} usable images, fewer than batch_size={batch_size}, and drop_last=True "
-            "would yield no batch; lower batch_size, add images, or pass drop_last=False"
-        )
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    return DataLoader(
-        dataset,
-        batch_size=int(batch_size),
-        shuffle=shuffle,
-        num_workers=0,
-        pin_memory=False,
-        drop_last=drop_last,
-        collate_fn=collate_batch,
-        generator=generator,
-    )

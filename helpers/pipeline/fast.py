@@ -80,7 +80,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from queue import SimpleQueue
@@ -101,6 +101,7 @@ from helpers.pipeline.decode import (
     usable_cores,
 )
 from helpers.pipeline.images import BadImage
+from helpers.pipeline.sampler import check_int
 from helpers.pipeline.text import encode_batch, encode_one
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -112,8 +113,6 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "HOST_BATCH_KEYS",
     "BatchedDataset",
-    "EpochBatchSampler",
-    "batch_sampler",
     "to_device_batch",
     "reference_check",
 ]
@@ -129,19 +128,6 @@ _FENCE_ATTR = "_workbook_copy_fence"
 # Cache of normalization constants per (device, mean, std): (scale, shift), each (1, 3, 1, 1) float32.
 _NORM_CACHE: dict[tuple[str, tuple[float, ...], tuple[float, ...]], tuple[Any, Any]] = {}
 _NORM_LOCK = threading.Lock()
-
-
-def check_int(name: str, value, minimum: int) -> int:
-    """``value`` as an int, if it is an integer (NumPy's included, bool excluded) >= ``minimum``.
-
-    Raises
-    ------
-    ParameterError
-        Naming ``name``, the value seen and the minimum.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ParameterError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _worker_id() -> int:
@@ -722,102 +708,6 @@ class BatchedDataset:
 
 
 # --------------------------------------------------------------------------- sampling
-
-
-class EpochBatchSampler:
-    """Batches of indices, shuffled per epoch from ``(seed, epoch)``; usable as a DataLoader sampler.
-
-    Each iteration yields the batches of one epoch; once it has yielded them
-    all, the sampler moves to the next epoch, so re-iterating a DataLoader (as
-    ``helpers.compute.train`` does every epoch) gets a new order,
-    reproducibly. An iteration abandoned before its end does not advance the
-    epoch (DataLoader starts and drops an iterator when it launches workers).
-    :meth:`set_epoch` chooses the epoch of the next iteration.
-
-    Parameters
-    ----------
-    n : int
-        Dataset size (items).
-    batch_size : int
-    seed : int, default 0
-    epoch : int, default 0
-        Epoch of the first iteration.
-    drop_last : bool, default True
-        Drop the last incomplete batch.
-    shuffle : bool, default True
-        False yields 0..n-1 in order.
-
-    Raises
-    ------
-    ParameterError
-        For invalid sizes or seeds.
-    DataError
-        If ``drop_last`` and ``n < batch_size`` (no batch at all).
-    """
-
-    def __init__(self, n: int, batch_size: int, *, seed: int = 0, epoch: int = 0, drop_last: bool = True,
-                 shuffle: bool = True) -> None:
-        self.n = check_int("n", n, 0)
-        self.batch_size = check_int("batch_size", batch_size, 1)
-        self.seed = check_int("seed", seed, 0)
-        self.epoch = check_int("epoch", epoch, 0)
-        self.drop_last = bool(drop_last)
-        self.shuffle = bool(shuffle)
-        if self.drop_last and self.n < self.batch_size:
-            raise DataError(
-                f"the dataset has {self.n} images, fewer than batch_size={self.batch_size}, and drop_last=True "
-                "would yield no batch; lower batch_size, add images, or pass drop_last=False"
-            )
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch of the next iteration."""
-        self.epoch = check_int("epoch", epoch, 0)
-
-    def batches(self, epoch: int) -> list[list[int]]:
-        """The batches of ``epoch`` (does not change the sampler's epoch)."""
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, int(epoch)]).permutation(self.n)
-        else:
-            order = np.arange(self.n)
-        stop = (self.n // self.batch_size) * self.batch_size if self.drop_last else self.n
-        return [order[s: s + self.batch_size].tolist() for s in range(0, stop, self.batch_size)]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        epoch = self.epoch
-        yield from self.batches(epoch)
-        # Move on only once a pass is complete: DataLoader creates (and drops) a sampler
-        # iterator more than once when it starts workers, and those must not skip epochs.
-        if self.epoch == epoch:
-            self.epoch = epoch + 1
-
-    def __len__(self) -> int:
-        return self.n // self.batch_size if self.drop_last else math.ceil(self.n / self.batch_size)
-
-
-def batch_sampler(n: int, batch_size: int, seed: int = 0, epoch: int = 0, drop_last: bool = True
-                  ) -> EpochBatchSampler:
-    """Return the sampler to pass as ``DataLoader(dataset, batch_size=None, sampler=...)``.
-
-    Parameters
-    ----------
-    n : int
-        Dataset size.
-    batch_size : int
-    seed : int, default 0
-    epoch : int, default 0
-        Epoch of the first pass.
-    drop_last : bool, default True
-
-    Returns
-    -------
-    EpochBatchSampler
-
-    Raises
-    ------
-    DataError
-        If ``drop_last`` and ``n < batch_size``.
-    """
-    return EpochBatchSampler(n, batch_size, seed=seed, epoch=epoch, drop_last=drop_last)
 
 
 # --------------------------------------------------------------------------- to the device

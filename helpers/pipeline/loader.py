@@ -48,16 +48,17 @@ import math
 import multiprocessing
 import numbers
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import DataLoader
 
 from helpers.device import usable_cores  # noqa: F401  (re-exported)
 from helpers.errors import DataError, ParameterError
+from helpers.pipeline.sampler import EpochBatchSampler
 from helpers.pipeline.seeding import current_rank, worker_init_fn  # current_rank is re-exported
 
 logger = logging.getLogger(__name__)
@@ -426,25 +427,27 @@ def quiet_worker_count_warning() -> Iterator[None]:
 
 
 def make_batch_sampler(n_items: int, config: LoaderConfig, *, num_batches: int | None = None):
-    """Batches of indices for a batched dataset (``__getitem__(list[int])``).
+    """Batches of indices for a batched dataset (``__getitem__(list[int])``), from ``config``.
+
+    The workbook's one batch order (:class:`helpers.pipeline.sampler.EpochBatchSampler`)
+    with the configuration's ``batch_size``, ``shuffle``, ``drop_last`` and ``seed``.
 
     Parameters
     ----------
     n_items : int
         Items in the dataset (>= 1).
     config : LoaderConfig
-        ``batch_size``, ``shuffle``, ``drop_last`` and ``seed`` are used.
     num_batches : int, optional
         Batches per pass. Default: one pass over the items. More than the
-        items hold cycles through them again (new permutations when
-        shuffling), so a timing trial can be longer than the dataset.
+        items hold continues into the next epochs' orders, so a timing trial
+        can be longer than the dataset.
 
     Returns
     -------
-    torch.utils.data.BatchSampler
+    helpers.pipeline.sampler.EpochBatchSampler
         Yields lists of ``batch_size`` indices (the last one shorter only
-        with ``drop_last=False``); each pass draws a new order from a
-        ``torch.Generator`` seeded with ``config.seed``.
+        with ``drop_last=False``); each pass draws a new order from
+        ``(config.seed, epoch)``.
 
     Raises
     ------
@@ -459,14 +462,8 @@ def make_batch_sampler(n_items: int, config: LoaderConfig, *, num_batches: int |
     if num_batches is not None and (not _is_int(num_batches) or num_batches < 1):
         raise ParameterError(f"num_batches={num_batches!r}: allowed: None or an int >= 1")
     _check_fits(int(n_items), config, num_batches)
-    n_samples = None if num_batches is None else int(num_batches) * config.batch_size
-    if config.shuffle:
-        generator = torch.Generator()
-        generator.manual_seed(config.seed)
-        sampler: Iterable[int] = RandomSampler(range(n_items), num_samples=n_samples, generator=generator)
-    else:
-        sampler = [i % n_items for i in range(n_samples if n_samples is not None else n_items)]
-    return BatchSampler(sampler, batch_size=config.batch_size, drop_last=config.drop_last)
+    return EpochBatchSampler(int(n_items), config.batch_size, seed=config.seed, drop_last=config.drop_last,
+                             shuffle=config.shuffle, num_batches=num_batches)
 
 
 def _check_fits(n_items: int, config: LoaderConfig, num_batches: int | None = None) -> None:
