@@ -9,7 +9,8 @@ import torch
 
 from helpers.compute.model import PolicyConfig, build_policy
 from helpers.compute.ppo import PPOConfig, PPOTrainer
-from helpers.compute.train import PHASES, classify, train
+from helpers.compute.train import PHASES, train
+from helpers.experiments.baseline import classify
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
 

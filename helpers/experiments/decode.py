@@ -27,10 +27,11 @@ from helpers.pipeline.prepare import prepare_data
 from helpers.pipeline.sampler import EpochBatchSampler, check_int
 from helpers.pipeline.text import encode_batch, encode_one
 from helpers.timing import Comparison, compare, measure
+from helpers.verdict import Action, Verdict
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BASELINE_LABEL", "BATCHED_DEVICE_LABEL", "BATCHED_HOST_LABEL", "RAW_DECODE_LABEL", "DecodeBench",
+__all__ = ["BASELINE_LABEL", "BATCHED_DEVICE_LABEL", "BATCHED_HOST_LABEL", "RAW_DECODE_LABEL", "DecodeBench", "verdict",
            "input_decode_bench"]
 
 #: Names of the measured variants, used alike by the comparisons, the records, the figures and the bench,
@@ -411,3 +412,59 @@ def input_decode_bench(*, data_dir: str | None = None, max_images: int = 0, batc
         "skipped_files": len(index.skipped),
         "device": acc.kind,
     }
+
+
+# --------------------------------------------------------------------------- the verdict
+
+#: Notebook whose verdict :func:`verdict` gives.
+NOTEBOOK = "02_batched_decode"
+#: Least lower bound of the speedup's 95% interval that counts as a gain (5%: within run-to-run noise below).
+SPEEDUP_THRESHOLD = 1.05
+
+
+def verdict(pre: Comparison, eff: Comparison, *, min_psnr_db: float, psnr_min_db: float, pixels_ok: bool,
+            tokenize_share: float, batch_size: int, image_size: int, images: int, repeats: int, warmup: int,
+            threads: int, device_kind: str) -> Verdict:
+    """Notebook 02's verdict: enable batched decode when it is measurably faster and its pixels match.
+
+    Parameters
+    ----------
+    pre : helpers.timing.Comparison
+        :meth:`DecodeBench.compare_preprocess` (per-image baseline as A, batched + device normalize as B).
+    eff : helpers.timing.Comparison
+        :meth:`DecodeBench.compare_raw_decode` (raw decode only as A, batched host batch as B).
+    min_psnr_db, psnr_min_db : float
+        Worst PSNR of the batched pixels against the reference, and the least that counts as equal (dB).
+    pixels_ok : bool
+        Every checked image matched within the tolerance.
+    tokenize_share : float
+        Tokenization's share of a batched host batch's time (0..1).
+    batch_size, image_size, images, repeats, warmup, threads : int
+        What was measured (for the context sentence).
+    device_kind : str
+
+    Returns
+    -------
+    helpers.verdict.Verdict
+        metric ``speedup`` (x) of ``pre``, with its 95% interval; action on ``batched_decode``.
+    """
+    recommendation = "enable" if pre.ci_low > SPEEDUP_THRESHOLD else "leave off"
+    reason = (f"{pre.b.name} prepared {pre.ratio:.2f}x the images per second of the {pre.a.name} "
+              f"(95% CI {pre.ci_low:.2f}-{pre.ci_high:.2f}; {pre.b.rate:,.0f} vs {pre.a.rate:,.0f} images/s); "
+              f"decode efficiency {eff.ratio:.0%} (95% CI {eff.ci_low:.0%}-{eff.ci_high:.0%}; {eff.b.name} "
+              f"{eff.b.rate:,.0f} vs {eff.a.name} {eff.a.rate:,.0f} images/s, a separate interleaved comparison); "
+              f"pixels matched the reference with PSNR >= {min_psnr_db:.1f} dB (threshold {psnr_min_db:g} dB); "
+              f"tokenization was {tokenize_share:.1%} of a {eff.b.name} batch's time")
+    if not pixels_ok:
+        recommendation = "leave off"
+        reason += "; but some images differ from the reference beyond the tolerance: check the worst files above"
+    context = (f"{batch_size} images of {image_size} px per batch from {images} images, {repeats} "
+               f"timed batches per variant after {warmup} warm-up, interleaved, on {device_kind}; "
+               f"{pre.b.name} = BatchedDataset ({threads} decode threads, libjpeg-turbo via simplejpeg with DCT "
+               f"scaling) + to_device_batch; {eff.b.name} = BatchedDataset alone; {eff.a.name} = the same decoder, "
+               f"scales and threads on bytes in memory; {pre.a.name} = BaselineDataset items + collate_batch + copy")
+    action = Action("batched_decode", recommendation == "enable", f"batched decode + device normalize: {recommendation}",
+                    current=False)
+    return Verdict(notebook=NOTEBOOK, metric="speedup", value=pre.ratio, unit="x", recommendation=recommendation,
+                   reason=reason, context=context, repeats=pre.b.repeats, action=action,
+                   spread={"ci_low": pre.ci_low, "ci_high": pre.ci_high, "confidence": pre.confidence})

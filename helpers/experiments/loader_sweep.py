@@ -46,6 +46,7 @@ from helpers.pipeline.loader import (
     make_loader,
 )
 from helpers.timing import Comparison, Measurement
+from helpers.verdict import Action, Verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -680,3 +681,75 @@ def run_sweep(make_dataset: Callable[[LoaderSetting], Any], n_items: int, settin
             close_loader(loader)
     return SweepResult(trials=pd.DataFrame(rows), settings=settings, batch_size=base.batch_size,
                        batches_per_trial=batches_per_trial, skipped=skipped.entries())
+
+
+# --------------------------------------------------------------------------- the verdict
+
+#: Notebook whose verdict :func:`verdict` gives.
+NOTEBOOK = "03_dataloader_tuning"
+#: Least lower bound of the speedup's 95% interval over num_workers=0 that counts as a gain.
+SPEEDUP_THRESHOLD = 1.05
+
+
+def verdict(best: LoaderSetting, over_zero: Comparison | None, *, best_rate: float, zero_rate: float,
+            implausible: str | None, cores: int, trials: int, context: str) -> Verdict:
+    """Notebook 03's verdict from the held-out confirmation of the sweep's best setting against num_workers=0.
+
+    Parameters
+    ----------
+    best : LoaderSetting
+        The sweep's fastest setting.
+    over_zero : helpers.timing.Comparison or None
+        The confirmation (num_workers=0 as A, ``best`` as B); None when num_workers=0 won the sweep.
+    best_rate, zero_rate : float
+        Images/s of ``best`` and of num_workers=0 in the confirmation (in the sweep when ``over_zero`` is None).
+    implausible : str or None
+        :func:`speedup_plausibility`'s note when the speedup exceeds what the cores allow.
+    cores : int
+        Usable CPU cores.
+    trials : int
+        Confirmation trials.
+    context : str
+        What was measured, in one sentence.
+
+    Returns
+    -------
+    helpers.verdict.Verdict
+        metric ``speedup`` (x over num_workers=0); action on ``num_workers``; ``extra``: ``best_setting``
+        (the label) and ``plausible``.
+    """
+    label = best.label
+    if over_zero is None:
+        value, spread = 1.0, None
+        recommendation = "leave off"
+        reason = (f"num_workers=0 was the fastest setting ({zero_rate:.0f} images/s): on {cores} core(s) worker "
+                  "processes did not pay for themselves; keep the batched pipeline in the main process")
+    else:
+        value = over_zero.ratio
+        spread = {"ci_low": over_zero.ci_low, "ci_high": over_zero.ci_high, "confidence": over_zero.confidence}
+        ci = f"95% CI {over_zero.ci_low:.2f}-{over_zero.ci_high:.2f}"
+        threshold = SPEEDUP_THRESHOLD
+        if implausible:
+            recommendation = "not applicable"
+            reason = (f"no recommendation: {label} measured {value:.2f}x num_workers=0 ({best_rate:.0f} vs "
+                      f"{zero_rate:.0f} images/s; {ci}), more than the {cores} usable core(s) allow, so the "
+                      "measurement is not trustworthy; re-run with larger batches_per_trial and trials on an idle "
+                      "machine")
+        elif over_zero.ci_low > threshold:
+            recommendation = "enable"
+            reason = (f"use {label}: {best_rate:.0f} images/s, {value:.2f}x num_workers=0 ({zero_rate:.0f} "
+                      f"images/s; {ci}, above the {threshold}x threshold)")
+        else:
+            recommendation = "leave off"
+            reason = (f"the fastest setting, {label}, reached {value:.2f}x num_workers=0 ({best_rate:.0f} vs "
+                      f"{zero_rate:.0f} images/s; {ci}), not clearly above {threshold}x on {cores} core(s); keep "
+                      "num_workers=0 here, or run more trials")
+    if recommendation == "enable":
+        action = Action("num_workers", best.num_workers, f"DataLoader {label}", current=0)
+    elif recommendation == "leave off":
+        action = Action("num_workers", 0, "DataLoader workers: keep num_workers=0", current=0)
+    else:
+        action = Action("num_workers", None, f"DataLoader workers: {recommendation}", current=0)
+    return Verdict(notebook=NOTEBOOK, metric="speedup", value=value, unit="x", recommendation=recommendation,
+                   reason=reason, context=context, action=action, spread=spread, repeats=trials,
+                   extra={"best_setting": label, "plausible": not (over_zero is not None and implausible)})

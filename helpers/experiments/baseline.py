@@ -1,0 +1,101 @@
+"""Notebook 01's experiment: the baseline job's phase breakdown and its host-bound verdict.
+
+The job is timed by the one loop (:func:`helpers.experiments.training.prepare_job`);
+:func:`classify` calls it host-bound or device-bound from the share of the
+step in which the computation waits for input, and :func:`verdict` returns
+that decision as a :class:`helpers.verdict.Verdict` with the figures it rests on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from helpers.compute.train import TrainRun
+from helpers.timing import Measurement
+from helpers.verdict import Verdict
+
+__all__ = ["NOTEBOOK", "classify", "verdict"]
+
+NOTEBOOK = "01_baseline_profiling"
+
+
+def classify(exposed_fraction: float, threshold: float, *, device_kind: str = "") -> tuple[str, str]:
+    """Call a job host-bound or device-bound from its exposed input share.
+
+    The reason is computed from the split, so it says what each side of the
+    step is worth: with input at X% and compute at 1-X% of a serial step,
+    removing the exposed input saves up to X% of the step, while making
+    compute twice as fast saves (1-X)/2.
+
+    Parameters
+    ----------
+    exposed_fraction : float
+        Exposed input time / step time, 0..1.
+    threshold : float
+        Share above which the job is host-bound (notebook 01's
+        ``host_bound_threshold``, default 0.10).
+    device_kind : str
+        "cpu", "cuda" or "npu"; on "cpu" the reason says that the "device"
+        is the same processor that prepares the input.
+
+    Returns
+    -------
+    (recommendation, reason) : tuple of str
+        recommendation is "host-bound" or "device-bound".
+    """
+    pct, thr = 100 * exposed_fraction, 100 * threshold
+    compute_pct = 100 - pct
+    busy = ("the training computation, on the same CPU, runs" if device_kind == "cpu" else "the device computes")
+    if exposed_fraction > threshold:
+        # on a CPU the input shares the cores with the computation: hiding it behind compute (workers, a
+        # prefetcher) is not free there (notebook 05 measures it), so only making it cheaper is a sure saving
+        lever = ("making the input cheaper (hiding it behind compute needs idle cores)" if device_kind == "cpu"
+                 else "hiding or speeding up the input")
+        reason = (f"input preparation and copy are exposed for {pct:.0f}% of each step (threshold {thr:.0f}%), "
+                  f"{busy} for {compute_pct:.0f}%: {lever} can save up to "
+                  f"{pct:.0f}% of the step, a 2x faster compute only {compute_pct / 2:.0f}%; fix the input first")
+        return "host-bound", reason
+    reason = (f"input is exposed for only {pct:.0f}% of each step (threshold {thr:.0f}%) and {busy} for "
+              f"{compute_pct:.0f}%: device-side optimizations (mixed precision, memory format, fusion) pay off first")
+    return "device-bound", reason
+
+
+def verdict(run: TrainRun, per_image: Measurement, *, threshold: float, device_kind: str,
+            description: Mapping[str, Any], steps: int) -> Verdict:
+    """Notebook 01's verdict: host-bound or device-bound, with the phase medians it rests on.
+
+    Parameters
+    ----------
+    run : helpers.compute.train.TrainRun
+        The baseline's measured steps (seconds per phase).
+    per_image : helpers.timing.Measurement
+        Per-image preprocessing time of the baseline (seconds).
+    threshold : float
+        ``host_bound_threshold`` (exposed input / step time, 0..1).
+    device_kind : str
+        "cpu", "cuda" or "npu".
+    description : mapping
+        ``job.describe()`` plus ``skipped`` (images skipped) and the workload.
+    steps : int
+        Measured steps.
+
+    Returns
+    -------
+    helpers.verdict.Verdict
+        metric ``exposed_input_fraction`` (fraction), with the interquartile range of the per-step fractions.
+    """
+    med = run.phase_medians()
+    recommendation, reason = classify(run.exposed_fraction, threshold, device_kind=device_kind)
+    reason += (f"; median step {med['step_s'] * 1e3:.0f} ms = data {med['data'] * 1e3:.0f} + h2d "
+               f"{med['h2d'] * 1e3:.0f} + compute {med['compute'] * 1e3:.0f} ms; baseline preprocessing "
+               f"{per_image.median_s * 1e3:.1f} ms/image")
+    d = description
+    context = (f"{d.get('job', 'job')}: a multimodal policy ({d['model_width']}-channel conv stem, d_model "
+               f"{d['d_model']}) trained with PPO, batch {d['batch_size']} of {d['image_size']} px crops from {d['images']} images "
+               f"({d.get('skipped', 0)} skipped), baseline loader (num_workers=0, per-image PIL decode), {steps} "
+               f"measured steps on {device_kind}; exposed input = time the step waits for data and the "
+               "host-to-device copy")
+    fractions = Measurement(name="exposed", times_s=tuple(run.steps["exposed_fraction"]), warmup=run.warmup_steps)
+    return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=run.exposed_fraction, unit="fraction",
+                   recommendation=recommendation, reason=reason, context=context,
+                   spread={"p25": fractions.p25_s, "p75": fractions.p75_s})
