@@ -9,12 +9,18 @@ import torch
 from torch import nn
 
 from helpers.compute.memory_format import (
-    FORMATS, channels_last_status, channels_last_verdict, conv_step, max_abs_diff, output_tolerance, to_memory_format,
+    FORMATS,
+    channels_last_status,
+    conv_step,
+    max_abs_diff,
+    output_tolerance,
+    to_memory_format,
     trace_memory_format,
 )
 from helpers.compute.model import PolicyConfig, build_policy
 from helpers.device import Capability
 from helpers.errors import ParameterError
+from helpers.experiments.memory_format import channels_last_verdict
 
 CFG = PolicyConfig(image_size=32, conv_channels=(8, 16), d_model=16, n_heads=2, n_layers=1, fusion_hidden=32)
 

@@ -31,7 +31,6 @@ import torch
 from torch import nn
 
 from helpers.errors import ParameterError
-from helpers.verdict import Action
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +44,6 @@ __all__ = [
     "channels_last_status",
     "output_tolerance",
     "max_abs_diff",
-    "channels_last_verdict",
 ]
 
 #: Memory-format names accepted by :func:`to_memory_format` and :func:`conv_step`.
@@ -345,64 +343,3 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     if a.shape != b.shape:
         raise ParameterError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}; compare like with like.")
     return float((a.float() - b.float().to(a.device)).abs().max()) if a.numel() else 0.0
-
-
-def channels_last_verdict(comparisons: dict[str, Any], *, applicable: bool = True, why_not: str = "",
-                          threshold: float = 1.05) -> dict[str, Any]:
-    """Turn the channels_last comparisons into the notebook's verdict.
-
-    The best variant is the one with the largest ratio (NCHW time / channels_last
-    time at the same precision). "enable" when its bootstrap interval lies
-    above 1 and the ratio is at least ``threshold``
-    (:meth:`helpers.timing.Comparison.outcome` is ``"b_faster"``), else "leave off".
-
-    Parameters
-    ----------
-    comparisons : dict of str to helpers.timing.Comparison
-        Label (e.g. ``"fp32"``, ``"bfloat16 autocast"``) to the comparison of
-        channels_last (B) against NCHW (A) at that precision. Must be non-empty when
-        ``applicable``.
-    applicable : bool, default True
-        False where the device does not support channels_last (NPU).
-    why_not : str
-        The reason when not applicable.
-    threshold : float, default 1.05
-        Least speedup worth enabling (5 %: below that a layout change is not worth its risk).
-
-    Returns
-    -------
-    dict
-        ``value`` (float or None, "x"), ``recommendation`` ("enable", "leave off"
-        or "not applicable"), ``reason`` (sentence), ``spread`` (interval or
-        None), ``best`` (label or None), ``action`` (:class:`helpers.verdict.Action` on
-        ``memory_format``).
-
-    Raises
-    ------
-    ParameterError
-        If applicable and ``comparisons`` is empty.
-    """
-    if not applicable:
-        return {"value": None, "recommendation": "not applicable", "spread": None, "best": None,
-                "reason": f"channels_last was not measured: {why_not or 'not supported on this device'}",
-                "action": Action("memory_format", None, "channels_last: not applicable",
-                                 current="contiguous_format")}
-    if not comparisons:
-        raise ParameterError("channels_last_verdict: no comparison given; measure at least the fp32 one.")
-    best = max(comparisons, key=lambda k: comparisons[k].ratio)
-    c = comparisons[best]
-    parts = [f"{label}: {cmp.ratio:.2f}x [{cmp.ci_low:.2f}, {cmp.ci_high:.2f}]" for label, cmp in comparisons.items()]
-    outcome = c.outcome(threshold)
-    rec = "enable" if outcome == "b_faster" else "leave off"
-    if rec == "enable":
-        head = f"channels_last made the conv encoder's forward+backward {c.ratio:.2f}x faster ({best})"
-    elif outcome == "a_faster":
-        head = f"channels_last was slower than NCHW at every precision (best {best}: {c.ratio:.2f}x)"
-    else:
-        head = (f"channels_last gave no speedup of at least {threshold:.2f}x with a {c.confidence:.0%} interval "
-                f"above 1 (best {best}: {c.ratio:.2f}x)")
-    return {"value": c.ratio, "recommendation": rec, "best": best,
-            "spread": {"ci_low": c.ci_low, "ci_high": c.ci_high, "confidence": c.confidence},
-            "reason": f"{head}; speedup over NCHW by precision: {'; '.join(parts)}",
-            "action": Action("memory_format", "channels_last" if rec == "enable" else "contiguous_format",
-                             f"channels_last: {rec}", current="contiguous_format")}

@@ -43,7 +43,7 @@ from helpers.pipeline.prefetch import ConsumerStreamSync, DevicePrefetcher, Reco
 from helpers.results import load_results
 from helpers.specs import spec_for
 from helpers.timing import Comparison, Measurement, measure
-from helpers.verdict import Action
+from helpers.verdict import Action, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -886,3 +886,37 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
         "note": "; ".join(verdict["notes"]) or None,
         "device": acc.kind,
     }
+
+
+#: Notebook whose verdict :func:`verdict` gives.
+NOTEBOOK = "05_stream_overlap"
+
+
+def verdict(result: OverlapResult, *, context: str, model_width_01: int) -> Verdict:
+    """Notebook 05's verdict as a :class:`helpers.verdict.Verdict` (the decision is :func:`overlap_verdict`'s).
+
+    Parameters
+    ----------
+    result : OverlapResult
+        :func:`run_overlap`'s comparison.
+    context : str
+        What was measured, in one sentence.
+    model_width_01 : int
+        Notebook 01's model width, recorded beside this notebook's so the report can compare the jobs.
+
+    Returns
+    -------
+    helpers.verdict.Verdict
+        metric ``exposed_input_fraction`` after the overlap (fraction, with the quartiles of the per-step
+        fractions); ``extra``: ``before``, ``hidden_fraction``, ``input_time_s``, ``compute_time_s`` (seconds per
+        step, medians), ``notes``, ``model_width_01``.
+    """
+    v, a, b = result.verdict, result.after.stats, result.before.stats
+    steps = result.after.run.steps
+    frac = Measurement(name="after", times_s=tuple((steps["data"] + steps["h2d"]) / steps["step_s"]), warmup=0)
+    return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=a.exposed_fraction, unit="fraction",
+                   repeats=a.steps, recommendation=v["recommendation"], reason=v["reason"], context=context,
+                   action=v["action"], spread={"p25": frac.p25_s, "p75": frac.p75_s},
+                   extra={"before": b.exposed_fraction, "hidden_fraction": a.hidden_fraction,
+                          "input_time_s": a.median_input_work_s, "compute_time_s": a.median_compute_s,
+                          "notes": v["notes"], "model_width_01": model_width_01})
