@@ -54,8 +54,9 @@ from helpers.errors import ParameterError
 from helpers.jobs.base import Workload
 from helpers.jobs.ppo import PPOJob
 from helpers.timing import timed_call
+from helpers.verdict import Action, Verdict
 
-__all__ = ["DDP_KEYS", "DDP_TASK", "bucket_comparison", "ddp_benchmark", "hook_comparison", "run_ddp"]
+__all__ = ["DDP_KEYS", "DDP_TASK", "bucket_comparison", "ddp_benchmark", "hook_comparison", "run_ddp", "verdict"]
 
 #: The rank task of :func:`run_ddp`, as :func:`helpers.comm.launch.run_job` names it.
 DDP_TASK = "helpers.experiments.collectives:run_ddp"
@@ -417,3 +418,63 @@ def ddp_benchmark(params: Mapping[str, Any], *, world_size: int = 2, backend: st
     out["wall_s"] = round(launched.wall_s, 2)
     out["backend"] = launched.backend
     return out
+
+
+# --------------------------------------------------------------------------- the verdict
+
+#: Notebook whose verdict :func:`verdict` gives.
+NOTEBOOK = "08_collectives"
+
+
+def verdict(bench: Mapping[str, Any] | None, ddp_res: Mapping[str, Any] | None, buckets: Mapping[str, Any] | None, *,
+            why_not: str, context: str) -> Verdict:
+    """Notebook 08's verdict: whether a gradient-compression hook is measurably faster, with the bucket and overlap figures.
+
+    Parameters
+    ----------
+    bench : mapping or None
+        :func:`helpers.comm.allreduce.allreduce_benchmark`'s result (``sizes`` rows with ``bytes`` and
+        ``busbw_gbps``, ``device``); None when the collectives could not run here.
+    ddp_res : mapping or None
+        :func:`ddp_benchmark`'s result; None when it could not run.
+    buckets : mapping or None
+        :func:`bucket_comparison` of ``ddp_res["buckets"]`` (``best``, ``note``, ``noise_s``).
+    why_not : str
+        Why the collectives could not run (used when ``bench`` or ``ddp_res`` is None).
+    context : str
+        What was measured, in one sentence.
+
+    Returns
+    -------
+    helpers.verdict.Verdict
+        metric ``busbw_at_largest_size`` (GB/s; None when not applicable); action on ``comm_hook``; ``extra``:
+        ``best_bucket_cap_mb`` and ``best_hook``.
+    """
+    if bench is None or ddp_res is None or buckets is None:
+        return Verdict(notebook=NOTEBOOK, metric="busbw_at_largest_size", value=None, unit="GB/s",
+                       recommendation="not applicable", reason=why_not, context=context)
+    largest = bench["sizes"][-1]
+    hcmp = hook_comparison(ddp_res["hooks"], buckets["noise_s"])
+    best_comp = hcmp["candidate"]
+    if best_comp is None:
+        rec, why = "not applicable", hcmp["note"]
+    elif hcmp["best"] != "none measurable":
+        rec = "enable"
+        why = f"{hcmp['note']} per step, for a relative gradient error of {best_comp['rel_err']:.1e}"
+    else:
+        rec = "leave off"
+        why = (f"compression: {hcmp['note']} per step (median [25th-75th percentile]), so none measurable; "
+               f"{best_comp['hook']} costs a relative gradient error of {best_comp['rel_err']:.1e}")
+    best_cap = buckets["best"]
+    cap_txt = "none measurable" if best_cap == "none measurable" else "cap " + "/".join(f"{c:g}" for c in best_cap)
+    ov = ddp_res["overlap"]
+    reason = (f"{why}; best bucket_cap_mb: {cap_txt} ({buckets['note']}); overlap at bucket_cap_mb {ov['cap_mb']:g} "
+              f"({ov['n_buckets']} buckets): {ov['note']}; busbw {largest['busbw_gbps']:.2f} GB/s at "
+              f"{largest['bytes'] / 2**20:g} MiB")
+    hook = hcmp["best"] if hcmp["best"] in ("fp16", "bf16") else (best_comp or {}).get("hook", "")
+    hook = hook if hook in ("fp16", "bf16") else ""
+    action = Action("comm_hook", hook if rec == "enable" else "none",
+                    f"{hook + ' ' if hook else ''}gradient compression: {rec}", current="none")
+    return Verdict(notebook=NOTEBOOK, metric="busbw_at_largest_size", value=largest["busbw_gbps"], unit="GB/s",
+                   recommendation=rec, reason=reason, context=context, action=action,
+                   extra={"best_bucket_cap_mb": best_cap, "best_hook": hcmp["best"]})

@@ -49,6 +49,7 @@ from helpers.jobs.base import Workload
 from helpers.jobs.ppo import PPOJob
 from helpers.pipeline.prepare import prepare_data
 from helpers.timing import measure
+from helpers.verdict import Action, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -588,3 +589,97 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":  # pragma: no cover - exercised through run_alloc_conf_child
     logging.basicConfig(level=logging.WARNING)
     sys.exit(main())
+
+
+# --------------------------------------------------------------------------- the verdict
+
+#: Notebook whose verdict :func:`verdict` gives.
+NOTEBOOK = "09_memory_and_batch_size"
+#: Least throughput ratio (with the 95% interval above 1) that counts as a measured gain of a batch size.
+GAIN_THRESHOLD = 1.05
+
+
+def verdict(found: FinderResult, *, current: int, best: int | None, gain: tuple[float, float, float] | None,
+            finder_throughput: dict, budget_why: str, budget_set: bool, safety_margin: float, used_name: str,
+            steps: int, finder_steps: int, start_batch: int, context: str) -> Verdict:
+    """Notebook 09's verdict: change the batch size only for a measured gain, or when the current one does not fit.
+
+    Parameters
+    ----------
+    found : FinderResult
+        :func:`find_batch_size`'s result (the largest batch that fits with the margin, and every size tried).
+    current : int
+        The batch size in use.
+    best : int or None
+        The finder's highest-throughput batch that fits (None when none fitted).
+    gain : (ratio, ci_low, ci_high) or None
+        Throughput of ``best`` over ``current``, timed interleaved (None when not compared).
+    finder_throughput : dict
+        Batch size -> samples/s measured by the finder (no interval).
+    budget_why : str
+        Where the memory budget comes from.
+    budget_set : bool
+        The budget was set by ``memory_budget_mib`` (the reason then says so).
+    safety_margin : float
+        Fraction of the budget kept free.
+    used_name : str
+        What the peak memory per size is ("device peak", "process RSS growth").
+    steps, finder_steps, start_batch : int
+        Interleaved steps of the gain comparison, timed steps per finder size, the first size tried.
+    context : str
+        What was measured, in one sentence.
+
+    Returns
+    -------
+    helpers.verdict.Verdict
+        metric ``max_batch_size`` (samples; None when no size fitted); action on ``batch_size``; ``extra``:
+        ``best_throughput_batch``, ``reached_max``.
+    """
+    chosen, cur = found.chosen, current
+    budget_mib, limit_mib = found.budget_bytes / MIB, found.limit_bytes / MIB
+    target = cur
+    if chosen is None:
+        recommendation, value, unit = "leave off", None, "samples"
+        reason = (f"lower the batch below {start_batch} or raise memory_budget_mib: no batch size from {start_batch} "
+                  f"fitted within {limit_mib:.0f} MiB (budget {budget_mib:.0f} MiB, {safety_margin:.0%} margin); "
+                  f"{found.stop_reason}")
+    else:
+        ch = found.frame[found.frame.batch == chosen].iloc[0]
+        mem_txt = (f"largest batch that fits: {found.largest_fit_text()}, {used_name} {ch.peak_mib:.0f} MiB of the "
+                   f"{budget_mib:,.0f} MiB budget ({safety_margin:.0%} kept free)")
+        value = float(chosen)
+        unit = "samples or more (no limit found up to finder_max_batch)" if found.reached_max else "samples"
+        measured_gain = gain is not None and gain[1] > 1.0 and gain[0] >= GAIN_THRESHOLD
+        if cur > chosen and not found.reached_max:
+            target = best if best is not None and best <= chosen else chosen
+            recommendation = "enable"
+            reason = (f"lower the batch to {target}: the current {cur} does not fit the budget with the margin; "
+                      f"{mem_txt}")
+        elif measured_gain:
+            recommendation, target = "enable", best
+            verb = "raise" if best > cur else "lower"
+            reason = (f"{verb} the batch to {best}: {gain[0]:.2f}x the throughput of the current {cur} "
+                      f"(95% CI {gain[1]:.2f}-{gain[2]:.2f}, {steps} interleaved steps each); {mem_txt}")
+        else:
+            recommendation = "leave off"
+            if best is None or best == cur:
+                why = f"it had the highest throughput of the sizes tried ({finder_steps} steps each, no interval)"
+            elif gain is None:
+                why = (f"it is above the largest size tried ({chosen}), so it was not compared with batch {best}, "
+                       f"the best of those ({finder_throughput[best]:.1f} samples/s, {finder_steps} steps, no "
+                       "interval)")
+            else:
+                why = (f"batch {best} had the highest finder throughput ({finder_throughput[best]:.1f} vs "
+                       f"{finder_throughput.get(cur, float('nan')):.1f} samples/s, {finder_steps} steps each, no "
+                       f"interval), but interleaved it gives {gain[0]:.2f}x (95% CI {gain[1]:.2f}-{gain[2]:.2f}, "
+                       f"{steps} steps each): not a measured gain")
+            reason = f"keep batch {cur}: {why}; {mem_txt}"
+    if budget_set:
+        reason += f"; budget {budget_why}"
+    if recommendation == "enable":
+        action = Action("batch_size", int(target), f"batch size {cur} → {int(target)}", current=cur)
+    else:
+        action = Action("batch_size", cur, f"batch size: keep {cur}", current=cur)
+    return Verdict(notebook=NOTEBOOK, metric="max_batch_size", value=value, unit=unit, recommendation=recommendation,
+                   reason=reason, context=context, action=action,
+                   extra={"best_throughput_batch": best, "reached_max": found.reached_max})
