@@ -47,7 +47,7 @@ from helpers.pipeline.loader import LoaderConfig
 from helpers.pipeline.prefetch import DevicePrefetcher, prefetched
 from helpers.results import verdicts
 from helpers.timing import Comparison, Measurement
-from helpers.verdict import Action
+from helpers.verdict import Action, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -1167,14 +1167,6 @@ def next_step(summary: JobSummary, *, is_cpu: bool, enabled: Sequence[str], host
     return f"the median step is {parts}; {top} dominates"
 
 
-@dataclass(frozen=True)
-class E2EVerdict:
-    """Notebook 10's verdict: recommendation and computed reason."""
-
-    recommendation: str
-    reason: str
-
-
 def batch_size_note(results, batch_size: int) -> str:
     """Say that notebook 09's recommended batch is not part of this job, when it differs from ``batch_size``.
 
@@ -1218,7 +1210,8 @@ def batch_size_note(results, batch_size: int) -> str:
 def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optimized: JobConfig, *,
                 host_bound_threshold: float, optimized_summary: JobSummary | None = None,
                 ablation=None, is_cpu: bool = True, recommended: Sequence[str] = (),
-                batch_note: str = "") -> E2EVerdict:
+                batch_note: str = "", context: str | None = None,
+                missing: Sequence[str] = ()) -> Verdict:
     """Decide the end-to-end verdict from the speedup, the learning check and the exposed input.
 
     "enable" when the interval's lower bound is above 1 (faster for sure) and
@@ -1248,7 +1241,35 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
         as such when the ablation finds no measurable contribution).
     batch_note : str
         :func:`batch_size_note`, appended when non-empty.
+    context : str, optional
+        What was measured, in one sentence.
+    missing : sequence of str
+        Notebooks whose verdict this run lacked (their optimizations used the device defaults).
+
+    Returns
+    -------
+    helpers.verdict.Verdict
+        Notebook 10's: metric ``speedup`` (x, optimized throughput over the baseline's) with its 95% interval;
+        ``extra``: ``optimizations``, ``baseline_exposed_fraction``, ``loss_rtol``, ``learning_ok``,
+        ``missing_verdicts``. It decides no single setting, so it carries no action.
     """
+    recommendation, reason = _decide(comparison, learning, baseline, optimized, host_bound_threshold=host_bound_threshold,
+                                     optimized_summary=optimized_summary, ablation=ablation, is_cpu=is_cpu,
+                                     recommended=recommended, batch_note=batch_note)
+    return Verdict(notebook=checklist.END_TO_END, metric="speedup", value=comparison.ratio, unit="x",
+                   recommendation=recommendation, reason=reason, context=context,
+                   repeats=min(comparison.a.repeats, comparison.b.repeats),
+                   spread={"ci_low": comparison.ci_low, "ci_high": comparison.ci_high,
+                           "confidence": comparison.confidence},
+                   extra={"optimizations": list(optimized.optimizations),
+                          "baseline_exposed_fraction": baseline.exposed_fraction, "loss_rtol": learning.tolerance,
+                          "learning_ok": learning.ok, "missing_verdicts": list(missing)})
+
+
+def _decide(comparison, learning: LearningCheck, baseline: JobSummary, optimized: JobConfig, *,
+            host_bound_threshold: float, optimized_summary: JobSummary | None, ablation, is_cpu: bool,
+            recommended: Sequence[str], batch_note: str) -> tuple[str, str]:
+    """:func:`e2e_verdict`'s recommendation and reason."""
     def bound(frac: float) -> str:
         return "host-bound" if frac > host_bound_threshold else "device-bound"
 
@@ -1291,10 +1312,10 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
     rest = "; ".join(tail)
     opts = optimized.label()
     if not optimized.optimizations:
-        return E2EVerdict("not applicable", f"no optimization selected, so the optimized job is the baseline; {rest}")
+        return "not applicable", f"no optimization selected, so the optimized job is the baseline; {rest}"
     speed = f"{comparison.ratio:.2f}x throughput (95% CI {comparison.ci_low:.2f}-{comparison.ci_high:.2f})"
     if not learning.ok:
-        return E2EVerdict("leave off", f"{speed} with {opts}, but {learning.sentence()}; {rest}")
+        return "leave off", f"{speed} with {opts}, but {learning.sentence()}; {rest}"
     if comparison.ci_low > 1.0:
-        return E2EVerdict("enable", f"{speed} with {opts}; {learning.sentence()}; {rest}")
-    return E2EVerdict("leave off", f"not reliably faster: {speed} with {opts}; {learning.sentence()}; {rest}")
+        return "enable", f"{speed} with {opts}; {learning.sentence()}; {rest}"
+    return "leave off", f"not reliably faster: {speed} with {opts}; {learning.sentence()}; {rest}"
