@@ -69,7 +69,7 @@ _RESULT_MARK = "@@MEMORY_RESULT@@"
 
 @dataclass(frozen=True)
 class TraceConfig:
-    """What the allocator-settings child runs: the PPO workload of notebook 09.
+    """What the allocator-settings child runs: the built-in job of notebook 09, as flat JSON-able fields.
 
     Attributes
     ----------
@@ -99,6 +99,12 @@ class TraceConfig:
     steps: int = 8
     warmup_steps: int = 1
     empty_cache_repeats: int = 2
+
+    @property
+    def workload(self) -> Workload:
+        """The job's workload (this config is its flat JSON form for the child process)."""
+        return Workload(batch_size=self.batch_size, image_size=self.image_size, text_len=self.text_len,
+                        model_width=self.model_width, d_model=self.d_model, seed=self.seed)
 
 
 def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2) -> Callable[[int], Callable[[], Any]]:
@@ -161,11 +167,9 @@ def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2) -> Ca
 
 def trace_job(cfg: "TraceConfig") -> PPOJob:
     """The built-in job of a :class:`TraceConfig` (any batch size: the images are only decoded once)."""
-    workload = Workload(batch_size=cfg.batch_size, image_size=cfg.image_size, text_len=cfg.text_len,
-                        model_width=cfg.model_width, d_model=cfg.d_model, seed=cfg.seed)
     index, tokenizer = prepare_data(cfg.data_dir, max_images=cfg.max_images, seed=cfg.seed, batch_size=1,
                                     text_len=cfg.text_len)
-    return PPOJob(index, tokenizer, workload)
+    return PPOJob(index, tokenizer, cfg.workload)
 
 
 def _child_main(cfg: TraceConfig) -> dict[str, Any]:
