@@ -20,7 +20,7 @@ from helpers.compute.memory_format import (
 from helpers.compute.model import PolicyConfig, build_policy
 from helpers.device import Capability
 from helpers.errors import ParameterError
-from helpers.experiments.memory_format import channels_last_verdict
+from helpers.experiments.memory_format import channels_last_decision
 
 CFG = PolicyConfig(image_size=32, conv_channels=(8, 16), d_model=16, n_heads=2, n_layers=1, fusion_hidden=32)
 
@@ -159,14 +159,14 @@ def _cmp(a_times, b_times):
 def test_channels_last_verdict():
     fast = _cmp([1.0, 1.01, 0.99, 1.02, 1.0], [0.5, 0.51, 0.49, 0.5, 0.52])
     same = _cmp([1.0, 1.01, 0.99, 1.02, 1.0], [1.0, 1.02, 0.98, 1.01, 1.0])
-    v = channels_last_verdict({"fp32": same, "bfloat16 autocast": fast})
+    v = channels_last_decision({"fp32": same, "bfloat16 autocast": fast})
     assert v["recommendation"] == "enable" and v["best"] == "bfloat16 autocast"
     assert v["value"] == pytest.approx(fast.ratio) and "fp32" in v["reason"]
-    v = channels_last_verdict({"fp32": same})
+    v = channels_last_decision({"fp32": same})
     assert v["recommendation"] == "leave off" and v["spread"]["ci_low"] <= 1.0
     slow = _cmp([0.5, 0.51, 0.49, 0.5, 0.52], [1.0, 1.01, 0.99, 1.02, 1.0])
-    assert "slower" in channels_last_verdict({"fp32": slow})["reason"]
-    na = channels_last_verdict({}, applicable=False, why_not="not supported on NPU")
+    assert "slower" in channels_last_decision({"fp32": slow})["reason"]
+    na = channels_last_decision({}, applicable=False, why_not="not supported on NPU")
     assert na["recommendation"] == "not applicable" and na["value"] is None and "NPU" in na["reason"]
     with pytest.raises(ParameterError, match="no comparison"):
-        channels_last_verdict({})
+        channels_last_decision({})

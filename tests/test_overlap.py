@@ -141,7 +141,7 @@ def test_run_overlap_variants_and_verdict(small_data):
     assert before.stats.hidden_fraction == 0.0
     spans = after.timeline()
     assert {"worker 0 prep", "copy", "data wait", "compute"} <= set(spans["row"])
-    verdict = ov.overlap_verdict(before, after)
+    verdict = ov.overlap_decision(before, after)
     assert verdict["recommendation"] in ("enable", "leave off")
     assert "->" in verdict["reason"] and verdict["exposed"].a.name == "before"
     assert verdict["dropped"] == (verdict["exposed"].ci_low > 1.0)
@@ -157,11 +157,11 @@ def _fake_run(data, compute, label, work=0.05, **settings):
 def test_overlap_verdict_rules():
     before = _fake_run([0.05, 0.051, 0.049, 0.05, 0.052], [0.1] * 5, "before")
     hidden = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.1, 0.101, 0.099, 0.1, 0.1], "after")
-    v = ov.overlap_verdict(before, hidden)
+    v = ov.overlap_decision(before, hidden)
     assert v["recommendation"] == "enable" and v["dropped"] and not v["slower"] and v["notes"] == []
     # the input is hidden but the compute got much slower (cores taken by workers): leave it off, and say why
     slow = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.3, 0.31, 0.29, 0.3, 0.3], "after", cores=2, torch_threads=1)
-    v = ov.overlap_verdict(before, slow)
+    v = ov.overlap_decision(before, slow)
     assert v["recommendation"] == "leave off" and v["slower"] and "slower" in v["reason"]
     assert any("cost the step CPU time" in n and "on 2 core(s)" in n for n in v["notes"])
     assert v["compute"].ci_high < 1.0
@@ -170,14 +170,14 @@ def test_no_measurable_drop_shows_its_interval():
     """Review item 6: a verdict that calls a drop not measurable shows the interval it used."""
     before = _fake_run([0.05, 0.049, 0.051, 0.05, 0.05], [0.1] * 5, "before")
     same = _fake_run([0.05, 0.049, 0.051, 0.05, 0.05], [0.1] * 5, "after")
-    v = ov.overlap_verdict(before, same)
+    v = ov.overlap_decision(before, same)
     assert v["recommendation"] == "leave off" and "no measurable drop" in v["reason"]
     c = v["exposed"]
     assert c.ci_low <= 1.0 <= c.ci_high and "the interval includes 1" in v["reason"]
     assert f"95% CI {c.ci_low:.2f}-{c.ci_high:.2f}" in v["reason"]
     assert "none of the known causes" in v["reason"]  # and says that no cause was found
     worse = _fake_run([0.07, 0.071, 0.069, 0.07, 0.072], [0.1] * 5, "after")
-    assert "rose measurably" in ov.overlap_verdict(before, worse)["reason"]
+    assert "rose measurably" in ov.overlap_decision(before, worse)["reason"]
 
 def test_overlap_limits_name_each_cause():
     """Review item 6: when the overlap cannot work, the verdict says why."""
@@ -185,7 +185,7 @@ def test_overlap_limits_name_each_cause():
     one_batch = _fake_run([0.06] * 4, [0.1] * 4, "after", batches_per_epoch=1)
     notes = ov.overlap_limits(before, one_batch)
     assert len(notes) == 1 and "1 batch per epoch" in notes[0] and "nothing to prefetch" in notes[0]
-    v = ov.overlap_verdict(before, one_batch)
+    v = ov.overlap_decision(before, one_batch)
     assert v["notes"] == notes and "why: the data gives 1 batch per epoch" in v["reason"]
     few = ov.overlap_limits(before, _fake_run([0.01] * 4, [0.1] * 4, "after", batches_per_epoch=4))
     assert len(few) == 1 and "1 step in 4" in few[0]

@@ -97,7 +97,7 @@ def test_cpu_reports_not_applicable_without_raising():
     assert not sweep["applicable"].any() and sweep["gbps"].isna().all()
     assert (sweep["reason"] == app.reason).all()
     assert pinning.batch_comparison(acc, (2, 8, 8, 3)) == {}
-    verdict = pinning.pinning_verdict({}, applicability=app)
+    verdict = pinning.pinning_decision({}, applicability=app)
     assert verdict["recommendation"] == "not applicable" and verdict["value"] is None
     assert verdict["reason"] == app.reason
 
@@ -140,14 +140,14 @@ def _comparison(ratio_times, name):
 def test_pinning_verdict_enables_only_a_clear_gain():
     clear = {"pin_per_batch": _comparison([0.9, 0.95, 0.92, 0.97, 0.93], "pin_per_batch"),
              "pinned_buffer": _comparison([0.5, 0.52, 0.49, 0.51, 0.5], "pinned_buffer")}
-    v = pinning.pinning_verdict(clear)
+    v = pinning.pinning_decision(clear)
     assert v["recommendation"] == "enable" and v["method"] == "pinned_buffer"
     assert v["value"] == pytest.approx(2.0) and v["spread"]["ci_low"] > 1.05
     assert "reused pinned buffer" in v["reason"] and "pin_per_batch" in v["reason"]
     unclear = {"pin_per_batch": _comparison([0.97, 1.0, 0.98, 1.01, 0.99], "pin_per_batch")}
-    v = pinning.pinning_verdict(unclear)
+    v = pinning.pinning_decision(unclear)
     assert v["recommendation"] == "leave off" and not math.isnan(v["value"])
-    assert pinning.pinning_verdict({})["recommendation"] == "not applicable"
+    assert pinning.pinning_decision({})["recommendation"] == "not applicable"
 
 
 # --------------------------------------------------------------------------- what a rate is (review item 11)
@@ -200,7 +200,7 @@ def test_cpu_verdict_is_not_applicable_and_quotes_the_reference():
     app = pinning.pinning_applicability(get_accelerator("cpu"))
     cache = 32 * 2**20
     ref = pinning.memcpy_reference(pinning.bandwidth_summary(_sweep_table(), cache_bytes=cache), cache_bytes=cache)
-    v = pinning.pinning_verdict({}, applicability=app, reference=ref)
+    v = pinning.pinning_decision({}, applicability=app, reference=ref)
     assert v["recommendation"] == "not applicable" and v["value"] is None and v["spread"] is None
     assert v["reason"].startswith(app.reason)
     assert "15.6 GB/s, main-memory rate" in v["reason"] and "cache-sized peak is 87.5 GB/s at 8 MiB" in v["reason"]
@@ -232,7 +232,7 @@ def test_cpu_verdict_records_what_the_notebook_recorded(tmp_path):
     v = pinning.verdict({}, applicability=app, reference=ref, link=link, batch_gbps={}, context="on cpu")
     assert isinstance(v, Verdict) and v.notebook == pinning.NOTEBOOK == "04_pinned_memory"
     assert (v.recommendation, v.value, v.action.setting, v.action.value) == ("not applicable", None, "pin_memory", False)
-    old = pinning.pinning_verdict({}, applicability=app, reference=ref)
+    old = pinning.pinning_decision({}, applicability=app, reference=ref)
     assert v.sentence() == f"{old['recommendation'].upper()}: {old['reason']}"
     new_store = ResultsStore(tmp_path / "new.jsonl", notebook="04_pinned_memory")
     new = new_store.add_verdict(v)
@@ -251,7 +251,7 @@ def test_enable_verdict_adds_the_link_fraction_as_the_notebook_did(tmp_path):
     v = pinning.verdict(comps, reference=ref, link=link, batch_gbps=rates, context="on a fake")
     assert v.recommendation == "enable" and v.action.value is True and v.extra["method"] == "pinned_buffer"
     assert v.reason.endswith("; that method reached 40% of the link (link limit (parameter): 31.5 GB/s) on one batch")
-    old = pinning.pinning_verdict(comps, reference=ref)
+    old = pinning.pinning_decision(comps, reference=ref)
     new_store = ResultsStore(tmp_path / "new.jsonl", notebook="04_pinned_memory")
     new = new_store.add_verdict(v)
     old_store = ResultsStore(tmp_path / "old.jsonl", notebook="04_pinned_memory")

@@ -14,13 +14,13 @@ from typing import Any
 from helpers.errors import ParameterError
 from helpers.verdict import Action, Verdict
 
-__all__ = ["NOTEBOOK", "channels_last_verdict", "verdict"]
+__all__ = ["NOTEBOOK", "channels_last_decision", "verdict"]
 
 #: Notebook whose verdict :func:`verdict` gives.
 NOTEBOOK = "07_channels_last"
 
 
-def channels_last_verdict(comparisons: dict[str, Any], *, applicable: bool = True, why_not: str = "",
+def channels_last_decision(comparisons: dict[str, Any], *, applicable: bool = True, why_not: str = "",
                           threshold: float = 1.05) -> dict[str, Any]:
     """Turn the channels_last comparisons into the notebook's verdict.
 
@@ -61,7 +61,7 @@ def channels_last_verdict(comparisons: dict[str, Any], *, applicable: bool = Tru
                 "action": Action("memory_format", None, "channels_last: not applicable",
                                  current="contiguous_format")}
     if not comparisons:
-        raise ParameterError("channels_last_verdict: no comparison given; measure at least the fp32 one.")
+        raise ParameterError("channels_last_decision: no comparison given; measure at least the fp32 one.")
     best = max(comparisons, key=lambda k: comparisons[k].ratio)
     c = comparisons[best]
     parts = [f"{label}: {cmp.ratio:.2f}x [{cmp.ci_low:.2f}, {cmp.ci_high:.2f}]" for label, cmp in comparisons.items()]
@@ -82,12 +82,12 @@ def channels_last_verdict(comparisons: dict[str, Any], *, applicable: bool = Tru
 
 
 def verdict(comparisons: dict[str, Any], *, applicable: bool, why_not: str, fusion: str, context: str) -> Verdict:
-    """Notebook 07's verdict: :func:`channels_last_verdict`'s decision, with the fusion figures in its reason.
+    """Notebook 07's verdict: :func:`channels_last_decision`'s decision, with the fusion figures in its reason.
 
     Parameters
     ----------
     comparisons, applicable, why_not
-        As :func:`channels_last_verdict`.
+        As :func:`channels_last_decision`.
     fusion : str
         The SDPA and torch.compile results in one sentence (informative; they decide nothing here).
     context : str
@@ -99,7 +99,7 @@ def verdict(comparisons: dict[str, Any], *, applicable: bool, why_not: str, fusi
         metric ``speedup`` (x, NCHW time over channels_last time) of the best precision; action on
         ``memory_format``; ``extra["best"]``: that precision's label.
     """
-    v = channels_last_verdict(comparisons, applicable=applicable, why_not=why_not)
+    v = channels_last_decision(comparisons, applicable=applicable, why_not=why_not)
     return Verdict(notebook=NOTEBOOK, metric="speedup", value=v["value"], unit="x",
                    recommendation=v["recommendation"], reason=f"{v['reason']}. Fusion: {fusion}", context=context,
                    action=v["action"], spread=v["spread"], extra={"best": v["best"]})

@@ -559,7 +559,7 @@ class OverlapResult:
     after : OverlapRun
         The fastest candidate (shortest median step).
     verdict : dict
-        :func:`overlap_verdict` of before vs after.
+        :func:`overlap_decision` of before vs after.
     """
 
     before: OverlapRun
@@ -600,7 +600,7 @@ def run_overlap(job: PPOJob, acc: Accelerator, *, steps: int, warmup_steps: int,
                             decode_threads=split["decode_threads"], **common)
         for split in thread_splits(num_workers, cores, is_cpu=acc.is_cpu))
     after = fastest(candidates)
-    return OverlapResult(before, candidates, after, overlap_verdict(before, after, seed=job.workload.seed))
+    return OverlapResult(before, candidates, after, overlap_decision(before, after, seed=job.workload.seed))
 
 
 #: Notebook whose workload notebook 05 is compared with.
@@ -681,7 +681,7 @@ def overlap_limits(before: OverlapRun, after: OverlapRun, *, compute: Any = None
     Parameters
     ----------
     before, after : OverlapRun
-        As for :func:`overlap_verdict`; read ``settings`` (``num_workers``,
+        As for :func:`overlap_decision`; read ``settings`` (``num_workers``,
         ``side_stream``, ``batches_per_epoch``, ``torch_threads``, ``cores``,
         ``step_on_cpu``; missing keys skip their check) and ``stats``.
     compute : helpers.timing.Comparison, optional
@@ -727,7 +727,7 @@ def overlap_limits(before: OverlapRun, after: OverlapRun, *, compute: Any = None
     return notes
 
 
-def overlap_verdict(before: OverlapRun, after: OverlapRun, *, seed: int = 0) -> dict[str, Any]:
+def overlap_decision(before: OverlapRun, after: OverlapRun, *, seed: int = 0) -> dict[str, Any]:
     """Decide whether to enable the overlap, from two runs of :func:`run_overlap_variant`.
 
     "enable" when the exposed input time per step dropped measurably (the
@@ -846,7 +846,7 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
         ``batches_per_epoch``, ``statistic`` (what the figures are),
         ``recommendation`` and ``exposed_reduction`` (``ratio``, ``ci_low``,
         ``ci_high``, ``confidence``: exposed input before / after) from
-        :func:`overlap_verdict`, ``note`` (why the overlap could not work,
+        :func:`overlap_decision`, ``note`` (why the overlap could not work,
         from :func:`overlap_limits`; None when nothing limited it) and
         ``device``.
 
@@ -893,7 +893,7 @@ NOTEBOOK = "05_stream_overlap"
 
 
 def verdict(result: OverlapResult, *, context: str, model_width_01: int) -> Verdict:
-    """Notebook 05's verdict as a :class:`helpers.verdict.Verdict` (the decision is :func:`overlap_verdict`'s).
+    """Notebook 05's verdict as a :class:`helpers.verdict.Verdict` (the decision is :func:`overlap_decision`'s).
 
     Parameters
     ----------

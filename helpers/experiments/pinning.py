@@ -18,7 +18,7 @@ side and decided between:
   what it is, as the notebook records them;
 - :func:`batch_comparison`: one batch of the workload, each pinned method
   against pageable, interleaved;
-- :func:`pinning_verdict` / :func:`verdict`: enable the best pinned method,
+- :func:`pinning_decision` / :func:`verdict`: enable the best pinned method,
   leave pinning off, or not applicable.
 
 On a CPU nothing is copied to a device: every function reports "not
@@ -59,7 +59,7 @@ __all__ = [
     "bandwidth_summary",
     "memcpy_reference",
     "bandwidth_records",
-    "pinning_verdict",
+    "pinning_decision",
     "verdict",
     "method_label",
 ]
@@ -443,7 +443,7 @@ def bandwidth_records(summary: "pd.DataFrame", *, cache_bytes: int | None = None
     return out
 
 
-def pinning_verdict(comparisons: dict[str, "Comparison"], *, threshold: float = 1.05,
+def pinning_decision(comparisons: dict[str, "Comparison"], *, threshold: float = 1.05,
                     applicability: Applicability | None = None,
                     reference: dict[str, Any] | None = None) -> dict[str, Any]:
     """The notebook's verdict: enable the best pinned method, leave pinning off, or not applicable.
@@ -516,12 +516,12 @@ def verdict(comparisons: Mapping[str, Comparison], *, applicability: Applicabili
             reference: Mapping[str, Any] | None = None, link: LinkInfo | None = None,
             batch_gbps: Mapping[str, float] | None = None, context: str | None = None,
             threshold: float = 1.05) -> Verdict:
-    """Notebook 04's verdict as a :class:`helpers.verdict.Verdict`, from the figures of :func:`pinning_verdict`.
+    """Notebook 04's verdict as a :class:`helpers.verdict.Verdict`, from the figures of :func:`pinning_decision`.
 
     Parameters
     ----------
     comparisons, applicability, reference, threshold
-        As for :func:`pinning_verdict`.
+        As for :func:`pinning_decision`.
     link : helpers.diagnose.pcie.LinkInfo, optional
         The host-device link (:func:`helpers.diagnose.pcie.link_limit`). When
         its limit is known and a method was chosen, the reason adds that
@@ -537,7 +537,7 @@ def verdict(comparisons: Mapping[str, Comparison], *, applicability: Applicabili
     -------
     helpers.verdict.Verdict
         Notebook :data:`NOTEBOOK`, metric ``"speedup"`` in ``"x"``: the value,
-        spread, recommendation and action of :func:`pinning_verdict`, its
+        spread, recommendation and action of :func:`pinning_decision`, its
         reason (with the link sentence where it applies), ``context``, and in
         ``extra``: ``method`` (the best method, or None) and ``reference``
         (the host memcpy's reference figure: ``metric``
@@ -549,7 +549,7 @@ def verdict(comparisons: Mapping[str, Comparison], *, applicability: Applicabili
     ParameterError
         If the link's limit is known and ``batch_gbps`` lacks the chosen method's rate.
     """
-    v = pinning_verdict(comparisons, threshold=threshold, applicability=applicability, reference=reference)
+    v = pinning_decision(comparisons, threshold=threshold, applicability=applicability, reference=reference)
     reason = v["reason"]
     if v["method"] is not None and link is not None and link.limit_gbps and batch_gbps is not None:
         if v["method"] not in batch_gbps:
