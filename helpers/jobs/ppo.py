@@ -25,7 +25,7 @@ two pipelines feed the same samples in the same order.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -39,7 +39,7 @@ from helpers.pipeline.fast import BatchedDataset, to_device_batch
 from helpers.pipeline.prepare import prepare_data
 from helpers.pipeline.sampler import batch_sampler
 
-__all__ = ["PPOJob", "PerItemBatches", "host_to_device"]
+__all__ = ["PPOJob", "PPOStep", "PerItemBatches", "host_to_device"]
 
 
 class PerItemBatches:
@@ -195,22 +195,37 @@ class PPOJob(Job):
         return PPOTrainer(model, self.ppo, scaler=scaler)
 
     def make_step(self, model: torch.nn.Module, acc, options: StepOptions = StepOptions(), *,
-                  generator: torch.Generator | None = None) -> Callable[[tuple], dict]:
+                  generator: torch.Generator | None = None) -> "PPOStep":
         """``step((images, tokens, labels)) -> stats``: one PPO step (rollout, GAE, update epochs).
 
         ``generator`` samples the actions (default: a device generator seeded from the workload).
         """
-        trainer = self.make_trainer(model, acc, options)
         gen = generator or torch.Generator(device=acc.device).manual_seed(self.workload.seed)
-        dtype = options.autocast_dtype
-
-        def step(device_batch: tuple) -> dict:
-            images, tokens, labels = device_batch
-            return trainer.step(images, tokens, labels, generator=gen, autocast_dtype=dtype)
-
-        step.trainer = trainer  # the caller may need the optimizer or the scaler
-        return step
+        return PPOStep(self.make_trainer(model, acc, options), gen, options.autocast_dtype)
 
     def describe(self) -> dict[str, Any]:
         """Name, workload and data: what the report says was measured."""
         return {**super().describe(), "images": len(self.index), "classes": self.index.n_classes}
+
+
+class PPOStep:
+    """One PPO training step on a device batch: ``step((images, tokens, labels)) -> stats``.
+
+    Attributes
+    ----------
+    trainer : helpers.compute.ppo.PPOTrainer
+        The trainer (its model, optimizer and, for fp16, GradScaler).
+    generator : torch.Generator
+        Samples the rollout's actions.
+    autocast_dtype : torch.dtype or None
+        Forward and loss under autocast with this dtype (None: fp32).
+    """
+
+    def __init__(self, trainer: PPOTrainer, generator: torch.Generator, autocast_dtype: torch.dtype | None) -> None:
+        self.trainer, self.generator, self.autocast_dtype = trainer, generator, autocast_dtype
+
+    def __call__(self, device_batch: tuple) -> dict:
+        """Run the step; the stats are 0-d device tensors (read them after the step's timing)."""
+        images, tokens, labels = device_batch
+        return self.trainer.step(images, tokens, labels, generator=self.generator,
+                                 autocast_dtype=self.autocast_dtype)
