@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 from typing import Mapping
 
+from helpers import checklist
 from helpers.errors import ParameterError
 from helpers.params import Param, validate
 
@@ -170,7 +171,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
             16, "measured training steps per job") + (
         Param("optimizations", list, ["auto"],
               "optimizations of the optimized job: auto follows the earlier verdicts of this run; or names "
-              "from batched_decode, dataloader_workers, pinned_memory, prefetcher, mixed_precision, channels_last",
+              f"from {', '.join(checklist.optimization_names())}",
               item_kind=str),
         Param("ablation", bool, True, "also run the optimized job with each optimization removed in turn"),
         Param("curve_steps", int, 30, "training steps of the learning curves of both jobs", minimum=2,
