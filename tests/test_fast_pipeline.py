@@ -150,7 +150,7 @@ def test_to_device_batch_rejects_a_float_batch():
     from helpers.device import get_accelerator
 
     batch = {"image": torch.zeros(2, 3, 8, 8), "tokens": torch.zeros(2, 2), "label": torch.zeros(2)}
-    with pytest.raises(ParameterError, match="default_transfer"):
+    with pytest.raises(ParameterError, match="host_to_device"):
         F.to_device_batch(batch, get_accelerator("cpu"))
 
 
@@ -361,7 +361,7 @@ def test_threads_zero_shares_the_cores_among_workers(dataset, monkeypatch):
 def test_trains_through_the_loop_with_to_device_batch(index, tokenizer):
     from helpers.compute.model import PolicyConfig, build_policy
     from helpers.compute.ppo import PPOConfig, PPOTrainer
-    from helpers.compute.train import train
+    from helpers.compute.train import TimedLoop, epochs
     from helpers.device import get_accelerator
 
     acc = get_accelerator("cpu")
@@ -370,8 +370,10 @@ def test_trains_through_the_loop_with_to_device_batch(index, tokenizer):
     cfg = PolicyConfig(image_size=16, conv_channels=(4, 8), vocab_size=tokenizer.get_vocab_size(), text_len=4,
                        d_model=8, n_heads=2, n_layers=1, fusion_hidden=16, n_actions=index.n_classes)
     trainer = PPOTrainer(build_policy(cfg, device=acc.device), PPOConfig())
-    run = train(loader, trainer, acc, steps=3, warmup_steps=1, dataset=ds, transfer=F.to_device_batch,
-                generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    loop = TimedLoop(epochs(loader, datasets=[ds]), lambda b: F.to_device_batch(b, acc),
+                     lambda b: trainer.step(*b, generator=gen), acc.synchronize)
+    run = loop.run(1, measured=False).discard().run(3).result()
     assert len(run.steps) == 3 and (run.steps["h2d"] > 0).all() and run.steps["loss"].notna().all()
     assert ds.epoch == 1, "the loop's set_epoch reached the dataset (2 batches per epoch, 4 steps)"
     ds.close()

@@ -16,7 +16,7 @@ import torch
 
 from helpers.compute.model import PolicyConfig, build_policy
 from helpers.compute.ppo import PPOConfig, PPOTrainer
-from helpers.compute.train import train
+from helpers.compute.train import TimedLoop, epochs
 from helpers.device import Capabilities, Capability, get_accelerator
 from helpers.errors import ParameterError
 from helpers.experiments import overlap as ov
@@ -230,7 +230,8 @@ def test_train_with_workers_prefetcher_and_recording_loader():
     rec = pf.RecordingLoader(prefetcher)
     torch.manual_seed(0)
     trainer = PPOTrainer(build_policy(TINY), PPOConfig(horizon=2, ppo_epochs=1))
-    run = train(rec, trainer, pf.ConsumerStreamSync(acc), steps=4, warmup_steps=2, transfer=pf.prefetched)
+    loop = TimedLoop(epochs(rec), pf.prefetched, lambda b: trainer.step(*b), pf.ConsumerStreamSync(acc).synchronize)
+    run = loop.run(2, measured=False).discard().run(4).result()
     frame = rec.frame()
     assert len(frame) >= 6 and (frame["worker"] == 0).all()
     # a worker's perf_counter and ours share a clock (CLOCK_MONOTONIC): preparation ends before the batch arrives

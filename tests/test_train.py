@@ -9,7 +9,7 @@ import torch
 
 from helpers.compute.model import PolicyConfig, build_policy
 from helpers.compute.ppo import PPOConfig, PPOTrainer
-from helpers.compute.train import PHASES, train
+from helpers.compute.train import PHASES, TimedLoop, epochs
 from helpers.experiments.baseline import classify
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
@@ -50,10 +50,17 @@ def trainer():
     return PPOTrainer(build_policy(TINY), PPOConfig(horizon=2, ppo_epochs=1))
 
 
-def test_train_times_each_phase_of_measured_steps_only(trainer):
+def _run(loader, trainer, acc, *, steps, warmup_steps, datasets=()):
+    """The phase-timed loop over a loader of baseline batches: copy in h2d, the PPO step in compute."""
+    move = lambda b: tuple(b[k].to(acc.device) for k in ("image", "tokens", "label"))  # noqa: E731
+    loop = TimedLoop(epochs(loader, datasets=datasets), move, lambda b: trainer.step(*b), acc.synchronize)
+    return loop.run(warmup_steps, measured=False).discard().run(steps).result()
+
+
+def test_loop_times_each_phase_of_measured_steps_only(trainer):
     acc = get_accelerator("cpu")
     ds = EpochDataset()
-    run = train(SlowLoader(n_batches=3, delay_s=0.02), trainer, acc, steps=5, warmup_steps=2, dataset=ds)
+    run = _run(SlowLoader(n_batches=3, delay_s=0.02), trainer, acc, steps=5, warmup_steps=2, datasets=[ds])
     assert len(run.steps) == 5 and run.warmup_steps == 2
     assert set(PHASES) <= set(run.phases["phase"])
     assert len(run.phases) == 5 * 3
@@ -67,14 +74,14 @@ def test_train_times_each_phase_of_measured_steps_only(trainer):
     assert ds.epochs == [0, 1, 2]
     med = run.phase_medians()
     assert med["step_s"] > 0 and 0 < run.exposed_fraction < 1
+    # the timeline starts at the first measured step
+    assert run.phases["step"].min() == 0 and run.phases["start_s"].min() >= 0
 
 
-def test_train_rejects_bad_counts_and_empty_loader(trainer):
+def test_loop_rejects_an_empty_loader(trainer):
     acc = get_accelerator("cpu")
-    with pytest.raises(ParameterError, match="steps"):
-        train(SlowLoader(), trainer, acc, steps=0)
     with pytest.raises(ParameterError, match="smaller than one batch"):
-        train(SlowLoader(n_batches=0), trainer, acc, steps=1, warmup_steps=0)
+        _run(SlowLoader(n_batches=0), trainer, acc, steps=1, warmup_steps=0)
 
 
 def test_classify_host_bound_reason_is_computed_from_the_split():

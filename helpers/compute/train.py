@@ -1,4 +1,4 @@
-"""The training loop with per-phase timing.
+"""The training loop with per-phase timing: :class:`TimedLoop`, the one loop every experiment that trains uses.
 
 Each step has three phases, each closed by a device synchronize so that
 asynchronous device work is charged to the phase that launched it:
@@ -9,7 +9,8 @@ asynchronous device work is charged to the phase that launched it:
 ``h2d``
     copying the batch to the device;
 ``compute``
-    the PPO step (rollout forward, GAE, update epochs) on the device.
+    the job's training step (for the built-in job, the PPO step: rollout
+    forward, GAE, update epochs) on the device.
 
 *Exposed input time* is ``data + h2d``: the part of a step in which the
 device waits for input. Its share of the step time is the host-bound
@@ -180,59 +181,3 @@ class TimedLoop:
         if len(phases):
             phases = phases.assign(step=phases["step"] - kept_warmup)
         return TrainRun(phases=phases, steps=steps, warmup_steps=self.discarded + kept_warmup)
-
-
-def default_transfer(batch: dict, acc, *, non_blocking: bool = False):
-    """Copy a baseline batch to the device: (images, tokens, labels) as given.
-
-    ``batch["image"]`` is float32 (B, 3, S, S) already normalized on the host.
-    """
-    return tuple(batch[k].to(acc.device, non_blocking=non_blocking) for k in ("image", "tokens", "label"))
-
-
-def train(loader: Iterable, trainer, acc, *, steps: int, warmup_steps: int = 2,
-          generator: torch.Generator | None = None, non_blocking: bool = False,
-          dataset=None, transfer: Callable[..., tuple] | None = None) -> TrainRun:
-    """Run ``warmup_steps + steps`` PPO steps in a :class:`TimedLoop`, timing the phases of the measured ones.
-
-    Parameters
-    ----------
-    loader : iterable of dict
-        Batches with ``image`` float32 (B, 3, S, S), ``tokens`` int64 (B, L),
-        ``label`` int64 (B,), on the host. Restarted at the end of an epoch.
-    trainer : helpers.compute.ppo.PPOTrainer
-        Performs one PPO step on device tensors.
-    acc : helpers.device.Accelerator
-        Device view: where tensors go and how to synchronize.
-    steps : int
-        Measured steps (>= 1).
-    warmup_steps : int
-        Steps run first and excluded from the frames (>= 0).
-    generator : torch.Generator, optional
-        Generator for action sampling (reproducible runs).
-    non_blocking : bool
-        Pass ``non_blocking`` to the host-to-device copies.
-    dataset : object, optional
-        If it has ``set_epoch(epoch)``, it is called at each epoch start.
-    transfer : callable, optional
-        ``transfer(batch, acc, non_blocking=...) -> (images, tokens, labels)``
-        on the device; the *h2d* phase times it. Default
-        :func:`default_transfer` (the baseline's float batch).
-
-    Returns
-    -------
-    TrainRun
-
-    Raises
-    ------
-    ParameterError
-        ``steps < 1`` or ``warmup_steps < 0``, or a loader that yields nothing.
-    """
-    if steps < 1 or warmup_steps < 0:
-        raise ParameterError(f"steps must be >= 1 and warmup_steps >= 0, got steps={steps}, "
-                             f"warmup_steps={warmup_steps}")
-    move = transfer or default_transfer
-    loop = TimedLoop(epochs(loader, datasets=[dataset] if dataset is not None else []),
-                     lambda batch: move(batch, acc, non_blocking=non_blocking),
-                     lambda b: trainer.step(*b, generator=generator), acc.synchronize)
-    return loop.run(warmup_steps, measured=False).discard().run(steps).result()

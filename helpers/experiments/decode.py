@@ -17,9 +17,9 @@ import itertools
 import logging
 from typing import Callable, Sequence
 
-from helpers.compute.train import default_transfer
 from helpers.device import get_accelerator
 from helpers.errors import DeviceUnavailableError
+from helpers.jobs.ppo import host_to_device
 from helpers.pipeline.baseline import BaselineDataset, collate_batch
 from helpers.pipeline.decode import DecodeConfig, cuda_decode_support, decode_augment_cuda, psnr, reference_augment
 from helpers.pipeline.fast import BatchedDataset, to_device_batch, torch_from
@@ -97,7 +97,7 @@ class DecodeBench:
     def baseline_batch(self, indices: Sequence[int]):
         """The per-image way: ``BaselineDataset`` items, ``collate_batch``, copy to the device."""
 
-        return default_transfer(collate_batch([self.baseline[i] for i in indices]), self.acc)
+        return host_to_device(collate_batch([self.baseline[i] for i in indices]), self.acc)
 
     def batched_batch(self, indices: Sequence[int]):
         """The batched way: ``dataset[indices]`` then :func:`to_device_batch`."""

@@ -763,7 +763,7 @@ def to_device_batch(batch: dict, acc, *, non_blocking: bool = False, mean: Seque
     ------
     ParameterError
         If ``batch["image"]`` is not a uint8 (B, S, S, 3) tensor (e.g. a
-        baseline float batch: use ``helpers.compute.train.default_transfer``).
+        baseline float batch: use ``helpers.jobs.ppo.host_to_device``).
     """
     import torch
 
@@ -772,7 +772,7 @@ def to_device_batch(batch: dict, acc, *, non_blocking: bool = False, mean: Seque
         raise ParameterError(
             "to_device_batch expects batch['image'] as a uint8 (B, S, S, 3) tensor (a host batch of "
             f"BatchedDataset), got {getattr(image, 'dtype', type(image).__name__)} "
-            f"{tuple(getattr(image, 'shape', ()))}; a baseline float batch goes through default_transfer"
+            f"{tuple(getattr(image, 'shape', ()))}; a baseline float batch goes through helpers.jobs.ppo.host_to_device"
         )
     nb = bool(non_blocking and acc.capabilities.non_blocking_copy.available)
     device = acc.device

@@ -98,7 +98,7 @@ def _default_transfer(batch: dict, acc: "Accelerator", *, non_blocking: bool = F
 
 
 def prefetched(batch: dict, acc: "Accelerator" = None, *, non_blocking: bool = False):
-    """The ``transfer`` for :func:`helpers.compute.train.train` when the loader is a :class:`DevicePrefetcher`.
+    """The ``transfer`` for :class:`helpers.compute.train.TimedLoop` when the loader is a :class:`DevicePrefetcher`.
 
     The prefetcher has already copied the batch; this returns its device
     tensors, so the *h2d* phase only measures what is left (nothing).
@@ -124,7 +124,7 @@ def prefetched(batch: dict, acc: "Accelerator" = None, *, non_blocking: bool = F
         return batch["device"]
     except (KeyError, TypeError):
         raise ParameterError(
-            "prefetched() got a batch without a 'device' entry: use it as train(..., transfer=prefetched) "
+            "prefetched() got a batch without a 'device' entry: use it as the timed loop's transfer "
             "only when the loader is a DevicePrefetcher") from None
 
 
@@ -193,7 +193,7 @@ class DevicePrefetcher:
     Each item is a dict: ``device`` (what ``transfer`` returned, e.g.
     ``(images, tokens, labels)``), ``index`` (batches handed out so far by
     this prefetcher, from 0), ``epoch``, and the host batch's metadata keys.
-    Pass ``transfer=prefetched`` to :func:`helpers.compute.train.train`.
+    Pass ``transfer=prefetched`` to :class:`helpers.compute.train.TimedLoop`.
 
     Raises
     ------
@@ -395,7 +395,7 @@ def verify_prefetcher(make_source: Callable[[], Iterable], acc: "Accelerator", *
 class ConsumerStreamSync:
     """An accelerator view whose ``synchronize()`` waits for the current stream only.
 
-    :func:`helpers.compute.train.train` closes every phase with
+    :class:`helpers.compute.train.TimedLoop` closes every phase with
     ``acc.synchronize()``, which waits for *all* streams of the device: it
     would also wait for the side stream's copy of the next batch at the end
     of the compute phase, so no copy could ever overlap a step and the
