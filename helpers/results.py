@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
+import helpers
 from helpers.errors import DataError, OutputDirError, ParameterError
 from helpers.timing import Comparison, Measurement
 from helpers.verdict import RECOMMENDATIONS, Action, Verdict
@@ -90,8 +91,6 @@ def versions() -> dict[str, str | None]:
     try:
         out["helpers"] = importlib.metadata.version(_PROJECT_DIST)
     except importlib.metadata.PackageNotFoundError:
-        import helpers
-
         out["helpers"] = getattr(helpers, "__version__", None)
     return out
 

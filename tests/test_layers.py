@@ -206,3 +206,17 @@ def test_layers_of_names():
     assert layer_of("helpers.verdict") == layer_of("helpers.checklist") == "foundation"
     assert layer_of("helpers.experiments.overlap") == "experiments"
     assert layer_of("helpers.__main__") == "entry"
+
+
+def test_the_command_line_and_runner_import_no_torch():
+    """`env check`, `data` and `--help` never import torch (a broken torch_npu autoload would crash them);
+    the runner and bench import it only after the torch_npu probe (helpers/workbook/cli.py, bench.py)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import helpers.workbook.cli, helpers.workbook.runner, helpers.workbook.bench; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=HELPERS.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -37,6 +37,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+import helpers
 from helpers.errors import DataError, OutputDirError, ParameterError
 from helpers.pipeline.images import IMAGE_SUFFIXES, BadFile, scan_images
 
@@ -402,8 +403,6 @@ def default_data_root() -> Path:
     env = os.environ.get(DATA_DIR_ENV, "").strip()
     if env:
         return Path(env).expanduser()
-    import helpers
-
     return Path(helpers.__file__).resolve().parent.parent / "data" / "generated"
 
 

@@ -13,8 +13,9 @@ import json
 import time
 from typing import Any, Callable
 
-from helpers.workbook.runner import load_profile
+from helpers.npu_probe import prepare_torch_import
 from helpers.specs import spec_for, validate_notebook_params
+from helpers.workbook.runner import load_profile
 
 #: Targets of issue 3 for a 2-core CPU, quick profile, embedded data.
 INPUT_PIPELINE_TARGETS = {
@@ -57,8 +58,6 @@ def input_pipeline(*, profile: str = "quick", device: str = "auto", data_dir: st
     target, the measured value and whether it was met), ``decode`` and
     ``overlap`` (the full results), ``profile``, ``device``, ``duration_s``.
     """
-    from helpers.npu_probe import prepare_torch_import
-
     prepare_torch_import(fallback_to_cpu=True)
     # imported only now: these import torch, which must not happen before the torch_npu probe has decided
     # whether torch_npu may autoload (a broken install would otherwise crash this process on import)
@@ -117,8 +116,6 @@ def allreduce_bench(*, backend: str = "auto", world_size: int = 2, min_bytes: in
         The job hung or a rank failed (the ``bench`` command prints
         ``error: ...`` and exits 1).
     """
-    from helpers.npu_probe import prepare_torch_import
-
     prepare_torch_import(fallback_to_cpu=True)
     # after the probe, as in run_benchmark: this imports torch
     from helpers.comm.allreduce import allreduce_benchmark, allreduce_in_launched_job, launched_by_torchrun

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from helpers.fsutil import ensure_writable_dir
-from helpers.workbook.paths import interactive_dir
+from helpers.npu_probe import prepare_torch_import
 from helpers.specs import validate_notebook_params
+from helpers.workbook.paths import interactive_dir
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +111,6 @@ def start(notebook: str, namespace: Mapping[str, Any], *, need_device: bool = Tr
     _writable_dir(out_dir, "out_dir")
     results_path = Path(params["results_path"]) if params.get("results_path") else out_dir / "results.jsonl"
     _writable_dir(results_path.parent, "results_path folder")
-
-    from helpers.npu_probe import prepare_torch_import
 
     probe = prepare_torch_import(fallback_to_cpu=True)
 
