@@ -29,7 +29,7 @@ __all__ = [
     "optimization_names",
 ]
 
-#: The phases of a timed training step (:func:`helpers.compute.train.run_steps`), in order.
+#: The phases of a timed training step (:class:`helpers.compute.train.TimedLoop`), in order.
 PHASES: tuple[str, ...] = ("data", "h2d", "compute")
 #: The phases in which the computation waits for input: their share of the step is *exposed input*.
 INPUT_PHASES: tuple[str, ...] = ("data", "h2d")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers.errors import DataError, ParameterError
-from helpers.jobs.ppo import PerItemBatches
+from helpers.jobs.base import PerItemBatches
 from helpers.pipeline.baseline import (
     IMAGENET_MEAN,
     IMAGENET_STD,

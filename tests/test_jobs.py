@@ -9,7 +9,7 @@ from helpers.compute.train import TimedLoop, epochs
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
 from helpers.experiments.training import fixed_batches, prepare_job, time_job
-from helpers.jobs.base import WORKLOAD_PARAMS, Job, StepOptions, Workload
+from helpers.jobs.base import WORKLOAD_PARAMS, Job, PerItemBatches, StepOptions, Workload
 from helpers.jobs.ppo import PPOJob
 from helpers.pipeline.dataset import build_embedded, load_dataset
 from helpers.pipeline.text import load_or_build_tokenizer
@@ -129,3 +129,87 @@ def test_fixed_batches_are_cloned_device_batches(job, cpu):
     assert len(batches) == 2 and batches[0][0].data_ptr() != batches[1][0].data_ptr()
     with pytest.raises(ParameterError):
         fixed_batches(job, cpu, 0)
+
+
+# ------------------------------------------------------------------ a job that is not the built-in one
+
+
+class Pictures(torch.utils.data.Dataset):
+    """A per-item dataset of random 8x8 images with a label: what a user's own dataset looks like."""
+
+    def __init__(self, n=24):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def stack(samples):
+    """Module-level collate (picklable): a dict batch of inputs and targets."""
+    xs, ys = zip(*samples)
+    return {"x": torch.stack(xs), "y": torch.stack(ys)}
+
+
+class ClassifierJob(Job):
+    """A plain supervised job written against the public interface only."""
+
+    name = "tiny classifier"
+
+    def __init__(self):
+        self.workload = Workload(batch_size=6, image_size=8)
+
+    def make_dataset(self, pipeline="default", **options):
+        if pipeline not in self.pipelines:
+            raise ParameterError(f"pipeline={pipeline!r}")
+        return PerItemBatches(Pictures(), collate=stack)
+
+    def batch_sampler(self, n_items):
+        from helpers.pipeline.sampler import batch_sampler
+
+        return batch_sampler(n_items, self.workload.batch_size, seed=self.workload.seed)
+
+    def make_model(self, acc, options=StepOptions()):
+        torch.manual_seed(self.workload.seed)
+        return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten(), torch.nn.Linear(144, 3)).to(acc.device)
+
+    def make_step(self, model, acc, options=StepOptions()):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(batch):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+            loss.backward()
+            opt.step()
+            return {"loss": loss.detach()}
+
+        return step
+
+    def to_device(self, batch, acc, *, non_blocking=False, options=StepOptions()):
+        return {k: v.to(acc.device, non_blocking=non_blocking) for k, v in batch.items()}
+
+
+def test_a_users_job_runs_through_the_timed_loop_and_fixed_batches(cpu):
+    job = ClassifierJob()
+    run = time_job(job, cpu, steps=5, warmup_steps=1)
+    assert len(run.steps) == 5 and run.steps["loss"].notna().all() and (run.steps["step_s"] > 0).all()
+    batches = fixed_batches(job, cpu, 2)
+    assert set(batches[0]) == {"x", "y"} and batches[0]["x"].shape == (6, 1, 8, 8)
+    fresh = job.to_device(job.make_dataset()[list(range(6))], cpu)
+    assert batches[0]["x"].data_ptr() != fresh["x"].data_ptr()  # cloned, not the pipeline's own tensor
+    assert job.describe()["job"] == "tiny classifier"
+
+
+def test_a_jobs_options_are_checked_not_dropped(cpu):
+    from helpers.pipeline.loader import LoaderConfig
+
+    job = ClassifierJob()
+    with pytest.raises(ParameterError, match="offers: default"):
+        time_job(job, cpu, steps=1, pipeline="batched")
+    with pytest.raises(ParameterError, match="workload has batch_size=6"):
+        time_job(job, cpu, steps=1, loader=LoaderConfig(batch_size=16))
+    with pytest.raises(TypeError):
+        time_job(job, cpu, steps=1, num_workers=2)  # not a dataset option in disguise

@@ -26,13 +26,12 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import pandas as pd
 import torch
 
+from helpers.checklist import INPUT_PHASES, PHASES
 from helpers.errors import ParameterError
 from helpers.timing import PhaseTimer
 
 log = logging.getLogger(__name__)
 
-INPUT_PHASES = ("data", "h2d")
-PHASES = ("data", "h2d", "compute")
 
 
 @dataclass(frozen=True)

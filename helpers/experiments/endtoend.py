@@ -43,7 +43,7 @@ from helpers.experiments.training import LearningCheck
 from helpers.jobs.base import StepOptions, Workload
 from helpers.jobs.ppo import PPOJob
 from helpers.pipeline.baseline import IMAGENET_STD
-from helpers.pipeline.loader import LoaderConfig
+from helpers.pipeline.loader import LoaderConfig, close_loader
 from helpers.pipeline.prefetch import DevicePrefetcher, prefetched
 from helpers.results import verdicts
 from helpers.timing import Comparison, Measurement
@@ -563,6 +563,7 @@ class JobVariant:
     def close(self) -> None:
         """Release the dataset's thread pool and the loader's workers."""
         self.loop.batches = None
+        close_loader(self.loader)
         inner = getattr(self.dataset, "close", None)
         if inner is not None:
             inner()
@@ -1167,6 +1168,10 @@ def next_step(summary: JobSummary, *, is_cpu: bool, enabled: Sequence[str], host
     return f"the median step is {parts}; {top} dominates"
 
 
+#: The notebook that decides the batch size (its verdict's action is on ``batch_size``).
+_BATCH_NOTEBOOK = next(i.id for i in checklist.CHECKLIST if i.name == "memory and batch size")
+
+
 def batch_size_note(results, batch_size: int) -> str:
     """Say that notebook 09's recommended batch is not part of this job, when it differs from ``batch_size``.
 
@@ -1180,29 +1185,30 @@ def batch_size_note(results, batch_size: int) -> str:
     Returns
     -------
     str
-        Empty when notebook 09 has no verdict, did not recommend a change, or
-        recommended this very batch size. The recommended batch is the
-        verdict's ``best_throughput_batch`` (its ``value`` when absent).
+        Empty when no verdict of this run decides ``batch_size`` (notebook 09's action), it did not
+        recommend a change, or it recommended this very batch size. The recommended batch is the action's
+        value (for a verdict recorded without an action, ``extra["best_throughput_batch"]``).
     """
     if results is None or not len(results):
         return ""
-
     table = verdicts(results)
-    rows = table[table["notebook"] == "09_memory_and_batch_size"] if len(table) else table
-    if not len(rows):
+    source, best = None, None
+    for _, row in (table.iterrows() if len(table) else ()):
+        if _action_value(row, "batch_size") is not None or row.get("notebook") == _BATCH_NOTEBOOK:
+            source, best = row, _action_value(row, "batch_size")
+    if source is None or str(source.get("recommendation")) != "enable":
         return ""
-    row = rows.iloc[-1]
-    if str(row.get("recommendation")) != "enable":
-        return ""
-    extra = row.get("extra") if isinstance(row.get("extra"), Mapping) else {}
-    best = extra.get("best_throughput_batch", row.get("value"))
+    if best is None:
+        extra = source.get("extra") if isinstance(source.get("extra"), Mapping) else {}
+        best = extra.get("best_throughput_batch", source.get("value"))
     try:
         best = int(best)
     except (TypeError, ValueError):
         return ""
     if best == int(batch_size):
         return ""
-    return (f"notebook 09 recommended batch {best}, which is not part of this job: it keeps batch_size "
+    number = str(source.get("notebook"))[:2]
+    return (f"notebook {number} recommended batch {best}, which is not part of this job: it keeps batch_size "
             f"{int(batch_size)} (notebook 01's workload), so the speedup above does not include it; pass "
             f"batch_size={best} to measure it here")
 

@@ -141,7 +141,7 @@ def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2) -> Ca
         decoded = dataset[list(range(len(dataset)))]
         pool = {k: decoded[k].clone() for k in ("image", "tokens", "label")}  # the image buffer is reused
     finally:
-        dataset.close()
+        getattr(dataset, "close", lambda: None)()
     n_items = len(pool["label"])
 
     def make_step(batch_size: int) -> Callable[[], Any]:

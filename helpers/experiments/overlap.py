@@ -529,7 +529,7 @@ def run_overlap_variant(job: PPOJob, acc: Accelerator, *, label: str, steps: int
     finally:
         torch.set_num_threads(previous_threads)
         close_loader(loader)
-        dataset.close()
+        getattr(dataset, "close", lambda: None)()
     batches = recorder.frame()
     copies = source.copy_frame() if source is not None else None
     copy_s = copies["duration_s"].tolist() if copies is not None else run.steps["h2d"].tolist()

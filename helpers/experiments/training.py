@@ -1,4 +1,4 @@
-"""Timed training of a Job: the shared surface of every experiment that trains (notebooks 01, 05-07, 09, 10).
+"""Timed training of a Job: what the experiments that train share (notebook 01's timed job; 06 and 07's fixed batches; the learning gate of 06 and 10).
 
 :func:`time_job` builds the job's input (one pipeline, one validated loader
 configuration), model and step, and runs them in the one phase-timed loop
@@ -11,7 +11,9 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+import torch
 
 from helpers.compute.amp import tail_relative_difference
 from helpers.compute.train import TimedLoop, TrainRun, epochs
@@ -53,8 +55,16 @@ class TimedJob:
             inner()
 
 
+def _pipeline(job: Job, pipeline: str | None, default: str) -> str:
+    name = pipeline or default
+    if name not in job.pipelines:
+        raise ParameterError(f"pipeline={name!r}; {job.name} offers: {', '.join(job.pipelines)}")
+    return name
+
+
 def prepare_job(job: Job, acc, *, pipeline: str | None = None, loader: LoaderConfig | None = None,
-                options: StepOptions = StepOptions(), non_blocking: bool = False, **dataset_options: Any) -> TimedJob:
+                options: StepOptions = StepOptions(), non_blocking: bool = False,
+                dataset_options: Mapping[str, Any] | None = None) -> TimedJob:
     """Build the job's dataset, loader, model and step, and a :class:`TimedLoop` over them.
 
     Parameters
@@ -69,12 +79,17 @@ def prepare_job(job: Job, acc, *, pipeline: str | None = None, loader: LoaderCon
         Precision and memory format of the step.
     non_blocking : bool
         Copy batches to the device with ``non_blocking``.
-    **dataset_options
-        Passed to ``job.make_dataset``.
+    dataset_options : mapping, optional
+        Keyword arguments of ``job.make_dataset`` (e.g. ``{"threads": 2}``).
+
+    Raises
+    ------
+    ParameterError
+        If ``pipeline`` is not one of ``job.pipelines`` or the loader's batch size is not the workload's.
     """
     w = job.workload
     cfg = loader or LoaderConfig(batch_size=w.batch_size, num_workers=0, seed=w.seed)
-    dataset = job.make_dataset(pipeline or job.pipelines[0], **dataset_options)
+    dataset = job.make_dataset(_pipeline(job, pipeline, job.pipelines[0]), **dict(dataset_options or {}))
     sampler = job.batch_sampler(len(dataset))
     dl = job.make_loader(dataset, cfg, acc, batch_sampler=sampler)
     model = job.make_model(acc, options)
@@ -86,7 +101,7 @@ def prepare_job(job: Job, acc, *, pipeline: str | None = None, loader: LoaderCon
 
 
 def time_job(job: Job, acc, *, steps: int, warmup_steps: int = 2, **kwargs: Any) -> TrainRun:
-    """Run ``warmup_steps`` untimed and ``steps`` timed training steps of ``job``; see :func:`prepare_job`.
+    """Run ``warmup_steps`` untimed and ``steps`` timed training steps of ``job``; the options of :func:`prepare_job`.
 
     Returns
     -------
@@ -129,16 +144,17 @@ def fixed_batches(job: Job, acc, n: int, *, pipeline: str | None = None, epoch: 
     Returns
     -------
     list
-        Device batches as ``job.to_device`` returns them, cloned (the pipeline may reuse its buffers).
+        Device batches as ``job.to_device`` returns them, their tensors cloned (the pipeline may reuse its
+        buffers): tuples, lists and dicts of tensors are cloned element by element.
 
     Raises
     ------
     ParameterError
-        If ``n < 1``.
+        If ``n < 1`` or ``pipeline`` is not one of ``job.pipelines``.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ParameterError(f"n must be an int >= 1, got {n!r}")
-    dataset = job.make_dataset(pipeline or job.pipelines[-1])
+    dataset = job.make_dataset(_pipeline(job, pipeline, job.pipelines[-1]))
     try:
         if hasattr(dataset, "set_epoch"):
             dataset.set_epoch(epoch)
@@ -146,13 +162,22 @@ def fixed_batches(job: Job, acc, n: int, *, pipeline: str | None = None, epoch: 
         sampler.set_epoch(epoch)
         out = []
         for indices in itertools.islice(sampler, n):
-            batch = job.to_device(dataset[indices], acc, options=options)
-            out.append(tuple(t.clone() for t in batch) if isinstance(batch, tuple) else batch)
+            out.append(_clone(job.to_device(dataset[indices], acc, options=options)))
         return out
     finally:
         close = getattr(dataset, "close", None)
         if close is not None:
             close()
+
+
+def _clone(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_clone(b) for b in batch)
+    if isinstance(batch, Mapping):
+        return {k: _clone(v) for k, v in batch.items()}
+    return batch
 
 
 # --------------------------------------------------------------------------- the same learning

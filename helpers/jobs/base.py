@@ -6,7 +6,7 @@ A Job says how to make its dataset and loader (from one validated
 switches of :class:`StepOptions`), how a batch goes to the device, and what
 its workload parameters are. The experiments (``helpers/experiments``) time
 and compare jobs through this interface only, with the one phase-timed loop
-:func:`helpers.compute.train.run_steps`; the built-in PPO job
+:class:`helpers.compute.train.TimedLoop`; the built-in PPO job
 (:class:`helpers.jobs.ppo.PPOJob`) is one implementation.
 """
 
@@ -19,9 +19,10 @@ from typing import Any, Callable, Mapping
 import torch
 
 from helpers.errors import ParameterError
+from helpers.pipeline.baseline import collate_batch
 from helpers.pipeline.loader import LoaderConfig, make_loader
 
-__all__ = ["Job", "StepOptions", "Workload", "WORKLOAD_PARAMS"]
+__all__ = ["Job", "PerItemBatches", "StepOptions", "Workload", "WORKLOAD_PARAMS"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,39 @@ class StepOptions:
         return self.autocast_dtype is torch.float16 if self.grad_scaler is None else bool(self.grad_scaler)
 
 
+class PerItemBatches:
+    """Make a per-item dataset answer ``dataset[list_of_indices]`` with a batch, as a Job's dataset must.
+
+    The batch is ``collate([dataset[i] for i in indices])``: exactly the
+    per-item work, so a per-item dataset and a batched pipeline share one
+    loader path (the one batch sampler). Picklable (for workers) when the
+    wrapped dataset and ``collate`` are.
+
+    Parameters
+    ----------
+    dataset : map-style dataset
+        ``dataset[i]`` is one sample (e.g. :class:`helpers.pipeline.baseline.BaselineDataset`).
+    collate : callable, optional
+        Module-level function from a list of samples to a batch; default
+        :func:`helpers.pipeline.baseline.collate_batch` (the built-in job's dict of image, tokens, label).
+    """
+
+    def __init__(self, dataset, collate: Callable[[list], Any] | None = None) -> None:
+        self.dataset = dataset
+        self.collate = collate or collate_batch
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch where the dataset draws augmentations per epoch."""
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __getitem__(self, indices):
+        return self.collate([self.dataset[int(i)] for i in indices])
+
+
 class Job(abc.ABC):
     """A training job as the workbook sees it.
 
@@ -127,6 +161,8 @@ class Job(abc.ABC):
     def make_dataset(self, pipeline: str = "default", **options: Any) -> Any:
         """A map-style dataset whose ``dataset[list_of_indices]`` is one batch (host side).
 
+        A per-item dataset (``dataset[i]`` is one sample) becomes one with :class:`PerItemBatches`.
+
         Raises
         ------
         ParameterError
@@ -139,7 +175,17 @@ class Job(abc.ABC):
         Default: :func:`helpers.pipeline.loader.make_loader` with the batch
         sampler of :meth:`batch_sampler` (every job draws its batches in the
         same seeded order), so only what applies to ``config`` is passed on.
+
+        Raises
+        ------
+        ParameterError
+            If ``config.batch_size`` is not the workload's (the sampler makes the batches: change the
+            workload's ``batch_size`` instead).
         """
+        if config.batch_size != self.workload.batch_size:
+            raise ParameterError(f"LoaderConfig.batch_size={config.batch_size} but the job's workload has "
+                                 f"batch_size={self.workload.batch_size}; the job's batch sampler makes the batches, "
+                                 "so set the workload's batch_size (notebook parameter batch_size)")
         sampler = batch_sampler if batch_sampler is not None else self.batch_sampler(len(dataset))
         return make_loader(dataset, config, acc, batch_sampler=sampler)
 

@@ -33,39 +33,13 @@ from helpers.compute.amp import make_grad_scaler
 from helpers.compute.model import PolicyConfig, build_policy
 from helpers.compute.ppo import PPOConfig, PPOTrainer
 from helpers.errors import ParameterError
-from helpers.jobs.base import Job, StepOptions, Workload
-from helpers.pipeline.baseline import BaselineDataset, collate_batch
+from helpers.jobs.base import Job, PerItemBatches, StepOptions, Workload
+from helpers.pipeline.baseline import BaselineDataset
 from helpers.pipeline.fast import BatchedDataset, to_device_batch
 from helpers.pipeline.prepare import prepare_data
 from helpers.pipeline.sampler import batch_sampler
 
-__all__ = ["PPOJob", "PPOStep", "PerItemBatches", "host_to_device"]
-
-
-class PerItemBatches:
-    """Make the baseline's per-item dataset answer ``dataset[list_of_indices]`` with a batch.
-
-    The batch is ``collate_batch([dataset[i] for i in indices])``: exactly the
-    baseline's per-image work, so the baseline and the batched pipeline share
-    one loader path. Picklable (for workers) when the wrapped dataset is.
-
-    Parameters
-    ----------
-    dataset : helpers.pipeline.baseline.BaselineDataset
-    """
-
-    def __init__(self, dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch (augmentations are drawn per (seed, epoch, index))."""
-        self.dataset.set_epoch(epoch)
-
-    def __getitem__(self, indices) -> dict:
-        return collate_batch([self.dataset[int(i)] for i in indices])
+__all__ = ["PPOJob", "PPOStep", "host_to_device"]
 
 
 def host_to_device(batch: dict, acc, *, non_blocking: bool = False) -> tuple:
