@@ -86,9 +86,9 @@ def verdict(run: TrainRun, per_image: Measurement, *, threshold: float, device_k
     """
     med = run.phase_medians()
     recommendation, reason = classify(run.exposed_fraction, threshold, device_kind=device_kind)
-    reason += (f"; median step {med['step_s'] * 1e3:.0f} ms = data {med['data'] * 1e3:.0f} + h2d "
-               f"{med['h2d'] * 1e3:.0f} + compute {med['compute'] * 1e3:.0f} ms; baseline preprocessing "
-               f"{per_image.median_s * 1e3:.1f} ms/image")
+    reason += (f"; median step {med['step_s'] * 1e3:.0f} ms (phase medians: data {med['data'] * 1e3:.0f}, h2d "
+               f"{med['h2d'] * 1e3:.0f}, compute {med['compute'] * 1e3:.0f} ms; medians need not add up); "
+               f"baseline preprocessing {per_image.median_s * 1e3:.1f} ms/image")
     d = description
     context = (f"{d.get('job', 'job')}: a multimodal policy ({d['model_width']}-channel conv stem, d_model "
                f"{d['d_model']}) trained with PPO, batch {d['batch_size']} of {d['image_size']} px crops from {d['images']} images "
