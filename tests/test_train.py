@@ -91,3 +91,18 @@ def test_classify_host_bound_reason_is_computed_from_the_split():
     label, reason = classify(0.05, 0.1, device_kind="cpu")
     assert label == "device-bound" and "5%" in reason and "same CPU" in reason
     assert classify(0.1, 0.1)[0] == "device-bound"  # at the threshold: not above it
+
+
+@pytest.mark.parametrize("exposed", [i / 100 for i in range(11, 100, 2)])
+def test_classify_advice_follows_its_own_figures_at_every_share(exposed):
+    """Above the threshold the advice names the larger saving: the input from a third of the step on,
+    else a 2x faster compute (issue 11: 'fix the input first' between 10% and 33% contradicted the figures)."""
+    label, reason = classify(exposed, 0.1, device_kind="cuda")
+    assert label == "host-bound"
+    input_saving = 100 * exposed
+    compute_saving = (100 - input_saving) / 2
+    if input_saving >= compute_saving:
+        assert reason.endswith("fix the input first")
+    else:
+        assert "fix the input first" not in reason and "the compute side is the larger lever" in reason
+    assert f"{compute_saving:.0f}%" in reason and f"{input_saving:.0f}%" in reason
