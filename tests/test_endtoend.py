@@ -449,3 +449,11 @@ def test_host_side_optimizations_run_on_cpu_and_see_the_same_samples(data, cpu, 
         assert len(df) == len(index) // TINY.batch_size + 1 and df["value_loss"].notna().all()
     finally:
         job.close()
+
+
+def test_the_target_sentence_says_which_condition_decided():
+    """A 9.57x speedup on a 29%-exposed baseline is not a failure: the target does not apply (issue 11)."""
+    s = e2e.target_sentence(9.57, 0.29)
+    assert "does not apply" in s and "9.57x" in s and "29%" in s and "not met" not in s and "NOT" not in s
+    assert e2e.target_sentence(3.0, 0.8).endswith(": met (3.00x, baseline exposed 80%)")
+    assert ": not met (2.00x" in e2e.target_sentence(2.0, 0.8)
