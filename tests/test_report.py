@@ -558,3 +558,16 @@ def test_record_values_units_severity_time_iqr_and_folded_sweeps(tmp_path):
     assert md.count("| allreduce |") == 3  # first/min, max, last
     assert "allreduce busbw: 26 rows folded to first, last, min and max" in md
     assert "shown" not in md.split("Records (")[1].split(")")[0]
+
+
+@pytest.mark.parametrize("value, low, high, expected", [
+    (1.39, 0.06, 31.43, "host-bound baseline → no measurable speedup end to end (1.39x, 95% CI 0.06–31.43)"),
+    (0.80, 0.70, 0.90, "host-bound baseline → slower end to end: 0.80x (95% CI 0.70–0.90)"),
+    (2.10, 1.50, 2.50, "host-bound baseline → 2.10x faster end to end (95% CI 1.50–2.50)"),
+])
+def test_the_headline_calls_a_speedup_only_what_its_interval_supports(tmp_path, value, low, high, expected):
+    _store(tmp_path, "01_baseline_profiling").verdict(metric="exposed_input_fraction", value=0.7, unit="fraction",
+                                                      recommendation="host-bound", reason="r")
+    _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=value, unit="x", recommendation="leave off",
+                                        reason="r", spread={"ci_low": low, "ci_high": high, "confidence": 0.95})
+    assert overall_verdict(collect(tmp_path)) == expected

@@ -504,7 +504,8 @@ def overall_verdict(report: Report) -> str:
     """One sentence for the top of the report: the baseline's state and, if measured, the end-to-end speedup.
 
     Examples: ``"host-bound baseline → 2.71x faster end to end (95% CI 2.5–2.9)"``;
-    ``"host-bound baseline (exposed input 67% of each step); end to end not measured yet"``.
+    ``"host-bound baseline → no measurable speedup end to end (1.39x, 95% CI 0.06–31.43)"`` (an interval that
+    includes 1); ``"host-bound baseline (exposed input 67% of each step); end to end not measured yet"``.
     """
     by_num = {s.number: s for s in report.sections}
     base = by_num[_BASELINE_NUMBER].verdict if _BASELINE_NUMBER in by_num else None
@@ -517,6 +518,14 @@ def overall_verdict(report: Report) -> str:
         spread = _spread_text(e2e.get("spread"), e2e.get("unit"))
         unit = e2e.get("unit") or ""
         amount = f"{e2e['value']:.2f}x" if unit == "x" else _fmt_value(e2e["value"], unit)
+        interval = e2e.get("spread") if isinstance(e2e.get("spread"), dict) else {}
+        low, high = interval.get("ci_low"), interval.get("ci_high")
+        if unit == "x" and _is_num(high) and high < 1.0:
+            return f"{state} → slower end to end: {amount}" + (f" ({spread})" if spread else "")
+        if unit == "x" and (not _is_num(low) or low <= 1.0):
+            # an interval that includes 1 (or none at all) is not a measured speedup: never print "N x faster"
+            return (f"{state} → no measurable speedup end to end ({amount}" + (f", {spread}" if spread else "")
+                    + ")")
         return f"{state} → {amount} faster end to end" + (f" ({spread})" if spread else "")
     if base:
         if _is_num(base.get("value")) and base.get("unit") == "fraction":
