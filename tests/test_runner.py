@@ -183,6 +183,13 @@ def test_cli_rejects_unknown_device_and_notebook():
     assert not Path("/tmp/never-created-run-folder/run.json").exists()
 
 
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_cli_rejects_a_timeout_that_is_not_finite_before_work(tmp_path, value):
+    p = _cli("run", "--timeout", value, "--only", "00", "--out", str(tmp_path / "run"))
+    assert p.returncode == 2 and "--timeout must be a positive, finite number" in p.stderr
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
 def test_cli_unusable_device_says_why(tmp_path):
     p = _cli("run", "--device", "npu", "--out", str(tmp_path / "run"))
     assert p.returncode == 2
@@ -204,7 +211,7 @@ def test_resume_refuses_options_that_differ_from_the_run(tmp_path):
         executor=lambda nb, **kw: None, device_checker=_fake_device)
 
 
-@pytest.mark.parametrize("timeout", [0, -5])
+@pytest.mark.parametrize("timeout", [0, -5, float("nan"), float("inf"), float("-inf")])
 def test_timeout_must_be_positive(tmp_path, timeout):
     with pytest.raises(ParameterError, match="--timeout"):
         run(RunOptions(out=tmp_path / "run", timeout_s=timeout), echo=lambda s: None,

@@ -423,8 +423,10 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
     os.environ.setdefault("WORKBOOK_HEADLESS", "1")
     all_nbs = discover_notebooks(notebooks_folder)
 
-    if not options.timeout_s or options.timeout_s <= 0:
-        raise ParameterError(f"--timeout must be a positive number of seconds, got {options.timeout_s!r}")
+    if (isinstance(options.timeout_s, bool) or not isinstance(options.timeout_s, (int, float))
+            or not math.isfinite(options.timeout_s) or options.timeout_s <= 0):
+        raise ParameterError(f"--timeout must be a positive, finite number of seconds (a cell's limit), got "
+                             f"{options.timeout_s!r}")
     if options.data_dir and not Path(options.data_dir).is_dir():
         raise ParameterError(f"--data-dir: {options.data_dir!r} is not a folder; pass a folder of images")
     if options.resume:
