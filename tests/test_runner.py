@@ -248,3 +248,25 @@ def test_data_dir_too_small_for_a_batch_fails_before_work(tmp_path):
     with pytest.raises(ParameterError, match="no image files"):
         run(RunOptions(out=tmp_path / "run", data_dir=str(empty)), echo=lambda s: None,
             executor=lambda nb, **kw: None, device_checker=_fake_device)
+
+
+def test_a_cell_timeout_names_the_cell_the_limit_and_the_option(tmp_path):
+    """nbclient's CellTimeoutError ends in a line of dashes; the run records what a user needs (issue 11)."""
+    import nbformat
+    from nbclient.exceptions import CellTimeoutError
+
+    from helpers.workbook.runner import _error_info
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t"),
+                                         nbformat.v4.new_code_cell("x = 1"),
+                                         nbformat.v4.new_code_cell("import time\ntime.sleep(100)")])
+    path = tmp_path / "01_baseline_profiling.ipynb"
+    nbformat.write(nb, path)
+    exc = CellTimeoutError.error_from_timeout_and_cell("Cell execution timed out", 30, nb.cells[2])
+    assert str(exc).strip().splitlines()[-1].startswith("-----")  # what the runner used to keep
+    info = _error_info(exc, str(path))
+    assert info["type"] == "CellTimeoutError" and info["cell_index"] == 2 and info["limit_s"] == 30
+    assert "cell 2 (`import time`)" in info["message"] and "--timeout" in info["message"]
+    assert "-----" not in info["message"]
+    # without the notebook file the first line still names the cell
+    assert "the cell starting `import time`" in _error_info(exc)["message"]

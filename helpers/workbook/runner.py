@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import nbformat
 import yaml
 
 from helpers import checklist
@@ -341,7 +343,47 @@ def _command() -> str:
     return f"{exe} -m helpers"
 
 
-def _error_info(exc: BaseException) -> dict:
+#: nbclient's CellTimeoutError message (nbclient.exceptions.timeout_err_msg): the limit and a preview of the cell
+#: between two lines of dashes; it carries no structured fields, so these are read from it.
+_CELL_TIMEOUT_RE = re.compile(r"timed out while it was being executed, after (\d+) seconds")
+
+
+def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
+    """For a cell timeout: which cell (number and first line), the limit in effect and the option that raises it."""
+    text = str(exc)
+    m = _CELL_TIMEOUT_RE.search(text)
+    if m is None:
+        return None
+    limit = int(m.group(1))
+    parts = text.split("-------------------")
+    preview = parts[1].strip() if len(parts) >= 3 else ""
+    first = next((line.strip() for line in preview.splitlines() if line.strip()), "")
+    index = None
+    if notebook and first:
+        try:
+            cells = nbformat.read(notebook, as_version=4).cells
+        except (OSError, ValueError):
+            cells = []
+        for i, cell in enumerate(cells):
+            if cell.cell_type == "code" and cell.source.strip().startswith(first.strip("[]'\"")):
+                index = i
+                break
+    where = f"cell {index} (`{first}`)" if index is not None else (f"the cell starting `{first}`" if first
+                                                                   else "a cell")
+    info = {"type": "CellTimeoutError", "limit_s": limit,
+            "message": (f"{where} ran past the per-cell limit of {limit} s; raise it with --timeout S "
+                        f"(python -m helpers run --timeout {limit * 2} ...), or use a smaller --profile")}
+    if index is not None:
+        info["cell_index"] = index
+    if first:
+        info["cell_source"] = first[:1000]
+    return info
+
+
+def _error_info(exc: BaseException, notebook: str | None = None) -> dict:
+    timeout = _cell_timeout_info(exc, notebook)
+    if timeout is not None:
+        return timeout
     info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[-1][:500] if str(exc).strip() else ""}
     for attr in ("ename", "evalue", "cell_index", "exec_count"):
         if hasattr(exc, attr):
@@ -505,7 +547,7 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
                 raise
             except Exception as exc:  # a failing notebook must not stop the others
                 nb.status = "failed"
-                nb.error = _error_info(exc)
+                nb.error = _error_info(exc, nb.input)
             nb.duration_s = round(time.perf_counter() - t0, 2)
             state.save(run_dir)
             line = f"[{i}/{len(state.notebooks)}] {nb.id}: {nb.status} in {nb.duration_s:.1f} s"
