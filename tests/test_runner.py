@@ -270,3 +270,28 @@ def test_a_cell_timeout_names_the_cell_the_limit_and_the_option(tmp_path):
     assert "-----" not in info["message"]
     # without the notebook file the first line still names the cell
     assert "the cell starting `import time`" in _error_info(exc)["message"]
+
+
+def test_a_run_folder_is_used_by_one_runner_at_a_time(tmp_path):
+    """A second --resume of the same run stops at once, naming the other runner; a killed holder's lock is gone."""
+    out = tmp_path / "run"
+    run(RunOptions(profile="smoke", out=out, only=("00",)), echo=lambda s: None,
+        executor=lambda nb, **kw: None, device_checker=_fake_device)
+    # another live process holds the lock: a child that takes it and waits
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; from pathlib import Path; "
+                               "from helpers.workbook.runner import lock_run_dir; "
+                               f"h = lock_run_dir(Path({str(out)!r})); print('locked', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        ran = []
+        with pytest.raises(ParameterError, match=rf"in use by another runner \(pid {holder.pid}"):
+            run(RunOptions(resume=True, out=out), echo=lambda s: None,
+                executor=lambda nb, **kw: ran.append(nb.id), device_checker=_fake_device)
+        assert ran == []  # nothing ran, nothing was written twice
+    finally:
+        holder.kill()  # like kill -9: the kernel drops its lock
+        holder.wait()
+    run(RunOptions(resume=True, out=out), echo=lambda s: None, executor=lambda nb, **kw: None,
+        device_checker=_fake_device)

@@ -36,6 +36,11 @@ from typing import Callable, Sequence
 import nbformat
 import yaml
 
+try:  # POSIX advisory locks for the run folder (lock_run_dir); absent on Windows
+    import fcntl
+except ImportError:  # pragma: no cover - not a POSIX system
+    fcntl = None
+
 from helpers import checklist
 from helpers.errors import DeviceUnavailableError, ParameterError
 from helpers.fsutil import ensure_writable_dir
@@ -437,6 +442,42 @@ def execute_notebook(nb: NotebookRun, *, timeout_s: float, progress: bool) -> No
         )
 
 
+#: The advisory lock a runner holds on its run folder for the run's life (see :func:`lock_run_dir`).
+LOCK_FILE = ".runner.lock"
+
+
+def lock_run_dir(run_dir: Path):
+    """Take the run folder's lock, so that one runner at a time writes it; return the open lock file.
+
+    The lock is an exclusive ``fcntl.flock`` on ``<run folder>/.runner.lock``, held while the returned file
+    is open. The kernel drops it when the holder exits in any way (kill -9 included), so a lock left by a
+    killed runner is no lock: the next runner takes it over. The file names the holder (pid, start time).
+
+    Raises
+    ------
+    ParameterError
+        If another live runner holds the folder; the message names its process.
+    """
+    path = Path(run_dir) / LOCK_FILE
+    handle = open(path, "a+")
+    if fcntl is None:  # not a POSIX system: no advisory locks; say so once per run
+        log.warning("no file locking on this system: make sure one runner at a time uses %s", run_dir)
+        return handle
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ParameterError(f"{run_dir} is in use by another runner ({holder}); wait for it to finish, or "
+                             "choose another folder with --out") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}, started {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}")
+    handle.flush()
+    return handle
+
+
 def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         executor: Callable[..., None] = execute_notebook,
         device_checker: Callable[[str], str] = check_device,
@@ -488,6 +529,7 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         if conflicts:
             raise ParameterError("--resume continues a run with its own options; drop "
                                  + ", ".join(conflicts) + ", or start a new run without --resume")
+        lock = lock_run_dir(run_dir)  # before anything is read for writing: a second --resume stops here
         echo(f"Resuming {run_dir} (profile {state.profile}, device {state.device})")
         profile, device = state.profile, state.device
         resolved = device_checker(device)
@@ -513,6 +555,11 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             _check_data_dir_fills_batches(Path(options.data_dir), entries)
         resolved = device_checker(device)
         _prepare_dir(run_dir)
+        lock = lock_run_dir(run_dir)
+        if (run_dir / RUN_FILE).exists():  # another runner created the run while this one validated
+            lock.close()
+            raise ParameterError(f"--out: {run_dir} already holds a run; add --resume to continue it, "
+                                 "or choose a new folder")
         state = RunState(run_dir=str(run_dir), profile=profile, device=device,
                          resolved_device=resolved, only=list(options.only or ()),
                          started=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -575,4 +622,6 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         except Exception as exc:  # the report must never lose the run
             log.exception("could not write the report")
             echo(f"Report could not be written: {type(exc).__name__}: {exc}")
+        finally:
+            lock.close()
     return run_dir, state
