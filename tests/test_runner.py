@@ -295,3 +295,32 @@ def test_a_run_folder_is_used_by_one_runner_at_a_time(tmp_path):
         holder.wait()
     run(RunOptions(resume=True, out=out), echo=lambda s: None, executor=lambda nb, **kw: None,
         device_checker=_fake_device)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_run_like_ctrl_c(tmp_path):
+    """SIGTERM: the kernel is stopped, run.json says interrupted, the report is written, exit status 130."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "helpers", "run", "--profile", "smoke", "--device", "cpu",
+                             "--only", "05", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            state = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+            if any(n.get("status") == "running" for n in state.get("notebooks", [])):
+                break
+            time.sleep(0.2)
+        time.sleep(2.0)  # the kernel is executing cells
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    state = json.loads((out / "run.json").read_text())
+    assert state["status"] == "interrupted" and state["notebooks"][0]["status"] == "interrupted"
+    assert (out / "report.html").is_file()

@@ -26,8 +26,10 @@ import logging
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -446,6 +448,24 @@ def execute_notebook(nb: NotebookRun, *, timeout_s: float, progress: bool) -> No
 LOCK_FILE = ".runner.lock"
 
 
+def _sigterm_as_interrupt(signum, frame) -> None:
+    """SIGTERM (a scheduler, ``kill``, a container stop) stops the run as Ctrl-C does: kernel stopped, state kept."""
+    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+
+@contextlib.contextmanager
+def _terminate_like_interrupt():
+    """While the run executes, turn SIGTERM into KeyboardInterrupt (main thread only; restored afterwards)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def lock_run_dir(run_dir: Path):
     """Take the run folder's lock, so that one runner at a time writes it; return the open lock file.
 
@@ -476,6 +496,37 @@ def lock_run_dir(run_dir: Path):
     handle.write(f"pid {os.getpid()}, started {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}")
     handle.flush()
     return handle
+
+
+def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions, echo, progress: bool) -> None:
+    """Run each notebook of ``state`` not yet "ok", in order, recording its status, duration and error."""
+    for i, nb in enumerate(state.notebooks, 1):
+        if nb.status == "ok":
+            continue
+        drop_records(run_dir / RESULTS_FILE, nb.id)
+        echo(f"[{i}/{len(state.notebooks)}] {nb.id} ...")
+        nb.status, nb.error = "running", None
+        state.save(run_dir)
+        t0 = time.perf_counter()
+        try:
+            executor(nb, timeout_s=math.ceil(options.timeout_s), progress=progress)
+            nb.status = "ok"
+        except KeyboardInterrupt:
+            nb.status = "interrupted"
+            nb.duration_s = round(time.perf_counter() - t0, 2)
+            raise
+        except Exception as exc:  # a failing notebook must not stop the others
+            nb.status = "failed"
+            nb.error = _error_info(exc, nb.input)
+        nb.duration_s = round(time.perf_counter() - t0, 2)
+        state.save(run_dir)
+        line = f"[{i}/{len(state.notebooks)}] {nb.id}: {nb.status} in {nb.duration_s:.1f} s"
+        if nb.error:
+            count, cell = nb.error.get("exec_count"), nb.error.get("cell_index")
+            where = f"In [{count}]" if count is not None else (f"cell {cell}" if cell is not None else "")
+            message = nb.error["message"].split("\n")[0][:300]
+            line += f" — {message}" + (f" ({where}; log: logs/{nb.id}.log)" if where else "")
+        echo(line)
 
 
 def run(options: RunOptions, *, echo: Callable[[str], None] = print,
@@ -577,33 +628,8 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
     state.status = "running"
     state.save(run_dir)
     try:
-        for i, nb in enumerate(state.notebooks, 1):
-            if nb.status == "ok":
-                continue
-            drop_records(run_dir / RESULTS_FILE, nb.id)
-            echo(f"[{i}/{len(state.notebooks)}] {nb.id} ...")
-            nb.status, nb.error = "running", None
-            state.save(run_dir)
-            t0 = time.perf_counter()
-            try:
-                executor(nb, timeout_s=math.ceil(options.timeout_s), progress=progress)
-                nb.status = "ok"
-            except KeyboardInterrupt:
-                nb.status = "interrupted"
-                nb.duration_s = round(time.perf_counter() - t0, 2)
-                raise
-            except Exception as exc:  # a failing notebook must not stop the others
-                nb.status = "failed"
-                nb.error = _error_info(exc, nb.input)
-            nb.duration_s = round(time.perf_counter() - t0, 2)
-            state.save(run_dir)
-            line = f"[{i}/{len(state.notebooks)}] {nb.id}: {nb.status} in {nb.duration_s:.1f} s"
-            if nb.error:
-                count, cell = nb.error.get("exec_count"), nb.error.get("cell_index")
-                where = f"In [{count}]" if count is not None else (f"cell {cell}" if cell is not None else "")
-                message = nb.error["message"].split("\n")[0][:300]
-                line += f" — {message}" + (f" ({where}; log: logs/{nb.id}.log)" if where else "")
-            echo(line)
+        with _terminate_like_interrupt():
+            _execute_all(state, run_dir, executor, options, echo, progress)
     except KeyboardInterrupt:
         state.status = "interrupted"
         echo(f"Interrupted: what finished is kept. Continue with:\n  {_command()} run --resume --out {run_dir}\n"
