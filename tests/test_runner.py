@@ -218,11 +218,20 @@ def test_timeout_must_be_positive(tmp_path, timeout):
             executor=lambda nb, **kw: None, device_checker=_fake_device)
 
 
+def _photos(folder, n, *, broken=0):
+    """n small real JPEGs and `broken` files that only look like JPEGs."""
+    from PIL import Image
+
+    for i in range(n):
+        Image.new("RGB", (40, 30), (i * 20 % 255, 80, 160)).save(folder / f"{i}.jpg", quality=90)
+    for i in range(broken):
+        (folder / f"bad{i}.jpg").write_bytes(b"not a JPEG at all" if i % 2 else b"")
+
+
 def test_data_dir_reaches_the_notebooks_that_take_it(tmp_path):
     data = tmp_path / "photos"
     data.mkdir()
-    for i in range(8):  # as many as the smoke profile's batch_size
-        (data / f"{i}.jpg").write_bytes(b"decoded by the notebooks, not by the runner")
+    _photos(data, 8)  # as many as the smoke profile's batch_size
     seen = {}
     run(RunOptions(profile="smoke", out=tmp_path / "run", data_dir=str(data)), echo=lambda s: None,
         executor=lambda nb, **kw: seen.update({nb.id: nb.parameters}), device_checker=_fake_device)
@@ -236,10 +245,10 @@ def test_data_dir_reaches_the_notebooks_that_take_it(tmp_path):
 def test_data_dir_too_small_for_a_batch_fails_before_work(tmp_path):
     data = tmp_path / "few"
     data.mkdir()
-    for i in range(3):
-        (data / f"{i}.jpg").write_bytes(b"not checked here")
+    _photos(data, 3)
     called = []
-    with pytest.raises(ParameterError, match=r"3 image file\(s\), fewer than one batch of 01_baseline_profiling"):
+    with pytest.raises(ParameterError, match=r"3 image file\(s\), of which 3 decode and 0 do not: fewer than one "
+                                             r"batch of 01_baseline_profiling"):
         run(RunOptions(profile="quick", out=tmp_path / "run", data_dir=str(data)), echo=lambda s: None,
             executor=lambda nb, **kw: called.append(nb.id), device_checker=_fake_device)
     assert called == [] and not (tmp_path / "run").exists()
@@ -324,3 +333,19 @@ def test_sigterm_stops_the_run_like_ctrl_c(tmp_path):
     state = json.loads((out / "run.json").read_text())
     assert state["status"] == "interrupted" and state["notebooks"][0]["status"] == "interrupted"
     assert (out / "report.html").is_file()
+
+
+def test_a_folder_of_broken_images_stops_before_work_with_the_reasons(tmp_path):
+    """Enough files by name, none decodes: stopped in the pre-check, each reason named (issue 11)."""
+    data = tmp_path / "broken"
+    data.mkdir()
+    _photos(data, 0, broken=8)
+    called = []
+    with pytest.raises(ParameterError, match=r"8 image file\(s\), of which 0 decode and 8 do not \(bad0.jpg: "):
+        run(RunOptions(profile="smoke", out=tmp_path / "run", data_dir=str(data)), echo=lambda s: None,
+            executor=lambda nb, **kw: called.append(nb.id), device_checker=_fake_device)
+    assert called == [] and not (tmp_path / "run").exists()
+    _photos(data, 8)  # now enough good ones beside the bad: the run goes ahead (the notebooks skip the bad)
+    run(RunOptions(profile="smoke", out=tmp_path / "run", data_dir=str(data)), echo=lambda s: None,
+        executor=lambda nb, **kw: called.append(nb.id), device_checker=_fake_device)
+    assert "01_baseline_profiling" in called

@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
 from helpers import checklist
 from helpers.errors import DeviceUnavailableError, ParameterError
 from helpers.fsutil import ensure_writable_dir
-from helpers.pipeline.images import IMAGE_SUFFIXES
+from helpers.pipeline.images import IMAGE_SUFFIXES, scan_images
 from helpers.specs import DEVICE_CHOICES, PROFILES, spec_for, validate_notebook_params
 from helpers.workbook.paths import notebooks_dir, runs_dir
 from helpers.workbook.report import write_report
@@ -267,26 +267,39 @@ def check_device(device: str, *, timeout_s: float = 300.0) -> str:
 def _check_data_dir_fills_batches(data_dir: Path, entries: Sequence[NotebookRun]) -> None:
     """Reject a --data-dir that cannot fill one batch of some notebook, before any work.
 
-    Counts candidate image files by suffix (cheap; the notebooks still scan
-    and skip bad files), so this catches the certain failures only.
+    Candidate files are found by suffix, then decoded (:func:`helpers.pipeline.images.scan_images`) in sorted
+    order only until the largest batch any selected notebook needs is filled: a folder of thousands of good
+    images costs a few dozen decodes here, while a folder whose files are all broken is stopped with their
+    reasons instead of failing in every data notebook one by one. The notebooks still scan and skip bad files.
     """
-
-    n = sum(1 for p in data_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
-            and not any(part.startswith(".") for part in p.relative_to(data_dir).parts))
-    if n == 0:
+    files = sorted(p for p in data_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+                   and not any(part.startswith(".") for part in p.relative_to(data_dir).parts))
+    if not files:
         raise ParameterError(f"--data-dir: {data_dir} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
-    too_big = {}
+    needs = {}
     for e in entries:
         if "data_dir" not in e.parameters:
             continue  # the notebook does not read images
         params = validate_notebook_params(e.id, e.parameters)  # defaults filled in
-        if params.get("batch_size", 0) > n:
-            too_big[e.id] = params["batch_size"]
-    if too_big:
-        worst = ", ".join(f"{k} (batch_size {v})" for k, v in too_big.items())
-        raise ParameterError(
-            f"--data-dir: {data_dir} holds {n} image file(s), fewer than one batch of {worst}; add images, or "
-            "lower batch_size for those notebooks in notebooks/profiles/<profile>.yaml, or use a smaller profile")
+        needs[e.id] = int(params.get("batch_size", 1))
+    if not needs:
+        return
+    need = max(needs.values())
+    good, bad = 0, []
+    chunk = max(need, 32)
+    for start in range(0, len(files), chunk):
+        report = scan_images(files[start:start + chunk])
+        good += len(report.good)
+        bad += list(report.bad)
+        if good >= need:
+            return
+    too_big = {nb: b for nb, b in needs.items() if b > good}
+    worst = ", ".join(f"{k} (batch_size {v})" for k, v in too_big.items())
+    reasons = "; ".join(f"{f.path.name}: {f.reason}" for f in bad[:10]) + (" ..." if len(bad) > 10 else "")
+    raise ParameterError(
+        f"--data-dir: {data_dir} holds {len(files)} image file(s), of which {good} decode and {len(bad)} do not"
+        + (f" ({reasons})" if bad else "") + f": fewer than one batch of {worst}; add or repair images, or "
+        "lower batch_size for those notebooks in notebooks/profiles/<profile>.yaml, or use a smaller profile")
 
 
 def new_run_dir(profile: str, device: str) -> Path:
