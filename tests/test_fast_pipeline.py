@@ -424,3 +424,23 @@ def test_tokenize_share_is_over_the_host_batch_time(dataset, monkeypatch):
     measured = bench.tokenize_share()
     assert not calls, "measured on its own, the batched time is that of the host batch (dataset[indices])"
     assert measured["host_s"] > 0 and measured["baseline_s"] > 0
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_persistent_workers_draw_each_epochs_augmentations(index, tokenizer, persistent):
+    """With persistent workers the main process's set_epoch never reaches them; the epoch tag on each batch does.
+    Before the fix every epoch repeated epoch 0's crops and flips (issue 11)."""
+    ds = F.BatchedDataset(index, tokenizer, image_size=S, text_len=L, seed=4, threads=1)
+    sampler = sampler_mod.batch_sampler(len(index), 4, seed=1)
+    loader = DataLoader(ds, batch_size=None, sampler=sampler, num_workers=1, persistent_workers=persistent,
+                        timeout=120)
+    try:
+        for epoch in range(2):
+            ds.set_epoch(epoch)  # what the loop does; it reaches only the main process's copy
+            for batch_indices, got in zip(sampler.batches(epoch), loader):
+                ref = F.BatchedDataset(index, tokenizer, image_size=S, text_len=L, seed=4, threads=1)
+                ref.set_epoch(epoch)
+                assert torch.equal(got["image"], ref[batch_indices]["image"]), (epoch, batch_indices)
+                ref.close()
+    finally:
+        ds.close()

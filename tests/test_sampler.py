@@ -43,3 +43,17 @@ def test_bad_sizes_are_rejected():
         EpochBatchSampler(0, 2, num_batches=1)
     with pytest.raises(ParameterError, match="batch_size"):
         EpochBatchSampler(5, 0)
+
+
+def test_each_batch_carries_its_epoch_and_keeps_it_through_pickling():
+    import pickle
+
+    from helpers.pipeline.sampler import EpochIndices, batch_epoch
+
+    s = EpochBatchSampler(8, 4, seed=2)
+    first, second = list(s), list(s)
+    assert {b.epoch for b in first} == {0} and {b.epoch for b in second} == {1}
+    back = pickle.loads(pickle.dumps(second[0]))
+    assert isinstance(back, EpochIndices) and back == second[0] and back.epoch == 1
+    assert [b.epoch for b in EpochBatchSampler(5, 2, num_batches=4)] == [0, 0, 0, 1]  # the 3rd spans epochs 0-1
+    assert batch_epoch([1, 2], 7) == 7 and batch_epoch(back, 7) == 1

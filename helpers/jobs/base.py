@@ -132,6 +132,9 @@ class PerItemBatches:
             self.dataset.set_epoch(epoch)
 
     def __getitem__(self, indices):
+        epoch = getattr(indices, "epoch", None)  # tagged by the batch sampler: reaches persistent workers
+        if epoch is not None and hasattr(self.dataset, "set_epoch") and getattr(self.dataset, "epoch", None) != epoch:
+            self.dataset.set_epoch(epoch)
         return self.collate([self.dataset[int(i)] for i in indices])
 
 

@@ -101,7 +101,7 @@ from helpers.pipeline.decode import (
     usable_cores,
 )
 from helpers.pipeline.images import BadImage
-from helpers.pipeline.sampler import check_int
+from helpers.pipeline.sampler import batch_epoch, check_int
 from helpers.pipeline.text import encode_batch, encode_one
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -441,7 +441,9 @@ class BatchedDataset:
         """Select the epoch whose augmentations ``__getitem__`` draws.
 
         With ``persistent_workers=True`` the workers hold their own copy of
-        the dataset, so this call does not reach them.
+        the dataset, so this call does not reach them; the epoch a batch of
+        :class:`helpers.pipeline.sampler.EpochBatchSampler` is tagged with does
+        (``__getitem__`` reads it).
 
         Parameters
         ----------
@@ -580,6 +582,7 @@ class BatchedDataset:
         IndexError
             For an index out of range.
         """
+        self.epoch = batch_epoch(indices, self.epoch)  # the epoch reaches persistent workers with the batch
         import torch
 
         start = time.perf_counter()

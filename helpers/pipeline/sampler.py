@@ -17,7 +17,7 @@ import numpy as np
 
 from helpers.errors import DataError, ParameterError
 
-__all__ = ["EpochBatchSampler", "batch_sampler", "check_int"]
+__all__ = ["EpochBatchSampler", "EpochIndices", "batch_epoch", "batch_sampler", "check_int"]
 
 
 def check_int(name: str, value, minimum: int) -> int:
@@ -33,8 +33,39 @@ def check_int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
+class EpochIndices(list):
+    """A batch's item indices, tagged with the epoch they belong to.
+
+    DataLoader workers receive the sampler's batches through their index queue, pickled; the tag travels
+    with them, so a dataset read in a worker can draw that epoch's augmentations even when the workers are
+    persistent and never see the main process's ``set_epoch`` (pytorch/pytorch#97326, the repeated-epoch
+    failure of ``persistent_workers=True``).
+
+    Attributes
+    ----------
+    epoch : int
+        The epoch of the sampler's order this batch comes from.
+    """
+
+    def __init__(self, indices, epoch: int) -> None:
+        super().__init__(indices)
+        self.epoch = int(epoch)
+
+    def __reduce__(self):
+        return (EpochIndices, (list(self), self.epoch))
+
+
+def batch_epoch(indices, default: int) -> int:
+    """The epoch a batch of indices is tagged with (:class:`EpochIndices`), else ``default``."""
+    epoch = getattr(indices, "epoch", None)
+    return default if epoch is None else int(epoch)
+
+
 class EpochBatchSampler:
     """Batches of indices, shuffled per epoch from ``(seed, epoch)``; usable as a DataLoader sampler.
+
+    Each batch is an :class:`EpochIndices` (a list tagged with its epoch), so datasets read in persistent
+    DataLoader workers draw the right epoch's augmentations.
 
     Each iteration yields the batches of one epoch; once it has yielded them
     all, the sampler moves to the next epoch, so re-iterating a DataLoader (as
@@ -104,16 +135,19 @@ class EpochBatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         epoch = self.epoch
         if self.num_batches is not None:
-            need, items, e = self.num_batches * self.batch_size, [], epoch
+            need, items, epochs, e = self.num_batches * self.batch_size, [], [], epoch
             while len(items) < need:
-                items.extend(self.order(e).tolist())
+                order = self.order(e).tolist()
+                items.extend(order)
+                epochs.extend([e] * len(order))
                 e += 1
             for s in range(0, need, self.batch_size):
-                yield items[s: s + self.batch_size]
+                yield EpochIndices(items[s: s + self.batch_size], epochs[s])
             if self.epoch == epoch:
                 self.epoch = e
             return
-        yield from self.batches(epoch)
+        for batch in self.batches(epoch):
+            yield EpochIndices(batch, epoch)
         # Move on only once a pass is complete: DataLoader creates (and drops) a sampler
         # iterator more than once when it starts workers, and those must not skip epochs.
         if self.epoch == epoch:
