@@ -25,6 +25,9 @@ _COMMON = (
           hints={"gpu": "cuda", "ascend": "npu"}),
     Param("results_path", str, "", "JSON-lines results file; empty: runs/interactive/results.jsonl"),
     Param("out_dir", str, "", "folder for figures and traces; empty: runs/interactive"),
+    Param("busy_cpu_share", float, 0.25,
+          "share of the cores other processes may take while measuring before the verdict is inconclusive",
+          minimum=0.01, maximum=1.0),
 )
 
 _DATA = (

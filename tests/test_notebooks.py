@@ -14,6 +14,7 @@ import papermill as pm
 import pytest
 
 from helpers.results import load_results, verdicts
+from helpers.verdict import RECOMMENDATIONS
 from helpers.workbook.nbtools import is_check_cell
 from helpers.workbook.runner import RunOptions, discover_notebooks, run
 from helpers.specs import spec_for
@@ -85,7 +86,8 @@ def test_smoke_run_records_a_verdict_per_notebook(smoke_run):
     assert set(verdicts["notebook"]) == {p.stem for p in NOTEBOOKS}
     for _, v in verdicts.iterrows():
         assert v["metric"] and v["unit"] and v["reason"]
-        assert v["recommendation"] in ("enable", "leave off", "not applicable", "host-bound", "device-bound")
+        assert v["recommendation"] in RECOMMENDATIONS  # "inconclusive" when the machine was busy
+        assert isinstance(v["extra"].get("machine"), dict), "every verdict carries the machine's state"
 
 
 @pytest.mark.notebook

@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from helpers import machine
 from helpers.fsutil import ensure_writable_dir
 from helpers.npu_probe import prepare_torch_import
 from helpers.specs import validate_notebook_params
@@ -62,6 +63,34 @@ class NotebookContext:
     out_dir: Path
     probe: Any = None
     figures: list = field(default_factory=list)
+    machine_before: Any = None
+
+    def add_verdict(self, verdict):
+        """Record the notebook's verdict with the machine's state since ``start``; a busy machine makes it inconclusive.
+
+        The check (:func:`helpers.machine.check`, threshold: the ``busy_cpu_share`` parameter) is recorded as
+        an ``experiment="machine state"`` record and in the verdict's ``extra["machine"]``. When other processes
+        took more than that share of the cores, a verdict that decided something becomes "inconclusive",
+        its reason says so first and keeps what was measured, and its action is dropped: noise never prints
+        a confident recommendation. A "not applicable" verdict (nothing measured) is kept.
+
+        Returns
+        -------
+        helpers.results.Record
+        """
+        before = self.machine_before or machine.snapshot()
+        c = machine.check(before, machine.snapshot(),
+                          max_other_cpu_share=float(self.params.get("busy_cpu_share") or machine.MAX_OTHER_CPU_SHARE))
+        self.store.add("machine state", "while measuring", "other_cpu_share", c.other_cpu_share, "fraction", busy=c.busy,
+                       load_per_core=c.load_per_core, seconds=c.seconds, reasons=list(c.reasons))
+        extra = {**dict(verdict.extra), "machine": c.as_dict()}
+        if c.busy and verdict.recommendation != "not applicable":
+            extra["measured_recommendation"] = verdict.recommendation
+            verdict = replace(verdict, recommendation="inconclusive", action=None, extra=extra,
+                              reason=f"{c.sentence()}. What it measured: {verdict.recommendation}: {verdict.reason}")
+        else:
+            verdict = replace(verdict, extra=extra)
+        return self.store.add_verdict(verdict)
 
     @property
     def figures_dir(self) -> Path:
@@ -135,6 +164,6 @@ def start(notebook: str, namespace: Mapping[str, Any], *, need_device: bool = Tr
 
     store = ResultsStore(results_path, notebook=notebook, device=device_name, parameters=params)
     ctx = NotebookContext(notebook=notebook, params=params, acc=acc, store=store, out_dir=out_dir,
-                          probe=probe)
+                          probe=probe, machine_before=machine.snapshot())
     ctx.figures_dir.mkdir(parents=True, exist_ok=True)
     return ctx

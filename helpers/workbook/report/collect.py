@@ -545,10 +545,12 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
     A failed notebook is listed under "Failed" with its error's one-line cause,
     e.g. ``"collectives (RuntimeError: ...)"``, not under "Not measured".
     """
-    groups: dict[str, list[str]] = {"enable": [], "leave off": [], "failed": [], "missing": []}
+    groups: dict[str, list[str]] = {"inconclusive": [], "enable": [], "leave off": [], "failed": [], "missing": []}
     for s in report.sections:
         rec = (s.verdict or {}).get("recommendation")
-        if rec in ("enable", "leave off"):
+        if rec == "inconclusive":
+            groups["inconclusive"].append(s.item)
+        elif rec in ("enable", "leave off"):
             action = _action(s)
             if action:
                 groups[rec].append(action)
@@ -556,7 +558,8 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
             groups["failed"].append(f"{s.item} ({s.cause})" if s.cause else s.item)
         elif s.verdict is None and s.number:
             groups["missing"].append(s.item)
-    labels = {"enable": "Enable on this machine", "leave off": "Leave off (measured: no gain here)",
+    labels = {"inconclusive": "Measured on a busy machine, no verdict (rerun when it is quiet)",
+              "enable": "Enable on this machine", "leave off": "Leave off (measured: no gain here)",
               "failed": "Failed", "missing": "Not measured in this run"}
     return [(labels[k], "; ".join(v)) for k, v in groups.items() if v]
 

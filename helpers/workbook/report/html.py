@@ -39,6 +39,7 @@ tr:nth-child(even) td{background:#fbfbfc}
 .b-device-bound{background:#dbeafe;color:#1e40af;border-color:#93c5fd}
 .b-missing,.b-not-run,.b-did-not-finish,.b-interrupted{background:#fef9c3;color:#854d0e;border-color:#fde047}
 .b-failed{background:#fee2e2;color:#991b1b;border-color:#fca5a5}
+.b-inconclusive{background:#fef3c7;color:#92400e;border-color:#f59e0b}
 .b-no-recommendation{background:#f3f4f6;color:#374151}
 .figs{display:flex;flex-wrap:wrap;gap:0 1.2em;align-items:flex-start}
 figure{margin:.8em 0;max-width:100%}img{max-width:100%;height:auto;border:1px solid #e5e7eb;border-radius:4px}
