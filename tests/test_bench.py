@@ -24,6 +24,7 @@ def test_bench_input_pipeline_prints_the_figures():
     assert set(out["targets"]) == {"preprocess_speedup", "decode_efficiency", "exposed_input_fraction"}
     assert all(isinstance(t["met"], bool) for t in out["targets"].values())
     assert out["device"] == "cpu" and out["profile"] == "smoke"
+    assert isinstance(out["machine"]["busy"], bool) and out["machine_note"]  # the machine's state beside the figures
 
 
 def test_bench_rejects_unknown_benchmark():

@@ -70,6 +70,7 @@ def test_bench_command_prints_the_json_schema(capsys):
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["backend"] == "gloo" and out["world_size"] == 2 and out["device"] == "cpu"
+    assert isinstance(out["machine"]["busy"], bool) and out["machine_note"]  # the machine's state beside it
     sizes = [r["bytes"] for r in out["sizes"]]
     assert sizes[0] == 8 and sizes[-1] == 2**20 and sizes == sorted(sizes)
     for r in out["sizes"]:

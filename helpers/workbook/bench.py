@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any, Callable
 
+from helpers import machine
 from helpers.npu_probe import prepare_torch_import
 from helpers.specs import spec_for, validate_notebook_params
 from helpers.workbook.runner import load_profile
@@ -68,6 +69,7 @@ def input_pipeline(*, profile: str = "quick", device: str = "auto", data_dir: st
 
     kind = get_accelerator(device).kind
     t0 = time.perf_counter()
+    before = machine.snapshot()
     overrides = {"device": kind, "data_dir": data_dir}
     kw_decode = _kwargs_for(input_decode_bench, "02_batched_decode", profile, overrides)
     kw_overlap = _kwargs_for(overlap_bench, "05_stream_overlap", profile, overrides)
@@ -91,7 +93,15 @@ def input_pipeline(*, profile: str = "quick", device: str = "auto", data_dir: st
                       for k, (op, t) in INPUT_PIPELINE_TARGETS.items()}
     out.update(decode=decode, overlap=overlap, profile=profile, device=kind,
                duration_s=round(time.perf_counter() - t0, 2))
+    out.update(_machine_keys(before))
     return out
+
+
+def _machine_keys(before: machine.MachineState) -> dict:
+    """``machine`` (the busy-machine check since ``before``) and ``machine_note`` (its sentence): a figure measured
+    on a busy machine says so beside it (:mod:`helpers.machine`)."""
+    c = machine.check(before, machine.snapshot())
+    return {"machine": c.as_dict(), "machine_note": c.sentence()}
 
 
 def allreduce_bench(*, backend: str = "auto", world_size: int = 2, min_bytes: int = 8, max_size_mib: float = 256,
@@ -127,9 +137,11 @@ def allreduce_bench(*, backend: str = "auto", world_size: int = 2, min_bytes: in
     from helpers.device import get_accelerator
 
     kind = get_accelerator(device).kind
+    before = machine.snapshot()
     out = allreduce_benchmark(backend=backend, world_size=world_size, min_bytes=min_bytes,
                               max_size_mib=max_size_mib, repeats=repeats, warmup=warmup, timeout_s=timeout_s,
                               master_port=master_port, device_kind=kind)
+    out.update(_machine_keys(before))
     return json.dumps(out, indent=2)
 
 
