@@ -32,7 +32,8 @@ GLOSSARY = (
     ("exposed input", "share of a training step in which the computation waits for the input pipeline "
                       "(data loading and the host-to-device copy); above the threshold the job is host-bound"),
     ("recommendation", "what to do on this machine, decided from the measurement: enable, leave off, not "
-                       "applicable; for the baseline: host-bound or device-bound"),
+                       "applicable; for the baseline: host-bound or device-bound; inconclusive when other "
+                       "processes took more than busy_cpu_share of the cores while it measured (rerun when quiet)"),
 )
 
 
