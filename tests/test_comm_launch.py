@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -130,3 +132,42 @@ def test_failed_rank_parser_prefers_root_cause():
             "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 8)\n")
     assert launch.failed_rank(text) == (0, 1)
     assert launch.failed_rank("nothing here") is None
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_launching_process_leaves_no_torchrun_or_rank(tmp_path):
+    """A runner or kernel killed with SIGKILL mid-job: torchrun and every rank die with it (issue 11)."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("from helpers.comm import launch\n"
+            f"launch.run_job('selftest_hang', {{}}, world_size=2, backend='gloo', timeout_s=120, log_dir={str(tmp_path)!r})")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.monotonic() + 60
+        job: list = []
+        def ranks(procs):
+            return [p for p in procs if "helpers.comm.worker" in p[1] and "torch.distributed.run" not in p[1]]
+
+        while time.monotonic() < deadline and len(ranks(job)) < 2:
+            time.sleep(0.3)
+            try:
+                job = [(c.pid, " ".join(c.cmdline())) for c in psutil.Process(parent.pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                break
+        assert len(ranks(job)) == 2 and any("torch.distributed.run" in p[1] for p in job), job
+        time.sleep(1.0)  # the ranks are in the process group, waiting forever
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)
+        alive = job
+        for _ in range(50):
+            alive = [(pid, cmd) for pid, cmd in job if psutil.pid_exists(pid)
+                     and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+            if not alive:
+                break
+            time.sleep(0.2)
+        assert alive == [], alive
+    finally:
+        if parent.poll() is None:
+            parent.kill()
