@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from helpers.process import die_with_parent
 from helpers.device import get_accelerator, usable_cores
 from helpers.errors import DataError, DeviceUnavailableError, ParameterError
 
@@ -291,27 +292,6 @@ def rank_log_tail(rank_logs: str | Path, local_rank: int, *, lines: int = 20) ->
     return ""
 
 
-#: prctl(2) option that asks the kernel to signal a process when its parent exits (Linux <sys/prctl.h>).
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent exits, however the parent exits (kill -9 too).
-
-    Used for torchrun (in the launched child, before it runs) and by every rank (helpers.comm.worker), so that
-    a runner or kernel killed mid-job leaves no torchrun or rank behind holding ports, memory or devices.
-    Linux only (prctl ``PR_SET_PDEATHSIG``); elsewhere a no-op. Errors are ignored: this is a safety net.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # no libc or no prctl: nothing to do
-        return
-
-
 def keep_logs(out: Path, log_dir: str | Path | None, task: str) -> Path | None:
     """Copy ``torchrun.log`` and the per-rank logs of a failed job out of ``out`` to a folder that survives it.
 
@@ -450,7 +430,7 @@ def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backen
         t0 = time.perf_counter()
         with open(log_path, "wb") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=job_env,
-                                    start_new_session=True, preexec_fn=die_with_parent)
+                                    start_new_session=True, preexec_fn=die_with_parent)  # torchrun dies with us
             try:
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:

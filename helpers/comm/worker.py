@@ -28,9 +28,13 @@ import sys
 import time
 from pathlib import Path
 
-from helpers.comm.allreduce import run_allreduce
-from helpers.comm.launch import die_with_parent
-from helpers.comm.rank import RankContext, init_rank
+from helpers.process import die_with_parent
+
+if __name__ == "__main__":  # a rank: die with torchrun, asked before the slow imports below (torch)
+    die_with_parent(parent_must_contain="torch.distributed")
+
+from helpers.comm.allreduce import run_allreduce  # noqa: E402 (after die_with_parent)
+from helpers.comm.rank import RankContext, init_rank  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,6 @@ def run_task(task: str, cfg: dict, rc: RankContext) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of one rank; returns the exit status."""
-    die_with_parent()  # a rank never outlives its torchrun (kill -9 of the runner included)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", required=True)
     p.add_argument("--backend", required=True, choices=("gloo", "nccl", "hccl"))
