@@ -40,7 +40,7 @@ from helpers.device import usable_cores
 from helpers.diagnose.environment import cpu_bf16_support
 from helpers.errors import ParameterError
 from helpers.experiments.training import LearningCheck
-from helpers.jobs.base import StepOptions, Workload
+from helpers.jobs.base import StepOptions, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.pipeline.baseline import IMAGENET_STD
 from helpers.pipeline.loader import LoaderConfig, close_loader
@@ -564,9 +564,7 @@ class JobVariant:
         """Release the dataset's thread pool and the loader's workers."""
         self.loop.batches = None
         close_loader(self.loader)
-        inner = getattr(self.dataset, "close", None)
-        if inner is not None:
-            inner()
+        close_dataset(self.dataset)
 
 
 class _Transfer:

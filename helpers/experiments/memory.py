@@ -45,7 +45,7 @@ from helpers.compute.memory import (
 )
 from helpers.device import Accelerator, get_accelerator
 from helpers.errors import ParameterError
-from helpers.jobs.base import Workload
+from helpers.jobs.base import Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.pipeline.prepare import prepare_data
 from helpers.timing import measure
@@ -141,7 +141,7 @@ def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2) -> Ca
         decoded = dataset[list(range(len(dataset)))]
         pool = {k: decoded[k].clone() for k in ("image", "tokens", "label")}  # the image buffer is reused
     finally:
-        getattr(dataset, "close", lambda: None)()
+        close_dataset(dataset)
     n_items = len(pool["label"])
 
     def make_step(batch_size: int) -> Callable[[], Any]:

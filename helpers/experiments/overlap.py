@@ -36,7 +36,7 @@ from helpers import checklist
 from helpers.compute.train import TimedLoop, epochs
 from helpers.device import Accelerator, get_accelerator, usable_cores
 from helpers.errors import DataError, ParameterError
-from helpers.jobs.base import WORKLOAD_PARAMS, Workload
+from helpers.jobs.base import WORKLOAD_PARAMS, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.pipeline.loader import LoaderConfig, close_loader
 from helpers.pipeline.prefetch import ConsumerStreamSync, DevicePrefetcher, RecordingLoader, prefetched
@@ -529,7 +529,7 @@ def run_overlap_variant(job: PPOJob, acc: Accelerator, *, label: str, steps: int
     finally:
         torch.set_num_threads(previous_threads)
         close_loader(loader)
-        getattr(dataset, "close", lambda: None)()
+        close_dataset(dataset)
     batches = recorder.frame()
     copies = source.copy_frame() if source is not None else None
     copy_s = copies["duration_s"].tolist() if copies is not None else run.steps["h2d"].tolist()

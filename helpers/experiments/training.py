@@ -18,7 +18,7 @@ import torch
 from helpers.compute.amp import tail_relative_difference
 from helpers.compute.train import TimedLoop, TrainRun, epochs
 from helpers.errors import ParameterError
-from helpers.jobs.base import Job, StepOptions
+from helpers.jobs.base import Job, StepOptions, close_dataset
 from helpers.pipeline.loader import LoaderConfig, close_loader
 
 __all__ = ["LearningCheck", "TimedJob", "fixed_batches", "learning_check", "percent", "prepare_job", "time_job"]
@@ -50,9 +50,7 @@ class TimedJob:
     def close(self) -> None:
         """Stop the loader's workers and release the dataset's threads."""
         close_loader(self.loader)
-        inner = getattr(self.dataset, "close", None)
-        if inner is not None:
-            inner()
+        close_dataset(self.dataset)
 
 
 def _pipeline(job: Job, pipeline: str | None, default: str) -> str:
@@ -165,9 +163,7 @@ def fixed_batches(job: Job, acc, n: int, *, pipeline: str | None = None, epoch: 
             out.append(_clone(job.to_device(dataset[indices], acc, options=options)))
         return out
     finally:
-        close = getattr(dataset, "close", None)
-        if close is not None:
-            close()
+        close_dataset(dataset)
 
 
 def _clone(batch: Any) -> Any:

@@ -22,7 +22,7 @@ from helpers.errors import ParameterError
 from helpers.pipeline.baseline import collate_batch
 from helpers.pipeline.loader import LoaderConfig, make_loader
 
-__all__ = ["Job", "PerItemBatches", "StepOptions", "Workload", "WORKLOAD_PARAMS"]
+__all__ = ["Job", "PerItemBatches", "StepOptions", "Workload", "WORKLOAD_PARAMS", "close_dataset"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,13 @@ class StepOptions:
     def uses_scaler(self) -> bool:
         """Whether the step scales its loss (fp16 needs it; bf16 and fp32 do not)."""
         return self.autocast_dtype is torch.float16 if self.grad_scaler is None else bool(self.grad_scaler)
+
+
+def close_dataset(dataset: Any) -> None:
+    """Release what a job's dataset holds (the batched pipeline's thread pool), where it has ``close()``."""
+    close = getattr(dataset, "close", None)
+    if close is not None:
+        close()
 
 
 class PerItemBatches:
