@@ -5,7 +5,9 @@ inherit the pytest process's environment):
 
 * ``WORKBOOK_HEADLESS=1``: widgets are evaluated once, no progress bars;
 * ``WORKBOOK_RUNS_DIR``: run folders (and the notebooks' interactive output)
-  go to a temporary folder, not into the repository's runs/.
+  go to a temporary folder, not into the repository's runs/;
+* ``WORKBOOK_CACHE_DIR``: the image check cache goes to a temporary folder,
+  not into the user's cache folder.
 """
 
 from __future__ import annotations
@@ -15,3 +17,4 @@ import tempfile
 
 os.environ["WORKBOOK_HEADLESS"] = "1"
 os.environ.setdefault("WORKBOOK_RUNS_DIR", tempfile.mkdtemp(prefix="workbook-test-runs-"))
+os.environ.setdefault("WORKBOOK_CACHE_DIR", tempfile.mkdtemp(prefix="workbook-test-cache-"))

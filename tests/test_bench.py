@@ -31,3 +31,21 @@ def test_bench_rejects_unknown_benchmark():
     p = subprocess.run([sys.executable, "-m", "helpers", "bench", "nothing"], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert p.returncode == 2 and "input-pipeline" in p.stderr
+
+
+@pytest.mark.slow
+def test_bench_dataset_index_reuses_the_cache_and_checks_only_what_changed(tmp_path):
+    env = {**__import__("os").environ, "WORKBOOK_CACHE_DIR": str(tmp_path / "user-cache")}
+    p = subprocess.run([sys.executable, "-m", "helpers", "bench", "dataset-index", "--images", "300"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert out["images"] == out["usable"] == 300 and out["skipped"] == 0
+    assert out["incremental_checked"] == 3  # 1% of the files were touched
+    assert out["sample_checked"] == 300  # min(sample, images)
+    for key in ("list_s", "cold_index_s", "cached_index_s", "incremental_index_s", "sample_index_s",
+                "rss_peak_mib", "cached_index_python_peak_mib"):
+        assert isinstance(out[key], float) and out[key] >= 0, key
+    assert set(out["targets"]) == {"cached_index_s"} and isinstance(out["targets"]["cached_index_s"]["met"], bool)
+    assert isinstance(out["machine"]["busy"], bool) and out["machine_note"]
+    assert not (tmp_path / "user-cache").exists()  # the benchmark's caches are its own, in a temporary folder

@@ -242,6 +242,32 @@ def test_data_dir_reaches_the_notebooks_that_take_it(tmp_path):
             executor=lambda nb, **kw: None, device_checker=_fake_device)
 
 
+def test_runner_indexes_the_data_dir_once_before_the_notebooks(tmp_path, monkeypatch):
+    import helpers.pipeline.scan_cache as sc
+    from helpers.pipeline.dataset import load_dataset
+
+    monkeypatch.setenv(sc.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    data = tmp_path / "photos"
+    data.mkdir()
+    _photos(data, 40, broken=2)
+    lines, decoded_in_notebooks = [], []
+
+    def executor(nb, **kw):  # what a data notebook does: load the folder with its own max_images and seed
+        if "data_dir" in nb.parameters:
+            real = sc.check_image_file
+            seen = []
+            monkeypatch.setattr(sc, "check_image_file", lambda p: seen.append(p) or real(p))
+            load_dataset(nb.parameters["data_dir"], max_images=int(nb.parameters.get("max_images") or 0),
+                         sample_seed=int(nb.parameters.get("seed") or 0))
+            monkeypatch.setattr(sc, "check_image_file", real)
+            decoded_in_notebooks.extend(seen)
+
+    run(RunOptions(profile="smoke", out=tmp_path / "run", data_dir=str(data), only=["01", "03"]),
+        echo=lines.append, executor=executor, device_checker=_fake_device)
+    assert decoded_in_notebooks == []  # the runner's index served them
+    assert any(ln.startswith(f"Indexed {data}") and "40 usable of 42 image files, 2 skipped" in ln for ln in lines)
+
+
 def test_data_dir_too_small_for_a_batch_fails_before_work(tmp_path):
     data = tmp_path / "few"
     data.mkdir()

@@ -53,7 +53,7 @@ from helpers.verdict import Action, Verdict
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TraceConfig", "job_step_factory", "run_alloc_conf_child", "FinderConfig", "FinderResult",
+__all__ = ["TraceConfig", "POOL_IMAGES", "job_step_factory", "run_alloc_conf_child", "FinderConfig", "FinderResult",
            "resolve_budget_bytes", "find_batch_size"]
 
 #: Variables removed from a child's environment so that only the setting under
@@ -107,11 +107,18 @@ class TraceConfig:
                         model_width=self.model_width, d_model=self.d_model, seed=self.seed)
 
 
-def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2) -> Callable[[int], Callable[[], Any]]:
-    """Decode the job's photos once and return ``make_step(batch_size) -> step`` for its training step.
+POOL_IMAGES = 256
+"""Images decoded into :func:`job_step_factory`'s host pool, at most: 256 x 3 x 224 x 224 bytes is 37 MiB."""
 
-    The images are decoded once (the job's ``"batched"`` pipeline) into a host
-    pool of uint8 images. ``make_step(b)`` draws ``n_batches`` fixed batches of
+
+def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2,
+                     pool_images: int = POOL_IMAGES) -> Callable[[int], Callable[[], Any]]:
+    """Decode a bounded sample of the job's photos once and return ``make_step(batch_size) -> step``.
+
+    At most ``pool_images`` images (a seeded sample of the dataset, never the
+    whole of a large folder) are decoded once (the job's ``"batched"``
+    pipeline) into a host pool of uint8 images: memory is
+    ``pool_images x 3 x image_size**2`` bytes whatever the folder holds. ``make_step(b)`` draws ``n_batches`` fixed batches of
     ``b`` samples from the pool (with repetition when ``b`` exceeds the pool;
     seeded by the workload's seed), moves them to the device
     (``job.to_device``), builds a fresh model and step (same seed), and returns
@@ -123,6 +130,8 @@ def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2) -> Ca
     acc : helpers.device.Accelerator
     n_batches : int, default 2
         Fixed batches each step closure cycles through (>= 1).
+    pool_images : int, default :data:`POOL_IMAGES`
+        Most images decoded into the pool (>= 1).
 
     Returns
     -------
@@ -136,9 +145,14 @@ def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2) -> Ca
         (from ``make_step``) for a batch size that is not an int >= 1.
     """
     seed = job.workload.seed
+    if isinstance(pool_images, bool) or not isinstance(pool_images, int) or pool_images < 1:
+        raise ParameterError(f"pool_images must be an int >= 1, got {pool_images!r}")
     dataset = job.make_dataset("batched")
     try:
-        decoded = dataset[list(range(len(dataset)))]
+        n = len(dataset)
+        pick = (sorted(int(i) for i in torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:pool_images])
+                if n > pool_images else list(range(n)))
+        decoded = dataset[pick]
         pool = {k: decoded[k].clone() for k in ("image", "tokens", "label")}  # the image buffer is reused
     finally:
         close_dataset(dataset)

@@ -39,7 +39,8 @@ import numpy as np
 
 import helpers
 from helpers.errors import DataError, OutputDirError, ParameterError
-from helpers.pipeline.images import IMAGE_SUFFIXES, BadFile, scan_images
+from helpers.pipeline.images import IMAGE_SUFFIXES, BadFile
+from helpers.pipeline.scan_cache import prune_cache, scan_relative
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +129,9 @@ class DatasetIndex:
     class_names : tuple of str
         Name of each class, indexed by label (may be empty when labels are
         bare integers from a captions file).
+    found : int
+        Candidate image files found (before ``max_images`` and the check);
+        0 when the index was not made by :func:`load_dataset`.
     """
 
     root: Path
@@ -137,6 +141,7 @@ class DatasetIndex:
     n_classes: int
     skipped: tuple[BadFile, ...] = ()
     class_names: tuple[str, ...] = field(default=())
+    found: int = 0
 
     def __len__(self) -> int:
         return int(self.paths.shape[0])
@@ -166,7 +171,7 @@ class DatasetIndex:
         keep = np.sort(np.random.default_rng(seed).permutation(len(self))[:n])
         return DatasetIndex(root=self.root, paths=self.paths[keep], captions=self.captions[keep],
                             labels=self.labels[keep], n_classes=self.n_classes, skipped=self.skipped,
-                            class_names=self.class_names)
+                            class_names=self.class_names, found=self.found)
 
     def frame(self):
         """Return the index as a table.
@@ -512,56 +517,121 @@ def _labels_from_names(names: list[str]) -> tuple[np.ndarray, tuple[str, ...]]:
     return np.array([lookup[n] for n in names], dtype=np.int64), classes
 
 
-def _finish(root: Path, files: list[Path], captions: list[str], labels: np.ndarray, n_classes: int,
-            class_names: tuple[str, ...], skipped: list[BadFile], scan: bool) -> DatasetIndex:
-    """Scan the candidates, drop the bad ones and build the index."""
-    keep = np.ones(len(files), dtype=bool)
-    if scan and files:
-        report = scan_images(files)
-        bad_paths = {b.path for b in report.bad}
-        keep = np.array([f not in bad_paths for f in files], dtype=bool)
-        skipped = skipped + list(report.bad)
-    if not keep.any():
+def _sample_and_check(root: Path, rels: list[str], max_images: int, seed: int, scan: bool,
+                      use_cache: bool, progress: bool | None) -> tuple[np.ndarray, list[BadFile]]:
+    """Indices of the files to keep (sorted) and the bad files met, checking no more files than needed.
+
+    Without ``max_images`` every candidate is checked. With it, candidates are
+    taken in a seeded random order, ``max_images`` at a time, and checked
+    until ``max_images`` usable files are found or the candidates run out: the
+    work is bounded by the sample, not by the folder.
+    """
+    n = len(rels)
+    if max_images and max_images < n:
+        order = np.random.default_rng(seed).permutation(n)
+    else:
+        order = np.arange(n)
+    want = max_images if max_images else n
+    if not scan:
+        return np.sort(order[:want]), []
+    kept: list[int] = []
+    bad: list[BadFile] = []
+    pos = 0
+    while len(kept) < want and pos < n:
+        take = order[pos:pos + max(want - len(kept), 1)]
+        pos += len(take)
+        reasons, _ = scan_relative(root, [rels[i] for i in take], use_cache=use_cache, progress=progress)
+        for i, reason in zip(take, reasons):
+            if reason is None:
+                kept.append(int(i))
+            else:
+                bad.append(BadFile(root / rels[i], reason))
+    return np.sort(np.array(kept[:want], dtype=np.int64)), bad
+
+
+def _finish(root: Path, rels: list[str], captions: list[str], labels: np.ndarray, n_classes: int,
+            class_names: tuple[str, ...], skipped: list[BadFile], scan: bool, *, max_images: int = 0,
+            sample_seed: int = 0, use_cache: bool = True, progress: bool | None = None) -> DatasetIndex:
+    """Check the candidates (a bounded sample of them with ``max_images``), drop the bad ones, build the index.
+
+    ``rels`` are the candidate files relative to ``root`` (``/`` separated).
+    """
+    idx, bad = _sample_and_check(root, rels, max_images, sample_seed, scan, use_cache, progress) if rels else (
+        np.zeros(0, dtype=np.int64), [])
+    skipped = skipped + bad
+    if idx.size == 0:
         first = "; ".join(f"{b.path.name}: {b.reason}" for b in skipped[:5])
         raise DataError(
-            f"no decodable image in {root} ({len(files)} candidate files; first reasons: {first}); "
+            f"no decodable image in {root} ({len(rels)} candidate files; first reasons: {first}); "
             "replace the bad files or pass another folder"
         )
     if skipped:
         logger.warning("%s: %d file(s) skipped (see DatasetIndex.skipped)", root, len(skipped))
-    idx = np.flatnonzero(keep)
+    base = str(root)
     return DatasetIndex(
         root=root,
-        paths=np.array([str(files[i]) for i in idx], dtype=np.str_),
+        paths=np.array([os.path.join(base, rels[i]) for i in idx], dtype=np.str_),
         captions=np.array([captions[i] for i in idx], dtype=np.str_),
         labels=np.asarray(labels, dtype=np.int64)[idx],
         n_classes=int(n_classes),
         skipped=tuple(skipped),
         class_names=tuple(class_names),
+        found=len(rels),
     )
 
 
-def _load_embedded_folder(root: Path, scan: bool) -> DatasetIndex:
+def _load_embedded_folder(root: Path, scan: bool, **sample) -> DatasetIndex:
     info = json.loads((root / "BUILD_INFO.json").read_text(encoding="utf-8"))
     with open(root / "manifest.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
-    files = [root / PurePosixPath(r["file"]) for r in rows]
+    rels = [PurePosixPath(r["file"]).as_posix() for r in rows]
     captions = [r["caption"] for r in rows]
     labels = np.array([int(r["label"]) for r in rows], dtype=np.int64)
     names = tuple(s["name"] for s in info["sources"])
-    return _finish(root, files, captions, labels, info["n_classes"], names, [], scan)
+    return _finish(root, rels, captions, labels, info["n_classes"], names, [], scan, **sample)
 
 
-def _list_images(root: Path) -> list[Path]:
-    """Image files under ``root``, recursive, sorted by relative path; hidden entries skipped."""
-    found = []
-    for path in root.rglob("*"):
-        rel = path.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts):
-            continue  # .ipynb_checkpoints, macOS ._ files, ...
-        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
-            found.append(path)
-    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+def _walk(root: Path) -> tuple[list[str], set[str]]:
+    """Image files and ``.txt`` files under ``root``, relative and ``/`` separated; images sorted.
+
+    One ``os.walk`` (no ``stat`` per file; hidden folders such as
+    ``.ipynb_checkpoints`` are not entered), so listing a million files costs
+    seconds, not minutes; the ``.txt`` set answers the sidecar-caption
+    question without a ``stat`` per image.
+    """
+    images: list[str] = []
+    texts: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        prefix = "" if rel_dir == "." else rel_dir + "/"
+        for name in filenames:
+            if name.startswith("."):
+                continue  # macOS ._ files, editor droppings
+            ext = os.path.splitext(name)[1].lower()
+            if ext in IMAGE_SUFFIXES:
+                images.append(prefix + name)
+            elif ext == ".txt":
+                texts.add(prefix + name)
+    images.sort()
+    return images, texts
+
+
+def list_image_files(root: Path) -> list[Path]:
+    """Image files under ``root``, recursive, sorted by relative path; hidden entries skipped.
+
+    Parameters
+    ----------
+    root : pathlib.Path
+        The folder (the returned paths are ``root / relative path``).
+
+    Returns
+    -------
+    list of pathlib.Path
+        Files whose suffix is one of :data:`~helpers.pipeline.images.IMAGE_SUFFIXES`
+        (any case), not starting with ``.`` and not inside a folder starting with ``.``.
+    """
+    return [root / rel for rel in _walk(root)[0]]
 
 
 def _read_captions_file(root: Path) -> tuple[str, dict[str, dict]] | None:
@@ -605,30 +675,32 @@ def _read_captions_file(root: Path) -> tuple[str, dict[str, dict]] | None:
     return name, table
 
 
-def _load_user_folder(root: Path, scan: bool) -> DatasetIndex:
-    files = _list_images(root)
-    if not files:
+def _load_user_folder(root: Path, scan: bool, **sample) -> DatasetIndex:
+    rel_names, texts = _walk(root)
+    if not rel_names:
         raise DataError(
             f"no image files in {root} (looked recursively for {', '.join(IMAGE_SUFFIXES)}); "
             "put images there, or pass None for the embedded dataset"
         )
-    rels = [PurePosixPath(f.relative_to(root).as_posix()) for f in files]
+    if scan and sample.get("use_cache", True):
+        prune_cache(root, rel_names)  # files gone from the folder leave the cache
+    rels = [PurePosixPath(r) for r in rel_names]
     table_info = _read_captions_file(root)
     table_name, table = table_info if table_info else ("", {})
     if table:
-        unknown = sorted(set(table) - {r.as_posix() for r in rels})
+        unknown = sorted(set(table) - set(rel_names))
         if unknown:
             logger.warning("%s lists %d file(s) not found as images under %s, e.g. %s",
                            table_name, len(unknown), root, unknown[:3])
 
     captions = []
-    for f, rel in zip(files, rels):
-        row = table.get(rel.as_posix())
+    for name, rel in zip(rel_names, rels):
+        row = table.get(name)
         text = str(row["caption"]).strip() if row and row.get("caption") is not None else ""
         if not text:
-            sidecar = f.with_suffix(".txt")
-            if sidecar.is_file():
-                text = " ".join(sidecar.read_text(encoding="utf-8", errors="replace").split())
+            sidecar = os.path.splitext(name)[0] + ".txt"
+            if sidecar in texts:
+                text = " ".join((root / sidecar).read_text(encoding="utf-8", errors="replace").split())
         captions.append(text or _stem_caption(rel))
 
     skipped: list[BadFile] = []
@@ -640,31 +712,32 @@ def _load_user_folder(root: Path, scan: bool) -> DatasetIndex:
                 f"{root / table_name}: the label is empty for {len(empty)} file(s), e.g. {empty[:3]}; "
                 "fill every label or remove the label column"
             )
-        listed = [rel.as_posix() in table for rel in rels]
-        for f, ok in zip(files, listed):
+        listed = [name in table for name in rel_names]
+        for name, ok in zip(rel_names, listed):
             if not ok:
-                skipped.append(BadFile(f, f"no label: not listed in {table_name}, which gives labels"))
-        files = [f for f, ok in zip(files, listed) if ok]
+                skipped.append(BadFile(root / name, f"no label: not listed in {table_name}, which gives labels"))
+        rel_names = [r for r, ok in zip(rel_names, listed) if ok]
         captions = [c for c, ok in zip(captions, listed) if ok]
         rels = [r for r, ok in zip(rels, listed) if ok]
-        raw = [str(table[r.as_posix()]["label"]).strip() for r in rels]
+        raw = [str(table[name]["label"]).strip() for name in rel_names]
         if raw and all(re.fullmatch(r"\d+", v) for v in raw):
             labels = np.array([int(v) for v in raw], dtype=np.int64)
-            return _finish(root, files, captions, labels, int(labels.max()) + 1, (), skipped, scan)
+            return _finish(root, rel_names, captions, labels, int(labels.max()) + 1, (), skipped, scan, **sample)
         labels, classes = _labels_from_names(raw)
-        return _finish(root, files, captions, labels, len(classes), classes, skipped, scan)
+        return _finish(root, rel_names, captions, labels, len(classes), classes, skipped, scan, **sample)
 
     tops = [rel.parts[0] if len(rel.parts) > 1 else "" for rel in rels]
     if any(tops):
         if not all(tops):
             logger.warning("%s: images both at the top level and in subfolders; top-level ones get class ''", root)
         labels, classes = _labels_from_names(tops)
-        return _finish(root, files, captions, labels, len(classes), classes, skipped, scan)
-    return _finish(root, files, captions, np.zeros(len(files), dtype=np.int64), 1, ("",), skipped, scan)
+        return _finish(root, rel_names, captions, labels, len(classes), classes, skipped, scan, **sample)
+    return _finish(root, rel_names, captions, np.zeros(len(rel_names), dtype=np.int64), 1, ("",), skipped, scan, **sample)
 
 
 def load_dataset(
-    data_dir: str | os.PathLike | None = None, *, scan: bool = True, n_images: int = 512, seed: int = 0
+    data_dir: str | os.PathLike | None = None, *, scan: bool = True, n_images: int = 512, seed: int = 0,
+    max_images: int = 0, sample_seed: int = 0, use_cache: bool = True, progress: bool | None = None,
 ) -> DatasetIndex:
     """Index a dataset: the embedded one, or a folder of images.
 
@@ -693,10 +766,26 @@ def load_dataset(
     data_dir : str or os.PathLike, optional
         The folder; None or "" for the embedded dataset.
     scan : bool, default True
-        Fully decode every file first (:func:`~helpers.pipeline.images.scan_images`)
-        and skip the bad ones, each reported in the log and in ``skipped``.
+        Check every file used (``verify()`` and a full decode, as
+        :func:`~helpers.pipeline.images.scan_images`) and skip the bad ones,
+        each reported in the log and in ``skipped``. Outcomes are cached per
+        file (:func:`helpers.pipeline.scan_cache.cached_scan`), so a folder is
+        decoded once, and after a change only its new or changed files are.
     n_images, seed : int
         Size and seed of the embedded dataset (ignored for a folder).
+    max_images : int, default 0
+        Use at most this many images (0: all). The files are drawn (seeded
+        with ``sample_seed``, in folder order afterwards) *before* they are
+        checked, so a sample of a large folder checks about ``max_images``
+        files, not the folder; bad files in the draw are replaced by further
+        draws.
+    sample_seed : int, default 0
+        Seed of the ``max_images`` draw.
+    use_cache : bool, default True
+        False checks every file again and leaves the cache alone.
+    progress : bool, optional
+        Progress bar while files are decoded (default: for 500 files or more,
+        outside headless runs; see :func:`~helpers.pipeline.scan_cache.cached_scan`).
 
     Returns
     -------
@@ -710,8 +799,12 @@ def load_dataset(
     ParameterError
         If ``n_images`` or ``seed`` is invalid (embedded dataset only).
     """
+    if isinstance(max_images, bool) or not isinstance(max_images, int) or max_images < 0:
+        raise ParameterError(f"max_images must be an int >= 0 (0 for all images), got {max_images!r}")
+    sample = {"max_images": max_images, "sample_seed": int(sample_seed), "use_cache": bool(use_cache),
+              "progress": progress}
     if data_dir is None or str(data_dir).strip() == "":
-        return _load_embedded_folder(ensure_embedded(n_images=n_images, seed=seed), scan)
+        return _load_embedded_folder(ensure_embedded(n_images=n_images, seed=seed), scan, **sample)
     root = Path(data_dir).expanduser()
     if not root.exists():
         raise DataError(
@@ -722,5 +815,5 @@ def load_dataset(
         raise DataError(f"dataset path {root} is not a folder; pass the folder that holds the images, not a file")
     root = root.resolve()
     if (root / "BUILD_INFO.json").is_file() and (root / "manifest.csv").is_file():
-        return _load_embedded_folder(root, scan)
-    return _load_user_folder(root, scan)
+        return _load_embedded_folder(root, scan, **sample)
+    return _load_user_folder(root, scan, **sample)

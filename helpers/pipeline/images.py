@@ -310,10 +310,22 @@ def load_rgb(path: str | os.PathLike) -> np.ndarray:
         raise BadImage(p, _reason_for(exc, p, fmt)) from exc
 
 
-def _check_one(path: Path) -> BadFile | None:
-    """Fully check one file: ``verify()`` then a full reference decode."""
+def check_image_file(path: str | os.PathLike) -> BadFile | None:
+    """Fully check one file: ``PIL.Image.verify()`` and then a full reference decode (:func:`load_rgb`).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+
+    Returns
+    -------
+    BadFile or None
+        None when the file is a usable image, else the file and a short reason
+        (missing, zero-byte, not an image, truncated, corrupt, unsupported mode).
+    """
     from PIL import Image
 
+    path = Path(path)
     try:
         if path.is_file() and path.stat().st_size > 0:
             fmt = None
@@ -363,10 +375,10 @@ def scan_images(paths: Iterable[str | os.PathLike], *, max_workers: int | None =
         raise ParameterError(f"max_workers must be a positive integer, got {max_workers!r}; pass e.g. 4 or None")
     files = [Path(p) for p in paths]
     if max_workers == 1 or len(files) < 2:
-        results = [_check_one(p) for p in files]
+        results = [check_image_file(p) for p in files]
     else:
         with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="scan_images") as pool:
-            results = list(pool.map(_check_one, files))
+            results = list(pool.map(check_image_file, files))
     good: list[Path] = []
     bad: list[BadFile] = []
     for path, result in zip(files, results):

@@ -15,7 +15,7 @@ def prepare_data(data_dir: str | None = None, *, max_images: int = 0, seed: int 
     data_dir : str or None
         Folder of images; None or "" for the embedded photos.
     max_images : int
-        Use at most this many images (0: all), drawn with ``seed``.
+        Use at most this many images (0: all), drawn with ``seed`` before the files are checked.
     seed : int
     batch_size : int
         Samples per batch; the dataset must hold at least this many usable images.
@@ -32,8 +32,6 @@ def prepare_data(data_dir: str | None = None, *, max_images: int = 0, seed: int 
         Missing, empty or undecodable folder, or fewer images than one batch.
     """
 
-    index = load_dataset(data_dir or None)
-    if max_images:
-        index = index.subset(max_images, seed=seed)
+    index = load_dataset(data_dir or None, max_images=max_images, sample_seed=seed)
     check_batch_fits(index, batch_size)
     return index, load_or_build_tokenizer(index, text_len=text_len)

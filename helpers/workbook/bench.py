@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from helpers import machine
@@ -145,7 +146,139 @@ def allreduce_bench(*, backend: str = "auto", world_size: int = 2, min_bytes: in
     return json.dumps(out, indent=2)
 
 
-BENCHMARKS = {"input-pipeline": input_pipeline}
+#: Target of issue 11: a second index of 20,000 images, with the cache, on this 2-core machine.
+DATASET_INDEX_TARGETS = {"cached_index_s": ("<=", 2.0)}
+
+
+def _synthetic_folder(root: Path, n_images: int) -> Path:
+    """``n_images`` JPEG files in 10 class folders, copies of the embedded photos (real decode cost, no codec run)."""
+    from helpers.pipeline.dataset import ensure_embedded
+
+    sources = sorted((ensure_embedded() / "images").glob("*.jpg"))
+    blobs = [p.read_bytes() for p in sources]
+    for i in range(n_images):
+        folder = root / f"class{i % 10:02d}"
+        if i < 10:
+            folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:07d}.jpg").write_bytes(blobs[i % len(blobs)])
+    return root
+
+
+def dataset_index(*, n_images: int = 20_000, data_dir: str | None = None, touch_share: float = 0.01,
+                  sample: int = 1000) -> dict[str, Any]:
+    """Benchmark the dataset index: a cold index, a cached one, an incremental one, and a bounded sample.
+
+    The image check cache goes to a temporary folder for the run (the user's
+    cache is not touched), so the cold figure is a real first index. Without
+    ``data_dir``, a folder of ``n_images`` JPEGs is made in a temporary folder
+    first (copies of the embedded photos, so each costs a real decode).
+
+    Parameters
+    ----------
+    n_images : int, default 20000
+        Images of the synthetic folder (>= 1; ignored with ``data_dir``).
+    data_dir : str, optional
+        Index this folder instead.
+    touch_share : float, default 0.01
+        Share of the files whose modification time is changed before the
+        incremental index (with ``data_dir`` nothing is touched and the key is absent).
+    sample : int, default 1000
+        ``max_images`` of the bounded-sample index, on a cold cache.
+
+    Returns
+    -------
+    dict
+        ``images`` (files found), ``usable``, ``skipped``, ``list_s`` (listing
+        only), ``cold_index_s`` (full check, empty cache), ``cold_images_per_s``,
+        ``cached_index_s`` (same folder again), ``incremental_index_s`` and
+        ``incremental_checked`` (after touching ``touch_share`` of the files),
+        ``sample_index_s`` and ``sample_checked`` (``max_images=sample`` on an
+        empty cache), ``cache_file_mib``, ``rss_peak_mib`` (the process's peak
+        resident memory, ``ru_maxrss``), ``cached_index_python_peak_mib``
+        (tracemalloc peak of a cached index), ``threads``, ``targets`` (each
+        with its rule, value and whether it was met), ``machine``, ``machine_note``, ``duration_s``. Times in
+        seconds, one measurement each (they are minutes apart in cost; the
+        machine check says whether the machine was quiet).
+
+    Raises
+    ------
+    ParameterError
+        If ``n_images`` or ``sample`` < 1, or ``touch_share`` is not in [0, 1].
+    DataError
+        If ``data_dir`` is not a folder of images.
+    """
+    import os
+    import resource
+    import tempfile
+    import tracemalloc
+
+    from helpers.errors import ParameterError
+    from helpers.pipeline import scan_cache
+    from helpers.pipeline.dataset import list_image_files, load_dataset
+
+    if isinstance(n_images, bool) or not isinstance(n_images, int) or n_images < 1:
+        raise ParameterError(f"n_images must be an int >= 1, got {n_images!r}")
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise ParameterError(f"sample must be an int >= 1, got {sample!r}")
+    if not 0.0 <= float(touch_share) <= 1.0:
+        raise ParameterError(f"touch_share must be in [0, 1], got {touch_share!r}")
+    t_all = time.perf_counter()
+    before = machine.snapshot()
+    old_env = os.environ.get(scan_cache.CACHE_DIR_ENV)
+    with tempfile.TemporaryDirectory(prefix="workbook-index-bench-") as tmp:
+        tmp_p = Path(tmp)
+        root = Path(data_dir).expanduser().resolve() if data_dir else _synthetic_folder(tmp_p / "images", n_images)
+        out: dict[str, Any] = {"data_dir": str(root) if data_dir else None}
+        try:
+            os.environ[scan_cache.CACHE_DIR_ENV] = str(tmp_p / "cache")
+            t0 = time.perf_counter()
+            files = list_image_files(root)
+            out["list_s"] = round(time.perf_counter() - t0, 3)
+            t0 = time.perf_counter()
+            index = load_dataset(root, progress=False)
+            cold = time.perf_counter() - t0
+            out.update(images=index.found, usable=len(index), skipped=len(index.skipped),
+                       cold_index_s=round(cold, 3), cold_images_per_s=round(index.found / cold, 1))
+            t0 = time.perf_counter()
+            again = load_dataset(root, progress=False)
+            out["cached_index_s"] = round(time.perf_counter() - t0, 3)
+            tracemalloc.start()  # a second cached index, traced (tracing slows Python several-fold)
+            load_dataset(root, progress=False)
+            out["cached_index_python_peak_mib"] = round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
+            tracemalloc.stop()
+            if list(again.paths) != list(index.paths):
+                raise RuntimeError("the cached index differs from the cold one")
+            if not data_dir and touch_share > 0:
+                step = max(1, round(1 / touch_share))
+                touched = files[::step]
+                for f in touched:
+                    st = f.stat()
+                    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+                t0 = time.perf_counter()
+                _, stats = scan_cache.cached_scan(root, files, progress=False)
+                out["incremental_index_s"] = round(time.perf_counter() - t0, 3)
+                out["incremental_checked"] = stats.checked
+            out["cache_file_mib"] = round(scan_cache.cache_path(root).stat().st_size / 2**20, 2)
+            os.environ[scan_cache.CACHE_DIR_ENV] = str(tmp_p / "cache-sample")
+            t0 = time.perf_counter()
+            sampled = load_dataset(root, max_images=min(sample, index.found), sample_seed=0, progress=False)
+            out["sample_index_s"] = round(time.perf_counter() - t0, 3)
+            out["sample_checked"] = len(sampled) + len(sampled.skipped)
+        finally:
+            if old_env is None:
+                os.environ.pop(scan_cache.CACHE_DIR_ENV, None)
+            else:
+                os.environ[scan_cache.CACHE_DIR_ENV] = old_env
+    out["rss_peak_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux
+    out["threads"] = min(8, os.cpu_count() or 1)
+    out["targets"] = {k: {"rule": f"{op} {t}", "value": out.get(k), "met": _met(out.get(k), (op, t))}
+                      for k, (op, t) in DATASET_INDEX_TARGETS.items()}
+    out["duration_s"] = round(time.perf_counter() - t_all, 2)
+    out.update(_machine_keys(before))
+    return out
+
+
+BENCHMARKS = {"input-pipeline": input_pipeline, "dataset-index": dataset_index}
 
 
 def run_benchmark(name: str, **kwargs) -> str:

@@ -3,7 +3,7 @@
 Commands
 --------
 run         execute the notebooks into a run folder and write the report
-bench       run a benchmark (input-pipeline, allreduce) and print its figures as JSON; exit 2 on bad
+bench       run a benchmark (input-pipeline, allreduce, dataset-index) and print its figures as JSON; exit 2 on bad
             flag values or an unavailable backend, 1 when the allreduce job ran and failed or timed out
 data build  build the embedded photo dataset (done on first use anyway)
 report      rebuild the report of an existing run folder
@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
 
     be = sub.add_parser("bench", help="run a benchmark and print its figures as JSON")
-    be.add_argument("name", choices=("input-pipeline", "allreduce"), help="which benchmark")
+    be.add_argument("name", choices=("input-pipeline", "allreduce", "dataset-index"), help="which benchmark")
     be.add_argument("--profile", default="quick", choices=PROFILES, help="parameter profile (default: quick)")
     be.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="device kind (default: auto)")
     be.add_argument("--data-dir", default=None, metavar="DIR", help="a folder of images instead of the embedded photos")
@@ -61,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="allreduce: seconds before the job counts as hung and is stopped")
     be.add_argument("--master-port", type=int, default=0, metavar="P",
                     help="allreduce: rendezvous port on 127.0.0.1 (0: a free one)")
+    be.add_argument("--images", type=int, default=20_000, metavar="N",
+                    help="dataset-index: images in the generated folder (ignored with --data-dir)")
 
     rep = sub.add_parser("report", help="rebuild report.html and report.md of a run folder")
     rep.add_argument("run_dir", type=Path)
@@ -131,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 if text is not None:  # None on ranks other than 0 of a torchrun job
                     print(text)
+                return 0
+            if args.name == "dataset-index":
+                print(run_benchmark(args.name, n_images=args.images, data_dir=args.data_dir))
                 return 0
             print(run_benchmark(args.name, profile=args.profile, device=args.device, data_dir=args.data_dir))
             return 0

@@ -46,7 +46,9 @@ except ImportError:  # pragma: no cover - not a POSIX system
 from helpers import checklist
 from helpers.errors import DeviceUnavailableError, ParameterError
 from helpers.fsutil import ensure_writable_dir
-from helpers.pipeline.images import IMAGE_SUFFIXES, scan_images
+from helpers.pipeline.dataset import list_image_files
+from helpers.pipeline.images import IMAGE_SUFFIXES
+from helpers.pipeline.scan_cache import cached_scan
 from helpers.specs import DEVICE_CHOICES, PROFILES, spec_for, validate_notebook_params
 from helpers.workbook.paths import notebooks_dir, runs_dir
 from helpers.workbook.report import write_report
@@ -264,16 +266,16 @@ def check_device(device: str, *, timeout_s: float = 300.0) -> str:
     return out["device"]
 
 
-def _check_data_dir_fills_batches(data_dir: Path, entries: Sequence[NotebookRun]) -> None:
+def _check_data_dir_fills_batches(data_dir: Path, entries: Sequence[NotebookRun]) -> int:
     """Reject a --data-dir that cannot fill one batch of some notebook, before any work.
 
-    Candidate files are found by suffix, then decoded (:func:`helpers.pipeline.images.scan_images`) in sorted
-    order only until the largest batch any selected notebook needs is filled: a folder of thousands of good
-    images costs a few dozen decodes here, while a folder whose files are all broken is stopped with their
-    reasons instead of failing in every data notebook one by one. The notebooks still scan and skip bad files.
+    Candidate files are listed (:func:`helpers.pipeline.dataset.list_image_files`), then checked through the image
+    check cache (:func:`helpers.pipeline.scan_cache.cached_scan`) in sorted order only until the largest batch any
+    selected notebook needs is filled: a folder of thousands of good images costs a few dozen decodes here (none
+    when the cache knows them), while a folder whose files are all broken is stopped with their reasons instead of
+    failing in every data notebook one by one. The notebooks still check the files they use and skip bad ones.
     """
-    files = sorted(p for p in data_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
-                   and not any(part.startswith(".") for part in p.relative_to(data_dir).parts))
+    files = list_image_files(data_dir.resolve())
     if not files:
         raise ParameterError(f"--data-dir: {data_dir} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
     needs = {}
@@ -283,16 +285,16 @@ def _check_data_dir_fills_batches(data_dir: Path, entries: Sequence[NotebookRun]
         params = validate_notebook_params(e.id, e.parameters)  # defaults filled in
         needs[e.id] = int(params.get("batch_size", 1))
     if not needs:
-        return
+        return len(files)
     need = max(needs.values())
     good, bad = 0, []
     chunk = max(need, 32)
     for start in range(0, len(files), chunk):
-        report = scan_images(files[start:start + chunk])
+        report, _ = cached_scan(data_dir.resolve(), files[start:start + chunk])
         good += len(report.good)
         bad += list(report.bad)
         if good >= need:
-            return
+            return len(files)
     too_big = {nb: b for nb, b in needs.items() if b > good}
     worst = ", ".join(f"{k} (batch_size {v})" for k, v in too_big.items())
     reasons = "; ".join(f"{f.path.name}: {f.reason}" for f in bad[:10]) + (" ..." if len(bad) > 10 else "")
@@ -300,6 +302,27 @@ def _check_data_dir_fills_batches(data_dir: Path, entries: Sequence[NotebookRun]
         f"--data-dir: {data_dir} holds {len(files)} image file(s), of which {good} decode and {len(bad)} do not"
         + (f" ({reasons})" if bad else "") + f": fewer than one batch of {worst}; add or repair images, or "
         "lower batch_size for those notebooks in notebooks/profiles/<profile>.yaml, or use a smaller profile")
+
+
+def _index_data_dir(data_dir: Path, entries: Sequence[NotebookRun], echo: Callable[[str], None]) -> None:
+    """Build the dataset index the notebooks will use, once, before the first notebook starts.
+
+    Each distinct ``(max_images, seed)`` among the selected data notebooks is
+    loaded (:func:`helpers.pipeline.dataset.load_dataset`): the files checked
+    are stored in the image check cache, with a progress bar here on the
+    terminal, so that no notebook cell (under its timeout) and no DDP rank
+    decodes the folder again. With the cache warm this takes about a second.
+    """
+    from helpers.pipeline.dataset import load_dataset
+
+    draws = sorted({(int(e.parameters.get("max_images") or 0), int(e.parameters.get("seed") or 0))
+                    for e in entries if "data_dir" in e.parameters})
+    for max_images, seed in draws:
+        t0 = time.perf_counter()
+        index = load_dataset(data_dir, max_images=max_images, sample_seed=seed, progress=sys.stderr.isatty() or None)
+        what = f"a sample of {max_images} (seed {seed})" if max_images else "all files"
+        echo(f"Indexed {data_dir} ({what}): {len(index)} usable of {index.found} image files, "
+             f"{len(index.skipped)} skipped, {time.perf_counter() - t0:.1f} s")
 
 
 def new_run_dir(profile: str, device: str) -> Path:
@@ -617,6 +640,7 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
                                        parameters=params))
         if options.data_dir:
             _check_data_dir_fills_batches(Path(options.data_dir), entries)
+            _index_data_dir(Path(options.data_dir), entries, echo)
         resolved = device_checker(device)
         _prepare_dir(run_dir)
         lock = lock_run_dir(run_dir)
