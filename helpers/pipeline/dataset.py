@@ -784,7 +784,7 @@ def load_dataset(
     use_cache : bool, default True
         False checks every file again and leaves the cache alone.
     progress : bool, optional
-        Progress bar while files are decoded (default: for 500 files or more,
+        Progress bar while files are decoded (default: for 2,000 files or more,
         outside headless runs; see :func:`~helpers.pipeline.scan_cache.cached_scan`).
 
     Returns
