@@ -136,6 +136,9 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
     Optimization("channels_last", "07_channels_last", ("h2d", "compute")),
 )
 
+#: Optimization name -> the step phases it acts on, where its effect must show (and nowhere else).
+ACTS_ON: dict[str, tuple[str, ...]] = {o.name: o.acts_on for o in OPTIMIZATIONS}
+
 #: The notebook that measures the job as it is (its verdict: host-bound or device-bound).
 BASELINE = "01_baseline_profiling"
 #: The notebook whose verdict is the run's summary (the optimized job against the baseline).

@@ -40,9 +40,12 @@ _DATA = (
 #: Training crop of the end-to-end job (notebooks 01 and 10). At 64 px the baseline's data phase (full-size
 #: decodes, independent of the crop) is >= 70% of the step on a 2-core CPU: the host-bound job the workbook fixes.
 JOB_IMAGE_SIZE = 64
+#: Conv width of that job. Every notebook whose verdict notebook 10 applies defaults to this job (and every
+#: profile sets one job for them: tests/test_profiles.py), so a verdict is measured on the job it is applied to.
+JOB_MODEL_WIDTH = 16
 
 
-def _batch(help_batch: str = "samples per training step", image_size: int = 128) -> tuple[Param, ...]:
+def _batch(help_batch: str = "samples per training step", image_size: int = JOB_IMAGE_SIZE) -> tuple[Param, ...]:
     """batch_size, image_size and text_len: the shape of a batch of the workload."""
     return (
         Param("batch_size", int, 32, help_batch, minimum=1, maximum=4096),
@@ -69,7 +72,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("fallback_to_cpu", bool, True,
               "if torch_npu is broken, import torch without it (sets TORCH_DEVICE_BACKEND_AUTOLOAD to 0)"),
     ),
-    "01_baseline_profiling": _COMMON + _DATA + _batch(image_size=JOB_IMAGE_SIZE) + _training(16) + (
+    "01_baseline_profiling": _COMMON + _DATA + _batch() + _training(JOB_MODEL_WIDTH) + (
         Param("host_bound_threshold", float, 0.10,
               "exposed input time / step time above which the job is called host-bound",
               minimum=0.0, maximum=1.0),
@@ -108,14 +111,14 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("link_gbps", float, 0.0, "host-device link limit, GB/s (0 reads it from sysfs where possible)",
               minimum=0.0, maximum=10000.0),
         Param("batch_size", int, 32, "images per batch for the per-batch comparison", minimum=1, maximum=4096),
-        Param("image_size", int, 128, "side of the square crop of that batch, px", minimum=16, maximum=1024),
+        Param("image_size", int, JOB_IMAGE_SIZE, "side of the square crop of that batch, px", minimum=16, maximum=1024),
     ),
-    "05_stream_overlap": _COMMON + _DATA + _batch() + _training(32, "measured training steps per variant") + (
+    "05_stream_overlap": _COMMON + _DATA + _batch() + _training(JOB_MODEL_WIDTH, "measured training steps per variant") + (
         Param("num_workers", int, 1, "DataLoader worker processes of the overlapped variant", minimum=0,
               maximum=256),
         Param("prefetch_factor", int, 2, "batches each worker prepares ahead", minimum=1, maximum=64),
     ),
-    "06_mixed_precision": _COMMON + _DATA + _batch() + _training(16, "timed training steps per variant") + (
+    "06_mixed_precision": _COMMON + _DATA + _batch() + _training(JOB_MODEL_WIDTH, "timed training steps per variant") + (
         Param("autocast_dtype", str, "auto", "low-precision dtype: auto picks what the device supports",
               choices=("auto", "bfloat16", "float16")),
         Param("curve_steps", int, 30, "training steps of the fp32 and mixed-precision loss curves",
@@ -127,7 +130,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("growth_interval", int, 200, "GradScaler steps without overflow before the scale grows",
               minimum=1, maximum=1000000),
     ),
-    "07_channels_last": _COMMON + _DATA + _batch() + _training(32, "timed training steps per variant") + (
+    "07_channels_last": _COMMON + _DATA + _batch() + _training(JOB_MODEL_WIDTH, "timed training steps per variant") + (
         Param("compile_model", bool, True, "also measure torch.compile of the model (slow to compile)"),
         Param("attention_seq_len", int, 128, "sequence length of the attention comparison", minimum=1,
               maximum=65536),
@@ -136,7 +139,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
               maximum=1024),
     ),
     "08_collectives": _COMMON + _DATA + _batch("samples per rank per DDP step") + _training(
-            16, "timed DDP steps per variant") + (
+            JOB_MODEL_WIDTH, "timed DDP steps per variant") + (
         Param("backend", str, "auto", "torch.distributed backend: auto picks hccl on npu, nccl on cuda, gloo on cpu",
               choices=("auto", "gloo", "nccl", "hccl")),
         Param("world_size", int, 2, "processes in the process group (one per device on cuda/npu)", minimum=2,
@@ -155,9 +158,8 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("master_port", int, 0, "TCP port of the rendezvous on 127.0.0.1 (0 picks a free one)", minimum=0,
               maximum=65535),
     ),
-    "09_memory_and_batch_size": _COMMON + _DATA + _batch("samples per step of the memory trace",
-                                                          image_size=JOB_IMAGE_SIZE) + _training(
-            16, "training steps of the memory trace, and of each side of the current-vs-best batch comparison") + (
+    "09_memory_and_batch_size": _COMMON + _DATA + _batch("samples per step of the memory trace") + _training(
+            JOB_MODEL_WIDTH, "training steps of the memory trace, and of each side of the current-vs-best batch comparison") + (
         Param("memory_budget_mib", int, 0,
               "memory the batch-size finder may use, MiB (0: the device's free memory; on CPU half the available RAM)",
               minimum=0, maximum=1 << 24),
@@ -170,8 +172,8 @@ SPECS: dict[str, tuple[Param, ...]] = {
               "allocator settings to compare on cuda/npu (PYTORCH_CUDA_ALLOC_CONF / PYTORCH_NPU_ALLOC_CONF)",
               item_kind=str),
     ),
-    "10_end_to_end": _COMMON + _DATA + _batch(image_size=JOB_IMAGE_SIZE) + _training(
-            16, "measured training steps per job") + (
+    "10_end_to_end": _COMMON + _DATA + _batch() + _training(
+            JOB_MODEL_WIDTH, "measured training steps per job") + (
         Param("optimizations", list, ["auto"],
               "optimizations of the optimized job: auto follows the earlier verdicts of this run; or names "
               f"from {', '.join(checklist.optimization_names())}",

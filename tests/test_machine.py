@@ -109,5 +109,6 @@ def test_a_verdict_measured_on_a_busy_machine_is_inconclusive_and_the_report_say
     assert busy["extra"]["measured_recommendation"] == "enable" and busy["extra"]["machine"]["busy"]
     assert rows.loc["07_channels_last", "recommendation"] == "enable"
     advice = dict(_advice(collect(tmp_path)))
-    assert advice["Measured on a busy machine, no verdict (rerun when it is quiet)"] == "mixed precision"
-    assert advice["Enable on this machine"] == "channels_last: enable"
+    assert advice["Inconclusive: the machine was busy or its speed changed while measuring (rerun when it is quiet)"] == "mixed precision"
+    assert advice["Enable on this machine"] == ("channels_last: enable (notebook 07's isolated measurement only: "
+                                                "not measured end to end in this run)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from helpers.checklist import PHASES
 from helpers.compute.train import TrainRun
 from helpers.timing import Measurement
 from helpers.verdict import Verdict
@@ -89,7 +90,9 @@ def verdict(run: TrainRun, per_image: Measurement, *, threshold: float, device_k
     Returns
     -------
     helpers.verdict.Verdict
-        metric ``exposed_input_fraction`` (fraction), with the interquartile range of the per-step fractions.
+        metric ``exposed_input_fraction`` (fraction), with the interquartile range of the per-step fractions;
+        ``extra["phases"]``: per phase (``data``, ``h2d``, ``compute``, ``step_s``) its ``median_s``, ``p25_s``
+        and ``p75_s`` in seconds, which notebook 10 cross-checks its own baseline against.
     """
     med = run.phase_medians()
     recommendation, reason = classify(run.exposed_fraction, threshold, device_kind=device_kind)
@@ -103,6 +106,8 @@ def verdict(run: TrainRun, per_image: Measurement, *, threshold: float, device_k
                f"measured steps on {device_kind}; exposed input = time the step waits for data and the "
                "host-to-device copy")
     fractions = Measurement(name="exposed", times_s=tuple(run.steps["exposed_fraction"]), warmup=run.warmup_steps)
+    phases = {c: {"median_s": float(run.steps[c].median()), "p25_s": float(run.steps[c].quantile(0.25)),
+                  "p75_s": float(run.steps[c].quantile(0.75))} for c in (*PHASES, "step_s")}
     return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=run.exposed_fraction, unit="fraction",
                    recommendation=recommendation, reason=reason, context=context,
-                   spread={"p25": fractions.p25_s, "p75": fractions.p75_s})
+                   spread={"p25": fractions.p25_s, "p75": fractions.p75_s}, extra={"phases": phases})

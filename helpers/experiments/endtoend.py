@@ -60,7 +60,7 @@ SOURCE_NOTEBOOKS: dict[str, str] = {o.name: o.notebook for o in checklist.OPTIMI
 PHASES = checklist.PHASES
 
 #: The step phases each optimization acts on, where its effect must show (see :func:`attribute`).
-ACTS_ON: dict[str, tuple[str, ...]] = {o.name: o.acts_on for o in checklist.OPTIMIZATIONS}
+ACTS_ON = checklist.ACTS_ON
 
 #: What the h2d phase is on a CPU (no copy there): printed under tables and in the next-step sentence.
 CPU_H2D_NOTE = ("on the CPU the h2d phase is no copy: it is to_device_batch's conversion and normalization "
@@ -1017,6 +1017,87 @@ def compute_side_lines(frame, summaries: Mapping[str, JobSummary], earlier: Mapp
     return lines
 
 
+# --------------------------------------------------------------------------- cross-checks
+
+
+def earlier_baseline_phases(results, workload: Workload, params: Mapping[str, Any]) -> tuple[dict | None, str]:
+    """Notebook 01's phase statistics of the same job in this run, for :func:`cross_checks`.
+
+    Parameters
+    ----------
+    results : pandas.DataFrame or None
+        This run's records (:func:`helpers.results.load_results`).
+    workload : Workload
+        This notebook's workload.
+    params : mapping
+        This notebook's parameters (``data_dir`` and ``max_images`` must match too).
+
+    Returns
+    -------
+    (dict or None, str)
+        ``extra["phases"]`` of notebook 01's verdict (phase -> ``median_s``,
+        ``p25_s``, ``p75_s``) when it measured this very job, else None and why not.
+    """
+    if results is None or not len(results):
+        return None, "notebook 01 has no verdict in this run"
+    table = verdicts(results)
+    rows = table[table["notebook"] == checklist.BASELINE] if len(table) else table
+    if not len(rows):
+        return None, "notebook 01 has no verdict in this run"
+    row = rows.iloc[-1]
+    extra = row.get("extra") if isinstance(row.get("extra"), Mapping) else {}
+    theirs = row.get("parameters") if isinstance(row.get("parameters"), Mapping) else {}
+    phases = extra.get("phases") if isinstance(extra.get("phases"), Mapping) else None
+    if phases is None:
+        return None, "notebook 01's verdict carries no phase statistics (recorded by an older version)"
+    try:
+        same = Workload.from_params(theirs) == workload
+    except (ParameterError, TypeError, ValueError, KeyError):
+        same = False
+    same = same and all(str(theirs.get(k) or "") == str(params.get(k) or "") for k in ("data_dir", "max_images"))
+    if not same:
+        return None, "notebook 01 measured a different job (workload, data_dir or max_images differ)"
+    return dict(phases), ""
+
+
+def cross_checks(baseline: "JobVariant", optimized: "JobVariant", full, *, earlier_phases: Mapping | None = None,
+                 seed: int = 0, max_drift: float | None = None) -> list:
+    """Every cross-check of the before/after comparison (:mod:`helpers.experiments.crosscheck`).
+
+    - the phases none of the optimized job's optimizations acts on must not change;
+    - the speedup must not exceed what the acted-on phases allow (Amdahl);
+    - the baseline's compute phase must agree with notebook 01's, when it measured this job.
+
+    Parameters
+    ----------
+    baseline, optimized : JobVariant
+        Both measured (interleaved).
+    full : helpers.timing.Comparison
+        :func:`speedup` of the two.
+    earlier_phases : mapping, optional
+        :func:`earlier_baseline_phases`'s statistics (skipped when None).
+    seed : int
+    max_drift : float, optional
+        Default :data:`helpers.experiments.crosscheck.MAX_PHASE_DRIFT`.
+
+    Returns
+    -------
+    list of helpers.experiments.crosscheck.CrossCheck
+    """
+    from helpers.experiments import crosscheck
+
+    drift = crosscheck.MAX_PHASE_DRIFT if max_drift is None else max_drift
+    opts = tuple(optimized.config.optimizations)
+    base_steps, opt_steps = baseline.steps_frame(), optimized.steps_frame()
+    checks = crosscheck.untouched_phases(base_steps, opt_steps, opts, max_drift=drift, seed=seed)
+    medians = {p: float(base_steps[p].median()) for p in PHASES}
+    checks.append(crosscheck.amdahl(full, medians, opts))
+    if earlier_phases and isinstance(earlier_phases.get("compute"), Mapping):
+        checks.append(crosscheck.same_job("the baseline's compute phase", earlier_phases["compute"],
+                                          list(base_steps["compute"]), where="notebook 01", max_drift=drift))
+    return checks
+
+
 # --------------------------------------------------------------------------- learning and projection
 
 
@@ -1271,7 +1352,9 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
     helpers.verdict.Verdict
         Notebook 10's: metric ``speedup`` (x, optimized throughput over the baseline's) with its 95% interval;
         ``extra``: ``optimizations``, ``baseline_exposed_fraction``, ``loss_rtol``, ``learning_ok``,
-        ``missing_verdicts``. It decides no single setting, so it carries no action.
+        ``missing_verdicts``, ``ablation`` (optimization -> ``decision``, ``contribution``, ``ci_low``,
+        ``ci_high``, ``source`` notebook; empty without an ablation). It decides no single setting, so it carries
+        no action.
     """
     recommendation, reason = _decide(comparison, learning, baseline, optimized, host_bound_threshold=host_bound_threshold,
                                      optimized_summary=optimized_summary, ablation=ablation, is_cpu=is_cpu,
@@ -1283,7 +1366,28 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
                            "confidence": comparison.confidence},
                    extra={"optimizations": list(optimized.optimizations),
                           "baseline_exposed_fraction": baseline.exposed_fraction, "loss_rtol": learning.tolerance,
-                          "learning_ok": learning.ok, "missing_verdicts": list(missing)})
+                          "learning_ok": learning.ok, "missing_verdicts": list(missing),
+                          "ablation": _ablation_evidence(ablation)})
+
+
+def _ablation_evidence(ablation) -> dict[str, dict[str, Any]]:
+    """Optimization name -> its ablation decision and whole-step contribution (for the report's first screen)."""
+    out: dict[str, dict[str, Any]] = {}
+    if ablation is None or "decision" not in getattr(ablation, "columns", ()):
+        return out
+    for variant, row in ablation.iterrows():
+        if variant == "all":
+            continue
+        name = str(variant).replace("without ", "")
+
+        def num(key: str) -> float | None:
+            x = row.get(key)
+            return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+        out[name] = {"decision": str(row["decision"]), "contribution": num("contribution"),
+                     "ci_low": num("contribution_low"), "ci_high": num("contribution_high"),
+                     "source": SOURCE_NOTEBOOKS.get(name, "")}
+    return out
 
 
 def _decide(comparison, learning: LearningCheck, baseline: JobSummary, optimized: JobConfig, *,

@@ -539,27 +539,78 @@ def overall_verdict(report: Report) -> str:
     return "no baseline measured yet (notebook 01)" + (f"; run status: {status}" if status else "")
 
 
+_OPTIMIZATION_OF = {o.notebook: o.name for o in checklist.OPTIMIZATIONS}
+
+
+def _end_to_end_evidence(report: Report) -> dict[str, dict]:
+    """Notebook 10's ablation in this run: optimization name -> decision and contribution ({} when absent)."""
+    for s in report.sections:
+        if s.number == _END_TO_END_NUMBER and s.verdict:
+            extra = s.verdict.get("extra") if isinstance(s.verdict.get("extra"), dict) else {}
+            if s.verdict.get("recommendation") == "inconclusive":
+                return {}  # a polluted end-to-end measurement is no evidence either way
+            abl = extra.get("ablation")
+            return dict(abl) if isinstance(abl, dict) else {}
+    return {}
+
+
+def _contribution_text(ev: dict) -> str:
+    c, lo, hi = ev.get("contribution"), ev.get("ci_low"), ev.get("ci_high")
+    if not _is_num(c):
+        return ""
+    return f"{c:.2f}x" + (f", 95% CI {lo:.2f}–{hi:.2f}" if _is_num(lo) and _is_num(hi) else "")
+
+
 def _advice(report: Report) -> list[tuple[str, list[str]]]:
     """(label, items) for the recommendations that ask for a change, failed notebooks and missing items.
 
     A failed notebook is listed under "Failed" with its error's one-line cause,
     e.g. ``"collectives (RuntimeError: ...)"``, not under "Not measured".
+
+    An "enable" from a notebook whose optimization notebook 10 ablated in this
+    run follows that end-to-end evidence: confirmed ("keep it") it stays, with
+    the contribution; with no measurable contribution it moves to its own group
+    (measured in isolation only, not confirmed in the job); "drop it here"
+    moves it to "leave off". An "enable" that notebook 10 did not measure says
+    that it rests on its notebook's isolated measurement only.
     """
-    groups: dict[str, list[str]] = {"inconclusive": [], "enable": [], "leave off": [], "failed": [], "missing": []}
+    groups: dict[str, list[str]] = {"inconclusive": [], "enable": [], "unconfirmed": [], "leave off": [],
+                                    "failed": [], "missing": []}
+    evidence = _end_to_end_evidence(report)
     for s in report.sections:
         rec = (s.verdict or {}).get("recommendation")
         if rec == "inconclusive":
             groups["inconclusive"].append(s.item)
         elif rec in ("enable", "leave off"):
             action = _action(s)
-            if action:
+            if not action:
+                continue
+            name = _OPTIMIZATION_OF.get(s.id)
+            ev = evidence.get(name) if name else None
+            if rec != "enable" or name is None:
                 groups[rec].append(action)
+            elif ev is None:
+                groups["enable"].append(f"{action} (notebook {s.number}'s isolated measurement only: not measured "
+                                        "end to end in this run)")
+            elif ev.get("decision") == "keep it":
+                groups["enable"].append(f"{action} (confirmed end to end by notebook {_END_TO_END_NUMBER}: "
+                                        f"contribution {_contribution_text(ev)})")
+            elif ev.get("decision") == "drop it here":
+                groups["leave off"].append(f"{action.split(':')[0]}: leave off (notebook {s.number} measured a gain "
+                                           f"in isolation, but the end-to-end job of notebook {_END_TO_END_NUMBER} "
+                                           f"was faster without it: {_contribution_text(ev)})")
+            else:
+                groups["unconfirmed"].append(f"{action.split(':')[0]} (notebook {s.number} measured a gain in "
+                                             f"isolation; notebook {_END_TO_END_NUMBER}'s ablation found no "
+                                             f"measurable contribution in the job: {_contribution_text(ev)})")
         elif s.verdict is None and s.status == "failed":
             groups["failed"].append(f"{s.item} ({s.cause})" if s.cause else s.item)
         elif s.verdict is None and s.number:
             groups["missing"].append(s.item)
-    labels = {"inconclusive": "Measured on a busy machine, no verdict (rerun when it is quiet)",
-              "enable": "Enable on this machine", "leave off": "Leave off (measured: no gain here)",
+    labels = {"inconclusive": "Inconclusive: the machine was busy or its speed changed while measuring (rerun when it is quiet)",
+              "enable": "Enable on this machine",
+              "unconfirmed": "Gain in its notebook only, not confirmed end to end (optional)",
+              "leave off": "Leave off (measured: no gain here)",
               "failed": "Failed", "missing": "Not measured in this run"}
     return [(labels[k], "; ".join(v)) for k, v in groups.items() if v]
 

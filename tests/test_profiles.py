@@ -1,0 +1,41 @@
+"""One profile measures one job: every notebook whose verdict notebook 10 applies runs notebook 01's workload."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import checklist
+from helpers.specs import JOB_IMAGE_SIZE, JOB_MODEL_WIDTH, spec_for, validate_notebook_params
+from helpers.workbook.paths import notebooks_dir
+from helpers.workbook.runner import load_profile
+
+PROFILES = sorted(p.stem for p in (notebooks_dir() / "profiles").glob("*.yaml"))
+#: The notebooks whose verdicts decide notebook 10's optimized job, 09 (its batch size) and 10 itself.
+JOB_NOTEBOOKS = ([checklist.BASELINE] + [o.notebook for o in checklist.OPTIMIZATIONS]
+                 + ["09_memory_and_batch_size", checklist.END_TO_END])
+JOB_KEYS = ("batch_size", "image_size", "text_len", "model_width", "d_model", "max_images", "seed")
+
+
+def _resolved(profile: dict, notebook: str) -> dict:
+    names = {p.name for p in spec_for(notebook)}
+    section = {**(profile.get("common") or {}), **(profile.get(notebook) or {})}
+    return validate_notebook_params(notebook, {k: v for k, v in section.items() if k in names})
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_profile_measures_one_job(name):
+    profile = load_profile(name)
+    job = _resolved(profile, checklist.BASELINE)
+    for nb in JOB_NOTEBOOKS:
+        params = _resolved(profile, nb)
+        differs = {k: (params[k], job[k]) for k in JOB_KEYS if k in params and params[k] != job[k]}
+        assert not differs, f"profile {name}: {nb} measures another job than notebook 01: {differs}"
+
+
+def test_notebook_defaults_are_the_same_job():
+    for nb in JOB_NOTEBOOKS:
+        defaults = {p.name: p.default for p in spec_for(nb)}
+        if "image_size" in defaults:
+            assert defaults["image_size"] == JOB_IMAGE_SIZE, nb
+        if "model_width" in defaults:
+            assert defaults["model_width"] == JOB_MODEL_WIDTH, nb
