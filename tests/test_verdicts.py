@@ -80,6 +80,19 @@ def test_memory_verdict_moves_the_batch_only_for_a_reason(current, best, gain, r
     assert v.action.current == current and v.value == 16.0
 
 
+def test_memory_verdict_from_a_budget_set_for_the_run_says_so():
+    kw = dict(current=32, best=16, gain=None, finder_throughput={8: 100.0, 16: 120.0}, budget_why="set by memory_budget_mib",
+              safety_margin=0.1, used_name="peak", steps=5, finder_steps=3, start_batch=8, context="c")
+    v = memory.verdict(_found(16), budget_set=True, **kw)
+    assert v.recommendation == "enable" and v.action.value == 16
+    assert v.action.text == ("batch size 32 → 16 (within the 1,024 MiB memory_budget_mib set for this run, not this "
+                             "machine's free memory)")
+    assert v.reason.startswith("within the 1,024 MiB memory_budget_mib set for this run")
+    assert v.extra["budget_set_by_parameter"] is True
+    free = memory.verdict(_found(16), budget_set=False, **kw)
+    assert free.action.text == "batch size 32 → 16" and "memory_budget_mib" not in free.reason
+
+
 def test_memory_verdict_when_nothing_fits():
     v = memory.verdict(_found(None), current=8, best=None, gain=None, finder_throughput={}, budget_why="set",
                        budget_set=True, safety_margin=0.1, used_name="peak", steps=5, finder_steps=3, start_batch=8,

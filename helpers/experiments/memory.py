@@ -650,8 +650,9 @@ def verdict(found: FinderResult, *, current: int, best: int | None, gain: tuple[
     Returns
     -------
     helpers.verdict.Verdict
-        metric ``max_batch_size`` (samples; None when no size fitted); action on ``batch_size``; ``extra``:
-        ``best_throughput_batch``, ``reached_max``.
+        metric ``max_batch_size`` (samples; None when no size fitted); action on ``batch_size`` (its text names
+        the budget when ``budget_set``: a batch size derived from a budget set for the run says so wherever it is
+        shown); ``extra``: ``best_throughput_batch``, ``reached_max``, ``budget_set_by_parameter``.
     """
     chosen, cur = found.chosen, current
     budget_mib, limit_mib = found.budget_bytes / MIB, found.limit_bytes / MIB
@@ -692,12 +693,20 @@ def verdict(found: FinderResult, *, current: int, best: int | None, gain: tuple[
                        f"interval), but interleaved it gives {gain[0]:.2f}x (95% CI {gain[1]:.2f}-{gain[2]:.2f}, "
                        f"{steps} steps each): not a measured gain")
             reason = f"keep batch {cur}: {why}; {mem_txt}"
+    set_by_run = ""
     if budget_set:
+        # a budget given as a parameter (a profile's demonstration budget, or a user's share of a shared device)
+        # is not this machine's memory: a batch size derived from it must say so wherever it is shown
+        set_by_run = f"within the {budget_mib:,.0f} MiB memory_budget_mib set for this run, not this machine's free memory"
         reason += f"; budget {budget_why}"
+        if recommendation == "enable":
+            reason = f"{set_by_run}: {reason}"
     if recommendation == "enable":
-        action = Action("batch_size", int(target), f"batch size {cur} → {int(target)}", current=cur)
+        text = f"batch size {cur} → {int(target)}" + (f" ({set_by_run})" if set_by_run else "")
+        action = Action("batch_size", int(target), text, current=cur)
     else:
         action = Action("batch_size", cur, f"batch size: keep {cur}", current=cur)
     return Verdict(notebook=NOTEBOOK, metric="max_batch_size", value=value, unit=unit, recommendation=recommendation,
                    reason=reason, context=context, action=action,
-                   extra={"best_throughput_batch": best, "reached_max": found.reached_max})
+                   extra={"best_throughput_batch": best, "reached_max": found.reached_max,
+                          "budget_set_by_parameter": bool(budget_set)})
