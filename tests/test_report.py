@@ -315,6 +315,9 @@ def test_write_report_through_the_command_line(partial_run, capsys):
      "2.00x (90% CI 1.50–2.50)"),
     ({"value": 0.42, "unit": "fraction", "spread": {"p25": 0.4, "p75": 0.45}}, "42% (IQR 40%–45%)"),
     ({"value": 812.0, "unit": "GB/s", "spread": None}, "812 GB/s"),
+    # a "leave off" beside a large point estimate: the interval is what the recommendation rests on
+    ({"value": 4.12, "unit": "x", "recommendation": "leave off", "spread": {"ci_low": 0.8, "ci_high": 9.1}},
+     "no measurable effect (4.12x, 95% CI 0.80–9.10)"),
     ({"value": 1536.0, "unit": "samples", "spread": {"p25": 1500.0, "p75": 1600.0}}, "1,536 samples (IQR 1,500–1,600)"),
 ])
 def test_headline(verdict, text):
@@ -507,7 +510,8 @@ def test_first_screen_lists_settings_not_notebooks(tmp_path):
         action=Action("batch_size", 80, "batch size 32 → 80", current=32))
     _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=2.6, unit="x", recommendation="enable", reason="r")
     advice = dict(_advice(collect(tmp_path)))
-    assert advice["Enable on this machine"] == "bf16 autocast: enable; batch size 32 → 80"
+    assert advice["Enable on this machine"] == ("bf16 autocast: enable (notebook 06's isolated measurement only: not "
+                                                "in notebook 10's optimized job); batch size 32 → 80")
     assert advice["Leave off (measured: no gain here)"] == "fp16 gradient compression: leave off"
 
 
@@ -520,7 +524,8 @@ def test_first_screen_reads_the_action_not_the_wording(tmp_path):
     _store(tmp_path, "07_channels_last").verdict(metric="speedup", value=1.0, unit="x", recommendation="leave off",
                                                  reason="bf16 autocast and fp16 compression were also tried")
     advice = dict(_advice(collect(tmp_path)))
-    assert advice["Enable on this machine"] == "bf16 autocast: enable"
+    assert advice["Enable on this machine"] == ("bf16 autocast: enable (notebook 06's isolated measurement only: "
+                                                "notebook 10 did not run)")
     # a verdict recorded without an action (an older results file) shows its item, nothing parsed
     assert advice["Leave off (measured: no gain here)"] == "channels_last: leave off"
 

@@ -542,16 +542,34 @@ def overall_verdict(report: Report) -> str:
 _OPTIMIZATION_OF = {o.notebook: o.name for o in checklist.OPTIMIZATIONS}
 
 
-def _end_to_end_evidence(report: Report) -> dict[str, dict]:
-    """Notebook 10's ablation in this run: optimization name -> decision and contribution ({} when absent)."""
+def _end_to_end_evidence(report: Report) -> tuple[str, dict[str, dict], list[str]]:
+    """Notebook 10 in this run: (state, ablation by optimization name, the optimized job's optimizations).
+
+    ``state`` is ``"absent"`` (no end-to-end verdict), ``"inconclusive"`` (its measurement is no evidence
+    either way) or ``"measured"``.
+    """
     for s in report.sections:
         if s.number == _END_TO_END_NUMBER and s.verdict:
             extra = s.verdict.get("extra") if isinstance(s.verdict.get("extra"), dict) else {}
             if s.verdict.get("recommendation") == "inconclusive":
-                return {}  # a polluted end-to-end measurement is no evidence either way
-            abl = extra.get("ablation")
-            return dict(abl) if isinstance(abl, dict) else {}
-    return {}
+                return "inconclusive", {}, []
+            abl = extra.get("ablation") if isinstance(extra.get("ablation"), dict) else {}
+            opts = extra.get("optimizations") if isinstance(extra.get("optimizations"), list) else []
+            return "measured", dict(abl), [str(o) for o in opts]
+    return "absent", {}, []
+
+
+def _isolated_only(state: str, name: str, in_job: list[str], number: str) -> str:
+    """Why an "enable" rests on its own notebook's measurement only."""
+    if state == "absent":
+        why = f"notebook {_END_TO_END_NUMBER} did not run"
+    elif state == "inconclusive":
+        why = f"notebook {_END_TO_END_NUMBER} was inconclusive"
+    elif name in in_job:
+        why = f"in notebook {_END_TO_END_NUMBER}'s optimized job, but not ablated there"
+    else:
+        why = f"not in notebook {_END_TO_END_NUMBER}'s optimized job"
+    return f"notebook {number}'s isolated measurement only: {why}"
 
 
 def _contribution_text(ev: dict) -> str:
@@ -576,7 +594,7 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
     """
     groups: dict[str, list[str]] = {"inconclusive": [], "enable": [], "unconfirmed": [], "leave off": [],
                                     "failed": [], "missing": []}
-    evidence = _end_to_end_evidence(report)
+    state, evidence, in_job = _end_to_end_evidence(report)
     for s in report.sections:
         rec = (s.verdict or {}).get("recommendation")
         if rec == "inconclusive":
@@ -590,8 +608,7 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
             if rec != "enable" or name is None:
                 groups[rec].append(action)
             elif ev is None:
-                groups["enable"].append(f"{action} (notebook {s.number}'s isolated measurement only: not measured "
-                                        "end to end in this run)")
+                groups["enable"].append(f"{action} ({_isolated_only(state, name, in_job, s.number)})")
             elif ev.get("decision") == "keep it":
                 groups["enable"].append(f"{action} (confirmed end to end by notebook {_END_TO_END_NUMBER}: "
                                         f"contribution {_contribution_text(ev)})")

@@ -125,7 +125,8 @@ def headline(verdict: pd.Series | dict | None) -> str:
     Returns
     -------
     str
-        ``"—"`` for no verdict, ``"not applicable"`` / ``"no value"`` for a verdict without a number.
+        ``"—"`` for no verdict, ``"not applicable"`` / ``"no value"`` for a verdict without a number;
+        a ratio (unit ``x``) whose interval includes 1 reads ``"no measurable effect (4.12x, 95% CI 0.80–9.10)"``.
     """
     if verdict is None:
         return "—"
@@ -135,6 +136,12 @@ def headline(verdict: pd.Series | dict | None) -> str:
         return "not applicable" if v.get("recommendation") == "not applicable" else "no value"
     text = _fmt_value(value, v.get("unit"))
     spread = _spread_text(v.get("spread"), v.get("unit"))
+    interval = v.get("spread") if isinstance(v.get("spread"), dict) else {}
+    low, high = interval.get("ci_low"), interval.get("ci_high")
+    if v.get("unit") == "x" and _is_num(low) and _is_num(high) and low <= 1.0 <= high:
+        # the figure a "leave off" rests on is the interval, not the point: a ratio whose interval
+        # includes 1 is no measured effect, however large the point estimate of a noisy run
+        return f"no measurable effect ({text}, {spread})"
     return f"{text} ({spread})" if spread else text
 
 
