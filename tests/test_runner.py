@@ -375,3 +375,52 @@ def test_a_folder_of_broken_images_stops_before_work_with_the_reasons(tmp_path):
     run(RunOptions(profile="smoke", out=tmp_path / "run", data_dir=str(data)), echo=lambda s: None,
         executor=lambda nb, **kw: called.append(nb.id), device_checker=_fake_device)
     assert "01_baseline_profiling" in called
+
+
+def test_a_full_disk_stops_the_run_with_a_clear_error_and_keeps_what_was_written(tmp_path):
+    import errno
+
+    lines, ran = [], []
+
+    def executor(nb, **kw):
+        ran.append(nb.id)
+        if len(ran) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / nb.id))
+
+    run_dir, state = run(RunOptions(profile="smoke", out=tmp_path / "run", only=["00", "01", "02", "03"]),
+                         echo=lines.append, executor=executor, device_checker=_fake_device)
+    assert ran == ["00_environment_check", "01_baseline_profiling"]  # nothing started after the full disk
+    assert state.status == "failed"
+    by_id = {n.id: n for n in state.notebooks}
+    assert by_id["00_environment_check"].status == "ok"
+    assert by_id["01_baseline_profiling"].status == "failed"
+    msg = by_id["01_baseline_profiling"].error["message"]
+    assert f"the disk of the run folder {run_dir} is full (" in msg and "MiB free" in msg and "--resume" in msg
+    assert [by_id[k].status for k in ("02_batched_decode", "03_dataloader_tuning")] == ["pending", "pending"]
+    assert any(ln.startswith("Stopped: the disk of the run folder") for ln in lines)
+    assert any(ln.endswith("\nNot started: 02_batched_decode, 03_dataloader_tuning") for ln in lines)
+    saved = json.loads((run_dir / "run.json").read_text())
+    assert saved["status"] == "failed"  # recorded where the disk allowed it
+    assert (run_dir / "report.html").is_file()
+
+
+def test_run_json_that_cannot_be_written_on_a_full_disk_is_a_clear_error_not_a_traceback(tmp_path, monkeypatch):
+    import errno
+
+    real_save = runner.RunState.save
+    calls = []
+
+    def save(self, run_dir):
+        calls.append(1)
+        if len(calls) >= 4:  # the run folder fills up after the first notebook started
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(self, run_dir)
+
+    monkeypatch.setattr(runner.RunState, "save", save)
+    lines = []
+    run_dir, state = run(RunOptions(profile="smoke", out=tmp_path / "run", only=["00", "01"]), echo=lines.append,
+                         executor=lambda nb, **kw: None, device_checker=_fake_device)
+    assert state.status == "failed"
+    assert any("Stopped: the disk of the run folder" in ln for ln in lines)
+    assert any(ln.startswith("run.json could not be updated: the disk of the run folder") for ln in lines)
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"  # the last good copy is kept

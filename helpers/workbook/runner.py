@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import json
 import logging
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,7 +46,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
     fcntl = None
 
 from helpers import checklist
-from helpers.errors import DeviceUnavailableError, ParameterError
+from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
 from helpers.fsutil import ensure_writable_dir
 from helpers.pipeline.dataset import list_image_files
 from helpers.pipeline.images import IMAGE_SUFFIXES
@@ -534,16 +536,63 @@ def lock_run_dir(run_dir: Path):
     return handle
 
 
+class DiskFullError(OutputDirError):
+    """The run folder's file system is full: the run stops, keeping what was written."""
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    """True when ``exc`` (or its cause or context) is ENOSPC/EDQUOT, or a kernel's error saying so."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc):
+            return True  # raised in the kernel, reported to the runner as text
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _disk_full(run_dir: Path, exc: BaseException) -> DiskFullError:
+    try:
+        free = shutil.disk_usage(run_dir).free
+        room = f"{free / 2**20:,.1f} MiB free"
+    except OSError:
+        room = "free space unknown"
+    return DiskFullError(
+        f"the disk of the run folder {run_dir} is full ({room}): {type(exc).__name__}: {str(exc)[:200]}. What was "
+        f"written is kept; free some space (or pass --out on another disk) and continue with: "
+        f"{_command()} run --resume --out {run_dir}")
+
+
+def _save(state: "RunState", run_dir: Path) -> None:
+    """``state.save`` with a full disk turned into a :class:`DiskFullError` (run.json keeps its last good copy)."""
+    try:
+        state.save(run_dir)
+    except OSError as exc:
+        if _is_disk_full(exc):
+            raise _disk_full(run_dir, exc) from exc
+        raise
+
+
 def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions, echo, progress: bool) -> None:
-    """Run each notebook of ``state`` not yet "ok", in order, recording its status, duration and error."""
+    """Run each notebook of ``state`` not yet "ok", in order, recording its status, duration and error.
+
+    Raises
+    ------
+    DiskFullError
+        When the run folder's disk is full (a notebook failed with ENOSPC, or run.json could not be written):
+        the notebooks after it are not started, since they could not write their results either.
+    """
     for i, nb in enumerate(state.notebooks, 1):
         if nb.status == "ok":
             continue
         drop_records(run_dir / RESULTS_FILE, nb.id)
         echo(f"[{i}/{len(state.notebooks)}] {nb.id} ...")
         nb.status, nb.error = "running", None
-        state.save(run_dir)
+        _save(state, run_dir)
         t0 = time.perf_counter()
+        full = None
         try:
             executor(nb, timeout_s=math.ceil(options.timeout_s), progress=progress)
             nb.status = "ok"
@@ -554,8 +603,14 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
         except Exception as exc:  # a failing notebook must not stop the others
             nb.status = "failed"
             nb.error = _error_info(exc, nb.input)
+            if _is_disk_full(exc):
+                full = _disk_full(run_dir, exc)
+                nb.error["message"] = str(full)
         nb.duration_s = round(time.perf_counter() - t0, 2)
-        state.save(run_dir)
+        _save(state, run_dir)
+        if full is not None:
+            echo(f"[{i}/{len(state.notebooks)}] {nb.id}: failed in {nb.duration_s:.1f} s — disk full")
+            raise full
         line = f"[{i}/{len(state.notebooks)}] {nb.id}: {nb.status} in {nb.duration_s:.1f} s"
         if nb.error:
             count, cell = nb.error.get("exec_count"), nb.error.get("cell_index")
@@ -667,6 +722,10 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
     try:
         with _terminate_like_interrupt():
             _execute_all(state, run_dir, executor, options, echo, progress)
+    except DiskFullError as exc:
+        state.status = "failed"
+        left = [n.id for n in state.notebooks if n.status == "pending"]
+        echo(f"Stopped: {exc}" + (f"\nNot started: {', '.join(left)}" if left else ""))
     except KeyboardInterrupt:
         state.status = "interrupted"
         echo(f"Interrupted: what finished is kept. Continue with:\n  {_command()} run --resume --out {run_dir}\n"
@@ -677,7 +736,10 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         if state.status != "interrupted":
             failed = [n.id for n in state.notebooks if n.status != "ok"]
             state.status = "failed" if failed else "ok"
-        state.save(run_dir)
+        try:
+            _save(state, run_dir)
+        except OSError as exc:  # a full disk: run.json keeps its last good copy, the report is tried anyway
+            echo(f"run.json could not be updated: {exc}")
         try:
             html, md = write_report(run_dir)
             echo(f"Report: {html}")
