@@ -424,3 +424,37 @@ def test_run_json_that_cannot_be_written_on_a_full_disk_is_a_clear_error_not_a_t
     assert any("Stopped: the disk of the run folder" in ln for ln in lines)
     assert any(ln.startswith("run.json could not be updated: the disk of the run folder") for ln in lines)
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"  # the last good copy is kept
+
+
+def test_a_resumed_run_ends_the_processes_its_killed_predecessor_left(tmp_path):
+    from helpers.process import register_child
+
+    sleepers = []
+
+    def first(nb, **kw):  # notebook 01 starts a long-lived child (as notebook 08 starts torchrun), then the run dies
+        if nb.id == "01_baseline_profiling":
+            p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+            sleepers.append(p)
+            register_child(p.pid, role="torchrun")
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(RunOptions(profile="smoke", out=tmp_path / "run", only=["00", "01"]), echo=lambda s: None,
+            executor=first, device_checker=_fake_device)
+    # a child that is not ours any more: a live process whose record has another start time (a reused PID)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    (tmp_path / "run" / runner.CHILDREN_DIR / f"{other.pid}.json").write_text(
+        json.dumps({"pid": other.pid, "create_time": 1.0, "role": "someone else's"}))
+    try:
+        assert sleepers[0].poll() is None  # still alive after the run ended
+        lines = []
+        run(RunOptions(resume=True, out=tmp_path / "run"), echo=lines.append, executor=lambda nb, **kw: None,
+            device_checker=_fake_device)
+        assert sleepers[0].wait(timeout=10) is not None
+        assert f"Ended a process left by an earlier run of this folder: torchrun (pid {sleepers[0].pid})" in lines
+        assert other.poll() is None  # not ours: untouched
+        assert list((tmp_path / "run" / runner.CHILDREN_DIR).iterdir()) == []
+    finally:
+        for p in (*sleepers, other):
+            p.kill()
+            p.wait()

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from helpers.process import die_with_parent
+from helpers.process import die_with_parent, register_child, unregister_child
 from helpers.device import get_accelerator, usable_cores
 from helpers.errors import DataError, DeviceUnavailableError, ParameterError
 
@@ -431,6 +431,7 @@ def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backen
         with open(log_path, "wb") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=job_env,
                                     start_new_session=True, preexec_fn=die_with_parent)  # torchrun dies with us
+            record = register_child(proc.pid, role="torchrun")  # and a resumed run ends it if it did not
             try:
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -447,6 +448,7 @@ def run_job(task: str, config: Mapping[str, Any], *, world_size: int = 2, backen
             finally:
                 for p in _descendants(proc.pid):  # nothing may outlive the job
                     p.kill()
+                unregister_child(record)
         wall = time.perf_counter() - t0
         text = log_path.read_text(errors="replace")
         tail = "\n".join(text.splitlines()[-40:])

@@ -28,10 +28,14 @@ import sys
 import time
 from pathlib import Path
 
-from helpers.process import die_with_parent
+from helpers.process import die_with_parent, register_child, unregister_child
 
 if __name__ == "__main__":  # a rank: die with torchrun, asked before the slow imports below (torch)
     die_with_parent(parent_must_contain="torch.distributed")
+    _RECORD = register_child(role=f"rank {os.environ.get('RANK', '?')}")  # a resumed run ends it if it is left
+    import atexit
+
+    atexit.register(unregister_child, _RECORD)
 
 from helpers.comm.allreduce import run_allreduce  # noqa: E402 (after die_with_parent)
 from helpers.comm.rank import RankContext, init_rank  # noqa: E402

@@ -47,6 +47,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
 
 from helpers import checklist
 from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
+from helpers.process import CHILDREN_DIR_ENV, end_stale_children
 from helpers.fsutil import ensure_writable_dir
 from helpers.pipeline.dataset import list_image_files
 from helpers.pipeline.images import IMAGE_SUFFIXES
@@ -536,6 +537,10 @@ def lock_run_dir(run_dir: Path):
     return handle
 
 
+#: Folder of a run where torchrun and its ranks register themselves while they run (see helpers.process).
+CHILDREN_DIR = ".children"
+
+
 class DiskFullError(OutputDirError):
     """The run folder's file system is full: the run stops, keeping what was written."""
 
@@ -717,6 +722,11 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
     if options.resume:
         done = len(state.notebooks) - len(todo)
         echo(f"{done} notebook(s) already finished; running {len(todo)}")
+    children = run_dir / CHILDREN_DIR
+    for line in end_stale_children(children):  # an earlier run of this folder, killed, may have left them
+        echo(f"Ended a process left by an earlier run of this folder: {line}")
+    old_children_env = os.environ.get(CHILDREN_DIR_ENV)
+    os.environ[CHILDREN_DIR_ENV] = str(children)  # torchrun and its ranks register here (helpers.process)
     state.status = "running"
     state.save(run_dir)
     try:
@@ -749,4 +759,8 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             echo(f"Report could not be written: {type(exc).__name__}: {exc}")
         finally:
             lock.close()
+            if old_children_env is None:
+                os.environ.pop(CHILDREN_DIR_ENV, None)
+            else:
+                os.environ[CHILDREN_DIR_ENV] = old_children_env
     return run_dir, state
