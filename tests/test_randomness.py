@@ -88,3 +88,14 @@ def test_probe_dataset_in_the_main_process_draws_from_its_own_generators():
     rows = ds[[0, 1]]["rows"]
     assert [r[0] for r in rows] == [0, 1] and all(r[1] == -1 for r in rows)
     assert rows[0][3] != rows[1][3]  # the object generator advances within a process
+
+
+def test_epoch_probe_shows_persistent_workers_repeat_epoch_0_until_the_sampler_carries_the_epoch():
+    from helpers.pipeline.randomness import EPOCH_VARIANTS, epoch_probe
+
+    out = epoch_probe(epochs=3, num_workers=2, items=8, seed=1).set_index("variant")
+    assert out.loc[EPOCH_VARIANTS[0], "repeated_items"] == 0  # fresh workers copy the new epoch
+    assert out.loc[EPOCH_VARIANTS[1], "repeated_items"] == 16  # every item, in both later epochs
+    assert out.loc[EPOCH_VARIANTS[1], "epochs_seen"] == "0, 0, 0"
+    assert out.loc[EPOCH_VARIANTS[2], "repeated_items"] == 0
+    assert out.loc[EPOCH_VARIANTS[2], "epochs_seen"] == "0, 1, 2"

@@ -36,14 +36,16 @@ from torch.utils.data import DataLoader, Dataset
 
 from helpers.errors import ParameterError
 from helpers.pipeline.guarded import iterate
-from helpers.pipeline.loader import LoaderConfig, make_batch_sampler, quiet_worker_count_warning
+from helpers.pipeline.loader import LoaderConfig, close_loader, make_batch_sampler, quiet_worker_count_warning
+from helpers.pipeline.sampler import batch_epoch
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SOURCES", "ProbeDataset", "ProbeResult", "run_probe", "duplicate_summary", "probe"]
+__all__ = ["SOURCES", "ProbeDataset", "ProbeResult", "run_probe", "duplicate_summary", "probe", "EPOCH_VARIANTS",
+           "EpochSeededDataset", "epoch_probe"]
 
 #: The random sources the probe draws from, in column order.
 SOURCES: tuple[str, ...] = (
@@ -290,3 +292,126 @@ def probe(*, epochs: int = 2, ranks: int = 2, num_workers: int = 2, items: int |
     draws = pd.concat(frames, ignore_index=True)
     return ProbeResult(draws=draws, summary=duplicate_summary(draws), num_workers=num_workers, epochs=epochs,
                        ranks=ranks, items=items)
+
+
+# --------------------------------------------------------------------------- the epoch in persistent workers
+
+#: The three ways the epoch can reach the workers that :func:`epoch_probe` compares.
+EPOCH_VARIANTS: tuple[str, str, str] = (
+    "set_epoch, new workers each epoch",
+    "set_epoch, persistent workers",
+    "epoch from the sampler, persistent workers",
+)
+
+
+class EpochSeededDataset(Dataset):
+    """Items whose "augmentation" is drawn from ``(seed, epoch, index)``, as the workbook's datasets draw crops.
+
+    Parameters
+    ----------
+    n_items : int
+        Items per epoch (>= 1).
+    seed : int, default 0
+    use_sampler_epoch : bool, default True
+        Read the epoch from the batch of indices (:class:`helpers.pipeline.sampler.EpochIndices`, tagged by
+        the sampler in the main process); False reads only ``self.epoch``, which :meth:`set_epoch` changes
+        in the process that calls it: the main process, not a persistent worker's copy (pytorch#97326).
+
+    Notes
+    -----
+    ``__getitem__`` takes a list of indices and returns ``{"rows": [(index, epoch seen, draw), ...]}``.
+    """
+
+    def __init__(self, n_items: int, *, seed: int = 0, use_sampler_epoch: bool = True) -> None:
+        if isinstance(n_items, bool) or not isinstance(n_items, int) or n_items < 1:
+            raise ParameterError(f"n_items={n_items!r}: allowed: an int >= 1")
+        self.n_items, self.seed, self.use_sampler_epoch, self.epoch = n_items, int(seed), bool(use_sampler_epoch), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch, in this process's copy of the dataset."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.n_items
+
+    def __getitem__(self, indices: list[int]) -> dict:
+        epoch = batch_epoch(indices, self.epoch) if self.use_sampler_epoch else self.epoch
+        return {"rows": [(int(i), epoch, float(np.random.default_rng([self.seed, epoch, int(i)]).random()))
+                         for i in indices]}
+
+
+def epoch_probe(*, epochs: int = 2, num_workers: int = 2, items: int = 8, seed: int = 0, batch_size: int = 2,
+                timeout_s: float = 60.0, multiprocessing_context: str | None = None) -> "pd.DataFrame":
+    """Show whether each epoch draws new augmentations, for the three ways of passing the epoch.
+
+    Each variant loads :class:`EpochSeededDataset` for ``epochs`` epochs through a real DataLoader whose
+    sampler is :func:`~helpers.pipeline.loader.make_batch_sampler`'s, calling ``dataset.set_epoch(e)`` and
+    ``sampler.set_epoch(e)`` in the main process before each epoch, as a training loop does:
+
+    - ``set_epoch, new workers each epoch``: ``persistent_workers=False`` re-creates the workers from the
+      main process's copy each epoch, so they see the new epoch;
+    - ``set_epoch, persistent workers``: the workers keep their copy from epoch 0 and never see it: every
+      epoch repeats epoch 0's draws (the field case);
+    - ``epoch from the sampler, persistent workers``: the fix: the sampler tags every batch of indices with
+      its epoch, and the dataset reads it there.
+
+    Parameters
+    ----------
+    epochs : int
+        Epochs (>= 2: a repeat needs two).
+    num_workers : int
+        Worker processes (>= 1).
+    items, seed, batch_size, timeout_s, multiprocessing_context
+        As :func:`run_probe`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per variant (:data:`EPOCH_VARIANTS`): ``variant``, ``persistent_workers``, ``items``,
+        ``later_epochs`` (epochs after the first), ``repeated_items`` (items whose draw in a later epoch equals
+        their epoch-0 draw, summed over later epochs), ``epochs_seen`` (the epochs the workers saw, e.g.
+        ``"0, 0"``).
+
+    Raises
+    ------
+    ParameterError
+        For out-of-range counts.
+    """
+    import pandas as pd
+
+    for name, value, low in (("epochs", epochs, 2), ("num_workers", num_workers, 1), ("batch_size", batch_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ParameterError(f"{name}={value!r}: allowed: an int >= {low}")
+    if not isinstance(items, int) or items < num_workers * batch_size:
+        raise ParameterError(f"items={items!r}: allowed: an int >= num_workers x batch_size = "
+                             f"{num_workers * batch_size}")
+    rows = []
+    for variant, persistent, from_sampler in zip(EPOCH_VARIANTS, (False, True, True), (False, False, True)):
+        config = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=True, seed=seed,
+                              timeout_s=timeout_s, persistent_workers=persistent,
+                              multiprocessing_context=multiprocessing_context)
+        dataset = EpochSeededDataset(items, seed=seed, use_sampler_epoch=from_sampler)
+        sampler = make_batch_sampler(items, config)
+        with quiet_worker_count_warning():
+            loader = DataLoader(dataset, **config.to_kwargs(batch_sampler=sampler))
+        draws: dict[int, dict[int, float]] = {}
+        seen: list[int] = []
+        try:
+            for epoch in range(epochs):
+                dataset.set_epoch(epoch)
+                sampler.set_epoch(epoch)
+                got: dict[int, float] = {}
+                with iterate(loader, name=f"epoch probe ({variant}, epoch {epoch})") as it:
+                    for batch in it:
+                        for index, epoch_seen, value in batch["rows"]:
+                            got[int(index)] = float(value)
+                            seen.append(int(epoch_seen))
+                draws[epoch] = got
+        finally:
+            close_loader(loader)
+        repeated = sum(1 for e in range(1, epochs) for i, v in draws[e].items() if draws[0].get(i) == v)
+        per_epoch = [sorted(set(seen[k * items:(k + 1) * items])) for k in range(epochs)]
+        rows.append({"variant": variant, "persistent_workers": persistent, "items": items,
+                     "later_epochs": epochs - 1, "repeated_items": repeated,
+                     "epochs_seen": ", ".join("/".join(map(str, s)) for s in per_epoch)})
+    return pd.DataFrame(rows)
