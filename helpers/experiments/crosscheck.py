@@ -248,7 +248,7 @@ def amdahl(speedup: Comparison, baseline_phase_medians: Mapping[str, float], opt
     where = "+".join(p for p in PHASES if p in acted) or "no phase"
     if share >= 1.0 - 1e-9:
         return CrossCheck("Amdahl bound", True, f"the optimizations act on every phase ({where}): no upper bound",
-                          {"acted_share": share, "bound": math.inf})
+                          {"acted_share": share, "bound": None})
     bound = 1.0 / (1.0 - share)
     ok = not speedup.ci_low > slack * bound
     sentence = (f"{speedup.ratio:.2f}x measured (95% CI {speedup.ci_low:.2f}-{speedup.ci_high:.2f}) where the "
