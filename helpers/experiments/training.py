@@ -21,7 +21,7 @@ from helpers.errors import ParameterError
 from helpers.jobs.base import Job, StepOptions, close_dataset
 from helpers.pipeline.loader import LoaderConfig, close_loader
 
-__all__ = ["LearningCheck", "TimedJob", "fixed_batches", "learning_check", "percent", "prepare_job", "time_job"]
+__all__ = ["LearningCheck", "TimedJob", "clone_batch", "fixed_batches", "learning_check", "percent", "prepare_job", "time_job"]
 
 
 @dataclass
@@ -160,19 +160,21 @@ def fixed_batches(job: Job, acc, n: int, *, pipeline: str | None = None, epoch: 
         sampler.set_epoch(epoch)
         out = []
         for indices in itertools.islice(sampler, n):
-            out.append(_clone(job.to_device(dataset[indices], acc, options=options)))
+            out.append(clone_batch(job.to_device(dataset[indices], acc, options=options)))
         return out
     finally:
         close_dataset(dataset)
 
 
-def _clone(batch: Any) -> Any:
+def clone_batch(batch: Any) -> Any:
+    """A copy of a (nested) batch whose tensors are cloned: tuples, lists and dicts element by element, other
+    values as they are. Pipelines may reuse their buffers; a batch kept for later must own its memory."""
     if isinstance(batch, torch.Tensor):
         return batch.clone()
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_clone(b) for b in batch)
+        return type(batch)(clone_batch(b) for b in batch)
     if isinstance(batch, Mapping):
-        return {k: _clone(v) for k, v in batch.items()}
+        return {k: clone_batch(v) for k, v in batch.items()}
     return batch
 
 

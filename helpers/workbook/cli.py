@@ -3,6 +3,8 @@
 Commands
 --------
 run         execute the notebooks into a run folder and write the report
+diagnose    the quick answer for your own job (--job path/to/job.py:make_job): host-bound verdict and
+            the three-run test (real loader, cached batches, synthetic device batches)
 bench       run a benchmark (input-pipeline, allreduce, dataset-index) and print its figures as JSON; exit 2 on bad
             flag values or an unavailable backend, 1 when the allreduce job ran and failed or timed out
 data build  build the embedded photo dataset (done on first use anyway)
@@ -38,6 +40,19 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true",
                    help="continue the run in --out (default: the latest run), skipping finished notebooks")
     r.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="limit per notebook cell, seconds")
+
+    dg = sub.add_parser("diagnose", help="the quick answer for your own job: host-bound verdict, three-run test, "
+                                         "what free input would give, the notebook to open next")
+    dg.add_argument("--job", required=True, metavar="FILE.py:FACTORY",
+                    help="your job: path/to/job.py:make_job or package.module:make_job")
+    dg.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="device kind (default: auto)")
+    dg.add_argument("--steps", type=int, default=20, metavar="N", help="measured steps per run (default: 20)")
+    dg.add_argument("--warmup-steps", type=int, default=3, metavar="N", help="untimed steps per run (default: 3)")
+    dg.add_argument("--threshold", type=float, default=0.10, metavar="F",
+                    help="exposed-input share above which the job is host-bound (default: 0.10, as notebook 01)")
+    dg.add_argument("--batch-size", type=int, default=None, metavar="N", help="passed to the job's factory")
+    dg.add_argument("--data-dir", default=None, metavar="DIR", help="passed to the job's factory")
+    dg.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     d = sub.add_parser("data", help="dataset commands")
     dsub = d.add_subparsers(dest="data_command", required=True)
@@ -88,6 +103,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _diagnose(args) -> int:
+    """``diagnose --job``: load the job (its errors are theirs, exit 2), run the three-run test, print it."""
+    import json
+
+    from helpers.npu_probe import prepare_torch_import
+
+    prepare_torch_import(fallback_to_cpu=True)
+    from helpers.device import get_accelerator
+    from helpers.experiments.three_run import three_run
+    from helpers.jobs.load import load_job
+
+    params = {k: v for k, v in (("batch_size", args.batch_size), ("data_dir", args.data_dir)) if v is not None}
+    acc = get_accelerator(args.device)
+    job = load_job(args.job, params)
+    result = three_run(job, acc, steps=args.steps, warmup_steps=args.warmup_steps, threshold=args.threshold)
+    print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.lines()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (0 ok, 1 a notebook failed, 2 bad input, 130 interrupted)."""
     args = _parser().parse_args(argv)
@@ -106,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt:
                 return 130
             return 0 if state.status == "ok" else 1
+        if args.command == "diagnose":
+            return _diagnose(args)
         if args.command == "data":
             import time
 

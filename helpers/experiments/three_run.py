@@ -1,0 +1,205 @@
+"""The quick answer for any job: the host-bound verdict and a three-run test of its input's cost.
+
+After DS-Analyzer's differential approach (Mohan et al., "Analyzing and Mitigating Data Stalls in DNN
+Training", VLDB 2021, arXiv 2007.06775): run the same training steps three ways and read the input's cost
+from the differences, instead of from a profile.
+
+1. **real**: the job as it is, batches from its loader (files read, decoded, collated) then copied;
+2. **cached**: the same steps on host batches made by one pass of the loader and kept in memory, then
+   copied: no reading, no decoding, no collation; what remains is the copy and the computation;
+3. **synthetic**: the same batches already on the device: the step alone, the *input-free ceiling* of
+   this job on this machine.
+
+DS-Analyzer's second run caches the raw data (so it still pays the decode); this one caches whole
+batches, because a user's dataset does not separate reading from decoding. So here ``real - cached`` is
+the whole loader's exposed cost, ``cached - synthetic`` the copy's, and ``real / synthetic`` how much
+faster the job would be with free input.
+
+The three runs take turns in blocks of steps (order reversed every round), each step's phases closed by a
+device synchronize (:class:`helpers.compute.train.TimedLoop`), warm-up excluded; the ratios carry 95%
+bootstrap intervals over the steps; the machine's state is checked beside them (:mod:`helpers.machine`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from helpers import checklist, machine
+from helpers.compute.train import TimedLoop
+from helpers.errors import ParameterError
+from helpers.experiments.baseline import classify
+from helpers.experiments.training import clone_batch, prepare_job
+from helpers.jobs.base import Job, close_dataset
+from helpers.timing import Comparison, Measurement
+
+__all__ = ["RUNS", "ThreeRunResult", "three_run", "next_notebook"]
+
+#: The three runs, in the order they are reported.
+RUNS: tuple[str, str, str] = ("real", "cached", "synthetic")
+
+
+@dataclass(frozen=True)
+class ThreeRunResult:
+    """The three runs of one job and what they say.
+
+    Attributes
+    ----------
+    job : str
+        The job's name.
+    steps : dict of str to pandas.DataFrame
+        Per run (:data:`RUNS`), one row per measured step: ``data``, ``h2d``, ``compute``, ``step_s`` (seconds).
+    exposed_fraction : float
+        The real run's median per-step share of exposed input (data + h2d) in the step (as notebook 01).
+    recommendation, reason : str
+        :func:`helpers.experiments.baseline.classify` of that share ("host-bound" / "device-bound").
+    ceiling : helpers.timing.Comparison
+        real vs synthetic step time: ``ratio`` = how many times faster the job would be with free input.
+    loader : helpers.timing.Comparison
+        real vs cached: what removing the loader alone (keeping the copy) would give.
+    machine : helpers.machine.BusyCheck
+        The machine's state over the measurement.
+    next_notebook : str
+        The notebook to open next, with why (:func:`next_notebook`).
+    """
+
+    job: str
+    steps: dict
+    exposed_fraction: float
+    recommendation: str
+    reason: str
+    ceiling: Any
+    loader: Any
+    machine: Any
+    next_notebook: str
+
+    def median_ms(self, run: str) -> float:
+        """Median step time of one run, ms."""
+        return float(self.steps[run]["step_s"].median()) * 1e3
+
+    def lines(self) -> list[str]:
+        """What ``diagnose`` prints: the verdict, the three runs, the ceiling, the next notebook, the machine."""
+        busy = self.machine.busy
+        head = ("inconclusive: " + self.machine.sentence() + "; what it measured: " if busy else "")
+        out = [f"job: {self.job}",
+               f"{head}{self.recommendation}: {self.reason}"]
+        for run in RUNS:
+            df = self.steps[run]
+            out.append(f"  {run:<9} step {self.median_ms(run):8.1f} ms (IQR {df['step_s'].quantile(0.25) * 1e3:.1f}-"
+                       f"{df['step_s'].quantile(0.75) * 1e3:.1f}; data {df['data'].median() * 1e3:.1f}, h2d "
+                       f"{df['h2d'].median() * 1e3:.1f}, compute {df['compute'].median() * 1e3:.1f} ms)")
+        c, ld = self.ceiling, self.loader
+        out.append(f"with free input this job would be {c.ratio:.2f}x faster (real / synthetic, 95% CI "
+                   f"{c.ci_low:.2f}-{c.ci_high:.2f}); with its loader's work removed but the copy kept, "
+                   f"{ld.ratio:.2f}x (real / cached, 95% CI {ld.ci_low:.2f}-{ld.ci_high:.2f})")
+        out.append(f"next: {self.next_notebook}")
+        out.append(f"machine: {self.machine.sentence()}")
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able figures (``diagnose --json``)."""
+        def cmp(c: Comparison) -> dict:
+            return {"ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high}
+
+        return {"job": self.job, "recommendation": "inconclusive" if self.machine.busy else self.recommendation,
+                "measured_recommendation": self.recommendation, "reason": self.reason,
+                "exposed_input_fraction": self.exposed_fraction,
+                "step_ms": {r: self.median_ms(r) for r in RUNS}, "free_input_speedup": cmp(self.ceiling),
+                "no_loader_speedup": cmp(self.loader), "next_notebook": self.next_notebook,
+                "machine": self.machine.as_dict()}
+
+
+def next_notebook(recommendation: str, loader_ratio: float, ceiling_ratio: float, *, device_kind: str) -> str:
+    """The notebook to open next for the three runs' figures, with the reason."""
+    def nb(name: str) -> str:
+        item = next(i for i in checklist.CHECKLIST if i.name == name)
+        return f"notebook {item.number} (notebooks/{item.id}.ipynb)"
+
+    if recommendation == "host-bound":
+        if loader_ratio >= 0.9 * ceiling_ratio or device_kind == "cpu":
+            return (f"{nb('DataLoader tuning')}: the loader's work is most of the input's cost (removing it gives "
+                    f"{loader_ratio:.2f}x of the {ceiling_ratio:.2f}x free input would); then make each sample "
+                    f"cheaper ({nb('batched decode')} shows how for images)")
+        return (f"{nb('pinned memory')} and {nb('stream overlap')}: the copy is a large part of the input's cost "
+                f"(without the loader {loader_ratio:.2f}x, with free input {ceiling_ratio:.2f}x)")
+    return f"{nb('mixed precision')}: the step is the computation; device-side optimizations pay off first"
+
+
+def _host_batches(job: Job, n: int, pipeline: str) -> list:
+    dataset = job.make_dataset(pipeline)
+    try:
+        sampler = job.batch_sampler(len(dataset))
+        return [clone_batch(dataset[idx]) for idx in itertools.islice(sampler, n)]
+    finally:
+        close_dataset(dataset)
+
+
+def three_run(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: int = 2, cache_batches: int = 8,
+              threshold: float = 0.10) -> ThreeRunResult:
+    """Run the three-run test on ``job`` (see the module notes).
+
+    Parameters
+    ----------
+    job : helpers.jobs.base.Job
+    acc : helpers.device.Accelerator
+    steps : int, default 20
+        Measured steps per run (>= 3).
+    warmup_steps : int, default 3
+        Untimed steps per run first (>= 0).
+    block : int, default 2
+        Steps per run per turn of the rotation.
+    cache_batches : int, default 8
+        Host batches kept for the cached and synthetic runs (>= 1; bounded memory: the runs cycle over them).
+    threshold : float, default 0.10
+        Exposed-input share above which the job is host-bound (notebook 01's ``host_bound_threshold``).
+
+    Returns
+    -------
+    ThreeRunResult
+
+    Raises
+    ------
+    ParameterError
+        Bad counts or threshold (before any work); the job's own errors (see :mod:`helpers.jobs.supervised`).
+    """
+    for name, value, low in (("steps", steps, 3), ("warmup_steps", warmup_steps, 0), ("block", block, 1),
+                             ("cache_batches", cache_batches, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ParameterError(f"{name} must be an int >= {low}, got {value!r}")
+    if not 0.0 < float(threshold) < 1.0:
+        raise ParameterError(f"threshold must be in (0, 1), got {threshold!r}")
+    pipeline = job.pipelines[0]
+    before = machine.snapshot()
+    real = prepare_job(job, acc, pipeline=pipeline)
+    loops = {"real": real.loop}
+    try:
+        host = _host_batches(job, cache_batches, pipeline)
+        device = [clone_batch(job.to_device(b, acc)) for b in host]
+        acc.synchronize()
+        for name, batches, to_dev in (("cached", host, lambda b: job.to_device(b, acc)),
+                                      ("synthetic", device, lambda b: b)):
+            step = job.make_step(job.make_model(acc), acc)
+            loops[name] = TimedLoop(itertools.cycle(batches), to_dev, step, acc.synchronize)
+        order = list(RUNS)
+        for name in order:
+            loops[name].run(warmup_steps, measured=False).discard()
+        done, rnd = 0, 0
+        while done < steps:
+            n = min(block, steps - done)
+            for name in (order if rnd % 2 == 0 else order[::-1]):
+                loops[name].run(n)
+            done += n
+            rnd += 1
+        frames = {name: loops[name].steps_frame() for name in RUNS}
+    finally:
+        real.close()
+    check = machine.check(before, machine.snapshot())
+    meas = {name: Measurement(name, tuple(float(x) for x in frames[name]["step_s"]), warmup_steps) for name in RUNS}
+    ceiling = Comparison.from_measurements(meas["real"], meas["synthetic"])
+    loader = Comparison.from_measurements(meas["real"], meas["cached"])
+    exposed = float(frames["real"]["exposed_fraction"].median())
+    rec, reason = classify(exposed, threshold, device_kind=acc.kind)
+    return ThreeRunResult(job=job.describe().get("job", job.name), steps=frames, exposed_fraction=exposed,
+                          recommendation=rec, reason=reason, ceiling=ceiling, loader=loader, machine=check,
+                          next_notebook=next_notebook(rec, loader.ratio, ceiling.ratio, device_kind=acc.kind))

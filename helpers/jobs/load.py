@@ -1,0 +1,146 @@
+"""Load a user's job from ``path/to/file.py:make_job`` or ``package.module:make_job``.
+
+The job file is the user's own code, so its failures are reported as theirs: the error names the job
+spec, the part that failed (finding the file, importing it, finding the factory, calling it, what it
+returned) and shows the frames of *their* files from the traceback, not the workbook's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Mapping
+
+from helpers.jobs.base import Job
+from helpers.jobs.supervised import JobError
+
+__all__ = ["DEFAULT_FACTORY", "load_job", "parse_job_spec"]
+
+#: The factory name used when a spec names only a file or module.
+DEFAULT_FACTORY = "make_job"
+
+_OURS = (str(Path(__file__).resolve().parent.parent), "<frozen importlib", "importlib/__init__.py")
+
+
+def parse_job_spec(spec: str) -> tuple[str, str, bool]:
+    """Split ``"file.py:attr"`` / ``"pkg.mod:attr"`` into (target, attribute, is_file).
+
+    Raises
+    ------
+    JobError
+        For an empty spec or attribute.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise JobError("the job spec is empty: pass path/to/job.py:make_job or package.module:make_job")
+    spec = spec.strip()
+    target, sep, attr = spec.rpartition(":")
+    if not sep:
+        target, attr = spec, DEFAULT_FACTORY
+    if not attr.isidentifier():
+        raise JobError(f"job spec {spec!r}: {attr!r} is not a Python name; write path/to/job.py:make_job")
+    is_file = target.endswith(".py") or os.sep in target or "/" in target
+    return target, attr, is_file
+
+
+def _user_frames(exc: BaseException) -> str:
+    """The traceback frames of ``exc`` outside the workbook and importlib, formatted (their code, their lines)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not any(o in f.filename for o in _OURS)]
+    text = "".join(traceback.format_list(frames)).rstrip()
+    return f"\n{text}" if text else ""
+
+
+def _import(target: str, is_file: bool, spec: str):
+    if is_file:
+        path = Path(target).expanduser()
+        if not path.is_file():
+            raise JobError(f"job file {path} does not exist (job spec {spec!r}); pass the path of your job file, "
+                           "e.g. examples/image_classifier.py:make_job")
+        path = path.resolve()
+        folder = str(path.parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)  # its sibling modules import, and DataLoader workers (spawn) find it
+        name = path.stem
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module  # so that pickling its classes (spawned workers) finds them by name
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(name, None)
+            raise JobError(f"job file {path} failed to import: {type(exc).__name__}: {exc}{_user_frames(exc)}") \
+                from exc
+        return module
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as exc:
+        if exc.name and target.startswith(exc.name):
+            raise JobError(f"job module {target!r} is not importable (job spec {spec!r}): no module named "
+                           f"{exc.name!r}; pass a file path (path/to/job.py:make_job) or install the package") \
+                from exc
+        raise JobError(f"job module {target!r} failed to import: {type(exc).__name__}: {exc}{_user_frames(exc)}") \
+            from exc
+    except Exception as exc:
+        raise JobError(f"job module {target!r} failed to import: {type(exc).__name__}: {exc}{_user_frames(exc)}") \
+            from exc
+
+
+def load_job(spec: str, params: Mapping[str, Any] | None = None) -> Job:
+    """Import a job file or module and return the :class:`~helpers.jobs.base.Job` its factory makes.
+
+    Parameters
+    ----------
+    spec : str
+        ``path/to/job.py:make_job`` or ``package.module:make_job`` (``:make_job`` may be left out). The
+        attribute is a :class:`Job` instance, or a callable returning one.
+    params : mapping, optional
+        Values the factory may take by keyword (e.g. ``batch_size``, ``seed``, ``data_dir``): only those
+        its signature names are passed (all of them when it takes ``**kwargs``).
+
+    Returns
+    -------
+    Job
+
+    Raises
+    ------
+    JobError
+        (a :class:`helpers.errors.ParameterError`) when the file is missing, fails to import, lacks the
+        factory, the factory raises, or it returns something that is not a Job; the message names the
+        spec and the failing part, with the user's own traceback frames.
+    """
+    target, attr, is_file = parse_job_spec(spec)
+    module = _import(target, is_file, spec)
+    if not hasattr(module, attr):
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                       and getattr(v, "__module__", None) == module.__name__)
+        raise JobError(f"job spec {spec!r}: {target} has no {attr!r}; its functions and classes: "
+                       f"{', '.join(names) or 'none'}")
+    factory = getattr(module, attr)
+    if isinstance(factory, Job):
+        return factory
+    if not callable(factory):
+        raise JobError(f"job spec {spec!r}: {attr} is a {type(factory).__name__}, not a Job or a function returning "
+                       "one")
+    kwargs = dict(params or {})
+    try:
+        sig = inspect.signature(factory)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+            kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
+    except (TypeError, ValueError):
+        kwargs = {}
+    try:
+        job = factory(**kwargs)
+    except JobError as exc:
+        raise JobError(f"job spec {spec!r}: {exc}") from exc
+    except Exception as exc:
+        raise JobError(f"job spec {spec!r}: {attr}({', '.join(kwargs)}) raised {type(exc).__name__}: {exc}"
+                       f"{_user_frames(exc)}") from exc
+    if not isinstance(job, Job):
+        raise JobError(f"job spec {spec!r}: {attr}() returned a {type(job).__name__}, not a Job; return "
+                       "helpers.jobs.supervised.supervised_job(...) or an instance of a helpers.jobs.base.Job "
+                       "subclass")
+    return job

@@ -1,0 +1,166 @@
+"""A user's own job: loaded from a file with their errors shown as theirs, adapted in one call, diagnosed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.device import get_accelerator
+from helpers.errors import DataError
+from helpers.jobs.base import Job
+from helpers.jobs.load import load_job
+from helpers.jobs.supervised import JobError, move_to_device, supervised_job
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return get_accelerator("cpu")
+
+
+class Squares(torch.utils.data.Dataset):
+    def __init__(self, n=32, delay_s=0.0):
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.delay_s:
+            time.sleep(self.delay_s)  # a slow reader: the input cost does not depend on the CPU's load
+        x = torch.full((4,), float(i % 5))
+        return x, torch.tensor(float(i % 5) ** 2)
+
+
+def _job(**kw):
+    return supervised_job(kw.pop("dataset", Squares()), lambda: torch.nn.Linear(4, 1),
+                          kw.pop("loss_fn", lambda out, y: torch.nn.functional.mse_loss(out.squeeze(1), y)),
+                          lambda params: torch.optim.SGD(params, lr=1e-3), batch_size=kw.pop("batch_size", 8),
+                          name="squares", **kw)
+
+
+# ---------------------------------------------------------------- loading a job file
+
+def _write(tmp_path, body, name="myjob.py"):
+    path = tmp_path / name
+    path.write_text(body)
+    return path
+
+
+def test_missing_file_and_module_get_clear_errors(tmp_path):
+    with pytest.raises(JobError, match=r"job file .*nope\.py does not exist"):
+        load_job(str(tmp_path / "nope.py") + ":make_job")
+    with pytest.raises(JobError, match="is not importable"):
+        load_job("no_such_package_xyz.jobs:make_job")
+
+
+def test_an_import_error_shows_the_users_own_frame(tmp_path):
+    path = _write(tmp_path, "import torch\n\ndef helper():\n    raise RuntimeError('my bug')\n\nhelper()\n")
+    with pytest.raises(JobError) as e:
+        load_job(f"{path}:make_job")
+    text = str(e.value)
+    assert f"job file {path} failed to import: RuntimeError: my bug" in text
+    assert str(path) in text.split("\n", 1)[1] and "raise RuntimeError('my bug')" in text
+    assert "helpers/jobs/load.py" not in text and "importlib" not in text
+
+
+def test_missing_factory_lists_what_the_file_has(tmp_path):
+    path = _write(tmp_path, "def build():\n    pass\n\nclass Thing:\n    pass\n")
+    with pytest.raises(JobError, match=r"has no 'make_job'; its functions and classes: Thing, build"):
+        load_job(str(path))
+
+
+def test_a_factory_that_raises_or_returns_no_job(tmp_path):
+    path = _write(tmp_path, "def make_job(batch_size=4):\n    raise ValueError(f'bad {batch_size}')\n\n"
+                            "def wrong():\n    return 42\n")
+    with pytest.raises(JobError, match=r"make_job\(batch_size\) raised ValueError: bad 16") as e:
+        load_job(f"{path}:make_job", {"batch_size": 16, "unknown": 1})  # only the names it takes are passed
+    assert "raise ValueError" in str(e.value)
+    with pytest.raises(JobError, match=r"wrong\(\) returned a int, not a Job"):
+        load_job(f"{path}:wrong")
+
+
+def test_the_example_job_loads_through_its_file(tmp_path):
+    job = load_job(str(ROOT / "examples" / "image_classifier.py") + ":make_job", {"batch_size": 8, "max_images": 16})
+    assert isinstance(job, Job) and job.describe()["samples"] == 16 and job.workload.batch_size == 8
+
+
+# ---------------------------------------------------------------- the one-call adapter
+
+def test_nested_batches_move_to_the_device(cpu):
+    @dataclasses.dataclass
+    class Pair:
+        a: torch.Tensor
+        b: list
+
+    Point = namedtuple("Point", "x y")
+    batch = {"img": torch.ones(2, 3, 4, 4), "meta": [Point(torch.zeros(1), 3), Pair(torch.ones(1), [torch.ones(2)])],
+             "name": "b0"}
+    out = move_to_device(batch, cpu.device, channels_last=True)
+    assert out["img"].is_contiguous(memory_format=torch.channels_last)
+    assert isinstance(out["meta"][0], Point) and out["meta"][0].y == 3 and isinstance(out["meta"][1], Pair)
+    assert out["name"] == "b0"
+    with pytest.raises(DataError, match=r"a object at batch\['odd'\]"):
+        move_to_device({"odd": object()}, cpu.device)
+
+
+def test_a_bad_loss_is_named_on_the_first_step(cpu):
+    from helpers.experiments.training import time_job
+
+    vector = _job(loss_fn=lambda out, y: (out.squeeze(1) - y) ** 2)
+    with pytest.raises(JobError, match=r"loss_fn returned \(8,\), not a 0-d tensor"):
+        time_job(vector, cpu, steps=1, warmup_steps=0)
+    nan = _job(loss_fn=lambda out, y: torch.tensor(float("nan"), requires_grad=True) + out.sum() * 0)
+    with pytest.raises(JobError, match="the loss is nan on the first step"):
+        time_job(nan, cpu, steps=1, warmup_steps=0)
+    with pytest.raises(JobError, match="fewer than batch_size=64"):
+        _job(batch_size=64)
+    with pytest.raises(JobError, match="has no len"):
+        _job(dataset=iter([1, 2]))
+
+
+def test_the_adapter_trains(cpu):
+    from helpers.experiments.training import time_job
+
+    run = time_job(_job(), cpu, steps=6, warmup_steps=1)
+    assert len(run.steps) == 6 and run.steps["loss"].notna().all()
+
+
+# ---------------------------------------------------------------- the three-run test
+
+def test_three_runs_find_a_slow_reader_and_its_ceiling(cpu):
+    from helpers.experiments.three_run import RUNS, three_run
+
+    job = _job(dataset=Squares(n=64, delay_s=0.004))  # 8 samples x 4 ms of waiting per batch
+    r = three_run(job, cpu, steps=6, warmup_steps=1, cache_batches=2)
+    assert set(r.steps) == set(RUNS) and all(len(r.steps[k]) == 6 for k in RUNS)
+    assert r.recommendation == "host-bound" and r.exposed_fraction > 0.5
+    assert r.ceiling.ci_low > 1.5  # the reader's sleep is gone in the synthetic run
+    assert (r.steps["synthetic"]["data"] < 1e-3).all() and (r.steps["synthetic"]["h2d"] < 1e-3).all()
+    text = "\n".join(r.lines())
+    assert "with free input this job would be" in text and "next: notebook 03" in text
+    assert json.loads(json.dumps(r.as_dict()))["free_input_speedup"]["ratio"] == pytest.approx(r.ceiling.ratio)
+
+
+@pytest.mark.slow
+def test_diagnose_command_on_the_example_job():
+    p = subprocess.run([sys.executable, "-m", "helpers", "diagnose", "--job", "examples/image_classifier.py:make_job",
+                        "--device", "cpu", "--steps", "4", "--warmup-steps", "1", "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert out["job"].startswith("image classifier") and out["measured_recommendation"] in ("host-bound",
+                                                                                           "device-bound")
+    assert out["free_input_speedup"]["ratio"] > 0 and out["next_notebook"].startswith("notebook ")
+    bad = subprocess.run([sys.executable, "-m", "helpers", "diagnose", "--job", "examples/nope.py:make_job"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
