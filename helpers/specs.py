@@ -80,6 +80,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
               maximum=100000),
         Param("profile_steps", int, 2, "steps recorded by the profiler (0 skips profiling)",
               minimum=0, maximum=100),
+        Param("job", str, "", "your own job, path/to/job.py:make_job or module:attr (empty: the built-in PPO job)"),
     ),
     "02_batched_decode": _COMMON + _DATA + _batch("images per batch") + (
         Param("threads", int, 0, "decode threads of the batched pipeline (0 for all usable cores)",

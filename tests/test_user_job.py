@@ -164,3 +164,38 @@ def test_diagnose_command_on_the_example_job():
     bad = subprocess.run([sys.executable, "-m", "helpers", "diagnose", "--job", "examples/nope.py:make_job"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+# ---------------------------------------------------------------- the runner on a user's job
+
+def test_run_rejects_a_broken_job_before_any_work(tmp_path):
+    from helpers.errors import ParameterError
+    from helpers.workbook.runner import RunOptions, run
+
+    bad = tmp_path / "badjob.py"
+    bad.write_text("def make_job(batch_size=8):\n    return 'not a job'\n")
+    with pytest.raises(ParameterError, match=r"make_job\(\) returned a str, not a Job"):
+        run(RunOptions(profile="smoke", device="cpu", job=f"{bad}:make_job", out=tmp_path / "run"),
+            echo=lambda s: None, executor=lambda nb, **kw: pytest.fail("no notebook may start"),
+            device_checker=lambda kind: "cpu:test")
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_the_smoke_profile_runs_on_the_example_job(tmp_path, monkeypatch):
+    from helpers.results import load_results, verdicts
+    from helpers.workbook.runner import RunOptions, run
+
+    monkeypatch.chdir(ROOT)  # the spec is relative to where the user stands
+    run_dir, state = run(RunOptions(profile="smoke", device="cpu", job="examples/image_classifier.py:make_job",
+                                    out=tmp_path / "run", timeout_s=600), echo=print)
+    assert state.status == "ok", {n.id: n.error for n in state.notebooks if n.status != "ok"}
+    assert state.job == f"{ROOT / 'examples' / 'image_classifier.py'}:make_job"
+    table = verdicts(load_results(run_dir / "results.jsonl")).set_index("notebook")
+    assert table.loc["01_baseline_profiling", "recommendation"] in ("host-bound", "device-bound", "inconclusive")
+    assert "image classifier" in table.loc["01_baseline_profiling", "extra"]["context"]
+    for nb in ("02_batched_decode", "05_stream_overlap", "10_end_to_end"):
+        assert table.loc[nb, "recommendation"] == "not applicable"
+        assert "measures the built-in PPO job only" in table.loc[nb, "reason"]
+    assert "Job measured: your job" in (run_dir / "report.md").read_text()

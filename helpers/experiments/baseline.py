@@ -68,7 +68,7 @@ def classify(exposed_fraction: float, threshold: float, *, device_kind: str = ""
     return "device-bound", reason
 
 
-def verdict(run: TrainRun, per_image: Measurement, *, threshold: float, device_kind: str,
+def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, device_kind: str,
             description: Mapping[str, Any], steps: int) -> Verdict:
     """Notebook 01's verdict: host-bound or device-bound, with the phase medians it rests on.
 
@@ -76,14 +76,15 @@ def verdict(run: TrainRun, per_image: Measurement, *, threshold: float, device_k
     ----------
     run : helpers.compute.train.TrainRun
         The baseline's measured steps (seconds per phase).
-    per_image : helpers.timing.Measurement
-        Per-image preprocessing time of the baseline (seconds).
+    per_image : helpers.timing.Measurement or None
+        Per-image preprocessing time of the baseline (seconds); None for a user's job, whose dataset
+        is timed only as the data phase.
     threshold : float
         ``host_bound_threshold`` (exposed input / step time, 0..1).
     device_kind : str
         "cpu", "cuda" or "npu".
     description : mapping
-        ``job.describe()`` plus ``skipped`` (images skipped) and the workload.
+        ``job.describe()`` (plus ``skipped``, images skipped, for the built-in job).
     steps : int
         Measured steps.
 
@@ -97,14 +98,20 @@ def verdict(run: TrainRun, per_image: Measurement, *, threshold: float, device_k
     med = run.phase_medians()
     recommendation, reason = classify(run.exposed_fraction, threshold, device_kind=device_kind)
     reason += (f"; median step {med['step_s'] * 1e3:.0f} ms (phase medians: data {med['data'] * 1e3:.0f}, h2d "
-               f"{med['h2d'] * 1e3:.0f}, compute {med['compute'] * 1e3:.0f} ms; medians need not add up); "
-               f"baseline preprocessing {per_image.median_s * 1e3:.1f} ms/image")
+               f"{med['h2d'] * 1e3:.0f}, compute {med['compute'] * 1e3:.0f} ms; medians need not add up)")
+    if per_image is not None:
+        reason += f"; baseline preprocessing {per_image.median_s * 1e3:.1f} ms/image"
     d = description
-    context = (f"{d.get('job', 'job')}: a multimodal policy ({d['model_width']}-channel conv stem, d_model "
-               f"{d['d_model']}) trained with PPO, batch {d['batch_size']} of {d['image_size']} px crops from {d['images']} images "
-               f"({d.get('skipped', 0)} skipped), baseline loader (num_workers=0, per-image PIL decode), {steps} "
-               f"measured steps on {device_kind}; exposed input = time the step waits for data and the "
-               "host-to-device copy")
+    if "model_width" in d and "images" in d:  # the built-in PPO job
+        context = (f"{d.get('job', 'job')}: a multimodal policy ({d['model_width']}-channel conv stem, d_model "
+                   f"{d['d_model']}) trained with PPO, batch {d['batch_size']} of {d['image_size']} px crops from "
+                   f"{d['images']} images ({d.get('skipped', 0)} skipped), baseline loader (num_workers=0, per-image "
+                   f"PIL decode), {steps} measured steps on {device_kind}")
+    else:  # a user's job: what it says about itself
+        what = ", ".join(f"{k} {v}" for k, v in d.items() if k != "job")
+        context = (f"{d.get('job', 'job')} ({what}), its own loader as given (num_workers=0), {steps} measured steps "
+                   f"on {device_kind}")
+    context += "; exposed input = time the step waits for data and the host-to-device copy"
     fractions = Measurement(name="exposed", times_s=tuple(run.steps["exposed_fraction"]), warmup=run.warmup_steps)
     phases = {c: {"median_s": float(run.steps[c].median()), "p25_s": float(run.steps[c].quantile(0.25)),
                   "p75_s": float(run.steps[c].quantile(0.75))} for c in (*PHASES, "step_s")}

@@ -10,41 +10,23 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import os
 import sys
 import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
+from helpers.errors import ParameterError
 from helpers.jobs.base import Job
 from helpers.jobs.supervised import JobError
+from helpers.jobspec import DEFAULT_FACTORY, parse_job_spec
 
-__all__ = ["DEFAULT_FACTORY", "load_job", "parse_job_spec"]
+__all__ = ["DEFAULT_FACTORY", "FACTORY_PARAMS", "load_job", "notebook_job", "parse_job_spec"]
 
-#: The factory name used when a spec names only a file or module.
-DEFAULT_FACTORY = "make_job"
+#: Notebook parameters a job factory may take by name (passed only when its signature names them).
+FACTORY_PARAMS = ("data_dir", "max_images", "seed", "batch_size", "image_size")
+
 
 _OURS = (str(Path(__file__).resolve().parent.parent), "<frozen importlib", "importlib/__init__.py")
-
-
-def parse_job_spec(spec: str) -> tuple[str, str, bool]:
-    """Split ``"file.py:attr"`` / ``"pkg.mod:attr"`` into (target, attribute, is_file).
-
-    Raises
-    ------
-    JobError
-        For an empty spec or attribute.
-    """
-    if not isinstance(spec, str) or not spec.strip():
-        raise JobError("the job spec is empty: pass path/to/job.py:make_job or package.module:make_job")
-    spec = spec.strip()
-    target, sep, attr = spec.rpartition(":")
-    if not sep:
-        target, attr = spec, DEFAULT_FACTORY
-    if not attr.isidentifier():
-        raise JobError(f"job spec {spec!r}: {attr!r} is not a Python name; write path/to/job.py:make_job")
-    is_file = target.endswith(".py") or os.sep in target or "/" in target
-    return target, attr, is_file
 
 
 def _user_frames(exc: BaseException) -> str:
@@ -112,7 +94,10 @@ def load_job(spec: str, params: Mapping[str, Any] | None = None) -> Job:
         factory, the factory raises, or it returns something that is not a Job; the message names the
         spec and the failing part, with the user's own traceback frames.
     """
-    target, attr, is_file = parse_job_spec(spec)
+    try:
+        target, attr, is_file = parse_job_spec(spec)
+    except ParameterError as exc:
+        raise JobError(str(exc)) from None
     module = _import(target, is_file, spec)
     if not hasattr(module, attr):
         names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
@@ -144,3 +129,31 @@ def load_job(spec: str, params: Mapping[str, Any] | None = None) -> Job:
                        "helpers.jobs.supervised.supervised_job(...) or an instance of a helpers.jobs.base.Job "
                        "subclass")
     return job
+
+
+def notebook_job(params: Mapping[str, Any]) -> Job:
+    """The job a notebook measures: the user's (``params["job"]``) or the built-in PPO job.
+
+    Parameters
+    ----------
+    params : mapping
+        The notebook's validated parameters. With a non-empty ``job``, :func:`load_job` is given the
+        :data:`FACTORY_PARAMS` present in ``params`` (``data_dir`` only when set); else
+        :meth:`helpers.jobs.ppo.PPOJob.from_params`.
+
+    Returns
+    -------
+    Job
+
+    Raises
+    ------
+    JobError, helpers.errors.DataError
+        As :func:`load_job` and the built-in job's data loading.
+    """
+    spec = str(params.get("job") or "").strip()
+    if not spec:
+        from helpers.jobs.ppo import PPOJob
+
+        return PPOJob.from_params(params)
+    given = {k: params[k] for k in FACTORY_PARAMS if k in params and (k != "data_dir" or params[k])}
+    return load_job(spec, given)

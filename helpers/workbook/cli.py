@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--only", nargs="+", default=None, metavar="NN", help="run only these notebooks, e.g. --only 00 01")
     r.add_argument("--data-dir", default=None, metavar="DIR",
                    help="a folder of your own images (optional captions.csv) instead of the embedded photos")
+    r.add_argument("--job", default=None, metavar="FILE.py:FACTORY",
+                   help="your own job (path/to/job.py:make_job or module:attr) instead of the built-in PPO job")
     r.add_argument("--out", type=Path, default=None, metavar="DIR", help="run folder (default: a new one under runs/)")
     r.add_argument("--resume", action="store_true",
                    help="continue the run in --out (default: the latest run), skipping finished notebooks")
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
             opts = RunOptions(profile=args.profile, device=args.device,
                               only=tuple(args.only) if args.only is not None else None, out=args.out,
-                              resume=args.resume, timeout_s=args.timeout, data_dir=args.data_dir)
+                              resume=args.resume, timeout_s=args.timeout, data_dir=args.data_dir, job=args.job)
             try:
                 _, state = run(opts)
             except KeyboardInterrupt:

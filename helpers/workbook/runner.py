@@ -47,6 +47,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
 
 from helpers import checklist
 from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
+from helpers.jobspec import absolute_job_spec
 from helpers.process import CHILDREN_DIR_ENV, end_stale_children
 from helpers.fsutil import ensure_writable_dir
 from helpers.pipeline.dataset import list_image_files
@@ -86,6 +87,10 @@ class RunOptions:
     data_dir : str or None
         A folder of the user's images, passed to every notebook that takes
         ``data_dir``; None = the embedded photos.
+    job : str or None
+        The user's own job (``path/to/job.py:make_job`` or ``module:attr``), passed as ``job`` to every
+        notebook that takes it; the notebooks that measure the built-in job only record "not applicable"
+        (:func:`job_applies`). None = the built-in PPO job.
     """
 
     profile: str | None = None
@@ -95,6 +100,7 @@ class RunOptions:
     resume: bool = False
     timeout_s: float = 1800.0
     data_dir: str | None = None
+    job: str | None = None
 
 
 @dataclass
@@ -108,6 +114,7 @@ class NotebookRun:
     status: str = "pending"  # pending | running | ok | failed | interrupted
     duration_s: float | None = None
     error: dict | None = None
+    not_applicable: str | None = None  # why the notebook does not run on the user's job (recorded, not executed)
 
 
 @dataclass
@@ -121,6 +128,7 @@ class RunState:
     only: list
     started: str
     status: str = "running"  # running | ok | failed | interrupted
+    job: str | None = None  # the user's job spec; None: the built-in PPO job
     duration_s: float | None = None
     notebooks: list = field(default_factory=list)
 
@@ -201,8 +209,14 @@ def notebook_parameter_names(path: Path) -> set[str]:
     return set(pm.inspect_notebook(str(path)).keys())
 
 
+def job_applies(declared: set[str] | frozenset[str]) -> bool:
+    """Whether a notebook with these parameters runs on a user's job: it takes ``job``, or it measures no job
+    at all (no ``batch_size`` or ``data_dir``: the environment check)."""
+    return "job" in declared or not ({"batch_size", "data_dir"} & set(declared))
+
+
 def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
-                     data_dir: str | None = None) -> dict:
+                     data_dir: str | None = None, job: str | None = None) -> dict:
     """Parameters passed to one notebook: profile values, then the runner's own.
 
     Raises
@@ -224,6 +238,8 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
     params.update(device=device, results_path=str(run_dir / RESULTS_FILE), out_dir=str(run_dir))
     if data_dir:
         params["data_dir"] = str(data_dir)
+    if job:
+        params["job"] = str(job)
     params = {k: v for k, v in params.items() if k in declared}
     validate_notebook_params(nb.stem, params)  # raises before any work
     return params
@@ -267,6 +283,36 @@ def check_device(device: str, *, timeout_s: float = 300.0) -> str:
     if "error" in out:
         raise DeviceUnavailableError(out["error"])
     return out["device"]
+
+
+def check_job(spec: str, params: dict, *, timeout_s: float = 300.0) -> str:
+    """Load the user's job once in a child process, before any work; return its name.
+
+    The child imports torch and the user's code, so neither can take the runner down; its error (a
+    :class:`helpers.jobs.supervised.JobError` naming the failing part, with the user's own frames) becomes
+    this ParameterError.
+
+    Raises
+    ------
+    ParameterError
+        The job file is missing, fails to import, or its factory fails or returns no Job.
+    """
+    code = ("import json, sys\nfrom helpers.npu_probe import prepare_torch_import\n"
+            "prepare_torch_import(fallback_to_cpu=True)\nfrom helpers.jobs.load import load_job\n"
+            "try:\n    job = load_job(sys.argv[1], json.loads(sys.argv[2]))\n"
+            "except Exception as exc:\n    print(f'{type(exc).__name__}: {exc}', file=sys.stderr)\n    sys.exit(3)\n"
+            "print(json.dumps({'name': job.describe().get('job', job.name)}))\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, spec, json.dumps(params)], capture_output=True, text=True,
+                              timeout=timeout_s, cwd=os.getcwd())
+    except subprocess.TimeoutExpired:
+        raise ParameterError(f"--job {spec}: loading the job took more than {timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        msg = proc.stderr.strip()
+        tail = msg[msg.find("JobError: "):] if "JobError: " in msg else "\n".join(msg.splitlines()[-12:])
+        raise ParameterError(f"--job {spec}: {tail.removeprefix('JobError: ')}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1])["name"] if lines else spec
 
 
 def _check_data_dir_fills_batches(data_dir: Path, entries: Sequence[NotebookRun]) -> int:
@@ -580,6 +626,17 @@ def _save(state: "RunState", run_dir: Path) -> None:
         raise
 
 
+def _record_not_applicable(run_dir: Path, nb: NotebookRun) -> None:
+    """Write a notebook's "not applicable" verdict for the user's job into the run's results."""
+    from helpers.results import ResultsStore
+    from helpers.verdict import Verdict
+
+    store = ResultsStore(run_dir / RESULTS_FILE, notebook=nb.id, parameters=nb.parameters)
+    store.add_verdict(Verdict(notebook=nb.id, metric="not measured", value=None, unit="",
+                              recommendation="not applicable", reason=str(nb.not_applicable),
+                              context=f"your job: {nb.parameters.get('job', '')}"))
+
+
 def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions, echo, progress: bool) -> None:
     """Run each notebook of ``state`` not yet "ok", in order, recording its status, duration and error.
 
@@ -593,6 +650,12 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
         if nb.status == "ok":
             continue
         drop_records(run_dir / RESULTS_FILE, nb.id)
+        if nb.not_applicable:
+            _record_not_applicable(run_dir, nb)
+            nb.status, nb.duration_s = "ok", 0.0
+            _save(state, run_dir)
+            echo(f"[{i}/{len(state.notebooks)}] {nb.id}: not applicable to your job (recorded)")
+            continue
         echo(f"[{i}/{len(state.notebooks)}] {nb.id} ...")
         nb.status, nb.error = "running", None
         _save(state, run_dir)
@@ -691,13 +754,24 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             raise ParameterError(f"--out: {run_dir} already holds a run; add --resume to continue it, "
                                  "or choose a new folder")
         # Validate every notebook's parameters, then the device, before any work.
+        job_spec = absolute_job_spec(options.job) if options.job else None  # the kernels run in notebooks/
         entries = []
         for nb in selected:
             spec_for(nb.stem)
             params = build_parameters(nb, profile_data, device=device, run_dir=run_dir,
-                                      data_dir=options.data_dir)
+                                      data_dir=options.data_dir, job=job_spec)
+            skip = None
+            if options.job and not job_applies(set(notebook_parameter_names(nb))):
+                skip = (f"not applicable to your job yet: notebook {nb.stem[:2]} measures the built-in PPO job only; "
+                        f"your job's phase breakdown and host-bound verdict are in notebook 01, and its three-run "
+                        f"test in `{_command()} diagnose --job {job_spec}`")
             entries.append(NotebookRun(id=nb.stem, input=str(nb), output=str(run_dir / nb.name),
-                                       parameters=params))
+                                       parameters=params, not_applicable=skip))
+        if options.job:
+            first = next((e.parameters for e in entries if "job" in e.parameters), {})
+            factory = {k: first[k] for k in ("data_dir", "max_images", "seed", "batch_size", "image_size")
+                       if k in first and (k != "data_dir" or first[k])}
+            echo(f"Your job: {check_job(job_spec, factory)} ({job_spec})")
         if options.data_dir:
             _check_data_dir_fills_batches(Path(options.data_dir), entries)
             _index_data_dir(Path(options.data_dir), entries, echo)
@@ -708,7 +782,7 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             lock.close()
             raise ParameterError(f"--out: {run_dir} already holds a run; add --resume to continue it, "
                                  "or choose a new folder")
-        state = RunState(run_dir=str(run_dir), profile=profile, device=device,
+        state = RunState(run_dir=str(run_dir), profile=profile, device=device, job=job_spec,
                          resolved_device=resolved, only=list(options.only or ()),
                          started=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                          notebooks=entries)

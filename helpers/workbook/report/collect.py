@@ -635,6 +635,14 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
 # --------------------------------------------------------------------------- checklist cells
 
 
+def _job_line(report: Report) -> str:
+    """Whose job the run measured: the user's job spec, or the built-in PPO job."""
+    spec = (report.state or {}).get("job")
+    if spec:
+        return f"your job {spec} (notebooks that measure only the built-in job say 'not applicable')"
+    return "the built-in PPO job (a multimodal policy on the embedded photos or --data-dir)"
+
+
 def _status_line(report: Report) -> tuple[str, str, str, str, str]:
     st = report.state
     device = st.get("resolved_device") or st.get("device") or "?"

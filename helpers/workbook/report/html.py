@@ -6,7 +6,7 @@ import base64
 import html
 from pathlib import Path
 
-from helpers.workbook.report.collect import (Report, _advice, _artifacts, _rec_text, _status_line, _why, collect,
+from helpers.workbook.report.collect import (Report, _advice, _artifacts, _job_line, _rec_text, _status_line, _why, collect,
                                              overall_verdict)
 from helpers.workbook.report.format import GLOSSARY, _context, _fmt, _records_caption, _records_table, headline
 
@@ -89,6 +89,7 @@ def to_html(run_dir: Path | Report) -> str:
          f"status {_badge(status) if status in ('failed', 'interrupted') else '<b>' + e(status) + '</b>'} · "
          f"{e(dur)} s</p>") if rep.state else
         f"<p class='meta'>Folder <code>{e(name)}</code>: records only (no run.json, e.g. notebooks run by hand)</p>",
+        f"<p class='meta'>Job measured: {e(_job_line(rep))}</p>",
     ]
     advice = _advice(rep)
     if advice:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from helpers.workbook.report.collect import (Report, _advice, _artifacts, _rec_text, _status_line, _why, collect,
+from helpers.workbook.report.collect import (Report, _advice, _artifacts, _job_line, _rec_text, _status_line, _why, collect,
                                              overall_verdict)
 from helpers.workbook.report.format import GLOSSARY, _context, _records_caption, _records_table, headline
 
@@ -36,7 +36,8 @@ def to_markdown(run_dir: Path | Report) -> str:
     lines = ["# Training-performance workbook: run report", "",
              f"**Verdict: {overall_verdict(rep)}**", "",
              (f"Run `{name}` · profile **{profile}** · device **{device}** · status **{status}** · {dur} s"
-              if rep.state else f"Folder `{name}`: records only (no run.json, e.g. notebooks run by hand)")]
+              if rep.state else f"Folder `{name}`: records only (no run.json, e.g. notebooks run by hand)"),
+             "", f"Job measured: {_job_line(rep)}"]
     for label, items in _advice(rep):
         lines += ["", f"- {label}: {items}"]
     for note in rep.notes:
