@@ -278,7 +278,91 @@ def dataset_index(*, n_images: int = 20_000, data_dir: str | None = None, touch_
     return out
 
 
-BENCHMARKS = {"input-pipeline": input_pipeline, "dataset-index": dataset_index}
+#: Target of issue 12: the instrument's step time over the plain loop's, measured interleaved.
+INSTRUMENT_TARGETS = {"overhead": ("<=", 1.03)}
+
+
+def instrument_overhead(*, device: str = "auto", blocks: int = 10, steps_per_block: int = 4, batch_size: int = 32,
+                        max_images: int = 256) -> dict[str, Any]:
+    """The instrument's overhead on the example image job: its loop timed plain and instrumented, interleaved.
+
+    Both loops run the same job (``examples/image_classifier.py``: PIL decode, a small CNN, SGD) from one
+    loader; they take turns in blocks of ``steps_per_block`` steps (order reversed every round), each block
+    closed by a device synchronize. ``overhead`` = median instrumented block time / median plain block
+    time, with a 95% bootstrap interval (:class:`helpers.timing.Comparison`).
+
+    Returns
+    -------
+    dict
+        ``overhead``, ``ci_low``, ``ci_high``, ``plain_block_s``, ``instrumented_block_s`` (medians, seconds),
+        ``blocks``, ``steps_per_block``, ``device``, ``targets``, ``machine``, ``machine_note``, ``duration_s``.
+
+    Raises
+    ------
+    ParameterError
+        ``blocks`` < 3 or ``steps_per_block`` < 1.
+    """
+    prepare_torch_import(fallback_to_cpu=True)
+    from helpers.device import get_accelerator
+    from helpers.errors import ParameterError
+    from helpers.jobs.load import load_job
+    from helpers.pipeline.loader import LoaderConfig, close_loader
+    from helpers.timing import Comparison, Measurement
+    from helpers.workbook.instrument import InstrumentedLoader
+    from helpers.workbook.paths import repo_root
+
+    if blocks < 3 or steps_per_block < 1:
+        raise ParameterError(f"blocks must be >= 3 and steps_per_block >= 1, got {blocks}, {steps_per_block}")
+    t_all = time.perf_counter()
+    acc = get_accelerator(device)
+    job = load_job(f"{repo_root() / 'examples' / 'image_classifier.py'}:make_job",
+                   {"batch_size": batch_size, "max_images": max_images})
+    dataset = job.make_dataset()
+    loader = job.make_loader(dataset, LoaderConfig(batch_size=batch_size, num_workers=0, seed=0), acc)
+    step = job.make_step(job.make_model(acc), acc)
+
+    def forever():
+        while True:
+            yield from loader
+
+    source = forever()
+    wrapped = iter(InstrumentedLoader(source, device=acc, warmup=0, name="bench"))
+    before = machine.snapshot()
+
+    def block(instrumented: bool) -> float:
+        acc.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps_per_block):
+            batch = next(wrapped) if instrumented else next(source)
+            dev = job.to_device(batch, acc)
+            if instrumented:
+                wrapped.copied()
+            step(dev)
+        if instrumented:
+            wrapped._close_step()  # the step ends at the next batch request; close it inside the block
+        acc.synchronize()
+        return time.perf_counter() - t0
+
+    try:
+        block(False), block(True)  # warm-up
+        plain, inst = [], []
+        for rnd in range(blocks):
+            for instrumented in ((False, True) if rnd % 2 == 0 else (True, False)):
+                (inst if instrumented else plain).append(block(instrumented))
+    finally:
+        close_loader(loader)
+    c = Comparison.from_measurements(Measurement("instrumented", tuple(inst), 1), Measurement("plain", tuple(plain), 1))
+    out = {"overhead": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high,
+           "plain_block_s": float(sorted(plain)[len(plain) // 2]), "instrumented_block_s": float(sorted(inst)[len(inst) // 2]),
+           "blocks": blocks, "steps_per_block": steps_per_block, "device": acc.kind}
+    out["targets"] = {k: {"rule": f"{op} {t}", "value": out[k], "met": _met(out[k], (op, t))}
+                      for k, (op, t) in INSTRUMENT_TARGETS.items()}
+    out["duration_s"] = round(time.perf_counter() - t_all, 2)
+    out.update(_machine_keys(before))
+    return out
+
+
+BENCHMARKS = {"input-pipeline": input_pipeline, "dataset-index": dataset_index, "instrument": instrument_overhead}
 
 
 def run_benchmark(name: str, **kwargs) -> str:

@@ -5,7 +5,7 @@ Commands
 run         execute the notebooks into a run folder and write the report
 diagnose    the quick answer for your own job (--job path/to/job.py:make_job): host-bound verdict and
             the three-run test (real loader, cached batches, synthetic device batches)
-bench       run a benchmark (input-pipeline, allreduce, dataset-index) and print its figures as JSON; exit 2 on bad
+bench       run a benchmark (input-pipeline, allreduce, dataset-index, instrument) and print its figures as JSON; exit 2 on bad
             flag values or an unavailable backend, 1 when the allreduce job ran and failed or timed out
 data build  build the embedded photo dataset (done on first use anyway)
 report      rebuild the report of an existing run folder
@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
 
     be = sub.add_parser("bench", help="run a benchmark and print its figures as JSON")
-    be.add_argument("name", choices=("input-pipeline", "allreduce", "dataset-index"), help="which benchmark")
+    be.add_argument("name", choices=("input-pipeline", "allreduce", "dataset-index", "instrument"),
+                    help="which benchmark")
     be.add_argument("--profile", default="quick", choices=PROFILES, help="parameter profile (default: quick)")
     be.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="device kind (default: auto)")
     be.add_argument("--data-dir", default=None, metavar="DIR", help="a folder of images instead of the embedded photos")
@@ -174,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.name == "dataset-index":
                 print(run_benchmark(args.name, n_images=args.images, data_dir=args.data_dir))
+                return 0
+            if args.name == "instrument":
+                print(run_benchmark(args.name, device=args.device))
                 return 0
             print(run_benchmark(args.name, profile=args.profile, device=args.device, data_dir=args.data_dir))
             return 0

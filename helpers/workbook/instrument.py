@@ -1,0 +1,233 @@
+"""Notebook 01's verdict on your own training loop, in three added lines.
+
+::
+
+    from helpers.workbook.instrument import instrument     # 1: the import
+    steps = instrument(loader, device="cuda")              # 2: wrap the loader you already have
+    for x, y in steps:                                      #    (the loop you already have, unchanged)
+        x, y = x.to("cuda", non_blocking=True), y.to("cuda", non_blocking=True)
+        steps.copied()                                      #    optional: split the copy from the compute
+        loss = loss_fn(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+    steps.report()                                          # 3: the verdict and the phase breakdown
+
+What is timed, per step (a step runs from one batch request to the next):
+
+- **data**: the wait inside ``next(loader)`` (the input pipeline's exposed time);
+- **copy**: from the batch's arrival to :meth:`InstrumentedLoader.copied` (0 when it is never called: the copy
+  then counts as compute);
+- **compute**: the rest of the step, up to the next batch request.
+
+The device is synchronized once per step, at the step boundary (and once more at ``copied()`` when it is
+called), so that a phase's time is the device's, not the time to queue its work: the least a per-phase
+measurement needs. On a CPU the synchronize is a no-op. The first ``warmup`` steps are not measured. The
+report gives notebook 01's host-bound verdict (:func:`helpers.experiments.baseline.classify`) from the
+median per-step share of exposed input, the phase medians with their interquartile ranges, the notebook to
+open next, and the machine's state over the measurement (:mod:`helpers.machine`): a busy machine makes the
+verdict "inconclusive". ``python -m helpers bench instrument`` measures the instrument's overhead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import pandas as pd
+
+from helpers import machine
+from helpers.errors import ParameterError
+from helpers.experiments.baseline import classify
+
+__all__ = ["InstrumentedLoader", "LoopReport", "instrument"]
+
+
+@dataclass(frozen=True)
+class LoopReport:
+    """What :meth:`InstrumentedLoader.report` found.
+
+    Attributes
+    ----------
+    steps : pandas.DataFrame
+        One row per measured step: ``data``, ``copy``, ``compute``, ``step_s`` (seconds), ``exposed_fraction``.
+    exposed_fraction : float
+        Median over steps of (data + copy) / step.
+    recommendation : str
+        "host-bound", "device-bound", or "inconclusive" (a busy machine; ``measured_recommendation`` keeps the other).
+    measured_recommendation, reason : str
+    next_notebook : str
+    machine : helpers.machine.BusyCheck
+    """
+
+    steps: Any
+    exposed_fraction: float
+    recommendation: str
+    measured_recommendation: str
+    reason: str
+    next_notebook: str
+    machine: Any
+
+    def lines(self, name: str = "your loop") -> list[str]:
+        """The printed report."""
+        df = self.steps
+
+        def phase(col: str) -> str:
+            return (f"{col} {df[col].median() * 1e3:.1f} ms (IQR {df[col].quantile(0.25) * 1e3:.1f}-"
+                    f"{df[col].quantile(0.75) * 1e3:.1f})")
+
+        head = (f"inconclusive: {self.machine.sentence()}; what it measured: " if self.recommendation == "inconclusive"
+                else "")
+        return [f"{name}: {len(df)} steps measured",
+                f"{head}{self.measured_recommendation}: {self.reason}",
+                f"median step {df['step_s'].median() * 1e3:.1f} ms: {phase('data')}, {phase('copy')}, "
+                f"{phase('compute')}",
+                f"next: {self.next_notebook}",
+                f"machine: {self.machine.sentence()}"]
+
+
+class InstrumentedLoader:
+    """Your loader, with each step of the loop around it timed (see the module notes).
+
+    Parameters
+    ----------
+    loader : iterable
+        Your DataLoader (or any iterable of batches); iterate the wrapper where you iterated it, as many
+        epochs as you like.
+    device : str, torch.device, helpers.device.Accelerator or None, default "auto"
+        The device whose work is synchronized at step boundaries ("auto": npu, else cuda, else cpu; None: no
+        synchronize, host time only).
+    warmup : int, default 3
+        Steps not measured at the start (compilation, allocator warm-up, worker start).
+    threshold : float, default 0.10
+        Exposed-input share above which the loop is host-bound (notebook 01's default).
+    busy_cpu_share : float, default :data:`helpers.machine.MAX_OTHER_CPU_SHARE`
+        Share of the cores other processes may take before the verdict is inconclusive.
+    name : str
+        How the report names the loop.
+
+    Raises
+    ------
+    ParameterError
+        Bad ``warmup``, ``threshold`` or ``busy_cpu_share`` (when the wrapper is made).
+    """
+
+    def __init__(self, loader: Iterable, *, device: Any = "auto", warmup: int = 3, threshold: float = 0.10,
+                 busy_cpu_share: float = machine.MAX_OTHER_CPU_SHARE, name: str = "your loop") -> None:
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ParameterError(f"warmup must be an int >= 0, got {warmup!r}")
+        if not 0.0 < float(threshold) < 1.0:
+            raise ParameterError(f"threshold must be in (0, 1), got {threshold!r}")
+        if not 0.0 < float(busy_cpu_share) <= 1.0:
+            raise ParameterError(f"busy_cpu_share must be in (0, 1], got {busy_cpu_share!r}")
+        self.loader, self.warmup, self.threshold, self.name = loader, warmup, float(threshold), name
+        self.busy_cpu_share = float(busy_cpu_share)
+        self._sync, self.device_kind = _synchronizer(device)
+        self._it = None
+        self._open: list[float] | None = None  # [request start, batch arrived, copy end or nan]
+        self._rows: list[tuple[float, float, float, float]] = []
+        self._seen = 0
+        self._before = machine.snapshot()
+
+    def __iter__(self) -> "InstrumentedLoader":
+        self._close_step()
+        self._it = iter(self.loader)
+        return self
+
+    def __next__(self) -> Any:
+        self._close_step()
+        start = time.perf_counter()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._open = None
+            raise
+        self._open = [start, time.perf_counter(), float("nan")]
+        return batch
+
+    def copied(self) -> None:
+        """Mark the end of the step's host-to-device copy (one synchronize): the copy is timed apart from compute."""
+        if self._open is not None:
+            self._sync()
+            self._open[2] = time.perf_counter()
+
+    def _close_step(self) -> None:
+        if self._open is None:
+            return
+        self._sync()
+        end = time.perf_counter()
+        start, arrived, copied = self._open
+        self._open = None
+        self._seen += 1
+        if self._seen <= self.warmup:
+            return
+        copy_end = copied if copied == copied else arrived  # nan: no copy marker
+        self._rows.append((arrived - start, copy_end - arrived, end - copy_end, end - start))
+
+    def frame(self) -> pd.DataFrame:
+        """The measured steps so far (closing the one in progress)."""
+        self._close_step()
+        df = pd.DataFrame(self._rows, columns=["data", "copy", "compute", "step_s"])
+        df["exposed_fraction"] = (df["data"] + df["copy"]) / df["step_s"]
+        return df
+
+    def result(self) -> LoopReport:
+        """The verdict and figures, without printing.
+
+        Raises
+        ------
+        ParameterError
+            If fewer than 3 steps were measured after the warm-up.
+        """
+        df = self.frame()
+        if len(df) < 3:
+            raise ParameterError(f"{self.name}: only {len(df)} step(s) measured after {self.warmup} warm-up step(s); "
+                                 "run more steps (at least 3 after the warm-up) before report()")
+        check = machine.check(self._before, machine.snapshot(), max_other_cpu_share=self.busy_cpu_share)
+        exposed = float(df["exposed_fraction"].median())
+        rec, reason = classify(exposed, self.threshold, device_kind=self.device_kind)
+        nxt = _next(rec, df)
+        return LoopReport(steps=df, exposed_fraction=exposed, recommendation="inconclusive" if check.busy else rec,
+                          measured_recommendation=rec, reason=reason, next_notebook=nxt, machine=check)
+
+    def report(self, *, print_it: bool = True) -> LoopReport:
+        """Print (by default) and return the :class:`LoopReport`."""
+        r = self.result()
+        if print_it:
+            print("\n".join(r.lines(self.name)))
+        return r
+
+
+def _next(recommendation: str, df: pd.DataFrame) -> str:
+    """The notebook to open next from the loop's own phases."""
+    from helpers import checklist
+
+    def nb(name: str) -> str:
+        item = next(i for i in checklist.CHECKLIST if i.name == name)
+        return f"notebook {item.number} (notebooks/{item.id}.ipynb)"
+
+    data, copy = float(df["data"].median()), float(df["copy"].median())
+    if recommendation != "host-bound":
+        return f"{nb('mixed precision')}: the step is the computation; device-side optimizations pay off first"
+    if copy > data:
+        return (f"{nb('pinned memory')} and {nb('stream overlap')}: the copy ({copy * 1e3:.1f} ms) is exposed longer "
+                f"than the data wait ({data * 1e3:.1f} ms)")
+    return (f"{nb('DataLoader tuning')}: the loop waits {data * 1e3:.1f} ms per step for its loader; then make each "
+            f"sample cheaper ({nb('batched decode')} shows how for images); `python -m helpers diagnose --job` "
+            "measures what free input would give")
+
+
+def _synchronizer(device: Any):
+    """(sync function, device kind) for ``device``."""
+    if device is None:
+        return (lambda: None), "cpu"
+    if hasattr(device, "synchronize") and hasattr(device, "kind"):  # an Accelerator
+        return device.synchronize, device.kind
+    from helpers.device import get_accelerator
+
+    kind = str(device).split(":")[0]
+    acc = get_accelerator(kind if kind in ("auto", "cpu", "cuda", "npu") else "auto")
+    return acc.synchronize, acc.kind
+
+
+def instrument(loader: Iterable, **options: Any) -> InstrumentedLoader:
+    """Wrap ``loader`` so that the loop around it is timed per phase (see :class:`InstrumentedLoader`)."""
+    return InstrumentedLoader(loader, **options)

@@ -1,0 +1,85 @@
+"""The three-line instrument for a user's own loop: phases, verdict, next notebook, machine state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from helpers.errors import ParameterError
+from helpers.workbook import instrument as inst
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _slow_loader(n, delay_s):
+    for i in range(n):
+        time.sleep(delay_s)  # a reader that waits (not CPU load: the figure holds on a busy machine too)
+        yield i
+
+
+def test_three_lines_give_notebook_01s_verdict_on_a_host_bound_loop(capsys):
+    steps = inst.instrument(_slow_loader(12, 0.02), device="cpu", warmup=2, name="my loop")
+    for _ in steps:
+        time.sleep(0.002)  # the "compute"
+    r = steps.report()
+    out = capsys.readouterr().out
+    assert len(r.steps) == 10
+    assert r.measured_recommendation == "host-bound" and r.exposed_fraction > 0.8
+    assert r.steps["data"].median() == pytest.approx(0.02, abs=0.01)
+    assert out.startswith("my loop: 10 steps measured") and "next: notebook 03" in out and "machine:" in out
+
+
+def test_a_compute_bound_loop_is_device_bound_and_the_copy_marker_splits_the_copy():
+    steps = inst.instrument(range(10), device="cpu", warmup=1)
+    for _ in steps:
+        time.sleep(0.001)  # the copy
+        steps.copied()
+        time.sleep(0.03)   # the compute
+    r = steps.result()
+    assert r.measured_recommendation == "device-bound" and r.exposed_fraction < 0.10
+    assert 0.0005 < r.steps["copy"].median() < 0.01
+    assert r.steps["compute"].median() == pytest.approx(0.03, abs=0.015)
+    assert r.steps["data"].median() < 1e-3
+    assert "notebook 06" in r.next_notebook
+
+
+def test_several_epochs_and_too_few_steps():
+    steps = inst.instrument([1, 2], device="cpu", warmup=0)
+    for _ in range(3):  # three epochs of two batches
+        for _ in steps:
+            time.sleep(0.001)
+    assert len(steps.frame()) == 6
+    few = inst.instrument([1, 2], device="cpu", warmup=1)
+    for _ in few:
+        pass
+    with pytest.raises(ParameterError, match="only 1 step"):
+        few.result()
+    with pytest.raises(ParameterError, match="warmup"):
+        inst.instrument([], warmup=-1)
+
+
+def test_a_busy_machine_makes_the_verdict_inconclusive(monkeypatch):
+    busy = SimpleNamespace(busy=True, sentence=lambda: "measured on a busy machine: other processes took 90%")
+    monkeypatch.setattr(inst.machine, "check", lambda *a, **k: busy)
+    steps = inst.instrument(_slow_loader(6, 0.01), device="cpu", warmup=0)
+    for _ in steps:
+        pass
+    r = steps.result()
+    assert r.recommendation == "inconclusive" and r.measured_recommendation == "host-bound"
+    assert r.lines()[1].startswith("inconclusive: measured on a busy machine")
+
+
+@pytest.mark.slow
+def test_bench_instrument_reports_the_overhead_ratio():
+    p = subprocess.run([sys.executable, "-m", "helpers", "bench", "instrument", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert out["ci_low"] <= out["overhead"] <= out["ci_high"] and out["blocks"] >= 3
+    assert isinstance(out["targets"]["overhead"]["met"], bool) and out["machine_note"]
