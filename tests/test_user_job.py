@@ -148,6 +148,7 @@ def test_three_runs_find_a_slow_reader_and_its_ceiling(cpu):
     assert (r.steps["synthetic"]["data"] < 1e-3).all() and (r.steps["synthetic"]["h2d"] < 1e-3).all()
     text = "\n".join(r.lines())
     assert "with free input this job would be" in text and "next: notebook 03" in text
+    assert "no measurable speedup" not in text
     assert json.loads(json.dumps(r.as_dict()))["free_input_speedup"]["ratio"] == pytest.approx(r.ceiling.ratio)
 
 
@@ -183,18 +184,20 @@ def test_run_rejects_a_broken_job_before_any_work(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.notebook
-def test_the_smoke_profile_runs_on_the_example_job(tmp_path, monkeypatch):
+@pytest.mark.parametrize("example, name", [("image_classifier", "image classifier"),
+                                           ("text_classifier", "text classifier")])
+def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, example, name):
     from helpers.results import load_results, verdicts
     from helpers.workbook.runner import RunOptions, run
 
     monkeypatch.chdir(ROOT)  # the spec is relative to where the user stands
-    run_dir, state = run(RunOptions(profile="smoke", device="cpu", job="examples/image_classifier.py:make_job",
+    run_dir, state = run(RunOptions(profile="smoke", device="cpu", job=f"examples/{example}.py:make_job",
                                     out=tmp_path / "run", timeout_s=600), echo=print)
     assert state.status == "ok", {n.id: n.error for n in state.notebooks if n.status != "ok"}
-    assert state.job == f"{ROOT / 'examples' / 'image_classifier.py'}:make_job"
+    assert state.job == f"{ROOT / 'examples' / (example + '.py')}:make_job"
     table = verdicts(load_results(run_dir / "results.jsonl")).set_index("notebook")
     assert table.loc["01_baseline_profiling", "recommendation"] in ("host-bound", "device-bound", "inconclusive")
-    assert "image classifier" in table.loc["01_baseline_profiling", "extra"]["context"]
+    assert name in table.loc["01_baseline_profiling", "extra"]["context"]
     for nb in ("02_batched_decode", "05_stream_overlap", "10_end_to_end"):
         assert table.loc[nb, "recommendation"] == "not applicable"
         assert "measures the built-in PPO job only" in table.loc[nb, "reason"]
