@@ -37,6 +37,10 @@ _DATA = (
 )
 
 
+#: The user's own job, in the notebooks that can measure one (the runner's --job passes it).
+_JOB = (Param("job", str, "", "your own job, path/to/job.py:make_job or module:attr (empty: the built-in PPO job)"),)
+
+
 #: Training crop of the end-to-end job (notebooks 01 and 10). At 64 px the baseline's data phase (full-size
 #: decodes, independent of the crop) is >= 70% of the step on a 2-core CPU: the host-bound job the workbook fixes.
 JOB_IMAGE_SIZE = 64
@@ -80,8 +84,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
               maximum=100000),
         Param("profile_steps", int, 2, "steps recorded by the profiler (0 skips profiling)",
               minimum=0, maximum=100),
-        Param("job", str, "", "your own job, path/to/job.py:make_job or module:attr (empty: the built-in PPO job)"),
-    ),
+    ) + _JOB,
     "02_batched_decode": _COMMON + _DATA + _batch("images per batch") + (
         Param("threads", int, 0, "decode threads of the batched pipeline (0 for all usable cores)",
               minimum=0, maximum=256),
@@ -103,7 +106,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("probe_epochs", int, 2, "epochs drawn by the worker-randomness probe", minimum=1, maximum=20),
         Param("probe_ranks", int, 2, "simulated distributed ranks in the randomness probe", minimum=1,
               maximum=64),
-    ),
+    ) + _JOB,
     "04_pinned_memory": _COMMON + (
         Param("min_size_kib", int, 4, "smallest transfer, KiB", minimum=1, maximum=1 << 20),
         Param("max_size_mib", int, 256, "largest transfer, MiB", minimum=1, maximum=1 << 16),

@@ -123,6 +123,10 @@ def test_a_speedup_above_the_core_count_is_flagged_as_implausible():
     assert S.speedup_plausibility(float("nan"), 4) is not None
     with pytest.raises(ParameterError):
         S.speedup_plausibility(1.0, 0)
+    # with its interval: only a whole interval above the core count is impossible
+    assert S.speedup_plausibility(2.21, 2, ci_low=1.83) is None
+    note = S.speedup_plausibility(6.61, 2, ci_low=4.9)
+    assert note is not None and "6.61x speed-up (95% CI from 4.90x)" in note
 
 
 class _Straggler(Dataset):

@@ -26,7 +26,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -178,14 +178,17 @@ def batches_equal(a: Any, b: Any, keys: Sequence[str] = ("image", "tokens", "lab
 
     Parameters
     ----------
-    a, b : dict
-        Batches; keys missing from both are ignored.
+    a, b : dict, or any nesting of tuples, lists, dicts and tensors
+        Batches; for dicts, keys missing from both are ignored; other batches are compared whole
+        (same structure, equal tensors and values).
     keys : sequence of str
 
     Returns
     -------
     bool
     """
+    if not isinstance(a, Mapping) or not isinstance(b, Mapping):
+        return _nested_equal(a, b)  # a user's batch: tuples, lists, dicts of tensors
     for key in keys:
         if key not in a and key not in b:
             continue
@@ -195,6 +198,18 @@ def batches_equal(a: Any, b: Any, keys: Sequence[str] = ("image", "tokens", "lab
         if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
             return False
     return True
+
+
+def _nested_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_nested_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_nested_equal(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -379,7 +394,8 @@ def completion_window(t0: float, completed_s: Sequence[float], n: int) -> tuple[
     return after[0], after[n], ahead
 
 
-def speedup_plausibility(ratio: float, cores: int, *, baseline: str = "num_workers=0") -> str | None:
+def speedup_plausibility(ratio: float, cores: int, *, baseline: str = "num_workers=0",
+                         ci_low: float | None = None) -> str | None:
     """Why a measured speed-up of a CPU-bound loader over ``baseline`` cannot be real, or None when it can.
 
     A CPU-bound pipeline (decoding files already in the page cache) on
@@ -399,11 +415,15 @@ def speedup_plausibility(ratio: float, cores: int, *, baseline: str = "num_worke
         Usable CPU cores (:func:`helpers.device.usable_cores`, >= 1).
     baseline : str
         Named in the sentence.
+    ci_low : float, optional
+        The lower bound of the ratio's confidence interval. When given, only a ratio whose whole interval
+        lies above ``cores`` is impossible: a point estimate above it with an interval reaching below is a
+        noisy measurement of a possible speed-up, not a wrong one.
 
     Returns
     -------
     str or None
-        A sentence for the reader when ``ratio > cores``; else None.
+        A sentence for the reader when ``ratio > cores`` (with ``ci_low``: when ``ci_low > cores``); else None.
 
     Raises
     ------
@@ -412,9 +432,11 @@ def speedup_plausibility(ratio: float, cores: int, *, baseline: str = "num_worke
     """
     if not _is_int(cores) or cores < 1:
         raise ParameterError(f"speedup_plausibility: cores={cores!r}: allowed: an int >= 1")
-    if not math.isfinite(ratio) or ratio > cores:
+    beyond = ratio if ci_low is None else ci_low
+    if not math.isfinite(ratio) or not math.isfinite(beyond) or beyond > cores:
+        what = f"a {ratio:.2f}x speed-up" + ("" if ci_low is None else f" (95% CI from {ci_low:.2f}x)")
         return (
-            f"a {ratio:.2f}x speed-up over {baseline} on {cores} usable core(s) is not physically possible for a "
+            f"{what} over {baseline} on {cores} usable core(s) is not physically possible for a "
             f"CPU-bound pipeline (at most {cores}x: the baseline already keeps one core busy, and more processes "
             "add no cores), so this measurement is wrong - most likely other load on the machine or too little "
             "work timed; raise batches_per_trial and trials and run it on an otherwise idle machine"
