@@ -198,6 +198,8 @@ def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, examp
     table = verdicts(load_results(run_dir / "results.jsonl")).set_index("notebook")
     assert table.loc["01_baseline_profiling", "recommendation"] in ("host-bound", "device-bound", "inconclusive")
     assert name in table.loc["01_baseline_profiling", "extra"]["context"]
+    assert name in table.loc["03_dataloader_tuning", "extra"]["context"]  # the sweep ran on the user's dataset
+    assert "built-in PPO job only" not in table.loc["03_dataloader_tuning", "reason"]
     for nb in ("02_batched_decode", "05_stream_overlap", "10_end_to_end"):
         assert table.loc[nb, "recommendation"] == "not applicable"
         assert "measures the built-in PPO job only" in table.loc[nb, "reason"]
