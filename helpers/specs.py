@@ -191,7 +191,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
               minimum=1, maximum=10**12),
         Param("host_bound_threshold", float, 0.10,
               "exposed input time / step time above which the job is called host-bound", minimum=0.0, maximum=1.0),
-    ),
+    ) + _JOB,
 }
 
 

@@ -329,7 +329,8 @@ def _action_value(row, setting: str) -> Any:
 
 
 def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16: bool | None = None,
-                         default_workers: int | None = None, workload: "Workload | None" = None) -> Selection:
+                         default_workers: int | None = None, workload: "Workload | None" = None,
+                         unavailable: Mapping[str, str] | None = None, job_spec: str = "") -> Selection:
     """Decide the optimized job: from this run's verdicts (``auto``) or an explicit list.
 
     Parameters
@@ -347,6 +348,11 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
     workload : Workload, optional
         This job; when given, each verdict-based choice whose notebook recorded
         a different ``image_size`` or ``model_width`` carries a warning.
+    unavailable : mapping of str to str, optional
+        Optimizations this job cannot use (name -> why, e.g. batched decode for a job without the workbook's
+        image pipeline): off whatever was requested or recommended, with the reason.
+    job_spec : str
+        The user's job spec ("" for the built-in job): a verdict recorded for another job is not followed.
 
     Returns
     -------
@@ -381,13 +387,24 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
         except ParameterError as exc:
             log.warning("notebook 06's autocast dtype does not apply here (%s); using %s", exc, dtype)
     choices, missing = [], []
+    unavailable = dict(unavailable or {})
     for name in OPTIMIZATIONS:
         nb = SOURCE_NOTEBOOKS[name]
+        if name in unavailable:
+            choices.append(Choice(name, False, "job", f"not available for this job: {unavailable[name]}"))
+            continue
         if names != ("auto",):
             on = name in names
             choices.append(Choice(name, on, "requested", "in the optimizations list" if on else "not requested"))
             continue
-        if table is not None and nb in table.index:
+        row_params = table.loc[nb].get("parameters") if table is not None and nb in table.index else None
+        other_job = isinstance(row_params, Mapping) and str(row_params.get("job") or "") != str(job_spec or "")
+        if table is not None and nb in table.index and other_job:
+            missing.append(nb)
+            on, why = defaults[name]
+            choices.append(Choice(name, on, "default", f"notebook {nb[:2]} measured another job; default here: "
+                                  f"{'on' if on else 'off'} ({why})"))
+        elif table is not None and nb in table.index:
             row = table.loc[nb]
             rec = str(row.get("recommendation"))
             vtxt = format_value(row.get("value"), row.get("unit"))
@@ -478,8 +495,9 @@ class JobVariant:
     Parameters
     ----------
     config : JobConfig
-    job : helpers.jobs.ppo.PPOJob
-        The job (data, workload, model, step); ``batched_decode`` uses its ``"batched"`` pipeline.
+    job : helpers.jobs.base.Job
+        The job (data, workload, model, step): the built-in :class:`helpers.jobs.ppo.PPOJob` or a user's;
+        ``batched_decode`` uses its ``"batched"`` pipeline (the built-in job's only).
     acc : helpers.device.Accelerator
 
     Notes
@@ -501,10 +519,13 @@ class JobVariant:
         self.options = StepOptions(autocast_dtype=amp_dtype, channels_last=config.has("channels_last"))
         self.amp_dtype = amp_dtype
         if config.has("batched_decode"):
+            if "batched" not in job.pipelines:
+                raise ParameterError(f"batched_decode needs the workbook's batched image pipeline; the job "
+                                     f"{job.name!r} offers {', '.join(job.pipelines)}")
             threads = 0 if workers == 0 else max(1, _cores() // workers)
             self.dataset = job.make_dataset("batched", threads=threads, pin_memory=pin and workers == 0)
         else:
-            self.dataset = job.make_dataset("baseline")
+            self.dataset = job.make_dataset("baseline" if "baseline" in job.pipelines else job.pipelines[0])
         self.sampler = job.batch_sampler(len(self.dataset))
         loader_cfg = LoaderConfig(batch_size=workload.batch_size, num_workers=workers,
                                   pin_memory=pin and workers > 0, seed=workload.seed)
@@ -519,7 +540,7 @@ class JobVariant:
             self.source = self.loader
         model = job.make_model(acc, self.options)
         self.step = job.make_step(model, acc, self.options)
-        self.trainer = self.step.trainer
+        self.trainer = getattr(self.step, "trainer", None)  # the built-in job's PPO trainer (None for others)
         self.non_blocking = bool(pin)
         self.loop = TimedLoop(self.batches(),
                               lambda batch: self.transfer(batch, acc, non_blocking=self.non_blocking),
@@ -594,6 +615,11 @@ def same_input_check(a: JobConfig, b: JobConfig, job: PPOJob, acc) -> dict[str, 
     """
     ja, jb = JobVariant(a, job, acc), JobVariant(b, job, acc)
     try:
+        if not isinstance(job, PPOJob):  # a user's job: the same dataset and order, so the same values
+            ba, bb = ja.transfer(next(ja.batches()), acc), jb.transfer(next(jb.batches()), acc)
+            same = _values_equal(ba, bb)
+            return {"labels_equal": same, "tokens_equal": same, "mean_abs_levels": 0.0 if same else float("nan"),
+                    "max_abs_levels": 0.0 if same else float("nan"), "batches_equal": same}
         xa, ta, la = ja.transfer(next(ja.batches()), acc)
         xb, tb, lb = jb.transfer(next(jb.batches()), acc)
         std = torch.tensor(IMAGENET_STD, device=xa.device).view(1, 3, 1, 1)
@@ -604,6 +630,20 @@ def same_input_check(a: JobConfig, b: JobConfig, job: PPOJob, acc) -> dict[str, 
     finally:
         ja.close()
         jb.close()
+
+
+def _values_equal(a: Any, b: Any) -> bool:
+    """Equal values (any memory format, up to float rounding of a low-precision copy) in two nested batches."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape:
+            return False
+        x, y = a.detach().cpu(), b.detach().cpu()
+        return bool(torch.equal(x, y)) if not x.is_floating_point() else bool(torch.allclose(x.float(), y.float()))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def _cores() -> int:
@@ -1054,9 +1094,9 @@ def earlier_baseline_phases(results, workload: Workload, params: Mapping[str, An
         same = Workload.from_params(theirs) == workload
     except (ParameterError, TypeError, ValueError, KeyError):
         same = False
-    same = same and all(str(theirs.get(k) or "") == str(params.get(k) or "") for k in ("data_dir", "max_images"))
+    same = same and all(str(theirs.get(k) or "") == str(params.get(k) or "") for k in ("data_dir", "max_images", "job"))
     if not same:
-        return None, "notebook 01 measured a different job (workload, data_dir or max_images differ)"
+        return None, "notebook 01 measured a different job (workload, data_dir, max_images or job differ)"
     return dict(phases), ""
 
 
