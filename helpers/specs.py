@@ -133,7 +133,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
               maximum=1e10),
         Param("growth_interval", int, 200, "GradScaler steps without overflow before the scale grows",
               minimum=1, maximum=1000000),
-    ),
+    ) + _JOB,
     "07_channels_last": _COMMON + _DATA + _batch() + _training(JOB_MODEL_WIDTH, "timed training steps per variant") + (
         Param("compile_model", bool, True, "also measure torch.compile of the model (slow to compile)"),
         Param("attention_seq_len", int, 128, "sequence length of the attention comparison", minimum=1,

@@ -203,7 +203,8 @@ def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, examp
     e2e = table.loc["10_end_to_end"]
     assert e2e["recommendation"] in ("enable", "leave off", "inconclusive") and name in e2e["extra"]["context"]
     assert "batched_decode" not in e2e["extra"]["optimizations"]  # the workbook's JPEG pipeline is not the user's
-    for nb in ("02_batched_decode", "05_stream_overlap", "06_mixed_precision"):
+    assert name in table.loc["06_mixed_precision", "extra"]["context"]  # autocast measured on the user's step
+    for nb in ("02_batched_decode", "05_stream_overlap"):
         assert table.loc[nb, "recommendation"] == "not applicable"
         assert "measures the built-in PPO job only" in table.loc[nb, "reason"]
     assert "Job measured: your job" in (run_dir / "report.md").read_text()

@@ -22,7 +22,7 @@ _SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float, no_nan: bool, loss_rtol: float,
-            device_kind: str, native_bf16: bool | None, context: str) -> Verdict:
+            device_kind: str, native_bf16: bool | None, context: str, loss_name: str = "value loss") -> Verdict:
     """Notebook 06's verdict: enable autocast only when it is measurably faster and learns like fp32.
 
     Parameters
@@ -43,6 +43,8 @@ def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float,
         On a CPU, whether it has native bf16 arithmetic (:func:`helpers.diagnose.environment.cpu_bf16_support`).
     context : str
         What was measured, in one sentence.
+    loss_name : str, default "value loss"
+        The loss the gate compared (the built-in job's value loss; a user's job's ``"loss"``).
 
     Returns
     -------
@@ -51,11 +53,11 @@ def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float,
     """
     if not loss_ok:
         recommendation = "leave off"
-        reason = (f"mixed precision did not reproduce fp32 training: relative value-loss difference {rel_diff:.1%} "
+        reason = (f"mixed precision did not reproduce fp32 training: relative {loss_name} difference {rel_diff:.1%} "
                   f"(tolerance {loss_rtol:.0%}), NaN-free: {no_nan}")
     elif cmp.outcome() == "b_faster":
         recommendation = "enable"
-        reason = f"{cmp.verdict_text()}, value loss within {rel_diff:.2%} of fp32 (tolerance {loss_rtol:.0%})"
+        reason = f"{cmp.verdict_text()}, {loss_name} within {rel_diff:.2%} of fp32 (tolerance {loss_rtol:.0%})"
     else:
         recommendation = "leave off"
         reason = f"{cmp.verdict_text()}, so {dtype_name} autocast does not pay here"

@@ -21,7 +21,8 @@ from helpers.errors import ParameterError
 from helpers.jobs.base import Job, StepOptions, close_dataset
 from helpers.pipeline.loader import LoaderConfig, close_loader
 
-__all__ = ["LearningCheck", "TimedJob", "clone_batch", "fixed_batches", "learning_check", "percent", "prepare_job", "time_job"]
+__all__ = ["LearningCheck", "TimedJob", "clone_batch", "fixed_batches", "learning_check", "loss_curve", "percent",
+           "prepare_job", "step_options_comparison", "time_job"]
 
 
 @dataclass
@@ -264,3 +265,69 @@ def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], to
     rel = tail_relative_difference(base, opt, tail) if no_nan else math.inf
     return LearningCheck(rel_diff=rel, tolerance=float(tolerance), tail=tail, no_nan=no_nan,
                          ok=no_nan and rel <= tolerance, steps=len(base))
+
+
+# --------------------------------------------------------------------------- a step under two sets of options
+
+
+def step_options_comparison(job: Job, acc, a: StepOptions, b: StepOptions, *, steps: int, warmup_steps: int,
+                            n_batches: int = 4, seed: int = 0, names: tuple[str, str] = ("A", "B")):
+    """Time ``job``'s training step with options ``a`` against ``b`` on fixed device batches, interleaved.
+
+    Each side gets its own fixed batches (:func:`fixed_batches` with its options: channels_last changes
+    the batch's memory format), its own model (same seed: same initial weights) and step, and cycles over
+    its batches; :func:`helpers.timing.compare` runs them A B B A with a device synchronize around each
+    step and gives the ratio of medians with a bootstrap interval. The input pipeline is not timed.
+
+    Parameters
+    ----------
+    job : Job
+    acc : helpers.device.Accelerator
+    a, b : StepOptions
+        E.g. fp32 against ``StepOptions(autocast_dtype=torch.bfloat16)``.
+    steps, warmup_steps : int
+        Timed and untimed steps per side.
+    n_batches : int
+        Fixed batches per side (>= 1).
+    seed : int
+        Bootstrap seed.
+    names : (str, str)
+
+    Returns
+    -------
+    helpers.timing.Comparison
+        A = ``a``, B = ``b``; ``ratio`` > 1: ``b`` is faster.
+    """
+    from helpers.timing import compare
+
+    sides = []
+    for options in (a, b):
+        batches = fixed_batches(job, acc, n_batches, pipeline=job.pipelines[0], options=options)
+        step = job.make_step(job.make_model(acc, options), acc, options)
+        it = itertools.cycle(batches)
+        sides.append(lambda step=step, it=it: step(next(it)))
+    return compare(sides[0], sides[1], repeats=steps, warmup=warmup_steps, sync=acc.synchronize, names=names,
+                   items_per_call=job.workload.batch_size, seed=seed)
+
+
+def loss_curve(job: Job, acc, options: StepOptions, *, steps: int, n_batches: int = 4,
+               stat: str = "loss") -> list[float]:
+    """``steps`` training steps of a fresh model (seeded) on fixed batches; the ``stat`` of each step.
+
+    Two calls with different options see the same weights and the same batches, so their curves
+    differ only by the options (the numerics gate of notebooks 06 and 10, :func:`learning_check`).
+
+    Raises
+    ------
+    ParameterError
+        If the step's statistics lack ``stat``.
+    """
+    batches = fixed_batches(job, acc, n_batches, pipeline=job.pipelines[0], options=options)
+    step = job.make_step(job.make_model(acc, options), acc, options)
+    out = []
+    for i in range(int(steps)):
+        stats = step(batches[i % len(batches)])
+        if stat not in stats:
+            raise ParameterError(f"the job's step returns {sorted(stats)}, not {stat!r}")
+        out.append(float(stats[stat]))
+    return out
