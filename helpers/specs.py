@@ -141,7 +141,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("attention_heads", int, 4, "heads of the attention comparison", minimum=1, maximum=256),
         Param("attention_head_dim", int, 32, "width of one head in the attention comparison", minimum=1,
               maximum=1024),
-    ),
+    ) + _JOB,
     "08_collectives": _COMMON + _DATA + _batch("samples per rank per DDP step") + _training(
             JOB_MODEL_WIDTH, "timed DDP steps per variant") + (
         Param("backend", str, "auto", "torch.distributed backend: auto picks hccl on npu, nccl on cuda, gloo on cpu",

@@ -204,6 +204,11 @@ def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, examp
     assert e2e["recommendation"] in ("enable", "leave off", "inconclusive") and name in e2e["extra"]["context"]
     assert "batched_decode" not in e2e["extra"]["optimizations"]  # the workbook's JPEG pipeline is not the user's
     assert name in table.loc["06_mixed_precision", "extra"]["context"]  # autocast measured on the user's step
+    cl = table.loc["07_channels_last"]
+    if example == "text_classifier":  # no convolution: said so from inspecting the model
+        assert cl["recommendation"] == "not applicable" and "no 2-D convolution" in cl["reason"]
+    else:
+        assert "your job's training step" in cl["extra"]["context"]
     for nb in ("02_batched_decode", "05_stream_overlap"):
         assert table.loc[nb, "recommendation"] == "not applicable"
         assert "measures the built-in PPO job only" in table.loc[nb, "reason"]

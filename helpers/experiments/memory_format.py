@@ -21,7 +21,7 @@ NOTEBOOK = "07_channels_last"
 
 
 def channels_last_decision(comparisons: dict[str, Any], *, applicable: bool = True, why_not: str = "",
-                          threshold: float = 1.05) -> dict[str, Any]:
+                          threshold: float = 1.05, what: str = "the conv encoder's forward+backward") -> dict[str, Any]:
     """Turn the channels_last comparisons into the notebook's verdict.
 
     The best variant is the one with the largest ratio (NCHW time / channels_last
@@ -41,6 +41,8 @@ def channels_last_decision(comparisons: dict[str, Any], *, applicable: bool = Tr
         The reason when not applicable.
     threshold : float, default 1.05
         Least speedup worth enabling (5 %: below that a layout change is not worth its risk).
+    what : str
+        What was timed, for the reason (the built-in job's conv encoder; a user's job's whole step).
 
     Returns
     -------
@@ -68,7 +70,7 @@ def channels_last_decision(comparisons: dict[str, Any], *, applicable: bool = Tr
     outcome = c.outcome(threshold)
     rec = "enable" if outcome == "b_faster" else "leave off"
     if rec == "enable":
-        head = f"channels_last made the conv encoder's forward+backward {c.ratio:.2f}x faster ({best})"
+        head = f"channels_last made {what} {c.ratio:.2f}x faster ({best})"
     elif outcome == "a_faster":
         head = f"channels_last was slower than NCHW at every precision (best {best}: {c.ratio:.2f}x)"
     else:
@@ -81,7 +83,8 @@ def channels_last_decision(comparisons: dict[str, Any], *, applicable: bool = Tr
                              f"channels_last: {rec}", current="contiguous_format")}
 
 
-def verdict(comparisons: dict[str, Any], *, applicable: bool, why_not: str, fusion: str, context: str) -> Verdict:
+def verdict(comparisons: dict[str, Any], *, applicable: bool, why_not: str, fusion: str, context: str,
+            what: str = "the conv encoder's forward+backward") -> Verdict:
     """Notebook 07's verdict: :func:`channels_last_decision`'s decision, with the fusion figures in its reason.
 
     Parameters
@@ -92,6 +95,8 @@ def verdict(comparisons: dict[str, Any], *, applicable: bool, why_not: str, fusi
         The SDPA and torch.compile results in one sentence (informative; they decide nothing here).
     context : str
         What was measured, in one sentence.
+    what : str
+        What was timed (see :func:`channels_last_decision`).
 
     Returns
     -------
@@ -99,7 +104,7 @@ def verdict(comparisons: dict[str, Any], *, applicable: bool, why_not: str, fusi
         metric ``speedup`` (x, NCHW time over channels_last time) of the best precision; action on
         ``memory_format``; ``extra["best"]``: that precision's label.
     """
-    v = channels_last_decision(comparisons, applicable=applicable, why_not=why_not)
+    v = channels_last_decision(comparisons, applicable=applicable, why_not=why_not, what=what)
     return Verdict(notebook=NOTEBOOK, metric="speedup", value=v["value"], unit="x",
                    recommendation=v["recommendation"], reason=f"{v['reason']}. Fusion: {fusion}", context=context,
                    action=v["action"], spread=v["spread"], extra={"best": v["best"]})
