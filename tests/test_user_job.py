@@ -201,7 +201,9 @@ def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, examp
     assert name in table.loc["03_dataloader_tuning", "extra"]["context"]  # the sweep ran on the user's dataset
     assert "built-in PPO job only" not in table.loc["03_dataloader_tuning", "reason"]
     e2e = table.loc["10_end_to_end"]
-    assert e2e["recommendation"] in ("enable", "leave off", "inconclusive") and name in e2e["extra"]["context"]
+    assert name in e2e["extra"]["context"]
+    assert e2e["recommendation"] in ("enable", "leave off", "inconclusive") or (
+        e2e["recommendation"] == "not applicable" and "no optimization selected" in e2e["reason"])
     assert "batched_decode" not in e2e["extra"]["optimizations"]  # the workbook's JPEG pipeline is not the user's
     assert name in table.loc["06_mixed_precision", "extra"]["context"]  # autocast measured on the user's step
     cl = table.loc["07_channels_last"]
