@@ -175,7 +175,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("alloc_conf_list", list, ["", "expandable_segments:True"],
               "allocator settings to compare on cuda/npu (PYTORCH_CUDA_ALLOC_CONF / PYTORCH_NPU_ALLOC_CONF)",
               item_kind=str),
-    ),
+    ) + _JOB,
     "10_end_to_end": _COMMON + _DATA + _batch() + _training(
             JOB_MODEL_WIDTH, "measured training steps per job") + (
         Param("optimizations", list, ["auto"],

@@ -211,6 +211,7 @@ def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, examp
         assert cl["recommendation"] == "not applicable" and "no 2-D convolution" in cl["reason"]
     else:
         assert "your job's training step" in cl["extra"]["context"]
+    assert "your job's training step" in table.loc["09_memory_and_batch_size", "extra"]["context"]
     for nb in ("02_batched_decode", "05_stream_overlap"):
         assert table.loc[nb, "recommendation"] == "not applicable"
         assert "measures the built-in PPO job only" in table.loc[nb, "reason"]

@@ -85,6 +85,8 @@ class TraceConfig:
         Steps before the trace.
     empty_cache_repeats : int
         Rounds of :func:`measure_empty_cache` (0: skip).
+    job : str
+        The user's job spec (:func:`helpers.jobs.load.load_job`); "" for the built-in job.
     """
 
     device: str
@@ -99,6 +101,7 @@ class TraceConfig:
     steps: int = 8
     warmup_steps: int = 1
     empty_cache_repeats: int = 2
+    job: str = ""
 
     @property
     def workload(self) -> Workload:
@@ -111,7 +114,7 @@ POOL_IMAGES = 256
 """Images decoded into :func:`job_step_factory`'s host pool, at most: 256 x 3 x 224 x 224 bytes is 37 MiB."""
 
 
-def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2,
+def job_step_factory(job, acc: Accelerator, *, n_batches: int = 2,
                      pool_images: int = POOL_IMAGES) -> Callable[[int], Callable[[], Any]]:
     """Decode a bounded sample of the job's photos once and return ``make_step(batch_size) -> step``.
 
@@ -123,10 +126,12 @@ def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2,
     seeded by the workload's seed), moves them to the device
     (``job.to_device``), builds a fresh model and step (same seed), and returns
     a closure that trains on the batches in turn, as notebooks 06/07 do.
+    A user's job (any other :class:`helpers.jobs.base.Job`) draws each size's batches from its own dataset
+    instead (seeded; nothing but those batches is read).
 
     Parameters
     ----------
-    job : helpers.jobs.ppo.PPOJob
+    job : helpers.jobs.ppo.PPOJob or helpers.jobs.base.Job
     acc : helpers.device.Accelerator
     n_batches : int, default 2
         Fixed batches each step closure cycles through (>= 1).
@@ -144,6 +149,8 @@ def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2,
     ParameterError
         (from ``make_step``) for a batch size that is not an int >= 1.
     """
+    if not isinstance(job, PPOJob):
+        return _generic_step_factory(job, acc, n_batches=n_batches, pool_items=pool_images)
     seed = job.workload.seed
     if isinstance(pool_images, bool) or not isinstance(pool_images, int) or pool_images < 1:
         raise ParameterError(f"pool_images must be an int >= 1, got {pool_images!r}")
@@ -179,8 +186,41 @@ def job_step_factory(job: PPOJob, acc: Accelerator, *, n_batches: int = 2,
     return make_step
 
 
-def trace_job(cfg: "TraceConfig") -> PPOJob:
-    """The built-in job of a :class:`TraceConfig` (any batch size: the images are only decoded once)."""
+def _generic_step_factory(job, acc: Accelerator, *, n_batches: int, pool_items: int) -> Callable[[int], Callable[[], Any]]:
+    """:func:`job_step_factory` for a user's job: batches of any size drawn from its own dataset (seeded, with
+    repetition when the size exceeds the dataset), made on the host once per size and kept on the device."""
+    seed = job.workload.seed
+    dataset = job.make_dataset(job.pipelines[0])
+    n_items = len(dataset)
+
+    def make_step(batch_size: int) -> Callable[[], Any]:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ParameterError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        gen = torch.Generator().manual_seed(seed)
+        batches = [job.to_device(dataset[[int(i) for i in torch.randint(0, n_items, (batch_size,), generator=gen)]],
+                                 acc) for _ in range(max(1, n_batches))]
+        train_step = job.make_step(job.make_model(acc), acc)
+        counter = [0]
+
+        def step() -> Any:
+            batch = batches[counter[0] % len(batches)]
+            counter[0] += 1
+            return train_step(batch)
+
+        return step
+
+    return make_step
+
+
+def trace_job(cfg: "TraceConfig"):
+    """The job of a :class:`TraceConfig`: the user's (``cfg.job``), or the built-in one (any batch size: the
+    images are only decoded once)."""
+    if cfg.job:
+        from helpers.jobs.load import load_job
+
+        given = {"batch_size": cfg.batch_size, "seed": cfg.seed, "max_images": cfg.max_images,
+                 "image_size": cfg.image_size, **({"data_dir": cfg.data_dir} if cfg.data_dir else {})}
+        return load_job(cfg.job, given)
     index, tokenizer = prepare_data(cfg.data_dir, max_images=cfg.max_images, seed=cfg.seed, batch_size=1,
                                     text_len=cfg.text_len)
     return PPOJob(index, tokenizer, cfg.workload)
