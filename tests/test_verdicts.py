@@ -87,7 +87,8 @@ def test_memory_verdict_from_a_budget_set_for_the_run_says_so():
     assert v.recommendation == "enable" and v.action.value == 16
     assert v.action.text == ("batch size 32 → 16 (within the 1,024 MiB memory_budget_mib set for this run, not this "
                              "machine's free memory)")
-    assert v.reason.startswith("within the 1,024 MiB memory_budget_mib set for this run")
+    assert v.reason.startswith("lower the batch to 16") and v.reason.endswith(
+        "(within the 1,024 MiB memory_budget_mib set for this run, not this machine's free memory)")
     assert v.extra["budget_set_by_parameter"] is True
     free = memory.verdict(_found(16), budget_set=False, **kw)
     assert free.action.text == "batch size 32 → 16" and "memory_budget_mib" not in free.reason

@@ -740,7 +740,7 @@ def verdict(found: FinderResult, *, current: int, best: int | None, gain: tuple[
         set_by_run = f"within the {budget_mib:,.0f} MiB memory_budget_mib set for this run, not this machine's free memory"
         reason += f"; budget {budget_why}"
         if recommendation == "enable":
-            reason = f"{set_by_run}: {reason}"
+            reason += f" ({set_by_run})"
     if recommendation == "enable":
         text = f"batch size {cur} → {int(target)}" + (f" ({set_by_run})" if set_by_run else "")
         action = Action("batch_size", int(target), text, current=cur)

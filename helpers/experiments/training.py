@@ -204,6 +204,7 @@ class LearningCheck:
     no_nan: bool
     ok: bool
     steps: int = 0
+    loss_name: str = "value loss"
 
     def percent(self) -> str:
         """``rel_diff`` as a percentage with two significant digits (e.g. ``"0.12%"``, ``"3.1%"``)."""
@@ -216,7 +217,7 @@ class LearningCheck:
             return "a loss was NaN or infinite: the optimized job does not compute like the baseline"
         word = "within tolerance" if self.ok else "OUTSIDE the tolerance"
         over = f" over {self.steps} steps" if self.steps else ""
-        return (f"numerical agreement on identical batches{over}: mean value loss of the last {self.tail} steps "
+        return (f"numerical agreement on identical batches{over}: mean {self.loss_name} of the last {self.tail} steps "
                 f"{self.percent()} from the baseline's, {word} ({self.tolerance:.0%}), no NaN (this checks that "
                 f"both jobs compute the same, not that they converge)")
 
@@ -233,7 +234,7 @@ def percent(fraction: float) -> str:
 
 
 def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], tolerance: float, *,
-                   tail: int | None = None) -> LearningCheck:
+                   tail: int | None = None, loss_name: str = "value loss") -> LearningCheck:
     """Gate "same learning": two loss curves on identical batches agree (:func:`helpers.compute.amp.tail_relative_difference`).
 
     Notebook 06 (mixed precision against fp32) and notebook 10 (the optimized
@@ -247,6 +248,8 @@ def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], to
         Largest allowed relative difference of the tail means (>= 0).
     tail : int, optional
         Steps averaged; default ``max(1, min(5, len // 3))`` (notebook 06's).
+    loss_name : str, default "value loss"
+        What the curves are, for the sentence (the built-in job's value loss; a user's job's ``"loss"``).
 
     Returns
     -------
@@ -264,7 +267,7 @@ def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], to
     no_nan = all(math.isfinite(v) for v in base + opt)
     rel = tail_relative_difference(base, opt, tail) if no_nan else math.inf
     return LearningCheck(rel_diff=rel, tolerance=float(tolerance), tail=tail, no_nan=no_nan,
-                         ok=no_nan and rel <= tolerance, steps=len(base))
+                         ok=no_nan and rel <= tolerance, steps=len(base), loss_name=loss_name)
 
 
 # --------------------------------------------------------------------------- a step under two sets of options
