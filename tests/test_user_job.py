@@ -214,5 +214,7 @@ def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, examp
     assert "your job's training step" in table.loc["09_memory_and_batch_size", "extra"]["context"]
     for nb in ("02_batched_decode", "05_stream_overlap"):
         assert table.loc[nb, "recommendation"] == "not applicable"
-        assert "measures the built-in PPO job only" in table.loc[nb, "reason"]
+        assert "not applicable to your job yet" in table.loc[nb, "reason"] and "diagnose --job" in table.loc[nb, "reason"]
+    assert "your dataset's decode and preprocessing are notebook 01's data phase" in table.loc["02_batched_decode",
+                                                                                                 "reason"]
     assert "Job measured: your job" in (run_dir / "report.md").read_text()

@@ -209,6 +209,27 @@ def notebook_parameter_names(path: Path) -> set[str]:
     return set(pm.inspect_notebook(str(path)).keys())
 
 
+#: Why a notebook does not measure a user's job (yet), and where their job's figure for it is instead.
+_NOT_FOR_YOUR_JOB = {
+    "02": ("it measures the workbook's own batched JPEG pipeline, which your job does not use: your dataset's "
+           "decode and preprocessing are notebook 01's data phase, and `diagnose`'s real vs cached runs give "
+           "their whole exposed cost"),
+    "04": ("it measures pinned against pageable copies of the built-in job's batch; for your job, `diagnose`'s "
+           "cached vs synthetic runs give the copy's exposed cost (on an accelerator)"),
+    "05": ("its prefetcher experiment is written for the built-in job's batched pipeline; for your job, notebook "
+           "01's h2d phase and `diagnose` give what overlapping the copy could hide"),
+    "08": ("it launches the built-in job under torchrun; your job's DDP run is not part of the workbook yet"),
+}
+
+
+def not_applicable_reason(notebook: str, job_spec: str) -> str:
+    """The "not applicable" reason a notebook records for a user's job: why, and where their figure is instead."""
+    why = _NOT_FOR_YOUR_JOB.get(notebook[:2], "it measures the built-in PPO job only")
+    return (f"not applicable to your job yet: notebook {notebook[:2]} {why.replace('it ', 'is skipped: it ', 1)}; "
+            f"your job's phase breakdown and host-bound verdict are in notebook 01, its three-run test in "
+            f"`{_command()} diagnose --job {job_spec}`")
+
+
 def job_applies(declared: set[str] | frozenset[str]) -> bool:
     """Whether a notebook with these parameters runs on a user's job: it takes ``job``, or it measures no job
     at all (no ``batch_size`` or ``data_dir``: the environment check)."""
@@ -762,9 +783,7 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
                                       data_dir=options.data_dir, job=job_spec)
             skip = None
             if options.job and not job_applies(set(notebook_parameter_names(nb))):
-                skip = (f"not applicable to your job yet: notebook {nb.stem[:2]} measures the built-in PPO job only; "
-                        f"your job's phase breakdown and host-bound verdict are in notebook 01, and its three-run "
-                        f"test in `{_command()} diagnose --job {job_spec}`")
+                skip = not_applicable_reason(nb.stem, job_spec)
             entries.append(NotebookRun(id=nb.stem, input=str(nb), output=str(run_dir / nb.name),
                                        parameters=params, not_applicable=skip))
         if options.job:
