@@ -142,14 +142,17 @@ def test_first_screen_follows_the_end_to_end_ablation(tmp_path):
     add("02_batched_decode", Verdict(notebook="02_batched_decode", metric="speedup", value=4.4, unit="x",
                                      recommendation="enable", reason="4.4x",
                                      action=Action("pipeline", "batched", "batched decode: enable")))
-    ablation = {"mixed_precision": {"decision": "keep it", "contribution": 1.09, "ci_low": 1.05, "ci_high": 1.15},
+    ablation = {"mixed_precision": {"decision": "keep it", "contribution": 1.09, "ci_low": 1.05, "ci_high": 1.15,
+                                    "phases": "compute", "phase_contribution": 1.11, "phase_low": 1.05,
+                                    "phase_high": 1.16},
                 "channels_last": {"decision": "no measurable contribution here", "contribution": 1.02,
                                   "ci_low": 0.98, "ci_high": 1.06}}
     add("10_end_to_end", Verdict(notebook="10_end_to_end", metric="speedup", value=3.06, unit="x",
                                  recommendation="enable", reason="3.06x", extra={"ablation": ablation}))
     advice = dict(_advice(collect(tmp_path)))
     enable = advice["Enable on this machine"]
-    assert "bf16 autocast: enable (confirmed end to end by notebook 10: contribution 1.09x" in enable
+    assert ("bf16 autocast: enable (confirmed end to end by notebook 10: contribution compute phase 1.11x, 95% CI "
+            "1.05–1.16; whole step 1.09x, 95% CI 1.05–1.15)") in enable
     assert "batched decode: enable (notebook 02's isolated measurement only" in enable
     assert "channels_last" not in enable
     assert "notebook 10's ablation found no measurable contribution" in \

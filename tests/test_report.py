@@ -157,6 +157,23 @@ def test_overall_verdict_without_notebook_10_gives_the_baseline_state(tmp_path):
                                                   "end to end not measured yet (notebook 10)")
 
 
+def test_overall_verdict_does_not_call_a_job_that_computes_otherwise_or_a_polluted_run_faster(tmp_path):
+    _store(tmp_path, IDS["01"]).verdict(metric="exposed_input_fraction", value=0.73, unit="fraction",
+                                        recommendation="host-bound", reason="r")
+    _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=3.53, unit="x", recommendation="leave off",
+                                        reason="faster but the loss differs", learning_ok=False,
+                                        spread={"ci_low": 2.08, "ci_high": 4.07, "confidence": 0.95})
+    assert overall_verdict(collect(tmp_path)) == (
+        "host-bound baseline → 3.53x end to end (95% CI 2.08–4.07), but leave off: the optimized job's loss did not "
+        "agree with the baseline's (notebook 10)")
+    _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=9.57, unit="x", recommendation="inconclusive",
+                                        reason="inconclusive: the machine's speed changed",
+                                        spread={"ci_low": 9.0, "ci_high": 10.0, "confidence": 0.95})
+    assert overall_verdict(collect(tmp_path)).startswith("host-bound baseline → end to end inconclusive: the machine "
+                                                         "was busy or its speed changed while notebook 10 measured "
+                                                         "(9.57x measured")
+
+
 def test_checklist_has_every_item_in_order_with_effect_badge_and_links(partial_run):
     run_dir, _ = partial_run
     doc = _parse(to_html(run_dir))

@@ -1393,7 +1393,8 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
         Notebook 10's: metric ``speedup`` (x, optimized throughput over the baseline's) with its 95% interval;
         ``extra``: ``optimizations``, ``baseline_exposed_fraction``, ``loss_rtol``, ``learning_ok``,
         ``missing_verdicts``, ``ablation`` (optimization -> ``decision``, ``contribution``, ``ci_low``,
-        ``ci_high``, ``source`` notebook; empty without an ablation). It decides no single setting, so it carries
+        ``ci_high`` of the whole step, ``phases``, ``phase_contribution``, ``phase_low``, ``phase_high`` where it
+        acts (what the decision rests on), ``source`` notebook; empty without an ablation). It decides no single setting, so it carries
         no action.
     """
     recommendation, reason = _decide(comparison, learning, baseline, optimized, host_bound_threshold=host_bound_threshold,
@@ -1426,6 +1427,8 @@ def _ablation_evidence(ablation) -> dict[str, dict[str, Any]]:
 
         out[name] = {"decision": str(row["decision"]), "contribution": num("contribution"),
                      "ci_low": num("contribution_low"), "ci_high": num("contribution_high"),
+                     "phases": str(row.get("phases") or ""), "phase_contribution": num("phase_contribution"),
+                     "phase_low": num("phase_low"), "phase_high": num("phase_high"),
                      "source": SOURCE_NOTEBOOKS.get(name, "")}
     return out
 

@@ -514,8 +514,16 @@ def overall_verdict(report: Report) -> str:
         state = f"{base['recommendation']} baseline"
     else:
         state = "baseline"
+    if e2e and e2e.get("recommendation") == "inconclusive":
+        amount = f"{e2e['value']:.2f}x" if _is_num(e2e.get("value")) else "no figure"
+        return (f"{state} → end to end inconclusive: the machine was busy or its speed changed while notebook 10 "
+                f"measured ({amount} measured; rerun when it is quiet)")
     if e2e and _is_num(e2e.get("value")):
         spread = _spread_text(e2e.get("spread"), e2e.get("unit"))
+        extra = e2e.get("extra") if isinstance(e2e.get("extra"), dict) else {}
+        if extra.get("learning_ok") is False:  # faster, but it does not compute what the baseline computes
+            return (f"{state} → {e2e['value']:.2f}x end to end" + (f" ({spread})" if spread else "")
+                    + ", but leave off: the optimized job's loss did not agree with the baseline's (notebook 10)")
         unit = e2e.get("unit") or ""
         amount = f"{e2e['value']:.2f}x" if unit == "x" else _fmt_value(e2e["value"], unit)
         interval = e2e.get("spread") if isinstance(e2e.get("spread"), dict) else {}
@@ -573,10 +581,17 @@ def _isolated_only(state: str, name: str, in_job: list[str], number: str) -> str
 
 
 def _contribution_text(ev: dict) -> str:
-    c, lo, hi = ev.get("contribution"), ev.get("ci_low"), ev.get("ci_high")
-    if not _is_num(c):
-        return ""
-    return f"{c:.2f}x" + (f", 95% CI {lo:.2f}–{hi:.2f}" if _is_num(lo) and _is_num(hi) else "")
+    """The ablation figures a decision rests on: the contribution where the optimization acts, then the whole step."""
+    def ratio(c, lo, hi) -> str:
+        return f"{c:.2f}x" + (f", 95% CI {lo:.2f}–{hi:.2f}" if _is_num(lo) and _is_num(hi) else "")
+
+    c = ev.get("contribution")
+    step = ratio(c, ev.get("ci_low"), ev.get("ci_high")) if _is_num(c) else ""
+    pc = ev.get("phase_contribution")
+    if _is_num(pc) and ev.get("phases"):
+        where = f"{ev['phases']} phase{'s' if '+' in str(ev['phases']) else ''} {ratio(pc, ev.get('phase_low'), ev.get('phase_high'))}"
+        return f"{where}; whole step {step}" if step else where
+    return step
 
 
 def _advice(report: Report) -> list[tuple[str, list[str]]]:
