@@ -402,13 +402,19 @@ def default_data_root() -> Path:
     -------
     pathlib.Path
         ``$WORKBOOK_DATA_DIR`` when that variable is set and not empty, else
-        ``<repo>/data/generated`` where ``<repo>`` is the folder that holds the
-        ``helpers`` package.
+        ``<repo>/data/generated`` in a checkout (``<repo>`` holds the ``helpers``
+        package, ``pyproject.toml`` and ``data/``), else (an installed wheel)
+        ``platformdirs.user_cache_dir("training-perf-workbook")/data``.
     """
     env = os.environ.get(DATA_DIR_ENV, "").strip()
     if env:
         return Path(env).expanduser()
-    return Path(helpers.__file__).resolve().parent.parent / "data" / "generated"
+    root = Path(helpers.__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "data").is_dir():  # a checkout
+        return root / "data" / "generated"
+    import platformdirs  # an installed wheel: nothing is written inside site-packages
+
+    return Path(platformdirs.user_cache_dir("training-perf-workbook")) / "data"
 
 
 def _is_current_build(folder: Path, n_images: int, seed: int) -> bool:

@@ -309,13 +309,13 @@ def instrument_overhead(*, device: str = "auto", blocks: int = 10, steps_per_blo
     from helpers.pipeline.loader import LoaderConfig, close_loader
     from helpers.timing import Comparison, Measurement
     from helpers.workbook.instrument import InstrumentedLoader
-    from helpers.workbook.paths import repo_root
+    from helpers.workbook.paths import examples_dir
 
     if blocks < 3 or steps_per_block < 1:
         raise ParameterError(f"blocks must be >= 3 and steps_per_block >= 1, got {blocks}, {steps_per_block}")
     t_all = time.perf_counter()
     acc = get_accelerator(device)
-    job = load_job(f"{repo_root() / 'examples' / 'image_classifier.py'}:make_job",
+    job = load_job(f"{examples_dir() / 'image_classifier.py'}:make_job",
                    {"batch_size": batch_size, "max_images": max_images})
     dataset = job.make_dataset()
     loader = job.make_loader(dataset, LoaderConfig(batch_size=batch_size, num_workers=0, seed=0), acc)

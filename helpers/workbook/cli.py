@@ -7,6 +7,7 @@ diagnose    the quick answer for your own job (--job path/to/job.py:make_job): h
             the three-run test (real loader, cached batches, synthetic device batches)
 bench       run a benchmark (input-pipeline, allreduce, dataset-index, instrument) and print its figures as JSON; exit 2 on bad
             flag values or an unavailable backend, 1 when the allreduce job ran and failed or timed out
+notebooks   copy the notebooks and their profiles to a folder of your choice, for JupyterLab
 data build  build the embedded photo dataset (done on first use anyway)
 report      rebuild the report of an existing run folder
 env check   validate HCCL/NCCL/torch_npu environment settings (current or proposed), write the valid
@@ -55,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     dg.add_argument("--batch-size", type=int, default=None, metavar="N", help="passed to the job's factory")
     dg.add_argument("--data-dir", default=None, metavar="DIR", help="passed to the job's factory")
     dg.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    nbc = sub.add_parser("notebooks", help="copy the notebooks and their profiles to a folder, for JupyterLab")
+    nbc.add_argument("dest", type=Path, help="the folder (created; files already there are kept)")
 
     d = sub.add_parser("data", help="dataset commands")
     dsub = d.add_subparsers(dest="data_command", required=True)
@@ -145,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if state.status == "ok" else 1
         if args.command == "diagnose":
             return _diagnose(args)
+        if args.command == "notebooks":
+            from helpers.workbook.paths import copy_notebooks
+
+            copied = copy_notebooks(args.dest)
+            print(f"{len(copied)} notebooks in {args.dest} (open them with: jupyter lab {args.dest})")
+            return 0
         if args.command == "data":
             import time
 
