@@ -126,6 +126,8 @@ class BusyCheck:
         The 1-minute load average at the start, per usable core.
     seconds : float
         Length of the interval.
+    threshold : float
+        The ``max_other_cpu_share`` it was checked against.
     """
 
     busy: bool
@@ -133,12 +135,19 @@ class BusyCheck:
     other_cpu_share: float
     load_per_core: float | None
     seconds: float
+    threshold: float = MAX_OTHER_CPU_SHARE
 
     def sentence(self) -> str:
-        """``"measured on a busy machine: ...; rerun when it is quiet"`` or ``"the machine was quiet: ..."``."""
+        """``"measured on a busy machine: ...; rerun when it is quiet"``, ``"the machine was quiet: ..."``, or, when
+        other processes took more than the threshold over too short an interval to call it busy, ``"too short to
+        judge the machine's load: ..."``."""
         if self.busy:
             return f"measured on a busy machine: {'; '.join(self.reasons)}; rerun when it is quiet"
         load = f", load {self.load_per_core:.2f} per core" if self.load_per_core is not None else ""
+        if self.other_cpu_share > self.threshold:  # above the threshold, but too little CPU time to call it busy
+            return (f"too short to judge the machine's load: other processes took {self.other_cpu_share:.0%} of the "
+                    f"cores, but over only {self.seconds:.1f} s (fewer than {MIN_OTHER_CPU_S:g} CPU-seconds of "
+                    f"theirs){load}; measure longer to know whether it was quiet")
         return (f"the machine was quiet while measuring: other processes took {self.other_cpu_share:.0%} of the "
                 f"cores{load}")
 
@@ -195,4 +204,4 @@ def check(before: MachineState, after: MachineState, *, max_other_cpu_share: flo
         reasons.append(f"the load average was {before.load_1min:.1f} on {cores} core(s) when it started "
                        f"({load:.2f} per core, threshold {max_load_per_core:g})")
     return BusyCheck(busy=bool(reasons), reasons=tuple(reasons), other_cpu_share=share, load_per_core=load,
-                     seconds=seconds)
+                     seconds=seconds, threshold=float(max_other_cpu_share))

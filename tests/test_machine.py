@@ -114,3 +114,11 @@ def test_a_verdict_measured_on_a_busy_machine_is_inconclusive_and_the_report_say
     assert advice["Inconclusive: the machine was busy or its speed changed while measuring (rerun when it is quiet)"] == "mixed precision"
     assert advice["Enable on this machine"] == ("channels_last: enable (notebook 07's isolated measurement only: "
                                                 "notebook 10 did not run)")
+
+
+def test_a_short_interval_above_the_threshold_is_not_called_quiet():
+    c = machine.BusyCheck(busy=False, reasons=(), other_cpu_share=0.44, load_per_core=0.5, seconds=0.3, threshold=0.25)
+    assert c.sentence().startswith("too short to judge the machine's load: other processes took 44% of the cores, "
+                                   "but over only 0.3 s")
+    quiet = machine.BusyCheck(busy=False, reasons=(), other_cpu_share=0.01, load_per_core=0.2, seconds=5.0)
+    assert quiet.sentence().startswith("the machine was quiet while measuring")
