@@ -157,3 +157,12 @@ def test_first_screen_follows_the_end_to_end_ablation(tmp_path):
     assert "channels_last" not in enable
     assert "notebook 10's ablation found no measurable contribution" in \
         advice["Gain in its notebook only, not confirmed end to end (optional)"]
+
+
+def test_on_a_cpu_workers_act_on_compute_too():
+    """Measured: 2 DataLoader workers on 2 cores make the compute phase ~2x slower; that is their cost, not noise."""
+    base, opt = _steps(140, 0.1, 40), _steps(10, 0.5, 80, seed=1)
+    assert [c.ok for c in cc.untouched_phases(base, opt, ["batched_decode", "dataloader_workers"])] == [False]
+    assert cc.untouched_phases(base, opt, ["batched_decode", "dataloader_workers"], device_kind="cpu") == []
+    # the same slowdown with batched decode alone (no concurrent input work) is still a polluted measurement
+    assert [c.ok for c in cc.untouched_phases(base, opt, ["batched_decode"], device_kind="cpu")] == [False]

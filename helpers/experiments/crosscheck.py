@@ -21,15 +21,17 @@ verdict. Each check reports the figures it compared, so a reader can judge.
 
 Thresholds
 ----------
-:data:`MAX_PHASE_DRIFT` (1.5x): an optimization legitimately changes phases
-it does not act on a little: on a CPU the DataLoader's worker processes share
-the cores with the training computation, and a bigger working set changes
-cache behaviour. On the 2-core development machine (quick profile, quiet),
-notebook 10's compute phase differed between the baseline and the optimized
-job (input-side optimizations only) by 1.02-1.25x over repeated runs; a
-loaded machine produced 11x (the report of issue 11: 352 ms vs 32 ms). 1.5x
-lies between the two. A check fails only when the whole 95% interval of the
-ratio lies beyond the threshold, so a few noisy steps cannot fail it.
+:data:`MAX_PHASE_DRIFT` (1.5x). Measured on the 2-core development machine (quiet, built-in job, notebook 10's
+interleaved rotation, 20 steps each): with batched decode alone, the compute phase of the optimized job was
+0.995x and 1.006x the baseline's (95% CIs 0.93-1.09 and 0.83-1.23); the loaded machine of issue 11 produced 11x
+(352 ms vs 32 ms). 1.5x lies well between the two. A check fails only when the whole 95% interval of the ratio
+lies beyond the threshold, so a few noisy steps cannot fail it.
+
+On a CPU the input and the computation share the cores, so an optimization that runs input work *while* the
+step computes also acts on the compute phase: with ``dataloader_workers`` (2 workers on 2 cores) the compute phase
+was 1.97x and 2.03x the baseline's on the same quiet machine (CIs 1.77-2.15 and 1.88-2.18), a real cost, not
+noise. :data:`CPU_CONTENDING` lists those optimizations; with ``device_kind="cpu"`` their compute phase is not
+checked.
 """
 
 from __future__ import annotations
@@ -44,11 +46,15 @@ from helpers.errors import ParameterError
 from helpers.timing import Comparison, Measurement
 from helpers.verdict import Verdict
 
-__all__ = ["MAX_PHASE_DRIFT", "AMDAHL_SLACK", "MIN_PHASE_SHARE", "CrossCheck", "untouched_phases", "same_job",
+__all__ = ["MAX_PHASE_DRIFT", "CPU_CONTENDING", "AMDAHL_SLACK", "MIN_PHASE_SHARE", "CrossCheck", "untouched_phases", "same_job",
            "amdahl", "apply", "failed_sentence"]
 
 MAX_PHASE_DRIFT = 1.5
 """Largest factor (either way) by which a phase no compared optimization acts on may differ (see the module notes)."""
+
+CPU_CONTENDING: tuple[str, ...] = ("dataloader_workers", "prefetcher")
+"""Optimizations that run input work concurrently with the step: on a CPU they take cores from the computation,
+so they act on its compute phase too (see the module notes for the measured slowdown)."""
 
 AMDAHL_SLACK = 1.10
 """Allowance above the Amdahl bound: the bound is computed from phase medians, which need not add up to the
@@ -101,7 +107,7 @@ def _check_drift(max_drift: float) -> None:
 
 def untouched_phases(baseline_steps, other_steps, optimizations: Sequence[str], *,
                      max_drift: float = MAX_PHASE_DRIFT, min_share: float = MIN_PHASE_SHARE,
-                     seed: int = 0) -> list[CrossCheck]:
+                     seed: int = 0, device_kind: str = "") -> list[CrossCheck]:
     """Check that the phases none of ``optimizations`` acts on did not change between two jobs.
 
     Parameters
@@ -120,6 +126,8 @@ def untouched_phases(baseline_steps, other_steps, optimizations: Sequence[str], 
         Phases below this share of the baseline's median step in both jobs are skipped.
     seed : int
         Bootstrap seed.
+    device_kind : str
+        "cpu", "cuda" or "npu"; on "cpu", :data:`CPU_CONTENDING` optimizations also act on the compute phase.
 
     Returns
     -------
@@ -133,6 +141,8 @@ def untouched_phases(baseline_steps, other_steps, optimizations: Sequence[str], 
     """
     _check_drift(max_drift)
     acted = _acted_on(optimizations)
+    if device_kind == "cpu" and set(optimizations) & set(CPU_CONTENDING):
+        acted.add("compute")  # the input work now runs beside the step, on the same cores
     for label, df in (("baseline_steps", baseline_steps), ("other_steps", other_steps)):
         absent = [c for c in (*PHASES, "step_s") if c not in df]
         if absent:

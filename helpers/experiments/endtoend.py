@@ -1104,7 +1104,8 @@ def cross_checks(baseline: "JobVariant", optimized: "JobVariant", full, *, earli
                  seed: int = 0, max_drift: float | None = None) -> list:
     """Every cross-check of the before/after comparison (:mod:`helpers.experiments.crosscheck`).
 
-    - the phases none of the optimized job's optimizations acts on must not change;
+    - the phases none of the optimized job's optimizations acts on must not change (on a CPU, DataLoader workers
+      and the prefetcher act on the compute phase too: they share its cores; the device is the jobs' own);
     - the speedup must not exceed what the acted-on phases allow (Amdahl);
     - the baseline's compute phase must agree with notebook 01's, when it measured this job.
 
@@ -1129,7 +1130,8 @@ def cross_checks(baseline: "JobVariant", optimized: "JobVariant", full, *, earli
     drift = crosscheck.MAX_PHASE_DRIFT if max_drift is None else max_drift
     opts = tuple(optimized.config.optimizations)
     base_steps, opt_steps = baseline.steps_frame(), optimized.steps_frame()
-    checks = crosscheck.untouched_phases(base_steps, opt_steps, opts, max_drift=drift, seed=seed)
+    checks = crosscheck.untouched_phases(base_steps, opt_steps, opts, max_drift=drift, seed=seed,
+                                         device_kind=getattr(optimized.acc, "kind", ""))
     medians = {p: float(base_steps[p].median()) for p in PHASES}
     checks.append(crosscheck.amdahl(full, medians, opts))
     if earlier_phases and isinstance(earlier_phases.get("compute"), Mapping):
