@@ -714,7 +714,7 @@ SPEEDUP_THRESHOLD = 1.05
 
 
 def verdict(best: LoaderSetting, over_zero: Comparison | None, *, best_rate: float, zero_rate: float,
-            implausible: str | None, cores: int, trials: int, context: str) -> Verdict:
+            implausible: str | None, cores: int, trials: int, context: str, items: str = "images") -> Verdict:
     """Notebook 03's verdict from the held-out confirmation of the sweep's best setting against num_workers=0.
 
     Parameters
@@ -733,6 +733,8 @@ def verdict(best: LoaderSetting, over_zero: Comparison | None, *, best_rate: flo
         Confirmation trials.
     context : str
         What was measured, in one sentence.
+    items : str, default "images"
+        What the dataset yields, for the rates in the reason ("images" for the built-in job, "samples" for a user's).
 
     Returns
     -------
@@ -744,7 +746,7 @@ def verdict(best: LoaderSetting, over_zero: Comparison | None, *, best_rate: flo
     if over_zero is None:
         value, spread = 1.0, None
         recommendation = "leave off"
-        reason = (f"num_workers=0 was the fastest setting ({zero_rate:.0f} images/s): on {cores} core(s) worker "
+        reason = (f"num_workers=0 was the fastest setting ({zero_rate:.0f} {items}/s): on {cores} core(s) worker "
                   "processes did not pay for themselves; keep the batched pipeline in the main process")
     else:
         value = over_zero.ratio
@@ -754,17 +756,17 @@ def verdict(best: LoaderSetting, over_zero: Comparison | None, *, best_rate: flo
         if implausible:
             recommendation = "not applicable"
             reason = (f"no recommendation: {label} measured {value:.2f}x num_workers=0 ({best_rate:.0f} vs "
-                      f"{zero_rate:.0f} images/s; {ci}), more than the {cores} usable core(s) allow, so the "
+                      f"{zero_rate:.0f} {items}/s; {ci}), more than the {cores} usable core(s) allow, so the "
                       "measurement is not trustworthy; re-run with larger batches_per_trial and trials on an idle "
                       "machine")
         elif over_zero.ci_low > threshold:
             recommendation = "enable"
-            reason = (f"use {label}: {best_rate:.0f} images/s, {value:.2f}x num_workers=0 ({zero_rate:.0f} "
-                      f"images/s; {ci}, above the {threshold}x threshold)")
+            reason = (f"use {label}: {best_rate:.0f} {items}/s, {value:.2f}x num_workers=0 ({zero_rate:.0f} "
+                      f"{items}/s; {ci}, above the {threshold}x threshold)")
         else:
             recommendation = "leave off"
             reason = (f"the fastest setting, {label}, reached {value:.2f}x num_workers=0 ({best_rate:.0f} vs "
-                      f"{zero_rate:.0f} images/s; {ci}), not clearly above {threshold}x on {cores} core(s); keep "
+                      f"{zero_rate:.0f} {items}/s; {ci}), not clearly above {threshold}x on {cores} core(s); keep "
                       "num_workers=0 here, or run more trials")
     if recommendation == "enable":
         action = Action("num_workers", best.num_workers, f"DataLoader {label}", current=0)
