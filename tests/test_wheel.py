@@ -43,22 +43,26 @@ def _files(root: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_the_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
+    # the user's environment knows nothing of this checkout: no PYTHONPATH (it would show the checkout's
+    # build metadata to pip as an installed copy) and none of the test session's WORKBOOK_* folders
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBOOK_") and k != "PYTHONPATH"}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), WORKBOOK_HEADLESS="1")
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-                    str(ROOT)], check=True, timeout=600)
+                    str(ROOT)], check=True, timeout=600, env=env)
     wheel = next(wheels.glob("training_perf_workbook-*.whl"))
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=env)
     py = venv / "bin" / "python"
     # a fresh environment: every dependency from the package indexes (torch==2.13.0 from the wheel on disk)
-    subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True, timeout=1800)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True, timeout=1800, env=env,
+                   cwd=tmp_path)
     site = Path(subprocess.run([str(py), "-c", "import helpers, pathlib; print(pathlib.Path(helpers.__file__).parent)"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+                               capture_output=True, text=True, check=True, env=env, cwd=tmp_path).stdout.strip())
+    assert str(site).startswith(str(venv)), site  # the installed copy, not the checkout
     before = _files(site)
     work = tmp_path / "empty"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBOOK_") and k != "PYTHONPATH"}
-    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), WORKBOOK_HEADLESS="1")
 
     def call(*args, timeout=900):
         p = subprocess.run(list(args), cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
