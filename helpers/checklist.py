@@ -182,3 +182,17 @@ def optimization(name: str) -> Optimization:
         if o.name == name:
             return o
     raise KeyError(f"unknown optimization {name!r}; valid: {', '.join(optimization_names())}")
+
+
+def notebook_ref(name: str) -> str:
+    """How advice names a notebook, by its checklist name: ``"notebook 03 (notebooks/03_dataloader_tuning.ipynb)"``.
+
+    Raises
+    ------
+    KeyError
+        If no checklist item has that name.
+    """
+    for i in CHECKLIST:
+        if i.name == name:
+            return f"notebook {i.number} (notebooks/{i.id}.ipynb)"
+    raise KeyError(f"no checklist item named {name!r}; known: {', '.join(i.name for i in CHECKLIST)}")

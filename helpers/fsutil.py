@@ -1,4 +1,4 @@
-"""File-system checks shared by every layer (output folders must be writable before work starts)."""
+"""File-system facts shared by every layer: where the checkout is (if any), and writable output folders."""
 
 from __future__ import annotations
 
@@ -7,6 +7,18 @@ import uuid
 from pathlib import Path
 
 from helpers.errors import OutputDirError
+
+
+def repo_root() -> Path:
+    """Return the folder that holds the ``helpers`` package (the repository root in a checkout)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def in_checkout() -> bool:
+    """True when the package runs from a checkout of the repository (``notebooks/`` and ``pyproject.toml`` beside
+    it); False for an installed wheel, which must write nothing beside its own files."""
+    root = repo_root()
+    return (root / "notebooks").is_dir() and (root / "pyproject.toml").is_file()
 
 
 def ensure_writable_dir(path: str | os.PathLike, *, what: str = "output folder",

@@ -11,10 +11,18 @@ from pathlib import Path
 
 from helpers.errors import ParameterError
 
-__all__ = ["DEFAULT_FACTORY", "parse_job_spec", "absolute_job_spec"]
+__all__ = ["DEFAULT_FACTORY", "FACTORY_PARAMS", "factory_params", "parse_job_spec", "absolute_job_spec"]
 
 #: The factory name used when a spec names only a file or module.
 DEFAULT_FACTORY = "make_job"
+
+#: Notebook parameters a job factory may take by name (passed only when its signature names them).
+FACTORY_PARAMS = ("data_dir", "max_images", "seed", "batch_size", "image_size")
+
+
+def factory_params(params) -> dict:
+    """The :data:`FACTORY_PARAMS` present in ``params`` (a mapping), ``data_dir`` only when it is set."""
+    return {k: params[k] for k in FACTORY_PARAMS if k in params and (k != "data_dir" or params[k])}
 
 
 def parse_job_spec(spec: str) -> tuple[str, str, bool]:

@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import numbers
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -536,3 +537,11 @@ def describe(spec: Sequence[Param]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def headless() -> bool:
+    """True when running without a person at the keyboard (runner, papermill, nbval, CI): no widgets, no progress bars.
+
+    The runner and the tests set ``WORKBOOK_HEADLESS=1``; CI sets ``CI``.
+    """
+    return os.environ.get("WORKBOOK_HEADLESS", "") not in ("", "0") or bool(os.environ.get("CI"))

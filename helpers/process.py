@@ -16,7 +16,8 @@ import os
 import signal
 import sys
 
-__all__ = ["die_with_parent", "CHILDREN_DIR_ENV", "register_child", "unregister_child", "end_stale_children"]
+__all__ = ["die_with_parent", "stop_processes", "CHILDREN_DIR_ENV", "register_child", "unregister_child",
+           "end_stale_children"]
 
 #: prctl(2) option that asks the kernel to signal a process when its parent exits (Linux <sys/prctl.h>).
 _PR_SET_PDEATHSIG = 1
@@ -54,6 +55,27 @@ def die_with_parent(*, parent_must_contain: str | None = None) -> None:
         return
     if parent_must_contain and parent_must_contain not in _parent_cmdline():
         os._exit(1)  # the parent is already gone: nobody is left to wait for this process
+
+
+def stop_processes(procs, *, grace_s: float = 3.0) -> None:
+    """SIGTERM every process of ``procs`` (``psutil.Process`` objects), then SIGKILL those alive after ``grace_s``.
+
+    Processes that are already gone are skipped; returns once all have exited or ``2 x grace_s`` passed.
+    """
+    import psutil
+
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 # --------------------------------------------------------------------------- stale children of an earlier run
@@ -162,16 +184,5 @@ def end_stale_children(folder: str | os.PathLike, *, grace_s: float = 3.0) -> li
             except psutil.Error:
                 pass
         unregister_child(path)
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
+    stop_processes(procs, grace_s=grace_s)
     return ended

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from helpers.process import die_with_parent, register_child, unregister_child
+from helpers.process import die_with_parent, register_child, stop_processes, unregister_child
 from helpers.device import get_accelerator, usable_cores
 from helpers.errors import DataError, DeviceUnavailableError, ParameterError
 
@@ -238,18 +238,7 @@ def kill_tree(proc: subprocess.Popen, *, grace_s: float = 3.0) -> None:
         procs.insert(0, psutil.Process(proc.pid))
     except psutil.Error:
         pass
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
+    stop_processes(procs, grace_s=grace_s)
     try:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was sent

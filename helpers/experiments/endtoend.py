@@ -39,7 +39,7 @@ from helpers.compute.train import TimedLoop, epochs
 from helpers.device import usable_cores
 from helpers.diagnose.environment import cpu_bf16_support
 from helpers.errors import ParameterError
-from helpers.experiments.training import LearningCheck
+from helpers.experiments.training import LearningCheck, same_values
 from helpers.jobs.base import StepOptions, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.pipeline.baseline import IMAGENET_STD
@@ -617,7 +617,7 @@ def same_input_check(a: JobConfig, b: JobConfig, job: PPOJob, acc) -> dict[str, 
     try:
         if not isinstance(job, PPOJob):  # a user's job: the same dataset and order, so the same values
             ba, bb = ja.transfer(next(ja.batches()), acc), jb.transfer(next(jb.batches()), acc)
-            same = _values_equal(ba, bb)
+            same = same_values(ba, bb, exact=False)
             return {"labels_equal": same, "tokens_equal": same, "mean_abs_levels": 0.0 if same else float("nan"),
                     "max_abs_levels": 0.0 if same else float("nan"), "batches_equal": same}
         xa, ta, la = ja.transfer(next(ja.batches()), acc)
@@ -630,20 +630,6 @@ def same_input_check(a: JobConfig, b: JobConfig, job: PPOJob, acc) -> dict[str, 
     finally:
         ja.close()
         jb.close()
-
-
-def _values_equal(a: Any, b: Any) -> bool:
-    """Equal values (any memory format, up to float rounding of a low-precision copy) in two nested batches."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if a.shape != b.shape:
-            return False
-        x, y = a.detach().cpu(), b.detach().cpu()
-        return bool(torch.equal(x, y)) if not x.is_floating_point() else bool(torch.allclose(x.float(), y.float()))
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def _cores() -> int:

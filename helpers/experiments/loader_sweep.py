@@ -36,6 +36,7 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_convert
 
 from helpers.errors import DataError, ParameterError
+from helpers.experiments.training import same_values
 from helpers.pipeline.guarded import SkipLog, iterate
 from helpers.pipeline.loader import (
     TORCH_DEFAULT_PREFETCH,
@@ -188,7 +189,7 @@ def batches_equal(a: Any, b: Any, keys: Sequence[str] = ("image", "tokens", "lab
     bool
     """
     if not isinstance(a, Mapping) or not isinstance(b, Mapping):
-        return _nested_equal(a, b)  # a user's batch: tuples, lists, dicts of tensors
+        return same_values(a, b)  # a user's batch: tuples, lists, dicts of tensors
     for key in keys:
         if key not in a and key not in b:
             continue
@@ -198,18 +199,6 @@ def batches_equal(a: Any, b: Any, keys: Sequence[str] = ("image", "tokens", "lab
         if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
             return False
     return True
-
-
-def _nested_equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return False
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_nested_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_nested_equal(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 # --------------------------------------------------------------------------- the sweep

@@ -149,11 +149,12 @@ def job_step_factory(job, acc: Accelerator, *, n_batches: int = 2,
     ParameterError
         (from ``make_step``) for a batch size that is not an int >= 1.
     """
-    if not isinstance(job, PPOJob):
-        return _generic_step_factory(job, acc, n_batches=n_batches, pool_items=pool_images)
     seed = job.workload.seed
     if isinstance(pool_images, bool) or not isinstance(pool_images, int) or pool_images < 1:
         raise ParameterError(f"pool_images must be an int >= 1, got {pool_images!r}")
+    if not isinstance(job, PPOJob):  # a user's job: each size's batches drawn from its own dataset
+        dataset = job.make_dataset(job.pipelines[0])
+        return _step_factory(job, acc, len(dataset), lambda idx: dataset[[int(i) for i in idx]], n_batches=n_batches)
     dataset = job.make_dataset("batched")
     try:
         n = len(dataset)
@@ -163,42 +164,22 @@ def job_step_factory(job, acc: Accelerator, *, n_batches: int = 2,
         pool = {k: decoded[k].clone() for k in ("image", "tokens", "label")}  # the image buffer is reused
     finally:
         close_dataset(dataset)
-    n_items = len(pool["label"])
-
-    def make_step(batch_size: int) -> Callable[[], Any]:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ParameterError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        gen = torch.Generator().manual_seed(seed)
-        batches = []
-        for _ in range(max(1, n_batches)):
-            idx = torch.randint(0, n_items, (batch_size,), generator=gen)
-            batches.append(job.to_device({k: v[idx] for k, v in pool.items()}, acc))
-        train_step = job.make_step(job.make_model(acc), acc)
-        counter = [0]
-
-        def step() -> Any:
-            batch = batches[counter[0] % len(batches)]
-            counter[0] += 1
-            return train_step(batch)
-
-        return step
-
-    return make_step
+    return _step_factory(job, acc, len(pool["label"]), lambda idx: {k: v[idx] for k, v in pool.items()},
+                         n_batches=n_batches)
 
 
-def _generic_step_factory(job, acc: Accelerator, *, n_batches: int, pool_items: int) -> Callable[[int], Callable[[], Any]]:
-    """:func:`job_step_factory` for a user's job: batches of any size drawn from its own dataset (seeded, with
-    repetition when the size exceeds the dataset), made on the host once per size and kept on the device."""
+def _step_factory(job, acc: Accelerator, n_items: int, take: Callable[[torch.Tensor], Any], *,
+                  n_batches: int) -> Callable[[int], Callable[[], Any]]:
+    """``make_step(batch_size) -> step``: ``n_batches`` fixed device batches of seeded random items (``take(indices)``
+    gives the host batch), a fresh model and step (same seed), and a closure that trains on the batches in turn."""
     seed = job.workload.seed
-    dataset = job.make_dataset(job.pipelines[0])
-    n_items = len(dataset)
 
     def make_step(batch_size: int) -> Callable[[], Any]:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ParameterError(f"batch_size must be an int >= 1, got {batch_size!r}")
         gen = torch.Generator().manual_seed(seed)
-        batches = [job.to_device(dataset[[int(i) for i in torch.randint(0, n_items, (batch_size,), generator=gen)]],
-                                 acc) for _ in range(max(1, n_batches))]
+        batches = [job.to_device(take(torch.randint(0, n_items, (batch_size,), generator=gen)), acc)
+                   for _ in range(max(1, n_batches))]
         train_step = job.make_step(job.make_model(acc), acc)
         counter = [0]
 
@@ -217,10 +198,9 @@ def trace_job(cfg: "TraceConfig"):
     images are only decoded once)."""
     if cfg.job:
         from helpers.jobs.load import load_job
+        from helpers.jobspec import factory_params
 
-        given = {"batch_size": cfg.batch_size, "seed": cfg.seed, "max_images": cfg.max_images,
-                 "image_size": cfg.image_size, **({"data_dir": cfg.data_dir} if cfg.data_dir else {})}
-        return load_job(cfg.job, given)
+        return load_job(cfg.job, factory_params(asdict(cfg)))
     index, tokenizer = prepare_data(cfg.data_dir, max_images=cfg.max_images, seed=cfg.seed, batch_size=1,
                                     text_len=cfg.text_len)
     return PPOJob(index, tokenizer, cfg.workload)

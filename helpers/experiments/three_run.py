@@ -117,10 +117,7 @@ class ThreeRunResult:
 
 def next_notebook(recommendation: str, loader_ratio: float, ceiling_ratio: float, *, device_kind: str) -> str:
     """The notebook to open next for the three runs' figures, with the reason."""
-    def nb(name: str) -> str:
-        item = next(i for i in checklist.CHECKLIST if i.name == name)
-        return f"notebook {item.number} (notebooks/{item.id}.ipynb)"
-
+    nb = checklist.notebook_ref
     if recommendation == "host-bound":
         if loader_ratio >= 0.9 * ceiling_ratio or device_kind == "cpu":
             return (f"{nb('DataLoader tuning')}: the loader's work is most of the input's cost (removing it gives "

@@ -22,7 +22,7 @@ from helpers.jobs.base import Job, StepOptions, close_dataset
 from helpers.pipeline.loader import LoaderConfig, close_loader
 
 __all__ = ["LearningCheck", "TimedJob", "clone_batch", "fixed_batches", "learning_check", "loss_curve", "percent",
-           "prepare_job", "step_options_comparison", "time_job"]
+           "prepare_job", "same_values", "step_options_comparison", "time_job"]
 
 
 @dataclass
@@ -177,6 +177,27 @@ def clone_batch(batch: Any) -> Any:
     if isinstance(batch, Mapping):
         return {k: clone_batch(v) for k, v in batch.items()}
     return batch
+
+
+def same_values(a: Any, b: Any, *, exact: bool = True) -> bool:
+    """Whether two (nested) batches hold the same values: tuples, lists and dicts element by element.
+
+    Tensors must have the same shape; ``exact`` also asks for the same dtype and bit-equal values, while
+    ``exact=False`` compares floating-point values with ``torch.allclose`` (a copy in another memory format or
+    on another device, or rounded once) and ignores the device. Other values compare with ``==``.
+    """
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+            return False
+        if exact:
+            return a.dtype == b.dtype and bool(torch.equal(a, b))
+        x, y = a.detach().cpu(), b.detach().cpu()
+        return bool(torch.allclose(x.float(), y.float())) if x.is_floating_point() else bool(torch.equal(x, y))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same_values(a[k], b[k], exact=exact) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_values(x, y, exact=exact) for x, y in zip(a, b))
+    return a == b
 
 
 # --------------------------------------------------------------------------- the same learning

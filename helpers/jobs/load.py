@@ -18,12 +18,9 @@ from typing import Any, Mapping
 from helpers.errors import ParameterError
 from helpers.jobs.base import Job
 from helpers.jobs.supervised import JobError
-from helpers.jobspec import DEFAULT_FACTORY, parse_job_spec
+from helpers.jobspec import DEFAULT_FACTORY, FACTORY_PARAMS, factory_params, parse_job_spec
 
 __all__ = ["DEFAULT_FACTORY", "FACTORY_PARAMS", "load_job", "notebook_job", "parse_job_spec"]
-
-#: Notebook parameters a job factory may take by name (passed only when its signature names them).
-FACTORY_PARAMS = ("data_dir", "max_images", "seed", "batch_size", "image_size")
 
 
 _OURS = (str(Path(__file__).resolve().parent.parent), "<frozen importlib", "importlib/__init__.py")
@@ -138,7 +135,7 @@ def notebook_job(params: Mapping[str, Any]) -> Job:
     ----------
     params : mapping
         The notebook's validated parameters. With a non-empty ``job``, :func:`load_job` is given the
-        :data:`FACTORY_PARAMS` present in ``params`` (``data_dir`` only when set); else
+        :data:`~helpers.jobspec.FACTORY_PARAMS` present in ``params`` (:func:`~helpers.jobspec.factory_params`); else
         :meth:`helpers.jobs.ppo.PPOJob.from_params`.
 
     Returns
@@ -155,5 +152,4 @@ def notebook_job(params: Mapping[str, Any]) -> Job:
         from helpers.jobs.ppo import PPOJob
 
         return PPOJob.from_params(params)
-    given = {k: params[k] for k in FACTORY_PARAMS if k in params and (k != "data_dir" or params[k])}
-    return load_job(spec, given)
+    return load_job(spec, factory_params(params))

@@ -21,6 +21,7 @@ subclass; :class:`helpers.jobs.ppo.PPOJob` is the worked example.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
@@ -210,7 +211,7 @@ class SupervisedJob(Job):
         def step(batch: Any) -> dict[str, torch.Tensor]:
             inputs, target = split(batch)
             opt.zero_grad(set_to_none=True)
-            with acc.autocast(options.autocast_dtype) if options.autocast_dtype is not None else _null():
+            with acc.autocast(options.autocast_dtype) if options.autocast_dtype is not None else contextlib.nullcontext():
                 output = model(*inputs) if isinstance(inputs, (list, tuple)) else model(inputs)
                 loss = self.loss_fn(output, target)
             if not checked[0]:
@@ -257,14 +258,6 @@ class _Head:
 
     def __getitem__(self, indices):
         return self.dataset[indices]
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def supervised_job(dataset: Any, model_fn: Callable[[], torch.nn.Module], loss_fn: Callable[[Any, Any], torch.Tensor],

@@ -37,8 +37,8 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-import helpers
 from helpers.errors import DataError, OutputDirError, ParameterError
+from helpers.fsutil import in_checkout, repo_root
 from helpers.pipeline.images import IMAGE_SUFFIXES, BadFile
 from helpers.pipeline.scan_cache import prune_cache, scan_relative
 
@@ -402,16 +402,15 @@ def default_data_root() -> Path:
     -------
     pathlib.Path
         ``$WORKBOOK_DATA_DIR`` when that variable is set and not empty, else
-        ``<repo>/data/generated`` in a checkout (``<repo>`` holds the ``helpers``
-        package, ``pyproject.toml`` and ``data/``), else (an installed wheel)
+        ``<repo>/data/generated`` in a checkout (:func:`helpers.fsutil.in_checkout`),
+        else (an installed wheel)
         ``platformdirs.user_cache_dir("training-perf-workbook")/data``.
     """
     env = os.environ.get(DATA_DIR_ENV, "").strip()
     if env:
         return Path(env).expanduser()
-    root = Path(helpers.__file__).resolve().parent.parent
-    if (root / "pyproject.toml").is_file() and (root / "data").is_dir():  # a checkout
-        return root / "data" / "generated"
+    if in_checkout():
+        return repo_root() / "data" / "generated"
     import platformdirs  # an installed wheel: nothing is written inside site-packages
 
     return Path(platformdirs.user_cache_dir("training-perf-workbook")) / "data"

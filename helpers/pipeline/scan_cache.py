@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.errors import ParameterError
+from helpers.params import headless
 from helpers.pipeline.images import BadFile, ScanReport, _refuse_truncated_loading, check_image_file
 
 logger = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ def cached_scan(root: str | os.PathLike, paths: Sequence[str | os.PathLike], *, 
     progress : bool, optional
         Show a progress bar (tqdm, on stderr) while decoding. Default: when at
         least :data:`PROGRESS_MIN_FILES` files must be decoded and the session
-        is not headless (``WORKBOOK_HEADLESS``, set by the runner and the tests).
+        is not headless (:func:`helpers.params.headless`: the runner, the tests, CI).
 
     Returns
     -------
@@ -294,7 +295,7 @@ def scan_relative(root: Path, rels: Sequence[str], *, use_cache: bool = True, ma
                         n_cached_bad += 1
                 else:
                     todo.append(i)
-        show = progress if progress is not None else (len(todo) >= PROGRESS_MIN_FILES and not _headless())
+        show = progress if progress is not None else (len(todo) >= PROGRESS_MIN_FILES and not headless())
         checked = _check_all([Path(full[i]) for i in todo], max_workers, show)
         for i, result in zip(todo, checked):
             if result is not None:
@@ -316,11 +317,6 @@ def scan_relative(root: Path, rels: Sequence[str], *, use_cache: bool = True, ma
     stats = ScanStats(files=len(rels), cached=len(rels) - len(todo), checked=len(todo),
                       seconds=time.perf_counter() - t0, cache_file=db_file)
     return reasons, stats
-
-
-def _headless() -> bool:
-    """True under the runner and the tests (``WORKBOOK_HEADLESS``), where no progress bar is drawn."""
-    return os.environ.get("WORKBOOK_HEADLESS", "") not in ("", "0")
 
 
 def prune_cache(root: str | os.PathLike, keep: Sequence[str]) -> int:

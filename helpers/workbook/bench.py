@@ -339,7 +339,7 @@ def instrument_overhead(*, device: str = "auto", blocks: int = 10, steps_per_blo
                 wrapped.copied()
             step(dev)
         if instrumented:
-            wrapped._close_step()  # the step ends at the next batch request; close it inside the block
+            wrapped.end_step()  # the step ends at the next batch request; close it inside the block
         acc.synchronize()
         return time.perf_counter() - t0
 

@@ -128,12 +128,12 @@ class InstrumentedLoader:
         self._before = machine.snapshot()
 
     def __iter__(self) -> "InstrumentedLoader":
-        self._close_step()
+        self.end_step()
         self._it = iter(self.loader)
         return self
 
     def __next__(self) -> Any:
-        self._close_step()
+        self.end_step()
         start = time.perf_counter()
         try:
             batch = next(self._it)
@@ -149,7 +149,9 @@ class InstrumentedLoader:
             self._sync()
             self._open[2] = time.perf_counter()
 
-    def _close_step(self) -> None:
+    def end_step(self) -> None:
+        """End the step in progress now (one synchronize) instead of at the next batch request; a no-op between
+        steps. The loop never needs it; a caller that times blocks of steps (``bench instrument``) does."""
         if self._open is None:
             return
         self._sync()
@@ -164,7 +166,7 @@ class InstrumentedLoader:
 
     def frame(self) -> pd.DataFrame:
         """The measured steps so far (closing the one in progress)."""
-        self._close_step()
+        self.end_step()
         df = pd.DataFrame(self._rows, columns=["data", "copy", "compute", "step_s"])
         df["exposed_fraction"] = (df["data"] + df["copy"]) / df["step_s"]
         return df
@@ -198,11 +200,7 @@ class InstrumentedLoader:
 
 def _next(recommendation: str, df: pd.DataFrame) -> str:
     """The notebook to open next from the loop's own phases."""
-    from helpers import checklist
-
-    def nb(name: str) -> str:
-        item = next(i for i in checklist.CHECKLIST if i.name == name)
-        return f"notebook {item.number} (notebooks/{item.id}.ipynb)"
+    from helpers.checklist import notebook_ref as nb
 
     data, copy = float(df["data"].median()), float(df["copy"].median())
     if recommendation != "host-bound":

@@ -15,7 +15,6 @@ fails in the first seconds with a clear message:
 from __future__ import annotations
 
 import logging
-import os
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,14 +27,6 @@ from helpers.specs import validate_notebook_params
 from helpers.workbook.paths import interactive_dir
 
 log = logging.getLogger(__name__)
-
-
-def headless() -> bool:
-    """True when running without a person at the keyboard (runner, papermill, nbval, CI).
-
-    The runner and the tests set ``WORKBOOK_HEADLESS=1``; CI sets ``CI``.
-    """
-    return os.environ.get("WORKBOOK_HEADLESS", "") not in ("", "0") or bool(os.environ.get("CI"))
 
 
 @dataclass

@@ -12,19 +12,13 @@ import os
 import shutil
 from pathlib import Path
 
+from helpers.fsutil import in_checkout, repo_root
+
+__all__ = ["BUNDLED_EXAMPLES", "BUNDLED_NOTEBOOKS", "copy_notebooks", "examples_dir", "in_checkout", "interactive_dir",
+           "notebooks_dir", "repo_root", "runs_dir"]
+
 BUNDLED_NOTEBOOKS = "helpers.bundled.notebooks"
 BUNDLED_EXAMPLES = "helpers.bundled.examples"
-
-
-def repo_root() -> Path:
-    """Return the folder that holds the ``helpers`` package (the repository root in a checkout)."""
-    return Path(__file__).resolve().parents[2]
-
-
-def in_checkout() -> bool:
-    """True when the package runs from a checkout of the repository (``notebooks/`` and ``pyproject.toml`` beside it)."""
-    root = repo_root()
-    return (root / "notebooks").is_dir() and (root / "pyproject.toml").is_file()
 
 
 def _bundled(package: str) -> Path:

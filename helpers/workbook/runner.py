@@ -47,7 +47,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
 
 from helpers import checklist
 from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
-from helpers.jobspec import absolute_job_spec
+from helpers.jobspec import absolute_job_spec, factory_params
 from helpers.process import CHILDREN_DIR_ENV, end_stale_children
 from helpers.fsutil import ensure_writable_dir
 from helpers.pipeline.dataset import list_image_files
@@ -788,9 +788,7 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
                                        parameters=params, not_applicable=skip))
         if options.job:
             first = next((e.parameters for e in entries if "job" in e.parameters), {})
-            factory = {k: first[k] for k in ("data_dir", "max_images", "seed", "batch_size", "image_size")
-                       if k in first and (k != "data_dir" or first[k])}
-            echo(f"Your job: {check_job(job_spec, factory)} ({job_spec})")
+            echo(f"Your job: {check_job(job_spec, factory_params(first))} ({job_spec})")
         if options.data_dir:
             _check_data_dir_fills_batches(Path(options.data_dir), entries)
             _index_data_dir(Path(options.data_dir), entries, echo)

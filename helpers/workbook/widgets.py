@@ -14,7 +14,7 @@ from numbers import Real
 from typing import Any, Callable
 
 from helpers.errors import ParameterError
-from helpers.workbook.nbsetup import headless
+from helpers.params import headless
 
 
 def _initial(control: Any) -> Any:
