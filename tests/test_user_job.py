@@ -218,3 +218,92 @@ def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, examp
     assert "your dataset's decode and preprocessing are notebook 01's data phase" in table.loc["02_batched_decode",
                                                                                                  "reason"]
     assert "Job measured: your job" in (run_dir / "report.md").read_text()
+
+
+# ---------------------------------------------------------------- the first step, part by part
+
+def test_first_step_check_reports_what_it_saw(cpu):
+    from helpers.jobs.check import first_step_check
+
+    out = first_step_check(_job(), cpu)
+    assert out["name"] == "squares" and out["samples"] == 32
+    assert out["batch"] == "[0] float32 (8, 4), [1] float32 (8,)"
+    assert out["loss"] > 0
+
+
+class _Strings(Squares):
+    def __getitem__(self, i):
+        return {"x": torch.full((4,), 1.0), "y": torch.tensor(1.0), "note": object()}
+
+
+def test_first_step_check_names_each_failing_part(cpu):
+    from helpers.jobs.check import first_step_check
+
+    with pytest.raises(JobError, match=r"job 'squares': making the first batch .* failed"):
+        first_step_check(_job(dataset=_Strings()), cpu)  # default_collate cannot stack an object()
+    with pytest.raises(JobError, match=r"not a 0-d tensor"):
+        first_step_check(_job(loss_fn=lambda out, y: (out.squeeze(1) - y) ** 2), cpu)
+    with pytest.raises(JobError, match=r"the loss is nan on the first step"):
+        first_step_check(_job(loss_fn=lambda out, y: (out * float("nan")).mean()), cpu)
+
+    def too_big():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    job = supervised_job(Squares(), too_big, lambda o, y: o.mean(), lambda p: torch.optim.SGD(p, lr=0.1),
+                         batch_size=8, name="huge")
+    with pytest.raises(JobError, match=r"job 'huge': building the model on the device does not fit in cpu memory "
+                                       r".* at batch_size 8: lower batch_size \(notebook 09"):
+        first_step_check(job, cpu)
+
+
+class _NoLossJob(Job):
+    """A full Job whose step forgets to return its loss."""
+
+    name = "no loss"
+
+    def __init__(self):
+        from helpers.jobs.base import Workload
+
+        self.inner = _job()
+        self.workload = Workload(batch_size=8)
+
+    def make_dataset(self, pipeline="default", **options):
+        return self.inner.make_dataset(pipeline)
+
+    def batch_sampler(self, n_items):
+        return self.inner.batch_sampler(n_items)
+
+    def make_model(self, acc, options=None):
+        return self.inner.make_model(acc)
+
+    def make_step(self, model, acc, options=None):
+        step = self.inner.make_step(model, acc)
+        return lambda batch: {"accuracy": step(batch)["loss"] * 0}
+
+    def to_device(self, batch, acc, *, non_blocking=False, options=None):
+        return self.inner.to_device(batch, acc)
+
+
+def test_first_step_check_wants_a_loss(cpu):
+    from helpers.jobs.check import first_step_check
+
+    with pytest.raises(JobError, match=r"job 'no loss': the step returned \['accuracy'\], with no loss"):
+        first_step_check(_NoLossJob(), cpu)
+
+
+def test_run_rejects_a_job_whose_first_step_fails(tmp_path):
+    from helpers.errors import ParameterError
+    from helpers.workbook.runner import RunOptions, run
+
+    bad = tmp_path / "nanjob.py"
+    bad.write_text("import torch\nfrom helpers.jobs.supervised import supervised_job\n\n"
+                   "def make_job(batch_size=4):\n"
+                   "    data = [(torch.ones(3), torch.tensor(0.0))] * 8\n"
+                   "    return supervised_job(data, lambda: torch.nn.Linear(3, 1), lambda o, y: o.sum() / 0 * 0,\n"
+                   "                          lambda p: torch.optim.SGD(p, lr=0.1), batch_size=batch_size,\n"
+                   "                          name='nan job')\n")
+    with pytest.raises(ParameterError, match=r"job 'nan job': the loss is nan on the first step"):
+        run(RunOptions(profile="smoke", device="cpu", job=f"{bad}:make_job", out=tmp_path / "run"),
+            echo=lambda s: None, executor=lambda nb, **kw: pytest.fail("no notebook may start"),
+            device_checker=lambda kind: "cpu:test")
+    assert not (tmp_path / "run" / "run.json").exists()

@@ -119,11 +119,13 @@ def _diagnose(args) -> int:
     prepare_torch_import(fallback_to_cpu=True)
     from helpers.device import get_accelerator
     from helpers.experiments.three_run import three_run
+    from helpers.jobs.check import first_step_check
     from helpers.jobs.load import load_job
 
     params = {k: v for k, v in (("batch_size", args.batch_size), ("data_dir", args.data_dir)) if v is not None}
     acc = get_accelerator(args.device)
     job = load_job(args.job, params)
+    first_step_check(job, acc)  # a job that cannot train is named part by part before anything is timed
     result = three_run(job, acc, steps=args.steps, warmup_steps=args.warmup_steps, threshold=args.threshold)
     print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.lines()))
     return 0

@@ -306,26 +306,36 @@ def check_device(device: str, *, timeout_s: float = 300.0) -> str:
     return out["device"]
 
 
-def check_job(spec: str, params: dict, *, timeout_s: float = 300.0) -> str:
-    """Load the user's job once in a child process, before any work; return its name.
+def check_job(spec: str, params: dict, *, device: str = "cpu", timeout_s: float = 300.0) -> dict:
+    """Load the user's job and run one training step of it on ``device``, in a child process, before any work.
 
-    The child imports torch and the user's code, so neither can take the runner down; its error (a
-    :class:`helpers.jobs.supervised.JobError` naming the failing part, with the user's own frames) becomes
-    this ParameterError.
+    The child imports torch and the user's code, so neither can take the runner down. It runs
+    :func:`helpers.jobs.check.first_step_check`: dataset, first batch, copy, model, step and loss, each
+    part's failure named (a model that does not fit the device's memory says so, with the batch size); the
+    error (a :class:`helpers.jobs.supervised.JobError` with the user's own frames) becomes this
+    ParameterError, so no notebook starts on a job that cannot train.
+
+    Returns
+    -------
+    dict
+        ``name``, ``batch`` (its tensors' dtypes and shapes), ``loss`` (first step), ``samples``.
 
     Raises
     ------
     ParameterError
-        The job file is missing, fails to import, or its factory fails or returns no Job.
+        The job file is missing, fails to import, its factory fails or returns no Job, or its first step
+        fails (see :func:`helpers.jobs.check.first_step_check`).
     """
     code = ("import json, sys\nfrom helpers.npu_probe import prepare_torch_import\n"
-            "prepare_torch_import(fallback_to_cpu=True)\nfrom helpers.jobs.load import load_job\n"
+            "prepare_torch_import(fallback_to_cpu=True)\nfrom helpers.device import get_accelerator\n"
+            "from helpers.jobs.check import first_step_check\nfrom helpers.jobs.load import load_job\n"
             "try:\n    job = load_job(sys.argv[1], json.loads(sys.argv[2]))\n"
+            "    out = first_step_check(job, get_accelerator(sys.argv[3]))\n"
             "except Exception as exc:\n    print(f'{type(exc).__name__}: {exc}', file=sys.stderr)\n    sys.exit(3)\n"
-            "print(json.dumps({'name': job.describe().get('job', job.name)}))\n")
+            "print(json.dumps(out))\n")
     try:
-        proc = subprocess.run([sys.executable, "-c", code, spec, json.dumps(params)], capture_output=True, text=True,
-                              timeout=timeout_s, cwd=os.getcwd())
+        proc = subprocess.run([sys.executable, "-c", code, spec, json.dumps(params), device], capture_output=True,
+                              text=True, timeout=timeout_s, cwd=os.getcwd())
     except subprocess.TimeoutExpired:
         raise ParameterError(f"--job {spec}: loading the job took more than {timeout_s:.0f} s") from None
     if proc.returncode != 0:
@@ -333,7 +343,7 @@ def check_job(spec: str, params: dict, *, timeout_s: float = 300.0) -> str:
         tail = msg[msg.find("JobError: "):] if "JobError: " in msg else "\n".join(msg.splitlines()[-12:])
         raise ParameterError(f"--job {spec}: {tail.removeprefix('JobError: ')}")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    return json.loads(lines[-1])["name"] if lines else spec
+    return json.loads(lines[-1]) if lines else {"name": spec}
 
 
 def _check_data_dir_fills_batches(data_dir: Path, entries: Sequence[NotebookRun]) -> int:
@@ -786,13 +796,16 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
                 skip = not_applicable_reason(nb.stem, job_spec)
             entries.append(NotebookRun(id=nb.stem, input=str(nb), output=str(run_dir / nb.name),
                                        parameters=params, not_applicable=skip))
-        if options.job:
-            first = next((e.parameters for e in entries if "job" in e.parameters), {})
-            echo(f"Your job: {check_job(job_spec, factory_params(first))} ({job_spec})")
         if options.data_dir:
             _check_data_dir_fills_batches(Path(options.data_dir), entries)
             _index_data_dir(Path(options.data_dir), entries, echo)
         resolved = device_checker(device)
+        if options.job:
+            first = next((e.parameters for e in entries if "job" in e.parameters), {})
+            seen = check_job(job_spec, factory_params(first), device=device)
+            echo(f"Your job: {seen['name']} ({job_spec})"
+                 + (f"; first step on {resolved.split(':')[0]}: loss {seen['loss']:.4g}, batch {seen['batch']}" if "loss" in seen
+                    else ""))
         _prepare_dir(run_dir)
         lock = lock_run_dir(run_dir)
         if (run_dir / RUN_FILE).exists():  # another runner created the run while this one validated

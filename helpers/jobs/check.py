@@ -1,0 +1,141 @@
+"""One training step of a job, part by part, before any measurement: its failures named as the user's.
+
+The runner calls :func:`first_step_check` once, in a child process on the run's device, before the first
+notebook starts (``python -m helpers run --job ...``), and ``diagnose`` calls it before timing. Each part
+of the job is tried in the order a training loop uses it (dataset, one batch, the copy to the device, the
+model, the step, its loss), and the first that fails raises a :class:`~helpers.jobs.supervised.JobError`
+naming the job, the part and what to do. A model or batch that does not fit the device's memory is said
+in those words (:func:`helpers.compute.memory.is_oom`), with the batch size and the device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from helpers.compute.memory import is_oom
+from helpers.jobs.base import Job, close_dataset
+from helpers.jobs.supervised import JobError
+
+__all__ = ["first_step_check", "describe_batch"]
+
+
+def describe_batch(batch: Any, *, limit: int = 6) -> str:
+    """A short text of a batch's tensors: ``"image float32 (32, 3, 64, 64), label int64 (32,)"``.
+
+    Parameters
+    ----------
+    batch : tensor or nested dict/list/tuple/dataclass of tensors
+    limit : int
+        At most this many tensors are named; the rest are counted.
+    """
+    parts: list[str] = []
+
+    def walk(x: Any, where: str) -> None:
+        if isinstance(x, torch.Tensor):
+            parts.append(f"{where or 'tensor'} {str(x.dtype).removeprefix('torch.')} {tuple(x.shape)}")
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{where}[{i}]")
+        elif hasattr(x, "__dataclass_fields__"):
+            for name in x.__dataclass_fields__:
+                walk(getattr(x, name), f"{where}.{name}" if where else name)
+
+    walk(batch, "")
+    more = f", and {len(parts) - limit} more" if len(parts) > limit else ""
+    return ", ".join(parts[:limit]) + more if parts else "no tensors"
+
+
+def _oom_advice(job: Job, acc: Any, what: str) -> str:
+    bs = job.workload.batch_size
+    return (f"job {job.name!r}: {what} does not fit in {acc.kind} memory ({acc.name}) at batch_size {bs}: lower "
+            f"batch_size (notebook 09 finds the largest batch that fits), use a smaller model, or free the device "
+            f"(another process may hold its memory)")
+
+
+def _part(job: Job, acc: Any, what: str, fn: Callable[[], Any], fix: str) -> Any:
+    try:
+        return fn()
+    except JobError as exc:  # the adapter already named the part; say "does not fit" where that is why
+        if exc.__cause__ is not None and is_oom(exc.__cause__):
+            raise JobError(_oom_advice(job, acc, what)) from exc.__cause__
+        raise
+    except Exception as exc:  # the user's code: any exception is theirs to read
+        if is_oom(exc):
+            raise JobError(_oom_advice(job, acc, what)) from exc
+        raise JobError(f"job {job.name!r}: {what} failed: {type(exc).__name__}: {exc}; {fix}") from exc
+
+
+def _loss_of(stats: Any) -> torch.Tensor | None:
+    if isinstance(stats, torch.Tensor):
+        return stats
+    if isinstance(stats, dict):
+        for key in ("loss", "value loss", "value_loss"):
+            if isinstance(stats.get(key), torch.Tensor):
+                return stats[key]
+    return None
+
+
+def first_step_check(job: Job, acc: Any) -> dict[str, Any]:
+    """Run one training step of ``job`` on ``acc``, part by part, and say what it saw.
+
+    Parameters
+    ----------
+    job : helpers.jobs.base.Job
+    acc : helpers.device.Accelerator
+
+    Returns
+    -------
+    dict
+        ``name`` (the job's), ``batch`` (:func:`describe_batch` of the device batch), ``loss`` (float, the
+        first step's) and ``samples`` (items in the dataset).
+
+    Raises
+    ------
+    JobError
+        The dataset cannot be built or is smaller than one batch, the first batch cannot be made, it holds
+        something that is not a tensor, the model or the batch does not fit the device's memory, the step
+        raises, returns no loss (a 0-d tensor, or a dict with ``"loss"``), a loss with more than one element,
+        or a loss that is NaN or infinite.
+    """
+    pipeline = job.pipelines[0]
+    dataset = _part(job, acc, "making the dataset", lambda: job.make_dataset(pipeline),
+                    "check the dataset's path and constructor in your job file")
+    try:
+        n = len(dataset)
+        if n < job.workload.batch_size:
+            raise JobError(f"job {job.name!r}: the dataset has {n} sample(s), fewer than one batch of "
+                           f"{job.workload.batch_size}: lower batch_size or give more data")
+        indices = next(iter(job.batch_sampler(n)))
+        host = _part(job, acc, "making the first batch (dataset[...] and collate)", lambda: dataset[indices],
+                     "the traceback's last frame in your dataset or collate function is where it broke")
+    finally:
+        close_dataset(dataset)
+    batch = _part(job, acc, "moving the batch to the device", lambda: job.to_device(host, acc),
+                  "a batch must be tensors (nested dicts, lists, tuples and dataclasses of tensors work)")
+    model = _part(job, acc, "building the model on the device", lambda: job.make_model(acc),
+                  "check the model's constructor in your job file")
+    step = _part(job, acc, "building the step (optimizer)", lambda: job.make_step(model, acc),
+                 "check the optimizer factory in your job file")
+    stats = _part(job, acc, "the first training step", lambda: step(batch),
+                  "the traceback's frames in your model or loss show where")
+    acc.synchronize()
+    loss = _loss_of(stats)
+    if loss is None:
+        got = sorted(stats) if isinstance(stats, dict) else type(stats).__name__
+        raise JobError(f"job {job.name!r}: the step returned {got}, with no loss: return a dict with a 0-d tensor "
+                       "under 'loss' (the workbook compares losses to check that an optimization keeps learning)")
+    if loss.numel() != 1:
+        raise JobError(f"job {job.name!r}: the step's loss has shape {tuple(loss.shape)}, not a scalar: reduce it "
+                       "(e.g. .mean()) before backward")
+    value = float(loss.detach().float())
+    if not math.isfinite(value):
+        raise JobError(f"job {job.name!r}: the loss is {value} on the first step, before any optimization: check "
+                       "the inputs' scale, the labels' range and the learning rate before measuring its speed")
+    return {"name": job.describe().get("job", job.name), "batch": describe_batch(batch), "loss": value,
+            "samples": n}
