@@ -116,12 +116,12 @@ SPECS: dict[str, tuple[Param, ...]] = {
               minimum=0.0, maximum=10000.0),
         Param("batch_size", int, 32, "images per batch for the per-batch comparison", minimum=1, maximum=4096),
         Param("image_size", int, JOB_IMAGE_SIZE, "side of the square crop of that batch, px", minimum=16, maximum=1024),
-    ),
+    ) + _JOB,
     "05_stream_overlap": _COMMON + _DATA + _batch() + _training(JOB_MODEL_WIDTH, "measured training steps per variant") + (
         Param("num_workers", int, 1, "DataLoader worker processes of the overlapped variant", minimum=0,
               maximum=256),
         Param("prefetch_factor", int, 2, "batches each worker prepares ahead", minimum=1, maximum=64),
-    ),
+    ) + _JOB,
     "06_mixed_precision": _COMMON + _DATA + _batch() + _training(JOB_MODEL_WIDTH, "timed training steps per variant") + (
         Param("autocast_dtype", str, "auto", "low-precision dtype: auto picks what the device supports",
               choices=("auto", "bfloat16", "float16")),

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import pandas as pd
 import pytest
+import torch
 from transfer_support import fake_accelerator, fake_pin  # noqa: F401  (fake_pin: a fixture)
 
 from helpers.device import get_accelerator
@@ -223,3 +225,34 @@ def test_verdict_needs_the_chosen_methods_rate_when_the_link_is_known():
     with pytest.raises(ParameterError, match="pinned_buffer"):
         pinning.verdict(comps, link=link, batch_gbps={"pageable": 6.3})
     assert pinning.verdict(comps).extra == {"method": "pinned_buffer", "reference": None}
+
+
+@dataclass
+class Extra:
+    """A dataclass leaf of a batch (module level: the loader's worker pickles the batches it returns)."""
+
+    mask: torch.Tensor
+
+
+def test_a_jobs_nested_batch_is_compared_through_its_own_copy(fake_pin):
+    from helpers.jobs.supervised import move_to_device
+    from helpers.pipeline.transfer import batch_nbytes
+
+    batch = {"image": torch.zeros(2, 3, 8, 8), "label": torch.arange(2), "extra": [Extra(torch.ones(2, 4))]}
+    acc = fake_accelerator()
+    copies = []
+
+    def to_device(b, non_blocking=False):
+        copies.append(non_blocking)
+        return move_to_device(b, acc.device, non_blocking=non_blocking)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        comps = pinning.job_batch_comparison(acc, batch, to_device, repeats=3, warmup=1)
+    nbytes = 2 * 3 * 8 * 8 * 4 + 2 * 8 + 2 * 4 * 4
+    assert batch_nbytes(batch) == nbytes
+    assert set(comps) == {"pin_per_batch", "loader_pin_thread"}
+    assert all(c.a.name == "pageable" and c.b.items_per_call == nbytes for c in comps.values())
+    assert True in copies and False in copies  # pinned copies are non-blocking, pageable ones are not
+    assert len(fake_pin) >= 3 * 4  # pin_per_batch pinned every tensor of every timed batch
+    assert pinning.job_batch_comparison(get_accelerator("cpu"), batch, to_device) == {}

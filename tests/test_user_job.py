@@ -212,7 +212,12 @@ def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, examp
     else:
         assert "your job's training step" in cl["extra"]["context"]
     assert "your job's training step" in table.loc["09_memory_and_batch_size", "extra"]["context"]
-    for nb in ("02_batched_decode", "05_stream_overlap"):
+    pin = table.loc["04_pinned_memory"]  # the CPU has no copy to pin; the reason says so, on the user's batch
+    assert pin["recommendation"] == "not applicable" and "your job" in pin["extra"]["context"]
+    overlap = table.loc["05_stream_overlap"]  # workers and the prefetcher around the user's own loader
+    assert f"your job '{name}" in overlap["extra"]["context"]
+    assert overlap["recommendation"] in ("enable", "leave off", "inconclusive")
+    for nb in ("02_batched_decode",):
         assert table.loc[nb, "recommendation"] == "not applicable"
         assert "not applicable to your job yet" in table.loc[nb, "reason"] and "diagnose --job" in table.loc[nb, "reason"]
     assert "your dataset's decode and preprocessing are notebook 01's data phase" in table.loc["02_batched_decode",

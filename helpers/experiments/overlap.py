@@ -36,7 +36,8 @@ from helpers import checklist
 from helpers.compute.train import TimedLoop, epochs
 from helpers.device import Accelerator, get_accelerator, usable_cores
 from helpers.errors import DataError, ParameterError
-from helpers.jobs.base import WORKLOAD_PARAMS, Workload, close_dataset
+from helpers.experiments.training import fixed_batches
+from helpers.jobs.base import WORKLOAD_PARAMS, Job, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.pipeline.loader import LoaderConfig, close_loader
 from helpers.pipeline.prefetch import ConsumerStreamSync, DevicePrefetcher, RecordingLoader, prefetched
@@ -394,8 +395,9 @@ def compute_thread_scaling(job: PPOJob, acc: Accelerator, *, threads: Sequence[i
 
     Parameters
     ----------
-    job : helpers.jobs.ppo.PPOJob
-        The workload (batch, crop, model) and its step.
+    job : helpers.jobs.base.Job
+        The workload (batch, crop, model) and its step. The built-in job is timed on a synthetic batch of its
+        shapes (:func:`synthetic_batch`); any other job on its first real batch, already on the device.
     acc : helpers.device.Accelerator
     threads : sequence of int
         Thread counts to time (each >= 1).
@@ -414,7 +416,8 @@ def compute_thread_scaling(job: PPOJob, acc: Accelerator, *, threads: Sequence[i
     counts = [int(t) for t in threads]
     if not counts or any(t < 1 for t in counts):
         raise ParameterError(f"threads must be a non-empty list of counts >= 1, got {list(threads)!r}")
-    batch = synthetic_batch(job, acc, seed=job.workload.seed)
+    batch = (synthetic_batch(job, acc, seed=job.workload.seed) if isinstance(job, PPOJob)
+             else fixed_batches(job, acc, 1)[0])  # a user's job: its first real batch, on the device
     previous = torch.get_num_threads()
     rows = []
     try:
@@ -466,14 +469,14 @@ class OverlapRun:
                               max_steps=max_steps)
 
 
-def run_overlap_variant(job: PPOJob, acc: Accelerator, *, label: str, steps: int, warmup_steps: int,
+def run_overlap_variant(job: Job, acc: Accelerator, *, label: str, steps: int, warmup_steps: int,
                         num_workers: int, prefetch_factor: int = 2, prefetcher: bool = True,
                         torch_threads: int | None = None, decode_threads: int | None = None,
-                        timeout_s: float = 120.0) -> OverlapRun:
-    """Train the job on its batched pipeline with one input-pipeline setting and measure the overlap.
+                        timeout_s: float = 120.0, input_work_s: Sequence[float] | None = None) -> OverlapRun:
+    """Train the job with one input-pipeline setting and measure the overlap.
 
-    The job's batched dataset feeds a DataLoader built from one
-    :class:`helpers.pipeline.loader.LoaderConfig`; with ``prefetcher`` the
+    The job's dataset (the built-in job's batched pipeline; a user's job's own dataset) feeds a DataLoader
+    built from one :class:`helpers.pipeline.loader.LoaderConfig`; with ``prefetcher`` the
     loader is wrapped in a :class:`helpers.pipeline.prefetch.DevicePrefetcher`.
     The model is built from the workload's seed, so every variant starts from
     the same weights and sees the same batches. The phases are timed by the
@@ -482,7 +485,7 @@ def run_overlap_variant(job: PPOJob, acc: Accelerator, *, label: str, steps: int
 
     Parameters
     ----------
-    job : helpers.jobs.ppo.PPOJob
+    job : helpers.jobs.base.Job
     acc : helpers.device.Accelerator
     label : str
     steps, warmup_steps : int
@@ -497,17 +500,30 @@ def run_overlap_variant(job: PPOJob, acc: Accelerator, *, label: str, steps: int
     timeout_s : float
         Loader timeout: a hung worker becomes an error (Optimization-AI/LibAUC#60,
         pytorch/pytorch#47445).
+    input_work_s : sequence of float, optional
+        Input work per measured step, seconds, for a job whose batches do not say how long they took to
+        prepare (a user's job: no ``prep_s``). Default for such a job: this run's own exposed input (data +
+        h2d), which is the whole input work only when nothing overlaps (``num_workers=0``, no prefetcher);
+        :func:`run_overlap` passes the synchronous run's to the overlapped ones.
 
     Returns
     -------
     OverlapRun
+
+    Raises
+    ------
+    ParameterError
+        A job without ``prep_s`` in its batches, overlapped, and no ``input_work_s``.
     """
     w = job.workload
     split = choose_threads(num_workers)
     torch_threads = int(torch_threads or split["torch_threads"])
     decode_threads = int(decode_threads or split["decode_threads"])
     pin = bool(acc.capabilities.pinned_memory.available)
-    dataset = job.make_dataset("batched", threads=decode_threads, pin_memory=pin and num_workers == 0)
+    if "batched" in job.pipelines:
+        dataset = job.make_dataset("batched", threads=decode_threads, pin_memory=pin and num_workers == 0)
+    else:  # a user's dataset: it decodes in its own way, with no thread pool of the workbook's
+        dataset, decode_threads = job.make_dataset(job.pipelines[0]), 0
     config = LoaderConfig(batch_size=w.batch_size, num_workers=num_workers,
                           prefetch_factor=prefetch_factor if num_workers > 0 else None,
                           persistent_workers=num_workers > 0, pin_memory=pin and num_workers > 0,
@@ -533,14 +549,26 @@ def run_overlap_variant(job: PPOJob, acc: Accelerator, *, label: str, steps: int
     batches = recorder.frame()
     copies = source.copy_frame() if source is not None else None
     copy_s = copies["duration_s"].tolist() if copies is not None else run.steps["h2d"].tolist()
-    work = input_work_per_step(batches, skip=warmup_steps, steps=steps, copy_s=copy_s)
+    if "prep_s" in batches:
+        work, work_source = input_work_per_step(batches, skip=warmup_steps, steps=steps, copy_s=copy_s), "prep_s"
+    elif input_work_s is not None:
+        work, work_source = list(input_work_s)[:steps], "synchronous run"
+    elif num_workers == 0 and not prefetcher:
+        work = (run.steps["data"] + run.steps["h2d"]).tolist()
+        work_source = "synchronous run"
+    else:
+        raise ParameterError(f"{label}: the job's batches carry no prep_s, so the input work of an overlapped run "
+                             "cannot be read from it; pass input_work_s (the synchronous run's data + h2d)")
     stats = overlap_stats(run.steps, work)
     settings = {"num_workers": num_workers, "prefetch_factor": prefetch_factor if num_workers > 0 else None,
                 "prefetcher": bool(prefetcher), "side_stream": bool(source is not None and source.uses_side_stream),
                 "pin_memory": pin, "torch_threads": torch_threads, "decode_threads": decode_threads,
                 "batch_size": w.batch_size, "steps": steps, "warmup_steps": warmup_steps,
                 "batches_per_epoch": len(dataset) // w.batch_size, "cores": split["cores"],
-                "step_on_cpu": acc.is_cpu}
+                "step_on_cpu": acc.is_cpu,
+                "input_work_from": ("each batch's preparation time (prep_s) plus its copy" if work_source == "prep_s"
+                                    else "the synchronous run's exposed input per step (data + h2d): the job's "
+                                         "batches do not time their own preparation")}
     logger.info("%s: exposed %.1f%% of the step, %.0f%% of the input hidden", label,
                 100 * stats.exposed_fraction, 100 * stats.hidden_fraction)
     return OverlapRun(label=label, run=run, batches=batches, copies=copies, stats=stats, settings=settings)
@@ -573,13 +601,15 @@ class OverlapResult:
         return (self.before, *self.candidates)
 
 
-def run_overlap(job: PPOJob, acc: Accelerator, *, steps: int, warmup_steps: int, num_workers: int,
+def run_overlap(job: Job, acc: Accelerator, *, steps: int, warmup_steps: int, num_workers: int,
                 prefetch_factor: int = 2, cores: int | None = None) -> OverlapResult:
     """Run notebook 05's experiment: *before*, then *after* with each thread split, and the verdict.
 
     Parameters
     ----------
-    job : helpers.jobs.ppo.PPOJob
+    job : helpers.jobs.base.Job
+        The built-in job (batched pipeline, per-batch preparation times) or a user's (its own dataset; input
+        work per step taken from the synchronous run, see :func:`run_overlap_variant`)
     acc : helpers.device.Accelerator
     steps, warmup_steps : int
         Measured and warm-up steps per variant.
@@ -594,6 +624,8 @@ def run_overlap(job: PPOJob, acc: Accelerator, *, steps: int, warmup_steps: int,
     """
     common = dict(steps=steps, warmup_steps=warmup_steps)
     before = run_overlap_variant(job, acc, label="before", num_workers=0, prefetcher=False, **common)
+    if "prep_s" not in before.batches:  # a user's job: the synchronous run's exposed input is its input work
+        common["input_work_s"] = (before.run.steps["data"] + before.run.steps["h2d"]).tolist()
     candidates = tuple(
         run_overlap_variant(job, acc, label=f"after, {split['label']}", num_workers=num_workers,
                             prefetch_factor=prefetch_factor, prefetcher=True, torch_threads=split["torch_threads"],

@@ -40,7 +40,8 @@ import torch
 
 from helpers.diagnose.pcie import GB, LinkInfo, size_regime
 from helpers.errors import DataError, ParameterError
-from helpers.pipeline.transfer import METHODS, Applicability, copy_method, pinning_applicability
+from helpers.pipeline.transfer import (BATCH_METHODS, METHODS, Applicability, batch_copy_method, batch_nbytes,
+                                      copy_method, pinning_applicability)
 from helpers.timing import Comparison, compare, measure, measure_events
 from helpers.verdict import Action, Verdict
 
@@ -56,6 +57,7 @@ __all__ = [
     "bandwidth_sweep",
     "host_copy_sweep",
     "batch_comparison",
+    "job_batch_comparison",
     "bandwidth_summary",
     "memcpy_reference",
     "bandwidth_records",
@@ -283,6 +285,45 @@ def batch_comparison(acc: "Accelerator", shape: Sequence[int], *, methods: Seque
     with copy_method("pageable", acc, host) as pageable:
         for method in methods:
             with copy_method(method, acc, host) as fn:
+                out[method] = compare(pageable, fn, repeats=repeats, warmup=warmup, sync=acc.synchronize,
+                                      names=("pageable", method), items_per_call=nbytes, seed=seed)
+    return out
+
+
+def job_batch_comparison(acc: "Accelerator", batch: Any, to_device: Callable[..., Any], *,
+                         methods: Sequence[str] = BATCH_METHODS[1:], repeats: int = 10, warmup: int = 2,
+                         seed: int = 0) -> dict[str, "Comparison"]:
+    """A user's job: its own host batch copied by each pinned method against pageable, interleaved.
+
+    The same comparison as :func:`batch_comparison`, on the batch the job's dataset makes (any nesting of
+    tensors) and through the job's own ``to_device``; the methods are those of
+    :data:`helpers.pipeline.transfer.BATCH_METHODS` (a reused pinned buffer needs one flat tensor).
+
+    Parameters
+    ----------
+    acc : helpers.device.Accelerator
+    batch : nested host batch
+        One batch from the job's dataset, on the CPU.
+    to_device : callable
+        ``to_device(batch, non_blocking=bool)``, e.g. ``lambda b, non_blocking: job.to_device(b, acc,
+        non_blocking=non_blocking)``.
+    methods : sequence of str
+        Default: the two pinned methods.
+    repeats, warmup, seed : int
+
+    Returns
+    -------
+    dict
+        ``{method: Comparison}``, ``items_per_call`` = the batch's bytes (:func:`batch_nbytes`); empty where
+        pinning does not apply (a CPU).
+    """
+    if not pinning_applicability(acc).applicable:
+        return {}
+    nbytes = batch_nbytes(batch)
+    out = {}
+    with batch_copy_method("pageable", acc, batch, to_device) as pageable:
+        for method in methods:
+            with batch_copy_method(method, acc, batch, to_device) as fn:
                 out[method] = compare(pageable, fn, repeats=repeats, warmup=warmup, sync=acc.synchronize,
                                       names=("pageable", method), items_per_call=nbytes, seed=seed)
     return out

@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
-from helpers.errors import DataError, ParameterError
+from helpers.errors import ParameterError
 from helpers.jobs.base import Job, PerItemBatches, StepOptions, Workload
 from helpers.pipeline.sampler import batch_sampler
+from helpers.pipeline.transfer import map_tensors
 
 __all__ = ["SupervisedJob", "supervised_job", "move_to_device", "JobError"]
 
@@ -62,27 +63,13 @@ def move_to_device(batch: Any, device: Any, *, non_blocking: bool = False, chann
     DataError
         For a leaf that is neither a tensor nor a plain value (e.g. a PIL image left uncollated), naming its path.
     """
-    def move(x: Any, where: str) -> Any:
-        if isinstance(x, torch.Tensor):
-            y = x.to(device, non_blocking=non_blocking)
-            if channels_last and y.dim() == 4 and y.is_floating_point():
-                y = y.contiguous(memory_format=torch.channels_last)
-            return y
-        if isinstance(x, Mapping):
-            return {k: move(v, f"{where}[{k!r}]") for k, v in x.items()}
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            return dataclasses.replace(x, **{f.name: move(getattr(x, f.name), f"{where}.{f.name}")
-                                             for f in dataclasses.fields(x) if f.init})
-        if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
-            return type(x)(*(move(v, f"{where}.{n}") for n, v in zip(x._fields, x)))
-        if isinstance(x, (list, tuple)):
-            return type(x)(move(v, f"{where}[{i}]") for i, v in enumerate(x))
-        if x is None or isinstance(x, (bool, int, float, str, bytes)):
-            return x
-        raise DataError(f"the batch holds a {type(x).__name__} at {where}: a batch must be tensors (in dicts, lists, "
-                        "tuples or dataclasses); convert it in the dataset or pass a collate function")
+    def move(x: "torch.Tensor") -> "torch.Tensor":
+        y = x.to(device, non_blocking=non_blocking)
+        if channels_last and y.dim() == 4 and y.is_floating_point():
+            y = y.contiguous(memory_format=torch.channels_last)
+        return y
 
-    return move(batch, "batch")
+    return map_tensors(move, batch)
 
 
 def _split(batch: Any) -> tuple[Any, Any]:

@@ -79,7 +79,7 @@ def _record_stream(tensor: "torch.Tensor", stream) -> None:
 
 
 def _device_tensors(out: Any) -> list:
-    """The tensors in a transfer's result (a tensor, or a tuple/list/dict of them)."""
+    """The tensors in a transfer's result (a tensor, or a tuple/list/dict/dataclass of them, nested)."""
     import torch
 
     if isinstance(out, torch.Tensor):
@@ -88,6 +88,8 @@ def _device_tensors(out: Any) -> list:
         return [t for v in out.values() for t in _device_tensors(v)]
     if isinstance(out, (tuple, list)):
         return [t for v in out for t in _device_tensors(v)]
+    if hasattr(out, "__dataclass_fields__") and not isinstance(out, type):
+        return [t for name in out.__dataclass_fields__ for t in _device_tensors(getattr(out, name))]
     return []
 
 

@@ -45,15 +45,16 @@ imports it to unpickle :class:`_CloneDataset`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from helpers.errors import DeviceUnavailableError, ParameterError
+from helpers.errors import DataError, DeviceUnavailableError, ParameterError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from helpers.device import Accelerator
@@ -67,6 +68,10 @@ __all__ = [
     "PinnedStaging",
     "copy_method",
     "check_methods",
+    "BATCH_METHODS",
+    "map_tensors",
+    "batch_nbytes",
+    "batch_copy_method",
 ]
 
 #: The four copy methods compared, in the order they are shown.
@@ -196,6 +201,124 @@ class PinnedStaging:
         else:  # no events on this device: wait by synchronizing instead
             self.acc.synchronize()
         return out.view(host.dtype).view(host.shape)
+
+
+def map_tensors(fn: Callable[["torch.Tensor"], Any], batch: Any, *, where: str = "batch") -> Any:
+    """Apply ``fn`` to every tensor of a nested batch, keeping its structure.
+
+    Parameters
+    ----------
+    fn : callable
+        Tensor -> tensor (e.g. ``lambda t: t.to(device)``).
+    batch : tensor, or dict, list, tuple, namedtuple or dataclass instance of them (nested)
+        Plain leaves (numbers, strings, bytes, None) are kept as they are.
+    where : str
+        The name of ``batch`` in error messages.
+
+    Returns
+    -------
+    The same structure, with ``fn``'s tensors.
+
+    Raises
+    ------
+    DataError
+        For a leaf that is neither a tensor nor a plain value (e.g. a PIL image left uncollated), naming its
+        path in the batch.
+    """
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        return {k: map_tensors(fn, v, where=f"{where}[{k!r}]") for k, v in batch.items()}
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{f.name: map_tensors(fn, getattr(batch, f.name), where=f"{where}.{f.name}")
+                                             for f in dataclasses.fields(batch) if f.init})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(map_tensors(fn, v, where=f"{where}.{n}") for n, v in zip(batch._fields, batch)))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(map_tensors(fn, v, where=f"{where}[{i}]") for i, v in enumerate(batch))
+    if batch is None or isinstance(batch, (bool, int, float, str, bytes)):
+        return batch
+    raise DataError(f"the batch holds a {type(batch).__name__} at {where}: a batch must be tensors (in dicts, lists, "
+                    "tuples or dataclasses); convert it in the dataset or pass a collate function")
+
+
+def batch_nbytes(batch: Any) -> int:
+    """Bytes of all the tensors of a nested batch (:func:`map_tensors`'s structures)."""
+    sizes: list[int] = []
+    map_tensors(lambda t: sizes.append(t.numel() * t.element_size()), batch)
+    return sum(sizes)
+
+
+#: The copy methods that apply to any job's batch (a nested structure of tensors): a reused pinned buffer
+#: needs one flat tensor of fixed size, so it is measured on the built-in job's uint8 batch only.
+BATCH_METHODS: tuple[str, ...] = ("pageable", "pin_per_batch", "loader_pin_thread")
+
+
+class _CloneBatch:
+    """Map-style dataset returning a fresh copy of one nested batch per item (as a collate would make it).
+
+    Module-level so that DataLoader workers can unpickle it under spawn.
+    """
+
+    def __init__(self, batch: Any, length: int) -> None:
+        self.batch, self.length = batch, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i):
+        return map_tensors(torch.Tensor.clone, self.batch)
+
+
+@contextlib.contextmanager
+def batch_copy_method(method: str, acc: "Accelerator", batch: Any, to_device: Callable[..., Any], *,
+                      first_batch_timeout_s: float = 120.0) -> Iterator[Callable[[], Any]]:
+    """A zero-argument function that copies a job's nested host ``batch`` to the device by ``method``.
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`BATCH_METHODS`: ``pageable`` (``to_device(batch, non_blocking=False)``),
+        ``pin_per_batch`` (every tensor ``pin_memory()``-ed on the training thread, then a non-blocking
+        copy), ``loader_pin_thread`` (a DataLoader worker makes the batch and its pin thread pins it, which
+        torch does for dicts, lists, tuples and namedtuples of tensors, leaving a dataclass's tensors pageable;
+        the loop issues the non-blocking copy).
+    acc : helpers.device.Accelerator
+        An accelerator with pinned memory.
+    batch : nested host batch
+        As the job's dataset makes it (tensors on the CPU).
+    to_device : callable
+        ``to_device(batch, non_blocking=bool) -> device batch`` (the job's own copy, e.g. ``Job.to_device``).
+    first_batch_timeout_s : float
+        The loader's timeout for ``loader_pin_thread``.
+
+    Yields
+    ------
+    callable
+        ``fn() -> device batch``; the copy may still be in flight.
+
+    Raises
+    ------
+    ParameterError
+        For a method not in :data:`BATCH_METHODS`.
+    DeviceUnavailableError
+        Without pinned memory (a CPU).
+    """
+    if method not in BATCH_METHODS:
+        raise ParameterError(f"unknown batch copy method {method!r}; choose one of {', '.join(BATCH_METHODS)}")
+    _require_applicable(acc)
+    if method == "pageable":
+        yield lambda: to_device(batch, non_blocking=False)
+    elif method == "pin_per_batch":
+        yield lambda: to_device(map_tensors(torch.Tensor.pin_memory, batch), non_blocking=True)
+    else:  # loader_pin_thread
+        loader = DataLoader(_CloneBatch(batch, 1 << 30), batch_size=None, num_workers=1, pin_memory=True,
+                            prefetch_factor=2, timeout=float(first_batch_timeout_s))
+        it = iter(loader)
+        try:
+            yield lambda: to_device(next(it), non_blocking=True)
+        finally:
+            del it
 
 
 class _CloneDataset:

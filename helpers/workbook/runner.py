@@ -214,10 +214,6 @@ _NOT_FOR_YOUR_JOB = {
     "02": ("it measures the workbook's own batched JPEG pipeline, which your job does not use: your dataset's "
            "decode and preprocessing are notebook 01's data phase, and `diagnose`'s real vs cached runs give "
            "their whole exposed cost"),
-    "04": ("it measures pinned against pageable copies of the built-in job's batch; for your job, `diagnose`'s "
-           "cached vs synthetic runs give the copy's exposed cost (on an accelerator)"),
-    "05": ("its prefetcher experiment is written for the built-in job's batched pipeline; for your job, notebook "
-           "01's h2d phase and `diagnose` give what overlapping the copy could hide"),
     "08": ("it launches the built-in job under torchrun; your job's DDP run is not part of the workbook yet"),
 }
 

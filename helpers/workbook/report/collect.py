@@ -368,7 +368,7 @@ def _missing_text(*, nb_id: str, number: str, status: str, error: dict | None, n
     """
     out = _display_dir(run_dir)
     resume = f"python -m helpers run --resume --out {out}"
-    opts = "".join(f" --{k} {state[k]}" for k in ("profile", "device") if state.get(k))
+    opts = "".join(f" --{k} {state[k]}" for k in ("profile", "device", "job") if state.get(k))
     new_run = f"python -m helpers run --only {number}{opts}"
     no_file = ("" if _notebook_file_exists(number) else
                f" This checkout has no notebooks/{number}_*.ipynb yet: update it first.")
