@@ -49,11 +49,26 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _own_cpu_s() -> float:
-    """CPU seconds of this process tree: itself, its live children (DataLoader workers, ranks) and the
-    children each of them has already waited for (``children_user`` / ``children_system``: a finished
-    torchrun job and its ranks)."""
+def _job_root() -> "psutil.Process":
+    """The root of the measured job's process tree: this process, or, in a rank that torchrun started
+    (``TORCHELASTIC_RUN_ID`` and ``LOCAL_RANK`` set), the launcher whose children are all the job's local
+    ranks, so that the other ranks on this machine count as the job's own work and not as other load."""
     me = psutil.Process()
+    if "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ:
+        try:
+            parent = me.parent()
+        except psutil.Error:
+            parent = None
+        if parent is not None:
+            return parent
+    return me
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of the job's process tree (:func:`_job_root`): itself, its live children (DataLoader
+    workers, ranks) and the children each of them has already waited for (``children_user`` /
+    ``children_system``: a finished torchrun job and its ranks)."""
+    me = _job_root()
     total = sum(me.cpu_times()[:4])
     for child in me.children(recursive=True):
         try:

@@ -161,7 +161,7 @@ SPECS: dict[str, tuple[Param, ...]] = {
               minimum=5.0, maximum=7200.0),
         Param("master_port", int, 0, "TCP port of the rendezvous on 127.0.0.1 (0 picks a free one)", minimum=0,
               maximum=65535),
-    ),
+    ) + _JOB,
     "09_memory_and_batch_size": _COMMON + _DATA + _batch("samples per step of the memory trace") + _training(
             JOB_MODEL_WIDTH, "training steps of the memory trace, and of each side of the current-vs-best batch comparison") + (
         Param("memory_budget_mib", int, 0,

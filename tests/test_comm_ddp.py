@@ -91,7 +91,7 @@ def test_overlap_figures(result):
     if ov["hidden_fraction"] is not None:
         assert 0.0 <= ov["hidden_fraction"] <= 1.0
     assert all(h["cap_mb"] == 25.0 for h in result["hooks"])
-    assert result["world_size"] == 2 and result["ppo_epochs"] >= 1
+    assert result["world_size"] == 2 and result["backward_passes"] >= 1
 
 
 def _b(cap, sizes, t, lo, hi):
@@ -103,7 +103,7 @@ def test_bucket_comparison_uses_same_layout_caps_as_noise():
     # caps 1 and 25 made the same single bucket but took 51.6 vs 43.3 ms: that gap is noise
     rows = [_b(0.25, [300, 300, 345], 0.048, 0.046, 0.050), _b(1, [945], 0.0516, 0.050, 0.053),
             _b(25, [945], 0.0433, 0.042, 0.045)]
-    cmp_ = collectives.bucket_comparison(rows, ppo_epochs=4)
+    cmp_ = collectives.bucket_comparison(rows, backward_passes=4)
     assert cmp_["noise_s"] == pytest.approx(0.0083)
     assert [g["caps"] for g in cmp_["groups"]] == [[1, 25], [0.25]]
     assert not cmp_["measurable"] and cmp_["per_bucket_s"] is None and cmp_["best"] == "none measurable"
@@ -112,7 +112,7 @@ def test_bucket_comparison_uses_same_layout_caps_as_noise():
 
 def test_bucket_comparison_reports_cost_when_clear():
     rows = [_b(0.25, [1, 2, 3], 0.080, 0.079, 0.081), _b(25, [6], 0.040, 0.039, 0.041)]
-    cmp_ = collectives.bucket_comparison(rows, ppo_epochs=4)
+    cmp_ = collectives.bucket_comparison(rows, backward_passes=4)
     assert cmp_["measurable"] and cmp_["best"] == [25]
     assert cmp_["per_bucket_s"] == pytest.approx(0.040 / (2 * 4))
 

@@ -32,6 +32,17 @@ def test_own_work_is_not_other_work():
     assert not c.busy and c.seconds > 0.7 and "quiet" in c.sentence()
 
 
+def test_under_torchrun_the_other_local_ranks_are_the_jobs_own_work(monkeypatch):
+    """A rank's root is torchrun's launcher, so its sibling ranks are not counted as other load."""
+    import psutil
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert machine._job_root().pid == os.getpid()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert machine._job_root().pid == psutil.Process().ppid()
+
+
 @pytest.mark.slow
 def test_a_synthetic_load_of_other_processes_makes_the_machine_busy():
     """Two busy loops outside this process tree (orphaned by a shell, as another user's jobs would be)."""

@@ -217,6 +217,8 @@ def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, examp
     overlap = table.loc["05_stream_overlap"]  # workers and the prefetcher around the user's own loader
     assert f"your job '{name}" in overlap["extra"]["context"]
     assert overlap["recommendation"] in ("enable", "leave off", "inconclusive")
+    ddp = table.loc["08_collectives"]  # every rank loaded the user's job file and trained it under DDP
+    assert f"your job '{name}" in ddp["extra"]["context"]
     for nb in ("02_batched_decode",):
         assert table.loc[nb, "recommendation"] == "not applicable"
         assert "not applicable to your job yet" in table.loc[nb, "reason"] and "diagnose --job" in table.loc[nb, "reason"]
@@ -312,3 +314,43 @@ def test_run_rejects_a_job_whose_first_step_fails(tmp_path):
             echo=lambda s: None, executor=lambda nb, **kw: pytest.fail("no notebook may start"),
             device_checker=lambda kind: "cpu:test")
     assert not (tmp_path / "run" / "run.json").exists()
+
+
+# ---------------------------------------------------------------- several ranks: DDP around the same job
+
+def test_distributed_job_wraps_the_model_and_gives_each_rank_its_own_order(cpu):
+    from helpers.jobs.distributed import DistributedJob
+
+    job = _job()
+    r0, r1 = DistributedJob(job, 0, 2), DistributedJob(job, 1, 2)
+    assert r0.name == "squares (DDP, 2 ranks)" and r1.describe()["rank"] == 1
+    orders = []
+    for wrapped in (r0, r1):
+        s = wrapped.batch_sampler(32)
+        s.set_epoch(3)  # epoch 3 of rank r: the job's epoch 3 * 2 + r
+        orders.append([list(b) for b in s])
+    plain = job.batch_sampler(32)
+    plain.set_epoch(6)
+    assert orders[0] == [list(b) for b in plain] and orders[0] != orders[1]
+
+
+@pytest.mark.slow
+def test_diagnose_and_bench_ddp_run_the_example_job_under_torchrun(tmp_path):
+    """The job file unchanged, as 2 gloo ranks: diagnose trains it in DDP, bench ddp measures buckets and hooks."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    spec = "examples/text_classifier.py:make_job"
+    p = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "helpers", "diagnose",
+                        "--job", spec, "--device", "cpu", "--steps", "4", "--warmup-steps", "1", "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)  # rank 0 alone prints
+    assert out["job"] == "text classifier (examples/text_classifier.py) (DDP, 2 ranks)"
+    assert out["free_input_speedup"]["ratio"] > 0
+    p = subprocess.run([sys.executable, "-m", "helpers", "bench", "ddp", "--job", spec, "--profile", "smoke",
+                        "--backend", "gloo"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    ddp = json.loads(p.stdout)
+    assert ddp["job"].startswith("text classifier") and ddp["backward_passes"] == 1 and ddp["world_size"] == 2
+    none = next(h for h in ddp["hooks"] if h["hook"] == "none")
+    assert none["max_abs_err"] == 0.0  # plain DDP averages the job's own gradients exactly as the reference
+    assert all(sum(b["bucket_sizes"]) == ddp["grad_bytes"] for b in ddp["buckets"])

@@ -1,4 +1,4 @@
-"""Notebook 08's DDP experiment: buckets, compression hooks and overlap on the built-in job, inside a process group.
+"""Notebook 08's DDP experiment: buckets, compression hooks and overlap on a job, inside a process group.
 
 :func:`run_ddp` runs inside a rank (launched as the task
 ``helpers.experiments.collectives:run_ddp`` of :mod:`helpers.comm.worker`);
@@ -8,9 +8,10 @@ What is measured, per rank, on fixed real batches of the job (each rank draws
 its own samples: the batch order of rank r is the epoch-r permutation of the
 dataset):
 
-- step time of one training step of the job (the PPO step: rollout, GAE,
-  ``ppo_epochs`` updates, each with a backward pass and therefore one gradient
-  allreduce) for each ``bucket_cap_mb`` and each compression hook; reported as
+- step time of one training step of the job (the built-in PPO step: rollout,
+  GAE, ``ppo_epochs`` updates, each with a backward pass and therefore one
+  gradient allreduce; a user's job: its own step, whose backward passes are
+  counted) for each ``bucket_cap_mb`` and each compression hook; reported as
   the median (and quartiles) over steps of the max over ranks;
 - the bucket sizes DDP actually made (:func:`helpers.comm.ddp.bucket_sizes`);
 - gradient error of each hook: the averaged gradients DDP produced for one
@@ -51,12 +52,15 @@ from helpers.compute.model import count_parameters
 from helpers.compute.ppo import ppo_loss
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
-from helpers.jobs.base import Workload
+from helpers.jobspec import absolute_job_spec
+from helpers.experiments.training import fixed_batches
+from helpers.jobs.base import Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.timing import timed_call
 from helpers.verdict import Action, Verdict
 
-__all__ = ["DDP_KEYS", "DDP_TASK", "bucket_comparison", "ddp_benchmark", "hook_comparison", "run_ddp", "verdict"]
+__all__ = ["DDP_KEYS", "DDP_TASK", "bucket_comparison", "ddp_benchmark", "ddp_in_launched_job", "hook_comparison",
+           "run_ddp", "verdict"]
 
 #: The rank task of :func:`run_ddp`, as :func:`helpers.comm.launch.run_job` names it.
 DDP_TASK = "helpers.experiments.collectives:run_ddp"
@@ -67,7 +71,7 @@ def _differs(a: Mapping[str, float], b: Mapping[str, float], noise_s: float | No
     return (not iqr_overlap(a, b)) and abs(a["time_s"] - b["time_s"]) > (noise_s or 0.0)
 
 
-def bucket_comparison(buckets: Sequence[Mapping[str, Any]], ppo_epochs: int = 1) -> dict[str, Any]:
+def bucket_comparison(buckets: Sequence[Mapping[str, Any]], backward_passes: int = 1) -> dict[str, Any]:
     """Group the bucket-sweep rows by the bucket layout DDP made and decide whether any layout was measurably faster.
 
     Caps that produced the same buckets ran the same computation and communication, so the spread of
@@ -79,8 +83,8 @@ def bucket_comparison(buckets: Sequence[Mapping[str, Any]], ppo_epochs: int = 1)
     buckets : sequence of dict
         :func:`run_ddp`'s ``buckets`` rows (``cap_mb``, ``bucket_sizes``, ``n_buckets``, ``time_s``,
         ``time_p25_s``, ``time_p75_s``; seconds).
-    ppo_epochs : int
-        Backward passes (so allreduce rounds) per step, for the per-bucket cost.
+    backward_passes : int
+        Backward passes (so allreduce rounds) per step, for the per-bucket cost (the PPO step's ``ppo_epochs``).
 
     Returns
     -------
@@ -117,7 +121,7 @@ def bucket_comparison(buckets: Sequence[Mapping[str, Any]], ppo_epochs: int = 1)
         measurable = _differs(few, many, noise)
         caps_txt = lambda g: "/".join(f"{c:g}" for c in g["caps"])  # noqa: E731
         if measurable:
-            per_bucket = (many["time_s"] - few["time_s"]) / ((many["n_buckets"] - few["n_buckets"]) * ppo_epochs)
+            per_bucket = (many["time_s"] - few["time_s"]) / ((many["n_buckets"] - few["n_buckets"]) * backward_passes)
             note = (f"{many['n_buckets']} buckets (cap {caps_txt(many)}) {many['time_s'] * 1e3:.1f} ms vs "
                     f"{few['n_buckets']} (cap {caps_txt(few)}) {few['time_s'] * 1e3:.1f} ms per step: "
                     f"{per_bucket * 1e3:+.2f} ms per extra bucket per backward pass; {noise_txt}")
@@ -192,7 +196,48 @@ def _grad_loss(model, images, tokens, labels):
 
 
 def _flat_grads(model):
-    return torch.cat([p.grad.reshape(-1).float() for p in model.parameters() if p.grad is not None])
+    grads = [p.grad.reshape(-1).float() for p in model.parameters() if p.grad is not None]
+    return torch.cat(grads) if grads else torch.zeros(0)
+
+
+def _backward_gradients(job, model, acc, batch, module=None):
+    """The gradients one backward pass of ``job`` leaves in ``module`` (default ``model``), flat fp32.
+
+    The built-in job: :func:`_grad_loss` on the batch (its step does several updates). Any other job: one
+    call of its own step, whose gradients stay in the parameters after the optimizer step (a step that
+    clears them at its end leaves none: then the result is empty).
+    """
+    module = module if module is not None else model
+    if isinstance(job, PPOJob):
+        _grad_loss(model, *batch).backward()
+    else:
+        job.make_step(model, acc)(batch)
+    return _flat_grads(module)
+
+
+def _count_backward_passes(model, step) -> int:
+    """Backward passes one call of ``step`` makes: gradient hooks on the first trainable parameter, counted."""
+    param = next((p for p in model.parameters() if p.requires_grad), None)
+    if param is None:
+        return 1
+    calls: list[int] = []
+    handle = param.register_hook(lambda g: calls.append(1))
+    try:
+        step()
+    finally:
+        handle.remove()
+    return max(1, len(calls))
+
+
+def _rank_job(cfg: Mapping[str, Any], workload: Workload):
+    """The job this rank trains: the user's (``cfg["job"]``, loaded in every rank) or the built-in PPO job."""
+    spec = str(cfg.get("job") or "")
+    if spec:
+        from helpers.jobs.load import load_job
+        from helpers.jobspec import factory_params
+
+        return load_job(spec, factory_params(cfg))
+    return PPOJob.from_data(workload, cfg.get("data_dir") or None, max_images=int(cfg.get("max_images", 0)))
 
 
 def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
@@ -203,7 +248,8 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     cfg : mapping
         ``data_dir``, ``max_images``, ``seed``, ``batch_size`` (per rank),
         ``image_size``, ``text_len``, ``model_width``, ``d_model``, ``steps``,
-        ``warmup_steps``, ``bucket_cap_mb_list``, ``compression_hooks``.
+        ``warmup_steps``, ``bucket_cap_mb_list``, ``compression_hooks``; optional ``job`` (a user's job spec,
+        an absolute path or a module: every rank loads it; empty: the built-in PPO job).
     rc : helpers.comm.rank.RankContext
 
     Returns
@@ -215,7 +261,10 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
         and the keys of :func:`overlap_figures`; hidden_fraction is None when
         the measurement is inconsistent), hook rows carry ``cap_mb`` (the
         default cap, 25 when swept),
-        ``grad_bytes``, ``params``, ``world_size``, ``batch_per_rank``.
+        ``grad_bytes``, ``params``, ``world_size``, ``batch_per_rank``, ``backward_passes`` (per step: the
+        PPO step's ``ppo_epochs``; a user's step's, counted), ``job`` (its name), ``samples`` (in its data).
+        A user's job's gradient errors come from one call of its own step (see :func:`_backward_gradients`);
+        ``grad_check`` says how they were taken.
     """
     caps = [float(c) for c in cfg["bucket_cap_mb_list"]]
     hooks = list(cfg["compression_hooks"])
@@ -223,21 +272,18 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
         hook_function(h)
     acc = get_accelerator(rc.device.type, index=rc.device.index or 0)
     workload = Workload.from_params(cfg)
-    seed, bs = workload.seed, workload.batch_size
-    job = PPOJob.from_data(workload, cfg.get("data_dir") or None, max_images=int(cfg.get("max_images", 0)))
-    index = job.index
-    ds = job.make_dataset("batched")
-    ds.set_epoch(rc.rank)
-    sampler = job.batch_sampler(len(ds))
-    sampler.set_epoch(rc.rank)
-    batches = []
-    for b in itertools.islice(sampler, 2):
-        images, tokens, labels = job.to_device(ds[b], acc)
-        batches.append((images.clone(), tokens.clone(), labels.clone()))
-    ds.close()
+    job = _rank_job(cfg, workload)
+    builtin = isinstance(job, PPOJob)
+    seed, bs = job.workload.seed, job.workload.batch_size
+    batches = fixed_batches(job, acc, 2, epoch=rc.rank)  # rank r draws the epoch-r order: different samples
+    if builtin:
+        n_samples = len(job.index)
+    else:
+        counted = job.make_dataset(job.pipelines[0])
+        n_samples = len(counted)
+        close_dataset(counted)
     base = job.make_model(acc)
     base_state = copy.deepcopy(base.state_dict())
-    ppo_cfg = job.ppo
     grad_bytes = sum(p.numel() * 4 for p in base.parameters() if p.requires_grad)
 
     def fresh(cap: float, hook: str = "none"):
@@ -254,7 +300,10 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     n_warm = int(cfg["warmup_steps"])
 
     def stepper(ddp, *, no_sync: bool = False):
-        train_step = job.make_step(ddp, acc, generator=torch.Generator(device=rc.device).manual_seed(seed + rc.rank))
+        if builtin:  # its actions are sampled: each rank its own stream
+            train_step = job.make_step(ddp, acc, generator=torch.Generator(device=rc.device).manual_seed(seed + rc.rank))
+        else:
+            train_step = job.make_step(ddp, acc)
         it = itertools.cycle(batches)
 
         def step():
@@ -270,11 +319,14 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     # other round (ABBA), so that a slow phase of the machine hits every variant alike
     models: dict[float, Any] = {}
     variants: list[tuple[str, Any]] = []
+    passes = job.ppo.ppo_epochs if builtin else None
     for cap in caps:
         d = fresh(cap)
         fn = stepper(d)
-        for _ in range(max(2, n_warm)):
+        for _ in range(max(2, n_warm) - (passes is None)):
             fn()
+        if passes is None:  # a user's step: count its backward passes on its last warm-up step
+            passes = _count_backward_passes(d, fn)
         models[cap] = d
         variants.append((f"cap:{cap}", fn))
     # overlap needs several buckets: the smallest cap that made more than one (else the default cap)
@@ -312,7 +364,7 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     bufs = [torch.zeros(max(1, s // 4), dtype=torch.float32, device=rc.device) for s in sizes]
 
     def allreduce_alone():
-        for _ in range(ppo_cfg.ppo_epochs):
+        for _ in range(passes):
             for t in bufs:
                 dist.all_reduce(t)
 
@@ -336,20 +388,24 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     t_nosync, t_ar = times["nosync"], times["ar"]
     del models, hook_models, nosync_model, variants
     # gradient error of each hook against the fp32 reference
-    images, tokens, labels = batches[0]
     plain = job.make_model(acc)
     plain.load_state_dict(base_state)
     plain.train()
-    _grad_loss(plain, images, tokens, labels).backward()
-    ref = _flat_grads(plain) / rc.world_size
+    ref = _backward_gradients(job, plain, acc, batches[0]) / rc.world_size
     dist.all_reduce(ref)
+    grad_check = ("one PPO loss's backward pass on the rank's first batch" if builtin else
+                  "one call of the job's own step on the rank's first batch (the gradients it leaves in the "
+                  "parameters; a step that clips them before the optimizer clips local and averaged gradients "
+                  "differently, so even plain DDP then differs from the reference)")
+    if ref.numel() == 0:
+        grad_check = ("not measured: the job's step leaves no gradients in the parameters after it returns "
+                      "(zero_grad at its end?), so there is nothing to compare")
     for h in hooks:
-        if h in unsupported:
+        if h in unsupported or ref.numel() == 0:
             continue
         d = fresh(default_cap, h)
         d.train()
-        _grad_loss(d, images, tokens, labels).backward()
-        local["errors"][h] = grad_error(_flat_grads(d.module), ref)
+        local["errors"][h] = grad_error(_backward_gradients(job, d, acc, batches[0], module=d.module), ref)
     gathered: list = [None] * rc.world_size
     dist.all_gather_object(gathered, {"buckets": [b["times"] for b in local["buckets"]],
                                       "hooks": [h["times"] for h in local["hooks"]],
@@ -366,10 +422,12 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
         buckets.append({"cap_mb": b["cap_mb"], "bucket_sizes": b["bucket_sizes"], "n_buckets": len(b["bucket_sizes"]),
                         "rebuilt": b["rebuilt"], **_stats([g["buckets"][i] for g in gathered])})
     hook_rows = []
+    nan = float("nan")
+    no_err = {"max_abs_err": nan, "rel_err": nan, "mismatched": nan}
     for i, h in enumerate(local["hooks"]):
-        errs = [g["errors"][h["hook"]] for g in gathered]
+        errs = [g["errors"].get(h["hook"], no_err) for g in gathered]
         hook_rows.append({"hook": h["hook"], "cap_mb": default_cap,
-                          "bytes_per_step": grad_bytes // 4 * HOOK_BYTES[h["hook"]] * ppo_cfg.ppo_epochs,
+                          "bytes_per_step": grad_bytes // 4 * HOOK_BYTES[h["hook"]] * passes,
                           **_stats([g["hooks"][i] for g in gathered]),
                           "max_abs_err": max(e["max_abs_err"] for e in errs),
                           "rel_err": max(e["rel_err"] for e in errs),
@@ -381,7 +439,8 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
             "overlap": {"cap_mb": overlap_cap, "n_buckets": len(sizes), "steps": int(cfg["steps"]), "t_ddp_s": t_d, "t_nosync_s": t_n,
                         "t_allreduce_s": t_a, **overlap_figures(t_d, t_n, t_a)},
             "unsupported_hooks": unsupported, "grad_bytes": grad_bytes, "params": count_parameters(base), "world_size": rc.world_size,
-            "batch_per_rank": bs, "ppo_epochs": ppo_cfg.ppo_epochs, "images": len(index),
+            "batch_per_rank": bs, "backward_passes": passes, "job": job.describe().get("job", job.name),
+            "samples": n_samples, "grad_check": grad_check,
             "timing": ("median over steps of the max over ranks (each rank synced its device after every step); "
                        "all variants timed interleaved, one step each per round, the order reversed every other "
                        "round")}
@@ -399,7 +458,8 @@ def ddp_benchmark(params: Mapping[str, Any], *, world_size: int = 2, backend: st
     Parameters
     ----------
     params : mapping
-        Must hold the keys of :data:`DDP_KEYS` (e.g. notebook 08's parameters).
+        Must hold the keys of :data:`DDP_KEYS` (e.g. notebook 08's parameters); a non-empty ``job`` (a
+        user's job spec) is made absolute and loaded by every rank instead of the built-in job.
     log_dir : path, optional
         Where the logs of a failed job are kept (see :func:`helpers.comm.launch.run_job`).
 
@@ -412,11 +472,46 @@ def ddp_benchmark(params: Mapping[str, Any], *, world_size: int = 2, backend: st
     if missing:
         raise ParameterError(f"ddp_benchmark needs {', '.join(missing)} in params; pass notebook 08's parameters.")
     cfg = {k: params[k] for k in DDP_KEYS}
+    if params.get("job"):  # every rank loads the user's job: a path relative to here would not be theirs
+        cfg["job"] = absolute_job_spec(str(params["job"]))
     launched = run_job(DDP_TASK, cfg, world_size=world_size, backend=backend, device_kind=device_kind,
                        timeout_s=timeout_s, master_port=master_port, log_dir=log_dir)
     out = dict(launched.data)
     out["wall_s"] = round(launched.wall_s, 2)
     out["backend"] = launched.backend
+    return out
+
+
+def ddp_in_launched_job(params: Mapping[str, Any], *, backend: str = "auto") -> dict[str, Any] | None:
+    """Run :func:`run_ddp` as one rank of a job that torchrun started (RANK, WORLD_SIZE, MASTER_ADDR set).
+
+    The multi-node path of notebook 08's DDP experiment: ``torchrun ... -m helpers bench ddp --job ...`` runs
+    this in every rank, on the device the rank was given; rank 0 returns the result, the others None.
+
+    Raises
+    ------
+    ParameterError
+        A key of :data:`DDP_KEYS` is missing.
+    """
+    missing = [k for k in DDP_KEYS if k not in params]
+    if missing:
+        raise ParameterError(f"ddp_in_launched_job needs {', '.join(missing)} in params; pass notebook 08's parameters.")
+    from helpers.comm.launch import resolve_backend
+    from helpers.comm.rank import init_rank
+
+    cfg = {k: params[k] for k in DDP_KEYS}
+    if params.get("job"):
+        cfg["job"] = absolute_job_spec(str(params["job"]))
+    if backend == "auto":
+        backend = resolve_backend("auto", get_accelerator("auto").kind)
+    rc = init_rank(backend)
+    t0 = time.perf_counter()
+    try:
+        out = run_ddp(cfg, rc)
+    finally:
+        dist.destroy_process_group()
+    if out is not None:
+        out.update(backend=backend, wall_s=round(time.perf_counter() - t0, 2))
     return out
 
 

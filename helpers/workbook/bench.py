@@ -27,14 +27,19 @@ INPUT_PIPELINE_TARGETS = {
 }
 
 
-def _kwargs_for(fn: Callable, notebook: str, profile: str, overrides: dict) -> dict:
-    """Parameters of ``notebook`` under ``profile`` (validated), restricted to ``fn``'s keywords."""
+def _notebook_values(notebook: str, profile: str, overrides: dict) -> dict:
+    """Parameters of ``notebook`` under ``profile``, with the non-None ``overrides``, validated."""
     prof = load_profile(profile)
     values = {p.name: p.default for p in spec_for(notebook)}
     values.update(prof.get("common") or {})
     values.update(prof.get(notebook) or {})
     values.update({k: v for k, v in overrides.items() if v is not None})
-    values = validate_notebook_params(notebook, values, allow_unknown=True)
+    return validate_notebook_params(notebook, values, allow_unknown=True)
+
+
+def _kwargs_for(fn: Callable, notebook: str, profile: str, overrides: dict) -> dict:
+    """Parameters of ``notebook`` under ``profile`` (validated), restricted to ``fn``'s keywords."""
+    values = _notebook_values(notebook, profile, overrides)
     accepted = set(inspect.signature(fn).parameters)
     out = {k: v for k, v in values.items() if k in accepted}
     if "data_dir" in out and not out["data_dir"]:
@@ -144,6 +149,45 @@ def allreduce_bench(*, backend: str = "auto", world_size: int = 2, min_bytes: in
                               master_port=master_port, device_kind=kind)
     out.update(_machine_keys(before))
     return json.dumps(out, indent=2)
+
+
+def ddp_bench(*, job: str = "", profile: str = "quick", backend: str = "auto", world_size: int = 2,
+              timeout_s: float = 600.0, master_port: int = 0, device: str = "auto",
+              data_dir: str | None = None) -> str | None:
+    """Notebook 08's DDP experiment (buckets, compression hooks, overlap) on a job, as a JSON string.
+
+    ``job`` is a user's job spec (``path/to/job.py:make_job`` or ``module:attr``; empty: the built-in PPO
+    job); the other parameters are notebook 08's under ``profile``. Started by hand, it launches
+    ``world_size`` ranks on this machine (:func:`helpers.experiments.collectives.ddp_benchmark`). Started
+    by torchrun (RANK, WORLD_SIZE and MASTER_ADDR set, e.g. on several nodes), it runs as that rank
+    (:func:`helpers.experiments.collectives.ddp_in_launched_job`); rank 0 returns the JSON, other ranks None.
+    Keys: those of :func:`helpers.experiments.collectives.run_ddp`, plus ``backend``, ``wall_s`` and, started by
+    hand, ``machine``/``machine_note``.
+
+    Raises
+    ------
+    ParameterError, DeviceUnavailableError
+        Bad values, a job that cannot load, or an unavailable backend (the ``bench`` command exits 2).
+    TimeoutError, RuntimeError
+        The job hung or a rank failed (the ``bench`` command exits 1).
+    """
+    prepare_torch_import(fallback_to_cpu=True)
+    from helpers.comm.allreduce import launched_by_torchrun
+    from helpers.experiments.collectives import DDP_KEYS, ddp_benchmark, ddp_in_launched_job
+
+    params = _notebook_values("08_collectives", profile, {"job": job or None, "data_dir": data_dir or None})
+    params = {k: params[k] for k in (*DDP_KEYS, "job") if k in params}
+    if launched_by_torchrun():
+        out = ddp_in_launched_job(params, backend=backend)
+        return None if out is None else json.dumps(out, indent=2, default=str)
+    from helpers.device import get_accelerator
+
+    kind = get_accelerator(device).kind
+    before = machine.snapshot()
+    out = ddp_benchmark(params, world_size=world_size, backend=backend, timeout_s=timeout_s, master_port=master_port,
+                        device_kind=kind)
+    out.update(_machine_keys(before))
+    return json.dumps(out, indent=2, default=str)
 
 
 #: Target of issue 11: a second index of 20,000 images, with the cache, on this 2-core machine.

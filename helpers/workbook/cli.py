@@ -5,7 +5,7 @@ Commands
 run         execute the notebooks into a run folder and write the report
 diagnose    the quick answer for your own job (--job path/to/job.py:make_job): host-bound verdict and
             the three-run test (real loader, cached batches, synthetic device batches)
-bench       run a benchmark (input-pipeline, allreduce, dataset-index, instrument) and print its figures as JSON; exit 2 on bad
+bench       run a benchmark (input-pipeline, allreduce, ddp, dataset-index, instrument) and print its figures as JSON; exit 2 on bad
             flag values or an unavailable backend, 1 when the allreduce job ran and failed or timed out
 notebooks   copy the notebooks and their profiles to a folder of your choice, for JupyterLab
 data build  build the embedded photo dataset (done on first use anyway)
@@ -67,8 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
 
     be = sub.add_parser("bench", help="run a benchmark and print its figures as JSON")
-    be.add_argument("name", choices=("input-pipeline", "allreduce", "dataset-index", "instrument"),
+    be.add_argument("name", choices=("input-pipeline", "allreduce", "ddp", "dataset-index", "instrument"),
                     help="which benchmark")
+    be.add_argument("--job", default="", metavar="FILE.py:FACTORY",
+                    help="ddp: your own job (path/to/job.py:make_job or module:attr; default: the built-in job)")
     be.add_argument("--profile", default="quick", choices=PROFILES, help="parameter profile (default: quick)")
     be.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="device kind (default: auto)")
     be.add_argument("--data-dir", default=None, metavar="DIR", help="a folder of images instead of the embedded photos")
@@ -122,12 +124,32 @@ def _diagnose(args) -> int:
     from helpers.jobs.check import first_step_check
     from helpers.jobs.load import load_job
 
+    from helpers.comm.allreduce import launched_by_torchrun
+
     params = {k: v for k, v in (("batch_size", args.batch_size), ("data_dir", args.data_dir)) if v is not None}
-    acc = get_accelerator(args.device)
     job = load_job(args.job, params)
-    first_step_check(job, acc)  # a job that cannot train is named part by part before anything is timed
-    result = three_run(job, acc, steps=args.steps, warmup_steps=args.warmup_steps, threshold=args.threshold)
-    print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.lines()))
+    rc = None
+    if launched_by_torchrun():  # one rank of a DDP job: the same job, its model in DistributedDataParallel
+        import torch.distributed as dist
+
+        from helpers.comm.launch import resolve_backend
+        from helpers.comm.rank import init_rank
+        from helpers.jobs.distributed import DistributedJob
+
+        kind = get_accelerator(args.device).kind
+        rc = init_rank(resolve_backend("auto", kind))
+        acc = get_accelerator(rc.device.type, index=rc.device.index or 0)
+        job = DistributedJob(job, rc.rank, rc.world_size)
+    else:
+        acc = get_accelerator(args.device)
+    try:
+        first_step_check(job, acc)  # a job that cannot train is named part by part before anything is timed
+        result = three_run(job, acc, steps=args.steps, warmup_steps=args.warmup_steps, threshold=args.threshold)
+    finally:
+        if rc is not None:
+            dist.destroy_process_group()
+    if rc is None or rc.rank == 0:  # under torchrun, rank 0 speaks for the job (its own steps' times)
+        print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.lines()))
     return 0
 
 
@@ -183,6 +205,21 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"error: {exc}", file=sys.stderr)
                     return 1
                 if text is not None:  # None on ranks other than 0 of a torchrun job
+                    print(text)
+                return 0
+            if args.name == "ddp":
+                from helpers.workbook.bench import ddp_bench
+
+                try:
+                    text = ddp_bench(job=args.job, profile=args.profile, backend=args.backend,
+                                     world_size=args.world_size, timeout_s=args.timeout,
+                                     master_port=args.master_port, device=args.device, data_dir=args.data_dir)
+                except WorkbookError:
+                    raise
+                except (TimeoutError, RuntimeError) as exc:
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 1
+                if text is not None:
                     print(text)
                 return 0
             if args.name == "dataset-index":

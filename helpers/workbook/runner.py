@@ -214,7 +214,6 @@ _NOT_FOR_YOUR_JOB = {
     "02": ("it measures the workbook's own batched JPEG pipeline, which your job does not use: your dataset's "
            "decode and preprocessing are notebook 01's data phase, and `diagnose`'s real vs cached runs give "
            "their whole exposed cost"),
-    "08": ("it launches the built-in job under torchrun; your job's DDP run is not part of the workbook yet"),
 }
 
 
