@@ -354,3 +354,14 @@ def test_diagnose_and_bench_ddp_run_the_example_job_under_torchrun(tmp_path):
     none = next(h for h in ddp["hooks"] if h["hook"] == "none")
     assert none["max_abs_err"] == 0.0  # plain DDP averages the job's own gradients exactly as the reference
     assert all(sum(b["bucket_sizes"]) == ddp["grad_bytes"] for b in ddp["buckets"])
+
+
+def test_max_images_bounds_a_supervised_job_whose_factory_does_not_take_it(tmp_path):
+    path = _write(tmp_path, "import torch\nfrom helpers.jobs.supervised import supervised_job\n\n"
+                            "def make_job(batch_size=4):\n"
+                            "    data = [(torch.ones(3), torch.tensor(0.0))] * 100\n"
+                            "    return supervised_job(data, lambda: torch.nn.Linear(3, 1), lambda o, y: o.mean(),\n"
+                            "                          lambda p: torch.optim.SGD(p, lr=0.1), batch_size=batch_size)\n",
+                  name="bigjob.py")
+    assert len(load_job(f"{path}:make_job", {"max_images": 12, "batch_size": 4}).make_dataset()) == 12
+    assert len(load_job(f"{path}:make_job", {"batch_size": 4}).make_dataset()) == 100

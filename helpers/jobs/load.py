@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from helpers.errors import ParameterError
 from helpers.jobs.base import Job
-from helpers.jobs.supervised import JobError
+from helpers.jobs.supervised import JobError, SupervisedJob
 from helpers.jobspec import DEFAULT_FACTORY, FACTORY_PARAMS, factory_params, parse_job_spec
 
 __all__ = ["DEFAULT_FACTORY", "FACTORY_PARAMS", "load_job", "notebook_job", "parse_job_spec"]
@@ -78,7 +78,9 @@ def load_job(spec: str, params: Mapping[str, Any] | None = None) -> Job:
         attribute is a :class:`Job` instance, or a callable returning one.
     params : mapping, optional
         Values the factory may take by keyword (e.g. ``batch_size``, ``seed``, ``data_dir``): only those
-        its signature names are passed (all of them when it takes ``**kwargs``).
+        its signature names are passed (all of them when it takes ``**kwargs``). A positive ``max_images``
+        that the factory does not take bounds a :class:`~helpers.jobs.supervised.SupervisedJob` itself
+        (its ``max_items``: the first that many samples).
 
     Returns
     -------
@@ -125,6 +127,9 @@ def load_job(spec: str, params: Mapping[str, Any] | None = None) -> Job:
         raise JobError(f"job spec {spec!r}: {attr}() returned a {type(job).__name__}, not a Job; return "
                        "helpers.jobs.supervised.supervised_job(...) or an instance of a helpers.jobs.base.Job "
                        "subclass")
+    limit = int((params or {}).get("max_images") or 0)
+    if limit and "max_images" not in kwargs and isinstance(job, SupervisedJob) and not job.max_items:
+        job.max_items = limit  # the notebook's bound applies to a factory that does not take it itself
     return job
 
 
