@@ -624,7 +624,7 @@ def run_overlap(job: Job, acc: Accelerator, *, steps: int, warmup_steps: int, nu
     """
     common = dict(steps=steps, warmup_steps=warmup_steps)
     before = run_overlap_variant(job, acc, label="before", num_workers=0, prefetcher=False, **common)
-    if "prep_s" not in before.batches:  # a user's job: the synchronous run's exposed input is its input work
+    if before.batches is not None and "prep_s" not in before.batches:  # a user's job: the serial run gives its input work
         common["input_work_s"] = (before.run.steps["data"] + before.run.steps["h2d"]).tolist()
     candidates = tuple(
         run_overlap_variant(job, acc, label=f"after, {split['label']}", num_workers=num_workers,
