@@ -231,6 +231,22 @@ def test_learning_check_gate():
         training.learning_check([1.0, 1.0], [1.0], 0.1)
 
 
+def test_learning_check_measures_a_falling_loss_on_how_far_it_fell():
+    """A classifier fitting its batches: 2.4 -> 0.26 against 2.4 -> 0.235 learned the same (10% of the level,
+    1% of the decrease); one that barely learned is off by most of the decrease, whatever the level."""
+    base = [2.4 - 2.14 * i / 29 for i in range(30)]
+    close = [v - 0.025 * i / 29 for i, v in enumerate(base)]
+    same = training.learning_check(base, close, 0.10)
+    assert same.ok and same.level == pytest.approx(0.4076, abs=1e-3) and same.decrease > 1.8
+    assert same.rel_diff == pytest.approx(same.abs_diff / same.decrease) and same.rel_diff < 0.02
+    assert "of the loss's scale over the run (its decrease" in same.sentence()
+    slow = [2.4 - 1.0 * i / 29 for i in range(30)]
+    broken = training.learning_check(base, slow, 0.10)
+    assert not broken.ok and broken.rel_diff > 0.5
+    flat = training.learning_check([1.0] * 10, [1.05] * 10, 0.10)  # no decrease: compared with the level
+    assert flat.scale == pytest.approx(1.0) and "its final level" in flat.sentence()
+
+
 def _cmp(a_ms, b_ms):
     a = Measurement("baseline", tuple(t / 1e3 for t in a_ms), 0, 32)
     b = Measurement("opt", tuple(t / 1e3 for t in b_ms), 0, 32)

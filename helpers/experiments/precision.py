@@ -53,11 +53,12 @@ def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float,
     """
     if not loss_ok:
         recommendation = "leave off"
-        reason = (f"mixed precision did not reproduce fp32 training: relative {loss_name} difference {rel_diff:.1%} "
-                  f"(tolerance {loss_rtol:.0%}), NaN-free: {no_nan}")
+        reason = (f"mixed precision did not reproduce fp32 training: {loss_name} difference {rel_diff:.1%} of its "
+                  f"scale over the run (tolerance {loss_rtol:.0%}), NaN-free: {no_nan}")
     elif cmp.outcome() == "b_faster":
         recommendation = "enable"
-        reason = f"{cmp.verdict_text()}, {loss_name} within {rel_diff:.2%} of fp32 (tolerance {loss_rtol:.0%})"
+        reason = (f"{cmp.verdict_text()}, {loss_name} within {rel_diff:.2%} of fp32 on its scale over the run "
+                  f"(tolerance {loss_rtol:.0%})")
     else:
         recommendation = "leave off"
         reason = f"{cmp.verdict_text()}, so {dtype_name} autocast does not pay here"

@@ -205,18 +205,28 @@ def same_values(a: Any, b: Any, *, exact: bool = True) -> bool:
 
 @dataclass(frozen=True)
 class LearningCheck:
-    """Whether two jobs learned the same: tail mean value loss within a tolerance, no NaN.
+    """Whether two jobs learned the same: their tail mean losses close on the loss's own scale, no NaN.
 
     Attributes
     ----------
     rel_diff : float
-        ``|mean(opt tail) - mean(base tail)| / mean(base tail)`` (inf with a NaN).
+        ``|mean(opt tail) - mean(base tail)| / scale`` (inf with a NaN).
     tolerance : float
     tail : int
-        Steps averaged at the end.
+        Steps averaged at the end (and at the start, for the decrease).
     no_nan : bool
     ok : bool
         ``no_nan and rel_diff <= tolerance``.
+    steps : int
+    loss_name : str
+    abs_diff : float
+        ``|mean(opt tail) - mean(base tail)|``, in the loss's units.
+    level : float
+        The baseline's tail mean (its final loss level).
+    decrease : float
+        ``|mean(base head) - mean(base tail)|``: how far the baseline's loss moved over the run.
+    scale : float
+        ``max(level, decrease)``: the loss's scale over the run (see :func:`learning_check`).
     """
 
     rel_diff: float
@@ -226,21 +236,32 @@ class LearningCheck:
     ok: bool
     steps: int = 0
     loss_name: str = "value loss"
+    abs_diff: float = math.nan
+    level: float = math.nan
+    decrease: float = math.nan
+    scale: float = math.nan
 
     def percent(self) -> str:
         """``rel_diff`` as a percentage with two significant digits (e.g. ``"0.12%"``, ``"3.1%"``)."""
         return percent(self.rel_diff)
 
     def sentence(self) -> str:
-        """E.g. "numerical agreement on identical batches over 30 steps: mean value loss of the last 5 steps
-        0.12% from the baseline's (tolerance 10%), no NaN (not a convergence test)"."""
+        """E.g. "numerical agreement on identical batches over 30 steps: mean loss of the last 5 steps 0.012 from
+        the baseline's, 0.57% of the loss's scale over the run (the larger of its final level 0.26 and its decrease
+        2.1), within tolerance (10%), no NaN (...)"."""
         if not self.no_nan:
             return "a loss was NaN or infinite: the optimized job does not compute like the baseline"
         word = "within tolerance" if self.ok else "OUTSIDE the tolerance"
         over = f" over {self.steps} steps" if self.steps else ""
+        if math.isfinite(self.scale):
+            which = "its decrease" if self.decrease > self.level else "its final level"
+            how = (f"{self.abs_diff:.3g} from the baseline's, {self.percent()} of the loss's scale over the run "
+                   f"({which}: final level {self.level:.3g}, decrease {self.decrease:.3g})")
+        else:
+            how = f"{self.percent()} from the baseline's"
         return (f"numerical agreement on identical batches{over}: mean {self.loss_name} of the last {self.tail} steps "
-                f"{self.percent()} from the baseline's, {word} ({self.tolerance:.0%}), no NaN (this checks that "
-                f"both jobs compute the same, not that they converge)")
+                f"{how}, {word} ({self.tolerance:.0%}), no NaN (this checks that both jobs compute the same, not "
+                f"that they converge)")
 
 
 def percent(fraction: float) -> str:
@@ -256,10 +277,19 @@ def percent(fraction: float) -> str:
 
 def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], tolerance: float, *,
                    tail: int | None = None, loss_name: str = "value loss") -> LearningCheck:
-    """Gate "same learning": two loss curves on identical batches agree (:func:`helpers.compute.amp.tail_relative_difference`).
+    """Gate "same learning": two loss curves on identical batches agree, on the loss's own scale.
 
     Notebook 06 (mixed precision against fp32) and notebook 10 (the optimized
-    job against the baseline) both decide with this one function.
+    job against the baseline) both decide with this one function. The tail
+    means' difference is divided by the loss's scale over the run: the larger
+    of the baseline's final level and how far its loss moved (head mean minus
+    tail mean). A loss that stays near one level is compared with that level
+    (the relative tail difference of :func:`helpers.compute.amp.tail_relative_difference`);
+    a loss that training drives towards zero (a classifier fitting its fixed
+    batches: 2.4 down to 0.26 in 30 steps on the image example) is compared
+    with how far it came, since two correct trajectories that reach 0.26 and
+    0.24 learned the same, while a broken one (one that does not learn, or
+    learns far slower) is off by most of the decrease.
 
     Parameters
     ----------
@@ -286,9 +316,20 @@ def learning_check(base_losses: Sequence[float], opt_losses: Sequence[float], to
         raise ParameterError(f"need two loss curves of equal length >= 2; got {len(base)} and {len(opt)}")
     tail = tail or max(1, min(5, len(base) // 3))
     no_nan = all(math.isfinite(v) for v in base + opt)
-    rel = tail_relative_difference(base, opt, tail) if no_nan else math.inf
-    return LearningCheck(rel_diff=rel, tolerance=float(tolerance), tail=tail, no_nan=no_nan,
-                         ok=no_nan and rel <= tolerance, steps=len(base), loss_name=loss_name)
+    if not no_nan:
+        return LearningCheck(rel_diff=math.inf, tolerance=float(tolerance), tail=tail, no_nan=False, ok=False,
+                             steps=len(base), loss_name=loss_name)
+    level = sum(base[-tail:]) / tail
+    decrease = abs(sum(base[:tail]) / tail - level)
+    abs_diff = abs(sum(opt[-tail:]) / tail - level)
+    scale = max(abs(level), decrease)
+    if not scale > 0:
+        rel = tail_relative_difference(base, opt, tail)  # raises: a loss identically zero has no scale
+    else:
+        rel = abs_diff / scale
+    return LearningCheck(rel_diff=rel, tolerance=float(tolerance), tail=tail, no_nan=True,
+                         ok=rel <= tolerance, steps=len(base), loss_name=loss_name, abs_diff=abs_diff,
+                         level=level, decrease=decrease, scale=scale)
 
 
 # --------------------------------------------------------------------------- a step under two sets of options
