@@ -15,13 +15,14 @@ ARGS ?=
 PYTEST_ARGS ?=
 TORCH_INDEX ?=
 
-.PHONY: workbook test lab setup data clean-runs help browser
+.PHONY: workbook test lab setup data clean-runs help browser device-check
 
 help:
 	@echo "make workbook   run the workbook (quick profile, default device); ARGS='--profile smoke --only 00 01'"
 	@echo "make test       run every test"
 	@echo "make lab        open the notebooks in JupyterLab"
 	@echo "make browser    install Chromium (system package, needs root) for the report's browser test"
+	@echo "make device-check  on a CUDA/NPU machine: device notebooks + bench, one JSON (DEVICE=cuda|npu)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +44,12 @@ workbook: data
 
 test: data
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# On a borrowed accelerator: notebooks 02, 04-07 and 10, bench input-pipeline and the link bandwidth, in one JSON
+# summary (runs/device-check-*/device_check.json). DEVICE=cuda by default; ARGS="--profile smoke" for a faster pass.
+DEVICE ?= cuda
+device-check: data
+	$(PY) -m helpers device-check --device $(DEVICE) $(ARGS)
 
 lab: data
 	$(PY) -m jupyter lab notebooks/

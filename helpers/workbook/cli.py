@@ -9,6 +9,8 @@ bench       run a benchmark (input-pipeline, allreduce, ddp, dataset-index, inst
             flag values or an unavailable backend, 1 when the allreduce job ran and failed or timed out
 notebooks   copy the notebooks and their profiles to a folder of your choice, for JupyterLab
 data build  build the embedded photo dataset (done on first use anyway)
+device-check  on a borrowed CUDA/NPU machine: notebooks 02, 04-07, 10, bench input-pipeline and the link
+            bandwidth, summarized in one JSON file (exit 1 when a step failed)
 report      rebuild the report of an existing run folder
 env check   validate HCCL/NCCL/torch_npu environment settings (current or proposed), write the valid
             ones as an env file for torchrun; exit 1 when a setting is invalid or invented
@@ -87,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="allreduce: rendezvous port on 127.0.0.1 (0: a free one)")
     be.add_argument("--images", type=int, default=20_000, metavar="N",
                     help="dataset-index: images in the generated folder (ignored with --data-dir)")
+
+    dc = sub.add_parser("device-check", help="on a borrowed accelerator: the device notebooks, bench input-pipeline "
+                                              "and the pinned/pageable bandwidth, in one JSON summary")
+    dc.add_argument("--device", default="cuda", choices=DEVICE_CHOICES, help="device kind (default: cuda)")
+    dc.add_argument("--profile", default="quick", choices=PROFILES, help="parameter profile (default: quick)")
+    dc.add_argument("--out", type=Path, default=None, metavar="DIR",
+                    help="folder for the run and device_check.json (default: runs/device-check-<device>-<time>)")
 
     rep = sub.add_parser("report", help="rebuild report.html and report.md of a run folder")
     rep.add_argument("run_dir", type=Path)
@@ -238,6 +247,15 @@ def main(argv: list[str] | None = None) -> int:
             except BrokenPipeError:  # e.g. `env check --catalog | head`: the reader has gone
                 _silence_stdout()
                 return 1
+        if args.command == "device-check":
+            from helpers.npu_probe import prepare_torch_import
+
+            prepare_torch_import(fallback_to_cpu=True)
+            from helpers.workbook.device_check import device_check
+
+            summary = device_check(device=args.device, out=args.out, profile=args.profile)
+            failed = [k for k, v in summary["steps"].items() if v["status"] != "ok"]
+            return 1 if failed else 0
         if args.command == "report":
             from helpers.workbook.report import write_report
 

@@ -1,0 +1,45 @@
+"""The prepared accelerator check, run here on the CPU: every step runs, the device parts say why they do not apply."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers.errors import ParameterError
+from helpers.workbook.device_check import DEVICE_NOTEBOOKS, bandwidth_summary, device_check
+
+
+def test_a_bad_profile_is_refused_before_any_work(tmp_path):
+    with pytest.raises(ParameterError, match="--profile"):
+        device_check(device="cpu", out=tmp_path / "dc", profile="nope", echo=lambda s: None)
+    assert not (tmp_path / "dc").exists()
+
+
+def test_bandwidth_summary_reads_notebook_04s_records(tmp_path):
+    from helpers.results import ResultsStore
+
+    store = ResultsStore(tmp_path / "results.jsonl", notebook="04_pinned_memory")
+    store.add("link", "host-device link", "link_limit", 63.0, "GB/s", source="sysfs")
+    for method, peak in (("pageable", 20.0), ("pinned_copy_only", 55.0)):
+        store.add("h2d bandwidth", method, "peak_bandwidth", peak, "GB/s")
+        store.add("h2d bandwidth", method, "bandwidth_at_largest_size", peak * 0.9, "GB/s")
+    out = bandwidth_summary(tmp_path / "results.jsonl")
+    assert out["link_gbps"] == 63.0 and out["link_source"] == "sysfs"
+    assert out["methods"]["pinned_copy_only"]["peak_share_of_link"] == pytest.approx(55 / 63)
+    assert out["pinned_over_pageable"] == pytest.approx(2.75)
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_device_check_runs_every_step_on_the_cpu(tmp_path):
+    summary = device_check(device="cpu", out=tmp_path / "dc", profile="smoke", echo=print)
+    written = json.loads((tmp_path / "dc" / "device_check.json").read_text())
+    assert written["steps"] == summary["steps"]
+    assert all(s["status"] == "ok" for s in summary["steps"].values()), summary["steps"]
+    ran = {nb[:2] for nb in summary["notebooks"]}
+    assert ran == set(DEVICE_NOTEBOOKS)
+    assert summary["notebooks"]["04_pinned_memory"]["recommendation"] == "not applicable"  # no copy on a CPU
+    assert summary["bench_input_pipeline"]["preprocess_speedup"] > 0
+    assert summary["bandwidth"]["methods"] == {} or all(
+        m["peak_gbps"] is None for m in summary["bandwidth"]["methods"].values())
