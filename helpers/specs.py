@@ -84,6 +84,8 @@ SPECS: dict[str, tuple[Param, ...]] = {
               maximum=100000),
         Param("profile_steps", int, 2, "steps recorded by the profiler (0 skips profiling)",
               minimum=0, maximum=100),
+        Param("ceiling_steps", int, 10, "measured steps of each run of the input-free ceiling (real vs on-device "
+              "batches)", minimum=3, maximum=100000),
     ) + _JOB,
     "02_batched_decode": _COMMON + _DATA + _batch("images per batch") + (
         Param("threads", int, 0, "decode threads of the batched pipeline (0 for all usable cores)",

@@ -69,7 +69,7 @@ def classify(exposed_fraction: float, threshold: float, *, device_kind: str = ""
 
 
 def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, device_kind: str,
-            description: Mapping[str, Any], steps: int) -> Verdict:
+            description: Mapping[str, Any], steps: int, ceiling: Any = None) -> Verdict:
     """Notebook 01's verdict: host-bound or device-bound, with the phase medians it rests on.
 
     Parameters
@@ -87,6 +87,9 @@ def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, d
         ``job.describe()`` (plus ``skipped``, images skipped, for the built-in job).
     steps : int
         Measured steps.
+    ceiling : helpers.experiments.three_run.CeilingResult, optional
+        The job against its input-free ceiling; its sentence joins the reason and its figures
+        ``extra["ceiling"]`` (``free_input_speedup`` with ``ci_low``/``ci_high``, ``fraction`` with its interval).
 
     Returns
     -------
@@ -101,6 +104,13 @@ def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, d
                f"{med['h2d'] * 1e3:.0f}, compute {med['compute'] * 1e3:.0f} ms; medians need not add up)")
     if per_image is not None:
         reason += f"; baseline preprocessing {per_image.median_s * 1e3:.1f} ms/image"
+    extra: dict[str, Any] = {}
+    if ceiling is not None:
+        reason += f"; {ceiling.sentence()}"
+        c = ceiling.ceiling
+        f, lo, hi = ceiling.fraction
+        extra["ceiling"] = {"free_input_speedup": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                            "fraction": f, "fraction_ci": [lo, hi]}
     d = description
     if "model_width" in d and "images" in d:  # the built-in PPO job
         context = (f"{d.get('job', 'job')}: a multimodal policy ({d['model_width']}-channel conv stem, d_model "
@@ -117,4 +127,4 @@ def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, d
                   "p75_s": float(run.steps[c].quantile(0.75))} for c in (*PHASES, "step_s")}
     return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=run.exposed_fraction, unit="fraction",
                    recommendation=recommendation, reason=reason, context=context,
-                   spread={"p25": fractions.p25_s, "p75": fractions.p75_s}, extra={"phases": phases})
+                   spread={"p25": fractions.p25_s, "p75": fractions.p75_s}, extra={"phases": phases, **extra})

@@ -34,7 +34,7 @@ from helpers.experiments.training import clone_batch, prepare_job
 from helpers.jobs.base import Job, close_dataset
 from helpers.timing import Comparison, Measurement
 
-__all__ = ["RUNS", "ThreeRunResult", "three_run", "next_notebook"]
+__all__ = ["RUNS", "CeilingResult", "ThreeRunResult", "input_free_ceiling", "three_run", "next_notebook"]
 
 #: The three runs, in the order they are reported.
 RUNS: tuple[str, str, str] = ("real", "cached", "synthetic")
@@ -137,6 +137,120 @@ def _host_batches(job: Job, n: int, pipeline: str) -> list:
         close_dataset(dataset)
 
 
+def _check_counts(**counts: tuple[int, int]) -> None:
+    for name, (value, low) in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ParameterError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _interleave(loops: dict, *, steps: int, warmup_steps: int, block: int) -> dict:
+    """Warm each loop up, then run them in rotating blocks (order reversed every round); their step frames."""
+    order = list(loops)
+    for name in order:
+        loops[name].run(warmup_steps, measured=False).discard()
+    done, rnd = 0, 0
+    while done < steps:
+        n = min(block, steps - done)
+        for name in (order if rnd % 2 == 0 else order[::-1]):
+            loops[name].run(n)
+        done += n
+        rnd += 1
+    return {name: loops[name].steps_frame() for name in order}
+
+
+@dataclass(frozen=True)
+class CeilingResult:
+    """A job against its input-free ceiling: the same steps on batches already on the device.
+
+    Attributes
+    ----------
+    job : str
+    steps : dict of str to pandas.DataFrame
+        ``"real"`` and ``"synthetic"``: one row per measured step (``data``, ``h2d``, ``compute``, ``step_s``).
+    ceiling : helpers.timing.Comparison
+        A = real, B = synthetic step times: ``ratio`` = how many times faster the job would be with free input.
+    machine : helpers.machine.BusyCheck
+    """
+
+    job: str
+    steps: dict
+    ceiling: Any
+    machine: Any
+
+    @property
+    def fraction(self) -> tuple[float, float, float]:
+        """The job's throughput as a fraction of its ceiling's: ``(value, ci_low, ci_high)`` (1 / the ratio)."""
+        c = self.ceiling
+        return 1.0 / c.ratio, 1.0 / c.ci_high, 1.0 / c.ci_low
+
+    def sentence(self) -> str:
+        """"with free input this job would be 2.68x faster (real / synthetic step, 95% CI 2.42-2.96): it runs
+        at 37% of its input-free ceiling (95% CI 34-41%)", or "no measurable speedup" when the interval reaches 1."""
+        c = self.ceiling
+        f, lo, hi = self.fraction
+        at = f"it runs at {f:.0%} of its input-free ceiling (95% CI {lo:.0%}-{hi:.0%})"
+        if c.ci_low > 1.0:
+            return (f"with free input this job would be {c.ratio:.2f}x faster (real / synthetic step, 95% CI "
+                    f"{c.ci_low:.2f}-{c.ci_high:.2f}): {at}")
+        return (f"free input would give no measurable speedup ({c.ratio:.2f}x real / synthetic, 95% CI "
+                f"{c.ci_low:.2f}-{c.ci_high:.2f}): {at}")
+
+
+def input_free_ceiling(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: int = 2,
+                       cache_batches: int = 8, pipeline: str | None = None, loader: Any = None,
+                       options: Any = None) -> CeilingResult:
+    """The job as it is against the same steps on batches already on the device, interleaved.
+
+    The synthetic run is the input-free ceiling of this job on this machine: the first ``cache_batches``
+    batches of the real loader's order, copied to the device once and cycled, with the same step (same model
+    initialization, precision and memory format); no loading, no copy.
+
+    Parameters
+    ----------
+    job : helpers.jobs.base.Job
+    acc : helpers.device.Accelerator
+    steps, warmup_steps, block, cache_batches : int
+        As :func:`three_run`.
+    pipeline : str, optional
+        The job's input pipeline (default its first).
+    loader : helpers.pipeline.loader.LoaderConfig, optional
+        The real run's loader (default ``num_workers=0``).
+    options : helpers.jobs.base.StepOptions, optional
+        The step's options, for both runs.
+
+    Returns
+    -------
+    CeilingResult
+
+    Raises
+    ------
+    ParameterError
+        Bad counts (before any work).
+    """
+    from helpers.jobs.base import StepOptions
+
+    _check_counts(steps=(steps, 3), warmup_steps=(warmup_steps, 0), block=(block, 1),
+                  cache_batches=(cache_batches, 1))
+    options = options or StepOptions()
+    pipeline = pipeline or job.pipelines[0]
+    before = machine.snapshot()
+    real = prepare_job(job, acc, pipeline=pipeline, loader=loader, options=options)
+    try:
+        host = _host_batches(job, cache_batches, pipeline)
+        device = [clone_batch(job.to_device(b, acc, options=options)) for b in host]
+        acc.synchronize()
+        step = job.make_step(job.make_model(acc, options), acc, options)
+        loops = {"real": real.loop, "synthetic": TimedLoop(itertools.cycle(device), lambda b: b, step,
+                                                           acc.synchronize)}
+        frames = _interleave(loops, steps=steps, warmup_steps=warmup_steps, block=block)
+    finally:
+        real.close()
+    check = machine.check(before, machine.snapshot())
+    meas = {n: Measurement(n, tuple(float(x) for x in frames[n]["step_s"]), warmup_steps) for n in frames}
+    return CeilingResult(job=job.describe().get("job", job.name), steps=frames,
+                         ceiling=Comparison.from_measurements(meas["real"], meas["synthetic"]), machine=check)
+
+
 def three_run(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: int = 2, cache_batches: int = 8,
               threshold: float = 0.10) -> ThreeRunResult:
     """Run the three-run test on ``job`` (see the module notes).
@@ -165,10 +279,8 @@ def three_run(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: i
     ParameterError
         Bad counts or threshold (before any work); the job's own errors (see :mod:`helpers.jobs.supervised`).
     """
-    for name, value, low in (("steps", steps, 3), ("warmup_steps", warmup_steps, 0), ("block", block, 1),
-                             ("cache_batches", cache_batches, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ParameterError(f"{name} must be an int >= {low}, got {value!r}")
+    _check_counts(steps=(steps, 3), warmup_steps=(warmup_steps, 0), block=(block, 1),
+                  cache_batches=(cache_batches, 1))
     if not 0.0 < float(threshold) < 1.0:
         raise ParameterError(f"threshold must be in (0, 1), got {threshold!r}")
     pipeline = job.pipelines[0]
@@ -183,17 +295,8 @@ def three_run(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: i
                                       ("synthetic", device, lambda b: b)):
             step = job.make_step(job.make_model(acc), acc)
             loops[name] = TimedLoop(itertools.cycle(batches), to_dev, step, acc.synchronize)
-        order = list(RUNS)
-        for name in order:
-            loops[name].run(warmup_steps, measured=False).discard()
-        done, rnd = 0, 0
-        while done < steps:
-            n = min(block, steps - done)
-            for name in (order if rnd % 2 == 0 else order[::-1]):
-                loops[name].run(n)
-            done += n
-            rnd += 1
-        frames = {name: loops[name].steps_frame() for name in RUNS}
+        frames = _interleave({name: loops[name] for name in RUNS}, steps=steps, warmup_steps=warmup_steps,
+                             block=block)
     finally:
         real.close()
     check = machine.check(before, machine.snapshot())
