@@ -25,6 +25,7 @@ steps, so a busy machine slows them all alike.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from dataclasses import dataclass, replace
@@ -39,7 +40,7 @@ from helpers.compute.train import TimedLoop, epochs
 from helpers.device import usable_cores
 from helpers.diagnose.environment import cpu_bf16_support
 from helpers.errors import ParameterError
-from helpers.experiments.training import LearningCheck, same_values
+from helpers.experiments.training import LearningCheck, clone_batch, same_values
 from helpers.jobs.base import StepOptions, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.pipeline.baseline import IMAGENET_STD
@@ -500,6 +501,12 @@ class JobVariant:
         ``batched_decode`` uses its ``"batched"`` pipeline (the built-in job's only).
     acc : helpers.device.Accelerator
 
+    input_free : bool, default False
+        The job's input-free ceiling instead: its first ``input_free_batches`` batches (through this
+        configuration's loader and transfer) are kept on the device and cycled, so its steps load and copy
+        nothing (the same model initialization, step and options).
+    input_free_batches : int, default 8
+
     Notes
     -----
     Steps are timed by the loop (a device synchronize closes each phase):
@@ -510,7 +517,8 @@ class JobVariant:
     prefetcher keep running between blocks.
     """
 
-    def __init__(self, config: JobConfig, job: PPOJob, acc) -> None:
+    def __init__(self, config: JobConfig, job: PPOJob, acc, *, input_free: bool = False,
+                 input_free_batches: int = 8) -> None:
         workload = job.workload
         self.config, self.acc, self.workload, self.job = config, acc, workload, job
         pin = config.has("pinned_memory") and acc.capabilities.pinned_memory.available
@@ -547,6 +555,15 @@ class JobVariant:
                               self.step, acc.synchronize)
         self.timer = self.loop.timer
         self.peak_bytes: int | None = None
+        self.input_free = bool(input_free)
+        if self.input_free:
+            source = iter(self.batches())
+            kept = [clone_batch(self.transfer(batch, acc, non_blocking=False))
+                    for batch in itertools.islice(source, max(1, int(input_free_batches)))]
+            del source
+            acc.synchronize()
+            self.loop = TimedLoop(itertools.cycle(kept), lambda batch: batch, self.step, acc.synchronize)
+            self.timer = self.loop.timer
 
     def batches(self):
         """The host batches of this job, epoch after epoch (a new iterator over the same loader)."""
@@ -759,6 +776,28 @@ def speedup(baseline: JobVariant, other: JobVariant, *, seed: int = 0):
     """
 
     return Comparison.from_measurements(baseline.measurement(), other.measurement(), seed=seed)
+
+
+def ceiling_fraction(job: JobVariant, ceiling: JobVariant, *, seed: int = 0) -> dict[str, Any]:
+    """The job's throughput as a fraction of its input-free ceiling's, with a bootstrap interval.
+
+    Parameters
+    ----------
+    job : JobVariant
+        The measured job (e.g. the optimized one).
+    ceiling : JobVariant
+        The same configuration with ``input_free=True``, timed in the same rotation.
+
+    Returns
+    -------
+    dict
+        ``fraction`` (ceiling's median step / the job's: 1 means input costs nothing), ``ci_low``, ``ci_high``
+        (95%), ``free_input_speedup`` (its inverse: how much faster the job would be with free input) and the
+        :class:`helpers.timing.Comparison` under ``comparison`` (A = the job, B = the ceiling).
+    """
+    c = Comparison.from_measurements(job.measurement(), ceiling.measurement(), seed=seed)
+    return {"fraction": 1.0 / c.ratio, "ci_low": 1.0 / c.ci_high, "ci_high": 1.0 / c.ci_low,
+            "free_input_speedup": c.ratio, "comparison": c}
 
 
 def contribution(optimized: JobVariant, without: JobVariant, *, seed: int = 0):
@@ -1340,7 +1379,7 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
                 host_bound_threshold: float, optimized_summary: JobSummary | None = None,
                 ablation=None, is_cpu: bool = True, recommended: Sequence[str] = (),
                 batch_note: str = "", context: str | None = None,
-                missing: Sequence[str] = ()) -> Verdict:
+                missing: Sequence[str] = (), ceiling: Mapping[str, Any] | None = None) -> Verdict:
     """Decide the end-to-end verdict from the speedup, the learning check and the exposed input.
 
     "enable" when the interval's lower bound is above 1 (faster for sure) and
@@ -1374,6 +1413,10 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
         What was measured, in one sentence.
     missing : sequence of str
         Notebooks whose verdict this run lacked (their optimizations used the device defaults).
+    ceiling : mapping, optional
+        :func:`ceiling_fraction` of the optimized job against its input-free ceiling: the reason says the
+        fraction with its interval, and ``extra["ceiling"]`` keeps ``fraction``, ``ci_low``, ``ci_high`` and
+        ``free_input_speedup``.
 
     Returns
     -------
@@ -1388,6 +1431,13 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
     recommendation, reason = _decide(comparison, learning, baseline, optimized, host_bound_threshold=host_bound_threshold,
                                      optimized_summary=optimized_summary, ablation=ablation, is_cpu=is_cpu,
                                      recommended=recommended, batch_note=batch_note)
+    extra_ceiling = {}
+    if ceiling is not None:
+        reason += (f"; the optimized job runs at {ceiling['fraction']:.0%} of its input-free ceiling (95% CI "
+                   f"{ceiling['ci_low']:.0%}-{ceiling['ci_high']:.0%}; the same step on batches already on the "
+                   f"device)")
+        extra_ceiling = {"ceiling": {k: float(ceiling[k]) for k in ("fraction", "ci_low", "ci_high",
+                                                                    "free_input_speedup")}}
     return Verdict(notebook=checklist.END_TO_END, metric="speedup", value=comparison.ratio, unit="x",
                    recommendation=recommendation, reason=reason, context=context,
                    repeats=min(comparison.a.repeats, comparison.b.repeats),
@@ -1396,7 +1446,7 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
                    extra={"optimizations": list(optimized.optimizations),
                           "baseline_exposed_fraction": baseline.exposed_fraction, "loss_rtol": learning.tolerance,
                           "learning_ok": learning.ok, "missing_verdicts": list(missing),
-                          "ablation": _ablation_evidence(ablation)})
+                          "ablation": _ablation_evidence(ablation), **extra_ceiling})
 
 
 def _ablation_evidence(ablation) -> dict[str, dict[str, Any]]:
