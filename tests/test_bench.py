@@ -27,6 +27,19 @@ def test_bench_input_pipeline_prints_the_figures():
     assert isinstance(out["machine"]["busy"], bool) and out["machine_note"]  # the machine's state beside the figures
 
 
+@pytest.mark.slow
+def test_bench_end_to_end_reports_the_ceiling_fraction():
+    p = subprocess.run([sys.executable, "-m", "helpers", "bench", "end-to-end", "--profile", "smoke", "--device",
+                        "cpu"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    lo, hi = out["ceiling_fraction_ci"]
+    assert 0 < lo <= out["ceiling_fraction"] <= hi  # the optimized job's throughput over its input-free ceiling's
+    assert out["ceiling_fraction"] == pytest.approx(out["step_ms"]["ceiling"] / out["step_ms"]["optimized"], rel=0.2)
+    assert out["exposed_input_fraction"]["ceiling"] < 0.05  # the ceiling loads and copies nothing
+    assert set(out["targets"]) == {"ceiling_fraction", "speedup"} and isinstance(out["machine"]["busy"], bool)
+
+
 def test_bench_rejects_unknown_benchmark():
     p = subprocess.run([sys.executable, "-m", "helpers", "bench", "nothing"], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)

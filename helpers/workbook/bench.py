@@ -190,6 +190,72 @@ def ddp_bench(*, job: str = "", profile: str = "quick", backend: str = "auto", w
     return json.dumps(out, indent=2, default=str)
 
 
+#: Targets of issue 14 for notebook 10's optimized job on a 2-core CPU, quick profile, embedded data.
+END_TO_END_TARGETS = {"ceiling_fraction": (">=", 0.80), "speedup": (">=", 4.5)}
+
+
+def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | None = None) -> dict[str, Any]:
+    """Notebook 10's measurement of the built-in job without the notebooks: baseline, optimized, input-free ceiling.
+
+    The optimized job is the device's defaults for every optimization (:func:`helpers.experiments.endtoend.
+    select_optimizations` with no earlier verdicts, as notebook 10 without a run behind it); the three jobs
+    (baseline, optimized, and the optimized step on batches already on the device) are timed in interleaved
+    blocks (:func:`helpers.experiments.endtoend.run_interleaved`), with notebook 10's steps under ``profile``.
+
+    Returns
+    -------
+    dict
+        ``speedup`` (optimized over baseline throughput) and ``speedup_ci``; ``ceiling_fraction`` (optimized
+        throughput over the ceiling's) and ``ceiling_fraction_ci``; ``free_input_speedup`` (ceiling over
+        baseline) and its ``_ci``; ``step_ms`` per job (medians), ``exposed_input_fraction`` per job,
+        ``optimizations``, ``targets`` (per key of :data:`END_TO_END_TARGETS`: ``rule``, ``value``, ``met``),
+        ``machine``/``machine_note``,
+        ``profile``, ``device``, ``duration_s``.
+    """
+    prepare_torch_import(fallback_to_cpu=True)
+    from dataclasses import replace
+
+    from helpers.device import get_accelerator
+    from helpers.experiments.endtoend import (JobConfig, JobVariant, ceiling_fraction, run_interleaved,
+                                              select_optimizations, speedup, summarize)
+    from helpers.jobs.base import Workload
+    from helpers.jobs.ppo import PPOJob
+
+    t0 = time.perf_counter()
+    params = _notebook_values("10_end_to_end", profile, {"data_dir": data_dir})
+    acc = get_accelerator(device)
+    job = PPOJob.from_params(params)
+    selection = select_optimizations(["auto"], None, acc, workload=Workload.from_params(params))
+    configs = {"baseline": JobConfig("baseline"), "optimized": selection.job("optimized")}
+    before = machine.snapshot()
+    jobs = {name: JobVariant(cfg, job, acc) for name, cfg in configs.items()}
+    jobs["ceiling"] = JobVariant(replace(configs["optimized"], name="input-free ceiling"), job, acc, input_free=True)
+    try:
+        run_interleaved(list(jobs.values()), steps=int(params["steps"]), warmup_steps=int(params["warmup_steps"]),
+                        block=2)
+        full = speedup(jobs["baseline"], jobs["optimized"], seed=int(params["seed"]))
+        ceiling = ceiling_fraction(jobs["optimized"], jobs["ceiling"], seed=int(params["seed"]))
+        free = speedup(jobs["baseline"], jobs["ceiling"], seed=int(params["seed"]))
+        summaries = {name: summarize(j) for name, j in jobs.items()}
+    finally:
+        for j in jobs.values():
+            j.close()
+    out = {
+        "speedup": full.ratio, "speedup_ci": [full.ci_low, full.ci_high],
+        "ceiling_fraction": ceiling["fraction"], "ceiling_fraction_ci": [ceiling["ci_low"], ceiling["ci_high"]],
+        "free_input_speedup": free.ratio, "free_input_speedup_ci": [free.ci_low, free.ci_high],
+        "step_ms": {name: s.step_median_s * 1e3 for name, s in summaries.items()},
+        "exposed_input_fraction": {name: s.exposed_fraction for name, s in summaries.items()},
+        "optimizations": list(configs["optimized"].optimizations),
+        "steps": int(params["steps"]), "profile": profile, "device": f"{acc.kind}:{acc.name}",
+    }
+    out["targets"] = {k: {"rule": f"{op} {t}", "value": out[k], "met": _met(out[k], (op, t))}
+                      for k, (op, t) in END_TO_END_TARGETS.items()}
+    out.update(_machine_keys(before))
+    out["duration_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
 #: Target of issue 11: a second index of 20,000 images, with the cache, on this 2-core machine.
 DATASET_INDEX_TARGETS = {"cached_index_s": ("<=", 2.0)}
 
@@ -406,7 +472,8 @@ def instrument_overhead(*, device: str = "auto", blocks: int = 10, steps_per_blo
     return out
 
 
-BENCHMARKS = {"input-pipeline": input_pipeline, "dataset-index": dataset_index, "instrument": instrument_overhead}
+BENCHMARKS = {"input-pipeline": input_pipeline, "end-to-end": end_to_end, "dataset-index": dataset_index,
+              "instrument": instrument_overhead}
 
 
 def run_benchmark(name: str, **kwargs) -> str:

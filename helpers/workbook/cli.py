@@ -5,7 +5,8 @@ Commands
 run         execute the notebooks into a run folder and write the report
 diagnose    the quick answer for your own job (--job path/to/job.py:make_job): host-bound verdict and
             the three-run test (real loader, cached batches, synthetic device batches)
-bench       run a benchmark (input-pipeline, allreduce, ddp, dataset-index, instrument) and print its figures as JSON; exit 2 on bad
+bench       run a benchmark (input-pipeline, end-to-end, allreduce, ddp, dataset-index, instrument) and print its
+            figures as JSON; exit 2 on bad
             flag values or an unavailable backend, 1 when the allreduce job ran and failed or timed out
 notebooks   copy the notebooks and their profiles to a folder of your choice, for JupyterLab
 data build  build the embedded photo dataset (done on first use anyway)
@@ -69,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
 
     be = sub.add_parser("bench", help="run a benchmark and print its figures as JSON")
-    be.add_argument("name", choices=("input-pipeline", "allreduce", "ddp", "dataset-index", "instrument"),
+    be.add_argument("name", choices=("input-pipeline", "end-to-end", "allreduce", "ddp", "dataset-index", "instrument"),
                     help="which benchmark")
     be.add_argument("--job", default="", metavar="FILE.py:FACTORY",
                     help="ddp: your own job (path/to/job.py:make_job or module:attr; default: the built-in job)")
