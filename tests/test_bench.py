@@ -62,3 +62,16 @@ def test_bench_dataset_index_reuses_the_cache_and_checks_only_what_changed(tmp_p
     assert set(out["targets"]) == {"cached_index_s"} and isinstance(out["targets"]["cached_index_s"]["met"], bool)
     assert isinstance(out["machine"]["busy"], bool) and out["machine_note"]
     assert not (tmp_path / "user-cache").exists()  # the benchmark's caches are its own, in a temporary folder
+
+
+@pytest.mark.slow
+def test_bench_dataset_cache_reports_build_size_and_read_rate():
+    p = subprocess.run([sys.executable, "-m", "helpers", "bench", "dataset-cache", "--profile", "smoke"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert out["build_s"] > 0 and out["cache_mib"] > 0 and out["reopened_as_is"] and out["failed_at_build"] == 0
+    assert out["psnr_min_db"] >= 30.0  # the cached crops are the reference's within the decode tolerance
+    lo, hi = out["cached_over_batched_ci"]
+    assert lo <= out["cached_over_batched"] <= hi and out["cached_images_per_s"] > 0
+    assert isinstance(out["machine"]["busy"], bool)

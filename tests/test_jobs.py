@@ -38,7 +38,7 @@ def test_workload_is_validated_and_read_from_parameters():
 
 
 def test_ppo_job_is_a_job_with_two_pipelines_that_feed_the_same_samples(job, cpu):
-    assert isinstance(job, Job) and job.pipelines == ("baseline", "batched")
+    assert isinstance(job, Job) and job.pipelines == ("baseline", "cached", "batched")
     base, fast = job.make_dataset("baseline"), job.make_dataset("batched")
     try:
         idx = next(iter(job.batch_sampler(len(base))))

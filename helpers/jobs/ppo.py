@@ -5,7 +5,7 @@ model, trainer, batch transfer); notebooks 01, 05-07, 09, 10 and the DDP
 variants of 08 get it from here, through the :class:`helpers.jobs.base.Job`
 interface, from one :class:`helpers.jobs.base.Workload`.
 
-Two input pipelines, chosen by :meth:`PPOJob.make_dataset`:
+Three input pipelines, chosen by :meth:`PPOJob.make_dataset`:
 
 ``"baseline"``
     :class:`helpers.pipeline.baseline.BaselineDataset` (per-image Pillow
@@ -16,10 +16,14 @@ Two input pipelines, chosen by :meth:`PPOJob.make_dataset`:
     whole batch with libjpeg-turbo and DCT-domain scaling into one uint8 NHWC
     buffer); :func:`helpers.pipeline.fast.to_device_batch` converts and
     normalizes on the device.
+``"cached"``
+    :class:`helpers.pipeline.image_cache.CachedDataset`: the batched pipeline
+    reading every image from the decoded-image cache (decoded once, kept at
+    the size its crops need), so a batch decodes nothing.
 
-Both seed every item's crop and flip from ``(seed, epoch, index)`` and both are
+All seed every item's crop and flip from ``(seed, epoch, index)`` and all are
 drawn in the order of one :func:`helpers.pipeline.sampler.batch_sampler`, so the
-two pipelines feed the same samples in the same order.
+pipelines feed the same samples in the same order.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from helpers.compute.model import PolicyConfig, build_policy
 from helpers.compute.ppo import PPOConfig, PPOTrainer
 from helpers.errors import ParameterError
 from helpers.jobs.base import Job, PerItemBatches, StepOptions, Workload
-from helpers.pipeline.baseline import BaselineDataset
+from helpers.pipeline.baseline import BaselineDataset, ImageTransformConfig
 from helpers.pipeline.fast import BatchedDataset, to_device_batch
 from helpers.pipeline.prepare import prepare_data
 from helpers.pipeline.sampler import batch_sampler
@@ -70,7 +74,7 @@ class PPOJob(Job):
         How the report names the job.
     """
 
-    pipelines = ("baseline", "batched")
+    pipelines = ("baseline", "cached", "batched")
 
     def __init__(self, index, tokenizer, workload: Workload, *, n_actions: int | None = None,
                  ppo: PPOConfig | None = None, name: str = "built-in PPO job") -> None:
@@ -102,15 +106,22 @@ class PPOJob(Job):
     # -- the input ------------------------------------------------------------------------
 
     def make_dataset(self, pipeline: str = "baseline", *, threads: int = 0, pin_memory: bool = False,
-                     **options: Any):
-        """The dataset of one pipeline (``"baseline"`` or ``"batched"``, see the module docstring).
+                     max_cache_bytes: int | None = None, **options: Any):
+        """The dataset of one pipeline (``"baseline"``, ``"cached"`` or ``"batched"``, see the module docstring).
+
+        ``"cached"`` is the batched pipeline reading the decoded-image cache
+        (:mod:`helpers.pipeline.image_cache`: every image decoded once, kept at the size its crops need in a
+        memory-mapped file; built on first use, rebuilt when the folder changed).
 
         Parameters
         ----------
         threads : int
-            Decode threads of the batched pipeline (0: all usable cores).
+            Decode threads of the batched pipelines (0: all usable cores).
         pin_memory : bool
-            The batched pipeline writes its batches into pinned buffers (only in the main process).
+            The batched pipelines write their batches into pinned buffers (only in the main process).
+        max_cache_bytes : int, optional
+            ``"cached"``: bound on the cache's size (default
+            :data:`helpers.pipeline.image_cache.DEFAULT_MAX_BYTES`).
         **options
             Passed to the dataset (e.g. ``transform``, ``decode``).
 
@@ -118,6 +129,8 @@ class PPOJob(Job):
         ------
         ParameterError
             If ``pipeline`` is unknown.
+        helpers.errors.DataError
+            ``"cached"``: the cache would exceed its bound.
         """
         w = self.workload
         if pipeline == "baseline":
@@ -126,6 +139,15 @@ class PPOJob(Job):
         if pipeline == "batched":
             return BatchedDataset(self.index, self.tokenizer, image_size=w.image_size, text_len=w.text_len,
                                   seed=w.seed, threads=threads, pin_memory=pin_memory, **options)
+        if pipeline == "cached":
+            from helpers.pipeline.image_cache import DEFAULT_MAX_BYTES, CachedDataset, open_image_cache
+
+            transform = options.pop("transform", None) or ImageTransformConfig(image_size=w.image_size)
+            cache, _ = open_image_cache(self.index, transform, max_bytes=max_cache_bytes or DEFAULT_MAX_BYTES,
+                                        threads=threads)
+            return CachedDataset(self.index, self.tokenizer, cache=cache, image_size=w.image_size,
+                                 text_len=w.text_len, seed=w.seed, threads=threads, pin_memory=pin_memory,
+                                 transform=transform, **options)
         raise ParameterError(f"pipeline={pipeline!r}; allowed: {', '.join(self.pipelines)}")
 
     def batch_sampler(self, n_items: int):

@@ -256,6 +256,100 @@ def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | 
     return out
 
 
+def dataset_cache(*, profile: str = "quick", data_dir: str | None = None, repeats: int = 15,
+                  warmup: int = 3) -> dict[str, Any]:
+    """Decode once: build the decoded-image cache, then read batches from it against the batched decode.
+
+    The cache (:mod:`helpers.pipeline.image_cache`) is built cold in a temporary folder (so the build time is
+    a real one), reopened (the staleness check alone), then three ways to make the same batches are timed, each
+    pair interleaved (:func:`helpers.timing.compare`): the batched pipeline (decode every epoch) against the
+    cached one, and the raw decode of the same files (from memory, the decoder's own limit) against the cached
+    one. Pixels are checked against the per-image reference (PSNR) on the first batches.
+
+    Returns
+    -------
+    dict
+        ``build_s``, ``cache_mib`` (its pixel file), ``reopen_s``, ``images``; ``cached_images_per_s``,
+        ``batched_images_per_s``, ``raw_decode_images_per_s``; ``cached_over_batched`` and
+        ``cached_over_raw_decode`` (speedups of the cached batches, each with ``_ci``); ``psnr_min_db``,
+        ``psnr_median_db`` (cached batches vs the reference, the bar being 30 dB); ``batch_size``,
+        ``image_size``, ``threads``, ``machine``/``machine_note``, ``duration_s``.
+    """
+    import tempfile
+
+    from helpers.pipeline.baseline import ImageTransformConfig
+    from helpers.pipeline.decode import psnr, reference_augment
+    from helpers.pipeline.fast import BatchedDataset
+    from helpers.pipeline.image_cache import CachedDataset, open_image_cache
+    from helpers.pipeline.prepare import prepare_data
+    from helpers.timing import compare
+
+    t_all = time.perf_counter()
+    params = _notebook_values("02_batched_decode", profile, {"data_dir": data_dir})
+    bs, size, seed = int(params["batch_size"]), int(params["image_size"]), int(params["seed"])
+    index, tokenizer = prepare_data(params["data_dir"] or None, max_images=int(params["max_images"]), seed=seed,
+                                    batch_size=bs, text_len=int(params["text_len"]))
+    transform = ImageTransformConfig(image_size=size)
+    before = machine.snapshot()
+    with tempfile.TemporaryDirectory(prefix="workbook-cache-") as root:
+        cache, info = open_image_cache(index, transform, root=root)
+        t0 = time.perf_counter()
+        cache, again = open_image_cache(index, transform, root=root)
+        reopen_s = time.perf_counter() - t0
+        common = dict(image_size=size, text_len=int(params["text_len"]), seed=seed)
+        cached = CachedDataset(index, tokenizer, cache=cache, **common)
+        batched = BatchedDataset(index, tokenizer, **common)
+        try:
+            order = list(batch_sampler_for(len(index), bs, seed))
+            ps = []
+            for indices in order[:2]:
+                imgs = cached[indices]["image"].numpy()
+                ps += [psnr(imgs[k], reference_augment(index.paths[i], seed=seed, epoch=0, index=int(i),
+                                                       transform=transform)) for k, i in enumerate(indices)]
+            nxt = {"a": 0, "b": 0}
+
+            def take(who):
+                k = nxt[who] % len(order)
+                nxt[who] += 1
+                return order[k]
+
+            vs_batched = compare(lambda: batched[take("a")], lambda: cached[take("b")], repeats=repeats,
+                                 warmup=warmup, names=("batched decode", "cached"), items_per_call=bs, seed=seed)
+            plans = [batched.decode_plan(b) for b in order[:max(1, min(len(order), repeats + warmup))]]
+            cycle = {"k": 0}
+
+            def raw():
+                cycle["k"] += 1
+                return batched.raw_decode(plans[cycle["k"] % len(plans)])
+
+            vs_raw = compare(raw, lambda: cached[take("b")], repeats=repeats, warmup=warmup,
+                             names=("raw decode only", "cached"), items_per_call=bs, seed=seed)
+            threads = cached.threads
+        finally:
+            cached.close()
+            batched.close()
+    out = {"build_s": info.build_s, "cache_mib": info.bytes / 2**20, "reopen_s": reopen_s, "images": len(index),
+           "failed_at_build": len(info.failed), "reopened_as_is": again.rebuilt_because == "",
+           "cached_images_per_s": vs_batched.b.rate, "batched_images_per_s": vs_batched.a.rate,
+           "raw_decode_images_per_s": vs_raw.a.rate,
+           "cached_over_batched": vs_batched.ratio, "cached_over_batched_ci": [vs_batched.ci_low, vs_batched.ci_high],
+           "cached_over_raw_decode": vs_raw.ratio, "cached_over_raw_decode_ci": [vs_raw.ci_low, vs_raw.ci_high],
+           "psnr_min_db": float(min(ps)), "psnr_median_db": float(sorted(ps)[len(ps) // 2]),
+           "batch_size": bs, "image_size": size, "threads": threads, "profile": profile}
+    out.update(_machine_keys(before))
+    out["duration_s"] = round(time.perf_counter() - t_all, 1)
+    return out
+
+
+def batch_sampler_for(n_items: int, batch_size: int, seed: int):
+    """The workbook's one epoch batch order (:func:`helpers.pipeline.sampler.batch_sampler`), epoch 0."""
+    from helpers.pipeline.sampler import batch_sampler
+
+    sampler = batch_sampler(n_items, batch_size, seed=seed)
+    sampler.set_epoch(0)
+    return sampler
+
+
 #: Target of issue 11: a second index of 20,000 images, with the cache, on this 2-core machine.
 DATASET_INDEX_TARGETS = {"cached_index_s": ("<=", 2.0)}
 
@@ -472,8 +566,8 @@ def instrument_overhead(*, device: str = "auto", blocks: int = 10, steps_per_blo
     return out
 
 
-BENCHMARKS = {"input-pipeline": input_pipeline, "end-to-end": end_to_end, "dataset-index": dataset_index,
-              "instrument": instrument_overhead}
+BENCHMARKS = {"input-pipeline": input_pipeline, "end-to-end": end_to_end, "dataset-cache": dataset_cache,
+              "dataset-index": dataset_index, "instrument": instrument_overhead}
 
 
 def run_benchmark(name: str, **kwargs) -> str:

@@ -5,8 +5,8 @@ Commands
 run         execute the notebooks into a run folder and write the report
 diagnose    the quick answer for your own job (--job path/to/job.py:make_job): host-bound verdict and
             the three-run test (real loader, cached batches, synthetic device batches)
-bench       run a benchmark (input-pipeline, end-to-end, allreduce, ddp, dataset-index, instrument) and print its
-            figures as JSON; exit 2 on bad
+bench       run a benchmark (input-pipeline, end-to-end, dataset-cache, allreduce, ddp, dataset-index, instrument)
+            and print its figures as JSON; exit 2 on bad
             flag values or an unavailable backend, 1 when the allreduce job ran and failed or timed out
 notebooks   copy the notebooks and their profiles to a folder of your choice, for JupyterLab
 data build  build the embedded photo dataset (done on first use anyway)
@@ -70,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
 
     be = sub.add_parser("bench", help="run a benchmark and print its figures as JSON")
-    be.add_argument("name", choices=("input-pipeline", "end-to-end", "allreduce", "ddp", "dataset-index", "instrument"),
+    be.add_argument("name", choices=("input-pipeline", "end-to-end", "dataset-cache", "allreduce", "ddp",
+                                     "dataset-index", "instrument"),
                     help="which benchmark")
     be.add_argument("--job", default="", metavar="FILE.py:FACTORY",
                     help="ddp: your own job (path/to/job.py:make_job or module:attr; default: the built-in job)")
@@ -234,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.name == "dataset-index":
                 print(run_benchmark(args.name, n_images=args.images, data_dir=args.data_dir))
+                return 0
+            if args.name == "dataset-cache":
+                print(run_benchmark(args.name, profile=args.profile, data_dir=args.data_dir))
                 return 0
             if args.name == "instrument":
                 print(run_benchmark(args.name, device=args.device))
