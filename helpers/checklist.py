@@ -49,11 +49,21 @@ class Optimization:
         The step phases (from :data:`PHASES`) where its effect must show. Input side: data and h2d
         (batched decode also moves the conversion and normalization into h2d). Compute side:
         compute; channels_last also converts the images to NHWC in the h2d phase, so h2d counts too.
+    decision : str
+        Empty when the notebook's verdict decides this optimization. Otherwise the key of the verdict's
+        ``extra`` that holds this optimization's own decision (a notebook that measures two alternatives:
+        notebook 02 decides batched decode by its verdict and the decode-once cache under
+        ``extra["dataset_cache"]``, a mapping with ``recommendation``, ``reason`` and ``action``).
+    requires : str
+        Another optimization this one only works with (empty: none); e.g. the decode-once cache feeds the
+        batched pipeline, so it needs ``batched_decode``.
     """
 
     name: str
     notebook: str
     acts_on: tuple[str, ...]
+    decision: str = ""
+    requires: str = ""
 
 
 @dataclass(frozen=True)
@@ -93,8 +103,8 @@ CHECKLIST: tuple[Item, ...] = (
          "Where does a training step's time go, and is the job host-bound?"),
     Item("02", "02_batched_decode", "batched decode",
          "Decode a whole batch at once, on every core",
-         "How much faster is decoding a whole batch on a thread pool than per-image PIL?",
-         ("batched_decode",)),
+         "How much faster is decoding a whole batch on a thread pool than per-image PIL, or once for all epochs?",
+         ("batched_decode", "dataset_cache")),
     Item("03", "03_dataloader_tuning", "DataLoader tuning",
          "Tune the DataLoader's workers for this machine",
          "Which num_workers / prefetch_factor / persistent_workers is best here?",
@@ -129,6 +139,8 @@ CHECKLIST: tuple[Item, ...] = (
 #: The optimizations of notebook 10's optimized job, in checklist order.
 OPTIMIZATIONS: tuple[Optimization, ...] = (
     Optimization("batched_decode", "02_batched_decode", ("data", "h2d")),
+    Optimization("dataset_cache", "02_batched_decode", ("data", "h2d"), decision="dataset_cache",
+                 requires="batched_decode"),
     Optimization("dataloader_workers", "03_dataloader_tuning", ("data", "h2d")),
     Optimization("pinned_memory", "04_pinned_memory", ("data", "h2d")),
     Optimization("prefetcher", "05_stream_overlap", ("data", "h2d")),

@@ -94,6 +94,8 @@ SPECS: dict[str, tuple[Param, ...]] = {
         Param("warmup", int, 2, "untimed batches per variant before timing", minimum=0, maximum=100),
         Param("psnr_min_db", float, 30.0, "least PSNR of batched vs reference pixels to call them equal",
               minimum=10.0, maximum=100.0),
+        Param("dataset_cache", bool, True, "also measure the decode-once dataset cache (built on disk on first use)"),
+        Param("max_cache_mib", int, 2048, "largest decode-once cache to build, MiB", minimum=1, maximum=1 << 22),
     ),
     "03_dataloader_tuning": _COMMON + _DATA + _batch("images per batch") + (
         Param("num_workers_list", list, [0, 1, 2, 3], "num_workers values to sweep", item_kind=int,

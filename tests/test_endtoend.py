@@ -106,8 +106,8 @@ def test_auto_follows_verdicts_and_reports_missing(tmp_path, cpu):
 
 def test_auto_without_results_uses_device_defaults(cpu):
     sel = e2e.select_optimizations(["auto"], None, cpu, native_bf16=False)
-    assert sel.missing == tuple(e2e.SOURCE_NOTEBOOKS.values())
-    assert sel.optimizations == ("batched_decode", "channels_last")
+    assert sel.missing == tuple(dict.fromkeys(e2e.SOURCE_NOTEBOOKS.values()))  # 02 decides two, listed once
+    assert sel.optimizations == ("batched_decode", "channels_last")  # no cache on disk without 02's verdict
     assert set(sel.frame()["source"]) == {"default"}
     assert "--only 02 03 04 05 06 07 10" in sel.missing_lines()[1]
 
@@ -473,3 +473,22 @@ def test_the_target_sentence_says_which_condition_decided():
     assert "does not apply" in s and "9.57x" in s and "29%" in s and "not met" not in s and "NOT" not in s
     assert e2e.target_sentence(3.0, 0.8).endswith(": met (3.00x, baseline exposed 80%)")
     assert ": not met (2.00x" in e2e.target_sentence(2.0, 0.8)
+
+
+def test_the_decode_once_cache_follows_notebook_02s_own_decision_and_needs_batched_decode(tmp_path, cpu):
+    cache = {"recommendation": "enable", "reason": "3.4x", "action": {"setting": "dataset_cache", "value": True,
+                                                                       "text": "decode-once dataset cache: enable"}}
+    df = _results(tmp_path, [("02_batched_decode", "enable", {"dataset_cache": cache}, {})])
+    sel = e2e.select_optimizations(["auto"], df, cpu)
+    by = {c.name: c for c in sel.choices}
+    assert by["dataset_cache"].enabled and by["dataset_cache"].source == "verdict"
+    assert "dataset_cache" in sel.optimizations and "batched_decode" in sel.optimizations
+    (tmp_path / "b").mkdir()
+    (tmp_path / "c").mkdir()
+    df = _results(tmp_path / "b", [("02_batched_decode", "leave off", {"dataset_cache": cache}, {})])
+    sel = e2e.select_optimizations(["auto"], df, cpu)
+    by = {c.name: c for c in sel.choices}
+    assert not by["dataset_cache"].enabled and "needs batched_decode" in by["dataset_cache"].detail
+    df = _results(tmp_path / "c", [("02_batched_decode", "enable", {}, {})])  # 02 ran without the cache
+    by = {c.name: c for c in e2e.select_optimizations(["auto"], df, cpu).choices}
+    assert not by["dataset_cache"].enabled and "did not measure it" in by["dataset_cache"].detail

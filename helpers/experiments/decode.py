@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from helpers.device import get_accelerator
 from helpers.errors import DeviceUnavailableError
@@ -44,6 +44,8 @@ BATCHED_DEVICE_LABEL = "batched + device normalize"
 BATCHED_HOST_LABEL = "batched (host)"
 #: and the decoder alone, from bytes in memory, same DCT scales and thread pool (``raw_decode``).
 RAW_DECODE_LABEL = "raw decode only"
+#: the batched pipeline reading the decode-once cache (``CachedDataset[indices]``, uint8 host batch).
+CACHED_LABEL = "decode-once cache (host)"
 
 
 class DecodeBench:
@@ -153,6 +155,26 @@ class DecodeBench:
                        lambda: self.dataset[order_b()],
                        repeats=self.repeats, warmup=self.warmup, names=(RAW_DECODE_LABEL, BATCHED_HOST_LABEL),
                        items_per_call=self.batch_size, seed=self.seed)
+
+    def compare_cache(self, cached) -> "Comparison":
+        """The decode-once cache: batched (host) (A) vs the cached pipeline (B), interleaved, same batches.
+
+        Parameters
+        ----------
+        cached : helpers.pipeline.image_cache.CachedDataset
+            Over the same index, transform and seed as this bench's dataset.
+
+        Returns
+        -------
+        helpers.timing.Comparison
+            Named (:data:`BATCHED_HOST_LABEL`, :data:`CACHED_LABEL`); ratio = images/s of the cached batches over
+            the batched decode's. Both stop at the uint8 host batch.
+        """
+        cached.set_epoch(0)
+        next_a, next_b = self._cycle(), self._cycle()
+        return compare(lambda: self.dataset[next_a()], lambda: cached[next_b()], repeats=self.repeats,
+                       warmup=self.warmup, names=(BATCHED_HOST_LABEL, CACHED_LABEL), items_per_call=self.batch_size,
+                       seed=self.seed)
 
     def compare_threads(self, threads: int = 1) -> "Comparison":
         """Raw decode with ``threads`` threads (A) vs the dataset's thread count (B).
@@ -422,9 +444,68 @@ NOTEBOOK = "02_batched_decode"
 SPEEDUP_THRESHOLD = 1.05
 
 
+def batched_recommendation(pre: Comparison, pixels_ok: bool) -> str:
+    """Batched decode's recommendation: "enable" when its speedup's interval is above :data:`SPEEDUP_THRESHOLD`
+    and its pixels matched the reference, else "leave off" (the rule of :func:`verdict`)."""
+    return "enable" if pre.ci_low > SPEEDUP_THRESHOLD and pixels_ok else "leave off"
+
+
+def cache_decision(cmp: Comparison | None, *, batched_recommendation: str, build_s: float | None, cache_mib: float,
+                   psnr_min_db: float | None, psnr_threshold_db: float, why_not: str = "") -> dict[str, Any]:
+    """Whether to train from the decode-once cache: measurably faster than the batched decode, same pixels.
+
+    Parameters
+    ----------
+    cmp : helpers.timing.Comparison or None
+        :meth:`DecodeBench.compare_cache`; None when the cache was not measured (``why_not`` says why).
+    batched_recommendation : str
+        The batched decode's own recommendation: the cache feeds the batched pipeline, so it needs it.
+    build_s : float or None
+        Seconds this run spent building the cache (None: it was already built).
+    cache_mib : float
+        Its size on disk, MiB.
+    psnr_min_db : float or None
+        Worst PSNR of the cached batches against the per-image reference, dB.
+    psnr_threshold_db : float
+        The least that counts as the same pixels (notebook 02's ``psnr_min_db``).
+    why_not : str
+        Why the cache was not measured (a parameter, a size bound).
+
+    Returns
+    -------
+    dict
+        ``recommendation`` ("enable", "leave off" or "not applicable"), ``reason``, ``action`` (an
+        :class:`helpers.verdict.Action` dict on ``dataset_cache``), ``speedup``, ``ci_low``, ``ci_high``,
+        ``build_s``, ``cache_mib``, ``psnr_min_db``: what notebook 10 and the report read from notebook 02's
+        verdict (``extra["dataset_cache"]``).
+    """
+    if cmp is None:
+        rec, reason = "not applicable", f"the decode-once cache was not measured: {why_not}"
+        fig: dict[str, Any] = {"speedup": None, "ci_low": None, "ci_high": None}
+    else:
+        fig = {"speedup": cmp.ratio, "ci_low": cmp.ci_low, "ci_high": cmp.ci_high}
+        built = f"built in {build_s:.1f} s" if build_s is not None else "already built"
+        reason = (f"the decode-once cache gave {cmp.ratio:.2f}x the batched decode's images/s (95% CI "
+                  f"{cmp.ci_low:.2f}-{cmp.ci_high:.2f}; {cmp.b.rate:,.0f} vs {cmp.a.rate:,.0f} images/s), "
+                  f"{cache_mib:.1f} MiB on disk, {built}; its crops matched the reference with PSNR >= "
+                  f"{psnr_min_db:.1f} dB (threshold {psnr_threshold_db:g} dB; not pixel-identical: each image was "
+                  "shrunk once before its crop)")
+        if psnr_min_db is None or psnr_min_db < psnr_threshold_db:
+            rec, reason = "leave off", reason + "; but its pixels differ beyond the tolerance"
+        elif batched_recommendation != "enable":
+            rec, reason = "leave off", reason + "; but it feeds the batched pipeline, which is left off here"
+        elif cmp.ci_low > SPEEDUP_THRESHOLD:
+            rec = "enable"
+        else:
+            rec, reason = "leave off", reason + f"; not measurably faster (threshold {SPEEDUP_THRESHOLD}x)"
+    action = Action("dataset_cache", rec == "enable", f"decode-once dataset cache: {rec}", current=False)
+    return {"recommendation": rec, "reason": reason, "action": action.to_dict(), "build_s": build_s,
+            "cache_mib": cache_mib, "psnr_min_db": psnr_min_db, **fig}
+
+
 def verdict(pre: Comparison, eff: Comparison, *, min_psnr_db: float, psnr_min_db: float, pixels_ok: bool,
             tokenize_share: float, batch_size: int, image_size: int, images: int, repeats: int, warmup: int,
-            threads: int, device_kind: str) -> Verdict:
+            threads: int, device_kind: str, cache: dict[str, Any] | None = None) -> Verdict:
     """Notebook 02's verdict: enable batched decode when it is measurably faster and its pixels match.
 
     Parameters
@@ -442,13 +523,16 @@ def verdict(pre: Comparison, eff: Comparison, *, min_psnr_db: float, psnr_min_db
     batch_size, image_size, images, repeats, warmup, threads : int
         What was measured (for the context sentence).
     device_kind : str
+    cache : dict, optional
+        :func:`cache_decision`: kept as ``extra["dataset_cache"]`` (notebook 10 enables the cache from it) and
+        its reason appended.
 
     Returns
     -------
     helpers.verdict.Verdict
         metric ``speedup`` (x) of ``pre``, with its 95% interval; action on ``batched_decode``.
     """
-    recommendation = "enable" if pre.ci_low > SPEEDUP_THRESHOLD else "leave off"
+    recommendation = batched_recommendation(pre, True)
     reason = (f"{pre.b.name} prepared {pre.ratio:.2f}x the images per second of the {pre.a.name} "
               f"(95% CI {pre.ci_low:.2f}-{pre.ci_high:.2f}; {pre.b.rate:,.0f} vs {pre.a.rate:,.0f} images/s); "
               f"decode efficiency {eff.ratio:.0%} (95% CI {eff.ci_low:.0%}-{eff.ci_high:.0%}; {eff.b.name} "
@@ -465,6 +549,10 @@ def verdict(pre: Comparison, eff: Comparison, *, min_psnr_db: float, psnr_min_db
                f"scales and threads on bytes in memory; {pre.a.name} = BaselineDataset items + collate_batch + copy")
     action = Action("batched_decode", recommendation == "enable", f"batched decode + device normalize: {recommendation}",
                     current=False)
+    extra = {}
+    if cache is not None:
+        reason += f"; decode once: {cache['recommendation']}: {cache['reason']}"
+        extra["dataset_cache"] = dict(cache)
     return Verdict(notebook=NOTEBOOK, metric="speedup", value=pre.ratio, unit="x", recommendation=recommendation,
                    reason=reason, context=context, repeats=pre.b.repeats, action=action,
-                   spread={"ci_low": pre.ci_low, "ci_high": pre.ci_high, "confidence": pre.confidence})
+                   spread={"ci_low": pre.ci_low, "ci_high": pre.ci_high, "confidence": pre.confidence}, extra=extra)

@@ -286,6 +286,8 @@ def device_defaults(acc, *, native_bf16: bool | None = None) -> dict[str, tuple[
     on_acc = not acc.is_cpu
     out: dict[str, tuple[bool, str]] = {
         "batched_decode": (True, "batched decode replaces per-image Pillow work on every device"),
+        "dataset_cache": (False, "it writes a decoded copy of the dataset to disk: on only where notebook 02 "
+                                 "measured it faster"),
         "dataloader_workers": (on_acc, "worker processes feed an accelerator" if on_acc else
                                "on a CPU, workers take cores from the training computation"),
         "pinned_memory": (on_acc and caps.pinned_memory.available,
@@ -401,10 +403,24 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
         row_params = table.loc[nb].get("parameters") if table is not None and nb in table.index else None
         other_job = isinstance(row_params, Mapping) and str(row_params.get("job") or "") != str(job_spec or "")
         if table is not None and nb in table.index and other_job:
-            missing.append(nb)
+            if nb not in missing:
+                missing.append(nb)
             on, why = defaults[name]
             choices.append(Choice(name, on, "default", f"notebook {nb[:2]} measured another job; default here: "
                                   f"{'on' if on else 'off'} ({why})"))
+        elif table is not None and nb in table.index and checklist.optimization(name).decision:
+            row = table.loc[nb]
+            key = checklist.optimization(name).decision
+            extra = row.get("extra") if isinstance(row.get("extra"), Mapping) else {}
+            own = extra.get(key) if isinstance(extra.get(key), Mapping) else None
+            if own is None:  # the notebook ran without measuring this one
+                on, why = defaults[name]
+                choices.append(Choice(name, on, "default", f"notebook {nb[:2]} did not measure it; default here: "
+                                      f"{'on' if on else 'off'} ({why})"))
+            else:
+                rec = str(own.get("recommendation"))
+                choices.append(Choice(name, rec == "enable", "verdict", f"notebook {nb[:2]} ({key}): {rec}",
+                                      "" if row.get("parameters") is None or rec == "not applicable" else "check"))
         elif table is not None and nb in table.index:
             row = table.loc[nb]
             rec = str(row.get("recommendation"))
@@ -414,10 +430,16 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
                                   # a "not applicable" verdict (capability absent) holds whatever the workload
                                   "" if row.get("parameters") is None or rec == "not applicable" else "check"))
         else:
-            missing.append(nb)
+            if nb not in missing:  # one notebook may decide two optimizations
+                missing.append(nb)
             on, why = defaults[name]
             choices.append(Choice(name, on, "default", f"no verdict from {nb[:2]}; default here: "
                                   f"{'on' if on else 'off'} ({why})"))
+    on = {c.name for c in choices if c.enabled}
+    for i, c in enumerate(choices):  # an optimization that works only with another is off without it
+        needs = checklist.optimization(c.name).requires
+        if c.enabled and needs and needs not in on:
+            choices[i] = replace(c, enabled=False, detail=f"{c.detail}; but it needs {needs}, which is off")
     enabled = tuple(c.name for c in choices if c.enabled)
     # the workload warnings, now that the enabled set is known (a disabled one is not measured here)
     for i, c in enumerate(choices):
@@ -527,11 +549,12 @@ class JobVariant:
         self.options = StepOptions(autocast_dtype=amp_dtype, channels_last=config.has("channels_last"))
         self.amp_dtype = amp_dtype
         if config.has("batched_decode"):
-            if "batched" not in job.pipelines:
-                raise ParameterError(f"batched_decode needs the workbook's batched image pipeline; the job "
+            pipeline = "cached" if config.has("dataset_cache") else "batched"  # the cache feeds the batched pipeline
+            if pipeline not in job.pipelines:
+                raise ParameterError(f"batched_decode needs the workbook's {pipeline} image pipeline; the job "
                                      f"{job.name!r} offers {', '.join(job.pipelines)}")
             threads = 0 if workers == 0 else max(1, _cores() // workers)
-            self.dataset = job.make_dataset("batched", threads=threads, pin_memory=pin and workers == 0)
+            self.dataset = job.make_dataset(pipeline, threads=threads, pin_memory=pin and workers == 0)
         else:
             self.dataset = job.make_dataset("baseline" if "baseline" in job.pipelines else job.pipelines[0])
         self.sampler = job.batch_sampler(len(self.dataset))

@@ -547,7 +547,26 @@ def overall_verdict(report: Report) -> str:
     return "no baseline measured yet (notebook 01)" + (f"; run status: {status}" if status else "")
 
 
-_OPTIMIZATION_OF = {o.notebook: o.name for o in checklist.OPTIMIZATIONS}
+_OPTIMIZATION_OF = {o.notebook: o.name for o in checklist.OPTIMIZATIONS if not o.decision}
+
+
+def _decisions(s: "NotebookSection") -> list[tuple[str, str | None, str | None]]:
+    """(recommendation, action text, optimization name) of everything a section's verdict decides.
+
+    The verdict itself decides its notebook's main optimization (its structured action); an optimization
+    with a ``decision`` key (:class:`helpers.checklist.Optimization`) is decided by the mapping the verdict
+    keeps under ``extra[key]`` (notebook 02's decode-once cache), listed after it when present.
+    """
+    v = s.verdict or {}
+    out = [(str(v.get("recommendation")), _action(s), _OPTIMIZATION_OF.get(s.id))]
+    extra = v.get("extra") if isinstance(v.get("extra"), dict) else {}
+    for o in checklist.OPTIMIZATIONS:
+        own = extra.get(o.decision) if o.decision and o.notebook == s.id else None
+        if isinstance(own, dict) and own.get("recommendation") in ("enable", "leave off"):
+            action = Action.from_dict(own.get("action"))
+            out.append((str(own["recommendation"]), action.text if action else f"{o.name}: {own['recommendation']}",
+                        o.name))
+    return out
 
 
 def _end_to_end_evidence(report: Report) -> tuple[str, dict[str, dict], list[str]]:
@@ -615,26 +634,25 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
         if rec == "inconclusive":
             groups["inconclusive"].append(s.item)
         elif rec in ("enable", "leave off"):
-            action = _action(s)
-            if not action:
-                continue
-            name = _OPTIMIZATION_OF.get(s.id)
-            ev = evidence.get(name) if name else None
-            if rec != "enable" or name is None:
-                groups[rec].append(action)
-            elif ev is None:
-                groups["enable"].append(f"{action} ({_isolated_only(state, name, in_job, s.number)})")
-            elif ev.get("decision") == "keep it":
-                groups["enable"].append(f"{action} (confirmed end to end by notebook {_END_TO_END_NUMBER}: "
-                                        f"contribution {_contribution_text(ev)})")
-            elif ev.get("decision") == "drop it here":
-                groups["leave off"].append(f"{action.split(':')[0]}: leave off (notebook {s.number} measured a gain "
-                                           f"in isolation, but the end-to-end job of notebook {_END_TO_END_NUMBER} "
-                                           f"was faster without it: {_contribution_text(ev)})")
-            else:
-                groups["unconfirmed"].append(f"{action.split(':')[0]} (notebook {s.number} measured a gain in "
-                                             f"isolation; notebook {_END_TO_END_NUMBER}'s ablation found no "
-                                             f"measurable contribution in the job: {_contribution_text(ev)})")
+            for rec, action, name in _decisions(s):
+                if not action or rec not in ("enable", "leave off"):
+                    continue
+                ev = evidence.get(name) if name else None
+                if rec != "enable" or name is None:
+                    groups[rec].append(action)
+                elif ev is None:
+                    groups["enable"].append(f"{action} ({_isolated_only(state, name, in_job, s.number)})")
+                elif ev.get("decision") == "keep it":
+                    groups["enable"].append(f"{action} (confirmed end to end by notebook {_END_TO_END_NUMBER}: "
+                                            f"contribution {_contribution_text(ev)})")
+                elif ev.get("decision") == "drop it here":
+                    groups["leave off"].append(f"{action.split(':')[0]}: leave off (notebook {s.number} measured a "
+                                               f"gain in isolation, but the end-to-end job of notebook "
+                                               f"{_END_TO_END_NUMBER} was faster without it: {_contribution_text(ev)})")
+                else:
+                    groups["unconfirmed"].append(f"{action.split(':')[0]} (notebook {s.number} measured a gain in "
+                                                 f"isolation; notebook {_END_TO_END_NUMBER}'s ablation found no "
+                                                 f"measurable contribution in the job: {_contribution_text(ev)})")
         elif s.verdict is None and s.status == "failed":
             groups["failed"].append(f"{s.item} ({s.cause})" if s.cause else s.item)
         elif s.verdict is None and s.number:
