@@ -532,6 +532,19 @@ def test_first_screen_lists_settings_not_notebooks(tmp_path):
     assert advice["Leave off (measured: no gain here)"] == "fp16 gradient compression: leave off"
 
 
+def test_first_screen_lists_the_decode_once_cache_beside_batched_decode(tmp_path):
+    """Notebook 02 decides two optimizations: batched decode by its verdict, the cache under extra, each listed."""
+    cache = {"recommendation": "enable", "reason": "3.4x the batched decode",
+             "action": Action("dataset_cache", True, "decode-once dataset cache: enable").to_dict()}
+    _store(tmp_path, "02_batched_decode").verdict(
+        metric="speedup", value=6.7, unit="x", recommendation="enable", reason="6.7x",
+        action=Action("batched_decode", True, "batched decode + device normalize: enable"), dataset_cache=cache)
+    advice = dict(_advice(collect(tmp_path)))
+    assert advice["Enable on this machine"] == (
+        "batched decode + device normalize: enable (notebook 02's isolated measurement only: notebook 10 did not "
+        "run); decode-once dataset cache: enable (notebook 02's isolated measurement only: notebook 10 did not run)")
+
+
 def test_first_screen_reads_the_action_not_the_wording(tmp_path):
     """A reason that names another setting does not change what the first screen says the verdict decides."""
     _store(tmp_path, "06_mixed_precision").verdict(

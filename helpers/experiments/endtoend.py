@@ -1319,10 +1319,15 @@ def next_step(summary: JobSummary, *, is_cpu: bool, enabled: Sequence[str], host
             lever = (f"hide the copy ({' and '.join(todo)}, notebooks 04-05)" if todo else
                      "the copy is already pinned and prefetched: send smaller batches (uint8 images, "
                      "normalize on the device)")
+        elif is_cpu and "dataset_cache" in enabled:
+            lever = ("on a CPU the input shares the cores with the computation and cannot overlap for free; "
+                     "nothing is decoded any more (the decode-once cache), so what is left is the crop, resize "
+                     "and tokenization per batch: smaller crops, fewer augmentations per step, or a machine with "
+                     "idle cores for workers (notebook 03)")
         elif is_cpu:
             lever = ("on a CPU the input shares the cores with the computation and cannot overlap for free, "
-                     "so make it cheaper: store the images pre-resized near the crop size (less to decode) or "
-                     "cache decoded images; workers help only with idle cores (notebook 03)")
+                     "so make it cheaper: decode once (notebook 02's dataset cache) or store the images "
+                     "pre-resized near the crop size; workers help only with idle cores (notebook 03)")
         else:
             todo = [o for o in ("dataloader_workers", "prefetcher") if o not in enabled]
             lever = (f"overlap the input with compute ({' and '.join(todo)}, notebooks 03 and 05)" if todo else
