@@ -458,3 +458,39 @@ def test_a_resumed_run_ends_the_processes_its_killed_predecessor_left(tmp_path):
         for p in (*sleepers, other):
             p.kill()
             p.wait()
+
+
+def test_dash_p_sets_a_parameter_in_every_notebook_that_has_it(tmp_path):
+    seen = {}
+    run(RunOptions(profile="smoke", out=tmp_path / "run", only=("01", "03"),
+                   overrides=(("batch_size", "16"), ("num_workers_list", "[0, 1]"))),
+        echo=lambda s: None, executor=lambda nb, **kw: seen.update({nb.id: nb.parameters}),
+        device_checker=_fake_device)
+    assert seen["01_baseline_profiling"]["batch_size"] == 16 and seen["03_dataloader_tuning"]["batch_size"] == 16
+    assert seen["03_dataloader_tuning"]["num_workers_list"] == [0, 1]  # read as YAML
+    assert "num_workers_list" not in seen["01_baseline_profiling"]  # only where it is declared
+
+
+@pytest.mark.parametrize("pairs, match", [((("batchsize", "4"),), r"-p batchsize: no selected notebook"),
+                                          ((("device", "cuda"),), r"the runner sets 'device' \(use --device\)"),
+                                          ((("batch_size", "-4"),), r"batch_size")])
+def test_dash_p_is_checked_before_any_work(tmp_path, pairs, match):
+    with pytest.raises(ParameterError, match=match):
+        run(RunOptions(profile="smoke", out=tmp_path / "run", only=("01",), overrides=pairs), echo=lambda s: None,
+            executor=lambda nb, **kw: pytest.fail("no notebook may start"), device_checker=_fake_device)
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_a_users_profile_file(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("common:\n  batch_size: 12\n01_baseline_profiling:\n  steps: 5\n")
+    seen = {}
+    run_dir, state = run(RunOptions(profile=str(mine), only=("01",), out=tmp_path / "run"), echo=lambda s: None,
+                         executor=lambda nb, **kw: seen.update(nb.parameters), device_checker=_fake_device)
+    assert seen["batch_size"] == 12 and seen["steps"] == 5 and state.profile == str(mine.resolve())
+    with pytest.raises(ParameterError, match="no profile file"):
+        run(RunOptions(profile=str(tmp_path / "nope.yaml"), out=tmp_path / "r2"), echo=lambda s: None,
+            executor=lambda nb, **kw: None, device_checker=_fake_device)
+    with pytest.raises(ParameterError, match="not one of"):
+        run(RunOptions(profile="fast", out=tmp_path / "r3"), echo=lambda s: None,
+            executor=lambda nb, **kw: None, device_checker=_fake_device)

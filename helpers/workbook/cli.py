@@ -35,7 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run the workbook's notebooks and write the report")
-    r.add_argument("--profile", default=None, choices=PROFILES, help="parameter profile (default: quick)")
+    r.add_argument("--profile", default=None, metavar="NAME|FILE.yaml",
+                   help=f"parameter profile: {', '.join(PROFILES)} (default: quick), or your own YAML file")
+    r.add_argument("-p", dest="overrides", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                   help="set a notebook parameter for every notebook that has it (repeatable; VALUE read as "
+                        "YAML, e.g. -p batch_size 64 -p num_workers_list '[0, 2]')")
     r.add_argument("--device", default=None, choices=DEVICE_CHOICES, help="device kind (default: auto)")
     r.add_argument("--only", nargs="+", default=None, metavar="NN", help="run only these notebooks, e.g. --only 00 01")
     r.add_argument("--data-dir", default=None, metavar="DIR",
@@ -176,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
 
             opts = RunOptions(profile=args.profile, device=args.device,
                               only=tuple(args.only) if args.only is not None else None, out=args.out,
-                              resume=args.resume, timeout_s=args.timeout, data_dir=args.data_dir, job=args.job)
+                              resume=args.resume, timeout_s=args.timeout, data_dir=args.data_dir, job=args.job,
+                              overrides=tuple((name, value) for name, value in args.overrides))
             try:
                 _, state = run(opts)
             except KeyboardInterrupt:

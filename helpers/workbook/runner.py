@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import nbformat
 import yaml
@@ -91,6 +91,10 @@ class RunOptions:
         The user's own job (``path/to/job.py:make_job`` or ``module:attr``), passed as ``job`` to every
         notebook that takes it; the notebooks that measure the built-in job only record "not applicable"
         (:func:`job_applies`). None = the built-in PPO job.
+    overrides : tuple of (str, str)
+        ``-p NAME VALUE`` pairs: each value (read as YAML: ``64`` is an int, ``[0, 2]`` a list, ``true`` a
+        bool) replaces the profile's for every selected notebook that declares ``NAME``; a name that no
+        selected notebook declares, or that the runner sets itself, is rejected before any work.
     """
 
     profile: str | None = None
@@ -101,6 +105,7 @@ class RunOptions:
     timeout_s: float = 1800.0
     data_dir: str | None = None
     job: str | None = None
+    overrides: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -186,13 +191,23 @@ def load_profile(name: str, folder: Path | None = None) -> dict:
     Raises
     ------
     ParameterError
-        Unknown profile name, a profile file that is not a mapping, or a section
-        named after no notebook of the checklist registry (:mod:`helpers.checklist`).
+        Unknown profile name (a name of :data:`helpers.specs.PROFILES` or the path of a ``.yaml`` file), a
+        profile file that is not a mapping, or a section named after no notebook of the checklist registry
+        (:mod:`helpers.checklist`).
     """
-    if name not in PROFILES:
-        raise ParameterError(f"--profile: {name!r} is not one of {', '.join(PROFILES)}")
-    path = (folder or notebooks_dir()) / "profiles" / f"{name}.yaml"
-    data = yaml.safe_load(path.read_text()) or {}
+    if name in PROFILES:
+        path = (folder or notebooks_dir()) / "profiles" / f"{name}.yaml"
+    elif str(name).endswith((".yaml", ".yml")):  # a user's own profile file
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ParameterError(f"--profile: no profile file {path}; give one of {', '.join(PROFILES)} or the path "
+                                 "of a YAML file with sections 'common' and/or notebook ids")
+    else:
+        raise ParameterError(f"--profile: {name!r} is not one of {', '.join(PROFILES)}, nor a .yaml file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ParameterError(f"--profile: {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ParameterError(f"profile file {path.name} must hold a mapping, got {type(data).__name__}")
     unknown = [k for k in data if k != "common" and k not in checklist.notebook_ids()]
@@ -231,8 +246,28 @@ def job_applies(declared: set[str] | frozenset[str]) -> bool:
     return "job" in declared or not ({"batch_size", "data_dir"} & set(declared))
 
 
+def parse_overrides(pairs) -> dict[str, Any]:
+    """``-p NAME VALUE`` pairs as ``{name: value}``, each value read as YAML (``64`` -> 64, ``[0, 2]`` -> a list).
+
+    Raises
+    ------
+    ParameterError
+        A name the runner sets itself (use its own option), or a value that is not valid YAML.
+    """
+    out: dict[str, Any] = {}
+    for name, text in pairs:
+        if name in RUNNER_PARAMS:
+            raise ParameterError(f"-p {name}: the runner sets {name!r} (use --{name.replace('_', '-')})")
+        try:
+            out[name] = yaml.safe_load(str(text))
+        except yaml.YAMLError as exc:
+            raise ParameterError(f"-p {name} {text!r}: not a YAML value ({exc})") from None
+    return out
+
+
 def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
-                     data_dir: str | None = None, job: str | None = None) -> dict:
+                     data_dir: str | None = None, job: str | None = None,
+                     overrides: dict[str, Any] | None = None) -> dict:
     """Parameters passed to one notebook: profile values, then the runner's own.
 
     Raises
@@ -251,6 +286,7 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
             elif source is not profile.get("common"):
                 raise ParameterError(
                     f"profile sets unknown parameter {key!r} for {nb.stem}; it declares: {', '.join(sorted(declared))}")
+    params.update({k: v for k, v in (overrides or {}).items() if k in declared})
     params.update(device=device, results_path=str(run_dir / RESULTS_FILE), out_dir=str(run_dir))
     if data_dir:
         params["data_dir"] = str(data_dir)
@@ -403,7 +439,7 @@ def _index_data_dir(data_dir: Path, entries: Sequence[NotebookRun], echo: Callab
 def new_run_dir(profile: str, device: str) -> Path:
     """Return a new, not yet existing run folder under runs/."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = runs_dir() / f"{stamp}-{profile}-{device}"
+    base = runs_dir() / f"{stamp}-{Path(profile).stem}-{device}"  # a profile file by its name
     path, n = base, 1
     while path.exists():
         n += 1
@@ -762,6 +798,8 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
                      if mine is not None and mine != theirs]
         if options.data_dir is not None:
             conflicts.append("--data-dir (a resumed run keeps its notebooks' parameters)")
+        if options.overrides:
+            conflicts.append("-p (a resumed run keeps its notebooks' parameters)")
         if conflicts:
             raise ParameterError("--resume continues a run with its own options; drop "
                                  + ", ".join(conflicts) + ", or start a new run without --resume")
@@ -771,6 +809,8 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         resolved = device_checker(device)
     else:
         profile, device = options.profile or "quick", options.device or "auto"
+        if profile not in PROFILES:  # a user's profile file: stored absolute, so --resume finds it from anywhere
+            profile = str(Path(profile).expanduser().resolve())
         profile_data = load_profile(profile, notebooks_folder)  # validates the name
         selected = select_notebooks(all_nbs, options.only or ())
         if device not in DEVICE_CHOICES:
@@ -781,11 +821,16 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
                                  "or choose a new folder")
         # Validate every notebook's parameters, then the device, before any work.
         job_spec = absolute_job_spec(options.job) if options.job else None  # the kernels run in notebooks/
+        overrides = parse_overrides(options.overrides)
+        unused = set(overrides) - set().union(*(notebook_parameter_names(nb) for nb in selected))
+        if unused:
+            raise ParameterError(f"-p {', '.join(sorted(unused))}: no selected notebook has such a parameter; see a "
+                                 "notebook's parameters cell (or notebooks/profiles/*.yaml) for the names")
         entries = []
         for nb in selected:
             spec_for(nb.stem)
             params = build_parameters(nb, profile_data, device=device, run_dir=run_dir,
-                                      data_dir=options.data_dir, job=job_spec)
+                                      data_dir=options.data_dir, job=job_spec, overrides=overrides)
             skip = None
             if options.job and not job_applies(set(notebook_parameter_names(nb))):
                 skip = not_applicable_reason(nb.stem, job_spec)
