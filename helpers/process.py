@@ -17,7 +17,18 @@ import signal
 import sys
 
 __all__ = ["die_with_parent", "stop_processes", "CHILDREN_DIR_ENV", "register_child", "unregister_child",
-           "end_stale_children"]
+           "end_stale_children", "cli_command"]
+
+
+def cli_command() -> str:
+    """The workbook's command line as a fresh shell can run it: this interpreter's absolute path, ``-m helpers``.
+
+    A report or an error message is read later, from another shell, where ``python`` may be the system's
+    (without the workbook's packages); the interpreter that wrote it (e.g. the checkout's ``.venv/bin/python``)
+    is the one that has them.
+    """
+    exe = sys.executable or "python"
+    return f"{exe} -m helpers"
 
 #: prctl(2) option that asks the kernel to signal a process when its parent exits (Linux <sys/prctl.h>).
 _PR_SET_PDEATHSIG = 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -100,7 +101,7 @@ def test_auto_follows_verdicts_and_reports_missing(tmp_path, cpu):
     assert by["pinned_memory"].source == "default" and not by["pinned_memory"].enabled  # CPU default
     lines = sel.missing_lines()
     assert "04_pinned_memory, 05_stream_overlap" in lines[0]
-    assert "python -m helpers run --only 04 05 10" in lines[1]
+    assert f"{sys.executable} -m helpers run --only 04 05 10" in lines[1]  # runnable from a fresh shell
     assert sel.job().num_workers == 3
 
 

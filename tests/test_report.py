@@ -7,6 +7,7 @@ import io
 import json
 import re
 import shlex
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -133,9 +134,12 @@ def _parse(text: str) -> _Doc:
 
 
 def _cli_accepts(command: str):
-    """Parse a `python -m helpers ...` command with the real command-line parser (flags must exist)."""
+    """Parse a `<this interpreter> -m helpers ...` command with the real command-line parser (flags must exist).
+
+    The report names the interpreter that wrote it by its absolute path, so the command works from a fresh shell
+    where `python` may be the system's."""
     argv = shlex.split(command)
-    assert argv[:3] == ["python", "-m", "helpers"], command
+    assert argv[:3] == [sys.executable, "-m", "helpers"], command
     return _parser().parse_args(argv[3:])
 
 

@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from helpers import checklist
+from helpers.process import cli_command
 from helpers.compute.amp import resolve_autocast_dtype
 from helpers.compute.train import TimedLoop, epochs
 from helpers.device import usable_cores
@@ -141,7 +142,7 @@ class Selection:
         return [f"missing verdict(s) in this run's results: {', '.join(self.missing)}; the device default is used "
                 "for those optimizations (table below).",
                 f"to follow measured verdicts instead, run them and this notebook together: "
-                f"`python -m helpers run --only {numbers} 10` (same --profile and --device as this run)"]
+                f"`{cli_command()} run --only {numbers} 10` (same --profile and --device as this run)"]
 
     def warning_lines(self) -> list[str]:
         """One line per choice whose deciding notebook ran a different workload than this job."""

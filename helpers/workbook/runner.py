@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
 from helpers import checklist
 from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
 from helpers.jobspec import absolute_job_spec, factory_params
-from helpers.process import CHILDREN_DIR_ENV, end_stale_children
+from helpers.process import CHILDREN_DIR_ENV, cli_command, end_stale_children
 from helpers.fsutil import ensure_writable_dir
 from helpers.pipeline.dataset import list_image_files
 from helpers.pipeline.images import IMAGE_SUFFIXES
@@ -488,13 +488,8 @@ def drop_records(results: Path, notebook: str) -> int:
 # --------------------------------------------------------------------------- execution
 
 def _command() -> str:
-    """How to call this command line again from where the user stands."""
-    exe = Path(sys.executable)
-    try:
-        exe = exe.relative_to(Path.cwd())
-    except ValueError:
-        pass
-    return f"{exe} -m helpers"
+    """How to call this command line again from a fresh shell (:func:`helpers.process.cli_command`)."""
+    return cli_command()
 
 
 #: nbclient's CellTimeoutError message (nbclient.exceptions.timeout_err_msg): the limit and a preview of the cell
@@ -526,7 +521,7 @@ def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
                                                                    else "a cell")
     info = {"type": "CellTimeoutError", "limit_s": limit,
             "message": (f"{where} ran past the per-cell limit of {limit} s; raise it with --timeout S "
-                        f"(python -m helpers run --timeout {limit * 2} ...), or use a smaller --profile")}
+                        f"({_command()} run --timeout {limit * 2} ...), or use a smaller --profile")}
     if index is not None:
         info["cell_index"] = index
     if first:

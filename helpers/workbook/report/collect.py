@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from helpers import checklist
+from helpers.process import cli_command
 from helpers.results import load_results
 from helpers.verdict import Action
 from helpers.workbook.paths import notebooks_dir, repo_root
@@ -367,9 +368,9 @@ def _missing_text(*, nb_id: str, number: str, status: str, error: dict | None, n
         ``(short, long)``: one line for the checklist, and the full explanation for the section.
     """
     out = _display_dir(run_dir)
-    resume = f"python -m helpers run --resume --out {out}"
+    resume = f"{cli_command()} run --resume --out {out}"
     opts = "".join(f" --{k} {state[k]}" for k in ("profile", "device", "job") if state.get(k))
-    new_run = f"python -m helpers run --only {number}{opts}"
+    new_run = f"{cli_command()} run --only {number}{opts}"
     no_file = ("" if _notebook_file_exists(number) else
                f" This checkout has no notebooks/{number}_*.ipynb yet: update it first.")
     if status == "failed":
