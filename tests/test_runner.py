@@ -79,6 +79,12 @@ def test_failing_notebook_does_not_stop_the_others(nb_folder, tmp_path):
     report = (out / "report.md").read_text()
     assert "boom in the notebook" in report and "01_baseline_profiling" in report
     assert (out / "report.html").is_file() and (out / "00_environment_check.ipynb").is_file()
+    # each executed notebook as a web page beside it (a browser shows .ipynb as JSON), the failed one's traceback too
+    page = (out / "00_environment_check.html").read_text()
+    assert "boom in the notebook" in page and "<html" in page
+    assert (out / "01_baseline_profiling.html").is_file()
+    assert "01_baseline_profiling.html'>html</a>" in (out / "report.html").read_text()
+    assert "[html](01_baseline_profiling.html)" in report
 
 
 def test_interrupted_run_resumes_where_it_stopped(tmp_path):

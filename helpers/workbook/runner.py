@@ -297,6 +297,34 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
     return params
 
 
+def export_html(notebook: Path) -> Path | None:
+    """Render an executed notebook as a self-contained web page beside it (``.html``), for the report's links.
+
+    A browser shows an ``.ipynb`` as raw JSON; nbconvert's HTML exporter (the ``lab`` template, outputs and
+    figures embedded) gives the page a reader can open from the report. A rendering that fails only costs the
+    link: it is logged, never raised (the notebook itself ran and its results are kept).
+
+    Returns
+    -------
+    pathlib.Path or None
+        The page, or None when there is no notebook or the rendering failed.
+    """
+    if not notebook.is_file():
+        return None
+    try:
+        import nbformat
+        from nbconvert import HTMLExporter
+
+        body, _ = HTMLExporter(template_name="lab").from_notebook_node(nbformat.read(str(notebook), as_version=4))
+        out = notebook.with_suffix(".html")
+        out.write_text(body, encoding="utf-8")
+        return out
+    except Exception as exc:  # noqa: BLE001 - a missing template or a broken output must not fail the run
+        logging.getLogger(__name__).warning("no HTML rendering of %s: %s: %s", notebook.name, type(exc).__name__,
+                                            exc)
+        return None
+
+
 def check_device(device: str, *, timeout_s: float = 300.0) -> str:
     """Resolve ``device`` in a child process and return "kind:name".
 
@@ -732,6 +760,8 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
                 full = _disk_full(run_dir, exc)
                 nb.error["message"] = str(full)
         nb.duration_s = round(time.perf_counter() - t0, 2)
+        if full is None:  # a web page of the executed notebook (a failed one shows its traceback there)
+            export_html(Path(nb.output))
         _save(state, run_dir)
         if full is not None:
             echo(f"[{i}/{len(state.notebooks)}] {nb.id}: failed in {nb.duration_s:.1f} s — disk full")

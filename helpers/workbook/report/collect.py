@@ -67,6 +67,8 @@ class NotebookSection:
         Figure files that could not be read, with the reason.
     executed : Path or None
         The executed notebook, relative to the run folder, if it exists.
+    executed_html : Path or None
+        Its HTML rendering (beside it, ``.html``), for a browser, which shows an ``.ipynb`` as raw JSON.
     error : dict or None
         The runner's error record for a failed notebook.
     duration_s : float or None
@@ -90,6 +92,7 @@ class NotebookSection:
     figures: tuple = ()
     bad_figures: tuple = ()
     executed: Path | None = None
+    executed_html: Path | None = None
     error: dict | None = None
     duration_s: float | None = None
     missing: str | None = None
@@ -494,6 +497,8 @@ def collect(run_dir: Path) -> Report:
         sections.append(NotebookSection(
             id=nb_id, number=number, item=names.get(number, nb_id), status=status, verdict=verdict,
             records=others, figures=tuple(figures), bad_figures=tuple(bad), executed=executed,
+            executed_html=(executed.with_suffix(".html") if executed is not None
+                           and (run_dir / executed.with_suffix(".html")).is_file() else None),
             error=error, duration_s=(info or {}).get("duration_s"),
             missing_short=missing[0], missing=missing[1],
             cause=error_cause(error) if failed else None, error_tail=_error_tail(error) if failed else "",

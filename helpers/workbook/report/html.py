@@ -103,6 +103,8 @@ def to_html(run_dir: Path | Report) -> str:
     for s in rep.sections:
         nb_link = (f"<a href='{e(s.executed.as_posix())}'>{e(s.executed.name)}</a>" if s.executed
                    else "<span class='meta'>—</span>")
+        if s.executed_html:
+            nb_link += f" · <a href='{e(s.executed_html.as_posix())}'>html</a>"
         parts.append(
             f"<tr data-notebook='{e(s.id)}'><td><a href='#{e(s.id)}'>{e(s.item)}</a></td>"
             f"<td class='effect'>{e(headline(s.verdict))}</td><td>{_badge(_rec_text(s))}</td>"
@@ -126,7 +128,9 @@ def to_html(run_dir: Path | Report) -> str:
                              f"<pre class='error'>{e(s.error_tail)}</pre></details>")
         links = []
         if s.executed:
-            links.append(f"executed notebook <a href='{e(s.executed.as_posix())}'>{e(s.executed.as_posix())}</a>")
+            links.append(f"executed notebook <a href='{e(s.executed.as_posix())}'>{e(s.executed.as_posix())}</a>"
+                         + (f" (<a href='{e(s.executed_html.as_posix())}'>as a web page</a>)" if s.executed_html
+                            else ""))
         for art in _artifacts(rep.run_dir, s.id):
             rel = art.relative_to(rep.run_dir).as_posix()
             links.append(f"artifact <a href='{e(rel)}'>{e(rel)}</a>")

@@ -46,6 +46,8 @@ def to_markdown(run_dir: Path | Report) -> str:
               "|---|---|---|---|---|"]
     for s in rep.sections:
         link = f"[{s.executed.as_posix()}]({s.executed.as_posix()})" if s.executed else "—"
+        if s.executed_html:
+            link += f" · [html]({s.executed_html.as_posix()})"
         lines.append(f"| [{_md_cell(s.item)}](#{s.id}) | {_md_cell(headline(s.verdict))} | "
                      f"**{_md_cell(_rec_text(s))}** | {_md_cell(_why(s))} | {link} |")
     lines += ["", "How to read it: " + "; ".join(f"*{k}*: {d}" for k, d in GLOSSARY) + "."]
@@ -61,7 +63,8 @@ def to_markdown(run_dir: Path | Report) -> str:
             if s.error_tail:
                 lines += ["", "Last lines of the error:", "", "~~~~text", s.error_tail, "~~~~"]
         if s.executed:
-            lines += ["", f"Executed notebook: [{s.executed.as_posix()}]({s.executed.as_posix()})"]
+            lines += ["", f"Executed notebook: [{s.executed.as_posix()}]({s.executed.as_posix()})"
+                      + (f" ([as a web page]({s.executed_html.as_posix()}))" if s.executed_html else "")]
         for art in _artifacts(rep.run_dir, s.id):
             rel = art.relative_to(rep.run_dir).as_posix()
             lines += ["", f"Artifact: [{rel}]({rel})"]
