@@ -20,7 +20,7 @@ TORCH_INDEX ?=
 help:
 	@echo "make workbook   run the workbook (quick profile, default device); ARGS='--profile smoke --only 00 01'"
 	@echo "make test       run every test"
-	@echo "make lab        open the notebooks in JupyterLab"
+	@echo "make lab        open a working copy of the notebooks (lab/) in JupyterLab; reset: rm -rf lab"
 	@echo "make browser    install Chromium (system package, needs root) for the report's browser test"
 	@echo "make device-check  on a CUDA/NPU machine: device notebooks + bench, one JSON (DEVICE=cuda|npu)"
 
@@ -51,8 +51,15 @@ DEVICE ?= cuda
 device-check: data
 	$(PY) -m helpers device-check --device $(DEVICE) $(ARGS)
 
+# A working copy of the notebooks (git-ignored, made from notebooks/ when missing), so that a learner's edits never
+# change the tracked files; reset it with `rm -rf lab && make lab`. As root (containers, NPU machines) JupyterLab
+# needs --allow-root; its news pop-up and update check are off.
+LAB_DIR ?= lab
 lab: data
-	$(PY) -m jupyter lab notebooks/
+	@test -d $(LAB_DIR) || $(PY) -m helpers notebooks $(LAB_DIR)
+	$(PY) -m jupyter lab $(LAB_DIR) $(if $(filter 0,$(shell id -u)),--allow-root) \
+		--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
+		--LabApp.news_url=None $(LAB_ARGS)
 
 # Chromium renders report.html in tests/test_report_browser.py; without it that test is skipped
 # (or fails, when WORKBOOK_REQUIRE_BROWSER=1 as in .ci/run). Installs the Debian package when run
