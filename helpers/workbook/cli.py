@@ -12,6 +12,7 @@ notebooks   copy the notebooks and their profiles to a folder of your choice, fo
 data build  build the embedded photo dataset (done on first use anyway)
 device-check  on a borrowed CUDA/NPU machine: notebooks 02, 04-07, 10, bench input-pipeline and the link
             bandwidth, summarized in one JSON file (exit 1 when a step failed)
+compare     one report across run folders (a class, before/after a change, CPU vs GPU vs NPU)
 report      rebuild the report of an existing run folder
 env check   validate HCCL/NCCL/torch_npu environment settings (current or proposed), write the valid
             ones as an env file for torchrun; exit 1 when a setting is invalid or invented
@@ -102,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     dc.add_argument("--profile", default="quick", choices=PROFILES, help="parameter profile (default: quick)")
     dc.add_argument("--out", type=Path, default=None, metavar="DIR",
                     help="folder for the run and device_check.json (default: runs/device-check-<device>-<time>)")
+
+    cmp_ = sub.add_parser("compare", help="one report across run folders: a column per run, where they disagree")
+    cmp_.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="two or more run folders")
+    cmp_.add_argument("--out", type=Path, default=None, metavar="DIR",
+                      help="folder for compare.html and compare.md (default: runs/compare-<time> beside the first)")
 
     rep = sub.add_parser("report", help="rebuild report.html and report.md of a run folder")
     rep.add_argument("run_dir", type=Path)
@@ -266,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
             summary = device_check(device=args.device, out=args.out, profile=args.profile)
             failed = [k for k, v in summary["steps"].items() if v["status"] != "ok"]
             return 1 if failed else 0
+        if args.command == "compare":
+            from helpers.workbook.report.compare import write_comparison
+
+            html_path, md_path = write_comparison(args.run_dirs, args.out)
+            print(f"Comparison: {html_path}\n            {md_path}")
+            return 0
         if args.command == "report":
             from helpers.workbook.report import write_report
 
