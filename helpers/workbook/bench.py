@@ -19,10 +19,11 @@ from helpers.npu_probe import prepare_torch_import
 from helpers.specs import spec_for, validate_notebook_params
 from helpers.workbook.runner import load_profile
 
-#: Targets of issue 3 for a 2-core CPU, quick profile, embedded data.
+#: Targets for a 2-core CPU, quick profile, embedded data: issue 14's for the decode (6x the per-image
+#: baseline, 90% of the raw decode-only rate), issue 3's for the exposed input.
 INPUT_PIPELINE_TARGETS = {
-    "preprocess_speedup": (">=", 4.0),
-    "decode_efficiency": (">=", 0.70),
+    "preprocess_speedup": (">=", 6.0),
+    "decode_efficiency": (">=", 0.90),
     "exposed_input_fraction": ("<=", 0.10),
 }
 
