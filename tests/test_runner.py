@@ -479,7 +479,10 @@ def test_dash_p_sets_a_parameter_in_every_notebook_that_has_it(tmp_path):
 
 @pytest.mark.parametrize("pairs, match", [((("batchsize", "4"),), r"-p batchsize: no selected notebook"),
                                           ((("device", "cuda"),), r"the runner sets 'device' \(use --device\)"),
-                                          ((("batch_size", "-4"),), r"batch_size")])
+                                          ((("batch_size", "-4"),), r"batch_size"),
+                                          ((("job", "x.py:f"),), r"-p job: the runner sets 'job' \(use --job"),
+                                          ((("data_dir", "/tmp"),), r"use --data-dir"),
+                                          ((("out_dir", "/tmp"),), r"use --out")])
 def test_dash_p_is_checked_before_any_work(tmp_path, pairs, match):
     with pytest.raises(ParameterError, match=match):
         run(RunOptions(profile="smoke", out=tmp_path / "run", only=("01",), overrides=pairs), echo=lambda s: None,
@@ -494,6 +497,11 @@ def test_a_users_profile_file(tmp_path):
     run_dir, state = run(RunOptions(profile=str(mine), only=("01",), out=tmp_path / "run"), echo=lambda s: None,
                          executor=lambda nb, **kw: seen.update(nb.parameters), device_checker=_fake_device)
     assert seen["batch_size"] == 12 and seen["steps"] == 5 and state.profile == str(mine.resolve())
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("common:\n  batch_sise: 8\n")
+    with pytest.raises(ParameterError, match=r"'common' sets 'batch_sise', which no notebook declares"):
+        run(RunOptions(profile=str(typo), out=tmp_path / "r1"), echo=lambda s: None,
+            executor=lambda nb, **kw: pytest.fail("no notebook may start"), device_checker=_fake_device)
     with pytest.raises(ParameterError, match="no profile file"):
         run(RunOptions(profile=str(tmp_path / "nope.yaml"), out=tmp_path / "r2"), echo=lambda s: None,
             executor=lambda nb, **kw: None, device_checker=_fake_device)

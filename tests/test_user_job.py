@@ -365,3 +365,28 @@ def test_max_images_bounds_a_supervised_job_whose_factory_does_not_take_it(tmp_p
                   name="bigjob.py")
     assert len(load_job(f"{path}:make_job", {"max_images": 12, "batch_size": 4}).make_dataset()) == 12
     assert len(load_job(f"{path}:make_job", {"batch_size": 4}).make_dataset()) == 100
+
+
+def test_first_step_errors_show_the_users_own_frames(tmp_path, cpu):
+    from helpers.jobs.check import first_step_check
+
+    path = _write(tmp_path, "import torch\nfrom helpers.jobs.supervised import supervised_job\n\n"
+                            "class Broken(torch.utils.data.Dataset):\n"
+                            "    def __len__(self):\n        return 8\n"
+                            "    def __getitem__(self, i):\n        raise KeyError('no such sample')\n\n"
+                            "def broken_model():\n    raise RuntimeError('my model constructor is broken')\n\n"
+                            "def make_job(batch_size=4, which='data'):\n"
+                            "    data = Broken() if which == 'data' else [(torch.ones(3), torch.tensor(0.0))] * 8\n"
+                            "    model = broken_model if which == 'model' else (lambda: torch.nn.Linear(3, 1))\n"
+                            "    return supervised_job(data, model, lambda o, y: o.mean(),\n"
+                            "                          lambda p: torch.optim.SGD(p, lr=0.1), batch_size=batch_size)\n",
+                  name="framesjob.py")
+    with pytest.raises(JobError) as exc:
+        first_step_check(load_job(f"{path}:make_job", {"which": "data"}), cpu)
+    assert "making the first batch" in str(exc.value) and "framesjob.py\", line 8, in __getitem__" in str(exc.value)
+    with pytest.raises(JobError) as exc:
+        first_step_check(load_job(f"{path}:make_job", {"which": "model"}), cpu)
+    assert "model_fn() raised RuntimeError" in str(exc.value) and "in broken_model" in str(exc.value)
+    bad = _write(tmp_path, "def make_job(:\n    pass\n", name="syntaxjob.py")
+    with pytest.raises(JobError, match=r"SyntaxError.*\n  def make_job\(:"):
+        load_job(f"{bad}:make_job")

@@ -17,6 +17,7 @@ import torch
 
 from helpers.compute.memory import is_oom
 from helpers.jobs.base import Job, close_dataset
+from helpers.jobs.load import _user_frames
 from helpers.jobs.supervised import JobError
 
 __all__ = ["first_step_check", "describe_batch"]
@@ -62,13 +63,17 @@ def _part(job: Job, acc: Any, what: str, fn: Callable[[], Any], fix: str) -> Any
     try:
         return fn()
     except JobError as exc:  # the adapter already named the part; say "does not fit" where that is why
-        if exc.__cause__ is not None and is_oom(exc.__cause__):
-            raise JobError(_oom_advice(job, acc, what)) from exc.__cause__
+        cause = exc.__cause__
+        if cause is not None and is_oom(cause):
+            raise JobError(_oom_advice(job, acc, what)) from cause
+        if cause is not None and _user_frames(cause):  # the adapter's message, with the user's own frames
+            raise JobError(f"{exc}{_user_frames(cause)}") from cause
         raise
     except Exception as exc:  # the user's code: any exception is theirs to read
         if is_oom(exc):
             raise JobError(_oom_advice(job, acc, what)) from exc
-        raise JobError(f"job {job.name!r}: {what} failed: {type(exc).__name__}: {exc}; {fix}") from exc
+        raise JobError(f"job {job.name!r}: {what} failed: {type(exc).__name__}: {exc}; {fix}"
+                       f"{_user_frames(exc)}") from exc
 
 
 def _loss_of(stats: Any) -> torch.Tensor | None:

@@ -51,8 +51,9 @@ def _import(target: str, is_file: bool, spec: str):
             module_spec.loader.exec_module(module)
         except Exception as exc:
             sys.modules.pop(name, None)
-            raise JobError(f"job file {path} failed to import: {type(exc).__name__}: {exc}{_user_frames(exc)}") \
-                from exc
+            where = (f"\n  {exc.text.rstrip()}" if isinstance(exc, SyntaxError) and exc.text else "")
+            raise JobError(f"job file {path} failed to import: {type(exc).__name__}: {exc}{where}"
+                           f"{_user_frames(exc)}") from exc
         return module
     try:
         return importlib.import_module(target)

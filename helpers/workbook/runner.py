@@ -64,6 +64,12 @@ RESULTS_FILE = "results.jsonl"
 #: Parameters the runner sets itself; profiles must not set them.
 RUNNER_PARAMS = ("device", "results_path", "out_dir")
 
+#: What to use instead of setting a runner-owned parameter by hand (-p or a profile).
+_RUNNER_OPTIONS = {"device": "use --device", "results_path": "the run folder's results.jsonl: choose the folder "
+                   "with --out", "out_dir": "the run folder: use --out", "job": "use --job, which checks the job "
+                   "before any notebook starts", "data_dir": "use --data-dir, which checks the folder before any "
+                   "notebook starts"}
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -214,6 +220,14 @@ def load_profile(name: str, folder: Path | None = None) -> dict:
     if unknown:
         raise ParameterError(f"profile file {path.name} has section(s) {', '.join(map(repr, unknown))} that name no "
                              f"notebook; known: common, {', '.join(checklist.notebook_ids())}")
+    common = data.get("common") or {}
+    if not isinstance(common, dict):
+        raise ParameterError(f"profile file {path.name}: 'common' must be a mapping of parameter names to values")
+    known = {p.name for nb in checklist.notebook_ids() for p in spec_for(nb)}
+    typos = sorted(set(common) - known)
+    if typos:  # a name no notebook declares would be ignored everywhere: a typo, said before any work
+        raise ParameterError(f"profile file {path.name}: 'common' sets {', '.join(map(repr, typos))}, which no "
+                             "notebook declares; check the spelling against a notebook's parameters cell")
     return data
 
 
@@ -256,8 +270,8 @@ def parse_overrides(pairs) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for name, text in pairs:
-        if name in RUNNER_PARAMS:
-            raise ParameterError(f"-p {name}: the runner sets {name!r} (use --{name.replace('_', '-')})")
+        if name in RUNNER_PARAMS or name in _RUNNER_OPTIONS:
+            raise ParameterError(f"-p {name}: the runner sets {name!r} ({_RUNNER_OPTIONS.get(name, '')})")
         try:
             out[name] = yaml.safe_load(str(text))
         except yaml.YAMLError as exc:
@@ -280,7 +294,7 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
     for source in (profile.get("common") or {}, profile.get(nb.stem) or {}):
         for key, value in source.items():
             if key in RUNNER_PARAMS:
-                raise ParameterError(f"profile sets {key!r} for {nb.stem}; the runner sets it (use --{key.replace('_', '-')})")
+                raise ParameterError(f"profile sets {key!r} for {nb.stem}; the runner sets it ({_RUNNER_OPTIONS[key]})")
             if key in declared:
                 params[key] = value
             elif source is not profile.get("common"):
