@@ -51,6 +51,22 @@ def test_disagreements_are_classed_by_the_intervals(tmp_path):
     assert "class='apart'" in html.read_text()
 
 
+def test_two_intervals_apart_are_beyond_even_when_a_third_run_has_none(tmp_path):
+    a = _run(tmp_path / "a", "cpu:a", {"03_dataloader_tuning": (0.95, 0.89, 1.02, "leave off")})
+    b = _run(tmp_path / "b", "cpu:b", {"03_dataloader_tuning": (1.6, 1.32, 1.95, "enable")})
+    c = _run(tmp_path / "c", "cpu:c", {"03_dataloader_tuning": (1.0, 0.9, 1.1, "leave off")})
+    ResultsStore(c / "results.jsonl", notebook="06_mixed_precision").verdict(
+        metric="speedup", value=1.0, unit="x", recommendation="leave off", reason="r")  # no interval
+    ResultsStore(a / "results.jsonl", notebook="06_mixed_precision").verdict(
+        metric="speedup", value=1.3, unit="x", recommendation="enable", reason="r",
+        spread={"ci_low": 1.2, "ci_high": 1.4})
+    rows = {r.notebook: r for r in compare_runs([a, b, c]).rows}
+    assert rows["03_dataloader_tuning"].disagreement == "beyond the intervals"
+    assert rows["06_mixed_precision"].disagreement == "no interval"
+    with pytest.raises(ParameterError, match="twice"):
+        compare_runs([a, a])
+
+
 def test_runs_of_different_jobs_are_said_to_compare_different_workloads(tmp_path):
     a = _run(tmp_path / "a", "cpu:x", {"06_mixed_precision": (1.3, 1.2, 1.4, "enable")})
     b = _run(tmp_path / "b", "cpu:x", {"06_mixed_precision": (1.3, 1.2, 1.4, "enable")}, job="my.py:make_job")

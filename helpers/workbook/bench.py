@@ -179,7 +179,10 @@ def ddp_bench(*, job: str = "", profile: str = "quick", backend: str = "auto", w
     params = _notebook_values("08_collectives", profile, {"job": job or None, "data_dir": data_dir or None})
     params = {k: params[k] for k in (*DDP_KEYS, "job") if k in params}
     if launched_by_torchrun():
+        before = machine.snapshot()  # this rank's machine; its sibling ranks count as the job's own work
         out = ddp_in_launched_job(params, backend=backend)
+        if out is not None:
+            out.update(_machine_keys(before))
         return None if out is None else json.dumps(out, indent=2, default=str)
     from helpers.device import get_accelerator
 

@@ -84,8 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     be.add_argument("--device", default="auto", choices=DEVICE_CHOICES, help="device kind (default: auto)")
     be.add_argument("--data-dir", default=None, metavar="DIR", help="a folder of images instead of the embedded photos")
     be.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl", "hccl"),
-                    help="allreduce: torch.distributed backend (auto: hccl on npu, nccl on cuda, gloo on cpu)")
-    be.add_argument("--world-size", type=int, default=2, metavar="N", help="allreduce: ranks on this machine")
+                    help="allreduce, ddp: torch.distributed backend (auto: hccl on npu, nccl on cuda, gloo on cpu)")
+    be.add_argument("--world-size", type=int, default=2, metavar="N", help="allreduce, ddp: ranks on this machine")
     be.add_argument("--min-bytes", type=int, default=8, metavar="B", help="allreduce: smallest message, bytes")
     be.add_argument("--max-size-mib", type=float, default=256, metavar="M", help="allreduce: largest message, MiB")
     be.add_argument("--repeats", type=int, default=10, metavar="R", help="allreduce: timed calls per size")
@@ -107,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="one report across run folders: a column per run, where they disagree")
     cmp_.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="two or more run folders")
     cmp_.add_argument("--out", type=Path, default=None, metavar="DIR",
-                      help="folder for compare.html and compare.md (default: runs/compare-<time> beside the first)")
+                      help="folder for compare.html and compare.md (default: compare-<time> beside the first run folder)")
 
     rep = sub.add_parser("report", help="rebuild report.html and report.md of a run folder")
     rep.add_argument("run_dir", type=Path)
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             from helpers.workbook.device_check import device_check
 
             summary = device_check(device=args.device, out=args.out, profile=args.profile)
-            failed = [k for k, v in summary["steps"].items() if v["status"] != "ok"]
+            failed = [k for k, v in summary["steps"].items() if v["status"] == "failed"]
             return 1 if failed else 0
         if args.command == "compare":
             from helpers.workbook.report.compare import write_comparison

@@ -153,6 +153,9 @@ def device_check(*, device: str = "cuda", out: str | Path | None = None, profile
     summary["bench_input_pipeline"] = bench
     summary["bandwidth"] = (_step("bandwidth", lambda: bandwidth_summary(results), steps, echo)
                             if results.is_file() else None)
+    if summary["bandwidth"] is not None and not summary["bandwidth"]["methods"] and steps.get("bandwidth"):
+        steps["bandwidth"]["status"] = "not applicable"  # nothing was copied to a device (a CPU)
+        steps["bandwidth"]["reason"] = "notebook 04 recorded no host-to-device rate: no accelerator in this run"
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     (root / "device_check.json").write_text(json.dumps(summary, indent=2, default=str))
     echo(f"device-check: summary {root / 'device_check.json'} ({summary['wall_s']:.0f} s)")

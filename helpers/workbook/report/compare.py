@@ -87,10 +87,10 @@ def _disagreement(verdicts: list[dict | None]) -> str:
     if len(recs) < 2 or len(set(recs)) == 1:
         return ""
     intervals = [interval_of(v) for v in verdicts if v]
-    if any(i is None for i in intervals):
-        return "no interval"
-    apart = any(a[1] < b[0] or b[1] < a[0] for a, b in itertools.combinations(intervals, 2))
-    return "beyond the intervals" if apart else "within the intervals"
+    known = [i for i in intervals if i is not None]
+    if any(a[1] < b[0] or b[1] < a[0] for a, b in itertools.combinations(known, 2)):
+        return "beyond the intervals"  # two runs that gave intervals already differ beyond them
+    return "no interval" if len(known) < len(intervals) else "within the intervals"
 
 
 def compare_runs(run_dirs: list[str | Path]) -> Comparison:
@@ -113,6 +113,8 @@ def compare_runs(run_dirs: list[str | Path]) -> Comparison:
     dirs = [Path(d) for d in run_dirs]
     if len(dirs) < 2:
         raise ParameterError("compare needs at least two run folders")
+    if len({d.resolve() for d in dirs}) < len(dirs):
+        raise ParameterError("compare: the same run folder is given twice; give different runs")
     for d in dirs:
         if not (d / "run.json").is_file() and not (d / "results.jsonl").is_file():
             raise ParameterError(f"{d} is not a run folder (no run.json or results.jsonl)")
@@ -185,7 +187,7 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path | None = None) 
     run_dirs : list of path
         Two or more run folders.
     out : path, optional
-        Folder for the comparison (default ``runs/compare-<date>-<time>`` beside the runs).
+        Folder for the comparison (default ``compare-<date>-<time>`` beside the first run folder).
 
     Returns
     -------
@@ -200,6 +202,7 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path | None = None) 
     c = compare_runs(list(run_dirs))
     folder = Path(out) if out else Path(run_dirs[0]).parent / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)
+    folder = folder.resolve()
     h, m = folder / "compare.html", folder / "compare.md"
     h.write_text(_html(c), encoding="utf-8")
     m.write_text(_markdown(c), encoding="utf-8")
