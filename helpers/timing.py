@@ -649,6 +649,11 @@ class Comparison:
             confidence=float(confidence),
         )
 
+    def inverse(self) -> tuple[float, float, float]:
+        """The ratio the other way round with its interval: ``(1 / ratio, 1 / ci_high, 1 / ci_low)`` (A's rate over
+        B's), e.g. a job's throughput as a fraction of its input-free ceiling's when A is the job and B the ceiling."""
+        return 1.0 / self.ratio, 1.0 / self.ci_high, 1.0 / self.ci_low
+
     def outcome(self, threshold: float = 1.05) -> str:
         """Classify the comparison.
 

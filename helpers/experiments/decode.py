@@ -129,8 +129,12 @@ class DecodeBench:
             self._plans[k] = self.dataset.decode_plan(self.batches[k])
         return self._plans[k]
 
-    def compare_raw_decode(self) -> "Comparison":
+    def compare_raw_decode(self, against=None) -> "Comparison":
         """The decode efficiency: raw decode only (A) vs batched (host) (B), interleaved.
+
+        With ``against`` (a :class:`helpers.pipeline.image_cache.CachedDataset` over the same index), B is that
+        dataset's host batch instead, named :data:`CACHED_LABEL`: the decode-once cache against the decoder's
+        own limit.
 
         A decodes the batch's files from bytes already in memory at the
         planned DCT scales on the dataset's pool (:meth:`BatchedDataset.raw_decode`);
@@ -151,10 +155,37 @@ class DecodeBench:
         order_a, order_b = itertools.cycle(range(n)), self._cycle()
         for k in range(min(n, self.repeats + self.warmup)):
             self._plan(k)
+        other = self.dataset if against is None else against
+        if against is not None:
+            against.set_epoch(0)
         return compare(lambda: self.dataset.raw_decode(self._plan(next(order_a))),
-                       lambda: self.dataset[order_b()],
-                       repeats=self.repeats, warmup=self.warmup, names=(RAW_DECODE_LABEL, BATCHED_HOST_LABEL),
+                       lambda: other[order_b()],
+                       repeats=self.repeats, warmup=self.warmup,
+                       names=(RAW_DECODE_LABEL, BATCHED_HOST_LABEL if against is None else CACHED_LABEL),
                        items_per_call=self.batch_size, seed=self.seed)
+
+    def cache_psnr(self, cached, n_batches: int = 2) -> list[float]:
+        """PSNR (dB) of the decode-once cache's crops against the per-image reference, on the first batches.
+
+        Parameters
+        ----------
+        cached : helpers.pipeline.image_cache.CachedDataset
+            Over this bench's index, transform and seed.
+        n_batches : int
+            Batches of :attr:`batches` checked.
+
+        Returns
+        -------
+        list of float
+            One value per image, in batch order.
+        """
+        cached.set_epoch(0)
+        out: list[float] = []
+        for indices in self.batches[:n_batches]:
+            imgs = cached[indices]["image"].numpy()
+            out += [psnr(imgs[k], reference_augment(cached.paths[i], seed=cached.seed, epoch=0, index=int(i),
+                                                    transform=cached.transform)) for k, i in enumerate(indices)]
+        return out
 
     def compare_cache(self, cached) -> "Comparison":
         """The decode-once cache: batched (host) (A) vs the cached pipeline (B), interleaved, same batches.

@@ -820,8 +820,8 @@ def ceiling_fraction(job: JobVariant, ceiling: JobVariant, *, seed: int = 0) -> 
         :class:`helpers.timing.Comparison` under ``comparison`` (A = the job, B = the ceiling).
     """
     c = Comparison.from_measurements(job.measurement(), ceiling.measurement(), seed=seed)
-    return {"fraction": 1.0 / c.ratio, "ci_low": 1.0 / c.ci_high, "ci_high": 1.0 / c.ci_low,
-            "free_input_speedup": c.ratio, "comparison": c}
+    fraction, low, high = c.inverse()
+    return {"fraction": fraction, "ci_low": low, "ci_high": high, "free_input_speedup": c.ratio, "comparison": c}
 
 
 def contribution(optimized: JobVariant, without: JobVariant, *, seed: int = 0):

@@ -79,11 +79,8 @@ def _part(job: Job, acc: Any, what: str, fn: Callable[[], Any], fix: str) -> Any
 def _loss_of(stats: Any) -> torch.Tensor | None:
     if isinstance(stats, torch.Tensor):
         return stats
-    if isinstance(stats, dict):
-        for key in ("loss", "value loss", "value_loss"):
-            if isinstance(stats.get(key), torch.Tensor):
-                return stats[key]
-    return None
+    loss = stats.get("loss") if isinstance(stats, dict) else None
+    return loss if isinstance(loss, torch.Tensor) else None
 
 
 def first_step_check(job: Job, acc: Any) -> dict[str, Any]:

@@ -27,7 +27,6 @@ the fingerprint (one ``stat`` per file); a mismatch rebuilds it, or with ``on_st
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -46,7 +45,7 @@ from helpers.pipeline.baseline import ImageTransformConfig, item_generator, samp
 from helpers.pipeline.decode import DecodeConfig, _resize_box, _write
 from helpers.pipeline.fast import BatchedDataset, _Filled
 from helpers.pipeline.images import BadImage, load_rgb
-from helpers.pipeline.scan_cache import CACHE_DIR_ENV
+from helpers.pipeline.scan_cache import cache_root, locked
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +60,9 @@ DEFAULT_MAX_BYTES = 2 << 30
 
 
 def cache_dir() -> Path:
-    """Folder of the decoded-image caches: ``$WORKBOOK_CACHE_DIR/decoded`` or the user cache's ``decoded``."""
-    env = os.environ.get(CACHE_DIR_ENV, "").strip()
-    if env:
-        return Path(env).expanduser() / "decoded"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("training-perf-workbook")) / "decoded"
+    """Folder of the decoded-image caches: ``decoded`` in the workbook's cache folder
+    (:func:`helpers.pipeline.scan_cache.cache_root`: ``$WORKBOOK_CACHE_DIR`` or the user cache)."""
+    return cache_root() / "decoded"
 
 
 def cached_size(height: int, width: int, transform: ImageTransformConfig, margin: float = 1.0) -> tuple[int, int]:
@@ -177,19 +172,6 @@ def _key(root: Path, transform: ImageTransformConfig, margin: float) -> str:
                        "crop_ratio": transform.crop_ratio, "margin": margin, "version": CACHE_VERSION},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
-@contextlib.contextmanager
-def _locked(folder: Path):
-    import fcntl
-
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)  # one process builds; the others wait and open what it built
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _shrink(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -306,7 +288,8 @@ def open_image_cache(index, transform: ImageTransformConfig, *, margin: float | 
     paths = [str(p) for p in index.paths]
     data_root = Path(getattr(index, "root", None) or os.path.commonpath(paths) or ".").resolve()
     folder = Path(root or cache_dir()) / _key(data_root, transform, margin)
-    with _locked(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    with locked(folder / ".lock"):  # one process builds; the others wait and open what it built
         want = fingerprint(data_root, paths)
         manifest_path = folder / "manifest.json"
         meta = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None

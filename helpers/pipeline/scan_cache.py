@@ -58,22 +58,27 @@ PROGRESS_MIN_FILES = 2000
 are checked silently)."""
 
 
+def cache_root() -> Path:
+    """The workbook's cache folder: ``$WORKBOOK_CACHE_DIR`` when set and not empty, else
+    ``platformdirs.user_cache_dir("training-perf-workbook")``. Not created here."""
+    env = os.environ.get(CACHE_DIR_ENV, "").strip()
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("training-perf-workbook"))
+
+
 def index_cache_dir() -> Path:
     """Folder that holds the per-data-folder caches.
 
     Returns
     -------
     pathlib.Path
-        ``$WORKBOOK_CACHE_DIR/index`` when the variable is set and not empty,
-        else ``platformdirs.user_cache_dir("training-perf-workbook")/index``.
-        Not created here.
+        ``<cache_root()>/index``: ``$WORKBOOK_CACHE_DIR/index`` when the variable is set and not empty,
+        else ``platformdirs.user_cache_dir("training-perf-workbook")/index``. Not created here.
     """
-    env = os.environ.get(CACHE_DIR_ENV, "").strip()
-    if env:
-        return Path(env).expanduser() / "index"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("training-perf-workbook")) / "index"
+    return cache_root() / "index"
 
 
 def cache_path(root: str | os.PathLike) -> Path:
@@ -112,7 +117,7 @@ class ScanStats:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """Hold an exclusive advisory lock on ``path`` (created when missing) for the block."""
     with open(path, "a+") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
@@ -277,7 +282,7 @@ def scan_relative(root: Path, rels: Sequence[str], *, use_cache: bool = True, ma
         if db_file is not None:
             try:
                 db_file.parent.mkdir(parents=True, exist_ok=True)
-                stack.enter_context(_locked(db_file.with_suffix(".lock")))
+                stack.enter_context(locked(db_file.with_suffix(".lock")))
                 db = _open_db(db_file)
                 stack.callback(db.close)
             except (OSError, sqlite3.Error) as exc:
@@ -330,7 +335,7 @@ def prune_cache(root: str | os.PathLike, keep: Sequence[str]) -> int:
         return 0
     keep_set = set(keep)
     try:
-        with _locked(db_file.with_suffix(".lock")):
+        with locked(db_file.with_suffix(".lock")):
             db = _open_db(db_file)
             try:
                 gone = [(rel,) for (rel,) in db.execute("SELECT rel FROM files") if rel not in keep_set]

@@ -268,7 +268,8 @@ def dataset_cache(*, profile: str = "quick", data_dir: str | None = None, repeat
     a real one), reopened (the staleness check alone), then three ways to make the same batches are timed, each
     pair interleaved (:func:`helpers.timing.compare`): the batched pipeline (decode every epoch) against the
     cached one, and the raw decode of the same files (from memory, the decoder's own limit) against the cached
-    one. Pixels are checked against the per-image reference (PSNR) on the first batches.
+    one (:class:`helpers.experiments.decode.DecodeBench`). Pixels are checked against the per-image reference
+    (PSNR) on the first batches.
 
     Returns
     -------
@@ -281,12 +282,12 @@ def dataset_cache(*, profile: str = "quick", data_dir: str | None = None, repeat
     """
     import tempfile
 
+    from helpers.device import get_accelerator
+    from helpers.experiments.decode import DecodeBench
     from helpers.pipeline.baseline import ImageTransformConfig
-    from helpers.pipeline.decode import psnr, reference_augment
     from helpers.pipeline.fast import BatchedDataset
     from helpers.pipeline.image_cache import CachedDataset, open_image_cache
     from helpers.pipeline.prepare import prepare_data
-    from helpers.timing import compare
 
     t_all = time.perf_counter()
     params = _notebook_values("02_batched_decode", profile, {"data_dir": data_dir})
@@ -304,30 +305,11 @@ def dataset_cache(*, profile: str = "quick", data_dir: str | None = None, repeat
         cached = CachedDataset(index, tokenizer, cache=cache, **common)
         batched = BatchedDataset(index, tokenizer, **common)
         try:
-            order = list(batch_sampler_for(len(index), bs, seed))
-            ps = []
-            for indices in order[:2]:
-                imgs = cached[indices]["image"].numpy()
-                ps += [psnr(imgs[k], reference_augment(index.paths[i], seed=seed, epoch=0, index=int(i),
-                                                       transform=transform)) for k, i in enumerate(indices)]
-            nxt = {"a": 0, "b": 0}
-
-            def take(who):
-                k = nxt[who] % len(order)
-                nxt[who] += 1
-                return order[k]
-
-            vs_batched = compare(lambda: batched[take("a")], lambda: cached[take("b")], repeats=repeats,
-                                 warmup=warmup, names=("batched decode", "cached"), items_per_call=bs, seed=seed)
-            plans = [batched.decode_plan(b) for b in order[:max(1, min(len(order), repeats + warmup))]]
-            cycle = {"k": 0}
-
-            def raw():
-                cycle["k"] += 1
-                return batched.raw_decode(plans[cycle["k"] % len(plans)])
-
-            vs_raw = compare(raw, lambda: cached[take("b")], repeats=repeats, warmup=warmup,
-                             names=("raw decode only", "cached"), items_per_call=bs, seed=seed)
+            bench = DecodeBench(batched, get_accelerator("cpu"), batch_size=bs, repeats=repeats, warmup=warmup,
+                                seed=seed)
+            ps = bench.cache_psnr(cached)
+            vs_batched = bench.compare_cache(cached)
+            vs_raw = bench.compare_raw_decode(against=cached)
             threads = cached.threads
         finally:
             cached.close()
@@ -343,15 +325,6 @@ def dataset_cache(*, profile: str = "quick", data_dir: str | None = None, repeat
     out.update(_machine_keys(before))
     out["duration_s"] = round(time.perf_counter() - t_all, 1)
     return out
-
-
-def batch_sampler_for(n_items: int, batch_size: int, seed: int):
-    """The workbook's one epoch batch order (:func:`helpers.pipeline.sampler.batch_sampler`), epoch 0."""
-    from helpers.pipeline.sampler import batch_sampler
-
-    sampler = batch_sampler(n_items, batch_size, seed=seed)
-    sampler.set_epoch(0)
-    return sampler
 
 
 #: Target of issue 11: a second index of 20,000 images, with the cache, on this 2-core machine.

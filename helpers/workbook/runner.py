@@ -251,7 +251,7 @@ def not_applicable_reason(notebook: str, job_spec: str) -> str:
     why = _NOT_FOR_YOUR_JOB.get(notebook[:2], "it measures the built-in PPO job only")
     return (f"not applicable to your job yet: notebook {notebook[:2]} {why.replace('it ', 'is skipped: it ', 1)}; "
             f"your job's phase breakdown and host-bound verdict are in notebook 01, its three-run test in "
-            f"`{_command()} diagnose --job {job_spec}`")
+            f"`{cli_command()} diagnose --job {job_spec}`")
 
 
 def job_applies(declared: set[str] | frozenset[str]) -> bool:
@@ -529,11 +529,6 @@ def drop_records(results: Path, notebook: str) -> int:
 
 # --------------------------------------------------------------------------- execution
 
-def _command() -> str:
-    """How to call this command line again from a fresh shell (:func:`helpers.process.cli_command`)."""
-    return cli_command()
-
-
 #: nbclient's CellTimeoutError message (nbclient.exceptions.timeout_err_msg): the limit and a preview of the cell
 #: between two lines of dashes; it carries no structured fields, so these are read from it.
 _CELL_TIMEOUT_RE = re.compile(r"timed out while it was being executed, after (\d+) seconds")
@@ -563,7 +558,7 @@ def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
                                                                    else "a cell")
     info = {"type": "CellTimeoutError", "limit_s": limit,
             "message": (f"{where} ran past the per-cell limit of {limit} s; raise it with --timeout S "
-                        f"({_command()} run --timeout {limit * 2} ...), or use a smaller --profile")}
+                        f"({cli_command()} run --timeout {limit * 2} ...), or use a smaller --profile")}
     if index is not None:
         info["cell_index"] = index
     if first:
@@ -712,7 +707,7 @@ def _disk_full(run_dir: Path, exc: BaseException) -> DiskFullError:
     return DiskFullError(
         f"the disk of the run folder {run_dir} is full ({room}): {type(exc).__name__}: {str(exc)[:200]}. What was "
         f"written is kept; free some space (or pass --out on another disk) and continue with: "
-        f"{_command()} run --resume --out {run_dir}")
+        f"{cli_command()} run --resume --out {run_dir}")
 
 
 def _save(state: "RunState", run_dir: Path) -> None:
@@ -921,7 +916,7 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         echo(f"Stopped: {exc}" + (f"\nNot started: {', '.join(left)}" if left else ""))
     except KeyboardInterrupt:
         state.status = "interrupted"
-        echo(f"Interrupted: what finished is kept. Continue with:\n  {_command()} run --resume --out {run_dir}\n"
+        echo(f"Interrupted: what finished is kept. Continue with:\n  {cli_command()} run --resume --out {run_dir}\n"
              f"  (or: make workbook ARGS='--resume --out {run_dir}')")
         raise
     finally:

@@ -26,7 +26,7 @@ from helpers.errors import ParameterError
 from helpers.workbook.report.collect import Report, collect
 from helpers.workbook.report.format import _is_num, headline
 
-__all__ = ["Comparison", "RowComparison", "compare_runs", "write_comparison", "interval_of"]
+__all__ = ["RunsComparison", "RowComparison", "compare_runs", "write_comparison", "interval_of"]
 
 
 def interval_of(verdict: dict | None) -> tuple[float, float] | None:
@@ -63,7 +63,7 @@ class RowComparison:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class RunsComparison:
     """The runs side by side: their headers (run, machine, profile, status) and one row per checklist item."""
 
     runs: tuple[Path, ...]
@@ -93,7 +93,7 @@ def _disagreement(verdicts: list[dict | None]) -> str:
     return "no interval" if len(known) < len(intervals) else "within the intervals"
 
 
-def compare_runs(run_dirs: list[str | Path]) -> Comparison:
+def compare_runs(run_dirs: list[str | Path]) -> RunsComparison:
     """Collect each run's report and put them side by side.
 
     Parameters
@@ -103,7 +103,7 @@ def compare_runs(run_dirs: list[str | Path]) -> Comparison:
 
     Returns
     -------
-    Comparison
+    RunsComparison
 
     Raises
     ------
@@ -138,10 +138,10 @@ def compare_runs(run_dirs: list[str | Path]) -> Comparison:
         rows.append(RowComparison(item=item, notebook=nb_id, cells=cells,
                                   recommendations=tuple(v.get("recommendation") if v else None for v in verdicts),
                                   disagreement=_disagreement(verdicts)))
-    return Comparison(runs=tuple(dirs), headers=tuple(headers), rows=tuple(rows))
+    return RunsComparison(runs=tuple(dirs), headers=tuple(headers), rows=tuple(rows))
 
 
-def _markdown(c: Comparison) -> str:
+def _markdown(c: RunsComparison) -> str:
     head = [h["run"] for h in c.headers]
     lines = ["# Workbook runs compared", "",
              "| | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
@@ -159,7 +159,7 @@ def _markdown(c: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _html(c: Comparison) -> str:
+def _html(c: RunsComparison) -> str:
     e = html.escape
     head = "".join(f"<th>{e(h['run'])}</th>" for h in c.headers)
     meta = "".join(f"<tr class='meta'><td>{k}</td>" + "".join(f"<td>{e(h[k])}</td>" for h in c.headers) + "</tr>"
