@@ -135,9 +135,13 @@ class TimedLoop:
         self.measured, self.stats = [], []
         return self
 
-    def run(self, steps: int, *, measured: bool = True) -> "TimedLoop":
-        """Run ``steps`` steps; ``measured=False`` marks them as warm-up. Returns self."""
-        for _ in range(int(steps)):
+    def run(self, steps: int, *, measured: bool = True,
+            progress: Callable[[int, int], None] | None = None) -> "TimedLoop":
+        """Run ``steps`` steps; ``measured=False`` marks them as warm-up. Returns self.
+
+        ``progress(done, steps)`` is called after each step (outside its timing), e.g. a progress bar's update.
+        """
+        for i in range(int(steps)):
             with self.timer.phase("data"):
                 batch = next(self.batches)
             with self.timer.phase("h2d"):
@@ -147,6 +151,8 @@ class TimedLoop:
             self.timer.end_step()
             self.measured.append(bool(measured))
             self.stats.append(_stats_row(stats))
+            if progress is not None:
+                progress(i + 1, int(steps))
         return self
 
     def steps_frame(self, *, measured_only: bool = True):

@@ -12,10 +12,11 @@ from typing import Any, Mapping
 
 from helpers.checklist import PHASES
 from helpers.compute.train import TrainRun
+from helpers.live import LivePoint, Progress, no_progress
 from helpers.timing import Measurement
 from helpers.verdict import Verdict
 
-__all__ = ["NOTEBOOK", "classify", "verdict"]
+__all__ = ["NOTEBOOK", "classify", "verdict", "live_point", "try_baseline"]
 
 NOTEBOOK = "01_baseline_profiling"
 
@@ -128,3 +129,91 @@ def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, d
     return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=run.exposed_fraction, unit="fraction",
                    recommendation=recommendation, reason=reason, context=context,
                    spread={"p25": fractions.p25_s, "p75": fractions.p75_s}, extra={"phases": phases, **extra})
+
+
+def live_point(run: TrainRun, label: str, *, threshold: float, device_kind: str = "",
+               batch_size: int | None = None) -> LivePoint:
+    """A run's exposed input share as a "try it" point: the median per step, its IQR, and the verdict it gives.
+
+    Parameters
+    ----------
+    run : TrainRun
+        Measured steps (warm-up excluded).
+    label : str
+        The settings it ran at, e.g. ``"bs=32, 64px"``.
+    threshold : float
+        The host-bound threshold (notebook 01's ``host_bound_threshold``).
+    device_kind : str
+        As :func:`classify`.
+    batch_size : int, optional
+        Samples per step, for the throughput in the sentence.
+
+    Returns
+    -------
+    LivePoint
+        metric ``exposed_input_fraction``, unit ``fraction``; the sentence names the verdict at ``threshold``.
+    """
+    fractions = run.steps["exposed_fraction"]
+    label_now, _ = classify(run.exposed_fraction, threshold, device_kind=device_kind)
+    step_s = float(run.steps["step_s"].median())
+    rate = f", {batch_size / step_s:,.0f} samples/s" if batch_size else ""
+    return LivePoint(label=label, value=float(run.exposed_fraction), unit="fraction", metric="exposed_input_fraction",
+                     low=float(fractions.quantile(0.25)), high=float(fractions.quantile(0.75)),
+                     sentence=(f"{label}: {label_now} - input exposed for {run.exposed_fraction:.0%} of a "
+                               f"{step_s * 1e3:.0f} ms step (IQR {fractions.quantile(0.25):.0%}-"
+                               f"{fractions.quantile(0.75):.0%}, {len(fractions)} steps){rate}"),
+                     extra={"verdict": label_now, "step_s": step_s, "steps": len(fractions)})
+
+
+def try_baseline(params: Mapping[str, Any], acc, *, batch_size: int, image_size: int | None = None,
+                 steps: int = 10, warmup_steps: int = 2, progress: Progress = no_progress) -> LivePoint:
+    """Notebook 01's baseline again at another batch size (and image size): where does the verdict move?
+
+    The job is rebuilt from the notebook's parameters with these two changed (the built-in job, or the user's
+    through its factory's ``batch_size``/``image_size`` arguments where it takes them) and timed by the same
+    phase-timed loop as the notebook, ``warmup_steps`` excluded.
+
+    Parameters
+    ----------
+    params : mapping
+        The notebook's validated parameters.
+    acc : helpers.device.Accelerator
+    batch_size : int
+        Samples per step (> 0).
+    image_size : int, optional
+        Side of the square crop in px; None keeps the notebook's.
+    steps, warmup_steps : int
+        Measured and excluded steps.
+    progress : callable
+        ``progress(done, total)`` after each step.
+
+    Returns
+    -------
+    LivePoint
+        See :func:`live_point`.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For a batch size or image size the job's parameters reject.
+    """
+    from helpers.experiments.training import prepare_job
+    from helpers.jobs.load import notebook_job
+    from helpers.specs import validate_notebook_params
+
+    changed = {"batch_size": int(batch_size)}
+    if image_size is not None:
+        changed["image_size"] = int(image_size)
+    p = validate_notebook_params(NOTEBOOK, {**params, **changed}, allow_unknown=True)
+    job = notebook_job(p)
+    timed = prepare_job(job, acc)
+    total = int(warmup_steps) + int(steps)
+    try:
+        timed.loop.run(warmup_steps, measured=False, progress=lambda d, _t: progress(d, total)).discard()
+        timed.loop.run(steps, progress=lambda d, _t: progress(int(warmup_steps) + d, total))
+        run = timed.loop.result()
+    finally:
+        timed.close()
+    label = f"bs={batch_size}" + (f", {image_size}px" if image_size is not None else "")
+    return live_point(run, label, threshold=float(p["host_bound_threshold"]), device_kind=acc.kind,
+                      batch_size=int(batch_size))

@@ -143,3 +143,43 @@ def distribution(values_ms, *, xlabel: str, title: str = ""):
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def live_points(reference, points, *, title: str = ""):
+    """Bar chart of a "try it" panel: the notebook's own result, then each live point, with their spreads.
+
+    Parameters
+    ----------
+    reference : helpers.live.LivePoint or None
+        The notebook's result, drawn first in grey and as a dashed line across the chart.
+    points : sequence of (helpers.live.LivePoint, bool)
+        Live points in the order measured, each with whether the machine was busy over it (drawn hatched).
+    title : str
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Empty of bars (with a hint) when there is nothing to draw yet.
+    """
+    bars = ([(reference, False, True)] if reference is not None else []) + [(p, busy, False) for p, busy in points]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.0 + 0.9 * len(bars)), 3.2))
+    if not bars:
+        ax.text(0.5, 0.5, "press Measure", ha="center", va="center", transform=ax.transAxes, color="#666666")
+        ax.set_axis_off()
+        return fig
+    unit = bars[0][0].unit
+    for i, (p, busy, is_ref) in enumerate(bars):
+        yerr = None
+        if p.low is not None and p.high is not None:
+            yerr = [[max(p.value - p.low, 0.0)], [max(p.high - p.value, 0.0)]]
+        ax.bar(i, p.value, color="#bbbbbb" if is_ref else "#1b9e77", hatch="//" if busy else None,
+               edgecolor="#444444", yerr=yerr, capsize=4)
+    if reference is not None:
+        ax.axhline(reference.value, color="#666666", linestyle="--", linewidth=1)
+    labels = [("notebook: " if is_ref else "") + p.label for p, _, is_ref in bars]
+    ax.set_xticks(range(len(bars)), labels, rotation=20 if len(bars) > 3 else 0, ha="right" if len(bars) > 3 else "center",
+                  fontsize=8)
+    ax.set_ylabel(f"{bars[0][0].metric.replace('_', ' ')} ({unit})")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,88 @@
+"""What one live measurement of a "try it" panel returns: a value with its spread, a label and a sentence.
+
+A notebook's "try it" panel (helpers/workbook/panel.py) calls one of the experiment layer's ``try_*``
+functions with the knobs a learner set, and draws and records each :class:`LivePoint` it gets back. The
+functions time with the same code as the notebook (helpers.timing, the training loop's phase timing:
+device-synchronized, warm-up excluded, repeated), so a live point and the notebook's own result compare
+like with like. This module is the foundation both layers share; it imports nothing of the workbook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+#: What a ``try_*`` function may call to report progress: ``progress(done, total)``, both counts of the
+#: function's own units (steps, sizes, settings). The panel turns it into a progress bar.
+Progress = Callable[[int, int], None]
+
+
+def no_progress(done: int, total: int) -> None:
+    """The progress callback of a headless run: does nothing."""
+
+
+@dataclass(frozen=True)
+class LivePoint:
+    """One live measurement.
+
+    Attributes
+    ----------
+    label : str
+        The knob values it was measured at, short enough for a chart's axis, e.g. ``"num_workers=2, pf=2"``.
+    value : float
+        The metric's value (median), in ``unit``.
+    unit : str
+        E.g. ``"samples/s"``, ``"x"``, ``"GB/s"``, ``"fraction"``, ``"MiB"``.
+    metric : str
+        The record's metric name, in the field's terms (``"throughput"``, ``"speedup"``,
+        ``"exposed_input_fraction"``, ``"bus_bandwidth"``, ``"peak_memory"``).
+    low, high : float or None
+        The spread around ``value`` in the same unit: an interquartile range or a bootstrap interval (the
+        sentence says which); None when the measurement has none (a single reading, e.g. a peak).
+    sentence : str
+        One line for a learner: what was measured and what it means (a verdict label where one applies).
+    extra : dict
+        More fields for the record (knob values are added by the panel).
+    """
+
+    label: str
+    value: float
+    unit: str
+    metric: str
+    low: float | None = None
+    high: float | None = None
+    sentence: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def spread(self) -> dict[str, float] | None:
+        """``{"low": .., "high": ..}`` for the record, or None without a spread."""
+        if self.low is None or self.high is None:
+            return None
+        return {"low": float(self.low), "high": float(self.high)}
+
+    @classmethod
+    def from_rate(cls, label: str, m: Any, *, unit: str, metric: str = "throughput", sentence: str = "",
+                  **extra: Any) -> "LivePoint":
+        """A throughput point from a :class:`helpers.timing.Measurement` with ``items_per_call``: its median
+        rate and the rates at the quartiles of its times (IQR).
+
+        Raises
+        ------
+        ValueError
+            If the measurement has no rate (``items_per_call`` is None).
+        """
+        if m.rate is None:
+            raise ValueError(f"{m.name}: a rate needs items_per_call; this measurement has none")
+        low, high = sorted((m.rate_p25, m.rate_p75))
+        return cls(label=label, value=float(m.rate), unit=unit, metric=metric, low=low, high=high,
+                   sentence=sentence or f"{label}: {m.rate:,.0f} {unit} (IQR {low:,.0f}-{high:,.0f}, {m.repeats} repeats)",
+                   extra=dict(extra))
+
+    @classmethod
+    def from_comparison(cls, label: str, c: Any, *, metric: str = "speedup", sentence: str = "",
+                        **extra: Any) -> "LivePoint":
+        """A speedup point from a :class:`helpers.timing.Comparison`: its ratio and bootstrap interval, in x."""
+        return cls(label=label, value=float(c.ratio), unit="x", metric=metric, low=float(c.ci_low),
+                   high=float(c.ci_high),
+                   sentence=sentence or f"{label}: {c.ratio:.2f}x (95% CI {c.ci_low:.2f}-{c.ci_high:.2f})",
+                   extra=dict(extra))

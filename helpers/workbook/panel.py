@@ -1,0 +1,250 @@
+"""The "try it" panels: a notebook's mechanism re-measured live, with the knobs a learner turns.
+
+``try_it(ctx, "DataLoader", measure, reference=point, num_workers=[0, 1, 2], ...)`` shows, in JupyterLab:
+
+- the knobs (ipywidgets controls or their abbreviations, as ``ipywidgets.interact`` takes them) and a
+  **Measure** button (``ipywidgets.interactive`` in manual mode: the button is disabled while it measures);
+- a progress bar fed by the measurement's own ``progress(done, total)`` calls (steps, sizes, settings);
+- a chart that grows by one bar per point as points arrive, beside the notebook's own result (``reference``);
+- under it, one line per point with the machine's state over that point (quiet or busy: a point measured while
+  other processes took more than ``busy_cpu_share`` of the cores is drawn hatched and says so).
+
+``measure(**knobs)`` is one of the experiment layer's ``try_*`` functions: it times with the notebook's own
+code and returns a :class:`helpers.live.LivePoint`, or yields several (a sweep). Every point is appended to the
+run's results as an ``experiment="try it"`` record with the knob values, the machine state and
+``interactive=True``, so nothing measured live is lost. Kernel > Interrupt stops a measurement: the points that
+finished are kept (drawn and recorded), the panel says how many.
+
+Headless (runner, papermill, nbval, CI; :func:`helpers.params.headless`) the panel measures once at the knobs'
+initial values (those ``ipywidgets.interact`` would start at, see :func:`helpers.workbook.widgets._initial`),
+prints the point, records it with ``interactive=False`` and shows the chart as a static figure, so its code path
+runs in every test of the notebook and no widget state is left in the executed notebook.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from helpers import machine
+from helpers.errors import ParameterError
+from helpers.live import LivePoint, no_progress
+from helpers.params import headless
+from helpers.workbook.widgets import _initial
+
+#: The record's experiment name for every live point.
+EXPERIMENT = "try it"
+
+
+@dataclass
+class PanelPoint:
+    """A live point as the panel keeps it: the point, the knob values and the machine check over it."""
+
+    point: LivePoint
+    knobs: dict
+    check: Any  # helpers.machine.BusyCheck
+    seconds: float
+
+    def line(self) -> str:
+        """``"<sentence> [quiet|busy: ...] (N s)"``, one line of the panel's log."""
+        state = "machine busy, treat as noise" if self.check.busy else "machine quiet"
+        return f"{self.point.sentence or self.point.label} [{state}; {self.seconds:.1f} s]"
+
+
+@dataclass
+class TryIt:
+    """A "try it" panel (see the module docstring); build it with :func:`try_it`.
+
+    Attributes
+    ----------
+    name : str
+        The panel's title, e.g. "DataLoader settings".
+    points : list of PanelPoint
+        Every point measured so far, in order (headless: the one at the initial values).
+    reference : LivePoint or None
+        The notebook's own result, drawn first.
+    unavailable : str
+        Why the panel cannot measure on this machine ("" when it can).
+    """
+
+    ctx: Any
+    name: str
+    measure: Callable[..., Any]
+    knobs: dict
+    reference: LivePoint | None = None
+    unavailable: str = ""
+    points: list = field(default_factory=list)
+    _widgets: dict = field(default_factory=dict, repr=False)
+
+    # -- measuring ---------------------------------------------------------------------------------------------
+    def _threshold(self) -> float:
+        return float(self.ctx.params.get("busy_cpu_share") or machine.MAX_OTHER_CPU_SHARE)
+
+    def _points(self, values: dict, progress) -> Iterable[LivePoint]:
+        kwargs = dict(values)
+        if "progress" in inspect.signature(self.measure).parameters:
+            kwargs["progress"] = progress
+        out = self.measure(**kwargs)
+        if isinstance(out, LivePoint):
+            return [out]
+        if out is None:
+            raise ParameterError(f"try it ({self.name}): the measurement returned nothing; a try_* function "
+                                 "returns a LivePoint or yields LivePoints")
+        return out
+
+    def run(self, values: dict, *, progress=no_progress, on_point: Callable[[PanelPoint], None] | None = None
+            ) -> list[PanelPoint]:
+        """Measure at ``values``, record each point as it arrives, and return the new points.
+
+        A KeyboardInterrupt (Kernel > Interrupt) propagates after the points that finished have been recorded.
+
+        Raises
+        ------
+        helpers.errors.ParameterError
+            If the panel is unavailable here, or the measurement returned nothing.
+        """
+        if self.unavailable:
+            raise ParameterError(f"try it ({self.name}) cannot measure here: {self.unavailable}")
+        new: list[PanelPoint] = []
+        before, t0 = machine.snapshot(), time.perf_counter()
+        for point in self._points(values, progress):
+            after, t1 = machine.snapshot(), time.perf_counter()
+            check = machine.check(before, after, max_other_cpu_share=self._threshold())
+            pp = PanelPoint(point=point, knobs=dict(values), check=check, seconds=t1 - t0)
+            self._record(pp)
+            self.points.append(pp)
+            new.append(pp)
+            if on_point is not None:
+                on_point(pp)
+            before, t0 = after, t1
+        return new
+
+    def _record(self, pp: PanelPoint) -> None:
+        p = pp.point
+        self.ctx.store.add(EXPERIMENT, p.label, p.metric, p.value, p.unit, spread=p.spread(), panel=self.name,
+                           knobs={k: v for k, v in pp.knobs.items()}, interactive=not headless(),
+                           busy=pp.check.busy, other_cpu_share=pp.check.other_cpu_share, sentence=p.sentence,
+                           **dict(p.extra))
+
+    # -- drawing -----------------------------------------------------------------------------------------------
+    def figure(self):
+        """The chart: the notebook's own result and every live point, with their spreads (matplotlib Figure)."""
+        from helpers.workbook.plots import live_points
+
+        return live_points(self.reference, [(pp.point, pp.check.busy) for pp in self.points],
+                           title=f"Try it: {self.name}")
+
+    def _draw(self) -> None:
+        import matplotlib.pyplot as plt
+        from IPython.display import display
+
+        fig = self.figure()
+        out = self._widgets.get("chart")
+        if out is None:
+            display(fig)
+        else:
+            with out:
+                out.clear_output(wait=True)
+                display(fig)
+        plt.close(fig)
+
+    # -- showing -----------------------------------------------------------------------------------------------
+    def show(self) -> "TryIt":
+        """Headless: measure once at the initial values, print, record and draw. Interactive: display the panel."""
+        if headless():
+            if self.unavailable:
+                print(f"try it ({self.name}): not available here: {self.unavailable}")
+                return self
+            values = {k: _initial(v) for k, v in self.knobs.items()}
+            for pp in self.run(values):
+                print(f"try it: {pp.line()}")
+            self._draw()
+            return self
+        self._display()
+        return self
+
+    def _display(self) -> None:
+        import ipywidgets as w
+        from IPython.display import display
+
+        progress = w.IntProgress(value=0, min=0, max=1, description="", bar_style="info",
+                                 layout=w.Layout(width="320px", visibility="hidden"))
+        status = w.HTML(value=(f"<i>not available here: {self.unavailable}</i>" if self.unavailable else
+                               "Set the knobs and press <b>Measure</b>; Kernel &gt; Interrupt stops it and keeps "
+                               "what finished."))
+        chart, log = w.Output(), w.Output()
+        self._widgets.update(progress=progress, status=status, chart=chart, log=log)
+
+        def report(done: int, total: int) -> None:
+            progress.max = max(int(total), 1)
+            progress.value = min(int(done), progress.max)
+
+        def on_point(pp: PanelPoint) -> None:
+            with log:
+                print(pp.line())
+            self._draw()
+
+        def measure(**values):
+            progress.layout.visibility = "visible"
+            progress.value, progress.bar_style = 0, "info"
+            status.value = "measuring ..."
+            n0 = len(self.points)
+            try:
+                self.run(values, progress=report, on_point=on_point)
+                status.value = f"done: {len(self.points) - n0} new point(s), {len(self.points)} in all, recorded"
+                progress.bar_style = "success"
+            except KeyboardInterrupt:
+                status.value = (f"interrupted: kept the {len(self.points) - n0} point(s) that finished "
+                                f"({len(self.points)} in all, recorded)")
+                progress.bar_style = "warning"
+            except Exception as exc:  # a knob combination the mechanism refuses: say so, keep the earlier points
+                status.value = f"<b>could not measure:</b> {type(exc).__name__}: {exc}"
+                progress.bar_style = "danger"
+
+        inter = w.interactive(measure, {"manual": True, "manual_name": "Measure"}, **self.knobs)
+        if self.unavailable:
+            inter.manual_button.disabled = True
+            for c in inter.kwargs_widgets:
+                c.disabled = True
+            inter.manual_button.on_click(lambda *_: None)
+        self._widgets["interactive"] = inter
+        display(w.VBox([w.HTML(f"<b>Try it: {self.name}</b>"), inter, w.HBox([progress, status]), chart, log]))
+        self._draw()
+
+
+def try_it(ctx: Any, name: str, measure: Callable[..., Any], *, reference: LivePoint | None = None,
+           unavailable: str = "", **knobs: Any) -> TryIt:
+    """Show a "try it" panel (module docstring) and return it.
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        The notebook's context: its results store and parameters (``busy_cpu_share``).
+    name : str
+        Title of the panel.
+    measure : callable
+        ``measure(**knob_values[, progress=callback])`` returning a LivePoint or yielding LivePoints.
+    reference : LivePoint, optional
+        The notebook's own result at its parameters, drawn beside the live points.
+    unavailable : str
+        Non-empty: why this machine cannot measure it (e.g. pinned memory on a CPU); the panel shows the knobs
+        disabled with the reason, and headless it prints the reason and measures nothing.
+    **knobs
+        ipywidgets controls or abbreviations (``(min, max, step)``, a list of options, a value).
+
+    Returns
+    -------
+    TryIt
+        Headless, with ``points`` holding the one measurement at the initial values.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For no knobs, or (headless) a slider abbreviation ipywidgets would reject.
+    """
+    if not knobs:
+        raise ParameterError(f"try it ({name}): a panel needs at least one knob")
+    return TryIt(ctx=ctx, name=name, measure=measure, knobs=dict(knobs), reference=reference,
+                 unavailable=unavailable).show()
