@@ -53,11 +53,13 @@ device-check: data
 
 # A working copy of the notebooks (git-ignored, made from notebooks/ when missing), so that a learner's edits never
 # change the tracked files; reset it with `rm -rf lab && make lab`. As root (containers, NPU machines) JupyterLab
-# needs --allow-root; its news pop-up and update check are off.
+# needs --allow-root; its news pop-up and update check are off, and widget state is saved with the notebook
+# (lab-settings/overrides.json5), so a reopened notebook shows its panels' last output.
 LAB_DIR ?= lab
 lab: data
 	@test -d $(LAB_DIR) || $(PY) -m helpers notebooks $(LAB_DIR)
 	$(PY) -m jupyter lab $(LAB_DIR) $(if $(filter 0,$(shell id -u)),--allow-root) \
+		--LabApp.app_settings_dir=$(CURDIR)/lab-settings \
 		--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
 		--LabApp.news_url=None $(LAB_ARGS)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import io
-import os
 import re
 import shutil
 import subprocess
@@ -26,10 +25,11 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageStat
 
+from browser_support import chromium
+
 from helpers.results import ResultsStore
 from helpers.workbook.report import CHECKLIST, write_report
 
-INSTALL = "sudo apt-get install -y --no-install-recommends chromium   (or: make browser, as root)"
 WINDOW = (1280, 2000)
 TIMEOUT_S = 90
 #: Chromium's own log lines that concern the page (a load failure, a script error).
@@ -49,14 +49,7 @@ LOAD_CHECK = """<script>window.addEventListener('load', function () {
 
 
 def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    message = f"Chromium is not installed; the report's browser test needs it: {INSTALL}"
-    if os.environ.get("WORKBOOK_REQUIRE_BROWSER") == "1":
-        pytest.fail(message)
-    pytest.skip(message)
+    return chromium()
 
 
 def _run_chromium(exe: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

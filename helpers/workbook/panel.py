@@ -210,7 +210,11 @@ class TryIt:
                 c.disabled = True
             inter.manual_button.on_click(lambda *_: None)
         self._widgets["interactive"] = inter
-        display(w.VBox([w.HTML(f"<b>Try it: {self.name}</b>"), inter, w.HBox([progress, status]), chart, log]))
+        for widget, css in ((status, "status"), (chart, "chart"), (log, "log")):
+            widget.add_class(f"workbook-try-it-{css}")  # stable hooks for the browser test and for styling
+        box = w.VBox([w.HTML(f"<b>Try it: {self.name}</b>"), inter, w.HBox([progress, status]), chart, log])
+        box.add_class("workbook-try-it")
+        display(box)
         self._draw()
 
 

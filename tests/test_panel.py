@@ -1,0 +1,152 @@
+"""The "try it" panel: headless it measures once at the initial values; in JupyterLab the Measure button measures
+at the knobs' current values, every point is recorded (interactive ones marked), an interrupt keeps what finished,
+and a failing measurement says why without losing earlier points."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import ipywidgets
+import pytest
+
+from helpers.errors import ParameterError
+from helpers.live import LivePoint
+from helpers.results import ResultsStore, load_results
+from helpers.workbook import panel as panel_mod
+from helpers.workbook.panel import try_it
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    store = ResultsStore(tmp_path / "results.jsonl", notebook="03_dataloader_tuning", device="cpu:test")
+    return SimpleNamespace(params={"busy_cpu_share": 0.25}, store=store, path=tmp_path / "results.jsonl")
+
+
+def point(label: str, value: float) -> LivePoint:
+    return LivePoint(label=label, value=value, unit="samples/s", metric="throughput", low=value - 1, high=value + 1,
+                     sentence=f"{label}: {value}")
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """Interactive mode with IPython's display captured (what would be shown in JupyterLab)."""
+    seen = []
+    monkeypatch.setattr(panel_mod, "headless", lambda: False)
+    import IPython.display
+
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: seen.extend(objs))
+    return seen
+
+
+def test_headless_measures_once_at_the_initial_values_and_records_it(ctx, monkeypatch, capsys):
+    monkeypatch.setattr(panel_mod, "headless", lambda: True)
+    calls = []
+
+    def measure(num_workers, persistent_workers):
+        calls.append((num_workers, persistent_workers))
+        return point(f"nw={num_workers}", 10.0 * (num_workers + 1))
+
+    p = try_it(ctx, "loader", measure, reference=point("notebook", 5.0),
+               num_workers=ipywidgets.Dropdown(options=[0, 1, 2], value=2), persistent_workers=[False, True])
+    assert calls == [(2, False)]
+    assert [pp.point.value for pp in p.points] == [30.0]
+    assert "try it: nw=2: 30.0 [machine" in capsys.readouterr().out
+    df = load_results(ctx.path)
+    rec = df[df["experiment"] == "try it"].iloc[0]
+    assert rec["variant"] == "nw=2" and rec["metric"] == "throughput" and rec["value"] == 30.0
+    assert rec["extra"]["interactive"] is False and rec["extra"]["knobs"] == {"num_workers": 2,
+                                                                             "persistent_workers": False}
+    assert rec["spread"] == {"low": 29.0, "high": 31.0} and "busy" in rec["extra"]
+
+
+def test_a_sweep_yields_one_record_per_point_and_reports_progress(ctx, monkeypatch):
+    monkeypatch.setattr(panel_mod, "headless", lambda: True)
+    progress = []
+
+    def sweep(max_mib, progress):
+        sizes = [1, 2, 4][: max_mib.bit_length()]
+        for i, s in enumerate(sizes):
+            progress(i + 1, len(sizes))
+            yield point(f"{s} MiB", float(s))
+
+    p = try_it(ctx, "sweep", sweep, max_mib=4)
+    assert [pp.point.label for pp in p.points] == ["1 MiB", "2 MiB", "4 MiB"]
+    assert len(load_results(ctx.path)) == 3
+
+
+def test_unavailable_panel_measures_nothing_and_says_why(ctx, monkeypatch, capsys):
+    monkeypatch.setattr(panel_mod, "headless", lambda: True)
+    p = try_it(ctx, "pinned", lambda size_mib: pytest.fail("must not measure"), unavailable="no accelerator",
+               size_mib=[1, 64])
+    assert p.points == [] and "not available here: no accelerator" in capsys.readouterr().out
+    with pytest.raises(ParameterError, match="cannot measure here: no accelerator"):
+        p.run({"size_mib": 1})
+
+
+def test_a_panel_needs_a_knob_and_a_measurement_that_returns_points(ctx, monkeypatch):
+    monkeypatch.setattr(panel_mod, "headless", lambda: True)
+    with pytest.raises(ParameterError, match="at least one knob"):
+        try_it(ctx, "none", lambda: point("x", 1.0))
+    with pytest.raises(ParameterError, match="returned nothing"):
+        try_it(ctx, "bad", lambda n: None, n=1)
+
+
+def test_interactive_measure_button_uses_the_knobs_current_values_and_marks_records(ctx, shown):
+    seen = []
+
+    def measure(num_workers):
+        seen.append(num_workers)
+        return point(f"nw={num_workers}", float(num_workers))
+
+    p = try_it(ctx, "loader", measure, reference=point("notebook", 1.0),
+               num_workers=ipywidgets.Dropdown(options=[0, 1, 2], value=0))
+    assert seen == [] and p.points == []  # nothing is measured until the button is pressed
+    inter = p._widgets["interactive"]
+    assert inter.manual_button.description == "Measure"
+    inter.kwargs_widgets[0].value = 2
+    inter.manual_button.click()
+    inter.kwargs_widgets[0].value = 1
+    inter.manual_button.click()
+    assert seen == [2, 1] and [pp.point.label for pp in p.points] == ["nw=2", "nw=1"]
+    assert "2 in all, recorded" in p._widgets["status"].value
+    df = load_results(ctx.path)
+    assert list(df["variant"]) == ["nw=2", "nw=1"] and all(e["interactive"] for e in df["extra"])
+    # the chart was redrawn with the reference and both points (3 bars)
+    fig = p.figure()
+    assert len(fig.axes[0].patches) == 3
+
+
+def test_interrupt_keeps_the_points_that_finished(ctx, shown):
+    def sweep(n):
+        yield point("first", 1.0)
+        raise KeyboardInterrupt
+
+    p = try_it(ctx, "sweep", sweep, n=3)
+    p._widgets["interactive"].manual_button.click()
+    assert [pp.point.label for pp in p.points] == ["first"]
+    assert "interrupted: kept the 1 point(s)" in p._widgets["status"].value
+    assert len(load_results(ctx.path)) == 1
+
+
+def test_a_failing_measurement_says_why_and_keeps_earlier_points(ctx, shown):
+    def measure(batch_size):
+        if batch_size > 8:
+            raise ParameterError("batch_size 16 does not fit")
+        return point(f"bs={batch_size}", 1.0)
+
+    p = try_it(ctx, "memory", measure, batch_size=ipywidgets.Dropdown(options=[8, 16], value=8))
+    inter = p._widgets["interactive"]
+    inter.manual_button.click()
+    inter.kwargs_widgets[0].value = 16
+    inter.manual_button.click()
+    assert len(p.points) == 1 and "could not measure" in p._widgets["status"].value
+    assert "does not fit" in p._widgets["status"].value
+    assert not inter.manual_button.disabled  # ready for the next try
+
+
+def test_unavailable_panel_disables_its_controls_in_jupyterlab(ctx, shown):
+    p = try_it(ctx, "pinned", lambda size_mib: pytest.fail("must not measure"), unavailable="no accelerator",
+               size_mib=[1, 64])
+    inter = p._widgets["interactive"]
+    assert all(w.disabled for w in inter.kwargs_widgets)
+    assert "not available here" in p._widgets["status"].value
