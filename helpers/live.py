@@ -43,6 +43,8 @@ class LivePoint:
         One line for a learner: what was measured and what it means (a verdict label where one applies).
     extra : dict
         More fields for the record (knob values are added by the panel).
+    repeats : int or None
+        Timed repetitions (steps, calls) behind ``value``; None when not a repeated timing.
     """
 
     label: str
@@ -53,6 +55,7 @@ class LivePoint:
     high: float | None = None
     sentence: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    repeats: int | None = None
 
     def spread(self) -> dict[str, float] | None:
         """``{"low": .., "high": ..}`` for the record, or None without a spread."""
@@ -76,7 +79,7 @@ class LivePoint:
         low, high = sorted((m.rate_p25, m.rate_p75))
         return cls(label=label, value=float(m.rate), unit=unit, metric=metric, low=low, high=high,
                    sentence=sentence or f"{label}: {m.rate:,.0f} {unit} (IQR {low:,.0f}-{high:,.0f}, {m.repeats} repeats)",
-                   extra=dict(extra))
+                   extra=dict(extra), repeats=m.repeats)
 
     @classmethod
     def from_comparison(cls, label: str, c: Any, *, metric: str = "speedup", sentence: str = "",
@@ -85,4 +88,4 @@ class LivePoint:
         return cls(label=label, value=float(c.ratio), unit="x", metric=metric, low=float(c.ci_low),
                    high=float(c.ci_high),
                    sentence=sentence or f"{label}: {c.ratio:.2f}x (95% CI {c.ci_low:.2f}-{c.ci_high:.2f})",
-                   extra=dict(extra))
+                   extra=dict(extra), repeats=min(c.a.repeats, c.b.repeats))

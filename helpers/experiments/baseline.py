@@ -162,7 +162,7 @@ def live_point(run: TrainRun, label: str, *, threshold: float, device_kind: str 
                      sentence=(f"{label}: {label_now} - input exposed for {run.exposed_fraction:.0%} of a "
                                f"{step_s * 1e3:.0f} ms step (IQR {fractions.quantile(0.25):.0%}-"
                                f"{fractions.quantile(0.75):.0%}, {len(fractions)} steps){rate}"),
-                     extra={"verdict": label_now, "step_s": step_s, "steps": len(fractions)})
+                     extra={"verdict": label_now, "step_s": step_s}, repeats=len(fractions))
 
 
 def try_baseline(params: Mapping[str, Any], acc, *, batch_size: int, image_size: int | None = None,

@@ -123,10 +123,13 @@ class TryIt:
 
     def _record(self, pp: PanelPoint) -> None:
         p = pp.point
-        self.ctx.store.add(EXPERIMENT, p.label, p.metric, p.value, p.unit, spread=p.spread(), panel=self.name,
-                           knobs={k: v for k, v in pp.knobs.items()}, interactive=not headless(),
+        extra = dict(p.extra)
+        repeats = p.repeats if p.repeats is not None else extra.pop("repeats", None)
+        extra.pop("repeats", None)
+        self.ctx.store.add(EXPERIMENT, p.label, p.metric, p.value, p.unit, repeats=repeats, spread=p.spread(),
+                           panel=self.name, knobs={k: v for k, v in pp.knobs.items()}, interactive=not headless(),
                            busy=pp.check.busy, other_cpu_share=pp.check.other_cpu_share, sentence=p.sentence,
-                           **dict(p.extra))
+                           **extra)
 
     # -- drawing -----------------------------------------------------------------------------------------------
     def figure(self):

@@ -7,6 +7,7 @@ Plot functions take DataFrames with documented columns and return the figure.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -145,6 +146,10 @@ def distribution(values_ms, *, xlabel: str, title: str = ""):
     return fig
 
 
+#: Live points a "try it" chart draws at most (the latest ones).
+LIVE_POINTS_SHOWN = 12
+
+
 def live_points(reference, points, *, title: str = ""):
     """Bar chart of a "try it" panel: the notebook's own result, then each live point, with their spreads.
 
@@ -153,7 +158,8 @@ def live_points(reference, points, *, title: str = ""):
     reference : helpers.live.LivePoint or None
         The notebook's result, drawn first in grey and as a dashed line across the chart.
     points : sequence of (helpers.live.LivePoint, bool)
-        Live points in the order measured, each with whether the machine was busy over it (drawn hatched).
+        Live points in the order measured, each with whether the machine was busy over it (drawn hatched); the
+        last :data:`LIVE_POINTS_SHOWN` are drawn (all stay in the panel's log and the results).
     title : str
 
     Returns
@@ -161,6 +167,7 @@ def live_points(reference, points, *, title: str = ""):
     matplotlib.figure.Figure
         Empty of bars (with a hint) when there is nothing to draw yet.
     """
+    points = list(points)[-LIVE_POINTS_SHOWN:]
     bars = ([(reference, False, True)] if reference is not None else []) + [(p, busy, False) for p, busy in points]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.0 + 0.9 * len(bars)), 3.2))
     if not bars:
@@ -176,9 +183,8 @@ def live_points(reference, points, *, title: str = ""):
                edgecolor="#444444", yerr=yerr, capsize=4)
     if reference is not None:
         ax.axhline(reference.value, color="#666666", linestyle="--", linewidth=1)
-    labels = [("notebook: " if is_ref else "") + p.label for p, _, is_ref in bars]
-    ax.set_xticks(range(len(bars)), labels, rotation=20 if len(bars) > 3 else 0, ha="right" if len(bars) > 3 else "center",
-                  fontsize=8)
+    labels = [textwrap.fill(("notebook: " if is_ref else "") + p.label, 16) for p, _, is_ref in bars]
+    ax.set_xticks(range(len(bars)), labels, fontsize=7 if len(bars) > 6 else 8)
     ax.set_ylabel(f"{bars[0][0].metric.replace('_', ' ')} ({unit})")
     ax.set_title(title)
     fig.tight_layout()
