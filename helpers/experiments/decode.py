@@ -15,24 +15,27 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Callable, Sequence
+import math
+from typing import Any, Callable, Mapping, Sequence
 
 from helpers.device import get_accelerator
-from helpers.errors import DeviceUnavailableError
+from helpers.errors import DeviceUnavailableError, ParameterError
 from helpers.jobs.ppo import host_to_device
+from helpers.live import LivePoint, Progress, no_progress
 from helpers.pipeline.baseline import BaselineDataset, collate_batch
 from helpers.pipeline.decode import DecodeConfig, cuda_decode_support, decode_augment_cuda, psnr, reference_augment
 from helpers.pipeline.fast import BatchedDataset, to_device_batch, torch_from
 from helpers.pipeline.prepare import prepare_data
 from helpers.pipeline.sampler import EpochBatchSampler, check_int
 from helpers.pipeline.text import encode_batch, encode_one
-from helpers.timing import Comparison, compare, measure
+from helpers.specs import validate_notebook_params
+from helpers.timing import Comparison, Measurement, compare, measure
 from helpers.verdict import Action, Verdict
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BASELINE_LABEL", "BATCHED_DEVICE_LABEL", "BATCHED_HOST_LABEL", "RAW_DECODE_LABEL", "DecodeBench", "verdict",
-           "input_decode_bench"]
+           "input_decode_bench", "decoded_pixel_fraction", "live_point", "try_decode"]
 
 #: Names of the measured variants, used alike by the comparisons, the records, the figures and the bench,
 #: so that each number carries the name of what was timed:
@@ -123,6 +126,21 @@ class DecodeBench:
                        repeats=self.repeats, warmup=self.warmup, sync=self.acc.synchronize,
                        names=(BASELINE_LABEL, BATCHED_DEVICE_LABEL), items_per_call=self.batch_size,
                        seed=self.seed)
+
+    def measure_batched(self) -> Measurement:
+        """The batched pipeline alone: :meth:`batched_batch` on this bench's batches, in order.
+
+        The B side of :meth:`compare_preprocess` timed on its own (:func:`helpers.timing.measure`: ``warmup``
+        untimed batches, then ``repeats`` batches, each closed by a device synchronize), for a "try it" point.
+
+        Returns
+        -------
+        helpers.timing.Measurement
+            Named :data:`BATCHED_DEVICE_LABEL`; ``rate`` in images/s (``items_per_call`` = ``batch_size``).
+        """
+        next_b = self._cycle()
+        return measure(lambda: self.batched_batch(next_b()), repeats=self.repeats, warmup=self.warmup,
+                       sync=self.acc.synchronize, name=BATCHED_DEVICE_LABEL, items_per_call=self.batch_size)
 
     def _plan(self, k: int) -> list:
         if k not in self._plans:
@@ -465,6 +483,137 @@ def input_decode_bench(*, data_dir: str | None = None, max_images: int = 0, batc
         "skipped_files": len(index.skipped),
         "device": acc.kind,
     }
+
+
+# --------------------------------------------------------------------------- try it
+
+
+def decoded_pixel_fraction(plans: Sequence) -> float | None:
+    """Pixels the JPEG decoder produces at the planned DCT scales, as a share of a full-resolution decode.
+
+    Parameters
+    ----------
+    plans : sequence of helpers.pipeline.decode.DecodePlan
+        From :meth:`BatchedDataset.decode_plan`; only the libjpeg-turbo route (``route == "turbo"``) counts.
+
+    Returns
+    -------
+    float or None
+        In (0, 1]; 1.0 with DCT scaling off; None when no plan takes the libjpeg-turbo route.
+    """
+    turbo = [p for p in plans if p.route == "turbo"]
+    full = sum(p.header.stored_height * p.header.stored_width for p in turbo)
+    if not full:
+        return None
+    decoded = sum(math.ceil(p.header.stored_height / p.denominator) * math.ceil(p.header.stored_width / p.denominator)
+                  for p in turbo)
+    return decoded / full
+
+
+def live_point(m: Measurement, label: str, *, batch_size: int, pixel_fraction: float | None = None,
+               **extra: Any) -> LivePoint:
+    """A batched-pipeline measurement as a "try it" point: its median images/s and the IQR of the rate.
+
+    Parameters
+    ----------
+    m : helpers.timing.Measurement
+        Time per batch with ``items_per_call`` = images per batch, e.g. notebook 02's
+        ``compare_preprocess().b`` (:data:`BATCHED_DEVICE_LABEL`) or :meth:`DecodeBench.measure_batched`.
+    label : str
+        The settings, e.g. ``"threads=2, DCT on, 64px"``.
+    batch_size : int
+        Images per batch (for the sentence).
+    pixel_fraction : float, optional
+        :func:`decoded_pixel_fraction` of the measured batches, added to the sentence.
+    **extra
+        More fields for the record.
+
+    Returns
+    -------
+    LivePoint
+        metric ``throughput``, unit ``images/s``; low/high: the rates at the quartiles of the times per batch;
+        ``extra``: ``repeats`` (timed batches, the record's repeats), ``batch_size``, ``decoded_pixel_fraction``.
+    """
+    pixels = "" if pixel_fraction is None else f"; the decoder produced {pixel_fraction:.0%} of full-resolution pixels"
+    low, high = sorted((m.rate_p25, m.rate_p75))
+    sentence = (f"{label}: {m.name or BATCHED_DEVICE_LABEL} {m.rate:,.0f} images/s (IQR {low:,.0f}-{high:,.0f}, "
+                f"{m.repeats} batches of {batch_size}){pixels}")
+    return LivePoint.from_rate(label, m, unit="images/s", sentence=sentence, repeats=m.repeats,
+                               batch_size=int(batch_size), decoded_pixel_fraction=pixel_fraction, **extra)
+
+
+def try_decode(params: Mapping[str, Any], acc, index, tokenizer, *, threads: int, dct_scaling: bool,
+               image_size: int, repeats: int = 10, warmup: int = 2, progress: Progress = no_progress) -> LivePoint:
+    """Notebook 02's batched pipeline again with other decode threads, DCT scaling on or off, another crop size.
+
+    A new :class:`helpers.pipeline.fast.BatchedDataset` over the same images and tokenizer is built with these
+    three settings (``DecodeConfig(dct_scaling=...)``: libjpeg-turbo's reduced-size decode in the DCT domain, by
+    simplejpeg) and timed like the notebook's "batched + device normalize" variant: the same batches of the
+    notebook's ``batch_size`` (seeded sampler, epoch 0), ``dataset[indices]`` then ``to_device_batch`` each time,
+    closed by a device synchronize, ``warmup`` batches excluded (:meth:`DecodeBench.measure_batched`). It runs
+    alone, not interleaved with the per-image baseline as in the notebook's comparison, so compare it with the
+    notebook's rate of the same variant, not with the speedup.
+
+    Parameters
+    ----------
+    params : mapping
+        Notebook 02's validated parameters (``batch_size``, ``text_len``, ``seed``).
+    acc : helpers.device.Accelerator
+        Where the batch is normalized; batch buffers are pinned where it can pin, as in the notebook.
+    index : helpers.pipeline.dataset.DatasetIndex
+        The notebook's images.
+    tokenizer : tokenizers.Tokenizer
+        The notebook's tokenizer.
+    threads : int
+        Decode threads, 0 for every usable core (0-256, notebook 02's ``threads``).
+    dct_scaling : bool
+        Decode JPEGs at 1/2, 1/4 or 1/8 size where the crop allows (True, the notebook's setting) or always at
+        full size (False).
+    image_size : int
+        Side of the square crop, px (16-1024, notebook 02's ``image_size``).
+    repeats, warmup : int
+        Timed (>= 1) and untimed (>= 0) batches.
+    progress : callable
+        ``progress(done, 2)``: 1 when the dataset is built and the batches planned, 2 when measured.
+
+    Returns
+    -------
+    LivePoint
+        metric ``throughput``, unit ``images/s`` (:func:`live_point`); ``extra``: ``threads_used``,
+        ``dct_scaling``, ``image_size``, ``batch_size``, ``decoded_pixel_fraction``.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For ``threads`` or ``image_size`` outside notebook 02's ranges (the message names the range), a
+        ``dct_scaling`` that is not a bool, or ``repeats``/``warmup`` below their minimum.
+    helpers.errors.DataError
+        If the images do not fill one batch.
+    """
+    if not isinstance(dct_scaling, bool):
+        raise ParameterError(f"dct_scaling must be True or False, got {dct_scaling!r}")
+    p = validate_notebook_params(NOTEBOOK, {**params, "threads": threads, "image_size": image_size},
+                                 allow_unknown=True)
+    check_int("repeats", repeats, 1)
+    check_int("warmup", warmup, 0)
+    dataset = BatchedDataset(index, tokenizer, image_size=p["image_size"], text_len=p["text_len"], seed=p["seed"],
+                             threads=p["threads"], pin_memory=acc.capabilities.pinned_memory.available,
+                             decode=DecodeConfig(dct_scaling=dct_scaling))
+    try:
+        bench = DecodeBench(dataset, acc, batch_size=p["batch_size"], repeats=repeats, warmup=warmup,
+                            seed=p["seed"])
+        used = bench.batches[:repeats + warmup]
+        fraction = decoded_pixel_fraction(dataset.decode_plan([i for b in used for i in b]))
+        progress(1, 2)
+        m = bench.measure_batched()
+        progress(2, 2)
+        threads_used = dataset.threads
+    finally:
+        dataset.close()
+    label = (f"threads={p['threads']}" + (f" (={threads_used})" if p["threads"] == 0 else "")
+             + f", DCT {'on' if dct_scaling else 'off'}, {p['image_size']}px")
+    return live_point(m, label, batch_size=p["batch_size"], pixel_fraction=fraction, threads_used=threads_used,
+                      dct_scaling=dct_scaling, image_size=p["image_size"])
 
 
 # --------------------------------------------------------------------------- the verdict

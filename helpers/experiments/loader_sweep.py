@@ -22,6 +22,7 @@ the functions that return tables.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -37,6 +38,7 @@ from torch.utils.data._utils.collate import default_convert
 
 from helpers.errors import DataError, ParameterError
 from helpers.experiments.training import same_values
+from helpers.live import LivePoint, Progress, no_progress
 from helpers.pipeline.guarded import SkipLog, iterate
 from helpers.pipeline.loader import (
     TORCH_DEFAULT_PREFETCH,
@@ -64,6 +66,8 @@ __all__ = [
     "completion_window",
     "speedup_plausibility",
     "run_sweep",
+    "live_point",
+    "try_loader",
 ]
 
 
@@ -692,6 +696,129 @@ def run_sweep(make_dataset: Callable[[LoaderSetting], Any], n_items: int, settin
             close_loader(loader)
     return SweepResult(trials=pd.DataFrame(rows), settings=settings, batch_size=base.batch_size,
                        batches_per_trial=batches_per_trial, skipped=skipped.entries())
+
+
+# --------------------------------------------------------------------------- try it
+
+
+def live_point(result: SweepResult, label: str, *, items: str = "images") -> LivePoint:
+    """One setting of a sweep as a "try it" point: its median throughput over the trials and the IQR.
+
+    Parameters
+    ----------
+    result : SweepResult
+        From :func:`run_sweep` (notebook 03's sweep or confirmation, or :func:`try_loader`'s own).
+    label : str
+        The setting's :attr:`LoaderSetting.label`.
+    items : str, default "images"
+        What the dataset yields, for the unit ("images" for the built-in job, "samples" for a user's).
+
+    Returns
+    -------
+    LivePoint
+        metric ``throughput``, unit ``{items}/s``; low/high: the rates at the quartiles of the per-trial times;
+        ``extra``: ``first_batch_s`` (median start-up latency, seconds), ``repeats`` and ``trials`` (the
+        trials, the record's repeats), ``batches_per_trial``.
+
+    Raises
+    ------
+    ParameterError
+        For a label the sweep did not time.
+    """
+    m = result.measurement(label)
+    first = result.trials.loc[result.trials["setting"] == label, "first_batch_s"]
+    first_s = float(first.median())
+    low, high = sorted((m.rate_p25, m.rate_p75))
+    sentence = (f"{label}: {m.rate:,.0f} {items}/s (IQR {low:,.0f}-{high:,.0f}, {m.repeats} trial(s) of "
+                f"{result.batches_per_trial} timed batches); first batch after {first_s:.2f} s")
+    return LivePoint.from_rate(label, m, unit=f"{items}/s", sentence=sentence, repeats=m.repeats,
+                               first_batch_s=first_s, trials=m.repeats, batches_per_trial=result.batches_per_trial)
+
+
+def try_loader(make_dataset: Callable[[LoaderSetting], Any], n_items: int, *, base: LoaderConfig,
+               num_workers: int, prefetch_factor: int | None, persistent_workers: bool,
+               batches_per_trial: int = 8, trials: int = 2, acc: Any = None, items: str = "images",
+               progress: Progress = no_progress) -> LivePoint:
+    """Notebook 03's loader timing at one setting of ``num_workers``, ``prefetch_factor`` and ``persistent_workers``.
+
+    The setting is timed by :func:`run_sweep` exactly as the notebook's sweep times each of its settings: the
+    batches in flight drained untimed, only batches finished after the clock started counted, the first batch's
+    latency kept apart, ``trials`` loader passes (one loader kept for all of them with persistent workers).
+    The window is at least two batches per worker (:attr:`LoaderSetting.min_timed_batches`), as in the
+    notebook's held-out confirmation.
+
+    ``prefetch_factor`` is handled as :class:`torch.utils.data.DataLoader` handles it: it applies only with
+    ``num_workers > 0``, and a value with ``num_workers=0`` is refused (torch raises ``ValueError``; here a
+    ParameterError before any work); None means torch's default (2 batches per worker with workers, none
+    without). ``persistent_workers=True`` also needs ``num_workers > 0``, as in torch.
+
+    Parameters
+    ----------
+    make_dataset : callable
+        ``make_dataset(setting)`` returns the batched dataset (as :func:`run_sweep`; notebook 03's
+        ``dataset_for``, which gives each worker ``cores // num_workers`` decode threads, or the user's job's).
+    n_items : int
+        Items in that dataset.
+    base : helpers.pipeline.loader.LoaderConfig
+        Batch size, seed, timeout, pinning: the notebook's ``base``.
+    num_workers : int
+        Worker processes (>= 0; 0 builds the batches in the main process).
+    prefetch_factor : int or None
+        Batches each worker prepares ahead (>= 1), or None for torch's default; must be None with
+        ``num_workers=0``.
+    persistent_workers : bool
+        Keep the workers alive between loader passes (needs ``num_workers > 0``).
+    batches_per_trial : int, default 8
+        Timed batch completions per trial (>= 1; raised to two per worker).
+    trials : int, default 2
+        Loader passes (>= 1).
+    acc : helpers.device.Accelerator, optional
+        Decides pinning, as in the notebook.
+    items : str, default "images"
+        What one item is, for the unit: ``"images"`` (built-in job) or ``"samples"`` (a user's).
+    progress : callable
+        ``progress(done, trials)``: trials finished (counted as each new loader is built, outside the timing;
+        with persistent workers one loader serves every trial, so it jumps from 0 to the end).
+
+    Returns
+    -------
+    LivePoint
+        metric ``throughput``, unit ``{items}/s`` (:func:`live_point`); ``extra`` also holds
+        ``num_workers``, ``prefetch_factor``, ``persistent_workers`` and ``in_flight``.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For a negative ``num_workers``, a ``prefetch_factor`` < 1, a ``prefetch_factor`` or
+        ``persistent_workers=True`` with ``num_workers=0`` (set it to None / False, or use workers), a
+        non-bool ``persistent_workers``, or ``batches_per_trial``/``trials`` < 1.
+    helpers.errors.DataError
+        On a loader failure (a worker that hangs or dies), naming the setting.
+    """
+    if not isinstance(persistent_workers, bool):
+        raise ParameterError(f"persistent_workers must be True or False, got {persistent_workers!r}")
+    setting = LoaderSetting(num_workers, prefetch_factor, persistent_workers)
+    setting.config(base)  # LoaderConfig refuses what torch's DataLoader refuses, before any work
+    if not _is_int(trials) or trials < 1:
+        raise ParameterError(f"trials={trials!r}: allowed: an int >= 1")
+    if not _is_int(batches_per_trial) or batches_per_trial < 1:
+        raise ParameterError(f"batches_per_trial={batches_per_trial!r}: allowed: an int >= 1")
+    built = [0]
+
+    def dataset_and_progress(s: LoaderSetting):
+        progress(min(built[0], trials), trials)  # a new loader: the trials before it are done (outside the timing)
+        built[0] += 1
+        return make_dataset(s)
+
+    result = run_sweep(dataset_and_progress, n_items, (setting,), base=base,
+                       batches_per_trial=max(int(batches_per_trial), setting.min_timed_batches), trials=trials,
+                       acc=acc, name="try it")
+    progress(trials, trials)
+    point = live_point(result, setting.label, items=items)
+    return dataclasses.replace(point, extra={**point.extra, "num_workers": num_workers,
+                                             "prefetch_factor": prefetch_factor,
+                                             "persistent_workers": persistent_workers,
+                                             "in_flight": setting.in_flight})
 
 
 # --------------------------------------------------------------------------- the verdict

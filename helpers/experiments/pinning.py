@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
 from helpers.diagnose.pcie import GB, LinkInfo, size_regime
-from helpers.errors import DataError, ParameterError
+from helpers.errors import DataError, DeviceUnavailableError, ParameterError
+from helpers.live import LivePoint, Progress, no_progress
 from helpers.pipeline.transfer import (BATCH_METHODS, METHODS, Applicability, batch_copy_method, batch_nbytes,
                                       copy_method, pinning_applicability)
 from helpers.timing import Comparison, compare, measure, measure_events
@@ -64,6 +65,9 @@ __all__ = [
     "pinning_decision",
     "verdict",
     "method_label",
+    "TRY_METHODS",
+    "live_point",
+    "try_pinning",
 ]
 
 #: The notebook whose experiment this is (the id its verdict is recorded under).
@@ -607,3 +611,130 @@ def verdict(comparisons: Mapping[str, Comparison], *, applicability: Applicabili
 def method_label(method: str) -> str:
     """Human-readable name of a copy method (for tables and legends)."""
     return _METHOD_LABELS.get(method, method)
+
+
+# --------------------------------------------------------------------------- try it
+
+#: What :func:`try_pinning` can copy with: the four methods and the DMA-only reference, in that order.
+TRY_METHODS: tuple[str, ...] = METHODS + (REFERENCE_METHOD,)
+#: Largest transfer :func:`try_pinning` accepts, MiB: notebook 04's largest ``max_size_mib``.
+MAX_TRY_SIZE_MIB = 1 << 16
+
+
+def live_point(row: Mapping[str, Any], *, link_gbps: float | None = None) -> LivePoint:
+    """One row of :func:`bandwidth_sweep` (a method at a size) as a "try it" point.
+
+    Parameters
+    ----------
+    row : mapping
+        ``method``, ``size_bytes``, ``gbps``, ``gbps_p25``, ``gbps_p75``, ``repeats`` (a row of the notebook's
+        bandwidth table, or of :func:`try_pinning`'s own sweep).
+    link_gbps : float, optional
+        The link's limit, GB/s; when known the sentence gives the share of it.
+
+    Returns
+    -------
+    LivePoint
+        label ``"<size>, <method>"``, metric ``h2d_bandwidth``, unit ``GB/s`` (1e9 bytes/s); low/high: the rates
+        at the 75th and 25th percentile copy times; ``extra``: ``method``, ``size_bytes``, ``repeats``,
+        ``fraction_of_link`` (or None).
+
+    Raises
+    ------
+    ParameterError
+        For a row without a rate (a "not applicable" row of a CPU).
+    """
+    gbps = float(row["gbps"])
+    if not math.isfinite(gbps):
+        raise ParameterError(f"live_point: the row for {row.get('method')!r} has no rate ({row.get('reason', '')}); "
+                             "take a row of a device where pinning applies")
+    method, size = str(row["method"]), int(row["size_bytes"])
+    label = f"{_size_text(size)}, {method}"
+    frac = gbps / link_gbps if link_gbps else None
+    link = f", {frac:.0%} of the {link_gbps:g} GB/s link" if frac is not None else ""
+    low, high = sorted((float(row["gbps_p25"]), float(row["gbps_p75"])))
+    sentence = (f"{label}: {gbps:.2f} GB/s host to device (IQR {low:.2f}-{high:.2f}, {int(row['repeats'])} copies)"
+                f"{link} - {method_label(method)}")
+    return LivePoint(label=label, value=gbps, unit="GB/s", metric="h2d_bandwidth", low=low, high=high,
+                     sentence=sentence, extra={"method": method, "size_bytes": size, "repeats": int(row["repeats"]),
+                                               "fraction_of_link": frac})
+
+
+def try_pinning(acc: "Accelerator", *, size_mib: float, method: str, repeats: int = 10, warmup: int = 2,
+                seed: int = 0, link_gbps: float | None = None,
+                progress: Progress = no_progress) -> LivePoint | Iterator[LivePoint]:
+    """Notebook 04's host-to-device copy at one transfer size, pageable or pinned: GB/s.
+
+    The copy is timed by :func:`bandwidth_sweep` at this one size, exactly as the notebook's sweep times each
+    (method, size): ``warmup`` untimed copies, then ``repeats`` copies each bracketed by a device synchronize
+    (:func:`helpers.timing.measure`), so pinning and staging are inside the time;
+    :data:`REFERENCE_METHOD` is the DMA alone (source pinned beforehand, device events). The source is a flat
+    uint8 tensor of random bytes of that size, whatever the job (a user's batch is copied whole in the
+    notebook's section 4).
+
+    Parameters
+    ----------
+    acc : helpers.device.Accelerator
+        A device where pinning applies (CUDA, Ascend NPU).
+    size_mib : float
+        Bytes to copy, MiB (2**20 bytes; > 0, at most :data:`MAX_TRY_SIZE_MIB`); rounded to whole bytes.
+    method : str
+        One of :data:`TRY_METHODS` (``"pageable"``: plain ``.to(device)``; ``"pin_per_batch"``,
+        ``"loader_pin_thread"``, ``"pinned_buffer"``: pinned ways; ``"pinned_copy_only"``: the DMA rate), or
+        ``"all"``: each of them in turn, one point each (a sweep).
+    repeats, warmup : int
+        Timed (>= 1) and untimed (>= 0) copies.
+    seed : int
+        Seed of the host bytes.
+    link_gbps : float, optional
+        The link's limit (GB/s) for the share in the sentence; None or 0 when unknown.
+    progress : callable
+        ``progress(done, total)``: methods copied so far, of 1 (or of ``len(TRY_METHODS)`` for ``"all"``).
+
+    Returns
+    -------
+    LivePoint or iterator of LivePoint
+        metric ``h2d_bandwidth``, unit ``GB/s`` (:func:`live_point`); for ``"all"`` a generator yielding one
+        point per method as each is measured.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For a size that is not a number in (0, MAX_TRY_SIZE_MIB] MiB, an unknown method (the message lists the
+        choices), or ``repeats``/``warmup`` below their minimum. Raised when called, before any copy, for
+        ``"all"`` too.
+    helpers.errors.DeviceUnavailableError
+        Where pinning does not apply (a CPU): there is no host-to-device transfer to time.
+    """
+    if isinstance(size_mib, bool) or not isinstance(size_mib, (int, float)) or not math.isfinite(size_mib) \
+            or not 0 < size_mib <= MAX_TRY_SIZE_MIB:
+        raise ParameterError(f"size_mib must be a number of MiB in (0, {MAX_TRY_SIZE_MIB}], got {size_mib!r}")
+    nbytes = max(1, int(round(size_mib * 2**20)))
+    if method != "all" and method not in TRY_METHODS:
+        raise ParameterError(f"unknown copy method {method!r}; choose from {', '.join(TRY_METHODS)} or 'all'")
+    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ParameterError(f"{name} must be an int >= {least}, got {value!r}")
+    app = pinning_applicability(acc)
+    if not app.applicable:
+        raise DeviceUnavailableError(f"{app.reason}: a copy on the CPU is no host-to-device transfer; it applies on "
+                                     "a CUDA GPU or an Ascend NPU")
+
+    def one(m: str) -> LivePoint:
+        table = bandwidth_sweep(acc, [nbytes], methods=[] if m == REFERENCE_METHOD else [m],
+                                reference=m == REFERENCE_METHOD, repeats=repeats, warmup=warmup, seed=seed)
+        return live_point(table.iloc[0], link_gbps=link_gbps)
+
+    if method != "all":
+        progress(0, 1)
+        point = one(method)
+        progress(1, 1)
+        return point
+
+    def each() -> Iterator[LivePoint]:
+        for k, m in enumerate(TRY_METHODS):
+            progress(k, len(TRY_METHODS))
+            yield one(m)
+        progress(len(TRY_METHODS), len(TRY_METHODS))
+
+    return each()
