@@ -28,3 +28,28 @@ def test_intended_warnings_print_on_stdout_and_errors_stay_on_stderr(capsys):
     assert lines == [l for l in out.splitlines()[1:]]
     assert "bad image" not in err and "a real error" in err and "after the block" in err
     assert all(handler is not h for h in root.handlers)
+
+
+def test_nothing_is_printed_when_no_warning_comes(capsys):
+    with expected_warnings("more workers than cores") as lines:
+        logging.getLogger("helpers").info("not a warning")
+    assert lines == [] and capsys.readouterr().out == ""
+
+
+def test_only_the_matching_warnings_are_expected(capsys, monkeypatch):
+    shown = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *a, **k: shown.append(str(message)))
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stderr)
+    root.addHandler(handler)
+    try:
+        with expected_warnings("more workers than cores, on purpose", match=r"more than the \d+ usable CPU"):
+            logging.getLogger("helpers.pipeline.loader").warning("num_workers=3 is more than the 2 usable CPU core(s)")
+            logging.getLogger("helpers.pipeline.fast").warning("bad image y.jpg")
+            warnings.warn("something else", UserWarning)
+    finally:
+        root.removeHandler(handler)
+    out, err = capsys.readouterr()
+    assert "expected: WARNING helpers.pipeline.loader: num_workers=3" in out
+    assert "bad image y.jpg" in err and "bad image" not in out
+    assert shown == ["something else"] and "something else" not in out  # shown as Python shows warnings
