@@ -143,16 +143,18 @@ def _check_counts(**counts: tuple[int, int]) -> None:
             raise ParameterError(f"{name} must be an int >= {low}, got {value!r}")
 
 
-def _interleave(loops: dict, *, steps: int, warmup_steps: int, block: int) -> dict:
-    """Warm each loop up, then run them in rotating blocks (order reversed every round); their step frames."""
+def _interleave(loops: dict, *, steps: int, warmup_steps: int, block: int, progress=None) -> dict:
+    """Warm each loop up, then run them in rotating blocks (order reversed every round); their step frames.
+
+    ``progress(done, total)`` is called after every step of every loop (outside its timing)."""
     order = list(loops)
     for name in order:
-        loops[name].run(warmup_steps, measured=False).discard()
+        loops[name].run(warmup_steps, measured=False, progress=progress).discard()
     done, rnd = 0, 0
     while done < steps:
         n = min(block, steps - done)
         for name in (order if rnd % 2 == 0 else order[::-1]):
-            loops[name].run(n)
+            loops[name].run(n, progress=progress)
         done += n
         rnd += 1
     return {name: loops[name].steps_frame() for name in order}
@@ -197,7 +199,7 @@ class CeilingResult:
 
 def input_free_ceiling(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: int = 2,
                        cache_batches: int = 8, pipeline: str | None = None, loader: Any = None,
-                       options: Any = None) -> CeilingResult:
+                       options: Any = None, progress: Any = None) -> CeilingResult:
     """The job as it is against the same steps on batches already on the device, interleaved.
 
     The synthetic run is the input-free ceiling of this job on this machine: the first ``cache_batches``
@@ -216,6 +218,9 @@ def input_free_ceiling(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3,
         The real run's loader (default ``num_workers=0``).
     options : helpers.jobs.base.StepOptions, optional
         The step's options, for both runs.
+    progress : callable, optional
+        ``progress(done, total)`` after every step of either run, warm-up included
+        (``2 * (warmup_steps + steps)`` calls), e.g. :func:`helpers.workbook.progress.progress_bar`'s.
 
     Returns
     -------
@@ -241,7 +246,7 @@ def input_free_ceiling(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3,
         step = job.make_step(job.make_model(acc, options), acc, options)
         loops = {"real": real.loop, "synthetic": TimedLoop(itertools.cycle(device), lambda b: b, step,
                                                            acc.synchronize)}
-        frames = _interleave(loops, steps=steps, warmup_steps=warmup_steps, block=block)
+        frames = _interleave(loops, steps=steps, warmup_steps=warmup_steps, block=block, progress=progress)
     finally:
         real.close()
     check = machine.check(before, machine.snapshot())
