@@ -31,6 +31,10 @@ one job: one step of each per round, the order reversed every other round
 :func:`bucket_comparison` and :func:`hook_comparison` then judge whether any
 difference exceeds the noise (the spread between caps that made the same
 buckets, and the quartile ranges).
+
+The "try it" panel of notebook 08 calls :func:`try_allreduce`: the allreduce benchmark over a range of message
+sizes and a world size, in a new job started by the same launcher, whose rank task :func:`run_allreduce_sweep`
+times each size with :func:`helpers.comm.allreduce.run_allreduce` and hands it to the notebook as it finishes.
 """
 
 from __future__ import annotations
@@ -38,16 +42,22 @@ from __future__ import annotations
 import copy
 import gc
 import itertools
+import json
+import os
+import tempfile
+import threading
 import time
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers.comm.allreduce import MIB, algbw_gbps, bus_factor, busbw_gbps, message_sizes, run_allreduce
 from helpers.comm.ddp import HOOK_BYTES, bucket_sizes, grad_error, hook_function, iqr_overlap, overlap_figures
-from helpers.comm.launch import run_job
+from helpers.comm.launch import check_backend, check_world_size, resolve_backend, run_job
 from helpers.compute.model import count_parameters
 from helpers.compute.ppo import ppo_loss
 from helpers.device import get_accelerator
@@ -56,11 +66,12 @@ from helpers.jobspec import absolute_job_spec
 from helpers.experiments.training import fixed_batches
 from helpers.jobs.base import Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
+from helpers.live import LivePoint, Progress, no_progress
 from helpers.timing import timed_call
 from helpers.verdict import Action, Verdict
 
-__all__ = ["DDP_KEYS", "DDP_TASK", "bucket_comparison", "ddp_benchmark", "ddp_in_launched_job", "hook_comparison",
-           "run_ddp", "verdict"]
+__all__ = ["DDP_KEYS", "DDP_TASK", "SWEEP_TASK", "bucket_comparison", "ddp_benchmark", "ddp_in_launched_job",
+           "hook_comparison", "live_point", "run_allreduce_sweep", "run_ddp", "try_allreduce", "verdict"]
 
 #: The rank task of :func:`run_ddp`, as :func:`helpers.comm.launch.run_job` names it.
 DDP_TASK = "helpers.experiments.collectives:run_ddp"
@@ -573,3 +584,231 @@ def verdict(bench: Mapping[str, Any] | None, ddp_res: Mapping[str, Any] | None, 
     return Verdict(notebook=NOTEBOOK, metric="busbw_at_largest_size", value=largest["busbw_gbps"], unit="GB/s",
                    recommendation=rec, reason=reason, context=context, action=action,
                    extra={"best_bucket_cap_mb": best_cap, "best_hook": hcmp["best"]})
+
+
+# --------------------------------------------------------------------------- the "try it" panel: allreduce sweep
+
+#: The rank task of :func:`run_allreduce_sweep`, as :func:`helpers.comm.launch.run_job` names it.
+SWEEP_TASK = "helpers.experiments.collectives:run_allreduce_sweep"
+
+
+def _size_text(nbytes: int) -> str:
+    """``"4 MiB"``, ``"64 KiB"``, ``"8 B"``: a message size as the notebook's table writes it."""
+    if nbytes >= MIB:
+        return f"{nbytes / MIB:g} MiB"
+    if nbytes >= 1024:
+        return f"{nbytes / 1024:g} KiB"
+    return f"{nbytes} B"
+
+
+def run_allreduce_sweep(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
+    """The allreduce benchmark one size at a time, each size's row written as soon as it is measured (in a rank).
+
+    Each size runs :func:`helpers.comm.allreduce.run_allreduce` with ``sizes=[size]`` (its correctness check,
+    warm-up and timed calls, the slowest rank's median; no bare-loop comparison), so a live sweep is timed
+    exactly as notebook 08's table. Rank 0 writes each row to ``cfg["points_dir"]/<index>.json`` (written
+    whole, then renamed) for the parent to read while the job runs. Before each size the ranks agree
+    (an allreduce of a flag) on whether ``cfg["stop_file"]`` exists: then every rank stops before that size.
+
+    Parameters
+    ----------
+    cfg : mapping
+        ``sizes`` (bytes), ``repeats``, ``warmup``, ``points_dir``, ``stop_file``.
+    rc : helpers.comm.rank.RankContext
+
+    Returns
+    -------
+    dict or None
+        On rank 0: ``sizes`` (the rows measured, as :func:`helpers.comm.allreduce.summarize` plus ``repeats``),
+        ``stopped`` (bool) and ``world_size``; None on the other ranks.
+    """
+    points, stop = Path(cfg["points_dir"]), Path(cfg["stop_file"])
+    flag = torch.zeros(1, dtype=torch.float32, device=rc.device)
+    rows, stopped = [], False
+    for i, nbytes in enumerate(int(b) for b in cfg["sizes"]):
+        flag.fill_(1.0 if rc.rank == 0 and stop.exists() else 0.0)
+        dist.all_reduce(flag)  # rank 0's decision reaches every rank: all stop before the same size
+        if float(flag.item()) > 0:
+            stopped = True
+            break
+        out = run_allreduce(rank=rc.rank, world_size=rc.world_size, device=rc.device, sizes=[nbytes],
+                            repeats=int(cfg["repeats"]), warmup=int(cfg["warmup"]), sync=rc.sync, bare_bytes=None)
+        if out is not None:
+            row = out["sizes"][0]
+            rows.append(row)
+            tmp = points / f".{i:05d}.tmp"
+            tmp.write_text(json.dumps(row))
+            os.replace(tmp, points / f"{i:05d}.json")
+    if rc.rank != 0:
+        return None
+    return {"sizes": rows, "stopped": stopped, "world_size": rc.world_size}
+
+
+def live_point(row: Mapping[str, Any], *, world_size: int, backend: str = "", label: str | None = None) -> LivePoint:
+    """One allreduce size as a "try it" point: its bus bandwidth, nccl-tests' way, with the spread of its times.
+
+    Parameters
+    ----------
+    row : mapping
+        A row of notebook 08's allreduce table (:func:`helpers.comm.allreduce.summarize`, plus ``repeats``):
+        ``bytes``, ``time_s``, ``time_p25_s``, ``time_p75_s`` (seconds, the slowest rank's), ``busbw_gbps``.
+    world_size : int
+        Ranks it ran on (n in the factor 2(n-1)/n).
+    backend : str
+        For the sentence (``gloo``, ``nccl``, ``hccl``).
+    label : str, optional
+        Default ``"<size>, <n> ranks"``.
+
+    Returns
+    -------
+    LivePoint
+        metric ``bus_bandwidth``, unit ``GB/s`` (1e9 B/s): busbw = algbw x 2(n-1)/n at the median time;
+        ``low``/``high``: the busbw at the 75th/25th percentile times (the interquartile range).
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For a world size below 1 or a time that is not positive.
+    """
+    nbytes, n = int(row["bytes"]), int(world_size)
+    factor = bus_factor(n)
+    t, algbw = float(row["time_s"]), algbw_gbps(nbytes, float(row["time_s"]))
+    busbw = busbw_gbps(nbytes, t, n)
+    low = busbw_gbps(nbytes, float(row["time_p75_s"]), n)
+    high = busbw_gbps(nbytes, float(row["time_p25_s"]), n)
+    size = _size_text(nbytes)
+    label = label or f"{size}, {n} rank{'s' if n != 1 else ''}"
+    repeats = row.get("repeats")
+    how = f"{backend}, " if backend else ""
+    if n == 1:
+        tail = ("one rank: nothing crosses a link, so busbw = algbw x 2(n-1)/n = 0; algbw "
+                f"{algbw:.2f} GB/s is the cost of the call alone")
+    else:
+        tail = f"algbw {algbw:.2f} GB/s x 2(n-1)/n = {factor:.2f}"
+    sentence = (f"{label} ({how}{t * 1e6:,.0f} us per allreduce, slowest rank's median"
+                + (f" of {repeats} calls" if repeats else "") + f"): busbw {busbw:.2f} GB/s (IQR {low:.2f}-"
+                f"{high:.2f}); {tail}")
+    return LivePoint(label=label, value=busbw, unit="GB/s", metric="bus_bandwidth", low=low, high=high,
+                     sentence=sentence, extra={"bytes": nbytes, "world_size": n, "algbw_gbps": algbw,
+                                               "time_s": t, "bus_factor": factor, "backend": backend,
+                                               "calls": repeats})
+
+
+def try_allreduce(*, min_mib: float, max_mib: float, world_size: int, backend: str = "auto",
+                  device_kind: str | None = None, repeats: int = 10, warmup: int = 3, timeout_s: float = 300.0,
+                  master_port: int = 0, log_dir: "str | None" = None,
+                  progress: Progress = no_progress) -> Iterator[LivePoint]:
+    """Notebook 08's allreduce benchmark again over a range of message sizes and a world size: one point per size.
+
+    The sizes are ``min_mib`` doubled up to ``max_mib`` (both included; whole float32 elements, as
+    :func:`helpers.comm.allreduce.message_sizes`). One collective job of ``world_size`` processes on this
+    machine, started by the notebook's launcher (:func:`helpers.comm.launch.run_job`, torchrun, the process
+    group in child processes only), times every size with the notebook's own code
+    (:func:`run_allreduce_sweep`: correctness check, ``warmup`` untimed and ``repeats`` timed calls, each
+    followed by a device synchronize, five times the calls up to 64 KiB, the slowest rank's median). Points
+    are yielded while the job runs, as each size finishes; closing the iterator early (or Kernel > Interrupt)
+    asks the ranks to stop after the size they are in, and waits for them.
+
+    Parameters
+    ----------
+    min_mib, max_mib : float
+        Smallest and largest message, MiB (2**20 bytes); 4 bytes <= min_mib <= max_mib.
+    world_size : int
+        Ranks (processes) of the job, >= 1; at most what :func:`helpers.comm.launch.max_world_size` allows here
+        (gloo: 4 per usable core and the memory; nccl/hccl: one per visible device).
+    backend : {"auto", "gloo", "nccl", "hccl"}
+        As the notebook's (the one it resolved, e.g. its fallback to gloo).
+    device_kind : str, optional
+        For ``"auto"``: the notebook's device kind (default: torch's best device).
+    repeats, warmup : int
+        Timed (>= 1) and untimed (>= 0) allreduces per size: the notebook's ``repeats`` and ``warmup``.
+    timeout_s : float
+        Seconds before the job counts as hung and is stopped with every process it started.
+    master_port : int
+        0: a free port; else this port on 127.0.0.1.
+    log_dir : str, optional
+        Where the logs of a failed job are kept.
+    progress : callable
+        ``progress(done, total)`` after each size, in sizes.
+
+    Returns
+    -------
+    iterator of LivePoint
+        One per size, smallest first, see :func:`live_point`: metric ``bus_bandwidth``, unit ``GB/s``.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        At the call, before anything starts: a size range that is empty or below 4 bytes, repeats < 1 or
+        warmup < 0, a world size below 1 or above what this machine runs with the backend, an unknown backend.
+    helpers.errors.DeviceUnavailableError
+        At the call: the backend cannot run here.
+    TimeoutError, RuntimeError
+        While iterating: the job hung (past ``timeout_s``) or a rank failed (see
+        :func:`helpers.comm.launch.run_job`).
+    """
+    for name, v in (("min_mib", min_mib), ("max_mib", max_mib)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ParameterError(f"{name}={v!r}: a message size in MiB must be a number > 0")
+    min_bytes, max_bytes = int(round(min_mib * MIB)), int(round(max_mib * MIB))
+    if min_bytes < 4:
+        raise ParameterError(f"min_mib={min_mib!r} is {min_bytes} bytes, below one float32 element (4 bytes): "
+                             "raise min_mib")
+    if min_bytes > max_bytes:
+        raise ParameterError(f"min_mib={min_mib:g} is larger than max_mib={max_mib:g}: the size range is empty; "
+                             "lower min_mib or raise max_mib")
+    for name, v, lo in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ParameterError(f"{name}={v!r} must be an int >= {lo}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ParameterError(f"world_size={world_size!r} must be an int >= 1 (ranks of the job)")
+    sizes = message_sizes(min_bytes, max_bytes)
+    kind = device_kind or get_accelerator("auto").kind
+    be = resolve_backend(backend, kind)
+    check_backend(be)
+    check_world_size(world_size, be, bytes_per_rank=2 * sizes[-1])  # what the sweep's largest size needs
+    return _sweep_points(sizes, world_size=world_size, backend=be, device_kind=kind, repeats=repeats,
+                         warmup=warmup, timeout_s=timeout_s, master_port=master_port, log_dir=log_dir,
+                         progress=progress)
+
+
+def _sweep_points(sizes: Sequence[int], *, world_size: int, backend: str, device_kind: str, repeats: int,
+                  warmup: int, timeout_s: float, master_port: int, log_dir, progress: Progress
+                  ) -> Iterator[LivePoint]:
+    """Run :func:`run_allreduce_sweep` in a job (a thread waits for it) and yield each row as rank 0 writes it."""
+    with tempfile.TemporaryDirectory(prefix="try_allreduce_", ignore_cleanup_errors=True) as tmp:
+        root = Path(tmp)
+        points, stop = root / "points", root / "stop"
+        points.mkdir()
+        cfg = {"sizes": [int(s) for s in sizes], "repeats": int(repeats), "warmup": int(warmup),
+               "points_dir": str(points), "stop_file": str(stop)}
+        box: dict[str, Any] = {}
+
+        def job() -> None:  # run_job waits for torchrun; this thread ends only after the job has ended
+            try:
+                box["result"] = run_job(SWEEP_TASK, cfg, world_size=world_size, backend=backend,
+                                        device_kind=device_kind, timeout_s=timeout_s, master_port=master_port,
+                                        out_dir=root / "job", bytes_per_rank=2 * int(sizes[-1]), log_dir=log_dir)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
+                box["error"] = exc
+
+        waiter = threading.Thread(target=job, name="try-allreduce", daemon=True)
+        waiter.start()
+        seen = 0
+        try:
+            while True:
+                ended = not waiter.is_alive()  # read first: a row written before the job ended is listed below
+                for f in sorted(points.glob("[0-9]*.json"))[seen:]:
+                    row = json.loads(f.read_text())
+                    seen += 1
+                    progress(seen, len(sizes))
+                    yield live_point(row, world_size=world_size, backend=backend)
+                if ended:
+                    break
+                waiter.join(timeout=0.05)
+        finally:
+            if waiter.is_alive():  # closed early or interrupted: the ranks stop after the size they are in
+                stop.touch()
+                waiter.join()
+        if "error" in box:
+            raise box["error"]

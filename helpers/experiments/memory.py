@@ -13,6 +13,8 @@
   :class:`helpers.compute.memory.MemoryBudgetExceeded`), recovers, optionally
   bisects, and chooses the largest batch that leaves ``safety_margin`` of the
   budget free.
+- :func:`try_batch_size` (the notebook's "try it" panel) measures one batch size exactly as the finder measures
+  each size, and :func:`live_point` turns a finder row into the panel's point.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from helpers.device import Accelerator, get_accelerator
 from helpers.errors import ParameterError
 from helpers.jobs.base import Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
+from helpers.live import LivePoint, Progress, no_progress
 from helpers.pipeline.prepare import prepare_data
 from helpers.timing import measure
 from helpers.verdict import Action, Verdict
@@ -54,7 +57,7 @@ from helpers.verdict import Action, Verdict
 logger = logging.getLogger(__name__)
 
 __all__ = ["TraceConfig", "POOL_IMAGES", "job_step_factory", "run_alloc_conf_child", "FinderConfig", "FinderResult",
-           "resolve_budget_bytes", "find_batch_size"]
+           "resolve_budget_bytes", "find_batch_size", "live_point", "try_batch_size"]
 
 #: Variables removed from a child's environment so that only the setting under
 #: test is in effect (torch 2.13 gives ``PYTORCH_ALLOC_CONF`` priority over
@@ -730,3 +733,135 @@ def verdict(found: FinderResult, *, current: int, best: int | None, gain: tuple[
                    reason=reason, context=context, action=action,
                    extra={"best_throughput_batch": best, "reached_max": found.reached_max,
                           "budget_set_by_parameter": bool(budget_set)})
+
+
+# --------------------------------------------------------------------------- the "try it" panel: one batch size
+
+
+def _finite(x: Any) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def live_point(row: Any, *, is_cpu: bool, budget_bytes: int | None = None, label: str | None = None) -> LivePoint:
+    """One batch size the finder measured, as a "try it" point: its memory, with its throughput in the sentence.
+
+    Parameters
+    ----------
+    row : mapping or pandas.Series
+        A row of :func:`find_batch_size`'s frame: ``batch``, ``status``, ``peak_mib``, ``step_ms``,
+        ``throughput``, ``throughput_p25``, ``throughput_p75`` (samples/s), ``error``.
+    is_cpu : bool
+        Whether it ran on a CPU, where the figure is the process's sampled RSS growth, not a device peak.
+    budget_bytes : int, optional
+        The finder's budget, for the sentence.
+    label : str, optional
+        Default ``"batch <n>"``.
+
+    Returns
+    -------
+    LivePoint
+        On a device: metric ``peak_memory``, unit ``MiB``, the device's peak allocated memory over the timed steps
+        (``max_memory_allocated``: the whole process's tensors, model included). On a CPU: metric
+        ``peak_rss_growth``, unit ``MiB``, the largest process RSS a sampling thread saw during the steps minus
+        the RSS before them (what the batch added; a lower bound of the true peak). A peak is one reading:
+        no ``low``/``high``. ``extra`` holds ``batch``, ``status``, ``throughput`` (samples/s, median step) and its
+        quartiles, ``step_ms``.
+    """
+    batch = int(row["batch"])
+    peak = _finite(row["peak_mib"])
+    tp, tp25, tp75 = (_finite(row[k]) for k in ("throughput", "throughput_p25", "throughput_p75"))
+    label = label or f"batch {batch}"
+    what = "RSS growth (sampled, a lower bound)" if is_cpu else "device peak allocated"
+    status = str(row["status"])
+    budget = f" of the {budget_bytes / MIB:,.0f} MiB budget" if budget_bytes else ""
+    rate = (f", {tp:,.1f} samples/s (IQR {min(tp25, tp75):,.1f}-{max(tp25, tp75):,.1f})"
+            if tp is not None and tp25 is not None and tp75 is not None else "")
+    sentence = f"{label}: {what} {peak if peak is not None else float('nan'):,.1f} MiB{budget}, {status}{rate}"
+    return LivePoint(label=label, value=peak if peak is not None else float("nan"), unit="MiB",
+                     metric="peak_rss_growth" if is_cpu else "peak_memory", sentence=sentence,
+                     extra={"batch": batch, "status": status, "throughput": tp, "throughput_p25": tp25,
+                            "throughput_p75": tp75, "step_ms": _finite(row["step_ms"]),
+                            "memory_source": "process RSS growth (CPU)" if is_cpu else "device allocator"})
+
+
+def try_batch_size(make_step: Callable[[int], Callable[[], Any]], acc: "Accelerator", *, batch_size: int,
+                   budget_bytes: int, safety_margin: float = 0.10, steps: int = 3, warmup: int = 1,
+                   multiple_of: int = 1, max_batch: int | None = None,
+                   progress: Progress = no_progress) -> LivePoint:
+    """Notebook 09's memory and throughput at one batch size, measured as its finder measures every size.
+
+    Runs :func:`find_batch_size` on exactly this size (``start_batch = max_batch = batch_size``, no bisection):
+    ``make_step(batch_size)`` builds the job's model and fixed batches, ``warmup`` untimed steps, then ``steps``
+    steps timed by :func:`helpers.timing.measure` (device synchronized) while the peak is tracked (device:
+    ``max_memory_allocated`` after a reset; CPU: the sampled RSS growth), judged against the budget and margin.
+
+    Parameters
+    ----------
+    make_step : callable
+        The notebook's ``make_step`` (:func:`job_step_factory`), the built-in job or the user's.
+    acc : helpers.device.Accelerator
+    batch_size : int
+        Samples per step, >= 1 and a multiple of ``multiple_of``.
+    budget_bytes : int
+        The finder's memory budget, bytes (:func:`resolve_budget_bytes`).
+    safety_margin : float
+        Fraction of the budget kept free (the status says "over margin" above it).
+    steps, warmup : int
+        Timed (>= 1) and untimed (>= 0) steps: the notebook's ``finder_steps`` and its finder's warm-up.
+    multiple_of : int
+        The PPO horizon (1 for a user's job): a PPO batch is a whole number of rollouts.
+    max_batch : int, optional
+        The largest batch allowed (the notebook's ``finder_max_batch``), to keep a CPU kernel clear of the
+        operating system's OOM killer: the finder's own RAM prediction needs a smaller size measured first.
+    progress : callable
+        ``progress(done, warmup + steps)`` after each step (called inside the timed step, after its work:
+        keep it cheap, as a progress bar's update is).
+
+    Returns
+    -------
+    LivePoint
+        See :func:`live_point`: metric ``peak_memory`` (device) or ``peak_rss_growth`` (CPU), unit ``MiB``;
+        the throughput (samples/s) in ``extra`` and the sentence.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For a batch size that is not an int >= 1, not a multiple of ``multiple_of``, or above ``max_batch``;
+        for steps, warm-up, budget or margin the finder rejects; and when the batch ran out of device memory
+        (a real OOM: pick a smaller batch). A batch over the budget on a CPU is a point (status
+        ``"over budget"``), not an error.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ParameterError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
+        raise ParameterError(f"multiple_of must be an int >= 1, got {multiple_of!r}")
+    if batch_size % multiple_of:
+        lo = max(multiple_of, batch_size // multiple_of * multiple_of)
+        raise ParameterError(f"batch_size={batch_size} is not a multiple of the PPO horizon {multiple_of} (a PPO "
+                             f"batch is a whole number of rollouts): pick {lo} or {lo + multiple_of}")
+    if max_batch is not None and batch_size > max_batch:
+        raise ParameterError(f"batch_size={batch_size} is above finder_max_batch={max_batch}: raise "
+                             "finder_max_batch and rerun the finder first, so a size that cannot fit in RAM is "
+                             "predicted from a smaller one instead of started")
+    cfg = FinderConfig(start_batch=batch_size, max_batch=batch_size, steps=steps, budget_bytes=int(budget_bytes),
+                       safety_margin=safety_margin, warmup=warmup, multiple_of=multiple_of, refine_steps=0)
+    total = int(warmup) + int(steps)
+
+    def counted(b: int) -> Callable[[], Any]:
+        step = make_step(b)
+        calls = [0]
+
+        def run() -> Any:
+            out = step()
+            calls[0] += 1
+            progress(min(calls[0], total), total)
+            return out
+
+        return run
+
+    found = find_batch_size(counted, acc, cfg)
+    row = found.frame.iloc[0]
+    if row["status"] == "oom":
+        raise ParameterError(f"batch_size={batch_size} ran out of device memory ({row['error']}); the memory was "
+                             "released and the kernel keeps running: pick a smaller batch")
+    return live_point(row, is_cpu=acc.is_cpu, budget_bytes=int(budget_bytes))

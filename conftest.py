@@ -1,4 +1,5 @@
-"""Test-session settings shared by every test and by the notebook kernels they start.
+"""Test-session settings shared by every test and by the notebook kernels they start (at the repository root, so
+that `pytest notebooks/NN_*.ipynb` alone, nbval without tests/, gets them too).
 
 Environment variables set here reach papermill and nbval kernels (they
 inherit the pytest process's environment):
