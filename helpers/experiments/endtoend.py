@@ -600,11 +600,13 @@ class JobVariant:
         """Per step run so far: measured (True) or warm-up (False)."""
         return self.loop.measured
 
-    def run(self, steps: int, *, measured: bool = True) -> None:
-        """Run ``steps`` PPO steps, timing each phase; ``measured=False`` marks them as warm-up."""
+    def run(self, steps: int, *, measured: bool = True, progress=None) -> None:
+        """Run ``steps`` PPO steps, timing each phase; ``measured=False`` marks them as warm-up.
+
+        ``progress(done, steps)`` is called after each step, outside its timing (:meth:`TimedLoop.run`)."""
         if not self.acc.is_cpu:
             self.acc.reset_peak_memory_stats()
-        self.loop.run(steps, measured=measured)
+        self.loop.run(steps, measured=measured, progress=progress)
         if not self.acc.is_cpu:
             peak = self.acc.memory_stats().get("peak_allocated_bytes")
             if peak is not None:
@@ -682,7 +684,8 @@ def _cores() -> int:
 # --------------------------------------------------------------------------- running and comparing jobs
 
 
-def run_interleaved(jobs: Sequence[JobVariant], *, steps: int, warmup_steps: int, block: int = 2) -> None:
+def run_interleaved(jobs: Sequence[JobVariant], *, steps: int, warmup_steps: int, block: int = 2,
+                    progress=None) -> None:
     """Run every job for ``warmup_steps`` then ``steps`` measured steps, in rotating blocks.
 
     Warm-up: each job in turn. Measured: rounds of ``block`` steps per job, the
@@ -698,6 +701,8 @@ def run_interleaved(jobs: Sequence[JobVariant], *, steps: int, warmup_steps: int
         Unmeasured steps per job first (>= 0).
     block : int
         Steps per job per turn (>= 1).
+    progress : callable, optional
+        ``progress(done, total)`` after every step of every job (warm-up included), outside the timing.
 
     Raises
     ------
@@ -707,14 +712,15 @@ def run_interleaved(jobs: Sequence[JobVariant], *, steps: int, warmup_steps: int
     if not jobs or steps < 1 or warmup_steps < 0 or block < 1:
         raise ParameterError(f"need >= 1 job, steps >= 1, warmup_steps >= 0 and block >= 1; got {len(jobs)} "
                              f"job(s), steps={steps}, warmup_steps={warmup_steps}, block={block}")
+    extra = {"progress": progress} if progress is not None else {}  # wrappers without the keyword still work
     for job in jobs:
         if warmup_steps:
-            job.run(warmup_steps, measured=False)
+            job.run(warmup_steps, measured=False, **extra)
     done, rnd = 0, 0
     while done < steps:
         n = min(block, steps - done)
         for job in (jobs if rnd % 2 == 0 else list(reversed(jobs))):
-            job.run(n)
+            job.run(n, **extra)
         done += n
         rnd += 1
 
@@ -1602,18 +1608,6 @@ def live_point(comparison: Comparison, config: JobConfig, *, baseline: JobSummar
     return LivePoint.from_comparison(label, comparison, sentence=sentence, **extra)
 
 
-class _Reporting:
-    """A JobVariant as :func:`run_interleaved` drives it, calling ``tick(steps)`` after each block (outside its
-    timing: the loop's phases are closed by then)."""
-
-    def __init__(self, variant: JobVariant, tick) -> None:
-        self.variant, self.tick = variant, tick
-
-    def run(self, steps: int, *, measured: bool = True) -> None:
-        self.variant.run(steps, measured=measured)
-        self.tick(int(steps))
-
-
 def try_optimizations(job: PPOJob, acc, *, steps: int, warmup_steps: int, num_workers: int = 2,
                       amp_dtype: str = "bfloat16", seed: int = 0, block: int = 2,
                       unavailable: Mapping[str, str] | None = None, progress: Progress = no_progress,
@@ -1688,16 +1682,15 @@ def try_optimizations(job: PPOJob, acc, *, steps: int, warmup_steps: int, num_wo
     total = 2 * (int(warmup_steps) + int(steps))
     done = [0]
 
-    def tick(n: int) -> None:
-        done[0] += n
+    def tick(_done: int, _steps: int) -> None:  # after every step of either job, outside its timing
+        done[0] += 1
         progress(min(done[0], total), total)
 
     base = opt = None
     try:
         base = JobVariant(JobConfig("baseline"), job, acc)
         opt = JobVariant(config, job, acc)
-        run_interleaved([_Reporting(base, tick), _Reporting(opt, tick)], steps=steps, warmup_steps=warmup_steps,
-                        block=block)
+        run_interleaved([base, opt], steps=steps, warmup_steps=warmup_steps, block=block, progress=tick)
         c = speedup(base, opt, seed=seed)
         loader = opt.loader
         ran = {"num_workers": int(getattr(loader, "num_workers", 0)),
