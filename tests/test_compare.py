@@ -17,11 +17,12 @@ from helpers.workbook.report.compare import compare_runs, write_comparison
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(folder: Path, device: str, verdicts: dict, job=None) -> Path:
+def _run(folder: Path, device: str, verdicts: dict, job=None, overrides=()) -> Path:
     """A run folder as the runner leaves it: run.json and one verdict per notebook in results.jsonl."""
     folder.mkdir(parents=True)
     (folder / "run.json").write_text(json.dumps({"profile": "quick", "device": "auto", "resolved_device": device,
-                                                 "status": "ok", "job": job, "notebooks": []}))
+                                                 "status": "ok", "job": job, "notebooks": [],
+                                                 "overrides": [list(p) for p in overrides]}))
     for nb, (value, lo, hi, rec) in verdicts.items():
         ResultsStore(folder / "results.jsonl", notebook=nb).verdict(
             metric="speedup", value=value, unit="x", recommendation=rec, reason="r",
@@ -71,6 +72,16 @@ def test_runs_of_different_jobs_are_said_to_compare_different_workloads(tmp_path
     a = _run(tmp_path / "a", "cpu:x", {"06_mixed_precision": (1.3, 1.2, 1.4, "enable")})
     b = _run(tmp_path / "b", "cpu:x", {"06_mixed_precision": (1.3, 1.2, 1.4, "enable")}, job="my.py:make_job")
     assert "different jobs" in compare_runs([a, b]).notes[0]
+
+
+def test_runs_with_different_parameters_are_said_to_measure_different_workloads(tmp_path):
+    a = _run(tmp_path / "a", "cpu:x", {"06_mixed_precision": (1.3, 1.2, 1.4, "enable")})
+    b = _run(tmp_path / "b", "cpu:x", {"06_mixed_precision": (1.3, 1.2, 1.4, "enable")},
+             overrides=[("batch_size", "64")])
+    c = compare_runs([a, b])
+    assert [h["parameters"] for h in c.headers] == ["profile's", "-p batch_size 64"]
+    assert any("different parameters" in n for n in c.notes)
+    assert not compare_runs([a, _run(tmp_path / "a2", "cpu:y", {"06_mixed_precision": (1.3, 1.2, 1.4, "enable")})]).notes
 
 
 def test_compare_needs_two_run_folders(tmp_path):

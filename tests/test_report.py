@@ -610,3 +610,14 @@ def test_the_headline_calls_a_speedup_only_what_its_interval_supports(tmp_path, 
     _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=value, unit="x", recommendation="leave off",
                                         reason="r", spread={"ci_low": low, "ci_high": high, "confidence": 0.95})
     assert overall_verdict(collect(tmp_path)) == expected
+
+
+def test_the_suggested_command_keeps_the_runs_parameters(partial_run):
+    run_dir, _ = partial_run
+    state = json.loads((run_dir / "run.json").read_text())
+    state.update(overrides=[["batch_size", "64"], ["num_workers_list", "[0, 2]"]], data_dir="/data/my photos")
+    (run_dir / "run.json").write_text(json.dumps(state))
+    sec = next(s for s in collect(run_dir).sections if s.number == "03")
+    args = _cli_accepts(re.search(r"`([^`]+)`", sec.missing).group(1))
+    assert args.overrides == [["batch_size", "64"], ["num_workers_list", "[0, 2]"]]
+    assert args.data_dir == "/data/my photos"

@@ -140,6 +140,8 @@ class RunState:
     started: str
     status: str = "running"  # running | ok | failed | interrupted
     job: str | None = None  # the user's job spec; None: the built-in PPO job
+    data_dir: str | None = None  # --data-dir; None: the embedded photos
+    overrides: list = field(default_factory=list)  # the -p NAME VALUE pairs, as given
     duration_s: float | None = None
     notebooks: list = field(default_factory=list)
 
@@ -887,6 +889,8 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             raise ParameterError(f"--out: {run_dir} already holds a run; add --resume to continue it, "
                                  "or choose a new folder")
         state = RunState(run_dir=str(run_dir), profile=profile, device=device, job=job_spec,
+                         data_dir=str(options.data_dir) if options.data_dir else None,
+                         overrides=[list(p) for p in options.overrides],
                          resolved_device=resolved, only=list(options.only or ()),
                          started=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                          notebooks=entries)

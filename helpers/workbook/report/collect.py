@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -372,7 +373,10 @@ def _missing_text(*, nb_id: str, number: str, status: str, error: dict | None, n
     """
     out = _display_dir(run_dir)
     resume = f"{cli_command()} run --resume --out {out}"
-    opts = "".join(f" --{k} {state[k]}" for k in ("profile", "device", "job") if state.get(k))
+    opts = "".join(f" --{k} {shlex.quote(str(state[k]))}" for k in ("profile", "device", "job") if state.get(k))
+    if state.get("data_dir"):
+        opts += f" --data-dir {shlex.quote(str(state['data_dir']))}"
+    opts += "".join(f" -p {name} {shlex.quote(str(value))}" for name, value in state.get("overrides") or ())
     new_run = f"{cli_command()} run --only {number}{opts}"
     no_file = ("" if _notebook_file_exists(number) else
                f" This checkout has no notebooks/{number}_*.ipynb yet: update it first.")

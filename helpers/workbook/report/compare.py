@@ -74,8 +74,9 @@ class RunsComparison:
     def notes(self) -> list[str]:
         """Warnings about the comparison itself: runs of different jobs or profiles measure different workloads."""
         out = []
-        for key, what in (("job", "jobs"), ("profile", "profiles")):
-            values = {h[key] for h in self.headers}
+        for key, what in (("job", "jobs"), ("profile", "profiles"),
+                          ("parameters", "parameters (-p, --data-dir)")):
+            values = {h.get(key, "") for h in self.headers}
             if len(values) > 1:
                 out.append(f"these runs measured different {what} ({', '.join(sorted(values))}): a row compares "
                            "different workloads, so a difference there is not the machines'")
@@ -124,7 +125,9 @@ def compare_runs(run_dirs: list[str | Path]) -> RunsComparison:
         st = rep.state or {}
         headers.append({"run": rep.run_dir.name, "device": str(st.get("resolved_device") or st.get("device") or "?"),
                         "profile": str(st.get("profile") or "?"), "status": str(st.get("status") or "?"),
-                        "job": str(st.get("job") or "built-in")})
+                        "job": str(st.get("job") or "built-in"),
+                        "parameters": " ".join(f"-p {k} {v}" for k, v in st.get("overrides") or ())
+                        + (f" --data-dir {st['data_dir']}" if st.get("data_dir") else "") or "profile's"})
     by_id = [{s.id: s for s in rep.sections} for rep in reports]
     ids = list(dict.fromkeys(s.id for rep in reports for s in rep.sections))
     rows = []
@@ -145,7 +148,7 @@ def _markdown(c: RunsComparison) -> str:
     head = [h["run"] for h in c.headers]
     lines = ["# Workbook runs compared", "",
              "| | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
-    for key in ("device", "profile", "job", "status"):
+    for key in ("device", "profile", "job", "parameters", "status"):
         lines.append(f"| {key} | " + " | ".join(h[key] for h in c.headers) + " |")
     lines += [f"\n> Note: {n}" for n in c.notes]
     lines += ["", "| item | " + " | ".join(head) + " | runs disagree? |", "|---|" + "---|" * (len(head) + 1)]
@@ -163,7 +166,7 @@ def _html(c: RunsComparison) -> str:
     e = html.escape
     head = "".join(f"<th>{e(h['run'])}</th>" for h in c.headers)
     meta = "".join(f"<tr class='meta'><td>{k}</td>" + "".join(f"<td>{e(h[k])}</td>" for h in c.headers) + "</tr>"
-                   for k in ("device", "profile", "job", "status"))
+                   for k in ("device", "profile", "job", "parameters", "status"))
     body = "".join(
         f"<tr class='{'apart' if r.disagreement == 'beyond the intervals' else ''}'><td>{e(r.item)}</td>"
         + "".join(f"<td>{e(x)}</td>" for x in r.cells) + f"<td>{e(r.disagreement or '—')}</td></tr>"
