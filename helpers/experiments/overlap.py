@@ -16,7 +16,8 @@ timed loop, :class:`helpers.compute.train.TimedLoop`). Each is summarized by
 its median over the measured steps; the hidden fraction is
 ``1 - exposed / work`` and the exposed fraction ``exposed / step time``, both
 ratios of those medians. :func:`overlap_limits` says why an overlap could not
-work when it did not.
+work when it did not. The notebook's "try it" panel calls :func:`try_overlap`:
+the *after* variant again at another model width, worker count and core split.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ from helpers.errors import DataError, ParameterError
 from helpers.experiments.training import fixed_batches
 from helpers.jobs.base import WORKLOAD_PARAMS, Job, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
+from helpers.live import LivePoint, Progress, no_progress
+from helpers.params import coerce
 from helpers.pipeline.loader import LoaderConfig, close_loader
 from helpers.pipeline.prefetch import ConsumerStreamSync, DevicePrefetcher, RecordingLoader, prefetched
 from helpers.results import load_results
@@ -472,7 +475,8 @@ class OverlapRun:
 def run_overlap_variant(job: Job, acc: Accelerator, *, label: str, steps: int, warmup_steps: int,
                         num_workers: int, prefetch_factor: int = 2, prefetcher: bool = True,
                         torch_threads: int | None = None, decode_threads: int | None = None,
-                        timeout_s: float = 120.0, input_work_s: Sequence[float] | None = None) -> OverlapRun:
+                        timeout_s: float = 120.0, input_work_s: Sequence[float] | None = None,
+                        progress: Progress | None = None) -> OverlapRun:
     """Train the job with one input-pipeline setting and measure the overlap.
 
     The job's dataset (the built-in job's batched pipeline; a user's job's own dataset) feeds a DataLoader
@@ -505,6 +509,9 @@ def run_overlap_variant(job: Job, acc: Accelerator, *, label: str, steps: int, w
         prepare (a user's job: no ``prep_s``). Default for such a job: this run's own exposed input (data +
         h2d), which is the whole input work only when nothing overlaps (``num_workers=0``, no prefetcher);
         :func:`run_overlap` passes the synchronous run's to the overlapped ones.
+    progress : callable, optional
+        ``progress(done, warmup_steps + steps)`` after each step, warm-up included (outside the step's timing;
+        :meth:`helpers.compute.train.TimedLoop.run`), e.g. a "try it" panel's progress bar.
 
     Returns
     -------
@@ -541,7 +548,13 @@ def run_overlap_variant(job: Job, acc: Accelerator, *, label: str, steps: int, w
         loop = TimedLoop(epochs(recorder, datasets=[dataset, sampler]),
                          lambda batch: to_device(batch, acc, non_blocking=pin), step,
                          ConsumerStreamSync(acc).synchronize)
-        run = loop.run(warmup_steps, measured=False).discard().run(steps).result()
+        total = int(warmup_steps) + int(steps)
+
+        def tick(offset: int):  # TimedLoop.run counts each block from 1; the caller sees one count over both
+            return None if progress is None else (lambda done, _block: progress(offset + done, total))
+
+        run = (loop.run(warmup_steps, measured=False, progress=tick(0)).discard()
+               .run(steps, progress=tick(int(warmup_steps))).result())
     finally:
         torch.set_num_threads(previous_threads)
         close_loader(loader)
@@ -952,3 +965,143 @@ def verdict(result: OverlapResult, *, context: str, model_width_01: int) -> Verd
                    extra={"before": b.exposed_fraction, "hidden_fraction": a.hidden_fraction,
                           "input_time_s": a.median_input_work_s, "compute_time_s": a.median_compute_s,
                           "notes": v["notes"], "model_width_01": model_width_01})
+
+
+# --------------------------------------------------------------------------- the "try it" panel
+
+
+def live_point(v: OverlapRun, label: str) -> LivePoint:
+    """One overlapped run as a "try it" point: the share of its input work hidden behind compute.
+
+    Parameters
+    ----------
+    v : OverlapRun
+        A run of :func:`run_overlap_variant` (notebook 05's ``result.after``, or :func:`try_overlap`'s).
+    label : str
+        The settings it ran at, e.g. ``"width 16, 1 worker(s), 1 core per worker"``.
+
+    Returns
+    -------
+    LivePoint
+        metric ``hidden_fraction``, unit ``fraction``: ``1 - median exposed input / median input work`` (the
+        notebook's statistic, :func:`overlap_stats`); ``low``/``high``: the quartiles of the per-step exposed
+        input over the median input work (clipped to [0, 1]). The sentence gives the compute and the input work
+        per step (medians, ms), whether the compute covers the input work, and the exposed share of the step;
+        ``extra``: ``compute_s``, ``input_work_s``, ``step_s`` (medians, seconds), ``exposed_fraction``,
+        ``num_workers``, ``torch_threads``, ``side_stream``, ``steps``.
+    """
+    s = v.stats
+    exposed = (v.run.steps["data"] + v.run.steps["h2d"]).to_numpy(dtype=float)
+    if s.median_input_work_s > 0:
+        per_step = np.clip(1.0 - exposed / s.median_input_work_s, 0.0, 1.0)
+        low, high = float(np.quantile(per_step, 0.25)), float(np.quantile(per_step, 0.75))
+    else:
+        low = high = None
+    covers = "covers" if s.median_compute_s >= s.median_input_work_s else "does NOT cover"
+    spread = f" (IQR over steps {low:.0%}-{high:.0%})" if low is not None else ""
+    sentence = (f"{label}: {s.hidden_fraction:.0%} of the input work hidden behind compute{spread}; compute "
+                f"{s.median_compute_s * 1e3:.1f} ms {covers} input work {s.median_input_work_s * 1e3:.1f} ms per step; "
+                f"input exposed for {s.exposed_fraction:.0%} of a {s.median_step_s * 1e3:.0f} ms step "
+                f"(medians of {s.steps} steps)")
+    return LivePoint(label=label, value=float(s.hidden_fraction), unit="fraction", metric="hidden_fraction",
+                     low=low, high=high, sentence=sentence,
+                     extra={"compute_s": s.median_compute_s, "input_work_s": s.median_input_work_s,
+                            "step_s": s.median_step_s, "exposed_fraction": s.exposed_fraction,
+                            "num_workers": v.settings["num_workers"], "torch_threads": v.settings["torch_threads"],
+                            "side_stream": v.settings["side_stream"], "steps": s.steps})
+
+
+#: The thread splits a "try it" panel can ask for (:func:`thread_splits`' labels).
+SPLITS = ("1 core per worker", "all cores to torch")
+
+
+def _knob(name: str, value: Any) -> Any:
+    """A knob value checked against notebook 05's declaration of the parameter of that name (type and range)."""
+    param = next(p for p in spec_for(NOTEBOOK) if p.name == name)
+    return coerce(param, value)
+
+
+def try_overlap(job: Job, acc: Accelerator, *, num_workers: int, model_width: int | None = None,
+                threads: str = SPLITS[0], prefetch_factor: int = 2, steps: int = 10, warmup_steps: int = 2,
+                cores: int | None = None, progress: Progress = no_progress) -> LivePoint:
+    """Notebook 05's overlapped loop again at another model width and worker count: does the overlap appear?
+
+    The overlap can hide at most as much input work as there is compute to hide it behind: widen the model
+    (more compute per step) or add workers (more input prepared at once) and the hidden share rises; narrow it
+    or take the workers away and it vanishes. The run is the notebook's own *after* variant
+    (:func:`run_overlap_variant`: the job's DataLoader with ``num_workers`` persistent workers and
+    ``prefetch_factor``, the :class:`DevicePrefetcher`, the phase-timed loop closed by the consumer stream's
+    synchronize), ``warmup_steps`` excluded, the input work of each step from its batch's ``prep_s`` plus its
+    copy.
+
+    Parameters
+    ----------
+    job : helpers.jobs.base.Job
+        The notebook's job. The built-in :class:`helpers.jobs.ppo.PPOJob` is rebuilt at ``model_width`` on the
+        same images; a user's job runs as it is (its model is its own), and its synchronous run is measured
+        first, since its batches do not time their own preparation (its data + h2d phases are then the input
+        work, as in the notebook).
+    acc : helpers.device.Accelerator
+    num_workers : int
+        DataLoader worker processes, 0-256 (0: the loader runs in the training process; on a CPU nothing then
+        runs beside the step).
+    model_width : int, optional
+        Channels of the first conv stage of the built-in job's policy, 4-512 (compute per step grows roughly
+        with its square); None keeps the job's.
+    threads : str
+        How the CPU cores are shared between the step's torch threads and the workers, one of :data:`SPLITS`
+        (:func:`thread_splits`). Where the split does not exist (no workers, one core, or the step on an
+        accelerator) the first one is used and the label says so.
+    prefetch_factor : int
+        Batches each worker prepares ahead, 1-64.
+    steps, warmup_steps : int
+        Measured and excluded steps (>= 1 and >= 0).
+    cores : int, optional
+        Usable CPU cores (default :func:`helpers.device.usable_cores`).
+    progress : callable
+        ``progress(done, total)`` after each step (warm-up included; a user's job counts both runs).
+
+    Returns
+    -------
+    LivePoint
+        metric ``hidden_fraction`` (fraction of the input work per step hidden behind compute, 0-1), unit
+        ``fraction``; see :func:`live_point`.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For a ``num_workers``, ``model_width`` or ``prefetch_factor`` outside notebook 05's ranges, a
+        ``threads`` not in :data:`SPLITS`, ``steps < 1`` or ``warmup_steps < 0``, or a ``model_width`` for a
+        user's job (set its model's size in its own factory instead).
+    """
+    num_workers = _knob("num_workers", num_workers)
+    prefetch_factor = _knob("prefetch_factor", prefetch_factor)
+    steps, warmup_steps = _knob("steps", steps), _knob("warmup_steps", warmup_steps)
+    if threads not in SPLITS:
+        raise ParameterError(f"threads={threads!r}; choose one of {', '.join(map(repr, SPLITS))}")
+    if model_width is not None:
+        model_width = _knob("model_width", model_width)
+        if not isinstance(job, PPOJob):
+            raise ParameterError(f"model_width={model_width}: it sizes the built-in job's policy; your job "
+                                 f"{job.name!r} builds its own model, so leave model_width at None and change its "
+                                 "size in your job's factory")
+        if model_width != job.workload.model_width:
+            job = PPOJob(job.index, job.tokenizer, replace(job.workload, model_width=model_width),
+                         n_actions=job.n_actions, ppo=job.ppo, name=job.name)
+    splits = thread_splits(num_workers, cores, is_cpu=acc.is_cpu)
+    split = next((s for s in splits if s["label"] == threads), splits[0])
+    common = dict(steps=steps, warmup_steps=warmup_steps)
+    runs = 1 if isinstance(job, PPOJob) else 2
+    total = runs * (warmup_steps + steps)
+    if runs == 2:  # a user's job: its synchronous run's exposed input is its input work (run_overlap does the same)
+        sync_run = run_overlap_variant(job, acc, label="synchronous", num_workers=0, prefetcher=False,
+                                       progress=lambda done, _n: progress(done, total), **common)
+        common["input_work_s"] = (sync_run.run.steps["data"] + sync_run.run.steps["h2d"]).tolist()
+    offset = total - (warmup_steps + steps)
+    run = run_overlap_variant(job, acc, label="try it", num_workers=num_workers, prefetch_factor=prefetch_factor,
+                              prefetcher=True, torch_threads=split["torch_threads"],
+                              decode_threads=split["decode_threads"],
+                              progress=lambda done, _n: progress(offset + done, total), **common)
+    width = f"width {job.workload.model_width}, " if isinstance(job, PPOJob) else ""
+    used = split["label"] + ("" if split["label"] == threads else f" ({threads!r} does not apply here)")
+    return live_point(run, f"{width}{num_workers} worker(s), {used}")

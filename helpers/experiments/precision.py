@@ -5,15 +5,30 @@ The notebook measures on fixed batches of the job
 steps timed interleaved (:func:`helpers.timing.compare`), and the loss curves
 of both gated by :func:`helpers.experiments.training.learning_check` (the
 gate notebook 10 uses too). :func:`verdict` turns those figures into the
-notebook's :class:`helpers.verdict.Verdict`.
+notebook's :class:`helpers.verdict.Verdict`. The notebook's "try it" panel calls
+:func:`try_precision`: the same interleaved fp32-vs-autocast timing
+(:func:`autocast_comparison`) at the precision a learner picks.
 """
 
 from __future__ import annotations
 
-from helpers.timing import Comparison
+import itertools
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from helpers.compute.amp import make_grad_scaler, resolve_autocast_dtype
+from helpers.compute.ppo import PPOTrainer
+from helpers.errors import ParameterError
+from helpers.experiments.training import fixed_batches, step_options_comparison
+from helpers.jobs.base import Job, StepOptions
+from helpers.jobs.ppo import PPOJob, PPOStep
+from helpers.live import LivePoint, Progress, no_progress
+from helpers.timing import Comparison, compare
 from helpers.verdict import Action, Verdict
 
-__all__ = ["NOTEBOOK", "verdict"]
+__all__ = ["NOTEBOOK", "DTYPES", "ProgressClock", "autocast_comparison", "live_point", "try_precision", "verdict"]
 
 #: Notebook whose verdict :func:`verdict` gives.
 NOTEBOOK = "06_mixed_precision"
@@ -71,3 +86,195 @@ def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float,
     return Verdict(notebook=NOTEBOOK, metric="speedup", value=cmp.ratio, unit="x", recommendation=recommendation,
                    reason=reason, context=context, action=action, repeats=min(cmp.a.repeats, cmp.b.repeats),
                    spread={"ci_low": cmp.ci_low, "ci_high": cmp.ci_high, "confidence": cmp.confidence})
+
+
+# --------------------------------------------------------------------------- the "try it" panel
+
+#: The precisions a "try it" panel offers, where the device supports them: float32 (no autocast: the A/A
+#: comparison, fp32 against itself, shows the noise floor), then the autocast dtypes.
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ProgressClock:
+    """A clock for :func:`helpers.timing.compare` that reports progress between the timed calls.
+
+    ``compare`` reads its ``clock`` twice per timed call (start and stop, each after a device synchronize); after
+    every second read (a call's stop time, already taken) this calls ``progress(done, total)``, so the update is
+    outside every timed interval. Its :meth:`wrap` counts the untimed warm-up calls the same way (after each
+    returns). ``total`` is ``2 * (warmup + repeats)``, the calls of both variants.
+
+    Parameters
+    ----------
+    progress : callable
+        ``progress(done, total)``.
+    warmup, repeats : int
+        As passed to ``compare``.
+    clock : callable, default time.perf_counter
+    """
+
+    def __init__(self, progress: Progress, *, warmup: int, repeats: int,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.progress, self.clock = progress, clock
+        self.warmup_calls, self.total = 2 * int(warmup), 2 * (int(warmup) + int(repeats))
+        self.calls = self.reads = 0
+
+    def __call__(self) -> float:
+        t = self.clock()
+        self.reads += 1
+        if self.reads % 2 == 0:
+            self.progress(self.warmup_calls + self.reads // 2, self.total)
+        return t
+
+    def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """``fn`` that reports each warm-up call after it returns (timed calls are reported by the clock)."""
+        def call():
+            out = fn()
+            if self.calls < self.warmup_calls:
+                self.calls += 1
+                self.progress(self.calls, self.total)
+            return out
+        return call
+
+
+def _dtype(name: str, acc) -> torch.dtype | None:
+    """``"float32"`` -> None (no autocast), else the autocast dtype, checked against what ``acc`` supports."""
+    if name == "float32":
+        return None
+    if name not in DTYPES:
+        raise ParameterError(f"dtype={name!r}; choose one of {', '.join(DTYPES)} (float32: no autocast)")
+    return resolve_autocast_dtype(name, acc.kind, acc.capabilities.autocast_dtypes)
+
+
+def autocast_comparison(job: Job, acc, dtype: str, *, batches: Sequence | None = None, steps: int,
+                        warmup_steps: int, init_scale: float = 1024.0, growth_interval: int = 200, seed: int = 0,
+                        progress: Progress = no_progress) -> Comparison:
+    """Notebook 06's section 6: the job's training step in fp32 (A) against ``dtype`` (B), interleaved.
+
+    The built-in job: two :class:`helpers.compute.ppo.PPOTrainer` from the same initial weights (the job's seed),
+    each cycling over the same fixed device batches with its own seeded sampling generator, the mixed one under
+    ``torch.amp.autocast`` with a GradScaler for float16 (``init_scale``, ``growth_interval``), timed by
+    :func:`helpers.timing.compare` (A B B A, a device synchronize around every call, ``warmup_steps`` per
+    side excluded). A user's job: :func:`helpers.experiments.training.step_options_comparison` (its whole step
+    on its own fixed batches), as the notebook does; ``progress`` is then called only at the start and the end.
+
+    Parameters
+    ----------
+    job : helpers.jobs.base.Job
+    acc : helpers.device.Accelerator
+    dtype : str
+        ``"float32"`` (no autocast: fp32 against fp32), ``"bfloat16"`` or ``"float16"``.
+    batches : sequence of (images, tokens, labels), optional
+        The built-in job's fixed device batches (the notebook's); default 4 from
+        :func:`helpers.experiments.training.fixed_batches`.
+    steps, warmup_steps : int
+        Timed and untimed steps per side (>= 1 and >= 0).
+    init_scale, growth_interval
+        The GradScaler's (float16 only), as notebook 06's parameters.
+    seed : int
+        Seed of the sampling generators and of the bootstrap.
+    progress : callable
+        ``progress(done, total)`` after each step of either side (outside its timing).
+
+    Returns
+    -------
+    helpers.timing.Comparison
+        A = fp32, B = ``dtype``, seconds per step; ``ratio`` > 1: ``dtype`` is faster.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For a dtype not in :data:`DTYPES` or not supported on ``acc``, ``steps < 1`` or ``warmup_steps < 0``.
+    """
+    low = _dtype(dtype, acc)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or \
+            isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ParameterError(f"steps must be an int >= 1 and warmup_steps an int >= 0, got steps={steps!r}, "
+                             f"warmup_steps={warmup_steps!r}")
+    names = ("fp32", "fp32 again" if low is None else f"{dtype} autocast")
+    if not isinstance(job, PPOJob):  # a user's job: its whole step on its own fixed batches, as the notebook times it
+        progress(0, 1)
+        cmp = step_options_comparison(job, acc, StepOptions(), StepOptions(autocast_dtype=low), steps=steps,
+                                      warmup_steps=warmup_steps, seed=seed, names=names)
+        progress(1, 1)
+        return cmp
+    if batches is None:
+        batches = fixed_batches(job, acc, 4)
+    sides = []
+    for side_dtype in (None, low):
+        scaler = (make_grad_scaler(acc.kind, side_dtype, init_scale=init_scale, growth_interval=growth_interval)
+                  if side_dtype == torch.float16 else None)
+        step = PPOStep(PPOTrainer(job.make_model(acc), job.ppo, scaler=scaler),
+                       torch.Generator(device=acc.device).manual_seed(seed), side_dtype)
+        it = itertools.cycle(batches)
+        sides.append(lambda step=step, it=it: step(next(it)))
+    clock = ProgressClock(progress, warmup=warmup_steps, repeats=steps)
+    return compare(clock.wrap(sides[0]), clock.wrap(sides[1]), repeats=steps, warmup=warmup_steps,
+                   sync=acc.synchronize, names=names, items_per_call=job.workload.batch_size, seed=seed, clock=clock)
+
+
+def live_point(cmp: Comparison, label: str) -> LivePoint:
+    """An fp32-vs-autocast comparison as a "try it" point: the step-time speedup over fp32 with its interval.
+
+    Parameters
+    ----------
+    cmp : helpers.timing.Comparison
+        fp32 as A, the precision tried as B (notebook 06's ``cmp``, or :func:`autocast_comparison`'s).
+    label : str
+        The precision, e.g. ``"bfloat16"``.
+
+    Returns
+    -------
+    LivePoint
+        metric ``speedup``, unit ``x`` (fp32 median step time over the other's; > 1: faster than fp32), with its
+        95% bootstrap interval; ``extra``: ``fp32_step_s``, ``step_s`` (medians, seconds), ``samples_per_s``
+        (of B, where the comparison has a rate) and ``steps``.
+    """
+    rate = cmp.b.rate
+    sentence = (f"{label}: {cmp.ratio:.2f}x the speed of fp32 (95% CI {cmp.ci_low:.2f}-{cmp.ci_high:.2f}); step "
+                f"{cmp.b.median_s * 1e3:.1f} ms vs fp32 {cmp.a.median_s * 1e3:.1f} ms"
+                + (f", {rate:,.0f} samples/s" if rate else "") + f" ({cmp.b.repeats} interleaved steps each)")
+    return LivePoint.from_comparison(label, cmp, metric="speedup", sentence=sentence, fp32_step_s=cmp.a.median_s,
+                                     step_s=cmp.b.median_s, samples_per_s=rate, steps=cmp.b.repeats)
+
+
+def try_precision(job: Job, acc, *, dtype: str, batches: Sequence | None = None, steps: int = 10,
+                  warmup_steps: int = 2, init_scale: float = 1024.0, growth_interval: int = 200, seed: int = 0,
+                  progress: Progress = no_progress) -> LivePoint:
+    """Notebook 06's timing again at another precision: how much faster than fp32 is the step here?
+
+    Runs :func:`autocast_comparison` (the notebook's own interleaved fp32-vs-autocast timing, on its fixed
+    batches) and returns :func:`live_point`. ``dtype="float32"`` times fp32 against itself: the spread of that
+    ratio around 1 is this machine's noise floor, against which the other precisions' speedups can be read.
+
+    Parameters
+    ----------
+    job : helpers.jobs.base.Job
+        The notebook's built-in job, or the user's (its whole step, see :func:`autocast_comparison`).
+    acc : helpers.device.Accelerator
+    dtype : str
+        ``"float32"``, ``"bfloat16"`` or ``"float16"``; the autocast ones only where
+        ``acc.capabilities.autocast_dtypes`` has them.
+    batches : sequence, optional
+        The built-in job's fixed device batches (the notebook's ``batches``).
+    steps, warmup_steps : int
+        Timed and untimed steps per side (>= 1 and >= 0).
+    init_scale, growth_interval
+        GradScaler settings for float16 (notebook 06's parameters).
+    seed : int
+    progress : callable
+        ``progress(done, total)`` after each step.
+
+    Returns
+    -------
+    LivePoint
+        metric ``speedup``, unit ``x`` (fp32 step time / step time at ``dtype``, with its 95% bootstrap interval).
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For a dtype not in :data:`DTYPES`, one this device cannot autocast to (the message lists those it can),
+        ``steps < 1`` or ``warmup_steps < 0``.
+    """
+    cmp = autocast_comparison(job, acc, dtype, batches=batches, steps=steps, warmup_steps=warmup_steps,
+                              init_scale=init_scale, growth_interval=growth_interval, seed=seed, progress=progress)
+    return live_point(cmp, dtype if dtype != "float32" else "float32 (vs itself)")
