@@ -23,6 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = discover_notebooks(ROOT / "notebooks")
 
 
+#: Notebooks without a "Try it" panel: 00 measures nothing it could re-measure live (it reads the environment).
+NO_PANEL = {"00_environment_check"}
+
+
 def test_there_are_notebooks():
     assert [p.stem[:2] for p in NOTEBOOKS][:2] == ["00", "01"]
 
@@ -32,6 +36,13 @@ def test_notebook_is_well_formed(path):
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     assert nb.metadata["kernelspec"]["name"] == "python3"
+    # the name JupyterLab writes on opening (ipykernel's kernelspec): anything else marks the notebook modified
+    from ipykernel.kernelspec import get_kernel_dict
+
+    assert nb.metadata["kernelspec"]["display_name"] == get_kernel_dict()["display_name"]
+    text = "\n".join(c.source for c in nb.cells)
+    if "try_it(" not in text and path.stem not in NO_PANEL:
+        pytest.fail(f"{path.stem} measures but has no 'Try it' panel (helpers.workbook.panel.try_it)")
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
     first_md = nb.cells[0].source
