@@ -40,6 +40,29 @@ def test_bench_end_to_end_reports_the_ceiling_fraction():
     assert set(out["targets"]) == {"ceiling_fraction", "speedup"} and isinstance(out["machine"]["busy"], bool)
 
 
+@pytest.mark.slow
+def test_bench_end_to_end_selects_the_optimizations_from_a_runs_verdicts(tmp_path):
+    from helpers.results import load_results
+    from helpers.workbook.bench import run_benchmark
+    from helpers.workbook.runner import RunOptions, run
+
+    run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("03",), out=tmp_path / "run"),
+                         echo=lambda line: None)
+    assert state.status == "ok"
+    recs = load_results(run_dir / "results.jsonl")
+    v03 = recs[(recs["experiment"] == "verdict")].iloc[-1]
+    out = json.loads(run_benchmark("end-to-end", profile="smoke", device="cpu", run=str(run_dir)))
+    assert out["run"] == str(run_dir)
+    # notebook 10's rule: workers where notebook 03 enabled them (a CPU's default is none)
+    assert ("dataloader_workers" in out["optimizations"]) == (v03["recommendation"] == "enable")
+
+
+def test_bench_end_to_end_refuses_a_folder_that_is_no_run(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "helpers", "bench", "end-to-end", "--run", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 2 and "no results.jsonl there" in p.stderr
+
+
 def test_bench_rejects_unknown_benchmark():
     p = subprocess.run([sys.executable, "-m", "helpers", "bench", "nothing"], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from helpers import machine
+from helpers.errors import ParameterError
 from helpers.npu_probe import prepare_torch_import
 from helpers.specs import spec_for, validate_notebook_params
 from helpers.workbook.runner import load_profile
@@ -198,11 +199,14 @@ def ddp_bench(*, job: str = "", profile: str = "quick", backend: str = "auto", w
 END_TO_END_TARGETS = {"ceiling_fraction": (">=", 0.80), "speedup": (">=", 4.5)}
 
 
-def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | None = None) -> dict[str, Any]:
+def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | None = None,
+               run: str | None = None) -> dict[str, Any]:
     """Notebook 10's measurement of the built-in job without the notebooks: baseline, optimized, input-free ceiling.
 
-    The optimized job is the device's defaults for every optimization (:func:`helpers.experiments.endtoend.
-    select_optimizations` with no earlier verdicts, as notebook 10 without a run behind it); the three jobs
+    The optimized job is chosen by :func:`helpers.experiments.endtoend.select_optimizations` as notebook 10
+    chooses it: from the verdicts of the run folder ``run`` (its ``results.jsonl``: notebook 02's decode and
+    cache decisions, 03's workers, ...), or, without ``run``, the device's defaults for every optimization (notebook
+    10 without a run behind it: no dataset cache, no workers); the three jobs
     (baseline, optimized, and the optimized step on batches already on the device) are timed in interleaved
     blocks (:func:`helpers.experiments.endtoend.run_interleaved`), with notebook 10's steps under ``profile``.
 
@@ -214,8 +218,21 @@ def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | 
         baseline) and its ``_ci``; ``step_ms`` per job (medians), ``exposed_input_fraction`` per job,
         ``optimizations``, ``targets`` (per key of :data:`END_TO_END_TARGETS`: ``rule``, ``value``, ``met``),
         ``machine``/``machine_note``,
-        ``profile``, ``device``, ``duration_s``.
+        ``profile``, ``device``, ``run`` (the run folder the selection read, or None), ``duration_s``.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        If ``run`` is not a run folder (no ``results.jsonl``).
     """
+    earlier = None
+    if run is not None:
+        results = Path(run).expanduser() / "results.jsonl"
+        if not results.is_file():
+            raise ParameterError(f"--run {run}: no results.jsonl there; pass a run folder of `python -m helpers run`")
+        from helpers.results import load_results
+
+        earlier = load_results(results)
     prepare_torch_import(fallback_to_cpu=True)
     from dataclasses import replace
 
@@ -229,7 +246,7 @@ def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | 
     params = _notebook_values("10_end_to_end", profile, {"data_dir": data_dir})
     acc = get_accelerator(device)
     job = PPOJob.from_params(params)
-    selection = select_optimizations(["auto"], None, acc, workload=Workload.from_params(params))
+    selection = select_optimizations(["auto"], earlier, acc, workload=Workload.from_params(params))
     configs = {"baseline": JobConfig("baseline"), "optimized": selection.job("optimized")}
     before = machine.snapshot()
     jobs = {name: JobVariant(cfg, job, acc) for name, cfg in configs.items()}
@@ -252,6 +269,7 @@ def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | 
         "exposed_input_fraction": {name: s.exposed_fraction for name, s in summaries.items()},
         "optimizations": list(configs["optimized"].optimizations),
         "steps": int(params["steps"]), "profile": profile, "device": f"{acc.kind}:{acc.name}",
+        "run": str(run) if run is not None else None,
     }
     out["targets"] = {k: {"rule": f"{op} {t}", "value": out[k], "met": _met(out[k], (op, t))}
                       for k, (op, t) in END_TO_END_TARGETS.items()}

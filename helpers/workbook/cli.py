@@ -94,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="allreduce: seconds before the job counts as hung and is stopped")
     be.add_argument("--master-port", type=int, default=0, metavar="P",
                     help="allreduce: rendezvous port on 127.0.0.1 (0: a free one)")
+    be.add_argument("--run", default=None, metavar="DIR",
+                    help="end-to-end: choose the optimizations as notebook 10 does from this run's verdicts "
+                         "(default: the device's defaults, as notebook 10 without a run behind it)")
     be.add_argument("--images", type=int, default=20_000, metavar="N",
                     help="dataset-index: images in the generated folder (ignored with --data-dir)")
 
@@ -252,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.name == "instrument":
                 print(run_benchmark(args.name, device=args.device))
+                return 0
+            if args.name == "end-to-end":
+                print(run_benchmark(args.name, profile=args.profile, device=args.device, data_dir=args.data_dir,
+                                    run=args.run))
                 return 0
             print(run_benchmark(args.name, profile=args.profile, device=args.device, data_dir=args.data_dir))
             return 0
