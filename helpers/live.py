@@ -45,6 +45,11 @@ class LivePoint:
         More fields for the record (knob values are added by the panel).
     repeats : int or None
         Timed repetitions (steps, calls) behind ``value``; None when not a repeated timing.
+    interval : str
+        What ``low``/``high`` are: ``"iqr"`` (the interquartile range of the repeats, the default) or ``"ci"``
+        (a 95% bootstrap interval of a ratio, :meth:`from_comparison`). The record's spread is keyed as the
+        workbook's other records are (``p25``/``p75``, ``ci_low``/``ci_high``/``confidence``), so the report
+        shows it as an interval.
     """
 
     label: str
@@ -56,12 +61,16 @@ class LivePoint:
     sentence: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
     repeats: int | None = None
+    interval: str = "iqr"
 
     def spread(self) -> dict[str, float] | None:
-        """``{"low": .., "high": ..}`` for the record, or None without a spread."""
+        """The record's spread: ``{"p25", "p75"}`` (IQR) or ``{"ci_low", "ci_high", "confidence"}`` (CI); None
+        without one."""
         if self.low is None or self.high is None:
             return None
-        return {"low": float(self.low), "high": float(self.high)}
+        if self.interval == "ci":
+            return {"ci_low": float(self.low), "ci_high": float(self.high), "confidence": 0.95}
+        return {"p25": float(self.low), "p75": float(self.high)}
 
     @classmethod
     def from_rate(cls, label: str, m: Any, *, unit: str, metric: str = "throughput", sentence: str = "",
@@ -88,4 +97,4 @@ class LivePoint:
         return cls(label=label, value=float(c.ratio), unit="x", metric=metric, low=float(c.ci_low),
                    high=float(c.ci_high),
                    sentence=sentence or f"{label}: {c.ratio:.2f}x (95% CI {c.ci_low:.2f}-{c.ci_high:.2f})",
-                   extra=dict(extra), repeats=min(c.a.repeats, c.b.repeats))
+                   extra=dict(extra), repeats=min(c.a.repeats, c.b.repeats), interval="ci")

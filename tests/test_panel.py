@@ -56,7 +56,7 @@ def test_headless_measures_once_at_the_initial_values_and_records_it(ctx, monkey
     assert rec["variant"] == "nw=2" and rec["metric"] == "throughput" and rec["value"] == 30.0
     assert rec["extra"]["interactive"] is False and rec["extra"]["knobs"] == {"num_workers": 2,
                                                                              "persistent_workers": False}
-    assert rec["spread"] == {"low": 29.0, "high": 31.0} and "busy" in rec["extra"]
+    assert rec["spread"] == {"p25": 29.0, "p75": 31.0} and "busy" in rec["extra"]  # an IQR, keyed as the report reads
 
 
 def test_a_sweep_yields_one_record_per_point_and_reports_progress(ctx, monkeypatch):

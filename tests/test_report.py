@@ -615,9 +615,13 @@ def test_the_headline_calls_a_speedup_only_what_its_interval_supports(tmp_path, 
 def test_the_suggested_command_keeps_the_runs_parameters(partial_run):
     run_dir, _ = partial_run
     state = json.loads((run_dir / "run.json").read_text())
-    state.update(overrides=[["batch_size", "64"], ["num_workers_list", "[0, 2]"]], data_dir="/data/my photos")
+    state.update(overrides=[["batch_size", "64"], ["num_workers_list", "[0, 2]"], ["autocast_dtype", "float16"]],
+                 data_dir="/data/my photos")
     (run_dir / "run.json").write_text(json.dumps(state))
     sec = next(s for s in collect(run_dir).sections if s.number == "03")
     args = _cli_accepts(re.search(r"`([^`]+)`", sec.missing).group(1))
-    assert args.overrides == [["batch_size", "64"], ["num_workers_list", "[0, 2]"]]
+    assert args.overrides == [["batch_size", "64"], ["num_workers_list", "[0, 2]"]]  # not 06's autocast_dtype
     assert args.data_dir == "/data/my photos"
+    sec04 = next(s for s in collect(run_dir).sections if s.number == "04")  # outside the run, like 03
+    args04 = _cli_accepts(re.search(r"`([^`]+)`", sec04.missing).group(1))
+    assert args04.overrides == [["batch_size", "64"]]  # 04 declares batch_size, not the other two

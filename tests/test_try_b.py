@@ -185,7 +185,7 @@ def test_overlap_live_point_of_a_run_reads_its_stats():
                         stats=stats, settings={"num_workers": 1, "torch_threads": 1, "side_stream": False})
     p = ov.live_point(run, "notebook")
     assert p.value == pytest.approx(stats.hidden_fraction) and p.metric == "hidden_fraction"
-    assert 0.0 <= p.low <= p.value <= p.high <= 1.0 and "covers" in p.sentence
+    assert 0.0 <= p.low <= p.value <= p.high <= 1.0 and "hide" in p.sentence
 
 
 # --------------------------------------------------------------------------- 06: precision

@@ -139,7 +139,7 @@ def test_a_failed_job_reaches_the_caller(monkeypatch):
 
 
 @pytest.mark.parametrize("knobs, match", [
-    ({"min_mib": 4, "max_mib": 1}, "larger than max_mib"),
+    ({"min_mib": 4, "max_mib": 1}, r"the smallest size \(4 MiB, min_mib\) is larger than the largest"),
     ({"min_mib": 1e-7, "max_mib": 1}, "below one float32"),
     ({"min_mib": 0, "max_mib": 1}, "number > 0"),
     ({"min_mib": 1, "max_mib": 1, "world_size": 0}, "world_size"),

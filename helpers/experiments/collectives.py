@@ -682,12 +682,12 @@ def live_point(row: Mapping[str, Any], *, world_size: int, backend: str = "", la
     how = f"{backend}, " if backend else ""
     if n == 1:
         tail = ("one rank: nothing crosses a link, so busbw = algbw x 2(n-1)/n = 0; algbw "
-                f"{algbw:.2f} GB/s is the cost of the call alone")
+                f"{algbw:.3g} GB/s measures only the call's own overhead (a copy within one process)")
     else:
         tail = f"algbw {algbw:.2f} GB/s x 2(n-1)/n = {factor:.2f}"
     sentence = (f"{label} ({how}{t * 1e6:,.0f} us per allreduce, slowest rank's median"
-                + (f" of {repeats} calls" if repeats else "") + f"): busbw {busbw:.2f} GB/s (IQR {low:.2f}-"
-                f"{high:.2f}); {tail}")
+                + (f" of {repeats} calls" if repeats else "") + f"): busbw {busbw:.3g} GB/s (IQR {low:.3g}-"
+                f"{high:.3g}); {tail}")
     return LivePoint(label=label, value=busbw, unit="GB/s", metric="bus_bandwidth", low=low, high=high,
                      sentence=sentence, extra={"bytes": nbytes, "world_size": n, "algbw_gbps": algbw,
                                                "time_s": t, "bus_factor": factor, "backend": backend,
@@ -755,8 +755,9 @@ def try_allreduce(*, min_mib: float, max_mib: float, world_size: int, backend: s
         raise ParameterError(f"min_mib={min_mib!r} is {min_bytes} bytes, below one float32 element (4 bytes): "
                              "raise min_mib")
     if min_bytes > max_bytes:
-        raise ParameterError(f"min_mib={min_mib:g} is larger than max_mib={max_mib:g}: the size range is empty; "
-                             "lower min_mib or raise max_mib")
+        raise ParameterError(f"the smallest size ({_size_label(min_bytes)}, min_mib) is larger than the largest "
+                             f"({_size_label(max_bytes)}, max_mib): the size range is empty; lower the smallest or "
+                             "raise the largest")
     for name, v, lo in (("repeats", repeats, 1), ("warmup", warmup, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ParameterError(f"{name}={v!r} must be an int >= {lo}")
@@ -770,6 +771,11 @@ def try_allreduce(*, min_mib: float, max_mib: float, world_size: int, backend: s
     return _sweep_points(sizes, world_size=world_size, backend=be, device_kind=kind, repeats=repeats,
                          warmup=warmup, timeout_s=timeout_s, master_port=master_port, log_dir=log_dir,
                          progress=progress)
+
+
+def _size_label(nbytes: int) -> str:
+    """``"1 KiB"``, ``"4 MiB"``: a size as the panel's knobs show it."""
+    return f"{nbytes / MIB:g} MiB" if nbytes >= MIB else f"{nbytes / 1024:g} KiB"
 
 
 def _sweep_points(sizes: Sequence[int], *, world_size: int, backend: str, device_kind: str, repeats: int,

@@ -997,7 +997,8 @@ def live_point(v: OverlapRun, label: str) -> LivePoint:
         low, high = float(np.quantile(per_step, 0.25)), float(np.quantile(per_step, 0.75))
     else:
         low = high = None
-    covers = "covers" if s.median_compute_s >= s.median_input_work_s else "does NOT cover"
+    covers = ("is long enough to hide" if s.median_compute_s >= s.median_input_work_s
+              else "is too short to hide all of")
     spread = f" (IQR over steps {low:.0%}-{high:.0%})" if low is not None else ""
     sentence = (f"{label}: {s.hidden_fraction:.0%} of the input work hidden behind compute{spread}; compute "
                 f"{s.median_compute_s * 1e3:.1f} ms {covers} input work {s.median_input_work_s * 1e3:.1f} ms per step; "

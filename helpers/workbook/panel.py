@@ -32,6 +32,7 @@ from helpers import machine
 from helpers.errors import ParameterError
 from helpers.live import LivePoint, no_progress
 from helpers.params import headless
+from helpers.workbook.output import expected_warnings
 from helpers.workbook.widgets import _initial
 
 #: The record's experiment name for every live point.
@@ -140,18 +141,23 @@ class TryIt:
                            title=f"Try it: {self.name}")
 
     def _draw(self) -> None:
+        import io
+
         import matplotlib.pyplot as plt
-        from IPython.display import display
+        from IPython.display import Image, display
 
         fig = self.figure()
+        buf = io.BytesIO()  # rendered here, not by the inline backend's formatter: the same PNG in every frontend
+        fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        image = Image(data=buf.getvalue(), format="png")
         out = self._widgets.get("chart")
         if out is None:
-            display(fig)
+            display(image)
         else:
             with out:
                 out.clear_output(wait=True)
-                display(fig)
-        plt.close(fig)
+                display(image)
 
     # -- showing -----------------------------------------------------------------------------------------------
     def show(self) -> "TryIt":
@@ -195,7 +201,10 @@ class TryIt:
             status.value = "measuring ..."
             n0 = len(self.points)
             try:
-                self.run(values, progress=report, on_point=on_point)
+                # a warning the chosen knobs cause (more workers than cores, few repeats) goes to the panel's log
+                # beside its point, not into a red box above the panel that outlives the next measurement
+                with log, expected_warnings("raised while measuring at these settings"):
+                    self.run(values, progress=report, on_point=on_point)
                 status.value = f"done: {len(self.points) - n0} new point(s), {len(self.points)} in all, recorded"
                 progress.bar_style = "success"
             except KeyboardInterrupt:
@@ -207,6 +216,9 @@ class TryIt:
                 progress.bar_style = "danger"
 
         inter = w.interactive(measure, {"manual": True, "manual_name": "Measure"}, **self.knobs)
+        for c in inter.kwargs_widgets:  # the knob's whole name beside it, not "num_work..."
+            if hasattr(c, "style") and hasattr(c.style, "description_width"):
+                c.style.description_width = "initial"
         if self.unavailable:
             inter.manual_button.disabled = True
             for c in inter.kwargs_widgets:

@@ -167,7 +167,10 @@ def live_points(reference, points, *, title: str = ""):
     matplotlib.figure.Figure
         Empty of bars (with a hint) when there is nothing to draw yet.
     """
-    points = list(points)[-LIVE_POINTS_SHOWN:]
+    points = list(points)
+    if len(points) > LIVE_POINTS_SHOWN:
+        title = f"{title} (latest {LIVE_POINTS_SHOWN} of {len(points)} points; all are in the log)"
+        points = points[-LIVE_POINTS_SHOWN:]
     bars = ([(reference, False, True)] if reference is not None else []) + [(p, busy, False) for p, busy in points]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.0 + 0.9 * len(bars)), 3.2))
     if not bars:
@@ -185,7 +188,8 @@ def live_points(reference, points, *, title: str = ""):
         ax.axhline(reference.value, color="#666666", linestyle="--", linewidth=1)
     labels = [textwrap.fill(("notebook: " if is_ref else "") + p.label, 16) for p, _, is_ref in bars]
     ax.set_xticks(range(len(bars)), labels, fontsize=7 if len(bars) > 6 else 8)
-    ax.set_ylabel(f"{bars[0][0].metric.replace('_', ' ')} ({unit})")
+    name = bars[0][0].metric.replace("_", " ")
+    ax.set_ylabel(name if unit == "fraction" else f"{name} ({unit})")
     ax.set_title(title)
     fig.tight_layout()
     return fig

@@ -23,6 +23,7 @@ import pandas as pd
 from helpers import checklist
 from helpers.process import cli_command
 from helpers.results import load_results
+from helpers.specs import spec_for
 from helpers.verdict import Action
 from helpers.workbook.paths import notebooks_dir, repo_root
 from helpers.workbook.report.format import _fmt, _fmt_value, _is_num, _spread_text, headline, short_reason
@@ -358,6 +359,14 @@ def _display_dir(run_dir: Path) -> str:
         return str(p)
 
 
+def _has_spec(nb_id: str) -> bool:
+    try:
+        spec_for(nb_id)
+    except Exception:  # a notebook id this checkout has no spec for (an older or newer run)
+        return False
+    return True
+
+
 def _notebook_file_exists(number: str) -> bool:
     return any(notebooks_dir().glob(f"{number}_*.ipynb"))
 
@@ -376,7 +385,9 @@ def _missing_text(*, nb_id: str, number: str, status: str, error: dict | None, n
     opts = "".join(f" --{k} {shlex.quote(str(state[k]))}" for k in ("profile", "device", "job") if state.get(k))
     if state.get("data_dir"):
         opts += f" --data-dir {shlex.quote(str(state['data_dir']))}"
-    opts += "".join(f" -p {name} {shlex.quote(str(value))}" for name, value in state.get("overrides") or ())
+    declared = {p.name for p in spec_for(nb_id)} if _has_spec(nb_id) else set()
+    opts += "".join(f" -p {name} {shlex.quote(str(value))}" for name, value in state.get("overrides") or ()
+                    if name in declared)  # the runner refuses a -p no selected notebook declares
     new_run = f"{cli_command()} run --only {number}{opts}"
     no_file = ("" if _notebook_file_exists(number) else
                f" This checkout has no notebooks/{number}_*.ipynb yet: update it first.")
