@@ -625,3 +625,17 @@ def test_the_suggested_command_keeps_the_runs_parameters(partial_run):
     sec04 = next(s for s in collect(run_dir).sections if s.number == "04")  # outside the run, like 03
     args04 = _cli_accepts(re.search(r"`([^`]+)`", sec04.missing).group(1))
     assert args04.overrides == [["batch_size", "64"]]  # 04 declares batch_size, not the other two
+
+
+def test_try_it_rows_say_whether_they_are_headless_repeats_or_live(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    s = _store(run_dir, IDS["07"])
+    s.add("try it", "bfloat16", "speedup", 1.3, "x", spread={"ci_low": 1.1, "ci_high": 1.5, "confidence": 0.95},
+          interactive=False, busy=False)
+    s.add("try it", "float32", "speedup", 1.0, "x", interactive=True, busy=True)
+    s.verdict(metric="speedup", value=1.3, unit="x", recommendation="enable", reason="r")
+    sec = next(x for x in collect(run_dir).sections if x.number == "07")
+    variants = list(sec.records["variant"])
+    assert "bfloat16 (headless repeat at the panel's initial values)" in variants
+    assert "float32 (live, in JupyterLab; machine busy: noise)" in variants

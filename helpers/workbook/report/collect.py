@@ -359,6 +359,20 @@ def _display_dir(run_dir: Path) -> str:
         return str(p)
 
 
+def _label_live_points(recs: pd.DataFrame) -> pd.DataFrame:
+    """Say on each "try it" row what it is: a headless repeat at the panel's initial values or a learner's live
+    measurement, and whether the machine was busy over it (the record's ``extra``)."""
+    if not len(recs) or "try it" not in set(recs["experiment"]):
+        return recs
+    recs = recs.copy()
+    for i in recs.index[recs["experiment"] == "try it"]:
+        extra = recs.at[i, "extra"] if isinstance(recs.at[i, "extra"], dict) else {}
+        what = "live, in JupyterLab" if extra.get("interactive") else "headless repeat at the panel's initial values"
+        busy = "; machine busy: noise" if extra.get("busy") else ""
+        recs.at[i, "variant"] = f"{recs.at[i, 'variant']} ({what}{busy})"
+    return recs
+
+
 def _has_spec(nb_id: str) -> bool:
     try:
         spec_for(nb_id)
@@ -501,7 +515,7 @@ def collect(run_dir: Path) -> Report:
                 break
         nb = _load_notebook(run_dir / executed if executed is not None else None)
         figures, bad = _read_figures(run_dir, nb_id, nb)
-        others = recs[recs["experiment"] != "verdict"] if len(recs) else recs
+        others = _label_live_points(recs[recs["experiment"] != "verdict"]) if len(recs) else recs
         error = (info or {}).get("error")
         error = error if isinstance(error, dict) else None
         missing = (None, None)
