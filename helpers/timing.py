@@ -1031,3 +1031,44 @@ class PhaseTimer:
         out = wide.reset_index()
         out["step"] = out["step"].astype("int64")
         return out
+
+
+class ProgressClock:
+    """A clock for :func:`helpers.timing.compare` that reports progress between the timed calls.
+
+    ``compare`` reads its ``clock`` twice per timed call (start and stop, each after a device synchronize); after
+    every second read (a call's stop time, already taken) this calls ``progress(done, total)``, so the update is
+    outside every timed interval. Its :meth:`wrap` counts the untimed warm-up calls the same way (after each
+    returns). ``total`` is ``2 * (warmup + repeats)``, the calls of both variants.
+
+    Parameters
+    ----------
+    progress : callable
+        ``progress(done, total)``.
+    warmup, repeats : int
+        As passed to ``compare``.
+    clock : callable, default time.perf_counter
+    """
+
+    def __init__(self, progress: Callable[[int, int], None], *, warmup: int, repeats: int,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.progress, self.clock = progress, clock
+        self.warmup_calls, self.total = 2 * int(warmup), 2 * (int(warmup) + int(repeats))
+        self.calls = self.reads = 0
+
+    def __call__(self) -> float:
+        t = self.clock()
+        self.reads += 1
+        if self.reads % 2 == 0:
+            self.progress(self.warmup_calls + self.reads // 2, self.total)
+        return t
+
+    def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """``fn`` that reports each warm-up call after it returns (timed calls are reported by the clock)."""
+        def call():
+            out = fn()
+            if self.calls < self.warmup_calls:
+                self.calls += 1
+                self.progress(self.calls, self.total)
+            return out
+        return call

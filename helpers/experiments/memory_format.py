@@ -19,12 +19,11 @@ import torch
 
 from helpers.compute.memory_format import FORMATS, channels_last_status, conv_step, to_memory_format
 from helpers.errors import ParameterError
-from helpers.experiments.precision import ProgressClock
 from helpers.experiments.training import fixed_batches, step_options_comparison
 from helpers.jobs.base import Job, StepOptions
 from helpers.jobs.ppo import PPOJob
 from helpers.live import LivePoint, Progress, no_progress
-from helpers.timing import Comparison, compare
+from helpers.timing import Comparison, ProgressClock, compare
 from helpers.verdict import Action, Verdict
 
 __all__ = ["NOTEBOOK", "channels_last_decision", "format_comparison", "live_point", "try_memory_format", "verdict"]

@@ -13,8 +13,7 @@ notebook's :class:`helpers.verdict.Verdict`. The notebook's "try it" panel calls
 from __future__ import annotations
 
 import itertools
-import time
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -25,7 +24,7 @@ from helpers.experiments.training import fixed_batches, step_options_comparison
 from helpers.jobs.base import Job, StepOptions
 from helpers.jobs.ppo import PPOJob, PPOStep
 from helpers.live import LivePoint, Progress, no_progress
-from helpers.timing import Comparison, compare
+from helpers.timing import Comparison, ProgressClock, compare
 from helpers.verdict import Action, Verdict
 
 __all__ = ["NOTEBOOK", "DTYPES", "ProgressClock", "autocast_comparison", "live_point", "try_precision", "verdict"]
@@ -93,47 +92,6 @@ def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float,
 #: The precisions a "try it" panel offers, where the device supports them: float32 (no autocast: the A/A
 #: comparison, fp32 against itself, shows the noise floor), then the autocast dtypes.
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-class ProgressClock:
-    """A clock for :func:`helpers.timing.compare` that reports progress between the timed calls.
-
-    ``compare`` reads its ``clock`` twice per timed call (start and stop, each after a device synchronize); after
-    every second read (a call's stop time, already taken) this calls ``progress(done, total)``, so the update is
-    outside every timed interval. Its :meth:`wrap` counts the untimed warm-up calls the same way (after each
-    returns). ``total`` is ``2 * (warmup + repeats)``, the calls of both variants.
-
-    Parameters
-    ----------
-    progress : callable
-        ``progress(done, total)``.
-    warmup, repeats : int
-        As passed to ``compare``.
-    clock : callable, default time.perf_counter
-    """
-
-    def __init__(self, progress: Progress, *, warmup: int, repeats: int,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.progress, self.clock = progress, clock
-        self.warmup_calls, self.total = 2 * int(warmup), 2 * (int(warmup) + int(repeats))
-        self.calls = self.reads = 0
-
-    def __call__(self) -> float:
-        t = self.clock()
-        self.reads += 1
-        if self.reads % 2 == 0:
-            self.progress(self.warmup_calls + self.reads // 2, self.total)
-        return t
-
-    def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]:
-        """``fn`` that reports each warm-up call after it returns (timed calls are reported by the clock)."""
-        def call():
-            out = fn()
-            if self.calls < self.warmup_calls:
-                self.calls += 1
-                self.progress(self.calls, self.total)
-            return out
-        return call
 
 
 def _dtype(name: str, acc) -> torch.dtype | None:

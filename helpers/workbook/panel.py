@@ -125,8 +125,8 @@ class TryIt:
     def _record(self, pp: PanelPoint) -> None:
         p = pp.point
         extra = dict(p.extra)
-        repeats = p.repeats if p.repeats is not None else extra.pop("repeats", None)
-        extra.pop("repeats", None)
+        extra_repeats = extra.pop("repeats", None)  # some points carry it in extra; the record has a field
+        repeats = p.repeats if p.repeats is not None else extra_repeats
         self.ctx.store.add(EXPERIMENT, p.label, p.metric, p.value, p.unit, repeats=repeats, spread=p.spread(),
                            panel=self.name, knobs={k: v for k, v in pp.knobs.items()}, interactive=not headless(),
                            busy=pp.check.busy, other_cpu_share=pp.check.other_cpu_share, sentence=p.sentence,

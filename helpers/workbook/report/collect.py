@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from helpers import checklist
+from helpers.errors import ParameterError
 from helpers.process import cli_command
 from helpers.results import load_results
 from helpers.specs import spec_for
@@ -376,7 +377,7 @@ def _label_live_points(recs: pd.DataFrame) -> pd.DataFrame:
 def _has_spec(nb_id: str) -> bool:
     try:
         spec_for(nb_id)
-    except Exception:  # a notebook id this checkout has no spec for (an older or newer run)
+    except ParameterError:  # a notebook id this checkout has no spec for (an older or newer run)
         return False
     return True
 
