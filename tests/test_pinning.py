@@ -172,12 +172,13 @@ def _recorded(record):
     return row
 
 
-def _cell_record_as_before(store, v, reason, context, reference):
-    """What notebook 04's verdict cell recorded before it used pinning.verdict (kept here to compare with)."""
+def _cell_record_as_before(store, v, reason, context, reference, **more):
+    """What notebook 04's verdict cell recorded before it used pinning.verdict (kept here to compare with), with
+    ``more`` fields added since."""
     return store.verdict(metric="speedup", value=v["value"], unit="x", recommendation=v["recommendation"], reason=reason,
                   context=context, action=v["action"], spread=v["spread"], method=v["method"],
                   reference={"metric": "memcpy_bandwidth", "value": reference["gbps"], "unit": "GB/s",
-                             "what": f"host memcpy, {reference['label']}"})
+                             "what": f"host memcpy, {reference['label']}"}, **more)
 
 
 def test_cpu_verdict_records_what_the_notebook_recorded(tmp_path):
@@ -213,7 +214,8 @@ def test_enable_verdict_adds_the_link_fraction_as_the_notebook_did(tmp_path):
     old_store = ResultsStore(tmp_path / "old.jsonl", notebook="04_pinned_memory")
     reason = old["reason"] + (f"; that method reached {100 * rates['pinned_buffer'] / link.limit_gbps:.0f}% of the "
                               f"link ({link.label()}) on one batch")
-    before = _cell_record_as_before(old_store, old, reason, "on a fake", ref)
+    before = _cell_record_as_before(old_store, old, reason, "on a fake", ref,
+                                    decision_threshold=1.05)  # the busy-machine guard's threshold (since issue 21)
     assert _recorded(new) == _recorded(before)
     # no link limit: no link sentence
     assert pinning.verdict(comps, reference=ref, batch_gbps=rates).reason == old["reason"]
@@ -224,7 +226,7 @@ def test_verdict_needs_the_chosen_methods_rate_when_the_link_is_known():
     link = LinkInfo(31.5, "parameter", "given")
     with pytest.raises(ParameterError, match="pinned_buffer"):
         pinning.verdict(comps, link=link, batch_gbps={"pageable": 6.3})
-    assert pinning.verdict(comps).extra == {"method": "pinned_buffer", "reference": None}
+    assert pinning.verdict(comps).extra == {"method": "pinned_buffer", "reference": None, "decision_threshold": 1.05}
 
 
 @dataclass

@@ -729,7 +729,7 @@ def verdict(pre: Comparison, eff: Comparison, *, min_psnr_db: float, psnr_min_db
                f"scales and threads on bytes in memory; {pre.a.name} = BaselineDataset items + collate_batch + copy")
     action = Action("batched_decode", recommendation == "enable", f"batched decode + device normalize: {recommendation}",
                     current=False)
-    extra = {}
+    extra = {"decision_threshold": SPEEDUP_THRESHOLD}  # the interval's lower bound must clear it to enable
     if cache is not None:
         reason += f"; decode once: {cache['recommendation']}: {cache['reason']}"
         extra["dataset_cache"] = dict(cache)

@@ -1496,7 +1496,8 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
                    extra={"optimizations": list(optimized.optimizations),
                           "baseline_exposed_fraction": baseline.exposed_fraction, "loss_rtol": learning.tolerance,
                           "learning_ok": learning.ok, "missing_verdicts": list(missing),
-                          "ablation": _ablation_evidence(ablation), **extra_ceiling})
+                          "ablation": _ablation_evidence(ablation), **extra_ceiling,
+                          "decision_threshold": 1.0})  # "enable" when the interval's lower bound is above 1
 
 
 def _ablation_evidence(ablation) -> dict[str, dict[str, Any]]:

@@ -856,7 +856,7 @@ def verdict(best: LoaderSetting, over_zero: Comparison | None, *, best_rate: flo
     -------
     helpers.verdict.Verdict
         metric ``speedup`` (x over num_workers=0); action on ``num_workers``; ``extra``: ``best_setting``
-        (the label) and ``plausible``.
+        (the label), ``plausible`` and, with a confirmation, ``decision_threshold`` (:data:`SPEEDUP_THRESHOLD`).
     """
     label = best.label
     if over_zero is None:
@@ -892,4 +892,5 @@ def verdict(best: LoaderSetting, over_zero: Comparison | None, *, best_rate: flo
         action = Action("num_workers", None, f"DataLoader workers: {recommendation}", current=0)
     return Verdict(notebook=NOTEBOOK, metric="speedup", value=value, unit="x", recommendation=recommendation,
                    reason=reason, context=context, action=action, spread=spread, repeats=trials,
-                   extra={"best_setting": label, "plausible": not (over_zero is not None and implausible)})
+                   extra={"best_setting": label, "plausible": not (over_zero is not None and implausible)}
+                   | ({"decision_threshold": SPEEDUP_THRESHOLD} if spread else {}))

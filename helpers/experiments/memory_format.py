@@ -61,7 +61,7 @@ def channels_last_decision(comparisons: dict[str, Any], *, applicable: bool = Tr
     dict
         ``value`` (float or None, "x"), ``recommendation`` ("enable", "leave off"
         or "not applicable"), ``reason`` (sentence), ``spread`` (interval or
-        None), ``best`` (label or None), ``action`` (:class:`helpers.verdict.Action` on
+        None), ``best`` (label or None), ``threshold`` (x; measured only), ``action`` (:class:`helpers.verdict.Action` on
         ``memory_format``).
 
     Raises
@@ -88,7 +88,7 @@ def channels_last_decision(comparisons: dict[str, Any], *, applicable: bool = Tr
     else:
         head = (f"channels_last gave no speedup of at least {threshold:.2f}x with a {c.confidence:.0%} interval "
                 f"above 1 (best {best}: {c.ratio:.2f}x)")
-    return {"value": c.ratio, "recommendation": rec, "best": best,
+    return {"value": c.ratio, "recommendation": rec, "best": best, "threshold": float(threshold),
             "spread": {"ci_low": c.ci_low, "ci_high": c.ci_high, "confidence": c.confidence},
             "reason": f"{head}; speedup over NCHW by precision: {'; '.join(parts)}",
             "action": Action("memory_format", "channels_last" if rec == "enable" else "contiguous_format",
@@ -114,12 +114,14 @@ def verdict(comparisons: dict[str, Any], *, applicable: bool, why_not: str, fusi
     -------
     helpers.verdict.Verdict
         metric ``speedup`` (x, NCHW time over channels_last time) of the best precision; action on
-        ``memory_format``; ``extra["best"]``: that precision's label.
+        ``memory_format``; ``extra["best"]``: that precision's label, and, with an interval,
+        ``extra["decision_threshold"]`` (x).
     """
     v = channels_last_decision(comparisons, applicable=applicable, why_not=why_not, what=what)
     return Verdict(notebook=NOTEBOOK, metric="speedup", value=v["value"], unit="x",
                    recommendation=v["recommendation"], reason=f"{v['reason']}. Fusion: {fusion}", context=context,
-                   action=v["action"], spread=v["spread"], extra={"best": v["best"]})
+                   action=v["action"], spread=v["spread"], extra={"best": v["best"]}
+                   | ({"decision_threshold": v["threshold"]} if v["spread"] else {}))
 
 
 # --------------------------------------------------------------------------- the "try it" panel

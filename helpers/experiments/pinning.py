@@ -606,7 +606,8 @@ def verdict(comparisons: Mapping[str, Comparison], *, applicability: Applicabili
     ref = None if reference is None else {"metric": "memcpy_bandwidth", "value": reference["gbps"], "unit": "GB/s",
                                           "what": f"host memcpy, {reference['label']}"}
     return Verdict(NOTEBOOK, "speedup", v["value"], "x", v["recommendation"], reason, spread=v["spread"],
-                   action=v["action"], context=context, extra={"method": v["method"], "reference": ref})
+                   action=v["action"], context=context, extra={"method": v["method"], "reference": ref}
+                   | ({"decision_threshold": float(threshold)} if v["spread"] else {}))
 
 def method_label(method: str) -> str:
     """Human-readable name of a copy method (for tables and legends)."""

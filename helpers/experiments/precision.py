@@ -33,6 +33,8 @@ __all__ = ["NOTEBOOK", "DTYPES", "ProgressClock", "autocast_comparison", "live_p
 NOTEBOOK = "06_mixed_precision"
 
 _SHORT = {"bfloat16": "bf16", "float16": "fp16"}
+#: Least speedup worth enabling autocast for (:meth:`helpers.timing.Comparison.outcome`'s threshold, x).
+SPEEDUP_THRESHOLD = 1.05
 
 
 def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float, no_nan: bool, loss_rtol: float,
@@ -63,13 +65,14 @@ def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float,
     Returns
     -------
     helpers.verdict.Verdict
-        metric ``speedup`` (x, fp32 time over mixed time) with its 95% interval; action on ``autocast_dtype``.
+        metric ``speedup`` (x, fp32 time over mixed time) with its 95% interval; action on ``autocast_dtype``;
+        ``extra["decision_threshold"]``: :data:`SPEEDUP_THRESHOLD`.
     """
     if not loss_ok:
         recommendation = "leave off"
         reason = (f"mixed precision did not reproduce fp32 training: {loss_name} difference {rel_diff:.1%} of its "
                   f"scale over the run (tolerance {loss_rtol:.0%}), NaN-free: {no_nan}")
-    elif cmp.outcome() == "b_faster":
+    elif cmp.outcome(SPEEDUP_THRESHOLD) == "b_faster":
         recommendation = "enable"
         reason = (f"{cmp.verdict_text()}, {loss_name} within {rel_diff:.2%} of fp32 on its scale over the run "
                   f"(tolerance {loss_rtol:.0%})")
@@ -84,7 +87,8 @@ def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float,
                     f"{_SHORT.get(dtype_name, dtype_name)} autocast: {recommendation}", current="float32")
     return Verdict(notebook=NOTEBOOK, metric="speedup", value=cmp.ratio, unit="x", recommendation=recommendation,
                    reason=reason, context=context, action=action, repeats=min(cmp.a.repeats, cmp.b.repeats),
-                   spread={"ci_low": cmp.ci_low, "ci_high": cmp.ci_high, "confidence": cmp.confidence})
+                   spread={"ci_low": cmp.ci_low, "ci_high": cmp.ci_high, "confidence": cmp.confidence},
+                   extra={"decision_threshold": SPEEDUP_THRESHOLD})
 
 
 # --------------------------------------------------------------------------- the "try it" panel

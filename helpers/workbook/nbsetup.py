@@ -15,6 +15,7 @@ fails in the first seconds with a clear message:
 from __future__ import annotations
 
 import logging
+import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any, Mapping
 from helpers import machine
 from helpers.fsutil import ensure_writable_dir
 from helpers.npu_probe import prepare_torch_import
-from helpers.specs import validate_notebook_params
+from helpers.specs import INTERLEAVED_REPEATS, validate_notebook_params
 from helpers.workbook.paths import interactive_dir
 
 log = logging.getLogger(__name__)
@@ -57,13 +58,11 @@ class NotebookContext:
     machine_before: Any = None
 
     def add_verdict(self, verdict):
-        """Record the notebook's verdict with the machine's state since ``start``; a busy machine makes it inconclusive.
+        """Record the notebook's verdict with the machine's state since ``start``, through the busy-machine guard.
 
         The check (:func:`helpers.machine.check`, threshold: the ``busy_cpu_share`` parameter) is recorded as
-        an ``experiment="machine state"`` record and in the verdict's ``extra["machine"]``. When other processes
-        took more than that share of the cores, a verdict that decided something becomes "inconclusive",
-        its reason says so first and keeps what was measured, and its action is dropped: noise never prints
-        a confident recommendation. A "not applicable" verdict (nothing measured) is kept.
+        an ``experiment="machine state"`` record and in the verdict's ``extra["machine"]``; what a busy machine
+        does to the verdict is :func:`guard_verdict`'s rule.
 
         Returns
         -------
@@ -74,14 +73,7 @@ class NotebookContext:
                           max_other_cpu_share=float(self.params.get("busy_cpu_share") or machine.MAX_OTHER_CPU_SHARE))
         self.store.add("machine state", "while measuring", "other_cpu_share", c.other_cpu_share, "fraction", busy=c.busy,
                        load_per_core=c.load_per_core, seconds=c.seconds, reasons=list(c.reasons))
-        extra = {**dict(verdict.extra), "machine": c.as_dict()}
-        if c.busy and verdict.recommendation != "not applicable":
-            extra["measured_recommendation"] = verdict.recommendation
-            verdict = replace(verdict, recommendation="inconclusive", action=None, extra=extra,
-                              reason=f"{c.sentence()}. What it measured: {verdict.recommendation}: {verdict.reason}")
-        else:
-            verdict = replace(verdict, extra=extra)
-        return self.store.add_verdict(verdict)
+        return self.store.add_verdict(guard_verdict(verdict, c))
 
     @property
     def figures_dir(self) -> Path:
@@ -92,6 +84,99 @@ class NotebookContext:
     def artifacts_dir(self) -> Path:
         """Folder for this notebook's other artefacts (traces, tables)."""
         return self.out_dir / "artifacts" / self.notebook
+
+
+#: The key of ``Verdict.extra`` where a verdict whose value is a ratio measured interleaved (A and B timed in
+#: alternation: :func:`helpers.timing.compare`, notebook 03's rotated trials, notebook 10's rotation) records the
+#: decision threshold it was judged against (x, >= 1; e.g. 1.05: "at least 5% faster"). Only such a verdict may stay
+#: conclusive on a busy machine (:func:`guard_verdict`).
+DECISION_THRESHOLD = "decision_threshold"
+
+
+def ratio_decision(verdict) -> tuple[float, float, float, float] | None:
+    """The interval and threshold of a verdict decided on an interleaved ratio: ``(ci_low, ci_high, threshold,
+    confidence)``, or None for any other verdict (a share such as notebook 01's exposed input, a ratio without an
+    interval or without :data:`DECISION_THRESHOLD`).
+
+    Parameters
+    ----------
+    verdict : helpers.verdict.Verdict
+
+    Returns
+    -------
+    tuple of float or None
+        Interval bounds and threshold in x; ``confidence`` as a fraction (0.95 where the spread does not say).
+    """
+    spread, extra = verdict.spread or {}, verdict.extra or {}
+    try:
+        lo, hi = float(spread["ci_low"]), float(spread["ci_high"])
+        threshold = float(extra[DECISION_THRESHOLD])
+        confidence = float(spread.get("confidence", 0.95))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if verdict.unit != "x" or not all(math.isfinite(x) for x in (lo, hi, threshold)) or threshold < 1.0 or lo > hi:
+        return None
+    return lo, hi, threshold, confidence
+
+
+def guard_verdict(verdict, check):
+    """The busy-machine guard: what other processes' load while measuring does to a verdict.
+
+    The rule, keyed on the verdict's kind:
+
+    * quiet machine (``check.busy`` false): the verdict as it is;
+    * "not applicable" (nothing measured): kept;
+    * an "enable" or "leave off" decided on a ratio measured interleaved with a 95% interval and a decision threshold (:func:`ratio_decision`): the
+      load slows A and B alike, so the verdict stands when the interval clears the threshold on the side the
+      verdict says ("enable": the whole interval above it; "leave off": the whole interval below it) and its
+      reason says the load and the interval; otherwise it becomes "inconclusive", and the reason says that more
+      repeats (the notebook's repeat parameter, the runner's ``--patience``) can narrow the interval;
+    * anything else, shares such as notebook 01's exposed input included (other processes change how much of
+      the step the input takes), and a verdict the notebook already called inconclusive: "inconclusive", its
+      reason led by the machine's state and keeping what was measured.
+
+    An inconclusive verdict keeps the measured recommendation in ``extra["measured_recommendation"]`` and loses
+    its action: noise never prints a confident recommendation.
+
+    Parameters
+    ----------
+    verdict : helpers.verdict.Verdict
+    check : helpers.machine.BusyCheck
+        The machine's state over the measurement.
+
+    Returns
+    -------
+    helpers.verdict.Verdict
+        With ``extra["machine"]`` (the check's fields, and ``verdict_stands`` on a busy machine).
+    """
+    state = check.as_dict()
+    extra = {**dict(verdict.extra), "machine": state}
+    if not check.busy or verdict.recommendation == "not applicable":
+        return replace(verdict, extra=extra)
+    ratio = ratio_decision(verdict) if verdict.recommendation in ("enable", "leave off") else None
+    load = f"measured while other processes took {check.other_cpu_share:.0%} of the cores"
+    if ratio is not None:
+        lo, hi, threshold, confidence = ratio
+        interval = f"the {confidence:.0%} interval {lo:.2f}-{hi:.2f}x"
+        if confidence >= 0.95 and verdict.recommendation == "enable" and lo > threshold:
+            state["verdict_stands"] = True
+            return replace(verdict, extra=extra, reason=f"{verdict.reason}; {load}; {interval} clears the "
+                                                        f"{threshold:.2f}x threshold, so the verdict stands")
+        if confidence >= 0.95 and verdict.recommendation == "leave off" and hi < threshold:
+            state["verdict_stands"] = True
+            return replace(verdict, extra=extra, reason=f"{verdict.reason}; {load}; {interval} lies below the "
+                                                        f"{threshold:.2f}x threshold, so the verdict stands")
+        param = INTERLEAVED_REPEATS.get(verdict.notebook)
+        more = (f"this notebook's {param!r} parameter, or the runner's --patience K for every notebook"
+                if param else "the runner's --patience K")
+        why = (f"{check.sentence()}, or measure more repeats ({more}): {interval} does not clear the "
+               f"{threshold:.2f}x threshold")
+    else:
+        why = check.sentence()
+    state["verdict_stands"] = False
+    extra["measured_recommendation"] = verdict.recommendation
+    return replace(verdict, recommendation="inconclusive", action=None, extra=extra,
+                   reason=f"{why}. What it measured: {verdict.recommendation}: {verdict.reason}")
 
 
 def _writable_dir(path: Path, what: str) -> Path:
