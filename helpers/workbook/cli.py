@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true",
                    help="continue the run in --out (default: the latest run), skipping finished notebooks")
     r.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="limit per notebook cell, seconds")
+    r.add_argument("--patience", type=int, default=1, metavar="K",
+                   help="measure K times as many interleaved repeats where a verdict is an A/B ratio (02, 04: repeats; "
+                        "03: trials; 06, 07, 10: steps), so that on a busy machine its 95%% interval can still clear "
+                        "the threshold (default: 1)")
 
     dg = sub.add_parser("diagnose", help="the quick answer for your own job: host-bound verdict, three-run test, "
                                          "what free input would give, the notebook to open next")
@@ -190,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             opts = RunOptions(profile=args.profile, device=args.device,
                               only=tuple(args.only) if args.only is not None else None, out=args.out,
                               resume=args.resume, timeout_s=args.timeout, data_dir=args.data_dir, job=args.job,
-                              overrides=tuple((name, value) for name, value in args.overrides))
+                              overrides=tuple((name, value) for name, value in args.overrides),
+                              patience=args.patience)
             try:
                 _, state = run(opts)
             except KeyboardInterrupt:

@@ -95,8 +95,8 @@ DECISION_THRESHOLD = "decision_threshold"
 
 def ratio_decision(verdict) -> tuple[float, float, float, float] | None:
     """The interval and threshold of a verdict decided on an interleaved ratio: ``(ci_low, ci_high, threshold,
-    confidence)``, or None for any other verdict (a share such as notebook 01's exposed input, a ratio without an
-    interval or without :data:`DECISION_THRESHOLD`).
+    confidence)``, or None for any other verdict (a share such as notebook 01's exposed input, a ratio without a
+    95% (or wider) interval or without :data:`DECISION_THRESHOLD`).
 
     Parameters
     ----------
@@ -114,7 +114,8 @@ def ratio_decision(verdict) -> tuple[float, float, float, float] | None:
         confidence = float(spread.get("confidence", 0.95))
     except (KeyError, TypeError, ValueError):
         return None
-    if verdict.unit != "x" or not all(math.isfinite(x) for x in (lo, hi, threshold)) or threshold < 1.0 or lo > hi:
+    if (verdict.unit != "x" or not all(math.isfinite(x) for x in (lo, hi, threshold)) or threshold < 1.0 or lo > hi
+            or confidence < 0.95):
         return None
     return lo, hi, threshold, confidence
 
@@ -158,11 +159,11 @@ def guard_verdict(verdict, check):
     if ratio is not None:
         lo, hi, threshold, confidence = ratio
         interval = f"the {confidence:.0%} interval {lo:.2f}-{hi:.2f}x"
-        if confidence >= 0.95 and verdict.recommendation == "enable" and lo > threshold:
+        if verdict.recommendation == "enable" and lo > threshold:
             state["verdict_stands"] = True
             return replace(verdict, extra=extra, reason=f"{verdict.reason}; {load}; {interval} clears the "
                                                         f"{threshold:.2f}x threshold, so the verdict stands")
-        if confidence >= 0.95 and verdict.recommendation == "leave off" and hi < threshold:
+        if verdict.recommendation == "leave off" and hi < threshold:
             state["verdict_stands"] = True
             return replace(verdict, extra=extra, reason=f"{verdict.reason}; {load}; {interval} lies below the "
                                                         f"{threshold:.2f}x threshold, so the verdict stands")

@@ -53,7 +53,7 @@ from helpers.fsutil import ensure_writable_dir
 from helpers.pipeline.dataset import list_image_files
 from helpers.pipeline.images import IMAGE_SUFFIXES
 from helpers.pipeline.scan_cache import cached_scan
-from helpers.specs import DEVICE_CHOICES, PROFILES, spec_for, validate_notebook_params
+from helpers.specs import DEVICE_CHOICES, INTERLEAVED_REPEATS, PROFILES, spec_for, validate_notebook_params
 from helpers.workbook.paths import notebooks_dir, runs_dir
 from helpers.workbook.report import write_report
 
@@ -101,6 +101,9 @@ class RunOptions:
         ``-p NAME VALUE`` pairs: each value (read as YAML: ``64`` is an int, ``[0, 2]`` a list, ``true`` a
         bool) replaces the profile's for every selected notebook that declares ``NAME``; a name that no
         selected notebook declares, or that the runner sets itself, is rejected before any work.
+    patience : int
+        ``--patience K``: every notebook whose verdict is a ratio measured interleaved measures K times as many
+        repeats (:func:`apply_patience`), so that on a busy machine its interval can still clear its threshold.
     """
 
     profile: str | None = None
@@ -112,6 +115,7 @@ class RunOptions:
     data_dir: str | None = None
     job: str | None = None
     overrides: tuple[tuple[str, str], ...] = ()
+    patience: int = 1
 
 
 @dataclass
@@ -311,6 +315,47 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
     params = {k: v for k, v in params.items() if k in declared}
     validate_notebook_params(nb.stem, params)  # raises before any work
     return params
+
+
+#: Largest ``--patience``: beyond it a notebook's run grows by hours on a small machine.
+MAX_PATIENCE = 100
+
+
+def apply_patience(notebook: str, params: dict, patience: int) -> dict:
+    """``params`` with the notebook's interleaved repeats (:data:`helpers.specs.INTERLEAVED_REPEATS`) multiplied.
+
+    Parameters
+    ----------
+    notebook : str
+        Notebook id, e.g. ``"06_mixed_precision"``.
+    params : dict
+        Its parameters as :func:`build_parameters` made them (profile, ``-p``, runner's own).
+    patience : int
+        The factor, 1..:data:`MAX_PATIENCE` (1: unchanged). The value multiplied is the one in ``params``, or the
+        notebook's default when the profile does not set it.
+
+    Returns
+    -------
+    dict
+        A new dict; notebooks without a ratio verdict get their parameters unchanged.
+
+    Raises
+    ------
+    ParameterError
+        A patience that is not an int in range, or a product above the parameter's maximum.
+    """
+    if isinstance(patience, bool) or not isinstance(patience, int) or not 1 <= patience <= MAX_PATIENCE:
+        raise ParameterError(f"--patience must be an integer from 1 to {MAX_PATIENCE} (how many times as many "
+                             f"interleaved repeats to measure), got {patience!r}")
+    name = INTERLEAVED_REPEATS.get(notebook)
+    if patience == 1 or name is None:
+        return dict(params)
+    spec = {p.name: p for p in spec_for(notebook)}[name]
+    value = int(params.get(name, spec.default)) * patience
+    if spec.maximum is not None and value > spec.maximum:
+        raise ParameterError(f"--patience {patience}: {notebook}'s {name} would be {value}, above its maximum "
+                             f"{spec.maximum:g}; choose a smaller --patience or a smaller {name} (-p {name} N)")
+    return {**params, name: value}
 
 
 def export_html(notebook: Path) -> Path | None:
@@ -818,6 +863,7 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             or not math.isfinite(options.timeout_s) or options.timeout_s <= 0):
         raise ParameterError(f"--timeout must be a positive, finite number of seconds (a cell's limit), got "
                              f"{options.timeout_s!r}")
+    apply_patience("", {}, options.patience)  # a bad --patience fails before anything else
     if options.data_dir and not Path(options.data_dir).is_dir():
         raise ParameterError(f"--data-dir: {options.data_dir!r} is not a folder; pass a folder of images")
     if options.resume:
@@ -836,6 +882,8 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             conflicts.append("--data-dir (a resumed run keeps its notebooks' parameters)")
         if options.overrides:
             conflicts.append("-p (a resumed run keeps its notebooks' parameters)")
+        if options.patience != 1:
+            conflicts.append("--patience (a resumed run keeps its notebooks' parameters)")
         if conflicts:
             raise ParameterError("--resume continues a run with its own options; drop "
                                  + ", ".join(conflicts) + ", or start a new run without --resume")
@@ -867,6 +915,7 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
             spec_for(nb.stem)
             params = build_parameters(nb, profile_data, device=device, run_dir=run_dir,
                                       data_dir=options.data_dir, job=job_spec, overrides=overrides)
+            params = apply_patience(nb.stem, params, options.patience)
             skip = None
             if options.job and not job_applies(set(notebook_parameter_names(nb))):
                 skip = not_applicable_reason(nb.stem, job_spec)
