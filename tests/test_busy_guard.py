@@ -178,3 +178,50 @@ def test_run_patience_reaches_the_notebooks_parameters_and_is_checked_first(tmp_
     with pytest.raises(ParameterError, match=r"--patience \(a resumed run keeps"):
         run(RunOptions(resume=True, out=tmp_path / "run", patience=2), echo=lambda s: None,
             device_checker=lambda kind: "cpu:test", executor=lambda nb, **kw: pytest.fail("no notebook may start"))
+
+
+# ---------------------------------------------------------------- the notebooks' own verdict functions
+
+
+def _cmp(a_s: float, b_s: float):
+    """A tight comparison (1% spread) of A around a_s and B around b_s seconds."""
+    from helpers.timing import Comparison, Measurement
+
+    def m(name, s):
+        return Measurement(name=name, times_s=tuple(s * (1 + 0.01 * ((i % 3) - 1)) for i in range(8)), warmup=0,
+                           items_per_call=32)
+    return Comparison.from_measurements(m("A", a_s), m("B", b_s))
+
+
+def _notebook_verdicts(cmp):
+    """The verdicts of notebooks 02, 03, 04, 06 and 07 from one comparison (B over A)."""
+    from helpers.experiments import decode, loader_sweep, memory_format, pinning, precision
+    from helpers.experiments.loader_sweep import LoaderSetting
+
+    return [
+        decode.verdict(cmp, _cmp(0.05, 0.06), pixels_ok=True, min_psnr_db=40.0, psnr_min_db=30.0, tokenize_share=0.02,
+                       batch_size=32, image_size=64, images=100, repeats=8, warmup=1, threads=2, device_kind="cpu"),
+        loader_sweep.verdict(LoaderSetting(2, 4, True), cmp, best_rate=900.0, zero_rate=500.0, implausible=None,
+                             cores=2, trials=3, context="c"),
+        pinning.verdict({"pinned_buffer": cmp}),
+        precision.verdict(cmp, dtype_name="bfloat16", loss_ok=True, rel_diff=0.01, no_nan=True, loss_rtol=0.1,
+                          device_kind="cuda", native_bf16=None, context="c"),
+        memory_format.verdict({"fp32": cmp}, applicable=True, why_not="", fusion="f", context="c"),
+    ]
+
+
+def test_the_ratio_notebooks_record_their_threshold_and_a_clear_result_stands_under_load():
+    for v in _notebook_verdicts(_cmp(0.2, 0.1)):  # 2x with a tight interval: enable, clear of 1.05x
+        assert v.recommendation == "enable" and ratio_decision(v)[2] == 1.05, v.notebook
+        out = guard_verdict(v, BUSY)
+        assert out.recommendation == "enable" and out.action == v.action and out.reason.endswith(
+            "clears the 1.05x threshold, so the verdict stands"), v.notebook
+    for v in _notebook_verdicts(_cmp(0.1, 0.2)):  # B twice as slow: leave off, clear below 1.05x
+        assert v.recommendation == "leave off", v.notebook
+        assert guard_verdict(v, BUSY).recommendation == "leave off", v.notebook
+    for v in _notebook_verdicts(_cmp(0.1, 0.0985)):  # 1.5% faster: leave off on a quiet machine, and under load
+        assert v.recommendation == "leave off", v.notebook  # its interval ~1.0-1.03 lies below 1.05 too
+        assert guard_verdict(v, BUSY).recommendation == "leave off", v.notebook
+    for v in _notebook_verdicts(_cmp(0.106, 0.1)):  # 1.06x, interval across 1.05x: decided when quiet, not under load
+        lo, hi, threshold, _ = ratio_decision(v)
+        assert lo < threshold < hi and guard_verdict(v, BUSY).recommendation == "inconclusive", (v.notebook, lo, hi)

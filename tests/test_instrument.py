@@ -23,6 +23,7 @@ def _slow_loader(n, delay_s):
         yield i
 
 
+@pytest.mark.busy_safe  # the measured label rests on sleeps, not on CPU time
 def test_three_lines_give_notebook_01s_verdict_on_a_host_bound_loop(capsys):
     steps = inst.instrument(_slow_loader(12, 0.02), device="cpu", warmup=2, name="my loop")
     for _ in steps:
@@ -35,6 +36,7 @@ def test_three_lines_give_notebook_01s_verdict_on_a_host_bound_loop(capsys):
     assert out.startswith("my loop: 10 steps measured") and "next: notebook 03" in out and "machine:" in out
 
 
+@pytest.mark.busy_safe  # the measured label rests on sleeps, not on CPU time
 def test_a_compute_bound_loop_is_device_bound_and_the_copy_marker_splits_the_copy():
     steps = inst.instrument(range(10), device="cpu", warmup=1)
     for _ in steps:
@@ -64,6 +66,7 @@ def test_several_epochs_and_too_few_steps():
         inst.instrument([], warmup=-1)
 
 
+@pytest.mark.busy_safe
 def test_a_busy_machine_makes_the_verdict_inconclusive(monkeypatch):
     busy = SimpleNamespace(busy=True, sentence=lambda: "measured on a busy machine: other processes took 90%")
     monkeypatch.setattr(inst.machine, "check", lambda *a, **k: busy)

@@ -137,6 +137,7 @@ def test_the_adapter_trains(cpu):
 
 # ---------------------------------------------------------------- the three-run test
 
+@pytest.mark.busy_safe  # the reader sleeps: its label and ceiling hold beside busy loops
 def test_three_runs_find_a_slow_reader_and_its_ceiling(cpu):
     from helpers.experiments.three_run import RUNS, three_run
 
