@@ -93,9 +93,10 @@ def test_not_applicable_is_kept_and_a_notebooks_own_inconclusive_gets_the_load_f
     assert (out.recommendation, out.reason) == ("not applicable", na.reason) and out.extra["machine"]["busy"]
     own = Verdict(notebook="10_end_to_end", metric="speedup", value=1.4, unit="x", recommendation="inconclusive",
                   reason="a phase no optimization acts on changed", spread={"ci_low": 1.2, "ci_high": 1.6},
-                  extra={"decision_threshold": 1.0})
+                  extra={"decision_threshold": 1.0, "measured_recommendation": "enable"})  # crosscheck.py's
     out = guard_verdict(own, BUSY)
     assert out.recommendation == "inconclusive" and out.reason.startswith("measured on a busy machine")
+    assert out.extra["measured_recommendation"] == "enable"  # what notebook 10 measured, not "inconclusive"
     assert out.reason.endswith("What it measured: inconclusive: a phase no optimization acts on changed")
 
 

@@ -136,8 +136,9 @@ def guard_verdict(verdict, check):
       the step the input takes), and a verdict the notebook already called inconclusive: "inconclusive", its
       reason led by the machine's state and keeping what was measured.
 
-    An inconclusive verdict keeps the measured recommendation in ``extra["measured_recommendation"]`` and loses
-    its action: noise never prints a confident recommendation.
+    An inconclusive verdict keeps the measured recommendation in ``extra["measured_recommendation"]`` (for a
+    verdict the notebook already called inconclusive, the one it recorded there) and loses its action: noise never
+    prints a confident recommendation.
 
     Parameters
     ----------
@@ -175,7 +176,8 @@ def guard_verdict(verdict, check):
     else:
         why = check.sentence()
     state["verdict_stands"] = False
-    extra["measured_recommendation"] = verdict.recommendation
+    if verdict.recommendation != "inconclusive" or "measured_recommendation" not in extra:
+        extra["measured_recommendation"] = verdict.recommendation  # a notebook's own inconclusive keeps its label
     return replace(verdict, recommendation="inconclusive", action=None, extra=extra,
                    reason=f"{why}. What it measured: {verdict.recommendation}: {verdict.reason}")
 
