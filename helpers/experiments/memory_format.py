@@ -61,8 +61,8 @@ def channels_last_decision(comparisons: dict[str, Any], *, applicable: bool = Tr
     dict
         ``value`` (float or None, "x"), ``recommendation`` ("enable", "leave off"
         or "not applicable"), ``reason`` (sentence), ``spread`` (interval or
-        None), ``best`` (label or None), ``threshold`` (x; measured only), ``action`` (:class:`helpers.verdict.Action` on
-        ``memory_format``).
+        None), ``best`` (label or None), ``threshold`` (x; measured only), ``action``
+        (:class:`helpers.verdict.Action` on ``memory_format``).
 
     Raises
     ------

@@ -127,11 +127,12 @@ def guard_verdict(verdict, check):
 
     * quiet machine (``check.busy`` false): the verdict as it is;
     * "not applicable" (nothing measured): kept;
-    * an "enable" or "leave off" decided on a ratio measured interleaved with a 95% interval and a decision threshold (:func:`ratio_decision`): the
-      load slows A and B alike, so the verdict stands when the interval clears the threshold on the side the
-      verdict says ("enable": the whole interval above it; "leave off": the whole interval below it) and its
-      reason says the load and the interval; otherwise it becomes "inconclusive", and the reason says that more
-      repeats (the notebook's repeat parameter, the runner's ``--patience``) can narrow the interval;
+    * an "enable" or "leave off" decided on a ratio measured interleaved, with a 95% interval and a decision
+      threshold (:func:`ratio_decision`): the load slows A and B alike, so the verdict stands when the interval
+      clears the threshold on the side the verdict says ("enable": the whole interval above it; "leave off": the
+      whole interval below it) and its reason says the load and the interval; otherwise it becomes
+      "inconclusive", and the reason says that more repeats (the notebook's repeat parameter, the runner's
+      ``--patience``) can narrow the interval;
     * anything else, shares such as notebook 01's exposed input included (other processes change how much of
       the step the input takes), and a verdict the notebook already called inconclusive: "inconclusive", its
       reason led by the machine's state and keeping what was measured.
