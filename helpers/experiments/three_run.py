@@ -32,6 +32,7 @@ from helpers.errors import ParameterError
 from helpers.experiments.baseline import classify
 from helpers.experiments.training import clone_batch, prepare_job
 from helpers.jobs.base import Job, close_dataset
+from helpers.jobs.check import loop_divergence
 from helpers.timing import Comparison, Measurement
 
 __all__ = ["RUNS", "CeilingResult", "ThreeRunResult", "input_free_ceiling", "three_run", "next_notebook"]
@@ -62,6 +63,9 @@ class ThreeRunResult:
         The machine's state over the measurement.
     next_notebook : str
         The notebook to open next, with why (:func:`next_notebook`).
+    divergence : helpers.jobs.check.Divergence or None
+        Where the loss became NaN or infinite in each run (read from the steps' losses after the runs); when
+        it did, the job diverges: :meth:`lines` says so instead of a verdict.
     """
 
     job: str
@@ -73,6 +77,12 @@ class ThreeRunResult:
     loader: Any
     machine: Any
     next_notebook: str
+    divergence: Any = None
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the job's loss became NaN or infinite in any of the runs."""
+        return self.divergence is not None and self.divergence.diverged
 
     def median_ms(self, run: str) -> float:
         """Median step time of one run, ms."""
@@ -80,6 +90,8 @@ class ThreeRunResult:
 
     def lines(self) -> list[str]:
         """What ``diagnose`` prints: the verdict, the three runs, the ceiling, the next notebook, the machine."""
+        if self.diverged:  # the timings are of a job that no longer trains: no verdict from them
+            return [f"job: {self.job}", self.divergence.sentence(), f"machine: {self.machine.sentence()}"]
         busy = self.machine.busy
         head = ("inconclusive: " + self.machine.sentence() + "; what it measured: " if busy else "")
         out = [f"job: {self.job}",
@@ -107,7 +119,9 @@ class ThreeRunResult:
         def cmp(c: Comparison) -> dict:
             return {"ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high}
 
-        return {"job": self.job, "recommendation": "inconclusive" if self.machine.busy else self.recommendation,
+        return {"job": self.job,
+                "recommendation": "inconclusive" if self.machine.busy or self.diverged else self.recommendation,
+                "divergence": self.divergence.as_dict() if self.diverged else None,
                 "measured_recommendation": self.recommendation, "reason": self.reason,
                 "exposed_input_fraction": self.exposed_fraction,
                 "step_ms": {r: self.median_ms(r) for r in RUNS}, "free_input_speedup": cmp(self.ceiling),
@@ -304,6 +318,7 @@ def three_run(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: i
     finally:
         real.close()
     check = machine.check(before, machine.snapshot())
+    divergence = loop_divergence({f"the {name} run": loops[name] for name in RUNS})
     meas = {name: Measurement(name, tuple(float(x) for x in frames[name]["step_s"]), warmup_steps) for name in RUNS}
     ceiling = Comparison.from_measurements(meas["real"], meas["synthetic"])
     loader = Comparison.from_measurements(meas["real"], meas["cached"])
@@ -311,4 +326,5 @@ def three_run(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: i
     rec, reason = classify(exposed, threshold, device_kind=acc.kind)
     return ThreeRunResult(job=job.describe().get("job", job.name), steps=frames, exposed_fraction=exposed,
                           recommendation=rec, reason=reason, ceiling=ceiling, loader=loader, machine=check,
-                          next_notebook=next_notebook(rec, loader.ratio, ceiling.ratio, device_kind=acc.kind))
+                          next_notebook=next_notebook(rec, loader.ratio, ceiling.ratio, device_kind=acc.kind),
+                          divergence=divergence)

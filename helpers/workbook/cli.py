@@ -174,7 +174,7 @@ def _diagnose(args) -> int:
             dist.destroy_process_group()
     if rc is None or rc.rank == 0:  # under torchrun, rank 0 speaks for the job (its own steps' times)
         print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.lines()))
-    return 0
+    return 1 if result.diverged else 0  # a loss that turned NaN or infinite: no verdict, and the exit says so
 
 
 def main(argv: list[str] | None = None) -> int:
