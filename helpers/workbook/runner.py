@@ -45,7 +45,7 @@ try:  # POSIX advisory locks for the run folder (lock_run_dir); absent on Window
 except ImportError:  # pragma: no cover - not a POSIX system
     fcntl = None
 
-from helpers import checklist
+from helpers import checklist, stuck
 from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
 from helpers.jobspec import absolute_job_spec, factory_params
 from helpers.process import CHILDREN_DIR_ENV, cli_command, end_stale_children
@@ -536,8 +536,26 @@ def drop_records(results: Path, notebook: str) -> int:
 _CELL_TIMEOUT_RE = re.compile(r"timed out while it was being executed, after (\d+) seconds")
 
 
-def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
-    """For a cell timeout: which cell (number and first line), the limit in effect and the option that raises it."""
+def _preview_first_line(preview: str) -> str:
+    """The first line of nbclient's cell preview, as text (a long cell's preview is a Python list of its lines)."""
+    import ast
+
+    first = next((line.strip() for line in preview.splitlines() if line.strip()), "")
+    if first.startswith("["):
+        try:
+            lines = ast.literal_eval(first)
+        except (ValueError, SyntaxError):
+            lines = None
+        if isinstance(lines, list):
+            first = next((str(x).strip() for x in lines if str(x).strip()), "")
+    return first
+
+
+def _cell_timeout_info(exc: BaseException, notebook: str | None, *, logs: Path | None = None,
+                       name: str | None = None) -> dict | None:
+    """For a cell timeout: which cell (number and first line), the limit in effect, where the kernel was stuck
+    (its stacks dumped in ``logs/<name>.stacks.txt`` before the limit, :mod:`helpers.stuck`) and the option
+    that raises the limit."""
     text = str(exc)
     m = _CELL_TIMEOUT_RE.search(text)
     if m is None:
@@ -545,7 +563,7 @@ def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
     limit = int(m.group(1))
     parts = text.split("-------------------")
     preview = parts[1].strip() if len(parts) >= 3 else ""
-    first = next((line.strip() for line in preview.splitlines() if line.strip()), "")
+    first = _preview_first_line(preview)
     index = None
     if notebook and first:
         try:
@@ -558,9 +576,16 @@ def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
                 break
     where = f"cell {index} (`{first}`)" if index is not None else (f"the cell starting `{first}`" if first
                                                                    else "a cell")
+    where_stuck = stuck.read_stuck(logs, name) if logs is not None and name else None
+    stacks = f"; the kernel's stacks: logs/{name}.stacks.txt" if where_stuck else ""
     info = {"type": "CellTimeoutError", "limit_s": limit,
-            "message": (f"{where} ran past the per-cell limit of {limit} s; raise it with --timeout S "
-                        f"({cli_command()} run --timeout {limit * 2} ...), or use a smaller --profile")}
+            "message": (f"{where} ran past the per-cell limit of {limit} s"
+                        + (f", {where_stuck}{stacks}; if it is only slow, raise the limit" if where_stuck
+                           else "; raise it")
+                        + f" with --timeout S ({cli_command()} run --timeout {limit * 2} ...), or use a smaller "
+                          "--profile")}
+    if where_stuck:
+        info["stuck"] = where_stuck
     if index is not None:
         info["cell_index"] = index
     if first:
@@ -568,8 +593,9 @@ def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
     return info
 
 
-def _error_info(exc: BaseException, notebook: str | None = None) -> dict:
-    timeout = _cell_timeout_info(exc, notebook)
+def _error_info(exc: BaseException, notebook: str | None = None, *, logs: Path | None = None,
+                name: str | None = None) -> dict:
+    timeout = _cell_timeout_info(exc, notebook, logs=logs, name=name)
     if timeout is not None:
         return timeout
     info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[-1][:500] if str(exc).strip() else ""}
@@ -617,12 +643,25 @@ def execute_notebook(nb: NotebookRun, *, timeout_s: float, progress: bool) -> No
     import papermill as pm
 
     log_path = Path(nb.output).parent / "logs" / f"{nb.id}.log"
-    with _child_stderr_to(log_path):
-        pm.execute_notebook(
-            nb.input, nb.output, parameters=nb.parameters, kernel_name="python3",
-            cwd=str(Path(nb.input).parent), progress_bar=progress, log_output=False,
-            execution_timeout=int(timeout_s), start_timeout=120,
-        )
+    watch = {stuck.CELL_TIMEOUT_ENV: str(int(timeout_s)), stuck.STUCK_DIR_ENV: str(log_path.parent),
+             stuck.STUCK_NAME_ENV: nb.id}  # the kernel dumps its stacks before a cell reaches the limit
+    saved = {k: os.environ.get(k) for k in watch}
+    for path in stuck.cell_files(log_path.parent, nb.id):
+        path.unlink(missing_ok=True)
+    os.environ.update(watch)
+    try:
+        with _child_stderr_to(log_path):
+            pm.execute_notebook(
+                nb.input, nb.output, parameters=nb.parameters, kernel_name="python3",
+                cwd=str(Path(nb.input).parent), progress_bar=progress, log_output=False,
+                execution_timeout=int(timeout_s), start_timeout=120,
+            )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 #: The advisory lock a runner holds on its run folder for the run's life (see :func:`lock_run_dir`).
@@ -766,7 +805,7 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
             raise
         except Exception as exc:  # a failing notebook must not stop the others
             nb.status = "failed"
-            nb.error = _error_info(exc, nb.input)
+            nb.error = _error_info(exc, nb.input, logs=Path(nb.output).parent / "logs", name=nb.id)
             if _is_disk_full(exc):
                 full = _disk_full(run_dir, exc)
                 nb.error["message"] = str(full)

@@ -550,6 +550,10 @@ def overall_verdict(report: Report) -> str:
         state = f"{base['recommendation']} baseline"
     else:
         state = "baseline"
+    e2e_extra = e2e.get("extra") if e2e and isinstance(e2e.get("extra"), dict) else {}
+    if isinstance(e2e_extra.get("divergence"), dict) and e2e_extra["divergence"].get("baseline_diverged"):
+        return (f"{state} → your job diverges: its loss becomes NaN or infinite in the baseline too (notebook 10), so "
+                "no optimization is to blame; fix its training before measuring its speed")
     if e2e and e2e.get("recommendation") == "inconclusive":
         amount = f"{e2e['value']:.2f}x" if _is_num(e2e.get("value")) else "no figure"
         return (f"{state} → end to end inconclusive: the machine was busy or its speed changed while notebook 10 "
@@ -662,12 +666,15 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
     moves it to "leave off". An "enable" that notebook 10 did not measure says
     that it rests on its notebook's isolated measurement only.
     """
-    groups: dict[str, list[str]] = {"inconclusive": [], "enable": [], "unconfirmed": [], "leave off": [],
-                                    "failed": [], "missing": []}
+    groups: dict[str, list[str]] = {"diverges": [], "inconclusive": [], "enable": [], "unconfirmed": [],
+                                    "leave off": [], "failed": [], "missing": []}
     state, evidence, in_job = _end_to_end_evidence(report)
     for s in report.sections:
         rec = (s.verdict or {}).get("recommendation")
-        if rec == "inconclusive":
+        v_extra = (s.verdict or {}).get("extra") if isinstance((s.verdict or {}).get("extra"), dict) else {}
+        if rec == "inconclusive" and isinstance(v_extra.get("divergence"), dict):
+            groups["diverges"].append(s.item)
+        elif rec == "inconclusive":
             groups["inconclusive"].append(s.item)
         elif rec in ("enable", "leave off"):
             for rec, action, name in _decisions(s):
@@ -693,7 +700,9 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
             groups["failed"].append(f"{s.item} ({s.cause})" if s.cause else s.item)
         elif s.verdict is None and s.number:
             groups["missing"].append(s.item)
-    labels = {"inconclusive": "Inconclusive: the machine was busy or its speed changed while measuring (rerun when it is quiet)",
+    labels = {"diverges": "Your job diverges (its loss becomes NaN or infinite without any optimization too): fix its "
+                          "training first",
+              "inconclusive": "Inconclusive: the machine was busy or its speed changed while measuring (rerun when it is quiet)",
               "enable": "Enable on this machine",
               "unconfirmed": "Gain in its notebook only, not confirmed end to end (optional)",
               "leave off": "Leave off (measured: no gain here)",
