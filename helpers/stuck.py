@@ -148,9 +148,17 @@ def parse_faulthandler(text: str) -> list[list[FrameInfo]]:
 
 
 def where_from_dump(text: str) -> str | None:
-    """:func:`describe` of a faulthandler text, the latest dump first (a file may hold several); None for no stack."""
-    stacks = parse_faulthandler(text)
-    return describe(reversed(stacks)) if stacks else None
+    """:func:`describe` of a faulthandler text; None for no stack.
+
+    A dump does not say which thread was the stuck one: the stack whose user frame is nearest its innermost
+    frame is taken (a thread blocked in the user's code, rather than one waiting on it), the latest dump first
+    (a file may hold several)."""
+    stacks = list(reversed(parse_faulthandler(text)))
+
+    def depth(stack: list[FrameInfo]) -> int:
+        return next((i for i, f in enumerate(stack) if is_users(f.file)), len(stack) + 1_000)
+
+    return describe(sorted(stacks, key=depth)) if stacks else None
 
 
 class Watchdog:

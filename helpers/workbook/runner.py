@@ -404,15 +404,23 @@ def check_job(spec: str, params: dict, *, device: str = "cpu", timeout_s: float 
     code = ("import json, sys\nfrom helpers.npu_probe import prepare_torch_import\n"
             "prepare_torch_import(fallback_to_cpu=True)\nfrom helpers.device import get_accelerator\n"
             "from helpers.jobs.check import first_step_check\nfrom helpers.jobs.load import load_job\n"
+            "import os\nfrom helpers.stuck import Watchdog\n"
+            "def stuck(where, _stacks):\n    print(f'STUCK: {where}', file=sys.stderr, flush=True)\n    os._exit(4)\n"
+            "Watchdog(float(sys.argv[4]), stuck, backstop_s=None).start()\n"
             "try:\n    job = load_job(sys.argv[1], json.loads(sys.argv[2]))\n"
             "    out = first_step_check(job, get_accelerator(sys.argv[3]))\n"
             "except Exception as exc:\n    print(f'{type(exc).__name__}: {exc}', file=sys.stderr)\n    sys.exit(3)\n"
             "print(json.dumps(out))\n")
     try:
-        proc = subprocess.run([sys.executable, "-c", code, spec, json.dumps(params), device], capture_output=True,
-                              text=True, timeout=timeout_s, cwd=os.getcwd())
+        proc = subprocess.run([sys.executable, "-c", code, spec, json.dumps(params), device,
+                               str(max(1.0, timeout_s - 10))], capture_output=True, text=True, timeout=timeout_s,
+                              cwd=os.getcwd())
     except subprocess.TimeoutExpired:
         raise ParameterError(f"--job {spec}: loading the job took more than {timeout_s:.0f} s") from None
+    where = next((ln.removeprefix("STUCK: ") for ln in proc.stderr.splitlines() if ln.startswith("STUCK: ")), None)
+    if proc.returncode == 4 and where:  # its watchdog dumped the stacks and named where it hung
+        raise ParameterError(f"--job {spec}: loading the job and its first step did not finish in "
+                             f"{max(1.0, timeout_s - 10):.0f} s, {where}")
     if proc.returncode != 0:
         msg = proc.stderr.strip()
         tail = msg[msg.find("JobError: "):] if "JobError: " in msg else "\n".join(msg.splitlines()[-12:])
