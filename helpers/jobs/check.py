@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from helpers.compute.memory import is_oom
+from helpers.errors import SampleError
 from helpers.jobs.base import Job, close_dataset
 from helpers.jobs.load import _user_frames
 from helpers.jobs.supervised import JobError
@@ -73,8 +74,10 @@ def _part(job: Job, acc: Any, what: str, fn: Callable[[], Any], fix: str) -> Any
     except Exception as exc:  # the user's code: any exception is theirs to read
         if is_oom(exc):
             raise JobError(_oom_advice(job, acc, what)) from exc
+        # a SampleError names the index; the user's frames are those of the exception it wraps
+        origin = exc.__cause__ if isinstance(exc, SampleError) and exc.__cause__ is not None else exc
         raise JobError(f"job {job.name!r}: {what} failed: {type(exc).__name__}: {exc}; {fix}"
-                       f"{_user_frames(exc)}") from exc
+                       f"{_user_frames(origin)}") from exc
 
 
 def _loss_of(stats: Any) -> torch.Tensor | None:
