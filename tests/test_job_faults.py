@@ -253,3 +253,51 @@ def test_diagnose_times_out_naming_the_stuck_getitem():
     assert last.startswith("error: diagnose ran past --timeout 45 s, stuck in Squares.__getitem__(37) at "
                            "fault_jobs.py:"), p.stderr[-3000:]
     assert "Traceback" not in p.stderr and 'File "' in p.stderr  # the stacks, not a Python traceback
+
+
+# ---------------------------------------------------------------- a sample that raises
+
+
+def test_diagnose_names_the_sample_that_raises_in_one_line(capsys):
+    from helpers.workbook.cli import main
+
+    rc = main(["diagnose", "--job", f"{JOBS}:make_raising_job", "--device", "cpu", "--steps", "4",
+               "--warmup-steps", "1"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert err == "error: dataset[37] raised ValueError: corrupt record 37 (at fault_jobs.py:36 in __getitem__)"
+
+
+def test_a_run_skips_the_notebooks_that_read_a_dataset_that_raised(tmp_path, monkeypatch):
+    from papermill.exceptions import PapermillExecutionError
+
+    from helpers.workbook import runner
+
+    monkeypatch.setattr(runner, "check_job", lambda spec, params, device="cpu": {"name": "raising job"})
+    called, lines = [], []
+    cause = "dataset[37] raised ValueError: corrupt record 37 (at fault_jobs.py:36 in __getitem__)"
+
+    def executor(nb, **kw):
+        called.append(nb.id[:2])
+        if nb.id.startswith("01"):
+            raise PapermillExecutionError(7, 3, "steps = time_job(...)", "SampleError", cause, [])
+
+    run_dir, state = runner.run(runner.RunOptions(profile="smoke", device="cpu", only=("00", "01", "03", "10"),
+                                                  job=f"{JOBS}:make_raising_job", out=tmp_path / "run"),
+                                echo=lines.append, executor=executor, device_checker=lambda kind: "cpu:test")
+    assert called == ["00", "01"]  # 00 does not read the job's dataset; 03 and 10 would fail on the same sample
+    by = {n.id[:2]: n for n in state.notebooks}
+    assert by["00"].status == "ok" and by["01"].status == "failed" and state.status == "failed"
+    for nb in ("03", "10"):
+        assert by[nb].status == "skipped"
+        assert by[nb].error["message"] == f"skipped: your dataset raised in notebook 01 ({cause})"
+    said = [ln for ln in lines if ln.startswith("Your dataset raised")]
+    assert len(said) == 1 and cause in said[0] and "(03, 10) are skipped" in said[0] and "--resume" in said[0]
+    saved = json.loads((run_dir / "run.json").read_text())
+    assert [n["status"] for n in saved["notebooks"]] == ["ok", "failed", "skipped", "skipped"]
+    report = (run_dir / "report.md").read_text()
+    assert "Skipped: your dataset raised in an earlier notebook" in report
+    assert "Skipped: your dataset raised in notebook 01 (dataset[37] raised ValueError" in report
+    _, again = runner.run(runner.RunOptions(resume=True, out=run_dir), echo=lambda s: None,
+                          executor=lambda nb, **kw: called.append(nb.id[:2]), device_checker=lambda kind: "cpu:test")
+    assert called[2:] == ["01", "03", "10"] and again.status == "ok"  # fixed: --resume runs what was skipped

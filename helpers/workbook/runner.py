@@ -122,7 +122,7 @@ class NotebookRun:
     input: str
     output: str
     parameters: dict
-    status: str = "pending"  # pending | running | ok | failed | interrupted
+    status: str = "pending"  # pending | running | ok | failed | interrupted | skipped
     duration_s: float | None = None
     error: dict | None = None
     not_applicable: str | None = None  # why the notebook does not run on the user's job (recorded, not executed)
@@ -780,8 +780,31 @@ def _record_not_applicable(run_dir: Path, nb: NotebookRun) -> None:
                               context=f"your job: {nb.parameters.get('job', '')}"))
 
 
+_SAMPLE_RE = re.compile(r"dataset\[\d+\] raised [^\n]*")
+
+
+def _sample_error(error: dict | None) -> str | None:
+    """The one-line cause when a notebook failed on a sample of the user's dataset (a SampleError); else None."""
+    if not error:
+        return None
+    text = f"{error.get('evalue') or ''}\n{error.get('message') or ''}"
+    m = _SAMPLE_RE.search(text)
+    if m is not None:
+        return m.group(0).strip()
+    return str(error.get("evalue") or error.get("message")) if error.get("ename") == "SampleError" else None
+
+
+def _reads_users_dataset(nb: NotebookRun) -> bool:
+    """Whether a notebook of the run measures the user's job (so reads its dataset)."""
+    return bool(nb.parameters.get("job")) and not nb.not_applicable
+
+
 def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions, echo, progress: bool) -> None:
     """Run each notebook of ``state`` not yet "ok", in order, recording its status, duration and error.
+
+    Once a notebook fails on a sample of the user's dataset (a :class:`helpers.errors.SampleError`: the index
+    and the user's frame), the run says so once and the later notebooks that read the dataset are not
+    started: they are recorded as "skipped", with that reason (``--resume`` runs them after the fix).
 
     Raises
     ------
@@ -789,10 +812,19 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
         When the run folder's disk is full (a notebook failed with ENOSPC, or run.json could not be written):
         the notebooks after it are not started, since they could not write their results either.
     """
+    dataset_fault: tuple[str, str] | None = None  # (notebook, error) once the user's dataset raised in one
     for i, nb in enumerate(state.notebooks, 1):
         if nb.status == "ok":
             continue
         drop_records(run_dir / RESULTS_FILE, nb.id)
+        if dataset_fault is not None and _reads_users_dataset(nb):  # it would fail on the same sample
+            first, cause = dataset_fault
+            nb.status, nb.duration_s = "skipped", 0.0
+            nb.error = {"type": "SampleError", "skipped_because": first,
+                        "message": f"skipped: your dataset raised in notebook {first[:2]} ({cause})"}
+            _save(state, run_dir)
+            echo(f"[{i}/{len(state.notebooks)}] {nb.id}: skipped (your dataset raised in notebook {first[:2]})")
+            continue
         if nb.not_applicable:
             _record_not_applicable(run_dir, nb)
             nb.status, nb.duration_s = "ok", 0.0
@@ -831,6 +863,13 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
             message = nb.error["message"].split("\n")[0][:300]
             line += f" — {message}" + (f" ({where}; log: logs/{nb.id}.log)" if where else "")
         echo(line)
+        cause = _sample_error(nb.error) if nb.status == "failed" and dataset_fault is None else None
+        if cause is not None and _reads_users_dataset(nb):
+            dataset_fault = (nb.id, cause)
+            later = [n.id[:2] for n in state.notebooks[i:] if n.status != "ok" and _reads_users_dataset(n)]
+            if later:
+                echo(f"Your dataset raised: {cause}. The notebooks that read it ({', '.join(later)}) are skipped; "
+                     f"fix the sample, then continue with: {cli_command()} run --resume --out {run_dir}")
 
 
 def run(options: RunOptions, *, echo: Callable[[str], None] = print,

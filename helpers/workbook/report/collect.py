@@ -415,6 +415,12 @@ def _missing_text(*, nb_id: str, number: str, status: str, error: dict | None, n
                 f"Failed{where}: {msg}{end} The traceback is in the executed notebook {nb_id}.ipynb and the "
                 f"kernel's log in logs/{nb_id}.log of the run folder; after fixing the cause, rerun it with "
                 f"`{resume}`.")
+    if status == "skipped":  # the user's dataset raised in an earlier notebook (helpers.workbook.runner)
+        msg = str((error or {}).get("message") or "skipped")
+        msg = msg[0].upper() + msg[1:]
+        return (f"{msg}. After fixing it: `{resume}`",
+                f"{msg}; this notebook reads the same dataset, so it was not started. After fixing the sample, "
+                f"continue the run with `{resume}`.")
     if status in ("pending", "running", "interrupted"):
         return (f"Did not finish ({status}). Continue: `{resume}`",
                 f"Did not finish (status: {status}); its records are incomplete or absent. "
@@ -667,7 +673,7 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
     that it rests on its notebook's isolated measurement only.
     """
     groups: dict[str, list[str]] = {"diverges": [], "inconclusive": [], "enable": [], "unconfirmed": [],
-                                    "leave off": [], "failed": [], "missing": []}
+                                    "leave off": [], "failed": [], "skipped": [], "missing": []}
     state, evidence, in_job = _end_to_end_evidence(report)
     for s in report.sections:
         rec = (s.verdict or {}).get("recommendation")
@@ -698,6 +704,8 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
                                                  f"measurable contribution in the job: {_contribution_text(ev)})")
         elif s.verdict is None and s.status == "failed":
             groups["failed"].append(f"{s.item} ({s.cause})" if s.cause else s.item)
+        elif s.verdict is None and s.status == "skipped":
+            groups["skipped"].append(s.item)
         elif s.verdict is None and s.number:
             groups["missing"].append(s.item)
     labels = {"diverges": "Your job diverges (its loss becomes NaN or infinite without any optimization too): fix its "
@@ -706,7 +714,8 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
               "enable": "Enable on this machine",
               "unconfirmed": "Gain in its notebook only, not confirmed end to end (optional)",
               "leave off": "Leave off (measured: no gain here)",
-              "failed": "Failed", "missing": "Not measured in this run"}
+              "failed": "Failed", "skipped": "Skipped: your dataset raised in an earlier notebook (see Failed)",
+              "missing": "Not measured in this run"}
     return [(labels[k], "; ".join(v)) for k, v in groups.items() if v]
 
 
@@ -754,4 +763,4 @@ def _rec_text(s: NotebookSection) -> str:
     if s.verdict is not None:
         return str(s.verdict.get("recommendation") or "no recommendation")
     return {"failed": "failed", "interrupted": "interrupted", "pending": "not run",
-            "running": "did not finish"}.get(s.status, "missing")
+            "running": "did not finish", "skipped": "skipped"}.get(s.status, "missing")
