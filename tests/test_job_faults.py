@@ -301,3 +301,42 @@ def test_a_run_skips_the_notebooks_that_read_a_dataset_that_raised(tmp_path, mon
     _, again = runner.run(runner.RunOptions(resume=True, out=run_dir), echo=lambda s: None,
                           executor=lambda nb, **kw: called.append(nb.id[:2]), device_checker=lambda kind: "cpu:test")
     assert called[2:] == ["01", "03", "10"] and again.status == "ok"  # fixed: --resume runs what was skipped
+
+
+# ---------------------------------------------------------------- the notebooks, run as a user runs them
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_notebooks_06_and_10_say_the_job_diverges(tmp_path, monkeypatch):
+    from helpers.results import load_results, verdicts
+    from helpers.workbook.runner import RunOptions, run
+
+    monkeypatch.chdir(ROOT)
+    run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("06", "10"), job=f"{JOBS}:make_nan_job",
+                                    out=tmp_path / "run", timeout_s=600), echo=print)
+    assert state.status == "ok", {n.id: n.error for n in state.notebooks if n.status != "ok"}  # no crash in 06
+    table = verdicts(load_results(run_dir / "results.jsonl")).set_index("notebook")
+    for nb, base in (("06_mixed_precision", "fp32"), ("10_end_to_end", "the baseline")):
+        v = table.loc[nb]
+        assert v["recommendation"] == "inconclusive"  # kept on a busy machine: a NaN loss is no timing
+        assert v["reason"].startswith(f"your job diverges: its loss is nan at step 3 in {base} too"), v["reason"]
+        assert "no optimization is to blame" in v["reason"]
+    assert "your job diverges" in (run_dir / "report.md").read_text().split("\n\n")[1]
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_a_cell_timeout_names_the_stuck_getitem(tmp_path, monkeypatch):
+    from helpers.workbook.runner import RunOptions, run
+
+    monkeypatch.chdir(ROOT)
+    lines = []
+    run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("01",), job=f"{JOBS}:make_hang_job",
+                                    out=tmp_path / "run", timeout_s=45), echo=lines.append)
+    nb = state.notebooks[0]
+    assert nb.status == "failed" and nb.error["type"] == "CellTimeoutError"
+    assert nb.error["stuck"].startswith("stuck in Squares.__getitem__(37) at fault_jobs.py:"), nb.error
+    assert "stuck in Squares.__getitem__(37)" in next(ln for ln in lines if "01_baseline_profiling: failed" in ln)
+    assert "Squares" not in nb.error.get("cell_source", "") and "['" not in nb.error["message"]
+    assert "__getitem__" in (run_dir / "logs" / "01_baseline_profiling.stacks.txt").read_text()
