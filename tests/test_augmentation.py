@@ -142,3 +142,41 @@ def test_notebooks_03_05_10_reach_a_verdict_on_an_augmented_job(source, tmp_path
     for nb in ("03_dataloader_tuning", "05_stream_overlap", "10_end_to_end"):
         assert nb in table.index, f"{nb} recorded no verdict"
         assert f"augmented photos ({source})" in table.loc[nb, "extra"]["context"]
+
+
+class Unseedable(torch.utils.data.Dataset):
+    """Augmentations from a fresh OS-seeded generator per call: nobody can reproduce them."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return torch.from_numpy(np.random.default_rng().random(4).astype(np.float32)) + i, i % 3
+
+
+def test_unseedable_augmentations_are_compared_by_order_labels_shapes_and_dtypes(cpu):
+    from helpers.experiments.training import batch_agreement
+    from helpers.jobs.supervised import supervised_job
+    from helpers.pipeline.prefetch import verify_prefetcher
+
+    job = supervised_job(Unseedable(), lambda: torch.nn.Linear(4, 3), torch.nn.functional.cross_entropy,
+                         lambda p: torch.optim.SGD(p, lr=0.1), batch_size=8, seed=0)
+    main, workers = _batches(job, cpu, 0), _batches(job, cpu, 2)
+    agreement = batch_agreement(main, workers, reread=lambda: _batches(job, cpu, 0, n=1)[0])
+    assert not agreement.identical and not agreement.reproducible and agreement.structure_equal and agreement.ok
+    assert "cannot seed" in agreement.sentence()
+    # a wrong label is still caught
+    bad = [(x, y + 1) for x, y in workers]
+    assert not batch_agreement(main, bad, reread=lambda: _batches(job, cpu, 0, n=1)[0]).ok
+    # a reproducible job whose batches differ is caught too (no excuse of unseedable randomness)
+    seeded = _job("torch")
+    a = _batches(seeded, cpu, 0)
+    assert not batch_agreement(a, [(x + 1, y) for x, y in a], reread=lambda: _batches(seeded, cpu, 0, n=1)[0]).ok
+
+    ds = job.make_dataset()
+
+    def one_epoch():
+        return (ds[b] for b in job.batch_sampler(len(ds)))
+
+    check = verify_prefetcher(one_epoch, cpu, transfer=lambda b, acc, non_blocking=False: job.to_device(b, acc))
+    assert check["identical"] < check["batches"] == check["structure_equal"] and not check["reproducible"]

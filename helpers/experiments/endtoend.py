@@ -42,7 +42,7 @@ from helpers.compute.train import TimedLoop, epochs
 from helpers.device import usable_cores
 from helpers.diagnose.environment import cpu_bf16_support
 from helpers.errors import ParameterError
-from helpers.experiments.training import LearningCheck, clone_batch, same_values
+from helpers.experiments.training import LearningCheck, clone_batch, same_structure, same_values
 from helpers.jobs.base import StepOptions, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.live import LivePoint, Progress, no_progress
@@ -656,14 +656,27 @@ def same_input_check(a: JobConfig, b: JobConfig, job: PPOJob, acc) -> dict[str, 
         ``max_abs_levels``: pixel difference in 0-255 levels (normalized
         difference times 255 x the channel's std), from decoding differences
         only (same crops and flips; the batched decoder may scale in the DCT
-        domain).
+        domain). For a user's job, ``batches_equal`` (bool: the same values,
+        their augmentations seeded per sample alike); when the values differ
+        because the job's augmentations cannot be reproduced (a first batch
+        read again differs too), ``labels_equal`` and ``tokens_equal`` say
+        whether the order, labels, shapes and dtypes agree
+        (:func:`helpers.experiments.training.same_structure`).
     """
     ja, jb = JobVariant(a, job, acc), JobVariant(b, job, acc)
     try:
-        if not isinstance(job, PPOJob):  # a user's job: the same dataset and order, so the same values
+        if not isinstance(job, PPOJob):  # a user's job: the same dataset, order and per-sample seeds: same values
             ba, bb = ja.transfer(next(ja.batches()), acc), jb.transfer(next(jb.batches()), acc)
             same = same_values(ba, bb, exact=False)
-            return {"labels_equal": same, "tokens_equal": same, "mean_abs_levels": 0.0 if same else float("nan"),
+            agree = same
+            if not same:  # augmentations from a source nobody can seed: the order, labels, shapes and dtypes
+                jc = JobVariant(a, job, acc)
+                try:
+                    again = jc.transfer(next(jc.batches()), acc)
+                finally:
+                    jc.close()
+                agree = not same_values(ba, again, exact=False) and same_structure(ba, bb)
+            return {"labels_equal": agree, "tokens_equal": agree, "mean_abs_levels": 0.0 if same else float("nan"),
                     "max_abs_levels": 0.0 if same else float("nan"), "batches_equal": same}
         xa, ta, la = ja.transfer(next(ja.batches()), acc)
         xb, tb, lb = jb.transfer(next(jb.batches()), acc)

@@ -299,6 +299,19 @@ def worker_init_fn(worker_id: int, rank: int | None = None) -> WorkerSeeds:
 # --------------------------------------------------------------------------- per-sample seeding
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finalizer (Steele, Lea and Flood, "Fast splittable pseudorandom number generators",
+    OOPSLA 2014): a 64-bit integer to a well-mixed 64-bit integer, a few microseconds in Python where a
+    ``numpy.random.SeedSequence`` takes a few hundred."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
 class SampleSeeder:
     """Seed every generator a sample's augmentation can draw from, per ``(seed, epoch, index)``.
 
@@ -362,27 +375,28 @@ class SampleSeeder:
         index : int
             The sample's index in the dataset (>= 0).
         """
-        root = np.random.SeedSequence([self.seed, int(epoch), int(index)])
-        words = root.generate_state(6, np.uint64)
-        random.seed(int(words[0]))
-        np.random.seed(int(words[1]) & 0xFFFFFFFF)
-        torch.manual_seed(int(words[2]) & ((1 << 63) - 1))
+        key = _mix64(_mix64(_mix64(self.seed) ^ int(epoch)) ^ int(index))
+        random.seed(_mix64(key + 1))
+        np.random.seed(_mix64(key + 2) & 0xFFFFFFFF)
+        # the CPU generator itself: torch.manual_seed also seeds every accelerator's (about 1 ms a call), and
+        # augmentations (torchvision's among them) draw on the CPU in the dataset
+        torch.default_generator.manual_seed(_mix64(key + 3) >> 1)
         objects = self._objects()
         if objects:
-            for (_, rng), child in zip(objects, np.random.SeedSequence(int(words[3])).spawn(len(objects))):
-                _reseed_one(rng, child)
+            for k, (_, rng) in enumerate(objects):
+                _reseed_one(rng, np.random.SeedSequence(_mix64(key + 4 + k)))
 
     @contextlib.contextmanager
     def batch(self):
         """Save the state of every generator :meth:`seed_sample` touches, and restore it on exit."""
-        py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.default_generator.get_state()
         saved = [(rng, _get_state(rng)) for _, rng in self._objects()]
         try:
             yield self
         finally:
             random.setstate(py_state)
             np.random.set_state(np_state)
-            torch.set_rng_state(torch_state)
+            torch.default_generator.set_state(torch_state)
             for rng, state in saved:
                 _set_state(rng, state)
 
