@@ -340,3 +340,13 @@ def test_a_cell_timeout_names_the_stuck_getitem(tmp_path, monkeypatch):
     assert "stuck in Squares.__getitem__(37)" in next(ln for ln in lines if "01_baseline_profiling: failed" in ln)
     assert "Squares" not in nb.error.get("cell_source", "") and "['" not in nb.error["message"]
     assert "__getitem__" in (run_dir / "logs" / "01_baseline_profiling.stacks.txt").read_text()
+
+
+@pytest.mark.slow
+def test_the_runners_first_step_check_names_a_hang_in_the_first_batch():
+    from helpers.errors import ParameterError
+    from helpers.workbook.runner import check_job
+
+    with pytest.raises(ParameterError) as e:
+        check_job(f"{JOBS}:make_hang_job", {"hang": 16}, device="cpu", timeout_s=50)
+    assert "did not finish in 40 s, stuck in Squares.__getitem__(16) at fault_jobs.py:" in str(e.value)
