@@ -52,7 +52,8 @@ _LIBRARIES = _library_dirs()
 
 @dataclass(frozen=True)
 class FrameInfo:
-    """One frame of a stack: ``file``, ``line``, ``func`` and, from a live frame, ``call`` (``"Squares.__getitem__(37)"``)."""
+    """One frame of a stack: ``file``, ``line``, ``func`` and, from a live frame, ``call``
+    (``"Squares.__getitem__(37)"``: the function with its arguments' values)."""
 
     file: str
     line: int

@@ -1491,7 +1491,8 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
     if divergence is not None and divergence.diverged:  # a loss that is not finite decides before any speed figure
         speed = f"{comparison.ratio:.2f}x throughput (95% CI {comparison.ci_low:.2f}-{comparison.ci_high:.2f})"
         if divergence.baseline_diverged:
-            recommendation, reason = "inconclusive", f"{divergence.sentence()} (measured: {speed} with {optimized.label()})"
+            recommendation = "inconclusive"
+            reason = f"{divergence.sentence()} (measured: {speed} with {optimized.label()})"
         else:
             recommendation, reason = "leave off", f"{speed} with {optimized.label()}, but {divergence.sentence()}"
         extra_divergence = {"divergence": divergence.as_dict()}
