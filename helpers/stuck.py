@@ -307,6 +307,10 @@ def arm_cell_watchdog(shell: Any = None, environ: Any = None) -> bool:
 
     def pre(*_args: Any) -> None:
         post()
+        try:
+            sentence_path.unlink(missing_ok=True)  # an earlier cell's, that finished in time, says nothing of this one
+        except OSError:
+            pass
         _ARMED["dog"] = Watchdog(limit - margin, fired, dump=dump, backstop_s=min(1.0, margin / 2)).start()
 
     def post(*_args: Any) -> None:
