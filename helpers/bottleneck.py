@@ -204,7 +204,8 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
     else:
         label = BALANCED
 
-    pct, cpct, thr_pct = 100 * x, 100 * compute, 100 * thr
+    pct, thr_pct = 100 * x, 100 * thr
+    cpct = 100 - pct
     busy = "the training computation, on the same CPU, runs" if device_kind == "cpu" else "the device computes"
     if label == DEVICE_BOUND:
         reason = (f"input is exposed for only {pct:.0f}% of each step (threshold {thr_pct:.0f}%) and {busy} for "
@@ -212,7 +213,7 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
     else:
         head = (f"input preparation and copy are exposed for {pct:.0f}% of each step (threshold {thr_pct:.0f}%), "
                 f"{busy} for {cpct:.0f}%: removing the exposed input would save {pct:.0f}% of the step, "
-                f"a 2x faster compute {100 * compute_saving:.0f}%")
+                f"a 2x faster compute {cpct / 2:.0f}%")
         reason = (f"{head}; the input is the larger lever" if label == HOST_BOUND
                   else f"{head}; the compute is the larger lever, the input the next one")
 

@@ -196,7 +196,8 @@ class InstrumentedLoader:
                                 copy_share=copy / (data + copy) if data + copy > 0 else None)
         return LoopReport(steps=df, exposed_fraction=exposed,
                           recommendation="inconclusive" if check.busy else b.label, measured_recommendation=b.label,
-                          reason=b.reason, next_notebook=b.next_text(), machine=check, bottleneck=b)
+                          reason=b.reason, machine=check, bottleneck=b,
+                          next_notebook=b.next_text() + (_DIAGNOSE if b.label != bottleneck.DEVICE_BOUND else ""))
 
     def report(self, *, print_it: bool = True) -> LoopReport:
         """Print (by default) and return the :class:`LoopReport`."""
@@ -204,6 +205,10 @@ class InstrumentedLoader:
         if print_it:
             print("\n".join(r.lines(self.name)))
         return r
+
+
+#: Appended to the "next" advice when the input counts: the measurement the instrument cannot make in a loop.
+_DIAGNOSE = "; `python -m helpers diagnose --job` measures what free input would give"
 
 
 def _synchronizer(device: Any):
