@@ -229,7 +229,8 @@ def _next(label: str, *, device_kind: str, spare: int | None, copy_share: float 
     """(notebook numbers, why) for a label on this machine."""
     compute = (_NUMBER[_AMP], _NUMBER[_NHWC])
     if label == DEVICE_BOUND:
-        return compute, "the step is the computation; mixed precision and memory format/fusion pay off first"
+        return compute, (f"the step is the computation: a 2x faster compute would save {compute_saving:.0%} of the "
+                         "step, free input only the exposed share")
     copy_bound = copy_share is not None and copy_share > COPY_MAJORITY and device_kind != "cpu"
     if copy_bound:  # pinned memory and a side stream need no idle cores
         inputs, in_why = (_NUMBER[_PINNED], _NUMBER[_OVERLAP]), ("the copy is most of the exposed input: pinned "

@@ -191,3 +191,33 @@ def test_baseline_classify_is_the_shared_rule():
         assert nb01_classify(x, 0.1, device_kind="cpu") == (classify(x, 0.1, device_kind="cpu").label,
                                                             classify(x, 0.1, device_kind="cpu").reason)
     assert bottleneck.COPY_MAJORITY == 0.5
+
+
+def test_notebook_01s_verdict_carries_the_classification_and_its_next(monkeypatch):
+    """A constructed run (no timing): 31% exposed, the ceiling 2.00x (95% CI 1.30-2.60) said within noise."""
+    from helpers.compute.train import TrainRun
+    from helpers.experiments import baseline
+
+    monkeypatch.setattr(baseline, "spare_cores", lambda kind, share=None: 0)
+    steps = _frame(31, 0, 69)
+    steps["step"] = range(len(steps))
+    run = TrainRun(phases=None, steps=steps, warmup_steps=1)
+    ceiling = tr.CeilingResult(job="j", steps={}, machine=None, ceiling=SimpleNamespace(
+        ratio=2.0, ci_low=1.3, ci_high=2.6, inverse=lambda: (0.5, 1 / 2.6, 1 / 1.3)))
+    v = baseline.verdict(run, None, threshold=0.1, device_kind="cpu", description={"job": "mine", "batch_size": 8},
+                         steps=5, ceiling=ceiling)
+    assert v.recommendation == "balanced" == v.extra["bottleneck"]["label"]
+    assert v.extra["bottleneck"]["next_notebooks"] == ["06", "07", "02"]
+    assert v.reason.endswith(v.extra["bottleneck"]["next"]) and "; next: notebook 06" in v.reason
+    assert "about 1.45x faster" in v.reason and "the same within noise" in v.reason
+    assert "would be 2.00x faster" not in v.reason
+
+
+def test_a_job_faster_than_its_own_ceiling_is_said_within_noise():
+    at = lambda r, lo, hi: tr.CeilingResult(job="j", steps={}, machine=None, ceiling=SimpleNamespace(  # noqa: E731
+        ratio=r, ci_low=lo, ci_high=hi, inverse=lambda: (1 / r, 1 / hi, 1 / lo))).sentence(exposed=0.05)
+    noisy = at(0.58, 0.15, 1.62)
+    assert "no measurable speedup" in noisy and "at its input-free ceiling, within noise (172% measured" in noisy
+    assert "it runs at 172% of" not in noisy
+    assert "the machine's speed changed" in at(0.5, 0.4, 0.6)
+    assert "it runs at 50% of its input-free ceiling (95% CI 40%-62%)" in at(2.0, 1.6, 2.5)

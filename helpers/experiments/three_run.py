@@ -258,6 +258,11 @@ class CeilingResult:
         c = self.ceiling
         f, lo, hi = self.fraction
         at = f"it runs at {f:.0%} of its input-free ceiling (95% CI {lo:.0%}-{hi:.0%})"
+        if f > 1.0:  # faster than its own ceiling: noise when the interval reaches 100%, else the machine changed
+            at = (f"it runs at its input-free ceiling, within noise ({f:.0%} measured, 95% CI {lo:.0%}-{hi:.0%})"
+                  if lo <= 1.0 else
+                  f"it measured faster than its input-free ceiling ({f:.0%}, 95% CI {lo:.0%}-{hi:.0%}), which a run "
+                  "that still loads its input cannot be: the machine's speed changed between the runs")
         return f"{free_input_sentence(c.ratio, c.ci_low, c.ci_high, exposed=exposed)}: {at}"
 
 
