@@ -27,7 +27,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from helpers.checklist import notebook_ref
+from helpers.checklist import CHECKLIST, notebook_ref
 from helpers.errors import ParameterError
 
 __all__ = ["BALANCED", "Bottleneck", "DEVICE_BOUND", "HOST_BOUND", "LABELS", "classify", "spare_cores"]
@@ -41,8 +41,7 @@ LABELS: tuple[str, str, str] = (HOST_BOUND, BALANCED, DEVICE_BOUND)
 #: The notebooks the advice names, by checklist name (:data:`helpers.checklist.CHECKLIST`).
 _DECODE, _WORKERS, _PINNED, _OVERLAP, _AMP, _NHWC = ("batched decode", "DataLoader tuning", "pinned memory",
                                                      "stream overlap", "mixed precision", "channels_last")
-_NUMBER = {"batched decode": "02", "DataLoader tuning": "03", "pinned memory": "04", "stream overlap": "05",
-           "mixed precision": "06", "channels_last": "07"}
+_NUMBER = {i.name: i.number for i in CHECKLIST if i.name in (_DECODE, _WORKERS, _PINNED, _OVERLAP, _AMP, _NHWC)}
 #: Share of the exposed input above which the copy, not the loader, is the input's cost.
 COPY_MAJORITY = 0.5
 
@@ -218,19 +217,19 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
                   else f"{head}; the compute is the larger lever, the input the next one")
 
     nxt, why = _next(label, device_kind=device_kind, spare=spare_cores, copy_share=copy_share,
-                     compute_saving=compute_saving, threshold=thr)
+                     input_saving=input_saving, compute_saving=compute_saving, threshold=thr)
     return Bottleneck(label=label, exposed_fraction=x, threshold=thr, input_saving=input_saving,
                       compute_saving=compute_saving, next_notebooks=nxt, next_reason=why, reason=reason,
                       spare_cores=spare_cores)
 
 
 def _next(label: str, *, device_kind: str, spare: int | None, copy_share: float | None,
-          compute_saving: float, threshold: float) -> tuple[tuple[str, ...], str]:
+          input_saving: float, compute_saving: float, threshold: float) -> tuple[tuple[str, ...], str]:
     """(notebook numbers, why) for a label on this machine."""
     compute = (_NUMBER[_AMP], _NUMBER[_NHWC])
     if label == DEVICE_BOUND:
         return compute, (f"the step is the computation: a 2x faster compute would save {compute_saving:.0%} of the "
-                         "step, free input only the exposed share")
+                         f"step, free input {input_saving:.0%}")
     copy_bound = copy_share is not None and copy_share > COPY_MAJORITY and device_kind != "cpu"
     if copy_bound:  # pinned memory and a side stream need no idle cores
         inputs, in_why = (_NUMBER[_PINNED], _NUMBER[_OVERLAP]), ("the copy is most of the exposed input: pinned "
