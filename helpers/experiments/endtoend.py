@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 import torch
 
-from helpers import checklist
+from helpers import bottleneck, checklist
 from helpers.process import cli_command
 from helpers.compute.amp import resolve_autocast_dtype
 from helpers.compute.train import TimedLoop, epochs
@@ -1540,14 +1540,15 @@ def _decide(comparison, learning: LearningCheck, baseline: JobSummary, optimized
             recommended: Sequence[str], batch_note: str) -> tuple[str, str]:
     """:func:`e2e_verdict`'s recommendation and reason."""
     def bound(frac: float) -> str:
-        return "host-bound" if frac > host_bound_threshold else "device-bound"
+        return bottleneck.classify(frac, host_bound_threshold).label
 
     tail = [f"the baseline was {bound(baseline.exposed_fraction)} (input {baseline.exposed_fraction:.0%} of the "
             f"median step, threshold {host_bound_threshold:.0%})"]
     if optimized_summary is not None and optimized.optimizations:
         o = optimized_summary
         if o.exposed_fraction > host_bound_threshold:
-            tail.append(f"the optimized job is STILL host-bound (input {o.exposed_fraction:.0%} of the median step): "
+            state = "STILL host-bound" if bound(o.exposed_fraction) == bottleneck.HOST_BOUND else "balanced"
+            tail.append(f"the optimized job is {state} (input {o.exposed_fraction:.0%} of the median step): "
                         + next_step(o, is_cpu=is_cpu, enabled=optimized.optimizations,
                                     host_bound_threshold=host_bound_threshold))
         else:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from helpers import checklist
+from helpers.bottleneck import LABELS as BOTTLENECK_LABELS
 from helpers.errors import ParameterError
 from helpers.process import cli_command
 from helpers.results import load_results
@@ -552,7 +553,7 @@ def overall_verdict(report: Report) -> str:
     by_num = {s.number: s for s in report.sections}
     base = by_num[_BASELINE_NUMBER].verdict if _BASELINE_NUMBER in by_num else None
     e2e = by_num[_END_TO_END_NUMBER].verdict if _END_TO_END_NUMBER in by_num else None
-    if base and base.get("recommendation") in ("host-bound", "device-bound"):
+    if base and base.get("recommendation") in BOTTLENECK_LABELS:
         state = f"{base['recommendation']} baseline"
     else:
         state = "baseline"
@@ -659,6 +660,20 @@ def _contribution_text(ev: dict) -> str:
     return step
 
 
+def _end_to_end_text(ev: dict) -> str:
+    """Whether notebook 10's ablation confirms a kept optimization on the whole step: "confirmed end to end by
+    notebook 10" only when the whole-step contribution's 95% interval excludes 1 (``ci_low > 1``), else "not
+    confirmed end to end (95% CI 0.95–1.17 includes 1)" (its own phases gained, the whole step did not show it)."""
+    low, high = ev.get("ci_low"), ev.get("ci_high")
+    if _is_num(low) and low > 1.0:
+        return f"confirmed end to end by notebook {_END_TO_END_NUMBER}"
+    if _is_num(low) and _is_num(high):
+        return (f"kept by notebook {_END_TO_END_NUMBER}'s ablation on its own phases, not confirmed end to end "
+                f"(whole step 95% CI {low:.2f}–{high:.2f} includes 1)")
+    return f"kept by notebook {_END_TO_END_NUMBER}'s ablation on its own phases, not confirmed end to end (no " \
+           "whole-step interval)"
+
+
 def _advice(report: Report) -> list[tuple[str, list[str]]]:
     """(label, items) for the recommendations that ask for a change, failed notebooks and missing items.
 
@@ -670,7 +685,9 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
     the contribution; with no measurable contribution it moves to its own group
     (measured in isolation only, not confirmed in the job); "drop it here"
     moves it to "leave off". An "enable" that notebook 10 did not measure says
-    that it rests on its notebook's isolated measurement only.
+    that it rests on its notebook's isolated measurement only. "Confirmed end
+    to end" is said only when the whole-step contribution's interval excludes 1
+    (:func:`_end_to_end_text`).
     """
     groups: dict[str, list[str]] = {"diverges": [], "inconclusive": [], "enable": [], "unconfirmed": [],
                                     "leave off": [], "failed": [], "skipped": [], "missing": []}
@@ -692,8 +709,8 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
                 elif ev is None:
                     groups["enable"].append(f"{action} ({_isolated_only(state, name, in_job, s.number)})")
                 elif ev.get("decision") == "keep it":
-                    groups["enable"].append(f"{action} (confirmed end to end by notebook {_END_TO_END_NUMBER}: "
-                                            f"contribution {_contribution_text(ev)})")
+                    groups["enable"].append(f"{action} ({_end_to_end_text(ev)}: contribution "
+                                            f"{_contribution_text(ev)})")
                 elif ev.get("decision") == "drop it here":
                     groups["leave off"].append(f"{action.split(':')[0]}: leave off (notebook {s.number} measured a "
                                                f"gain in isolation, but the end-to-end job of notebook "
