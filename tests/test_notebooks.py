@@ -115,7 +115,7 @@ def test_smoke_run_verdicts_that_decide_a_setting_carry_it_as_fields(smoke_run):
 
 
 #: Notebook 01's measured labels (its verdict is a share of the step: inconclusive whenever the machine was busy).
-BASELINE_LABELS = ("host-bound", "device-bound")
+BASELINE_LABELS = ("host-bound", "balanced", "device-bound")
 
 
 def assert_label_unless_busy(verdict, labels) -> None:

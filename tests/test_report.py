@@ -17,7 +17,7 @@ from PIL import Image
 from helpers.results import ResultsStore
 from helpers.workbook import report
 from helpers.workbook.cli import _parser, main
-from helpers.verdict import Action
+from helpers.verdict import Action, Verdict
 from helpers.workbook.report import CHECKLIST, collect, headline, overall_verdict, to_html, to_markdown
 from helpers.workbook.report.collect import _advice
 
@@ -159,6 +159,39 @@ def test_overall_verdict_without_notebook_10_gives_the_baseline_state(tmp_path):
               reason="waits 67%")
     assert overall_verdict(collect(tmp_path)) == ("host-bound baseline (exposed input 67% of each step); "
                                                   "end to end not measured yet (notebook 10)")
+
+
+def test_overall_verdict_names_a_balanced_baseline(tmp_path):
+    """The third label of helpers.bottleneck reaches the first screen and its badge like the other two."""
+    _store(tmp_path, IDS["01"]).verdict(metric="exposed_input_fraction", value=0.2, unit="fraction",
+                                        recommendation="balanced", reason="the compute is the larger lever")
+    rep = collect(tmp_path)
+    assert overall_verdict(rep) == ("balanced baseline (exposed input 20% of each step); end to end not measured "
+                                    "yet (notebook 10)")
+    assert "badge b-balanced" in to_html(rep) and ".b-balanced{" in to_html(rep)
+
+
+def _ablated_enable(tmp_path, low, high):
+    _store(tmp_path, "06_mixed_precision").add_verdict(Verdict(
+        notebook="06_mixed_precision", metric="speedup", value=1.3, unit="x", recommendation="enable",
+        reason="1.30x", action=Action("autocast_dtype", "bfloat16", "bf16 autocast: enable")))
+    ablation = {"mixed_precision": {"decision": "keep it", "contribution": 1.03, "ci_low": low, "ci_high": high,
+                                    "phases": "compute", "phase_contribution": 1.12, "phase_low": 1.04,
+                                    "phase_high": 1.2}}
+    _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=1.5, unit="x", recommendation="enable", reason="r",
+                                        ablation=ablation)
+    return dict(_advice(collect(tmp_path)))["Enable on this machine"]
+
+
+def test_confirmed_end_to_end_only_when_the_whole_step_interval_excludes_1(tmp_path):
+    """Issue 21: "confirmed end to end by notebook 10" beside a whole-step 1.03x (95% CI 0.95-1.17)."""
+    unconfirmed = _ablated_enable(tmp_path / "a", 0.95, 1.17)
+    assert "confirmed end to end by notebook 10" not in unconfirmed
+    assert "not confirmed end to end (whole step 95% CI 0.95–1.17 includes 1)" in unconfirmed
+    assert "compute phase 1.12x" in unconfirmed  # the phase gain it was kept for is still shown
+    confirmed = _ablated_enable(tmp_path / "b", 1.01, 1.17)
+    assert "bf16 autocast: enable (confirmed end to end by notebook 10: contribution" in confirmed
+    assert "not confirmed" not in confirmed
 
 
 def test_overall_verdict_does_not_call_a_job_that_computes_otherwise_or_a_polluted_run_faster(tmp_path):

@@ -126,7 +126,8 @@ def guard_verdict(verdict, check):
     The rule, keyed on the verdict's kind:
 
     * quiet machine (``check.busy`` false): the verdict as it is;
-    * "not applicable" (nothing measured): kept;
+    * "not applicable" (nothing measured): kept, and so is a verdict that says the job diverges
+      (``extra["divergence"]``: a loss that is not finite does not depend on the load);
     * an "enable" or "leave off" decided on a ratio measured interleaved, with a 95% interval and a decision
       threshold (:func:`ratio_decision`): the load slows A and B alike, so the verdict stands when the interval
       clears the threshold on the side the verdict says ("enable": the whole interval above it; "leave off": the
@@ -154,7 +155,8 @@ def guard_verdict(verdict, check):
     """
     state = check.as_dict()
     extra = {**dict(verdict.extra), "machine": state}
-    if not check.busy or verdict.recommendation == "not applicable":
+    diverged = isinstance(verdict.extra.get("divergence"), Mapping)  # a NaN loss is no timing: load cannot undo it
+    if not check.busy or verdict.recommendation == "not applicable" or diverged:
         return replace(verdict, extra=extra)
     ratio = ratio_decision(verdict) if verdict.recommendation in ("enable", "leave off") else None
     load = f"measured while other processes took {check.other_cpu_share:.0%} of the cores"
@@ -214,6 +216,9 @@ def start(notebook: str, namespace: Mapping[str, Any], *, need_device: bool = Tr
         The output folder cannot be written.
     """
     params = validate_notebook_params(notebook, namespace, allow_unknown=True)
+    from helpers.stuck import arm_cell_watchdog
+
+    arm_cell_watchdog()  # under the runner: a cell stuck near its --timeout dumps its stacks and says where first
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     out_dir = Path(params["out_dir"]) if params.get("out_dir") else interactive_dir()

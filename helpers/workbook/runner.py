@@ -45,7 +45,7 @@ try:  # POSIX advisory locks for the run folder (lock_run_dir); absent on Window
 except ImportError:  # pragma: no cover - not a POSIX system
     fcntl = None
 
-from helpers import checklist
+from helpers import checklist, stuck
 from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
 from helpers.jobspec import absolute_job_spec, factory_params
 from helpers.process import CHILDREN_DIR_ENV, cli_command, end_stale_children
@@ -126,7 +126,7 @@ class NotebookRun:
     input: str
     output: str
     parameters: dict
-    status: str = "pending"  # pending | running | ok | failed | interrupted
+    status: str = "pending"  # pending | running | ok | failed | interrupted | skipped
     duration_s: float | None = None
     error: dict | None = None
     not_applicable: str | None = None  # why the notebook does not run on the user's job (recorded, not executed)
@@ -449,15 +449,23 @@ def check_job(spec: str, params: dict, *, device: str = "cpu", timeout_s: float 
     code = ("import json, sys\nfrom helpers.npu_probe import prepare_torch_import\n"
             "prepare_torch_import(fallback_to_cpu=True)\nfrom helpers.device import get_accelerator\n"
             "from helpers.jobs.check import first_step_check\nfrom helpers.jobs.load import load_job\n"
+            "import os\nfrom helpers.stuck import Watchdog\n"
+            "def stuck(where, _stacks):\n    print(f'STUCK: {where}', file=sys.stderr, flush=True)\n    os._exit(4)\n"
+            "Watchdog(float(sys.argv[4]), stuck, backstop_s=None).start()\n"
             "try:\n    job = load_job(sys.argv[1], json.loads(sys.argv[2]))\n"
             "    out = first_step_check(job, get_accelerator(sys.argv[3]))\n"
             "except Exception as exc:\n    print(f'{type(exc).__name__}: {exc}', file=sys.stderr)\n    sys.exit(3)\n"
             "print(json.dumps(out))\n")
     try:
-        proc = subprocess.run([sys.executable, "-c", code, spec, json.dumps(params), device], capture_output=True,
-                              text=True, timeout=timeout_s, cwd=os.getcwd())
+        proc = subprocess.run([sys.executable, "-c", code, spec, json.dumps(params), device,
+                               str(max(1.0, timeout_s - 10))], capture_output=True, text=True, timeout=timeout_s,
+                              cwd=os.getcwd())
     except subprocess.TimeoutExpired:
         raise ParameterError(f"--job {spec}: loading the job took more than {timeout_s:.0f} s") from None
+    where = next((ln.removeprefix("STUCK: ") for ln in proc.stderr.splitlines() if ln.startswith("STUCK: ")), None)
+    if proc.returncode == 4 and where:  # its watchdog dumped the stacks and named where it hung
+        raise ParameterError(f"--job {spec}: loading the job and its first step did not finish in "
+                             f"{max(1.0, timeout_s - 10):.0f} s, {where}")
     if proc.returncode != 0:
         msg = proc.stderr.strip()
         tail = msg[msg.find("JobError: "):] if "JobError: " in msg else "\n".join(msg.splitlines()[-12:])
@@ -581,8 +589,26 @@ def drop_records(results: Path, notebook: str) -> int:
 _CELL_TIMEOUT_RE = re.compile(r"timed out while it was being executed, after (\d+) seconds")
 
 
-def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
-    """For a cell timeout: which cell (number and first line), the limit in effect and the option that raises it."""
+def _preview_first_line(preview: str) -> str:
+    """The first line of nbclient's cell preview, as text (a long cell's preview is a Python list of its lines)."""
+    import ast
+
+    first = next((line.strip() for line in preview.splitlines() if line.strip()), "")
+    if first.startswith("["):
+        try:
+            lines = ast.literal_eval(first)
+        except (ValueError, SyntaxError):
+            lines = None
+        if isinstance(lines, list):
+            first = next((str(x).strip() for x in lines if str(x).strip()), "")
+    return first
+
+
+def _cell_timeout_info(exc: BaseException, notebook: str | None, *, logs: Path | None = None,
+                       name: str | None = None) -> dict | None:
+    """For a cell timeout: which cell (number and first line), the limit in effect, where the kernel was stuck
+    (its stacks dumped in ``logs/<name>.stacks.txt`` before the limit, :mod:`helpers.stuck`) and the option
+    that raises the limit."""
     text = str(exc)
     m = _CELL_TIMEOUT_RE.search(text)
     if m is None:
@@ -590,7 +616,7 @@ def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
     limit = int(m.group(1))
     parts = text.split("-------------------")
     preview = parts[1].strip() if len(parts) >= 3 else ""
-    first = next((line.strip() for line in preview.splitlines() if line.strip()), "")
+    first = _preview_first_line(preview)
     index = None
     if notebook and first:
         try:
@@ -603,9 +629,16 @@ def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
                 break
     where = f"cell {index} (`{first}`)" if index is not None else (f"the cell starting `{first}`" if first
                                                                    else "a cell")
+    where_stuck = stuck.read_stuck(logs, name) if logs is not None and name else None
+    stacks = f"; the kernel's stacks: logs/{name}.stacks.txt" if where_stuck else ""
     info = {"type": "CellTimeoutError", "limit_s": limit,
-            "message": (f"{where} ran past the per-cell limit of {limit} s; raise it with --timeout S "
-                        f"({cli_command()} run --timeout {limit * 2} ...), or use a smaller --profile")}
+            "message": (f"{where} ran past the per-cell limit of {limit} s"
+                        + (f", {where_stuck}{stacks}; if it is only slow, raise the limit" if where_stuck
+                           else "; raise it")
+                        + f" with --timeout S ({cli_command()} run --timeout {limit * 2} ...), or use a smaller "
+                          "--profile")}
+    if where_stuck:
+        info["stuck"] = where_stuck
     if index is not None:
         info["cell_index"] = index
     if first:
@@ -613,8 +646,9 @@ def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
     return info
 
 
-def _error_info(exc: BaseException, notebook: str | None = None) -> dict:
-    timeout = _cell_timeout_info(exc, notebook)
+def _error_info(exc: BaseException, notebook: str | None = None, *, logs: Path | None = None,
+                name: str | None = None) -> dict:
+    timeout = _cell_timeout_info(exc, notebook, logs=logs, name=name)
     if timeout is not None:
         return timeout
     info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[-1][:500] if str(exc).strip() else ""}
@@ -662,12 +696,25 @@ def execute_notebook(nb: NotebookRun, *, timeout_s: float, progress: bool) -> No
     import papermill as pm
 
     log_path = Path(nb.output).parent / "logs" / f"{nb.id}.log"
-    with _child_stderr_to(log_path):
-        pm.execute_notebook(
-            nb.input, nb.output, parameters=nb.parameters, kernel_name="python3",
-            cwd=str(Path(nb.input).parent), progress_bar=progress, log_output=False,
-            execution_timeout=int(timeout_s), start_timeout=120,
-        )
+    watch = {stuck.CELL_TIMEOUT_ENV: str(int(timeout_s)), stuck.STUCK_DIR_ENV: str(log_path.parent),
+             stuck.STUCK_NAME_ENV: nb.id}  # the kernel dumps its stacks before a cell reaches the limit
+    saved = {k: os.environ.get(k) for k in watch}
+    for path in stuck.cell_files(log_path.parent, nb.id):
+        path.unlink(missing_ok=True)
+    os.environ.update(watch)
+    try:
+        with _child_stderr_to(log_path):
+            pm.execute_notebook(
+                nb.input, nb.output, parameters=nb.parameters, kernel_name="python3",
+                cwd=str(Path(nb.input).parent), progress_bar=progress, log_output=False,
+                execution_timeout=int(timeout_s), start_timeout=120,
+            )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 #: The advisory lock a runner holds on its run folder for the run's life (see :func:`lock_run_dir`).
@@ -778,8 +825,31 @@ def _record_not_applicable(run_dir: Path, nb: NotebookRun) -> None:
                               context=f"your job: {nb.parameters.get('job', '')}"))
 
 
+_SAMPLE_RE = re.compile(r"dataset\[\d+\] raised [^\n]*")
+
+
+def _sample_error(error: dict | None) -> str | None:
+    """The one-line cause when a notebook failed on a sample of the user's dataset (a SampleError); else None."""
+    if not error:
+        return None
+    text = f"{error.get('evalue') or ''}\n{error.get('message') or ''}"
+    m = _SAMPLE_RE.search(text)
+    if m is not None:
+        return m.group(0).strip()
+    return str(error.get("evalue") or error.get("message")) if error.get("ename") == "SampleError" else None
+
+
+def _reads_users_dataset(nb: NotebookRun) -> bool:
+    """Whether a notebook of the run measures the user's job (so reads its dataset)."""
+    return bool(nb.parameters.get("job")) and not nb.not_applicable
+
+
 def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions, echo, progress: bool) -> None:
     """Run each notebook of ``state`` not yet "ok", in order, recording its status, duration and error.
+
+    Once a notebook fails on a sample of the user's dataset (a :class:`helpers.errors.SampleError`: the index
+    and the user's frame), the run says so once and the later notebooks that read the dataset are not
+    started: they are recorded as "skipped", with that reason (``--resume`` runs them after the fix).
 
     Raises
     ------
@@ -787,10 +857,19 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
         When the run folder's disk is full (a notebook failed with ENOSPC, or run.json could not be written):
         the notebooks after it are not started, since they could not write their results either.
     """
+    dataset_fault: tuple[str, str] | None = None  # (notebook, error) once the user's dataset raised in one
     for i, nb in enumerate(state.notebooks, 1):
         if nb.status == "ok":
             continue
         drop_records(run_dir / RESULTS_FILE, nb.id)
+        if dataset_fault is not None and _reads_users_dataset(nb):  # it would fail on the same sample
+            first, cause = dataset_fault
+            nb.status, nb.duration_s = "skipped", 0.0
+            nb.error = {"type": "SampleError", "skipped_because": first,
+                        "message": f"skipped: your dataset raised in notebook {first[:2]} ({cause})"}
+            _save(state, run_dir)
+            echo(f"[{i}/{len(state.notebooks)}] {nb.id}: skipped (your dataset raised in notebook {first[:2]})")
+            continue
         if nb.not_applicable:
             _record_not_applicable(run_dir, nb)
             nb.status, nb.duration_s = "ok", 0.0
@@ -811,7 +890,7 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
             raise
         except Exception as exc:  # a failing notebook must not stop the others
             nb.status = "failed"
-            nb.error = _error_info(exc, nb.input)
+            nb.error = _error_info(exc, nb.input, logs=Path(nb.output).parent / "logs", name=nb.id)
             if _is_disk_full(exc):
                 full = _disk_full(run_dir, exc)
                 nb.error["message"] = str(full)
@@ -829,6 +908,13 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
             message = nb.error["message"].split("\n")[0][:300]
             line += f" — {message}" + (f" ({where}; log: logs/{nb.id}.log)" if where else "")
         echo(line)
+        cause = _sample_error(nb.error) if nb.status == "failed" and dataset_fault is None else None
+        if cause is not None and _reads_users_dataset(nb):
+            dataset_fault = (nb.id, cause)
+            later = [n.id[:2] for n in state.notebooks[i:] if n.status != "ok" and _reads_users_dataset(n)]
+            if later:
+                echo(f"Your dataset raised: {cause}. The notebooks that read it ({', '.join(later)}) are skipped; "
+                     f"fix the sample, then continue with: {cli_command()} run --resume --out {run_dir}")
 
 
 def run(options: RunOptions, *, echo: Callable[[str], None] = print,

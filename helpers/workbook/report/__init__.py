@@ -1,7 +1,7 @@
 """The run report: report.md and a self-contained report.html.
 
 The first screen answers "what should I change on this machine, and why":
-the run's overall verdict (host-bound or device-bound baseline, and the
+the run's overall verdict (host-bound, balanced or device-bound baseline, and the
 end-to-end speedup when notebook 10 ran), then the checklist table with one
 row per item of the workbook (environment check ... end to end): the measured
 effect with its interval, the recommendation as a badge, the reason, and links
