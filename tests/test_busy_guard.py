@@ -6,6 +6,8 @@ machine and beside busy loops.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from helpers import machine
@@ -98,6 +100,18 @@ def test_not_applicable_is_kept_and_a_notebooks_own_inconclusive_gets_the_load_f
     assert out.recommendation == "inconclusive" and out.reason.startswith("measured on a busy machine")
     assert out.extra["measured_recommendation"] == "enable"  # what notebook 10 measured, not "inconclusive"
     assert out.reason.endswith("What it measured: inconclusive: a phase no optimization acts on changed")
+
+
+def test_a_verdict_that_says_the_job_diverges_is_kept_under_load():
+    """A loss that is not finite is no timing: the load cannot have caused it."""
+    nan = Verdict(notebook="06_mixed_precision", metric="speedup", value=1.1, unit="x", recommendation="inconclusive",
+                  reason="your job diverges: its loss is nan at step 3 in fp32 too", spread={"ci_low": 0.9, "ci_high": 1.3},
+                  extra={"divergence": {"baseline_diverged": True}})
+    out = guard_verdict(nan, BUSY)
+    assert (out.recommendation, out.reason) == ("inconclusive", nan.reason) and out.extra["machine"]["busy"]
+    off = replace(nan, recommendation="leave off", reason="bf16 autocast breaks this job's training",
+                  extra={"divergence": {"baseline_diverged": False}, "decision_threshold": 1.05})
+    assert guard_verdict(off, BUSY).recommendation == "leave off"
 
 
 def test_ratio_decision_reads_the_interval_and_threshold():
