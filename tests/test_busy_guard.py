@@ -105,7 +105,8 @@ def test_not_applicable_is_kept_and_a_notebooks_own_inconclusive_gets_the_load_f
 def test_a_verdict_that_says_the_job_diverges_is_kept_under_load():
     """A loss that is not finite is no timing: the load cannot have caused it."""
     nan = Verdict(notebook="06_mixed_precision", metric="speedup", value=1.1, unit="x", recommendation="inconclusive",
-                  reason="your job diverges: its loss is nan at step 3 in fp32 too", spread={"ci_low": 0.9, "ci_high": 1.3},
+                  reason="your job diverges: its loss is nan at step 3 in fp32 too",
+                  spread={"ci_low": 0.9, "ci_high": 1.3},
                   extra={"divergence": {"baseline_diverged": True}})
     out = guard_verdict(nan, BUSY)
     assert (out.recommendation, out.reason) == ("inconclusive", nan.reason) and out.extra["machine"]["busy"]
