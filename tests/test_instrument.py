@@ -31,8 +31,9 @@ def test_three_lines_give_notebook_01s_verdict_on_a_host_bound_loop(capsys):
     r = steps.report()
     out = capsys.readouterr().out
     assert len(r.steps) == 10
-    assert r.measured_recommendation == "host-bound" and r.exposed_fraction > 0.8
-    assert r.steps["data"].median() == pytest.approx(0.02, abs=0.01)
+    # 20 ms of waiting against 2 ms of "compute": above 0.5 even where a busy machine wakes each sleep late
+    assert r.measured_recommendation == "host-bound" and r.exposed_fraction > 0.5
+    assert r.steps["data"].median() == pytest.approx(0.02, abs=0.015)
     assert out.startswith("my loop: 10 steps measured") and f"next: {r.next_notebook}" in out and "machine:" in out
     assert r.bottleneck.label == "host-bound" and r.bottleneck.next_notebooks[0] in ("02", "03")
 
@@ -43,11 +44,11 @@ def test_a_compute_bound_loop_is_device_bound_and_the_copy_marker_splits_the_cop
     for _ in steps:
         time.sleep(0.001)  # the copy
         steps.copied()
-        time.sleep(0.03)   # the compute
+        time.sleep(0.12)   # the compute: long enough that a busy machine's late wake-ups (a few ms) stay below 10%
     r = steps.result()
     assert r.measured_recommendation == "device-bound" and r.exposed_fraction < 0.10
-    assert 0.0005 < r.steps["copy"].median() < 0.01
-    assert r.steps["compute"].median() == pytest.approx(0.03, abs=0.015)
+    assert 0.0005 < r.steps["copy"].median() < 0.012
+    assert r.steps["compute"].median() == pytest.approx(0.12, abs=0.03)
     assert r.steps["data"].median() < 1e-3
     assert "notebook 06" in r.next_notebook
 
