@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.errors import ParameterError
+from helpers.fsutil import write_atomic
 from helpers.workbook.report.collect import Report, collect
 from helpers.workbook.report.format import _is_num, headline
 
@@ -207,6 +208,6 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path | None = None) 
     folder.mkdir(parents=True, exist_ok=True)
     folder = folder.resolve()
     h, m = folder / "compare.html", folder / "compare.md"
-    h.write_text(_html(c), encoding="utf-8")
-    m.write_text(_markdown(c), encoding="utf-8")
+    write_atomic(h, _html(c))
+    write_atomic(m, _markdown(c))
     return h, m
