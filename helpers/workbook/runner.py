@@ -52,7 +52,7 @@ from helpers.process import CHILDREN_DIR_ENV, cli_command, end_stale_children
 from helpers.fsutil import ensure_writable_dir, write_atomic
 from helpers.pipeline.dataset import list_image_files
 from helpers.pipeline.images import IMAGE_SUFFIXES
-from helpers.pipeline.scan_cache import cached_scan
+from helpers.pipeline.scan_cache import cache_fallback_note, cached_scan
 from helpers.specs import DEVICE_CHOICES, PROFILES, spec_for, validate_notebook_params
 from helpers.workbook.paths import notebooks_dir, runs_dir
 from helpers.workbook.report import write_report
@@ -992,6 +992,8 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
 
     echo(f"Run folder: {run_dir}")
     echo(f"Profile {profile}, device {device} -> {resolved}; {len(state.notebooks)} notebook(s)")
+    if (cache_note := cache_fallback_note()) is not None:  # once, unless indexing --data-dir already said it
+        echo(f"Cache: {cache_note}")
     progress = sys.stderr.isatty()
     t_run = time.perf_counter()
     todo = [n for n in state.notebooks if n.status != "ok"]
