@@ -518,6 +518,31 @@ def test_a_full_disk_for_run_json_too_is_said_and_leaves_no_temporary_file(tmp_p
     assert "Traceback" not in captured.err and "Traceback" not in caplog.text
 
 
+def test_a_full_disk_while_dropping_old_records_stops_the_run_cleanly(tmp_path, monkeypatch, capsys, caplog):
+    from helpers.workbook import cli
+    import functools
+
+    out = tmp_path / "run"
+    run(RunOptions(profile="smoke", out=out, only=["00", "01"]), echo=lambda s: None,
+        executor=lambda nb, **kw: (_ for _ in ()).throw(RuntimeError("boom")) if nb.id.startswith("01") else None,
+        device_checker=_fake_device)
+    line = json.dumps({"notebook": "01_baseline_profiling", "experiment": "e", "variant": "v", "metric": "m",
+                       "value": 1, "unit": "x"}) + "\n"
+    (out / "results.jsonl").write_text(line)  # a partial record of 01, dropped before 01 reruns
+    _disk_fills_for(monkeypatch, lambda name: "results.jsonl" in name)
+    ran = []
+    monkeypatch.setattr(runner, "run", functools.partial(run, executor=lambda nb, **kw: ran.append(nb.id),
+                                                         device_checker=_fake_device))
+    rc = cli.main(["run", "--resume", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 1 and ran == []  # 01 did not start: it could not have written its results either
+    assert (out / "results.jsonl").read_text() == line  # kept whole
+    assert not [p for p in out.rglob("*") if "tmp" in p.name]
+    assert captured.out.count("is full") == 1 and "Stopped: the disk of the run folder" in captured.out
+    saved = json.loads((out / "run.json").read_text())
+    assert saved["status"] == "failed" and "is full" in saved["error"]
+    assert "Traceback" not in captured.err and "Traceback" not in caplog.text
+
 def test_a_resumed_run_ends_the_processes_its_killed_predecessor_left(tmp_path):
     from helpers.process import register_child
 

@@ -756,14 +756,21 @@ def _disk_full(run_dir: Path, exc: BaseException) -> DiskFullError:
         f"{cli_command()} run --resume --out {run_dir}")
 
 
-def _save(state: "RunState", run_dir: Path) -> None:
-    """``state.save`` with a full disk turned into a :class:`DiskFullError` (run.json keeps its last good copy)."""
+@contextlib.contextmanager
+def _full_disk_stops(run_dir: Path):
+    """Turn a full disk met inside the block into a :class:`DiskFullError` (other errors pass unchanged)."""
     try:
-        state.save(run_dir)
+        yield
     except OSError as exc:
         if _is_disk_full(exc):
             raise _disk_full(run_dir, exc) from exc
         raise
+
+
+def _save(state: "RunState", run_dir: Path) -> None:
+    """``state.save`` with a full disk turned into a :class:`DiskFullError` (run.json keeps its last good copy)."""
+    with _full_disk_stops(run_dir):
+        state.save(run_dir)
 
 
 def _saved_status(run_dir: Path) -> str:
@@ -821,7 +828,8 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
     for i, nb in enumerate(state.notebooks, 1):
         if nb.status == "ok":
             continue
-        drop_records(run_dir / RESULTS_FILE, nb.id)
+        with _full_disk_stops(run_dir):  # results.jsonl is rewritten whole (write_atomic), or kept as it was
+            drop_records(run_dir / RESULTS_FILE, nb.id)
         if dataset_fault is not None and _reads_users_dataset(nb):  # it would fail on the same sample
             first, cause = dataset_fault
             nb.status, nb.duration_s = "skipped", 0.0
@@ -831,7 +839,8 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
             echo(f"[{i}/{len(state.notebooks)}] {nb.id}: skipped (your dataset raised in notebook {first[:2]})")
             continue
         if nb.not_applicable:
-            _record_not_applicable(run_dir, nb)
+            with _full_disk_stops(run_dir):
+                _record_not_applicable(run_dir, nb)
             nb.status, nb.duration_s = "ok", 0.0
             _save(state, run_dir)
             echo(f"[{i}/{len(state.notebooks)}] {nb.id}: not applicable to your job (recorded)")
