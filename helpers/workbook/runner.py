@@ -750,8 +750,11 @@ def _disk_full(run_dir: Path, exc: BaseException) -> DiskFullError:
         room = f"{free / 2**20:,.1f} MiB free"
     except OSError:
         room = "free space unknown"
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)  # a kernel's error (papermill)
+    what = f"{ename}: {evalue}" if ename and evalue else f"{type(exc).__name__}: {exc}"
+    what = " ".join(what.split())[:200]
     return DiskFullError(
-        f"the disk of the run folder {run_dir} is full ({room}): {type(exc).__name__}: {str(exc)[:200]}. What was "
+        f"the disk of the run folder {run_dir} is full ({room}): {what}. What was "
         f"written is kept; free some space (or pass --out on another disk) and continue with: "
         f"{cli_command()} run --resume --out {run_dir}")
 
