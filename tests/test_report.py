@@ -359,6 +359,27 @@ def test_write_report_through_the_command_line(partial_run, capsys):
     assert str(run_dir / "report.html") in capsys.readouterr().out
 
 
+def test_report_command_on_a_full_disk_keeps_the_old_report_and_says_so(partial_run, capsys, monkeypatch):
+    import errno
+    import os
+
+    run_dir, _ = partial_run
+    assert main(["report", str(run_dir)]) == 0
+    before = (run_dir / "report.md").read_bytes(), (run_dir / "report.html").read_bytes()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)  # every whole-file write (helpers.fsutil.write_atomic) meets a full disk
+    capsys.readouterr()
+    assert main(["report", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the report could not be written in {run_dir}: No space left on device;")
+    assert "Traceback" not in err
+    assert ((run_dir / "report.md").read_bytes(), (run_dir / "report.html").read_bytes()) == before
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+
+
 # --------------------------------------------------------------------------- formatting
 
 
