@@ -733,9 +733,10 @@ def test_report_md_escapes_user_strings_so_they_render_as_text(tmp_path):
                   "**host-bound**: your job", "*Setting:* your job:", "| step | ", "**failed**: Failed at cell 3"):
         line = next(ln for ln in md.splitlines() if ln.startswith(start))
         assert esc in line, line
-    assert md_escape(_HOSTILE) == ("&lt;script&gt;alert(1)&lt;/script&gt;\\|x\\`y\\`\\*b\\*\\_\\[l\\](u)\\_\\_init\\_\\_"
+    assert md_escape(_HOSTILE) == ("&lt;script&gt;alert(1)&lt;/script&gt;\\|x\\`y\\`\\*b\\*\\_[l\\](u)\\_\\_init\\_\\_"
                                    "&amp;amp;")
     assert md_escape("batch_size 32\n# not a heading") == "batch_size 32 # not a heading"  # words stay readable
+    assert md_escape("dataset[37] raised") == "dataset[37] raised" and md_escape("![x][y]") == "![x\\][y]"
     # a table row keeps its columns: no unescaped pipe from the name
     for ln in md.splitlines():
         if ln.startswith("| ") and "alert(1)" in ln:

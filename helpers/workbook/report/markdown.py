@@ -19,8 +19,9 @@ from helpers.workbook.report.collect import (Report, _advice, _artifacts, _job_l
 from helpers.workbook.report.format import GLOSSARY, _context, _records_caption, _records_table, headline
 
 
-#: Markdown's inline markup characters, escaped with a backslash by :func:`md_escape`.
-_MD_MARKUP = re.compile(r"([\\`*\[\]|~])")
+#: Markdown's inline markup characters, escaped with a backslash by :func:`md_escape`; a ``]`` only where a link or
+#: an image could close (``](`` or ``][``), so that ``dataset[37]`` stays as it reads.
+_MD_MARKUP = re.compile(r"([\\`*|~]|\](?=[(\[]))")
 #: An underscore that can open or close emphasis: not between two letters or digits (``batch_size`` stays as is,
 #: ``__init__`` is escaped).
 _MD_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
@@ -31,9 +32,11 @@ def md_escape(text) -> str:
 
     HTML's special characters become entities (``&`` ``&amp;``, ``<`` ``&lt;``,
     ``>`` ``&gt;``: no tag of a job's name runs in a viewer); Markdown's
-    markup characters (backslash, backtick, ``*``, ``[``, ``]``, ``|``, ``~``
-    and an underscore that could start emphasis) get a backslash, so a ``|``
-    does not split a table row, a backtick opens no code span; line breaks
+    markup characters (backslash, backtick, ``*``, ``|``, ``~``, a ``]`` that
+    could close a link, an underscore that could start emphasis) get a
+    backslash, so a ``|`` does not split a table row, a backtick opens no code
+    span, ``[text](url)`` makes no link; ``dataset[37]`` or ``batch_size``
+    stay as they read; line breaks
     become spaces, so the string cannot start a heading or a list.
 
     Parameters
