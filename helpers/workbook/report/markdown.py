@@ -36,8 +36,8 @@ def md_escape(text) -> str:
     could close a link, an underscore that could start emphasis) get a
     backslash, so a ``|`` does not split a table row, a backtick opens no code
     span, ``[text](url)`` makes no link; ``dataset[37]`` or ``batch_size``
-    stay as they read; line breaks
-    become spaces, so the string cannot start a heading or a list.
+    stay as they read. Line breaks become spaces, so the string cannot start
+    a heading or a list.
 
     Parameters
     ----------
@@ -71,12 +71,13 @@ def md_code(text, *, in_table: bool = False) -> str:
 #: A backquoted command of the workbook's messages: the opening backtick starts the text or follows a space or "(",
 #: the closing one ends it or comes before a space or punctuation; a backtick inside a user's quoted path (``x`y``)
 #: is part of the command.
-_CODE_SPAN = re.compile(r"(?:(?<=^)|(?<=[\s(]))`(.+?)`(?=$|[\s.,;:)])", re.S)
+_CODE_SPAN = re.compile(r"(?:^|(?<=[\s(]))`(.+?)`(?=$|[\s.,;:)])", re.S)
 
 
 def md_code_spans(text, *, in_table: bool = False) -> str:
-    """:func:`md_escape` for text whose backquoted parts are commands (the workbook's missing-result messages):
-    those become code spans, as report.html shows them in ``<code>``; the rest is escaped."""
+    """:func:`md_escape` for a sentence whose backquoted parts are commands (the workbook's missing-result
+    messages, advice, reasons): those become code spans (as report.html shows them in ``<code>``), safe for any
+    text; the rest is escaped."""
     text, out, pos = str(text), [], 0
     for m in _CODE_SPAN.finditer(text):
         out += [md_escape(text[pos:m.start()]), md_code(m.group(1), in_table=in_table)]
@@ -119,9 +120,9 @@ def to_markdown(run_dir: Path | Report) -> str:
               f"Folder {md_code(name)}: records only (no run.json, e.g. notebooks run by hand)"),
              "", f"Job measured: {e(_job_line(rep))}"]
     for label, items in _advice(rep):
-        lines += ["", f"- {e(label)}: {e(items)}"]
+        lines += ["", f"- {e(label)}: {md_code_spans(items)}"]
     for note in rep.notes:
-        lines += ["", f"> Note: {e(note)}"]
+        lines += ["", f"> Note: {md_code_spans(note)}"]
     lines += ["", "## Checklist", "", "| item | measured effect | recommendation | why | notebook |",
               "|---|---|---|---|---|"]
     for s in rep.sections:
@@ -134,7 +135,7 @@ def to_markdown(run_dir: Path | Report) -> str:
     for s in rep.sections:
         lines += ["", f'<a id="{s.id}"></a>', "", f"## {s.number} {e(s.item)}".strip() + f" ({md_code(s.id)})", ""]
         if s.verdict:
-            lines.append(f"**{e(s.verdict.get('recommendation'))}**: {e(s.verdict.get('reason'))}  ")
+            lines.append(f"**{e(s.verdict.get('recommendation'))}**: {md_code_spans(s.verdict.get('reason'))}  ")
             lines.append(f"Measured: {e(s.verdict.get('metric'))} = {e(headline(s.verdict))}")
             if _context(s.verdict):
                 lines += ["", f"*Setting:* {e(_context(s.verdict))}"]
