@@ -359,6 +359,27 @@ def test_write_report_through_the_command_line(partial_run, capsys):
     assert str(run_dir / "report.html") in capsys.readouterr().out
 
 
+def test_report_command_on_a_full_disk_keeps_the_old_report_and_says_so(partial_run, capsys, monkeypatch):
+    import errno
+    import os
+
+    run_dir, _ = partial_run
+    assert main(["report", str(run_dir)]) == 0
+    before = (run_dir / "report.md").read_bytes(), (run_dir / "report.html").read_bytes()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)  # every whole-file write (helpers.fsutil.write_atomic) meets a full disk
+    capsys.readouterr()
+    assert main(["report", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the report could not be written in {run_dir}: No space left on device;")
+    assert "Traceback" not in err
+    assert ((run_dir / "report.md").read_bytes(), (run_dir / "report.html").read_bytes()) == before
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+
+
 # --------------------------------------------------------------------------- formatting
 
 
@@ -672,3 +693,55 @@ def test_try_it_rows_say_whether_they_are_headless_repeats_or_live(tmp_path):
     variants = list(sec.records["variant"])
     assert "bfloat16 (headless repeat at the panel's initial values)" in variants
     assert "float32 (live, in JupyterLab; machine busy: noise)" in variants
+
+
+# --------------------------------------------------------------------------- user strings in report.md
+
+#: A job's name as a user may write it: HTML, a table pipe, backticks, emphasis and link markup.
+_HOSTILE = "<script>alert(1)</script>|x`y`*b*_[l](u)__init__&amp;"
+
+
+def _hostile_run(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    s = ResultsStore(run_dir / "results.jsonl", notebook=IDS["01"], device="cpu:test")
+    s.add("step", _HOSTILE, "step_time", 0.2, "s", repeats=5)
+    s.verdict(metric="exposed_input_fraction", value=0.8, unit="fraction", recommendation="host-bound",
+              reason=f"your job {_HOSTILE} waits for input 80% of each step", spread={"p25": 0.78, "p75": 0.83},
+              repeats=20, context=f"your job: {_HOSTILE}")
+    err = {"type": "PapermillExecutionError", "ename": "ValueError", "evalue": f"bad sample in {_HOSTILE}",
+           "message": f"ValueError: bad sample in {_HOSTILE}", "cell_index": 3}
+    _run_json(run_dir, {IDS["00"]: ("failed", err), IDS["01"]: ("ok", None)}, only=("00", "01"),
+              profile=f"/home/u/{_HOSTILE}.yaml")
+    state = json.loads((run_dir / "run.json").read_text())
+    state["job"] = f"/home/u/{_HOSTILE}.py:make_job"
+    (run_dir / "run.json").write_text(json.dumps(state))
+    return run_dir
+
+
+def test_report_md_escapes_user_strings_so_they_render_as_text(tmp_path):
+    from helpers.workbook.report.markdown import md_escape
+
+    md = to_markdown(_hostile_run(tmp_path))
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+    # raw only inside the code span of a suggested command (--job '...'), where Markdown shows it as text
+    outside = re.sub(r"(`+).+?\1(?!`)", "", md)
+    assert "<script>" not in outside and "alert(1)</script>" not in outside
+    # each place that shows the name outside a command shows it escaped, the same way
+    esc = md_escape(_HOSTILE)
+    for start in ("Run `run` · profile **/home/u/", "Job measured: your job /home/u/", "- Failed: environment check",
+                  "**host-bound**: your job", "*Setting:* your job:", "| step | ", "**failed**: Failed at cell 3"):
+        line = next(ln for ln in md.splitlines() if ln.startswith(start))
+        assert esc in line, line
+    assert md_escape(_HOSTILE) == ("&lt;script&gt;alert(1)&lt;/script&gt;\\|x\\`y\\`\\*b\\*\\_[l\\](u)\\_\\_init\\_\\_"
+                                   "&amp;amp;")
+    assert md_escape("batch_size 32\n# not a heading") == "batch_size 32 # not a heading"  # words stay readable
+    assert md_escape("dataset[37] raised") == "dataset[37] raised" and md_escape("![x][y]") == "![x\\][y]"
+    # a table row keeps its columns: no unescaped pipe from the name
+    for ln in md.splitlines():
+        if ln.startswith("| ") and "alert(1)" in ln:
+            assert len(re.split(r"(?<!\\)\|", ln)) in (7, 8), ln  # checklist (5 cells) or records (6 cells)
+    mistune = pytest.importorskip("mistune")
+    page = mistune.create_markdown(escape=False, plugins=["table"])(md)  # raw HTML would pass through
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;|x`y`*b*_[l](u)__init__&amp;amp;" in page
+    assert not re.search(r"<(em|strong)>(b|init|l\]\(u\))</\1>", page) and 'href="u"' not in page

@@ -327,7 +327,12 @@ def main(argv: list[str] | None = None) -> int:
 
             if not (args.run_dir / "run.json").is_file() and not (args.run_dir / "results.jsonl").is_file():
                 raise WorkbookError(f"{args.run_dir} is not a run folder (no run.json or results.jsonl)")
-            html, md = write_report(args.run_dir)
+            try:
+                html, md = write_report(args.run_dir)
+            except OSError as exc:  # a full disk, a read-only folder: the files already there are left whole
+                print(f"error: the report could not be written in {args.run_dir}: {exc.strerror or exc}; "
+                      "report.md and report.html already there are left whole", file=sys.stderr)
+                return 1
             print(f"Report: {html}\n        {md}")
             return 0
     except WorkbookError as exc:

@@ -49,10 +49,10 @@ from helpers import checklist, stuck
 from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
 from helpers.jobspec import absolute_job_spec, factory_params
 from helpers.process import CHILDREN_DIR_ENV, cli_command, end_stale_children
-from helpers.fsutil import ensure_writable_dir
+from helpers.fsutil import ensure_writable_dir, write_atomic
 from helpers.pipeline.dataset import list_image_files
 from helpers.pipeline.images import IMAGE_SUFFIXES
-from helpers.pipeline.scan_cache import cached_scan
+from helpers.pipeline.scan_cache import cache_fallback_note, cached_scan
 from helpers.specs import DEVICE_CHOICES, INTERLEAVED_REPEATS, PROFILES, spec_for, validate_notebook_params
 from helpers.workbook.paths import notebooks_dir, runs_dir
 from helpers.workbook.report import write_report
@@ -148,12 +148,11 @@ class RunState:
     overrides: list = field(default_factory=list)  # the -p NAME VALUE pairs, as given
     duration_s: float | None = None
     notebooks: list = field(default_factory=list)
+    error: str | None = None  # why the run stopped before its notebooks were done (e.g. a full disk)
 
     def save(self, run_dir: Path) -> None:
-        """Write run.json atomically."""
-        tmp = run_dir / (RUN_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        os.replace(tmp, run_dir / RUN_FILE)
+        """Write run.json atomically (:func:`helpers.fsutil.write_atomic`: the last good copy survives a full disk)."""
+        write_atomic(run_dir / RUN_FILE, json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, run_dir: Path) -> "RunState":
@@ -378,7 +377,7 @@ def export_html(notebook: Path) -> Path | None:
 
         body, _ = HTMLExporter(template_name="lab").from_notebook_node(nbformat.read(str(notebook), as_version=4))
         out = notebook.with_suffix(".html")
-        out.write_text(body, encoding="utf-8")
+        write_atomic(out, body)
         return out
     except Exception as exc:  # noqa: BLE001 - a missing template or a broken output must not fail the run
         logging.getLogger(__name__).warning("no HTML rendering of %s: %s: %s", notebook.name, type(exc).__name__,
@@ -576,9 +575,7 @@ def drop_records(results: Path, notebook: str) -> int:
             dropped += 1
         else:
             keep.append(line)
-    tmp = results.with_suffix(".tmp")
-    tmp.write_text("".join(k + "\n" for k in keep))
-    os.replace(tmp, results)
+    write_atomic(results, "".join(k + "\n" for k in keep))
     return dropped
 
 
@@ -798,20 +795,38 @@ def _disk_full(run_dir: Path, exc: BaseException) -> DiskFullError:
         room = f"{free / 2**20:,.1f} MiB free"
     except OSError:
         room = "free space unknown"
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)  # a kernel's error (papermill)
+    what = f"{ename}: {evalue}" if ename and evalue else f"{type(exc).__name__}: {exc}"
+    what = " ".join(what.split())[:200]
     return DiskFullError(
-        f"the disk of the run folder {run_dir} is full ({room}): {type(exc).__name__}: {str(exc)[:200]}. What was "
+        f"the disk of the run folder {run_dir} is full ({room}): {what}. What was "
         f"written is kept; free some space (or pass --out on another disk) and continue with: "
         f"{cli_command()} run --resume --out {run_dir}")
 
 
-def _save(state: "RunState", run_dir: Path) -> None:
-    """``state.save`` with a full disk turned into a :class:`DiskFullError` (run.json keeps its last good copy)."""
+@contextlib.contextmanager
+def _full_disk_stops(run_dir: Path):
+    """Turn a full disk met inside the block into a :class:`DiskFullError` (other errors pass unchanged)."""
     try:
-        state.save(run_dir)
+        yield
     except OSError as exc:
         if _is_disk_full(exc):
             raise _disk_full(run_dir, exc) from exc
         raise
+
+
+def _save(state: "RunState", run_dir: Path) -> None:
+    """``state.save`` with a full disk turned into a :class:`DiskFullError` (run.json keeps its last good copy)."""
+    with _full_disk_stops(run_dir):
+        state.save(run_dir)
+
+
+def _saved_status(run_dir: Path) -> str:
+    """The status run.json holds on disk ("unknown" when it cannot be read)."""
+    try:
+        return str(json.loads((run_dir / RUN_FILE).read_text()).get("status", "unknown"))
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
 
 
 def _record_not_applicable(run_dir: Path, nb: NotebookRun) -> None:
@@ -861,7 +876,8 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
     for i, nb in enumerate(state.notebooks, 1):
         if nb.status == "ok":
             continue
-        drop_records(run_dir / RESULTS_FILE, nb.id)
+        with _full_disk_stops(run_dir):  # results.jsonl is rewritten whole (write_atomic), or kept as it was
+            drop_records(run_dir / RESULTS_FILE, nb.id)
         if dataset_fault is not None and _reads_users_dataset(nb):  # it would fail on the same sample
             first, cause = dataset_fault
             nb.status, nb.duration_s = "skipped", 0.0
@@ -871,7 +887,8 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
             echo(f"[{i}/{len(state.notebooks)}] {nb.id}: skipped (your dataset raised in notebook {first[:2]})")
             continue
         if nb.not_applicable:
-            _record_not_applicable(run_dir, nb)
+            with _full_disk_stops(run_dir):
+                _record_not_applicable(run_dir, nb)
             nb.status, nb.duration_s = "ok", 0.0
             _save(state, run_dir)
             echo(f"[{i}/{len(state.notebooks)}] {nb.id}: not applicable to your job (recorded)")
@@ -895,12 +912,11 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
                 full = _disk_full(run_dir, exc)
                 nb.error["message"] = str(full)
         nb.duration_s = round(time.perf_counter() - t0, 2)
-        if full is None:  # a web page of the executed notebook (a failed one shows its traceback there)
-            export_html(Path(nb.output))
-        _save(state, run_dir)
-        if full is not None:
+        if full is not None:  # run.json is tried again when the run ends; the caller says the reason once
             echo(f"[{i}/{len(state.notebooks)}] {nb.id}: failed in {nb.duration_s:.1f} s — disk full")
             raise full
+        export_html(Path(nb.output))  # a web page of the executed notebook (a failed one shows its traceback there)
+        _save(state, run_dir)
         line = f"[{i}/{len(state.notebooks)}] {nb.id}: {nb.status} in {nb.duration_s:.1f} s"
         if nb.error:
             count, cell = nb.error.get("exec_count"), nb.error.get("cell_index")
@@ -1029,10 +1045,16 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
                          resolved_device=resolved, only=list(options.only or ()),
                          started=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                          notebooks=entries)
-        state.save(run_dir)
+        try:
+            _save(state, run_dir)
+        except DiskFullError:
+            lock.close()
+            raise
 
     echo(f"Run folder: {run_dir}")
     echo(f"Profile {profile}, device {device} -> {resolved}; {len(state.notebooks)} notebook(s)")
+    if (cache_note := cache_fallback_note()) is not None:  # once, unless indexing --data-dir already said it
+        echo(f"Cache: {cache_note}")
     progress = sys.stderr.isatty()
     t_run = time.perf_counter()
     todo = [n for n in state.notebooks if n.status != "ok"]
@@ -1044,13 +1066,17 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         echo(f"Ended a process left by an earlier run of this folder: {line}")
     old_children_env = os.environ.get(CHILDREN_DIR_ENV)
     os.environ[CHILDREN_DIR_ENV] = str(children)  # torchrun and its ranks register here (helpers.process)
-    state.status = "running"
-    state.save(run_dir)
+    state.status, state.error = "running", None
+    disk_full = False  # said once: the later writes that fail for the same reason say so in a few words
     try:
+        _save(state, run_dir)
         with _terminate_like_interrupt():
             _execute_all(state, run_dir, executor, options, echo, progress)
     except DiskFullError as exc:
-        state.status = "failed"
+        state.status, state.error, disk_full = "failed", str(exc), True
+        for nb in state.notebooks:  # the notebook whose start could not be recorded
+            if nb.status == "running":
+                nb.status, nb.error = "failed", {"message": str(exc)}
         left = [n.id for n in state.notebooks if n.status == "pending"]
         echo(f"Stopped: {exc}" + (f"\nNot started: {', '.join(left)}" if left else ""))
     except KeyboardInterrupt:
@@ -1066,11 +1092,22 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         try:
             _save(state, run_dir)
         except OSError as exc:  # a full disk: run.json keeps its last good copy, the report is tried anyway
-            echo(f"run.json could not be updated: {exc}")
+            if disk_full:
+                echo(f"run.json could not be updated either (disk full): it keeps its last good copy, which says "
+                     f"{_saved_status(run_dir)!r}")
+            else:
+                echo(f"run.json could not be updated: {exc}")
+                disk_full = _is_disk_full(exc)
         try:
             html, md = write_report(run_dir)
             echo(f"Report: {html}")
             echo(f"        {md}")
+        except OSError as exc:  # a full disk, a folder gone: said in one line, no traceback
+            kept = [p.name for p in (run_dir / "report.md", run_dir / "report.html") if p.is_file()]
+            why = ("disk full" if disk_full else str(_disk_full(run_dir, exc))) if _is_disk_full(exc) else (
+                f"{type(exc).__name__}: {exc}")
+            echo(f"Report could not be written ({why})"
+                 + (f"; {' and '.join(kept)} on disk are left whole, not truncated" if kept else ""))
         except Exception as exc:  # the report must never lose the run
             log.exception("could not write the report")
             echo(f"Report could not be written: {type(exc).__name__}: {exc}")
