@@ -90,6 +90,9 @@ class TraceConfig:
         Rounds of :func:`measure_empty_cache` (0: skip).
     job : str
         The user's job spec (:func:`helpers.jobs.load.load_job`); "" for the built-in job.
+    factory_defaults : tuple of str
+        The sizes the user's job keeps at its factory's own defaults (not passed to it; see
+        :data:`helpers.jobspec.FACTORY_DEFAULTS_KEY`).
     """
 
     device: str
@@ -105,6 +108,7 @@ class TraceConfig:
     warmup_steps: int = 1
     empty_cache_repeats: int = 2
     job: str = ""
+    factory_defaults: tuple = ()
 
     @property
     def workload(self) -> Workload:

@@ -22,8 +22,9 @@ from typing import Any, Mapping
 
 from helpers import machine
 from helpers.fsutil import ensure_writable_dir
+from helpers.jobspec import FACTORY_DEFAULTS_KEY, JOB_SIZE_PARAMS
 from helpers.npu_probe import prepare_torch_import
-from helpers.specs import validate_notebook_params
+from helpers.specs import injected_parameter_names, spec_for, validate_notebook_params
 from helpers.workbook.paths import interactive_dir
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,36 @@ class NotebookContext:
             verdict = replace(verdict, extra=extra)
         return self.store.add_verdict(verdict)
 
+    def job(self):
+        """The job this notebook measures (:func:`helpers.jobs.load.notebook_job` of :attr:`params`).
+
+        For a user's job, ``params["batch_size"]`` (and the parameters stored with every later record) are set
+        to the batch size the job really has (``job.workload.batch_size``: its factory's own default unless the
+        user set one), so that every figure, record and sentence downstream names the batch measured; an
+        ``image_size`` the factory kept as its own is dropped from the stored parameters (the workbook does not
+        know it).
+
+        Returns
+        -------
+        helpers.jobs.base.Job
+
+        Raises
+        ------
+        helpers.jobs.supervised.JobError, helpers.errors.DataError
+            As :func:`helpers.jobs.load.notebook_job`.
+        """
+        from helpers.jobs.load import notebook_job
+
+        job = notebook_job(self.params)
+        if self.params.get("job"):
+            batch = int(job.workload.batch_size)
+            self.params["batch_size"] = batch
+            if self.store is not None:
+                self.store.parameters["batch_size"] = batch
+                if "image_size" in (self.params.get(FACTORY_DEFAULTS_KEY) or ()):
+                    self.store.parameters.pop("image_size", None)
+        return job
+
     @property
     def figures_dir(self) -> Path:
         """Folder where figures of every notebook of the run are written."""
@@ -92,6 +123,35 @@ class NotebookContext:
     def artifacts_dir(self) -> Path:
         """Folder for this notebook's other artefacts (traces, tables)."""
         return self.out_dir / "artifacts" / self.notebook
+
+
+def factory_defaults(notebook: str, namespace: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
+    """The sizes (:data:`helpers.jobspec.JOB_SIZE_PARAMS`) a user's job keeps at its factory's own defaults.
+
+    A size counts as set by the user when papermill injected it (the runner passes a size to a user's job only
+    for ``-p``: a profile's sizes are for the built-in job), or, with nothing injected (JupyterLab), when the
+    parameters cell holds another value than the notebook's default.
+
+    Parameters
+    ----------
+    notebook : str
+        Notebook id.
+    namespace : mapping
+        The notebook's ``globals()`` (papermill's injected cell is read from its input history).
+    params : mapping
+        The validated parameters.
+
+    Returns
+    -------
+    list of str
+        In :data:`~helpers.jobspec.JOB_SIZE_PARAMS` order; empty for the built-in job (``params["job"]`` empty).
+    """
+    if not params.get("job"):
+        return []
+    injected = injected_parameter_names(namespace)
+    defaults = {p.name: p.default for p in spec_for(notebook)}
+    return [name for name in JOB_SIZE_PARAMS if name in params
+            and not (name in injected if injected else params[name] != defaults.get(name))]
 
 
 def _writable_dir(path: Path, what: str) -> Path:
@@ -125,6 +185,8 @@ def start(notebook: str, namespace: Mapping[str, Any], *, need_device: bool = Tr
         The output folder cannot be written.
     """
     params = validate_notebook_params(notebook, namespace, allow_unknown=True)
+    if params.get("job"):  # the sizes the user did not set: their factory's own defaults stand
+        params[FACTORY_DEFAULTS_KEY] = factory_defaults(notebook, namespace, params)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     out_dir = Path(params["out_dir"]) if params.get("out_dir") else interactive_dir()

@@ -47,7 +47,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
 
 from helpers import checklist
 from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
-from helpers.jobspec import absolute_job_spec, factory_params
+from helpers.jobspec import JOB_SIZE_PARAMS, absolute_job_spec, factory_params
 from helpers.process import CHILDREN_DIR_ENV, cli_command, end_stale_children
 from helpers.fsutil import ensure_writable_dir
 from helpers.pipeline.dataset import list_image_files
@@ -286,6 +286,10 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
                      overrides: dict[str, Any] | None = None) -> dict:
     """Parameters passed to one notebook: profile values, then the runner's own.
 
+    A profile's sizes (:data:`helpers.jobspec.JOB_SIZE_PARAMS`: ``batch_size``, ``image_size``) are for the
+    built-in job: with ``job`` they are not passed, so the user's factory keeps its own defaults; ``-p`` still
+    sets them (``overrides``).
+
     Raises
     ------
     ParameterError
@@ -298,7 +302,8 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
             if key in RUNNER_PARAMS:
                 raise ParameterError(f"profile sets {key!r} for {nb.stem}; the runner sets it ({_RUNNER_OPTIONS[key]})")
             if key in declared:
-                params[key] = value
+                if not (job and key in JOB_SIZE_PARAMS):  # the built-in job's size: the user's factory keeps its own
+                    params[key] = value
             elif source is not profile.get("common"):
                 raise ParameterError(
                     f"profile sets unknown parameter {key!r} for {nb.stem}; it declares: {', '.join(sorted(declared))}")

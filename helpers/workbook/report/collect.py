@@ -704,12 +704,45 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
 # --------------------------------------------------------------------------- checklist cells
 
 
+def _batches_measured(report: Report) -> dict[int, list[str]]:
+    """Batch size -> the numbers of the notebooks whose verdict measured a job at it (the ``batch_size`` stored
+    with the verdict: for a user's job, the batch it really has; "not applicable" verdicts measured nothing)."""
+    out: dict[int, list[str]] = {}
+    for s in report.sections:
+        v = s.verdict or {}
+        params = v.get("parameters") if isinstance(v.get("parameters"), dict) else {}
+        batch = params.get("batch_size")
+        if v.get("recommendation") == "not applicable" or isinstance(batch, bool) or not isinstance(batch, int):
+            continue
+        out.setdefault(int(batch), []).append(s.number or s.id)
+    return out
+
+
+def _batch_text(report: Report) -> str:
+    """"at batch size 32 (its factory's own)": the batch the run measured and where it came from ("" if unknown)."""
+    batches = _batches_measured(report)
+    if not batches:
+        return ""
+    main = max(batches, key=lambda b: len(batches[b]))
+    others = "; ".join(f"{b} in notebook(s) {', '.join(nbs)}" for b, nbs in sorted(batches.items()) if b != main)
+    st = report.state or {}
+    set_by_p = any(isinstance(p, (list, tuple)) and p and p[0] == "batch_size" for p in st.get("overrides") or [])
+    if set_by_p:
+        source = "set with -p batch_size"
+    elif st.get("job"):
+        source = "your factory's own; -p batch_size N measures another"
+    else:
+        source = f"profile {st.get('profile', '?')}" if st else "the notebooks' parameters"
+    return f" at batch size {main} ({source}" + (f"; {others}" if others else "") + ")"
+
+
 def _job_line(report: Report) -> str:
-    """Whose job the run measured: the user's job spec, or the built-in PPO job."""
+    """Whose job the run measured, and at which batch size: the user's job spec, or the built-in PPO job."""
     spec = (report.state or {}).get("job")
     if spec:
-        return f"your job {spec} (notebooks that measure only the built-in job say 'not applicable')"
-    return "the built-in PPO job (a multimodal policy on the embedded photos or --data-dir)"
+        return (f"your job {spec}{_batch_text(report)} (notebooks that measure only the built-in job say "
+                "'not applicable')")
+    return f"the built-in PPO job (a multimodal policy on the embedded photos or --data-dir){_batch_text(report)}"
 
 
 def _status_line(report: Report) -> tuple[str, str, str, str, str]:
