@@ -205,8 +205,9 @@ def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | 
 
     The optimized job is chosen by :func:`helpers.experiments.endtoend.select_optimizations` as notebook 10
     chooses it: from the verdicts of the run folder ``run`` (its ``results.jsonl``: notebook 02's decode and
-    cache decisions, 03's workers, ...), or, without ``run``, the device's defaults for every optimization (notebook
-    10 without a run behind it: no dataset cache, no workers); the three jobs
+    cache decisions, 03's workers, ...; only what a verdict recommended), or, without ``run``, the device's stated
+    defaults for every optimization (source "device default" in the selection: no dataset cache, no workers); the
+    three jobs
     (baseline, optimized, and the optimized step on batches already on the device) are timed in interleaved
     blocks (:func:`helpers.experiments.endtoend.run_interleaved`), with notebook 10's steps under ``profile``.
 
@@ -246,7 +247,8 @@ def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | 
     params = _notebook_values("10_end_to_end", profile, {"data_dir": data_dir})
     acc = get_accelerator(device)
     job = PPOJob.from_params(params)
-    selection = select_optimizations(["auto"], earlier, acc, workload=Workload.from_params(params))
+    selection = select_optimizations(["auto"], earlier, acc, workload=Workload.from_params(params),
+                                     device_defaults_for_missing=run is None)  # labelled "device default"
     configs = {"baseline": JobConfig("baseline"), "optimized": selection.job("optimized")}
     before = machine.snapshot()
     jobs = {name: JobVariant(cfg, job, acc) for name, cfg in configs.items()}

@@ -36,6 +36,8 @@ RESULTS_FILE = "results.jsonl"
 
 #: The workbook's checklist, from the registry: notebook number -> item name, in reading order.
 CHECKLIST: tuple[tuple[str, str], ...] = tuple((i.number, i.name) for i in checklist.CHECKLIST)
+#: Notebook number -> its id, from the registry.
+CHECKLIST_IDS: tuple[tuple[str, str], ...] = tuple((i.number, i.id) for i in checklist.CHECKLIST)
 _BASELINE_NUMBER = checklist.item(checklist.BASELINE).number
 _END_TO_END_NUMBER = checklist.item(checklist.END_TO_END).number
 
@@ -635,6 +637,38 @@ def _isolated_only(state: str, name: str, in_job: list[str], number: str) -> str
     return f"notebook {number}'s isolated measurement only: {why}"
 
 
+def _new_run_command(state: dict, numbers) -> str:
+    """The command of a new run of the notebooks ``numbers`` with this run's options (profile, device, job,
+    data folder, the ``-p`` those notebooks declare): ``--resume`` cannot add a notebook to a run."""
+    nums = sorted({str(n)[:2] for n in numbers})
+    opts = "".join(f" --{k} {shlex.quote(str(state[k]))}" for k in ("profile", "device", "job") if state.get(k))
+    if state.get("data_dir"):
+        opts += f" --data-dir {shlex.quote(str(state['data_dir']))}"
+    ids, declared = dict(CHECKLIST_IDS), set()
+    for num in nums:
+        if _has_spec(ids.get(num, "")):
+            declared |= {p.name for p in spec_for(ids[num])}
+    opts += "".join(f" -p {name} {shlex.quote(str(value))}" for name, value in state.get("overrides") or ()
+                    if name in declared)
+    return f"{cli_command()} run --only {' '.join(nums)}{opts}"
+
+
+def _not_measured_by_end_to_end(report: Report) -> str | None:
+    """The optimizations notebook 10 left off because no verdict of this run decided them, with the command of
+    a run that measures them (this run's notebooks, theirs and 10 together); None when there are none."""
+    end = next((s for s in report.sections if s.number == _END_TO_END_NUMBER and s.verdict), None)
+    extra = end.verdict.get("extra") if end is not None and isinstance(end.verdict.get("extra"), dict) else {}
+    missing = [str(m) for m in extra.get("missing_verdicts") or () if isinstance(m, str)]
+    names = [f"{o.name} ({o.notebook[:2]})" for o in checklist.OPTIMIZATIONS if o.notebook in missing]
+    if not names:
+        return None
+    state = report.state or {}
+    ran = [str(n.get("id", ""))[:2] for n in state.get("notebooks", []) if isinstance(n, dict)]
+    command = _new_run_command(state, [*ran, *(m[:2] for m in missing), _END_TO_END_NUMBER])
+    return (f"{', '.join(names)}: notebook {_END_TO_END_NUMBER} did not enable them (no verdict of this run "
+            f"measured them; it enables only what a verdict recommended); measure them with `{command}`")
+
+
 def _contribution_text(ev: dict) -> str:
     """The ablation figures a decision rests on: the contribution where the optimization acts, then the whole step."""
     def ratio(c, lo, hi) -> str:
@@ -693,6 +727,9 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
             groups["failed"].append(f"{s.item} ({s.cause})" if s.cause else s.item)
         elif s.verdict is None and s.number:
             groups["missing"].append(s.item)
+    left_off = _not_measured_by_end_to_end(report)
+    if left_off:
+        groups["missing"].append(left_off)
     labels = {"inconclusive": "Inconclusive: the machine was busy or its speed changed while measuring (rerun when it is quiet)",
               "enable": "Enable on this machine",
               "unconfirmed": "Gain in its notebook only, not confirmed end to end (optional)",
