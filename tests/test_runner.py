@@ -576,3 +576,16 @@ def test_a_smoke_run_measures_the_users_job_at_its_own_batch_size(tmp_path, over
     line = next(x for x in head if x.startswith("Job measured:"))
     assert f"at batch size {batch} (" in line
     assert ("set with -p batch_size" if overrides else "your factory's own") in line
+
+
+def test_the_quick_profiles_demonstration_budget_is_not_passed_to_a_users_job(tmp_path):
+    """Notebook 09 sizes a user's batch from the machine's free memory (memory_budget_mib=0), not from quick's 100 MiB."""
+    nb = ROOT / "notebooks" / "09_memory_and_batch_size.ipynb"
+    quick = runner.load_profile("quick")
+    builtin = runner.build_parameters(nb, quick, device="cpu", run_dir=tmp_path)
+    assert builtin["memory_budget_mib"] == 100 and builtin["batch_size"] == 32  # the built-in job's demonstration
+    mine = runner.build_parameters(nb, quick, device="cpu", run_dir=tmp_path, job="/x/job.py:make_job")
+    assert "memory_budget_mib" not in mine and "batch_size" not in mine and mine["finder_max_batch"] == 256
+    set_by_user = runner.build_parameters(nb, quick, device="cpu", run_dir=tmp_path, job="/x/job.py:make_job",
+                                          overrides={"memory_budget_mib": 300, "batch_size": 24})
+    assert set_by_user["memory_budget_mib"] == 300 and set_by_user["batch_size"] == 24

@@ -64,6 +64,11 @@ RESULTS_FILE = "results.jsonl"
 #: Parameters the runner sets itself; profiles must not set them.
 RUNNER_PARAMS = ("device", "results_path", "out_dir")
 
+#: A profile's values that are for the built-in job only, not passed to a user's job (``--job``; ``-p`` still sets
+#: them): its sizes (:data:`helpers.jobspec.JOB_SIZE_PARAMS`: the user's factory keeps its own defaults) and
+#: notebook 09's demonstration memory budget (a user's batch size comes from the machine's free memory).
+BUILTIN_JOB_ONLY = (*JOB_SIZE_PARAMS, "memory_budget_mib")
+
 #: What to use instead of setting a runner-owned parameter by hand (-p or a profile).
 _RUNNER_OPTIONS = {"device": "use --device", "results_path": "the run folder's results.jsonl: choose the folder "
                    "with --out", "out_dir": "the run folder: use --out", "job": "use --job, which checks the job "
@@ -286,9 +291,9 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
                      overrides: dict[str, Any] | None = None) -> dict:
     """Parameters passed to one notebook: profile values, then the runner's own.
 
-    A profile's sizes (:data:`helpers.jobspec.JOB_SIZE_PARAMS`: ``batch_size``, ``image_size``) are for the
-    built-in job: with ``job`` they are not passed, so the user's factory keeps its own defaults; ``-p`` still
-    sets them (``overrides``).
+    A profile's :data:`BUILTIN_JOB_ONLY` values are for the built-in job: with ``job`` they are not passed, so
+    the user's factory keeps its own sizes and notebook 09 sizes the batch from the machine's free memory;
+    ``-p`` still sets them (``overrides``).
 
     Raises
     ------
@@ -302,7 +307,7 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
             if key in RUNNER_PARAMS:
                 raise ParameterError(f"profile sets {key!r} for {nb.stem}; the runner sets it ({_RUNNER_OPTIONS[key]})")
             if key in declared:
-                if not (job and key in JOB_SIZE_PARAMS):  # the built-in job's size: the user's factory keeps its own
+                if not (job and key in BUILTIN_JOB_ONLY):  # the built-in job's: the user's job keeps its own
                     params[key] = value
             elif source is not profile.get("common"):
                 raise ParameterError(
