@@ -661,16 +661,18 @@ def test_first_screen_lists_what_notebook_10_left_off_for_want_of_a_verdict(tmp_
         optimizations=["dataloader_workers", "mixed_precision"],
         missing_verdicts=["02_batched_decode", "04_pinned_memory", "05_stream_overlap", "07_channels_last"])
     advice = dict(_advice(collect(run_dir)))
-    missing = advice["Not measured in this run"]
+    missing = advice["Not measured in this run, so not enabled by notebook 10"]
     assert "channels_last (07)" in missing and "pinned_memory (04)" in missing and "batched_decode (02)" in missing
-    assert "notebook 10 did not enable them" in missing
+    assert "notebook 10 enables only what a verdict of this run recommended" in missing
+    assert "channels_last" in advice["Not measured in this run"].split("; ")  # its notebook, outside the run
     args = _cli_accepts(re.search(r"`([^`]+)`", missing).group(1))
     assert args.only == ["01", "02", "03", "04", "05", "06", "07", "10"]  # this run's notebooks and theirs
     assert args.job == "/home/me/myjob.py:make_job" and args.overrides == [["batch_size", "16"]]
     assert "channels_last" not in advice["Enable on this machine"]
     md = to_markdown(collect(run_dir))
     first_screen = md.split("## Checklist")[0]
-    assert "Not measured in this run" in first_screen and "channels_last (07)" in first_screen
+    assert "Not measured in this run, so not enabled by notebook 10" in first_screen
+    assert "channels_last (07)" in first_screen
     # the batch size the run measured is in the first lines, and where it came from
     assert "at batch size" not in first_screen  # no verdict carried a batch size: nothing is invented
     _store_p = ResultsStore(run_dir / "results.jsonl", notebook=ids["01"], parameters={"batch_size": 16, "job": "x"})

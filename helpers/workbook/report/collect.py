@@ -665,8 +665,8 @@ def _not_measured_by_end_to_end(report: Report) -> str | None:
     state = report.state or {}
     ran = [str(n.get("id", ""))[:2] for n in state.get("notebooks", []) if isinstance(n, dict)]
     command = _new_run_command(state, [*ran, *(m[:2] for m in missing), _END_TO_END_NUMBER])
-    return (f"{', '.join(names)}: notebook {_END_TO_END_NUMBER} did not enable them (no verdict of this run "
-            f"measured them; it enables only what a verdict recommended); measure them with `{command}`")
+    return (f"{', '.join(names)} (notebook {_END_TO_END_NUMBER} enables only what a verdict of this run "
+            f"recommended); measure them with `{command}`")
 
 
 def _contribution_text(ev: dict) -> str:
@@ -697,7 +697,7 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
     that it rests on its notebook's isolated measurement only.
     """
     groups: dict[str, list[str]] = {"inconclusive": [], "enable": [], "unconfirmed": [], "leave off": [],
-                                    "failed": [], "missing": []}
+                                    "failed": [], "missing": [], "not measured": []}
     state, evidence, in_job = _end_to_end_evidence(report)
     for s in report.sections:
         rec = (s.verdict or {}).get("recommendation")
@@ -729,12 +729,13 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
             groups["missing"].append(s.item)
     left_off = _not_measured_by_end_to_end(report)
     if left_off:
-        groups["missing"].append(left_off)
+        groups["not measured"].append(left_off)
     labels = {"inconclusive": "Inconclusive: the machine was busy or its speed changed while measuring (rerun when it is quiet)",
               "enable": "Enable on this machine",
               "unconfirmed": "Gain in its notebook only, not confirmed end to end (optional)",
               "leave off": "Leave off (measured: no gain here)",
-              "failed": "Failed", "missing": "Not measured in this run"}
+              "failed": "Failed", "missing": "Not measured in this run",
+              "not measured": f"Not measured in this run, so not enabled by notebook {_END_TO_END_NUMBER}"}
     return [(labels[k], "; ".join(v)) for k, v in groups.items() if v]
 
 
