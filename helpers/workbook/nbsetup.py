@@ -5,7 +5,9 @@ notebook needs before any work, so that a bad parameter or an unusable device
 fails in the first seconds with a clear message:
 
 1. validate the parameters cell's values against the notebook's spec
-   (helpers/specs.py), coercing papermill's strings;
+   (helpers/specs.py), coercing papermill's strings; for a user's job, list the
+   sizes the user did not set in ``params["factory_defaults"]`` (their factory
+   keeps its own; :func:`factory_defaults`);
 2. probe torch_npu in a child process before ``import torch`` (a broken
    torch_npu install otherwise crashes the kernel on import; huggingface/accelerate#3754);
 3. resolve the device (``auto`` / ``cpu`` / ``cuda`` / ``npu``);
