@@ -108,13 +108,23 @@ class NotebookContext:
 
         job = notebook_job(self.params)
         if self.params.get("job"):
-            batch = int(job.workload.batch_size)
-            self.params["batch_size"] = batch
-            if self.store is not None:
-                self.store.parameters["batch_size"] = batch
-                if "image_size" in (self.params.get(FACTORY_DEFAULTS_KEY) or ()):
-                    self.store.parameters.pop("image_size", None)
+            self.use_job_batch(job.workload.batch_size)
         return job
+
+    def use_job_batch(self, batch_size: int) -> None:
+        """Make ``params["batch_size"]`` and the parameters stored with every later record say the batch a user's
+        job really has (read from the job, e.g. by :meth:`job`, or from what its ranks trained, notebook 08).
+
+        Parameters
+        ----------
+        batch_size : int
+            Samples per step (per rank under DDP).
+        """
+        self.params["batch_size"] = int(batch_size)
+        if self.store is not None:
+            self.store.parameters["batch_size"] = int(batch_size)
+            if "image_size" in (self.params.get(FACTORY_DEFAULTS_KEY) or ()):
+                self.store.parameters.pop("image_size", None)  # the factory's own: the workbook does not know it
 
     @property
     def figures_dir(self) -> Path:
