@@ -159,7 +159,8 @@ def ddp_bench(*, job: str = "", profile: str = "quick", backend: str = "auto", w
     """Notebook 08's DDP experiment (buckets, compression hooks, overlap) on a job, as a JSON string.
 
     ``job`` is a user's job spec (``path/to/job.py:make_job`` or ``module:attr``; empty: the built-in PPO
-    job); the other parameters are notebook 08's under ``profile``. Started by hand, it launches
+    job, trained at its factory's own batch and image size: a profile's sizes are the built-in job's); the other
+    parameters are notebook 08's under ``profile``. Started by hand, it launches
     ``world_size`` ranks on this machine (:func:`helpers.experiments.collectives.ddp_benchmark`). Started
     by torchrun (RANK, WORLD_SIZE and MASTER_ADDR set, e.g. on several nodes), it runs as that rank
     (:func:`helpers.experiments.collectives.ddp_in_launched_job`); rank 0 returns the JSON, other ranks None.
@@ -179,6 +180,10 @@ def ddp_bench(*, job: str = "", profile: str = "quick", backend: str = "auto", w
 
     params = _notebook_values("08_collectives", profile, {"job": job or None, "data_dir": data_dir or None})
     params = {k: params[k] for k in (*DDP_KEYS, "job") if k in params}
+    if job:  # the profile's sizes are the built-in job's: the user's factory keeps its own
+        from helpers.jobspec import FACTORY_DEFAULTS_KEY, JOB_SIZE_PARAMS
+
+        params[FACTORY_DEFAULTS_KEY] = list(JOB_SIZE_PARAMS)
     if launched_by_torchrun():
         before = machine.snapshot()  # this rank's machine; its sibling ranks count as the job's own work
         out = ddp_in_launched_job(params, backend=backend)
