@@ -151,7 +151,7 @@ OPTIMIZATIONS: tuple[Optimization, ...] = (
 #: Optimization name -> the step phases it acts on, where its effect must show (and nowhere else).
 ACTS_ON: dict[str, tuple[str, ...]] = {o.name: o.acts_on for o in OPTIMIZATIONS}
 
-#: The notebook that measures the job as it is (its verdict: host-bound or device-bound).
+#: The notebook that measures the job as it is (its verdict: host-bound, balanced or device-bound).
 BASELINE = "01_baseline_profiling"
 #: The notebook whose verdict is the run's summary (the optimized job against the baseline).
 END_TO_END = "10_end_to_end"

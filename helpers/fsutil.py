@@ -1,4 +1,5 @@
-"""File-system facts shared by every layer: where the checkout is (if any), and writable output folders."""
+"""File-system facts shared by every layer: where the checkout is (if any), writable output folders, and files
+written whole without ever truncating the previous copy (:func:`write_atomic`)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,57 @@ def ensure_writable_dir(path: str | os.PathLike, *, what: str = "output folder",
             f"{what} {str(folder)!r} is not writable: {exc.strerror or exc} ({type(exc).__name__}); {hint}"
         ) from exc
     return folder.resolve()
+
+
+#: Suffix of the temporary file :func:`write_atomic` writes beside its target (removed on any failure).
+TMP_SUFFIX = ".tmp"
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, encoding: str = "utf-8") -> Path:
+    """Write a whole file through a temporary file in the same folder, then rename it over ``path``.
+
+    A reader (or a crash, or a full disk) sees either the previous file or the
+    new one, never a truncated mix: the data goes to a hidden temporary file
+    ``.<name>.<pid>.<random>.tmp`` beside ``path``, is flushed to the disk
+    (``fsync``) and renamed onto ``path`` (atomic on POSIX within one file
+    system). On any failure, ENOSPC included, the temporary file is removed and
+    the previous ``path`` is left as it was. The new file gets the usual
+    permissions (``0o666`` less the umask), as ``open(path, "w")`` would.
+
+    Parameters
+    ----------
+    path : path-like
+        The file to write; its folder must exist.
+    data : str or bytes
+        The whole content; ``str`` is encoded with ``encoding``.
+    encoding : str, default "utf-8"
+        Encoding of ``str`` data.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    OSError
+        If the temporary file cannot be written or renamed (e.g. ``errno.ENOSPC``
+        on a full disk); ``path`` is unchanged and no temporary file is left.
+    """
+    path = Path(path)
+    blob = data.encode(encoding) if isinstance(data, str) else bytes(data)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(blob)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:  # never created, or already renamed
+            pass
+        raise
+    return path

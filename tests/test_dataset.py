@@ -325,3 +325,32 @@ def test_check_batch_fits(small_build):
     with pytest.raises(DataError, match=rf"{len(index)} usable image\(s\), fewer than batch_size={len(index) + 1}: "
                                         "lower batch_size"):
         check_batch_fits(index, len(index) + 1)
+
+
+def test_captions_rows_outside_the_folder_are_ignored_and_said_as_such(tmp_path, caplog):
+    root = tmp_path / "data"
+    _write_jpeg(root / "a.jpg")
+    _write_jpeg(root / "b.jpg")
+    _write_jpeg(tmp_path / "elsewhere" / "x.jpg")  # exists, but outside the data folder
+    (root / "captions.csv").write_text(
+        "file,caption\na.jpg,A\n../elsewhere/x.jpg,escapes\n" f"{tmp_path / 'elsewhere' / 'x.jpg'},absolute\n"
+        "sub/../../x.jpg,also escapes\nmissing.jpg,nobody\n", encoding="utf-8")
+    with caplog.at_level("WARNING", logger="helpers.pipeline.dataset"):
+        index = load_dataset(root)
+    assert [Path(p).name for p in index.paths] == ["a.jpg", "b.jpg"]  # nothing outside is read
+    assert index.captions.tolist() == ["A", "b"]
+    outside = next(r.getMessage() for r in caplog.records if "outside the folder" in r.getMessage())
+    assert f"captions.csv lists 3 file(s) outside the folder {root.resolve()}, ignored" in outside
+    assert "../elsewhere/x.jpg" in outside and "missing.jpg" not in outside
+    missing = next(r.getMessage() for r in caplog.records if "not found as images" in r.getMessage())
+    assert "lists 1 file(s) not found" in missing and "missing.jpg" in missing and "elsewhere" not in missing
+
+
+def test_a_labelled_row_outside_the_folder_does_not_count_as_a_label(tmp_path):
+    _write_jpeg(tmp_path / "a.jpg")
+    (tmp_path / "captions.csv").write_text("file,caption,label\na.jpg,in,1\n../a.jpg,out,\n", encoding="utf-8")
+    index = load_dataset(tmp_path)  # the empty label of the ignored row is no error
+    assert [Path(p).name for p in index.paths] == ["a.jpg"] and index.labels.tolist() == [1]
+    (tmp_path / "captions.csv").write_text("file,caption,label\n../a.jpg,out,7\n", encoding="utf-8")
+    index = load_dataset(tmp_path)  # nor does its label make a.jpg "not listed in a file that gives labels"
+    assert [Path(p).name for p in index.paths] == ["a.jpg"] and not index.skipped

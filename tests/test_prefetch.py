@@ -264,7 +264,8 @@ def test_verify_prefetcher_with_the_fast_pipeline(small_data):
         return (ds[b] for b in batch_sampler(len(index), 4, seed=1, epoch=0))
 
     check = pf.verify_prefetcher(epoch0, acc, transfer=to_device_batch)
-    assert check == {"batches": 4, "identical": 4, "side_stream": False, "streams_created": 0}
+    assert check == {"batches": 4, "identical": 4, "structure_equal": 4, "reproducible": True, "side_stream": False,
+                     "streams_created": 0}
 
     # a prefetcher that hands out a different batch is caught
     def wrong(batch, acc, *, non_blocking=False):

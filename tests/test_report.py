@@ -17,7 +17,7 @@ from PIL import Image
 from helpers.results import ResultsStore
 from helpers.workbook import report
 from helpers.workbook.cli import _parser, main
-from helpers.verdict import Action
+from helpers.verdict import Action, Verdict
 from helpers.workbook.report import CHECKLIST, collect, headline, overall_verdict, to_html, to_markdown
 from helpers.workbook.report.collect import _advice
 
@@ -159,6 +159,39 @@ def test_overall_verdict_without_notebook_10_gives_the_baseline_state(tmp_path):
               reason="waits 67%")
     assert overall_verdict(collect(tmp_path)) == ("host-bound baseline (exposed input 67% of each step); "
                                                   "end to end not measured yet (notebook 10)")
+
+
+def test_overall_verdict_names_a_balanced_baseline(tmp_path):
+    """The third label of helpers.bottleneck reaches the first screen and its badge like the other two."""
+    _store(tmp_path, IDS["01"]).verdict(metric="exposed_input_fraction", value=0.2, unit="fraction",
+                                        recommendation="balanced", reason="the compute is the larger lever")
+    rep = collect(tmp_path)
+    assert overall_verdict(rep) == ("balanced baseline (exposed input 20% of each step); end to end not measured "
+                                    "yet (notebook 10)")
+    assert "badge b-balanced" in to_html(rep) and ".b-balanced{" in to_html(rep)
+
+
+def _ablated_enable(tmp_path, low, high):
+    _store(tmp_path, "06_mixed_precision").add_verdict(Verdict(
+        notebook="06_mixed_precision", metric="speedup", value=1.3, unit="x", recommendation="enable",
+        reason="1.30x", action=Action("autocast_dtype", "bfloat16", "bf16 autocast: enable")))
+    ablation = {"mixed_precision": {"decision": "keep it", "contribution": 1.03, "ci_low": low, "ci_high": high,
+                                    "phases": "compute", "phase_contribution": 1.12, "phase_low": 1.04,
+                                    "phase_high": 1.2}}
+    _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=1.5, unit="x", recommendation="enable", reason="r",
+                                        ablation=ablation)
+    return dict(_advice(collect(tmp_path)))["Enable on this machine"]
+
+
+def test_confirmed_end_to_end_only_when_the_whole_step_interval_excludes_1(tmp_path):
+    """Issue 21: "confirmed end to end by notebook 10" beside a whole-step 1.03x (95% CI 0.95-1.17)."""
+    unconfirmed = _ablated_enable(tmp_path / "a", 0.95, 1.17)
+    assert "confirmed end to end by notebook 10" not in unconfirmed
+    assert "not confirmed end to end (whole step 95% CI 0.95–1.17 includes 1)" in unconfirmed
+    assert "compute phase 1.12x" in unconfirmed  # the phase gain it was kept for is still shown
+    confirmed = _ablated_enable(tmp_path / "b", 1.01, 1.17)
+    assert "bf16 autocast: enable (confirmed end to end by notebook 10: contribution" in confirmed
+    assert "not confirmed" not in confirmed
 
 
 def test_overall_verdict_does_not_call_a_job_that_computes_otherwise_or_a_polluted_run_faster(tmp_path):
@@ -324,6 +357,27 @@ def test_write_report_through_the_command_line(partial_run, capsys):
     assert main(["report", str(run_dir)]) == 0
     assert (run_dir / "report.html").stat().st_size > 0 and (run_dir / "report.md").stat().st_size > 0
     assert str(run_dir / "report.html") in capsys.readouterr().out
+
+
+def test_report_command_on_a_full_disk_keeps_the_old_report_and_says_so(partial_run, capsys, monkeypatch):
+    import errno
+    import os
+
+    run_dir, _ = partial_run
+    assert main(["report", str(run_dir)]) == 0
+    before = (run_dir / "report.md").read_bytes(), (run_dir / "report.html").read_bytes()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)  # every whole-file write (helpers.fsutil.write_atomic) meets a full disk
+    capsys.readouterr()
+    assert main(["report", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the report could not be written in {run_dir}: No space left on device;")
+    assert "Traceback" not in err
+    assert ((run_dir / "report.md").read_bytes(), (run_dir / "report.html").read_bytes()) == before
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
 
 
 # --------------------------------------------------------------------------- formatting
@@ -680,3 +734,55 @@ def test_first_screen_lists_what_notebook_10_left_off_for_want_of_a_verdict(tmp_
                      reason="r")
     line = next(x for x in to_markdown(collect(run_dir)).splitlines() if x.startswith("Job measured:"))
     assert "your job /home/me/myjob.py:make_job at batch size 16 (set with -p batch_size)" in line
+
+
+# --------------------------------------------------------------------------- user strings in report.md
+
+#: A job's name as a user may write it: HTML, a table pipe, backticks, emphasis and link markup.
+_HOSTILE = "<script>alert(1)</script>|x`y`*b*_[l](u)__init__&amp;"
+
+
+def _hostile_run(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    s = ResultsStore(run_dir / "results.jsonl", notebook=IDS["01"], device="cpu:test")
+    s.add("step", _HOSTILE, "step_time", 0.2, "s", repeats=5)
+    s.verdict(metric="exposed_input_fraction", value=0.8, unit="fraction", recommendation="host-bound",
+              reason=f"your job {_HOSTILE} waits for input 80% of each step", spread={"p25": 0.78, "p75": 0.83},
+              repeats=20, context=f"your job: {_HOSTILE}")
+    err = {"type": "PapermillExecutionError", "ename": "ValueError", "evalue": f"bad sample in {_HOSTILE}",
+           "message": f"ValueError: bad sample in {_HOSTILE}", "cell_index": 3}
+    _run_json(run_dir, {IDS["00"]: ("failed", err), IDS["01"]: ("ok", None)}, only=("00", "01"),
+              profile=f"/home/u/{_HOSTILE}.yaml")
+    state = json.loads((run_dir / "run.json").read_text())
+    state["job"] = f"/home/u/{_HOSTILE}.py:make_job"
+    (run_dir / "run.json").write_text(json.dumps(state))
+    return run_dir
+
+
+def test_report_md_escapes_user_strings_so_they_render_as_text(tmp_path):
+    from helpers.workbook.report.markdown import md_escape
+
+    md = to_markdown(_hostile_run(tmp_path))
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+    # raw only inside the code span of a suggested command (--job '...'), where Markdown shows it as text
+    outside = re.sub(r"(`+).+?\1(?!`)", "", md)
+    assert "<script>" not in outside and "alert(1)</script>" not in outside
+    # each place that shows the name outside a command shows it escaped, the same way
+    esc = md_escape(_HOSTILE)
+    for start in ("Run `run` · profile **/home/u/", "Job measured: your job /home/u/", "- Failed: environment check",
+                  "**host-bound**: your job", "*Setting:* your job:", "| step | ", "**failed**: Failed at cell 3"):
+        line = next(ln for ln in md.splitlines() if ln.startswith(start))
+        assert esc in line, line
+    assert md_escape(_HOSTILE) == ("&lt;script&gt;alert(1)&lt;/script&gt;\\|x\\`y\\`\\*b\\*\\_[l\\](u)\\_\\_init\\_\\_"
+                                   "&amp;amp;")
+    assert md_escape("batch_size 32\n# not a heading") == "batch_size 32 # not a heading"  # words stay readable
+    assert md_escape("dataset[37] raised") == "dataset[37] raised" and md_escape("![x][y]") == "![x\\][y]"
+    # a table row keeps its columns: no unescaped pipe from the name
+    for ln in md.splitlines():
+        if ln.startswith("| ") and "alert(1)" in ln:
+            assert len(re.split(r"(?<!\\)\|", ln)) in (7, 8), ln  # checklist (5 cells) or records (6 cells)
+    mistune = pytest.importorskip("mistune")
+    page = mistune.create_markdown(escape=False, plugins=["table"])(md)  # raw HTML would pass through
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;|x`y`*b*_[l](u)__init__&amp;amp;" in page
+    assert not re.search(r"<(em|strong)>(b|init|l\]\(u\))</\1>", page) and 'href="u"' not in page

@@ -428,9 +428,120 @@ def test_run_json_that_cannot_be_written_on_a_full_disk_is_a_clear_error_not_a_t
                          executor=lambda nb, **kw: None, device_checker=_fake_device)
     assert state.status == "failed"
     assert any("Stopped: the disk of the run folder" in ln for ln in lines)
-    assert any(ln.startswith("run.json could not be updated: the disk of the run folder") for ln in lines)
+    # the reason is said once ("Stopped: ..."); run.json's own failure says so in a few words, not again in full
+    assert any(ln.startswith("run.json could not be updated either (disk full): it keeps its last good copy, "
+                             "which says 'running'") for ln in lines)
+    assert sum("is full" in ln for ln in lines) == 1
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"  # the last good copy is kept
 
+
+def _disk_fills_for(monkeypatch, full_for):
+    """Simulate a full disk: ``os.fsync`` fails with ENOSPC for a file whose name ``full_for(name)`` accepts.
+
+    Every whole file the run writes goes through :func:`helpers.fsutil.write_atomic`, which creates its temporary
+    file, writes it and fsyncs it before the rename; the temporary file exists when the error comes (as the 0-byte
+    run.json.tmp of a real full disk did), so the test shows that it is removed.
+    """
+    import errno
+    import os
+
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc/self/fd to name the file being written")
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if full_for(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def _run_then_resume_on_a_full_disk(tmp_path, monkeypatch, capsys, full_for):
+    """A run whose notebook 01 fails, then ``run --resume`` (the command line) where 01 meets a full disk."""
+    import errno
+    import functools
+
+    from helpers.workbook import cli
+
+    out = tmp_path / "run"
+
+    def boom(nb, **kw):
+        if nb.id.startswith("01"):
+            raise RuntimeError("boom")
+
+    run(RunOptions(profile="smoke", out=out, only=["00", "01"]), echo=lambda s: None, executor=boom,
+        device_checker=_fake_device)
+    before = {name: (out / name).read_bytes() for name in ("report.md", "report.html", "run.json")}
+    full = []
+
+    def disk_fills(nb, **kw):
+        full.append(nb.id)
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "figures" / f"{nb.id}__x.png"))
+
+    _disk_fills_for(monkeypatch, lambda name: bool(full) and full_for(name))
+    monkeypatch.setattr(runner, "run", functools.partial(run, executor=disk_fills, device_checker=_fake_device))
+    capsys.readouterr()
+    rc = cli.main(["run", "--resume", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert full == ["01_baseline_profiling"]
+    return out, before, rc, captured
+
+
+def test_a_full_disk_keeps_the_previous_report_whole_and_marks_the_run_failed(tmp_path, monkeypatch, capsys, caplog):
+    # the disk has room for run.json, not for the report: run.json says failed and why; the old report stays whole
+    out, before, rc, captured = _run_then_resume_on_a_full_disk(tmp_path, monkeypatch, capsys,
+                                                                lambda name: "report." in name)
+    assert rc == 1
+    assert (out / "report.md").read_bytes() == before["report.md"]  # not truncated, not half written
+    assert (out / "report.html").read_bytes() == before["report.html"]
+    saved = json.loads((out / "run.json").read_text())
+    assert saved["status"] == "failed" and "is full" in saved["error"] and "--resume" in saved["error"]
+    nb01 = next(n for n in saved["notebooks"] if n["id"] == "01_baseline_profiling")
+    assert nb01["status"] == "failed" and "is full" in nb01["error"]["message"]
+    assert not [p for p in out.rglob("*") if "tmp" in p.name]  # no temporary file left
+    assert captured.out.count("is full") == 1  # the reason, once
+    assert "Report could not be written (disk full); report.md and report.html on disk are left whole" in captured.out
+    assert "Traceback" not in captured.err and "Traceback" not in caplog.text
+
+
+def test_a_full_disk_for_run_json_too_is_said_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys, caplog):
+    out, before, rc, captured = _run_then_resume_on_a_full_disk(tmp_path, monkeypatch, capsys, lambda name: True)
+    assert rc == 1
+    assert (out / "report.md").read_bytes() == before["report.md"]
+    saved = json.loads((out / "run.json").read_text())  # whole: the last copy the disk took (01 starting)
+    assert saved["status"] == "running"
+    assert "run.json could not be updated either (disk full): it keeps its last good copy, which says 'running'" in (
+        captured.out)
+    assert not [p for p in out.rglob("*") if "tmp" in p.name]
+    assert captured.out.count("is full") == 1
+    assert "Traceback" not in captured.err and "Traceback" not in caplog.text
+
+
+def test_a_full_disk_while_dropping_old_records_stops_the_run_cleanly(tmp_path, monkeypatch, capsys, caplog):
+    from helpers.workbook import cli
+    import functools
+
+    out = tmp_path / "run"
+    run(RunOptions(profile="smoke", out=out, only=["00", "01"]), echo=lambda s: None,
+        executor=lambda nb, **kw: (_ for _ in ()).throw(RuntimeError("boom")) if nb.id.startswith("01") else None,
+        device_checker=_fake_device)
+    line = json.dumps({"notebook": "01_baseline_profiling", "experiment": "e", "variant": "v", "metric": "m",
+                       "value": 1, "unit": "x"}) + "\n"
+    (out / "results.jsonl").write_text(line)  # a partial record of 01, dropped before 01 reruns
+    _disk_fills_for(monkeypatch, lambda name: "results.jsonl" in name)
+    ran = []
+    monkeypatch.setattr(runner, "run", functools.partial(run, executor=lambda nb, **kw: ran.append(nb.id),
+                                                         device_checker=_fake_device))
+    rc = cli.main(["run", "--resume", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 1 and ran == []  # 01 did not start: it could not have written its results either
+    assert (out / "results.jsonl").read_text() == line  # kept whole
+    assert not [p for p in out.rglob("*") if "tmp" in p.name]
+    assert captured.out.count("is full") == 1 and "Stopped: the disk of the run folder" in captured.out
+    saved = json.loads((out / "run.json").read_text())
+    assert saved["status"] == "failed" and "is full" in saved["error"]
+    assert "Traceback" not in captured.err and "Traceback" not in caplog.text
 
 def test_a_resumed_run_ends_the_processes_its_killed_predecessor_left(tmp_path):
     from helpers.process import register_child

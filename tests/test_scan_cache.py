@@ -173,3 +173,59 @@ def test_two_processes_share_one_check(tmp_path, cache_dir):
     checked = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert sorted(checked) == [0, 120]
+
+
+@pytest.fixture()
+def unwritable_home(tmp_path, monkeypatch) -> Path:
+    """HOME under a regular file (no folder can be made there, even as root); the fallback in a private temp dir."""
+    import tempfile
+
+    blocker = tmp_path / "home-is-a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("HOME", str(blocker / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv(sc.CACHE_DIR_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(sc, "_LOCATED", {})  # probed afresh, said afresh
+    monkeypatch.setattr(sc, "_SAID", set())
+    return blocker
+
+
+def test_an_unwritable_home_moves_the_cache_and_says_where_once(tmp_path, unwritable_home, caplog, decodes):
+    root = _folder(tmp_path / "d", 4)
+    with caplog.at_level("WARNING", logger=sc.__name__):
+        load_dataset(root)
+        load_dataset(root)
+    said = [r.getMessage() for r in caplog.records if "cache folder" in r.getMessage()]
+    fallback = tmp_path / "tmp" / f"training-perf-workbook-cache-{os.getuid()}"
+    assert len(said) == 1, said  # once per process, not once per load
+    assert f"cannot create the workbook's cache folder '{unwritable_home}/home/" in said[0]  # which folder
+    assert "Not a directory" in said[0]  # why
+    assert f"the image check and decoded-image caches go to {fallback} instead" in said[0]  # where
+    assert f"set {sc.CACHE_DIR_ENV}" in said[0]
+    assert "checking without a cache" not in caplog.text
+    assert len(decodes) == 4  # the second load was answered from the fallback cache
+    assert list((fallback / "index").glob("*.sqlite")) and sc.cache_root() == fallback
+
+
+def test_an_unwritable_cache_folder_found_by_the_probe_is_said_and_the_runner_prints_it_once(tmp_path, monkeypatch):
+    from helpers.errors import OutputDirError
+    from helpers.workbook.runner import RunOptions, run
+
+    monkeypatch.delenv(sc.CACHE_DIR_ENV, raising=False)
+    monkeypatch.setattr(sc, "_LOCATED", {})
+    monkeypatch.setattr(sc, "_SAID", set())
+    monkeypatch.setattr(sc.tempfile, "tempdir", str(tmp_path))
+
+    def read_only(path, **kw):  # what a read-only home looks like to the write probe (root is not stopped by chmod)
+        raise OutputDirError(f"{kw['what']} {str(path)!r} is not writable: Read-only file system (OSError); ")
+
+    monkeypatch.setattr(sc, "ensure_writable_dir", read_only)
+    lines = []
+    run(RunOptions(profile="smoke", out=tmp_path / "run", only=["00"]), echo=lines.append,
+        executor=lambda nb, **kw: None, device_checker=lambda d: "cpu:test")
+    said = [ln for ln in lines if "cache folder" in ln]
+    assert len(said) == 1 and said[0].startswith("Cache: the workbook's cache folder ")
+    assert "is not writable: Read-only file system" in said[0] and str(tmp_path) in said[0]
+    assert sc.cache_fallback_note() is None  # said: neither the runner nor cache_root says it again

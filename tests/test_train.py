@@ -94,15 +94,14 @@ def test_classify_host_bound_reason_is_computed_from_the_split():
 
 
 @pytest.mark.parametrize("exposed", [i / 100 for i in range(11, 100, 2)])
-def test_classify_advice_follows_its_own_figures_at_every_share(exposed):
-    """Above the threshold the advice names the larger saving: the input from a third of the step on,
-    else a 2x faster compute (issue 11: 'fix the input first' between 10% and 33% contradicted the figures)."""
+def test_classify_label_follows_the_larger_lever_at_every_share(exposed):
+    """Above the threshold the label names the larger saving: host-bound from a third of the step on, else
+    balanced (issue 21: "host-bound" beside "the compute side is the larger lever" contradicted itself)."""
     label, reason = classify(exposed, 0.1, device_kind="cuda")
-    assert label == "host-bound"
     input_saving = 100 * exposed
     compute_saving = (100 - input_saving) / 2
     if input_saving >= compute_saving:
-        assert reason.endswith("fix the input first")
+        assert label == "host-bound" and reason.endswith("the input is the larger lever")
     else:
-        assert "fix the input first" not in reason and "the compute side is the larger lever" in reason
+        assert label == "balanced" and "the compute is the larger lever" in reason
     assert f"{compute_saving:.0f}%" in reason and f"{input_saving:.0f}%" in reason

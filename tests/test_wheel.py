@@ -77,10 +77,11 @@ def test_the_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
                                                                                "01_baseline_profiling"}
     diag = json.loads(call(str(py), "-m", "helpers", "diagnose", "--job", "helpers.bundled.examples.image_classifier",
                            "--device", "cpu", "--steps", "4", "--warmup-steps", "1", "--json"))
-    assert diag["measured_recommendation"] in ("host-bound", "device-bound") and diag["next_notebook"]
+    assert diag["measured_recommendation"] in ("host-bound", "balanced", "device-bound") and diag["next_notebook"]
     (work / "train.py").write_text(INSTRUMENTED_LOOP)
     report = call(str(py), "train.py")
-    assert "your loop: 5 steps measured" in report and "host-bound" in report and "next: notebook 03" in report
+    assert "your loop: 5 steps measured" in report and "host-bound" in report
+    assert "next: notebook 03" in report or "next: notebook 02" in report  # 02 where no core is idle for workers
     copied = call(str(venv / "bin" / "workbook"), "notebooks", "mine")
     assert "11 notebooks in mine" in copied and (work / "mine" / "profiles" / "quick.yaml").is_file()
     assert _files(site) == before  # nothing written inside site-packages

@@ -38,6 +38,7 @@ if __name__ == "__main__":  # a rank: die with torchrun, asked before the slow i
     atexit.register(unregister_child, _RECORD)
 
 from helpers.comm.allreduce import run_allreduce  # noqa: E402 (after die_with_parent)
+from helpers.fsutil import write_atomic  # noqa: E402
 from helpers.comm.rank import RankContext, init_rank  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -94,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = init_rank(args.backend, timeout_s=float(cfg.get("pg_timeout_s", 600.0)))
         result = run_task(args.task, cfg, rc)
         if rc.rank == 0:
-            tmp = args.out / "result.json.tmp"
-            tmp.write_text(json.dumps(result))
-            tmp.replace(args.out / "result.json")
+            write_atomic(args.out / "result.json", json.dumps(result))
     except Exception as exc:  # report, then fail the rank so torchrun stops the job
         (args.out / f"error_rank{rank}.json").write_text(
             json.dumps({"rank": rank, "type": type(exc).__name__, "message": str(exc)}))

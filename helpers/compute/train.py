@@ -20,6 +20,7 @@ indicator of notebook 01 (and the quantity later notebooks drive down).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -99,6 +100,17 @@ def _stats_row(stats: Mapping[str, Any] | None) -> dict[str, float]:
     return out
 
 
+def nonfinite_loss(row: Mapping[str, float]) -> tuple[str, float] | None:
+    """The first loss statistic of a step's row that is NaN or infinite, as ``(name, value)``; None if all are finite.
+
+    A loss statistic is ``"loss"`` or a name ending in ``"_loss"`` (the built-in job's ``value_loss``).
+    """
+    for k, v in row.items():
+        if (k == "loss" or k.endswith("_loss")) and not math.isfinite(v):
+            return k, float(v)
+    return None
+
+
 class TimedLoop:
     """The phase-timed training loop of the workbook: every experiment that trains runs its steps here.
 
@@ -118,6 +130,15 @@ class TimedLoop:
         ``step(device_batch) -> stats`` (dict of 0-d tensors or floats); timed as *compute*.
     sync : callable
         The device synchronize (``Accelerator.synchronize``).
+
+    Attributes
+    ----------
+    steps_run : int
+        Steps run since the loop was made (warm-up and discarded steps included).
+    nonfinite : tuple of (int, str, float) or None
+        The first step whose loss was NaN or infinite (:func:`nonfinite_loss`): ``(step, stat, value)``, the
+        step counted from 1 over :attr:`steps_run`; None while every loss was finite. Read from the step's
+        statistics after its timing (no synchronize is added), and kept across :meth:`discard`.
     """
 
     def __init__(self, batches: Iterator, to_device: Callable[[Any], Any], step: Callable[[Any], Any],
@@ -127,6 +148,8 @@ class TimedLoop:
         self.measured: list[bool] = []
         self.stats: list[dict[str, float]] = []
         self.discarded = 0
+        self.steps_run = 0
+        self.nonfinite: tuple[int, str, float] | None = None
 
     def discard(self) -> "TimedLoop":
         """Forget the steps run so far (counted as warm-up); the next step's phases start the timeline at 0."""
@@ -150,7 +173,13 @@ class TimedLoop:
                 stats = self.step(device_batch)
             self.timer.end_step()
             self.measured.append(bool(measured))
-            self.stats.append(_stats_row(stats))
+            row = _stats_row(stats)
+            self.stats.append(row)
+            self.steps_run += 1
+            if self.nonfinite is None:
+                bad = nonfinite_loss(row)
+                if bad is not None:
+                    self.nonfinite = (self.steps_run, *bad)
             if progress is not None:
                 progress(i + 1, int(steps))
         return self

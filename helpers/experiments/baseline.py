@@ -1,8 +1,8 @@
 """Notebook 01's experiment: the baseline job's phase breakdown and its host-bound verdict.
 
 The job is timed by the one loop (:func:`helpers.experiments.training.prepare_job`);
-:func:`classify` calls it host-bound or device-bound from the share of the
-step in which the computation waits for input, and :func:`verdict` returns
+:func:`classify` calls it host-bound, balanced or device-bound (:mod:`helpers.bottleneck`) from the share
+of the step in which the computation waits for input, and :func:`verdict` returns
 that decision as a :class:`helpers.verdict.Verdict` with the figures it rests on.
 """
 
@@ -10,33 +10,32 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from helpers import bottleneck
 from helpers.checklist import PHASES
 from helpers.compute.train import TrainRun
 from helpers.live import LivePoint, Progress, no_progress
 from helpers.timing import Measurement
 from helpers.verdict import Verdict
 
-__all__ = ["NOTEBOOK", "classify", "verdict", "live_point", "try_baseline"]
+__all__ = ["NOTEBOOK", "classify", "spare_cores", "verdict", "live_point", "try_baseline"]
 
 NOTEBOOK = "01_baseline_profiling"
 
 
 def classify(exposed_fraction: float, threshold: float, *, device_kind: str = "") -> tuple[str, str]:
-    """Call a job host-bound or device-bound from its exposed input share.
+    """Call a job host-bound, balanced or device-bound from its exposed input share.
 
-    The reason is computed from the split, so it says what each side of the
-    step is worth: with input at X% and compute at 1-X% of a serial step,
-    removing the exposed input saves up to X% of the step, while making
-    compute twice as fast saves (1-X)/2; the advice names the larger of the
-    two (the input from X >= 1/3 on), at every value.
+    The label and sentence of :func:`helpers.bottleneck.classify` (the one rule, shared with ``diagnose``,
+    the instrument and the report): with input at X of a serial step, removing it saves X, a 2x faster
+    compute saves (1-X)/2; at or below the threshold the job is device-bound, above it host-bound when the
+    input is the larger lever (X >= 1/3), else balanced.
 
     Parameters
     ----------
     exposed_fraction : float
         Exposed input time / step time, 0..1.
     threshold : float
-        Share above which the job is host-bound (notebook 01's
-        ``host_bound_threshold``, default 0.10).
+        Share above which the input counts (notebook 01's ``host_bound_threshold``, default 0.10), 0..1.
     device_kind : str
         "cpu", "cuda" or "npu"; on "cpu" the reason says that the "device"
         is the same processor that prepares the input.
@@ -44,34 +43,29 @@ def classify(exposed_fraction: float, threshold: float, *, device_kind: str = ""
     Returns
     -------
     (recommendation, reason) : tuple of str
-        recommendation is "host-bound" or "device-bound".
+        recommendation is one of :data:`helpers.bottleneck.LABELS`.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For a share outside [0, 1].
     """
-    pct, thr = 100 * exposed_fraction, 100 * threshold
-    compute_pct = 100 - pct
-    busy = ("the training computation, on the same CPU, runs" if device_kind == "cpu" else "the device computes")
-    if exposed_fraction > threshold:
-        # on a CPU the input shares the cores with the computation: hiding it behind compute (workers, a
-        # prefetcher) is not free there (notebook 05 measures it), so only making it cheaper is a sure saving
-        lever = ("making the input cheaper (hiding it behind compute needs idle cores)" if device_kind == "cpu"
-                 else "hiding or speeding up the input")
-        head = (f"input preparation and copy are exposed for {pct:.0f}% of each step (threshold {thr:.0f}%), "
-                f"{busy} for {compute_pct:.0f}%: {lever} can save up to {pct:.0f}% of the step")
-        # the advice follows the figures: removing the exposed input saves pct, a 2x faster compute
-        # saves compute_pct / 2; the first is larger exactly when the input is at least a third of the step
-        if pct >= compute_pct / 2:
-            reason = f"{head}, a 2x faster compute only {compute_pct / 2:.0f}%; fix the input first"
-        else:
-            reason = (f"{head}, while a 2x faster compute would save {compute_pct / 2:.0f}%: the compute side is "
-                      "the larger lever here; the input is still worth making cheaper")
-        return "host-bound", reason
-    reason = (f"input is exposed for only {pct:.0f}% of each step (threshold {thr:.0f}%) and {busy} for "
-              f"{compute_pct:.0f}%: device-side optimizations (mixed precision, memory format, fusion) pay off first")
-    return "device-bound", reason
+    b = bottleneck.classify(exposed_fraction, threshold, device_kind=device_kind)
+    return b.label, b.reason
+
+
+def spare_cores(device_kind: str, other_cpu_share: float | None = None) -> int:
+    """Idle cores for DataLoader workers on this machine (:func:`helpers.bottleneck.spare_cores`), with
+    torch's intra-op threads as the computation's on a CPU."""
+    import torch
+
+    return bottleneck.spare_cores(device_kind, compute_threads=torch.get_num_threads() if device_kind == "cpu"
+                                  else None, other_cpu_share=other_cpu_share)
 
 
 def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, device_kind: str,
             description: Mapping[str, Any], steps: int, ceiling: Any = None) -> Verdict:
-    """Notebook 01's verdict: host-bound or device-bound, with the phase medians it rests on.
+    """Notebook 01's verdict: host-bound, balanced or device-bound, with the phase medians it rests on.
 
     Parameters
     ----------
@@ -97,17 +91,23 @@ def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, d
     helpers.verdict.Verdict
         metric ``exposed_input_fraction`` (fraction), with the interquartile range of the per-step fractions;
         ``extra["phases"]``: per phase (``data``, ``h2d``, ``compute``, ``step_s``) its ``median_s``, ``p25_s``
-        and ``p75_s`` in seconds, which notebook 10 cross-checks its own baseline against.
+        and ``p75_s`` in seconds, which notebook 10 cross-checks its own baseline against;
+        ``extra["bottleneck"]``: :meth:`helpers.bottleneck.Bottleneck.as_dict` (the two levers' savings, the
+        notebooks to open next and why); the reason ends with that "next" advice.
     """
     med = run.phase_medians()
-    recommendation, reason = classify(run.exposed_fraction, threshold, device_kind=device_kind)
+    exposed_s = med["data"] + med["h2d"]
+    b = bottleneck.classify(run.exposed_fraction, threshold, device_kind=device_kind,
+                            spare_cores=spare_cores(device_kind),
+                            copy_share=med["h2d"] / exposed_s if exposed_s > 0 else None)
+    recommendation, reason = b.label, b.reason
     reason += (f"; median step {med['step_s'] * 1e3:.0f} ms (phase medians: data {med['data'] * 1e3:.0f}, h2d "
                f"{med['h2d'] * 1e3:.0f}, compute {med['compute'] * 1e3:.0f} ms; medians need not add up)")
     if per_image is not None:
         reason += f"; baseline preprocessing {per_image.median_s * 1e3:.1f} ms/image"
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"bottleneck": b.as_dict()}
     if ceiling is not None:
-        reason += f"; {ceiling.sentence()}"
+        reason += f"; {ceiling.sentence(exposed=run.exposed_fraction)}"
         c = ceiling.ceiling
         f, lo, hi = ceiling.fraction
         extra["ceiling"] = {"free_input_speedup": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high,
@@ -122,6 +122,7 @@ def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, d
         what = ", ".join(f"{k} {v}" for k, v in d.items() if k != "job")
         context = (f"{d.get('job', 'job')} ({what}), its own loader as given (num_workers=0), {steps} measured steps "
                    f"on {device_kind}")
+    reason += f"; next: {b.next_text()}"
     context += "; exposed input = time the step waits for data and the host-to-device copy"
     fractions = Measurement(name="exposed", times_s=tuple(run.steps["exposed_fraction"]), warmup=run.warmup_steps)
     phases = {c: {"median_s": float(run.steps[c].median()), "p25_s": float(run.steps[c].quantile(0.25)),

@@ -43,7 +43,6 @@ import copy
 import gc
 import itertools
 import json
-import os
 import tempfile
 import threading
 import time
@@ -62,6 +61,7 @@ from helpers.compute.model import count_parameters
 from helpers.compute.ppo import ppo_loss
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
+from helpers.fsutil import write_atomic
 from helpers.jobspec import FACTORY_DEFAULTS_KEY, absolute_job_spec
 from helpers.experiments.training import fixed_batches
 from helpers.jobs.base import Workload, close_dataset
@@ -638,9 +638,7 @@ def run_allreduce_sweep(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
         if out is not None:
             row = out["sizes"][0]
             rows.append(row)
-            tmp = points / f".{i:05d}.tmp"
-            tmp.write_text(json.dumps(row))
-            os.replace(tmp, points / f"{i:05d}.json")
+            write_atomic(points / f"{i:05d}.json", json.dumps(row))
     if rc.rank != 0:
         return None
     return {"sizes": rows, "stopped": stopped, "world_size": rc.world_size}

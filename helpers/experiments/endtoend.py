@@ -35,14 +35,14 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 import torch
 
-from helpers import checklist
+from helpers import bottleneck, checklist
 from helpers.process import cli_command
 from helpers.compute.amp import resolve_autocast_dtype
 from helpers.compute.train import TimedLoop, epochs
 from helpers.device import usable_cores
 from helpers.diagnose.environment import cpu_bf16_support
 from helpers.errors import ParameterError
-from helpers.experiments.training import LearningCheck, clone_batch, same_values
+from helpers.experiments.training import LearningCheck, clone_batch, same_structure, same_values
 from helpers.jobs.base import StepOptions, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.live import LivePoint, Progress, no_progress
@@ -677,14 +677,27 @@ def same_input_check(a: JobConfig, b: JobConfig, job: PPOJob, acc) -> dict[str, 
         ``max_abs_levels``: pixel difference in 0-255 levels (normalized
         difference times 255 x the channel's std), from decoding differences
         only (same crops and flips; the batched decoder may scale in the DCT
-        domain).
+        domain). For a user's job, ``batches_equal`` (bool: the same values,
+        their augmentations seeded per sample alike); when the values differ
+        because the job's augmentations cannot be reproduced (a first batch
+        read again differs too), ``labels_equal`` and ``tokens_equal`` say
+        whether the order, labels, shapes and dtypes agree
+        (:func:`helpers.experiments.training.same_structure`).
     """
     ja, jb = JobVariant(a, job, acc), JobVariant(b, job, acc)
     try:
-        if not isinstance(job, PPOJob):  # a user's job: the same dataset and order, so the same values
+        if not isinstance(job, PPOJob):  # a user's job: the same dataset, order and per-sample seeds: same values
             ba, bb = ja.transfer(next(ja.batches()), acc), jb.transfer(next(jb.batches()), acc)
             same = same_values(ba, bb, exact=False)
-            return {"labels_equal": same, "tokens_equal": same, "mean_abs_levels": 0.0 if same else float("nan"),
+            agree = same
+            if not same:  # augmentations from a source nobody can seed: the order, labels, shapes and dtypes
+                jc = JobVariant(a, job, acc)
+                try:
+                    again = jc.transfer(next(jc.batches()), acc)
+                finally:
+                    jc.close()
+                agree = not same_values(ba, again, exact=False) and same_structure(ba, bb)
+            return {"labels_equal": agree, "tokens_equal": agree, "mean_abs_levels": 0.0 if same else float("nan"),
                     "max_abs_levels": 0.0 if same else float("nan"), "batches_equal": same}
         xa, ta, la = ja.transfer(next(ja.batches()), acc)
         xb, tb, lb = jb.transfer(next(jb.batches()), acc)
@@ -1437,7 +1450,8 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
                 host_bound_threshold: float, optimized_summary: JobSummary | None = None,
                 ablation=None, is_cpu: bool = True, recommended: Sequence[str] = (),
                 batch_note: str = "", context: str | None = None,
-                missing: Sequence[str] = (), ceiling: Mapping[str, Any] | None = None) -> Verdict:
+                missing: Sequence[str] = (), ceiling: Mapping[str, Any] | None = None,
+                divergence: Any = None) -> Verdict:
     """Decide the end-to-end verdict from the speedup, the learning check and the exposed input.
 
     "enable" when the interval's lower bound is above 1 (faster for sure) and
@@ -1475,6 +1489,11 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
         :func:`ceiling_fraction` of the optimized job against its input-free ceiling: the reason says the
         fraction with its interval, and ``extra["ceiling"]`` keeps ``fraction``, ``ci_low``, ``ci_high`` and
         ``free_input_speedup``.
+    divergence : helpers.jobs.check.Divergence, optional
+        Where each job's loss became NaN or infinite (:func:`helpers.jobs.check.loop_divergence` of the jobs,
+        the baseline named): when the baseline diverges too, the job diverges, and the verdict is
+        "inconclusive" saying so instead of blaming an optimization; when only optimized jobs do, "leave
+        off" with the step. Kept in ``extra["divergence"]``.
 
     Returns
     -------
@@ -1489,8 +1508,16 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
     recommendation, reason = _decide(comparison, learning, baseline, optimized, host_bound_threshold=host_bound_threshold,
                                      optimized_summary=optimized_summary, ablation=ablation, is_cpu=is_cpu,
                                      recommended=recommended, batch_note=batch_note)
-    extra_ceiling = {}
-    if ceiling is not None:
+    extra_ceiling, extra_divergence = {}, {}
+    if divergence is not None and divergence.diverged:  # a loss that is not finite decides before any speed figure
+        speed = f"{comparison.ratio:.2f}x throughput (95% CI {comparison.ci_low:.2f}-{comparison.ci_high:.2f})"
+        if divergence.baseline_diverged:
+            recommendation = "inconclusive"
+            reason = f"{divergence.sentence()} (measured: {speed} with {optimized.label()})"
+        else:
+            recommendation, reason = "leave off", f"{speed} with {optimized.label()}, but {divergence.sentence()}"
+        extra_divergence = {"divergence": divergence.as_dict()}
+    if ceiling is not None and not extra_divergence:
         reason += (f"; the optimized job runs at {ceiling['fraction']:.0%} of its input-free ceiling (95% CI "
                    f"{ceiling['ci_low']:.0%}-{ceiling['ci_high']:.0%}; the same step on batches already on the "
                    f"device)")
@@ -1504,7 +1531,7 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
                    extra={"optimizations": list(optimized.optimizations),
                           "baseline_exposed_fraction": baseline.exposed_fraction, "loss_rtol": learning.tolerance,
                           "learning_ok": learning.ok, "missing_verdicts": list(missing),
-                          "ablation": _ablation_evidence(ablation), **extra_ceiling})
+                          "ablation": _ablation_evidence(ablation), **extra_ceiling, **extra_divergence})
 
 
 def _ablation_evidence(ablation) -> dict[str, dict[str, Any]]:
@@ -1534,14 +1561,15 @@ def _decide(comparison, learning: LearningCheck, baseline: JobSummary, optimized
             recommended: Sequence[str], batch_note: str) -> tuple[str, str]:
     """:func:`e2e_verdict`'s recommendation and reason."""
     def bound(frac: float) -> str:
-        return "host-bound" if frac > host_bound_threshold else "device-bound"
+        return bottleneck.classify(frac, host_bound_threshold).label
 
     tail = [f"the baseline was {bound(baseline.exposed_fraction)} (input {baseline.exposed_fraction:.0%} of the "
             f"median step, threshold {host_bound_threshold:.0%})"]
     if optimized_summary is not None and optimized.optimizations:
         o = optimized_summary
         if o.exposed_fraction > host_bound_threshold:
-            tail.append(f"the optimized job is STILL host-bound (input {o.exposed_fraction:.0%} of the median step): "
+            state = "STILL host-bound" if bound(o.exposed_fraction) == bottleneck.HOST_BOUND else "balanced"
+            tail.append(f"the optimized job is {state} (input {o.exposed_fraction:.0%} of the median step): "
                         + next_step(o, is_cpu=is_cpu, enabled=optimized.optimizations,
                                     host_bound_threshold=host_bound_threshold))
         else:

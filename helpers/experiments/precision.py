@@ -22,12 +22,14 @@ from helpers.compute.ppo import PPOTrainer
 from helpers.errors import ParameterError
 from helpers.experiments.training import fixed_batches, step_options_comparison
 from helpers.jobs.base import Job, StepOptions
+from helpers.jobs.check import Divergence, loss_divergence
 from helpers.jobs.ppo import PPOJob, PPOStep
 from helpers.live import LivePoint, Progress, no_progress
 from helpers.timing import Comparison, ProgressClock, compare
 from helpers.verdict import Action, Verdict
 
-__all__ = ["NOTEBOOK", "DTYPES", "ProgressClock", "autocast_comparison", "live_point", "try_precision", "verdict"]
+__all__ = ["NOTEBOOK", "DTYPES", "ProgressClock", "autocast_comparison", "divergence", "live_point", "try_precision",
+           "verdict"]
 
 #: Notebook whose verdict :func:`verdict` gives.
 NOTEBOOK = "06_mixed_precision"
@@ -36,7 +38,8 @@ _SHORT = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float, no_nan: bool, loss_rtol: float,
-            device_kind: str, native_bf16: bool | None, context: str, loss_name: str = "value loss") -> Verdict:
+            device_kind: str, native_bf16: bool | None, context: str, loss_name: str = "value loss",
+            divergence: Divergence | None = None) -> Verdict:
     """Notebook 06's verdict: enable autocast only when it is measurably faster and learns like fp32.
 
     Parameters
@@ -59,13 +62,28 @@ def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float,
         What was measured, in one sentence.
     loss_name : str, default "value loss"
         The loss the gate compared (the built-in job's value loss; a user's job's ``"loss"``).
+    divergence : helpers.jobs.check.Divergence, optional
+        Where the loss curves became NaN or infinite (:func:`divergence`). When fp32 diverges too, the job
+        diverges and the verdict is "inconclusive", saying so (no precision is to blame); when only the mixed
+        precision does, "leave off" with the step.
 
     Returns
     -------
     helpers.verdict.Verdict
-        metric ``speedup`` (x, fp32 time over mixed time) with its 95% interval; action on ``autocast_dtype``.
+        metric ``speedup`` (x, fp32 time over mixed time) with its 95% interval; action on ``autocast_dtype``
+        (none when the job diverges in fp32); ``extra["divergence"]`` where a loss was not finite.
     """
-    if not loss_ok:
+    extra = {"divergence": divergence.as_dict()} if divergence is not None and divergence.diverged else {}
+    if extra and divergence.baseline_diverged:
+        return Verdict(notebook=NOTEBOOK, metric="speedup", value=cmp.ratio, unit="x", recommendation="inconclusive",
+                       reason=f"{divergence.sentence()} (the step times: {cmp.verdict_text()})", context=context,
+                       action=None, repeats=min(cmp.a.repeats, cmp.b.repeats),
+                       spread={"ci_low": cmp.ci_low, "ci_high": cmp.ci_high, "confidence": cmp.confidence},
+                       extra=extra)
+    if extra:
+        recommendation = "leave off"
+        reason = f"{dtype_name} autocast breaks this job's training: {divergence.sentence()}"
+    elif not loss_ok:
         recommendation = "leave off"
         reason = (f"mixed precision did not reproduce fp32 training: {loss_name} difference {rel_diff:.1%} of its "
                   f"scale over the run (tolerance {loss_rtol:.0%}), NaN-free: {no_nan}")
@@ -84,7 +102,29 @@ def verdict(cmp: Comparison, *, dtype_name: str, loss_ok: bool, rel_diff: float,
                     f"{_SHORT.get(dtype_name, dtype_name)} autocast: {recommendation}", current="float32")
     return Verdict(notebook=NOTEBOOK, metric="speedup", value=cmp.ratio, unit="x", recommendation=recommendation,
                    reason=reason, context=context, action=action, repeats=min(cmp.a.repeats, cmp.b.repeats),
-                   spread={"ci_low": cmp.ci_low, "ci_high": cmp.ci_high, "confidence": cmp.confidence})
+                   spread={"ci_low": cmp.ci_low, "ci_high": cmp.ci_high, "confidence": cmp.confidence}, extra=extra)
+
+
+def divergence(fp32_losses: Sequence[float], mixed_losses: Sequence[float], *, dtype_name: str,
+               stat: str = "loss") -> Divergence:
+    """Where the fp32 and the mixed-precision loss curves first became NaN or infinite (notebook 06's curves).
+
+    Parameters
+    ----------
+    fp32_losses, mixed_losses : sequence of float
+        The loss per step of each curve (same seed and batches).
+    dtype_name : str
+        ``"bfloat16"`` or ``"float16"``.
+    stat : str
+        The loss's name, for the sentence.
+
+    Returns
+    -------
+    helpers.jobs.check.Divergence
+        Configurations ``"fp32"`` (the baseline) and e.g. ``"bf16 autocast"``.
+    """
+    return loss_divergence({"fp32": fp32_losses, f"{_SHORT.get(dtype_name, dtype_name)} autocast": mixed_losses},
+                           baseline="fp32", stat=stat)
 
 
 # --------------------------------------------------------------------------- the "try it" panel

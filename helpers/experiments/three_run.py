@@ -23,18 +23,21 @@ bootstrap intervals over the steps; the machine's state is checked beside them (
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from helpers import checklist, machine
+from helpers import bottleneck, machine
 from helpers.compute.train import TimedLoop
 from helpers.errors import ParameterError
-from helpers.experiments.baseline import classify
+from helpers.experiments.baseline import spare_cores
 from helpers.experiments.training import clone_batch, prepare_job
 from helpers.jobs.base import Job, close_dataset
+from helpers.jobs.check import loop_divergence
 from helpers.timing import Comparison, Measurement
 
-__all__ = ["RUNS", "CeilingResult", "ThreeRunResult", "input_free_ceiling", "three_run", "next_notebook"]
+__all__ = ["RUNS", "CeilingResult", "ThreeRunResult", "copy_share", "exposed_ceiling", "free_input_sentence",
+           "input_free_ceiling", "loader_sentence", "three_run"]
 
 #: The three runs, in the order they are reported.
 RUNS: tuple[str, str, str] = ("real", "cached", "synthetic")
@@ -53,7 +56,7 @@ class ThreeRunResult:
     exposed_fraction : float
         The real run's median per-step share of exposed input (data + h2d) in the step (as notebook 01).
     recommendation, reason : str
-        :func:`helpers.experiments.baseline.classify` of that share ("host-bound" / "device-bound").
+        :func:`helpers.bottleneck.classify` of that share (one of :data:`helpers.bottleneck.LABELS`).
     ceiling : helpers.timing.Comparison
         real vs synthetic step time: ``ratio`` = how many times faster the job would be with free input.
     loader : helpers.timing.Comparison
@@ -61,7 +64,12 @@ class ThreeRunResult:
     machine : helpers.machine.BusyCheck
         The machine's state over the measurement.
     next_notebook : str
-        The notebook to open next, with why (:func:`next_notebook`).
+        The notebooks to open next, with why (:meth:`helpers.bottleneck.Bottleneck.next_text`).
+    bottleneck : helpers.bottleneck.Bottleneck or None
+        The classification those come from (the two levers' savings, the idle cores).
+    divergence : helpers.jobs.check.Divergence or None
+        Where the loss became NaN or infinite in each run (read from the steps' losses after the runs); when
+        it did, the job diverges: :meth:`lines` says so instead of a verdict.
     """
 
     job: str
@@ -73,6 +81,13 @@ class ThreeRunResult:
     loader: Any
     machine: Any
     next_notebook: str
+    bottleneck: Any = None
+    divergence: Any = None
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the job's loss became NaN or infinite in any of the runs."""
+        return self.divergence is not None and self.divergence.diverged
 
     def median_ms(self, run: str) -> float:
         """Median step time of one run, ms."""
@@ -80,6 +95,8 @@ class ThreeRunResult:
 
     def lines(self) -> list[str]:
         """What ``diagnose`` prints: the verdict, the three runs, the ceiling, the next notebook, the machine."""
+        if self.diverged:  # the timings are of a job that no longer trains: no verdict from them
+            return [f"job: {self.job}", self.divergence.sentence(), f"machine: {self.machine.sentence()}"]
         busy = self.machine.busy
         head = ("inconclusive: " + self.machine.sentence() + "; what it measured: " if busy else "")
         out = [f"job: {self.job}",
@@ -90,14 +107,8 @@ class ThreeRunResult:
                        f"{df['step_s'].quantile(0.75) * 1e3:.1f}; data {df['data'].median() * 1e3:.1f}, h2d "
                        f"{df['h2d'].median() * 1e3:.1f}, compute {df['compute'].median() * 1e3:.1f} ms)")
         c, ld = self.ceiling, self.loader
-        if c.ci_low > 1.0:
-            free = (f"with free input this job would be {c.ratio:.2f}x faster (real / synthetic, 95% CI "
-                    f"{c.ci_low:.2f}-{c.ci_high:.2f})")
-        else:  # an interval that reaches 1 is no measured gain: never print "N x faster" for it
-            free = (f"free input would give no measurable speedup ({c.ratio:.2f}x real / synthetic, 95% CI "
-                    f"{c.ci_low:.2f}-{c.ci_high:.2f})")
-        out.append(f"{free}; with its loader's work removed but the copy kept, {ld.ratio:.2f}x (real / cached, "
-                   f"95% CI {ld.ci_low:.2f}-{ld.ci_high:.2f})")
+        out.append(f"{free_input_sentence(c.ratio, c.ci_low, c.ci_high, exposed=self.exposed_fraction)}; "
+                   f"{loader_sentence((ld.ratio, ld.ci_low, ld.ci_high), (c.ratio, c.ci_low, c.ci_high))}")
         out.append(f"next: {self.next_notebook}")
         out.append(f"machine: {self.machine.sentence()}")
         return out
@@ -107,25 +118,95 @@ class ThreeRunResult:
         def cmp(c: Comparison) -> dict:
             return {"ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high}
 
-        return {"job": self.job, "recommendation": "inconclusive" if self.machine.busy else self.recommendation,
+        return {"job": self.job,
+                "recommendation": "inconclusive" if self.machine.busy or self.diverged else self.recommendation,
+                "divergence": self.divergence.as_dict() if self.diverged else None,
                 "measured_recommendation": self.recommendation, "reason": self.reason,
                 "exposed_input_fraction": self.exposed_fraction,
                 "step_ms": {r: self.median_ms(r) for r in RUNS}, "free_input_speedup": cmp(self.ceiling),
                 "no_loader_speedup": cmp(self.loader), "next_notebook": self.next_notebook,
+                "bottleneck": self.bottleneck.as_dict() if self.bottleneck is not None else None,
                 "machine": self.machine.as_dict()}
 
 
-def next_notebook(recommendation: str, loader_ratio: float, ceiling_ratio: float, *, device_kind: str) -> str:
-    """The notebook to open next for the three runs' figures, with the reason."""
-    nb = checklist.notebook_ref
-    if recommendation == "host-bound":
-        if loader_ratio >= 0.9 * ceiling_ratio or device_kind == "cpu":
-            return (f"{nb('DataLoader tuning')}: the loader's work is most of the input's cost (removing it gives "
-                    f"{loader_ratio:.2f}x of the {ceiling_ratio:.2f}x free input would); then make each sample "
-                    f"cheaper ({nb('batched decode')} shows how for images)")
-        return (f"{nb('pinned memory')} and {nb('stream overlap')}: the copy is a large part of the input's cost "
-                f"(without the loader {loader_ratio:.2f}x, with free input {ceiling_ratio:.2f}x)")
-    return f"{nb('mixed precision')}: the step is the computation; device-side optimizations pay off first"
+def exposed_ceiling(exposed_fraction: float) -> float:
+    """The most that free input can give a serial step whose exposed input is that share: 1 / (1 - exposed).
+
+    Returns ``inf`` for an exposed share of 1 (a step that is all waiting)."""
+    return math.inf if exposed_fraction >= 1.0 else 1.0 / (1.0 - float(exposed_fraction))
+
+
+def free_input_sentence(ratio: float, ci_low: float, ci_high: float, *, exposed: float | None = None) -> str:
+    """The input-free ceiling (real / synthetic step time, with its 95% interval) in words, reconciled with the
+    exposed share.
+
+    A serial step whose exposed input is X of it can be at most 1 / (1 - X) times faster with free input
+    (:func:`exposed_ceiling`). A measured ratio above that whose interval still reaches it is the same within
+    noise and is said so, capped at that figure; one whose interval lies above it is said with its cause (the
+    input's work also slows the computation); an interval that reaches 1 is no measured speedup.
+
+    Parameters
+    ----------
+    ratio, ci_low, ci_high : float
+        Real / synthetic median step time and its 95% interval.
+    exposed : float, optional
+        The real run's exposed input share, 0..1 (None: not reconciled).
+
+    Returns
+    -------
+    str
+    """
+    ci = f"95% CI {ci_low:.2f}-{ci_high:.2f}"
+    if not ci_low > 1.0:  # an interval that reaches 1 is no measured gain: never print "N x faster" for it
+        return f"free input would give no measurable speedup ({ratio:.2f}x real / synthetic, {ci})"
+    cap = exposed_ceiling(exposed) if exposed is not None else math.inf
+    if ratio > cap and ci_low <= cap:
+        return (f"with free input this job would be about {cap:.2f}x faster, what its {exposed:.0%} exposed input "
+                f"allows (measured {ratio:.2f}x real / synthetic, {ci}: the same within noise)")
+    if ratio > cap:
+        return (f"with free input this job would be {ratio:.2f}x faster (real / synthetic, {ci}), more than the "
+                f"{cap:.2f}x its {exposed:.0%} exposed input alone allows: the input's work also slows the "
+                "computation (shared cores, caches)")
+    return f"with free input this job would be {ratio:.2f}x faster (real / synthetic, {ci})"
+
+
+def loader_sentence(loader: tuple[float, float, float], ceiling: tuple[float, float, float]) -> str:
+    """What removing the loader's work alone gives (real / cached), reconciled with the input-free ceiling.
+
+    The cached run still copies its batches, so it cannot be faster than the synthetic one: a real / cached
+    ratio above real / synthetic is noise when the two intervals overlap ("the same as free input, within
+    noise"), and a run-to-run difference of the machine when they do not (said so, not printed as a gain).
+
+    Parameters
+    ----------
+    loader, ceiling : (ratio, ci_low, ci_high)
+        Real / cached and real / synthetic median step time ratios with their 95% intervals.
+
+    Returns
+    -------
+    str
+    """
+    r, lo, hi = loader
+    c, c_lo, c_hi = ceiling
+    figures = f"{r:.2f}x real / cached, 95% CI {lo:.2f}-{hi:.2f}"
+    if r > c and lo <= c_hi:
+        return (f"with its loader's work removed but the copy kept, the same as free input, within noise ({figures}; "
+                f"free input {c:.2f}x, 95% CI {c_lo:.2f}-{c_hi:.2f}): the copy costs nothing measurable")
+    if r > c:
+        return (f"with its loader's work removed but the copy kept, faster than with free input ({figures}; free "
+                f"input {c:.2f}x, 95% CI {c_lo:.2f}-{c_hi:.2f}), which a run that still copies cannot be: the "
+                "machine's speed changed between the runs; read the two as the same and rerun when it is quiet")
+    return f"with its loader's work removed but the copy kept, {r:.2f}x (real / cached, 95% CI {lo:.2f}-{hi:.2f})"
+
+
+def copy_share(real: float, cached: float, synthetic: float) -> float | None:
+    """The copy's share of the input's cost from the three runs' median step times (any one unit):
+    (cached - synthetic) / (real - synthetic), clipped to 0..1; None when the real run is not slower than the
+    synthetic one."""
+    total = real - synthetic
+    if not total > 0:
+        return None
+    return min(1.0, max(0.0, (cached - synthetic) / total))
 
 
 def _host_batches(job: Job, n: int, pipeline: str) -> list:
@@ -184,17 +265,19 @@ class CeilingResult:
         """The job's throughput as a fraction of its ceiling's: ``(value, ci_low, ci_high)`` (1 / the ratio)."""
         return self.ceiling.inverse()
 
-    def sentence(self) -> str:
-        """"with free input this job would be 2.68x faster (real / synthetic step, 95% CI 2.42-2.96): it runs
-        at 37% of its input-free ceiling (95% CI 34-41%)", or "no measurable speedup" when the interval reaches 1."""
+    def sentence(self, exposed: float | None = None) -> str:
+        """"with free input this job would be 2.68x faster (real / synthetic, 95% CI 2.42-2.96): it runs at 37%
+        of its input-free ceiling (95% CI 34-41%)", or "no measurable speedup" when the interval reaches 1;
+        with ``exposed`` (the exposed input share, 0..1) reconciled with it (:func:`free_input_sentence`)."""
         c = self.ceiling
         f, lo, hi = self.fraction
         at = f"it runs at {f:.0%} of its input-free ceiling (95% CI {lo:.0%}-{hi:.0%})"
-        if c.ci_low > 1.0:
-            return (f"with free input this job would be {c.ratio:.2f}x faster (real / synthetic step, 95% CI "
-                    f"{c.ci_low:.2f}-{c.ci_high:.2f}): {at}")
-        return (f"free input would give no measurable speedup ({c.ratio:.2f}x real / synthetic, 95% CI "
-                f"{c.ci_low:.2f}-{c.ci_high:.2f}): {at}")
+        if f > 1.0:  # faster than its own ceiling: noise when the interval reaches 100%, else the machine changed
+            at = (f"it runs at its input-free ceiling, within noise ({f:.0%} measured, 95% CI {lo:.0%}-{hi:.0%})"
+                  if lo <= 1.0 else
+                  f"it measured faster than its input-free ceiling ({f:.0%}, 95% CI {lo:.0%}-{hi:.0%}), which a run "
+                  "that still loads its input cannot be: the machine's speed changed between the runs")
+        return f"{free_input_sentence(c.ratio, c.ci_low, c.ci_high, exposed=exposed)}: {at}"
 
 
 def input_free_ceiling(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: int = 2,
@@ -304,11 +387,15 @@ def three_run(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: i
     finally:
         real.close()
     check = machine.check(before, machine.snapshot())
+    divergence = loop_divergence({f"the {name} run": loops[name] for name in RUNS})
     meas = {name: Measurement(name, tuple(float(x) for x in frames[name]["step_s"]), warmup_steps) for name in RUNS}
     ceiling = Comparison.from_measurements(meas["real"], meas["synthetic"])
     loader = Comparison.from_measurements(meas["real"], meas["cached"])
     exposed = float(frames["real"]["exposed_fraction"].median())
-    rec, reason = classify(exposed, threshold, device_kind=acc.kind)
+    med = {name: float(frames[name]["step_s"].median()) for name in RUNS}
+    b = bottleneck.classify(exposed, threshold, device_kind=acc.kind,
+                            spare_cores=spare_cores(acc.kind, check.other_cpu_share),
+                            copy_share=copy_share(med["real"], med["cached"], med["synthetic"]))
     return ThreeRunResult(job=job.describe().get("job", job.name), steps=frames, exposed_fraction=exposed,
-                          recommendation=rec, reason=reason, ceiling=ceiling, loader=loader, machine=check,
-                          next_notebook=next_notebook(rec, loader.ratio, ceiling.ratio, device_kind=acc.kind))
+                          recommendation=b.label, reason=b.reason, ceiling=ceiling, loader=loader, machine=check,
+                          next_notebook=b.next_text(), bottleneck=b, divergence=divergence)

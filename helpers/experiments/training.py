@@ -21,8 +21,9 @@ from helpers.errors import ParameterError
 from helpers.jobs.base import Job, StepOptions, close_dataset
 from helpers.pipeline.loader import LoaderConfig, close_loader
 
-__all__ = ["LearningCheck", "TimedJob", "clone_batch", "fixed_batches", "learning_check", "loss_curve", "percent",
-           "prepare_job", "same_values", "step_options_comparison", "time_job"]
+__all__ = ["BatchAgreement", "LearningCheck", "TimedJob", "batch_agreement", "clone_batch", "fixed_batches",
+           "learning_check", "loss_curve", "percent", "prepare_job", "same_structure", "same_values",
+           "step_options_comparison", "time_job"]
 
 
 @dataclass
@@ -198,6 +199,88 @@ def same_values(a: Any, b: Any, *, exact: bool = True) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same_values(x, y, exact=exact) for x, y in zip(a, b))
     return a == b
+
+
+def same_structure(a: Any, b: Any) -> bool:
+    """Whether two (nested) batches agree in everything a random augmentation cannot change.
+
+    The same nesting and keys; every tensor of the same shape and dtype; integer and boolean tensors (labels,
+    token ids, masks) and non-tensor values equal. Floating-point values are not compared.
+    """
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        return True if a.is_floating_point() or a.is_complex() else bool(torch.equal(a.cpu(), b.cpu()))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same_structure(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_structure(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@dataclass(frozen=True)
+class BatchAgreement:
+    """How two configurations' batches of one job agree (:func:`batch_agreement`).
+
+    Attributes
+    ----------
+    identical : bool
+        Every batch bit-identical (the workbook's per-sample seeds made the augmentations the same).
+    structure_equal : bool
+        Every batch the same in order, labels, shapes and dtypes (:func:`same_structure`).
+    reproducible : bool
+        Reading the same batch twice in one process gives the same values.
+    """
+
+    identical: bool
+    structure_equal: bool
+    reproducible: bool
+
+    @property
+    def ok(self) -> bool:
+        """The batches agree as far as the job allows: identical, or (the job's augmentations cannot be
+        reproduced) the same order, labels, shapes and dtypes."""
+        return self.identical or (not self.reproducible and self.structure_equal)
+
+    def sentence(self) -> str:
+        """What was compared and what it showed, in words."""
+        if self.identical:
+            return "identical values"
+        if self.ok:
+            return ("the same order, labels, shapes and dtypes; the augmented values themselves differ because "
+                    "your dataset draws its randomness from a source the workbook cannot seed (not random, "
+                    "numpy.random, torch's generator or an RNG object the dataset holds, e.g. a new unseeded "
+                    "np.random.default_rng() per call), so the values could not be compared")
+        if not self.structure_equal:
+            return "DIFFERENT batches (order, labels, shapes or dtypes differ)"
+        return "DIFFERENT values although your dataset gives the same values when read twice"
+
+
+def batch_agreement(a: Sequence[Any], b: Sequence[Any], reread: Any = None) -> BatchAgreement:
+    """Compare two lists of batches of one job (two configurations), allowing for unseedable augmentations.
+
+    Parameters
+    ----------
+    a, b : sequence of batches
+        The same batches (same indices, same epoch) from two configurations.
+    reread : callable, optional
+        ``reread() -> batch``: the first batch read again in this process; when it differs from ``a[0]`` the
+        job's augmentations are not reproducible and only :func:`same_structure` is asked of the two. None:
+        reproducible.
+
+    Returns
+    -------
+    BatchAgreement
+    """
+    pairs = list(zip(a, b))
+    identical = len(a) == len(b) and all(same_values(x, y) for x, y in pairs)
+    structure = len(a) == len(b) and all(same_structure(x, y) for x, y in pairs)
+    reproducible = True
+    if not identical and reread is not None and len(a):
+        reproducible = same_values(a[0], reread())
+    return BatchAgreement(identical=identical, structure_equal=structure, reproducible=reproducible)
 
 
 # --------------------------------------------------------------------------- the same learning

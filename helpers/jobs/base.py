@@ -13,14 +13,16 @@ and compare jobs through this interface only, with the one phase-timed loop
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Mapping
 
 import torch
 
-from helpers.errors import ParameterError
+from helpers.errors import ParameterError, SampleError
 from helpers.pipeline.baseline import collate_batch
 from helpers.pipeline.loader import LoaderConfig, make_loader
+from helpers.pipeline.seeding import SampleSeeder
 
 __all__ = ["Job", "PerItemBatches", "StepOptions", "Workload", "WORKLOAD_PARAMS", "close_dataset"]
 
@@ -124,25 +126,58 @@ class PerItemBatches:
     collate : callable, optional
         Module-level function from a list of samples to a batch; default
         :func:`helpers.pipeline.baseline.collate_batch` (the built-in job's dict of image, tokens, label).
+    sample_seed : int, optional
+        Seed every sample's random augmentation from ``(sample_seed, epoch, index)``
+        (:class:`helpers.pipeline.seeding.SampleSeeder`): the same sample gets the same augmentation in every
+        configuration, process and worker, so two configurations of a job can be compared batch for batch.
+        None (the built-in job, whose dataset seeds itself): the dataset's own randomness as it is.
     """
 
-    def __init__(self, dataset, collate: Callable[[list], Any] | None = None) -> None:
+    def __init__(self, dataset, collate: Callable[[list], Any] | None = None, *,
+                 sample_seed: int | None = None) -> None:
         self.dataset = dataset
         self.collate = collate or collate_batch
+        self.seeder = SampleSeeder(sample_seed, dataset) if sample_seed is not None else None
+        self.epoch = 0
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch where the dataset draws augmentations per epoch."""
+        """Forward the epoch where the dataset draws augmentations per epoch (and seed samples from it)."""
+        self.epoch = int(epoch)
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
     def __getitem__(self, indices):
+        """``collate([dataset[i] for i in indices])``.
+
+        With ``sample_seed``, each ``dataset[i]`` runs after :meth:`SampleSeeder.seed_sample` for (epoch, i),
+        and the generators' states are restored after the batch.
+
+        Raises
+        ------
+        helpers.errors.SampleError
+            When ``dataset[i]`` raises: the index, the user's frame and the cause (the original exception is
+            its ``__cause__``).
+        """
         epoch = getattr(indices, "epoch", None)  # tagged by the batch sampler: reaches persistent workers
         if epoch is not None and hasattr(self.dataset, "set_epoch") and getattr(self.dataset, "epoch", None) != epoch:
             self.dataset.set_epoch(epoch)
-        return self.collate([self.dataset[int(i)] for i in indices])
+        epoch = self.epoch if epoch is None else int(epoch)
+        samples = []
+        with self.seeder.batch() if self.seeder is not None else contextlib.nullcontext():
+            for i in indices:
+                i = int(i)
+                if self.seeder is not None:
+                    self.seeder.seed_sample(epoch, i)
+                try:
+                    samples.append(self.dataset[i])
+                except SampleError:
+                    raise
+                except Exception as exc:
+                    raise SampleError.from_exception(i, exc) from exc
+        return self.collate(samples)
 
 
 class Job(abc.ABC):

@@ -11,16 +11,18 @@ in those words (:func:`helpers.compute.memory.is_oom`), with the batch size and 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from helpers.compute.memory import is_oom
+from helpers.errors import SampleError
 from helpers.jobs.base import Job, close_dataset
 from helpers.jobs.load import _user_frames
 from helpers.jobs.supervised import JobError
 
-__all__ = ["first_step_check", "describe_batch"]
+__all__ = ["Divergence", "first_step_check", "describe_batch", "loop_divergence", "loss_divergence"]
 
 
 def describe_batch(batch: Any, *, limit: int = 6) -> str:
@@ -72,8 +74,10 @@ def _part(job: Job, acc: Any, what: str, fn: Callable[[], Any], fix: str) -> Any
     except Exception as exc:  # the user's code: any exception is theirs to read
         if is_oom(exc):
             raise JobError(_oom_advice(job, acc, what)) from exc
+        # a SampleError names the index; the user's frames are those of the exception it wraps
+        origin = exc.__cause__ if isinstance(exc, SampleError) and exc.__cause__ is not None else exc
         raise JobError(f"job {job.name!r}: {what} failed: {type(exc).__name__}: {exc}; {fix}"
-                       f"{_user_frames(exc)}") from exc
+                       f"{_user_frames(origin)}") from exc
 
 
 def _loss_of(stats: Any) -> torch.Tensor | None:
@@ -141,3 +145,116 @@ def first_step_check(job: Job, acc: Any) -> dict[str, Any]:
                        "the inputs' scale, the labels' range and the learning rate before measuring its speed")
     return {"name": job.describe().get("job", job.name), "batch": describe_batch(batch), "loss": value,
             "samples": n}
+
+
+# --------------------------------------------------------------------------- a loss that turns NaN or infinite
+
+
+def _value_text(value: float) -> str:
+    return repr(float(value)) if not math.isfinite(value) else f"{value:.4g}"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a job's loss first became NaN or infinite, in each configuration it was run in.
+
+    Found after the runs, from the losses the steps returned (:attr:`helpers.compute.train.TimedLoop.nonfinite`
+    or a loss curve): no synchronize is added inside a timed step.
+
+    Attributes
+    ----------
+    first : dict of str to (int, str, float) or None
+        Configuration (e.g. ``"fp32"``, ``"bf16 autocast"``, ``"the baseline"``) -> ``(step, stat, value)`` of its
+        first non-finite loss (step counted from 1, warm-up included), or None where every loss was finite.
+    steps : dict of str to int
+        Steps each configuration ran.
+    baseline : str or None
+        The configuration without any optimization (fp32, notebook 10's baseline), when there is one.
+    """
+
+    first: Mapping[str, tuple[int, str, float] | None]
+    steps: Mapping[str, int] = field(default_factory=dict)
+    baseline: str | None = None
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the loss became NaN or infinite in any configuration."""
+        return any(v is not None for v in self.first.values())
+
+    @property
+    def baseline_diverged(self) -> bool:
+        """Whether it did in the configuration without optimization too (or in every one, with no baseline named)."""
+        if self.baseline is None:
+            return self.diverged
+        return self.first.get(self.baseline) is not None
+
+    def _at(self, name: str) -> str:
+        step, stat, value = self.first[name]
+        return f"{stat} {_value_text(value)} at step {step} in {name}"
+
+    def sentence(self) -> str:
+        """What diverged, where, and what to do: the reason a verdict gives instead of blaming an optimization."""
+        bad = [n for n, v in self.first.items() if v is not None]
+        if not bad:
+            return f"the loss stays finite in {', '.join(f'{n} ({self.steps.get(n, 0)} steps)' for n in self.first)}"
+        fix = ("fix the job's training before measuring its speed (the learning rate, the loss function, the "
+               "inputs' scale and the labels' range; its loss was finite at the first step)")
+        if self.baseline_diverged:
+            lead = self.baseline if self.baseline in bad else min(bad, key=lambda n: self.first[n][0])
+            step, stat, value = self.first[lead]
+            others = [self._at(n) for n in bad if n != lead]
+            compared = self.baseline is not None and len(self.first) > 1
+            fine = [n for n in self.first if n not in bad]
+            return (f"your job diverges: its {stat} is {_value_text(value)} at step {step} in {lead}"
+                    + (" too" if compared else "")
+                    + (f" ({'; '.join(others)})" if others else "")
+                    + (f", finite in {', '.join(fine)}" if fine else "")
+                    + (", so no optimization is to blame" if compared else "")
+                    + f"; no speed figure of a job whose loss is not finite is meaningful: {fix}")
+        base_steps = self.steps.get(self.baseline)
+        return (f"your job diverges only in {' and '.join(bad)}: {'; '.join(self._at(n) for n in bad)}, while "
+                f"{self.baseline} stays finite" + (f" over its {base_steps} steps" if base_steps else ""))
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able: configuration -> ``{"step", "stat", "value"}`` (value as text: "nan", "inf") or None."""
+        return {"baseline": self.baseline, "baseline_diverged": self.baseline_diverged,
+                "first": {n: (None if v is None else {"step": v[0], "stat": v[1], "value": _value_text(v[2])})
+                          for n, v in self.first.items()},
+                "steps": dict(self.steps)}
+
+
+def loss_divergence(curves: Mapping[str, Sequence[float]], *, baseline: str | None = None,
+                    stat: str = "loss") -> Divergence:
+    """The :class:`Divergence` of loss curves: per configuration, its first NaN or infinite value.
+
+    Parameters
+    ----------
+    curves : mapping of str to sequence of float
+        Configuration -> its loss per step (step 1 first).
+    baseline : str, optional
+        The key of the configuration without any optimization.
+    stat : str
+        What the curves are (``"loss"``, ``"value_loss"``), for the sentence.
+
+    Returns
+    -------
+    Divergence
+    """
+    first: dict[str, tuple[int, str, float] | None] = {}
+    for name, values in curves.items():
+        first[name] = next(((i, stat, float(v)) for i, v in enumerate(values, 1) if not math.isfinite(float(v))),
+                           None)
+    return Divergence(first=first, steps={n: len(v) for n, v in curves.items()}, baseline=baseline)
+
+
+def loop_divergence(loops: Mapping[str, Any], *, baseline: str | None = None) -> Divergence:
+    """The :class:`Divergence` of timed loops (:class:`helpers.compute.train.TimedLoop`, or objects with ``.loop``).
+
+    Read from each loop's ``nonfinite`` and ``steps_run``, after the runs.
+    """
+    first, steps = {}, {}
+    for name, obj in loops.items():
+        loop = getattr(obj, "loop", obj)
+        first[name] = loop.nonfinite
+        steps[name] = loop.steps_run
+    return Divergence(first=first, steps=steps, baseline=baseline)

@@ -15,6 +15,12 @@ tuples, dicts, dataclasses or nested lists of tensors, numbers or arrays); the b
 varies (the loader's workers and pinning, autocast, channels_last) goes through the :class:`~helpers.jobs.base.Job`
 interface, so the experiments measure their job the way they measure the built-in one.
 
+Random augmentations (Python's ``random``, NumPy's global generator, torch's generator as torchvision's
+transforms use it, or RNG objects the dataset holds) are seeded per sample from ``(seed, epoch, index)``
+inside the workbook's wrapper (:class:`~helpers.jobs.base.PerItemBatches` with ``sample_seed``), so two
+configurations of their job see the same augmented samples and can be compared batch for batch; the
+generators' states are restored after every batch.
+
 For anything else (a custom step, several models, a batched dataset) a user writes a :class:`Job`
 subclass; :class:`helpers.jobs.ppo.PPOJob` is the worked example.
 """
@@ -157,7 +163,7 @@ class SupervisedJob(Job):
         if options:
             raise ParameterError(f"job {self.name!r}: its dataset takes no options, got {sorted(options)}")
         collate = self.collate or torch.utils.data.default_collate
-        ds = PerItemBatches(self.dataset, collate=collate)
+        ds = PerItemBatches(self.dataset, collate=collate, sample_seed=self.seed)
         if self.max_items:
             return _Head(ds, self.max_items)
         return ds

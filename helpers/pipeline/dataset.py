@@ -27,6 +27,7 @@ import io
 import json
 import logging
 import os
+import posixpath
 import re
 import shutil
 import tempfile
@@ -680,6 +681,13 @@ def _read_captions_file(root: Path) -> tuple[str, dict[str, dict]] | None:
     return name, table
 
 
+def _outside(root: Path, name: str) -> bool:
+    """True when a captions file's ``name`` (``/`` separated) leads out of ``root``: ``../x.jpg``, ``/elsewhere/x.jpg``."""
+    base = posixpath.normpath(root.as_posix())
+    target = posixpath.normpath(posixpath.join(base, name))
+    return target != base and not target.startswith(base.rstrip("/") + "/")
+
+
 def _load_user_folder(root: Path, scan: bool, **sample) -> DatasetIndex:
     rel_names, texts = _walk(root)
     if not rel_names:
@@ -694,9 +702,15 @@ def _load_user_folder(root: Path, scan: bool, **sample) -> DatasetIndex:
     table_name, table = table_info if table_info else ("", {})
     if table:
         unknown = sorted(set(table) - set(rel_names))
-        if unknown:
-            logger.warning("%s lists %d file(s) not found as images under %s, e.g. %s",
-                           table_name, len(unknown), root, unknown[:3])
+        outside = [k for k in unknown if _outside(root, k)]
+        missing = [k for k in unknown if k not in set(outside)]
+        if outside:
+            logger.warning("%s lists %d file(s) outside the folder %s, ignored (only files inside it are read), "
+                           "e.g. %s", table_name, len(outside), root, outside[:3])
+            table = {k: row for k, row in table.items() if k not in set(outside)}  # their labels do not count
+        if missing:
+            logger.warning("%s lists %d file(s) not found as images under %s, e.g. %s (paths are relative to the "
+                           "folder, / separated)", table_name, len(missing), root, missing[:3])
 
     captions = []
     for name, rel in zip(rel_names, rels):

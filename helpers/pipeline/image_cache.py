@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from helpers.errors import DataError, ParameterError
+from helpers.fsutil import write_atomic
 from helpers.pipeline.baseline import ImageTransformConfig, item_generator, sample_augment
 from helpers.pipeline.decode import DecodeConfig, _resize_box, _write
 from helpers.pipeline.fast import BatchedDataset, _Filled
@@ -310,7 +311,7 @@ def open_image_cache(index, transform: ImageTransformConfig, *, margin: float | 
             meta = {"version": CACHE_VERSION, "fingerprint": want, "n": len(paths), "bytes": built["bytes"],
                     "failed": built["failed"], "root": str(data_root), "image_size": transform.image_size,
                     "margin": margin, "build_s": build_s}
-            manifest_path.write_text(json.dumps(meta, indent=1))
+            write_atomic(manifest_path, json.dumps(meta, indent=1))
             logger.info("decoded-image cache %s: %s, %d images, %.1f MiB in %.1f s", folder, why, len(paths),
                         built["bytes"] / 2**20, build_s)
         elif meta["bytes"] > max_bytes:

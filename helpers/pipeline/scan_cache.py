@@ -23,7 +23,9 @@ results. Deleting the cache folder is always safe: it is rebuilt on use.
 
 Where the cache lives: ``$WORKBOOK_CACHE_DIR/index`` when that variable is
 set, else ``platformdirs.user_cache_dir("training-perf-workbook")/index``
-(``~/.cache/training-perf-workbook/index`` on Linux).
+(``~/.cache/training-perf-workbook/index`` on Linux); when that user folder
+cannot be written (a read-only or missing home), a folder in the system's
+temporary directory instead, said once per process (:func:`cache_root`).
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ import logging
 import os
 import sqlite3
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers.errors import ParameterError
+from helpers.errors import OutputDirError, ParameterError
+from helpers.fsutil import ensure_writable_dir
 from helpers.params import headless
 from helpers.pipeline.images import BadFile, ScanReport, _refuse_truncated_loading, check_image_file
 
@@ -58,15 +62,75 @@ PROGRESS_MIN_FILES = 2000
 are checked silently)."""
 
 
-def cache_root() -> Path:
-    """The workbook's cache folder: ``$WORKBOOK_CACHE_DIR`` when set and not empty, else
-    ``platformdirs.user_cache_dir("training-perf-workbook")``. Not created here."""
+#: The user cache folder probed, per path: (the folder used, why it is not the usual one or None). Probed once a
+#: process (a write probe, :func:`helpers.fsutil.ensure_writable_dir`).
+_LOCATED: dict[str, tuple[Path, str | None]] = {}
+#: The fallback notes already said in this process (logged by :func:`cache_root`, or returned by
+#: :func:`cache_fallback_note` for a caller to print).
+_SAID: set[str] = set()
+#: Cache folders already said to be unusable (the "checking without a cache" warning is given once each).
+_UNUSABLE_SAID: set[str] = set()
+
+
+def _fallback_dir() -> Path:
+    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return Path(tempfile.gettempdir()) / f"training-perf-workbook-cache-{uid}"
+
+
+def _locate() -> tuple[Path, str | None]:
     env = os.environ.get(CACHE_DIR_ENV, "").strip()
-    if env:
-        return Path(env).expanduser()
+    if env:  # the user's choice: used as it is (an unusable one is said where it fails, once)
+        return Path(env).expanduser(), None
     import platformdirs
 
-    return Path(platformdirs.user_cache_dir("training-perf-workbook"))
+    usual = Path(platformdirs.user_cache_dir("training-perf-workbook"))
+    if str(usual) not in _LOCATED:
+        try:
+            ensure_writable_dir(usual, what="the workbook's cache folder", hint="")
+            _LOCATED[str(usual)] = (usual, None)
+        except OutputDirError as exc:  # a read-only or missing home, a path through a file
+            fallback = _fallback_dir()
+            _LOCATED[str(usual)] = (fallback, (
+                f"{str(exc).rstrip('; ')}: the image check and decoded-image caches go to {fallback} instead "
+                f"(set {CACHE_DIR_ENV} to choose their folder)"))
+    return _LOCATED[str(usual)]
+
+
+def cache_root() -> Path:
+    """The workbook's cache folder.
+
+    Returns
+    -------
+    pathlib.Path
+        ``$WORKBOOK_CACHE_DIR`` when set and not empty; else
+        ``platformdirs.user_cache_dir("training-perf-workbook")`` when it can be
+        created and written (probed once per process, which creates it); else
+        ``<temporary directory>/training-perf-workbook-cache-<uid>``, and a
+        warning, logged once per process, says which folder could not be
+        written, why, and where the caches go instead.
+    """
+    root, note = _locate()
+    if note is not None and note not in _SAID:
+        _SAID.add(note)
+        logger.warning("%s", note)
+    return root
+
+
+def cache_fallback_note() -> str | None:
+    """Why the caches are not in the user's cache folder, and where they go, if not yet said in this process.
+
+    For a caller that prints it (the runner's console): once returned, :func:`cache_root` does not log it again.
+
+    Returns
+    -------
+    str or None
+        The sentence, or None when the usual folder (or ``$WORKBOOK_CACHE_DIR``) is used, or it was said.
+    """
+    _, note = _locate()
+    if note is None or note in _SAID:
+        return None
+    _SAID.add(note)
+    return note
 
 
 def index_cache_dir() -> Path:
@@ -286,7 +350,9 @@ def scan_relative(root: Path, rels: Sequence[str], *, use_cache: bool = True, ma
                 db = _open_db(db_file)
                 stack.callback(db.close)
             except (OSError, sqlite3.Error) as exc:
-                logger.warning("image check cache %s unusable (%s); checking without a cache", db_file, exc)
+                if str(db_file.parent) not in _UNUSABLE_SAID:  # once per folder, not once per call
+                    _UNUSABLE_SAID.add(str(db_file.parent))
+                    logger.warning("image check cache %s unusable (%s); checking without a cache", db_file, exc)
                 db_file, db = None, None
         if db is not None:
             known = {rel: (size, mtime, reason) for rel, size, mtime, reason in

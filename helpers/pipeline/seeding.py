@@ -29,10 +29,22 @@ augmentations (pytorch#5059). :func:`reseed_dataset_rngs` fixes that:
    ``torch.Generator`` and ``random.Random`` found is reseeded *in place*
    (so other references to it see the new state), each from its own child
    seed, in sorted attribute order.
+
+Per-sample seeding (:class:`SampleSeeder`)
+------------------------------------------
+A comparison of two configurations of a user's job (num_workers 0 against 2, a prefetcher against the
+synchronous copy, the baseline against the optimized job) is only fair when the same sample gets the same
+random augmentation in both. Per-worker seeding cannot give that (which worker reads a sample depends on
+the configuration), so the workbook's wrapper of a user's dataset seeds, before each ``dataset[i]``,
+Python's ``random``, NumPy's global generator, torch's default generator (which torchvision's transforms
+draw from) and the RNG objects the dataset holds, from ``(seed, epoch, index)``; and restores every one of
+them after the batch, so the rest of the process (the model's initialization, the user's own code) sees
+its generators as it left them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import numbers
@@ -55,6 +67,7 @@ __all__ = [
     "WorkerSeeds",
     "seed_worker",
     "worker_init_fn",
+    "SampleSeeder",
 ]
 
 #: Containers with more items than this are not scanned for RNG objects
@@ -281,3 +294,129 @@ def worker_init_fn(worker_id: int, rank: int | None = None) -> WorkerSeeds:
     logger.debug("worker %d (pid %d): seed %d, rank %d, reseeded %s", info.id, os.getpid(), info.seed,
                  seeds.rank, ", ".join(seeds.reseeded) or "nothing")
     return seeds
+
+
+# --------------------------------------------------------------------------- per-sample seeding
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finalizer (Steele, Lea and Flood, "Fast splittable pseudorandom number generators",
+    OOPSLA 2014): a 64-bit integer to a well-mixed 64-bit integer, a few microseconds in Python where a
+    ``numpy.random.SeedSequence`` takes a few hundred."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class SampleSeeder:
+    """Seed every generator a sample's augmentation can draw from, per ``(seed, epoch, index)``.
+
+    Used around a batch (:meth:`batch`) and before each sample (:meth:`seed_sample`) by
+    :class:`helpers.jobs.base.PerItemBatches`; see the module docstring for why. The same
+    ``(seed, epoch, index)`` gives the same draws from ``random``, ``numpy.random``, torch's default
+    generator and the dataset's own RNG objects (found once, as :func:`reseed_dataset_rngs` finds them),
+    in the main process and in every DataLoader worker.
+
+    Parameters
+    ----------
+    seed : int
+        The job's seed (>= 0).
+    dataset : object, optional
+        The user's dataset, scanned once for RNG objects (``numpy.random.Generator``, ``RandomState``,
+        ``torch.Generator``, ``random.Random``) down to ``max_depth`` attribute levels.
+    max_depth : int, default 2
+
+    Raises
+    ------
+    ParameterError
+        If ``seed`` is not a non-negative integer.
+    """
+
+    def __init__(self, seed: int, dataset: Any = None, *, max_depth: int = 2) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise ParameterError(f"SampleSeeder: seed must be an int >= 0, got {seed!r}")
+        self.seed = int(seed)
+        self._dataset = dataset
+        self._max_depth = max_depth
+        self._targets: list[tuple[str, Any]] | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_targets"] = None  # a worker's copy finds the RNG objects of its own copy of the dataset
+        return state
+
+    def _objects(self) -> list[tuple[str, Any]]:
+        if self._targets is None:
+            targets: list[tuple[str, Any]] = []
+            attrs = getattr(self._dataset, "__dict__", None)
+            if isinstance(attrs, dict):
+                seen = {id(self._dataset)}
+                for name in sorted(attrs):
+                    _scan_targets(attrs[name], f"dataset.{name}", self._max_depth - 1, seen, targets)
+            self._targets = targets
+        return self._targets
+
+    @property
+    def reseeded(self) -> tuple[str, ...]:
+        """The dataset's RNG objects seeded per sample, by attribute path (e.g. ``("dataset.rng",)``)."""
+        return tuple(path for path, _ in self._objects())
+
+    def seed_sample(self, epoch: int, index: int) -> None:
+        """Seed ``random``, NumPy's global generator, torch's and the dataset's RNG objects for one sample.
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch the sample is read in (>= 0).
+        index : int
+            The sample's index in the dataset (>= 0).
+        """
+        key = _mix64(_mix64(_mix64(self.seed) ^ int(epoch)) ^ int(index))
+        random.seed(_mix64(key + 1))
+        np.random.seed(_mix64(key + 2) & 0xFFFFFFFF)
+        # the CPU generator itself: torch.manual_seed also seeds every accelerator's (about 1 ms a call), and
+        # augmentations (torchvision's among them) draw on the CPU in the dataset
+        torch.default_generator.manual_seed(_mix64(key + 3) >> 1)
+        objects = self._objects()
+        if objects:
+            for k, (_, rng) in enumerate(objects):
+                _reseed_one(rng, np.random.SeedSequence(_mix64(key + 4 + k)))
+
+    @contextlib.contextmanager
+    def batch(self):
+        """Save the state of every generator :meth:`seed_sample` touches, and restore it on exit."""
+        py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.default_generator.get_state()
+        saved = [(rng, _get_state(rng)) for _, rng in self._objects()]
+        try:
+            yield self
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+            torch.default_generator.set_state(torch_state)
+            for rng, state in saved:
+                _set_state(rng, state)
+
+
+def _get_state(rng: Any) -> Any:
+    if isinstance(rng, np.random.Generator):
+        return rng.bit_generator.state
+    if isinstance(rng, np.random.RandomState):
+        return rng.get_state()
+    if isinstance(rng, torch.Generator):
+        return rng.get_state()
+    return rng.getstate()
+
+
+def _set_state(rng: Any, state: Any) -> None:
+    if isinstance(rng, np.random.Generator):
+        rng.bit_generator.state = state
+    elif isinstance(rng, np.random.RandomState):
+        rng.set_state(state)
+    elif isinstance(rng, torch.Generator):
+        rng.set_state(state)
+    else:
+        rng.setstate(state)

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from helpers.errors import DataError, ParameterError
+from helpers.fsutil import write_atomic
 from helpers.pipeline.dataset import default_data_root
 
 logger = logging.getLogger(__name__)
@@ -134,14 +133,7 @@ def _cache_key(captions: Sequence[str], vocab_size: int) -> str:
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text)
 
 
 def load_or_build_tokenizer(index, path: Path | str | None = None, text_len: int = 16, *, vocab_size: int = 512):

@@ -29,6 +29,10 @@ from helpers.errors import WorkbookError
 from helpers.specs import DEVICE_CHOICES, PROFILES
 
 
+#: diagnose's default limit, s: its 3 x (3 + 20) steps take seconds to minutes on a job that trains at all.
+DIAGNOSE_TIMEOUT_S = 600.0
+
+
 def _parser() -> argparse.ArgumentParser:
     argv0 = Path(sys.argv[0]).name
     prog = "python -m helpers" if argv0 in ("__main__.py", "-m", "-c", "") else argv0
@@ -64,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     dg.add_argument("--batch-size", type=int, default=None, metavar="N", help="passed to the job's factory")
     dg.add_argument("--data-dir", default=None, metavar="DIR", help="passed to the job's factory")
     dg.add_argument("--json", action="store_true", help="print the figures as JSON")
+    dg.add_argument("--timeout", type=float, default=DIAGNOSE_TIMEOUT_S, metavar="S",
+                    help=f"stop after S seconds, dump the stacks and say where the job is stuck, e.g. in your "
+                         f"dataset's __getitem__ (default: {DIAGNOSE_TIMEOUT_S:.0f}; exit 1)")
 
     nbc = sub.add_parser("notebooks", help="copy the notebooks and their profiles to a folder, for JupyterLab")
     nbc.add_argument("dest", type=Path, help="the folder (created; files already there are kept)")
@@ -137,6 +144,31 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _diagnose(args) -> int:
+    """``diagnose --job`` under its ``--timeout``: stuck past it, the stacks and where it was stuck, exit 1."""
+    import math
+    import os
+
+    from helpers.errors import ParameterError
+    from helpers.stuck import Watchdog
+
+    if not (isinstance(args.timeout, float) and math.isfinite(args.timeout) and args.timeout > 0):
+        raise ParameterError(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
+
+    def stuck(sentence: str, _stacks: list) -> None:  # from the watchdog's thread: the main one is stuck
+        print(f"error: diagnose ran past --timeout {args.timeout:g} s, {sentence} (the stacks of every thread are "
+              f"above); fix what it waits for there, or, if the job is only slow, pass a larger --timeout",
+              file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+
+    dog = Watchdog(args.timeout, stuck, backstop_s=10.0, backstop_exit=True).start()
+    try:
+        return _diagnose_job(args)
+    finally:
+        dog.cancel()
+
+
+def _diagnose_job(args) -> int:
     """``diagnose --job``: load the job (its errors are theirs, exit 2), run the three-run test, print it."""
     import json
 
@@ -174,7 +206,7 @@ def _diagnose(args) -> int:
             dist.destroy_process_group()
     if rc is None or rc.rank == 0:  # under torchrun, rank 0 speaks for the job (its own steps' times)
         print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.lines()))
-    return 0
+    return 1 if result.diverged else 0  # a loss that turned NaN or infinite: no verdict, and the exit says so
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,7 +322,12 @@ def main(argv: list[str] | None = None) -> int:
 
             if not (args.run_dir / "run.json").is_file() and not (args.run_dir / "results.jsonl").is_file():
                 raise WorkbookError(f"{args.run_dir} is not a run folder (no run.json or results.jsonl)")
-            html, md = write_report(args.run_dir)
+            try:
+                html, md = write_report(args.run_dir)
+            except OSError as exc:  # a full disk, a read-only folder: the files already there are left whole
+                print(f"error: the report could not be written in {args.run_dir}: {exc.strerror or exc}; "
+                      "report.md and report.html already there are left whole", file=sys.stderr)
+                return 1
             print(f"Report: {html}\n        {md}")
             return 0
     except WorkbookError as exc:

@@ -22,6 +22,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from helpers.fsutil import write_atomic
+
 __all__ = ["DEVICE_NOTEBOOKS", "device_check", "bandwidth_summary"]
 
 #: The notebooks whose mechanisms need an accelerator to show (issue 14's list).
@@ -157,6 +159,6 @@ def device_check(*, device: str = "cuda", out: str | Path | None = None, profile
         steps["bandwidth"]["status"] = "not applicable"  # nothing was copied to a device (a CPU)
         steps["bandwidth"]["reason"] = "notebook 04 recorded no host-to-device rate: no accelerator in this run"
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
-    (root / "device_check.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_atomic(root / "device_check.json", json.dumps(summary, indent=2, default=str))
     echo(f"device-check: summary {root / 'device_check.json'} ({summary['wall_s']:.0f} s)")
     return summary

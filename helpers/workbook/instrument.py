@@ -20,9 +20,9 @@ What is timed, per step (a step runs from one batch request to the next):
 The device is synchronized once per step, at the step boundary (and once more at ``copied()`` when it is
 called), so that a phase's time is the device's, not the time to queue its work: the least a per-phase
 measurement needs. On a CPU the synchronize is a no-op. The first ``warmup`` steps are not measured. The
-report gives notebook 01's host-bound verdict (:func:`helpers.experiments.baseline.classify`) from the
-median per-step share of exposed input, the phase medians with their interquartile ranges, the notebook to
-open next, and the machine's state over the measurement (:mod:`helpers.machine`): a busy machine makes the
+report gives notebook 01's verdict (:func:`helpers.bottleneck.classify`: host-bound, balanced or
+device-bound) from the median per-step share of exposed input, the phase medians with their interquartile
+ranges, the notebooks to open next on this machine, and the machine's state over the measurement (:mod:`helpers.machine`): a busy machine makes the
 verdict "inconclusive". ``python -m helpers bench instrument`` measures the instrument's overhead.
 """
 
@@ -34,9 +34,9 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from helpers import machine
+from helpers import bottleneck, machine
 from helpers.errors import ParameterError
-from helpers.experiments.baseline import classify
+from helpers.experiments.baseline import spare_cores
 
 __all__ = ["InstrumentedLoader", "LoopReport", "instrument"]
 
@@ -52,10 +52,14 @@ class LoopReport:
     exposed_fraction : float
         Median over steps of (data + copy) / step.
     recommendation : str
-        "host-bound", "device-bound", or "inconclusive" (a busy machine; ``measured_recommendation`` keeps the other).
+        One of :data:`helpers.bottleneck.LABELS`, or "inconclusive" (a busy machine; ``measured_recommendation``
+        keeps the label).
     measured_recommendation, reason : str
     next_notebook : str
+        The notebooks to open next, with why (:meth:`helpers.bottleneck.Bottleneck.next_text`).
     machine : helpers.machine.BusyCheck
+    bottleneck : helpers.bottleneck.Bottleneck or None
+        The classification (the two levers' savings, the idle cores).
     """
 
     steps: Any
@@ -65,6 +69,7 @@ class LoopReport:
     reason: str
     next_notebook: str
     machine: Any
+    bottleneck: Any = None
 
     def lines(self, name: str = "your loop") -> list[str]:
         """The printed report."""
@@ -185,10 +190,14 @@ class InstrumentedLoader:
                                  "run more steps (at least 3 after the warm-up) before report()")
         check = machine.check(self._before, machine.snapshot(), max_other_cpu_share=self.busy_cpu_share)
         exposed = float(df["exposed_fraction"].median())
-        rec, reason = classify(exposed, self.threshold, device_kind=self.device_kind)
-        nxt = _next(rec, df)
-        return LoopReport(steps=df, exposed_fraction=exposed, recommendation="inconclusive" if check.busy else rec,
-                          measured_recommendation=rec, reason=reason, next_notebook=nxt, machine=check)
+        data, copy = float(df["data"].median()), float(df["copy"].median())
+        b = bottleneck.classify(exposed, self.threshold, device_kind=self.device_kind,
+                                spare_cores=spare_cores(self.device_kind, getattr(check, "other_cpu_share", None)),
+                                copy_share=copy / (data + copy) if data + copy > 0 else None)
+        return LoopReport(steps=df, exposed_fraction=exposed,
+                          recommendation="inconclusive" if check.busy else b.label, measured_recommendation=b.label,
+                          reason=b.reason, machine=check, bottleneck=b,
+                          next_notebook=b.next_text() + (_DIAGNOSE if b.label != bottleneck.DEVICE_BOUND else ""))
 
     def report(self, *, print_it: bool = True) -> LoopReport:
         """Print (by default) and return the :class:`LoopReport`."""
@@ -198,19 +207,8 @@ class InstrumentedLoader:
         return r
 
 
-def _next(recommendation: str, df: pd.DataFrame) -> str:
-    """The notebook to open next from the loop's own phases."""
-    from helpers.checklist import notebook_ref as nb
-
-    data, copy = float(df["data"].median()), float(df["copy"].median())
-    if recommendation != "host-bound":
-        return f"{nb('mixed precision')}: the step is the computation; device-side optimizations pay off first"
-    if copy > data:
-        return (f"{nb('pinned memory')} and {nb('stream overlap')}: the copy ({copy * 1e3:.1f} ms) is exposed longer "
-                f"than the data wait ({data * 1e3:.1f} ms)")
-    return (f"{nb('DataLoader tuning')}: the loop waits {data * 1e3:.1f} ms per step for its loader; then make each "
-            f"sample cheaper ({nb('batched decode')} shows how for images); `python -m helpers diagnose --job` "
-            "measures what free input would give")
+#: Appended to the "next" advice when the input counts: the measurement the instrument cannot make in a loop.
+_DIAGNOSE = "; `python -m helpers diagnose --job` measures what free input would give"
 
 
 def _synchronizer(device: Any):

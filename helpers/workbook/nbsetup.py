@@ -66,7 +66,8 @@ class NotebookContext:
         an ``experiment="machine state"`` record and in the verdict's ``extra["machine"]``. When other processes
         took more than that share of the cores, a verdict that decided something becomes "inconclusive",
         its reason says so first and keeps what was measured, and its action is dropped: noise never prints
-        a confident recommendation. A "not applicable" verdict (nothing measured) is kept.
+        a confident recommendation. A "not applicable" verdict (nothing measured) is kept, and so is one that
+        says the job diverges (``extra["divergence"]``: a loss that is not finite does not depend on the load).
 
         Returns
         -------
@@ -78,7 +79,8 @@ class NotebookContext:
         self.store.add("machine state", "while measuring", "other_cpu_share", c.other_cpu_share, "fraction", busy=c.busy,
                        load_per_core=c.load_per_core, seconds=c.seconds, reasons=list(c.reasons))
         extra = {**dict(verdict.extra), "machine": c.as_dict()}
-        if c.busy and verdict.recommendation != "not applicable":
+        diverged = isinstance(verdict.extra.get("divergence"), Mapping)  # a NaN loss is no timing: load cannot undo it
+        if c.busy and verdict.recommendation != "not applicable" and not diverged:
             extra["measured_recommendation"] = verdict.recommendation
             verdict = replace(verdict, recommendation="inconclusive", action=None, extra=extra,
                               reason=f"{c.sentence()}. What it measured: {verdict.recommendation}: {verdict.reason}")
@@ -199,6 +201,9 @@ def start(notebook: str, namespace: Mapping[str, Any], *, need_device: bool = Tr
     params = validate_notebook_params(notebook, namespace, allow_unknown=True)
     if params.get("job"):  # the sizes the user did not set: their factory's own defaults stand
         params[FACTORY_DEFAULTS_KEY] = factory_defaults(notebook, namespace, params)
+    from helpers.stuck import arm_cell_watchdog
+
+    arm_cell_watchdog()  # under the runner: a cell stuck near its --timeout dumps its stacks and says where first
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     out_dir = Path(params["out_dir"]) if params.get("out_dir") else interactive_dir()

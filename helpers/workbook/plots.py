@@ -7,11 +7,14 @@ Plot functions take DataFrames with documented columns and return the figure.
 
 from __future__ import annotations
 
+import io
 import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
+
+from helpers.fsutil import write_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -49,7 +52,9 @@ def save_figure(fig, ctx, name: str, *, dpi: int = 100) -> Path:
     """
     path = figure_path(ctx.out_dir, ctx.notebook, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    write_atomic(path, buf.getvalue())  # a full disk leaves the previous figure, never a truncated PNG
     ctx.figures.append(path)
     return path
 

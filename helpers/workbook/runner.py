@@ -45,14 +45,14 @@ try:  # POSIX advisory locks for the run folder (lock_run_dir); absent on Window
 except ImportError:  # pragma: no cover - not a POSIX system
     fcntl = None
 
-from helpers import checklist
+from helpers import checklist, stuck
 from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
 from helpers.jobspec import JOB_SIZE_PARAMS, absolute_job_spec, factory_params
 from helpers.process import CHILDREN_DIR_ENV, cli_command, end_stale_children
-from helpers.fsutil import ensure_writable_dir
+from helpers.fsutil import ensure_writable_dir, write_atomic
 from helpers.pipeline.dataset import list_image_files
 from helpers.pipeline.images import IMAGE_SUFFIXES
-from helpers.pipeline.scan_cache import cached_scan
+from helpers.pipeline.scan_cache import cache_fallback_note, cached_scan
 from helpers.specs import DEVICE_CHOICES, PROFILES, spec_for, validate_notebook_params
 from helpers.workbook.paths import notebooks_dir, runs_dir
 from helpers.workbook.report import write_report
@@ -127,7 +127,7 @@ class NotebookRun:
     input: str
     output: str
     parameters: dict
-    status: str = "pending"  # pending | running | ok | failed | interrupted
+    status: str = "pending"  # pending | running | ok | failed | interrupted | skipped
     duration_s: float | None = None
     error: dict | None = None
     not_applicable: str | None = None  # why the notebook does not run on the user's job (recorded, not executed)
@@ -149,12 +149,11 @@ class RunState:
     overrides: list = field(default_factory=list)  # the -p NAME VALUE pairs, as given
     duration_s: float | None = None
     notebooks: list = field(default_factory=list)
+    error: str | None = None  # why the run stopped before its notebooks were done (e.g. a full disk)
 
     def save(self, run_dir: Path) -> None:
-        """Write run.json atomically."""
-        tmp = run_dir / (RUN_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        os.replace(tmp, run_dir / RUN_FILE)
+        """Write run.json atomically (:func:`helpers.fsutil.write_atomic`: the last good copy survives a full disk)."""
+        write_atomic(run_dir / RUN_FILE, json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, run_dir: Path) -> "RunState":
@@ -343,7 +342,7 @@ def export_html(notebook: Path) -> Path | None:
 
         body, _ = HTMLExporter(template_name="lab").from_notebook_node(nbformat.read(str(notebook), as_version=4))
         out = notebook.with_suffix(".html")
-        out.write_text(body, encoding="utf-8")
+        write_atomic(out, body)
         return out
     except Exception as exc:  # noqa: BLE001 - a missing template or a broken output must not fail the run
         logging.getLogger(__name__).warning("no HTML rendering of %s: %s: %s", notebook.name, type(exc).__name__,
@@ -414,15 +413,23 @@ def check_job(spec: str, params: dict, *, device: str = "cpu", timeout_s: float 
     code = ("import json, sys\nfrom helpers.npu_probe import prepare_torch_import\n"
             "prepare_torch_import(fallback_to_cpu=True)\nfrom helpers.device import get_accelerator\n"
             "from helpers.jobs.check import first_step_check\nfrom helpers.jobs.load import load_job\n"
+            "import os\nfrom helpers.stuck import Watchdog\n"
+            "def stuck(where, _stacks):\n    print(f'STUCK: {where}', file=sys.stderr, flush=True)\n    os._exit(4)\n"
+            "Watchdog(float(sys.argv[4]), stuck, backstop_s=None).start()\n"
             "try:\n    job = load_job(sys.argv[1], json.loads(sys.argv[2]))\n"
             "    out = first_step_check(job, get_accelerator(sys.argv[3]))\n"
             "except Exception as exc:\n    print(f'{type(exc).__name__}: {exc}', file=sys.stderr)\n    sys.exit(3)\n"
             "print(json.dumps(out))\n")
     try:
-        proc = subprocess.run([sys.executable, "-c", code, spec, json.dumps(params), device], capture_output=True,
-                              text=True, timeout=timeout_s, cwd=os.getcwd())
+        proc = subprocess.run([sys.executable, "-c", code, spec, json.dumps(params), device,
+                               str(max(1.0, timeout_s - 10))], capture_output=True, text=True, timeout=timeout_s,
+                              cwd=os.getcwd())
     except subprocess.TimeoutExpired:
         raise ParameterError(f"--job {spec}: loading the job took more than {timeout_s:.0f} s") from None
+    where = next((ln.removeprefix("STUCK: ") for ln in proc.stderr.splitlines() if ln.startswith("STUCK: ")), None)
+    if proc.returncode == 4 and where:  # its watchdog dumped the stacks and named where it hung
+        raise ParameterError(f"--job {spec}: loading the job and its first step did not finish in "
+                             f"{max(1.0, timeout_s - 10):.0f} s, {where}")
     if proc.returncode != 0:
         msg = proc.stderr.strip()
         tail = msg[msg.find("JobError: "):] if "JobError: " in msg else "\n".join(msg.splitlines()[-12:])
@@ -533,9 +540,7 @@ def drop_records(results: Path, notebook: str) -> int:
             dropped += 1
         else:
             keep.append(line)
-    tmp = results.with_suffix(".tmp")
-    tmp.write_text("".join(k + "\n" for k in keep))
-    os.replace(tmp, results)
+    write_atomic(results, "".join(k + "\n" for k in keep))
     return dropped
 
 
@@ -546,8 +551,26 @@ def drop_records(results: Path, notebook: str) -> int:
 _CELL_TIMEOUT_RE = re.compile(r"timed out while it was being executed, after (\d+) seconds")
 
 
-def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
-    """For a cell timeout: which cell (number and first line), the limit in effect and the option that raises it."""
+def _preview_first_line(preview: str) -> str:
+    """The first line of nbclient's cell preview, as text (a long cell's preview is a Python list of its lines)."""
+    import ast
+
+    first = next((line.strip() for line in preview.splitlines() if line.strip()), "")
+    if first.startswith("["):
+        try:
+            lines = ast.literal_eval(first)
+        except (ValueError, SyntaxError):
+            lines = None
+        if isinstance(lines, list):
+            first = next((str(x).strip() for x in lines if str(x).strip()), "")
+    return first
+
+
+def _cell_timeout_info(exc: BaseException, notebook: str | None, *, logs: Path | None = None,
+                       name: str | None = None) -> dict | None:
+    """For a cell timeout: which cell (number and first line), the limit in effect, where the kernel was stuck
+    (its stacks dumped in ``logs/<name>.stacks.txt`` before the limit, :mod:`helpers.stuck`) and the option
+    that raises the limit."""
     text = str(exc)
     m = _CELL_TIMEOUT_RE.search(text)
     if m is None:
@@ -555,7 +578,7 @@ def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
     limit = int(m.group(1))
     parts = text.split("-------------------")
     preview = parts[1].strip() if len(parts) >= 3 else ""
-    first = next((line.strip() for line in preview.splitlines() if line.strip()), "")
+    first = _preview_first_line(preview)
     index = None
     if notebook and first:
         try:
@@ -568,9 +591,16 @@ def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
                 break
     where = f"cell {index} (`{first}`)" if index is not None else (f"the cell starting `{first}`" if first
                                                                    else "a cell")
+    where_stuck = stuck.read_stuck(logs, name) if logs is not None and name else None
+    stacks = f"; the kernel's stacks: logs/{name}.stacks.txt" if where_stuck else ""
     info = {"type": "CellTimeoutError", "limit_s": limit,
-            "message": (f"{where} ran past the per-cell limit of {limit} s; raise it with --timeout S "
-                        f"({cli_command()} run --timeout {limit * 2} ...), or use a smaller --profile")}
+            "message": (f"{where} ran past the per-cell limit of {limit} s"
+                        + (f", {where_stuck}{stacks}; if it is only slow, raise the limit" if where_stuck
+                           else "; raise it")
+                        + f" with --timeout S ({cli_command()} run --timeout {limit * 2} ...), or use a smaller "
+                          "--profile")}
+    if where_stuck:
+        info["stuck"] = where_stuck
     if index is not None:
         info["cell_index"] = index
     if first:
@@ -578,8 +608,9 @@ def _cell_timeout_info(exc: BaseException, notebook: str | None) -> dict | None:
     return info
 
 
-def _error_info(exc: BaseException, notebook: str | None = None) -> dict:
-    timeout = _cell_timeout_info(exc, notebook)
+def _error_info(exc: BaseException, notebook: str | None = None, *, logs: Path | None = None,
+                name: str | None = None) -> dict:
+    timeout = _cell_timeout_info(exc, notebook, logs=logs, name=name)
     if timeout is not None:
         return timeout
     info = {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[-1][:500] if str(exc).strip() else ""}
@@ -627,12 +658,25 @@ def execute_notebook(nb: NotebookRun, *, timeout_s: float, progress: bool) -> No
     import papermill as pm
 
     log_path = Path(nb.output).parent / "logs" / f"{nb.id}.log"
-    with _child_stderr_to(log_path):
-        pm.execute_notebook(
-            nb.input, nb.output, parameters=nb.parameters, kernel_name="python3",
-            cwd=str(Path(nb.input).parent), progress_bar=progress, log_output=False,
-            execution_timeout=int(timeout_s), start_timeout=120,
-        )
+    watch = {stuck.CELL_TIMEOUT_ENV: str(int(timeout_s)), stuck.STUCK_DIR_ENV: str(log_path.parent),
+             stuck.STUCK_NAME_ENV: nb.id}  # the kernel dumps its stacks before a cell reaches the limit
+    saved = {k: os.environ.get(k) for k in watch}
+    for path in stuck.cell_files(log_path.parent, nb.id):
+        path.unlink(missing_ok=True)
+    os.environ.update(watch)
+    try:
+        with _child_stderr_to(log_path):
+            pm.execute_notebook(
+                nb.input, nb.output, parameters=nb.parameters, kernel_name="python3",
+                cwd=str(Path(nb.input).parent), progress_bar=progress, log_output=False,
+                execution_timeout=int(timeout_s), start_timeout=120,
+            )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 #: The advisory lock a runner holds on its run folder for the run's life (see :func:`lock_run_dir`).
@@ -716,20 +760,38 @@ def _disk_full(run_dir: Path, exc: BaseException) -> DiskFullError:
         room = f"{free / 2**20:,.1f} MiB free"
     except OSError:
         room = "free space unknown"
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)  # a kernel's error (papermill)
+    what = f"{ename}: {evalue}" if ename and evalue else f"{type(exc).__name__}: {exc}"
+    what = " ".join(what.split())[:200]
     return DiskFullError(
-        f"the disk of the run folder {run_dir} is full ({room}): {type(exc).__name__}: {str(exc)[:200]}. What was "
+        f"the disk of the run folder {run_dir} is full ({room}): {what}. What was "
         f"written is kept; free some space (or pass --out on another disk) and continue with: "
         f"{cli_command()} run --resume --out {run_dir}")
 
 
-def _save(state: "RunState", run_dir: Path) -> None:
-    """``state.save`` with a full disk turned into a :class:`DiskFullError` (run.json keeps its last good copy)."""
+@contextlib.contextmanager
+def _full_disk_stops(run_dir: Path):
+    """Turn a full disk met inside the block into a :class:`DiskFullError` (other errors pass unchanged)."""
     try:
-        state.save(run_dir)
+        yield
     except OSError as exc:
         if _is_disk_full(exc):
             raise _disk_full(run_dir, exc) from exc
         raise
+
+
+def _save(state: "RunState", run_dir: Path) -> None:
+    """``state.save`` with a full disk turned into a :class:`DiskFullError` (run.json keeps its last good copy)."""
+    with _full_disk_stops(run_dir):
+        state.save(run_dir)
+
+
+def _saved_status(run_dir: Path) -> str:
+    """The status run.json holds on disk ("unknown" when it cannot be read)."""
+    try:
+        return str(json.loads((run_dir / RUN_FILE).read_text()).get("status", "unknown"))
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
 
 
 def _record_not_applicable(run_dir: Path, nb: NotebookRun) -> None:
@@ -743,8 +805,31 @@ def _record_not_applicable(run_dir: Path, nb: NotebookRun) -> None:
                               context=f"your job: {nb.parameters.get('job', '')}"))
 
 
+_SAMPLE_RE = re.compile(r"dataset\[\d+\] raised [^\n]*")
+
+
+def _sample_error(error: dict | None) -> str | None:
+    """The one-line cause when a notebook failed on a sample of the user's dataset (a SampleError); else None."""
+    if not error:
+        return None
+    text = f"{error.get('evalue') or ''}\n{error.get('message') or ''}"
+    m = _SAMPLE_RE.search(text)
+    if m is not None:
+        return m.group(0).strip()
+    return str(error.get("evalue") or error.get("message")) if error.get("ename") == "SampleError" else None
+
+
+def _reads_users_dataset(nb: NotebookRun) -> bool:
+    """Whether a notebook of the run measures the user's job (so reads its dataset)."""
+    return bool(nb.parameters.get("job")) and not nb.not_applicable
+
+
 def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions, echo, progress: bool) -> None:
     """Run each notebook of ``state`` not yet "ok", in order, recording its status, duration and error.
+
+    Once a notebook fails on a sample of the user's dataset (a :class:`helpers.errors.SampleError`: the index
+    and the user's frame), the run says so once and the later notebooks that read the dataset are not
+    started: they are recorded as "skipped", with that reason (``--resume`` runs them after the fix).
 
     Raises
     ------
@@ -752,12 +837,23 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
         When the run folder's disk is full (a notebook failed with ENOSPC, or run.json could not be written):
         the notebooks after it are not started, since they could not write their results either.
     """
+    dataset_fault: tuple[str, str] | None = None  # (notebook, error) once the user's dataset raised in one
     for i, nb in enumerate(state.notebooks, 1):
         if nb.status == "ok":
             continue
-        drop_records(run_dir / RESULTS_FILE, nb.id)
+        with _full_disk_stops(run_dir):  # results.jsonl is rewritten whole (write_atomic), or kept as it was
+            drop_records(run_dir / RESULTS_FILE, nb.id)
+        if dataset_fault is not None and _reads_users_dataset(nb):  # it would fail on the same sample
+            first, cause = dataset_fault
+            nb.status, nb.duration_s = "skipped", 0.0
+            nb.error = {"type": "SampleError", "skipped_because": first,
+                        "message": f"skipped: your dataset raised in notebook {first[:2]} ({cause})"}
+            _save(state, run_dir)
+            echo(f"[{i}/{len(state.notebooks)}] {nb.id}: skipped (your dataset raised in notebook {first[:2]})")
+            continue
         if nb.not_applicable:
-            _record_not_applicable(run_dir, nb)
+            with _full_disk_stops(run_dir):
+                _record_not_applicable(run_dir, nb)
             nb.status, nb.duration_s = "ok", 0.0
             _save(state, run_dir)
             echo(f"[{i}/{len(state.notebooks)}] {nb.id}: not applicable to your job (recorded)")
@@ -776,17 +872,16 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
             raise
         except Exception as exc:  # a failing notebook must not stop the others
             nb.status = "failed"
-            nb.error = _error_info(exc, nb.input)
+            nb.error = _error_info(exc, nb.input, logs=Path(nb.output).parent / "logs", name=nb.id)
             if _is_disk_full(exc):
                 full = _disk_full(run_dir, exc)
                 nb.error["message"] = str(full)
         nb.duration_s = round(time.perf_counter() - t0, 2)
-        if full is None:  # a web page of the executed notebook (a failed one shows its traceback there)
-            export_html(Path(nb.output))
-        _save(state, run_dir)
-        if full is not None:
+        if full is not None:  # run.json is tried again when the run ends; the caller says the reason once
             echo(f"[{i}/{len(state.notebooks)}] {nb.id}: failed in {nb.duration_s:.1f} s — disk full")
             raise full
+        export_html(Path(nb.output))  # a web page of the executed notebook (a failed one shows its traceback there)
+        _save(state, run_dir)
         line = f"[{i}/{len(state.notebooks)}] {nb.id}: {nb.status} in {nb.duration_s:.1f} s"
         if nb.error:
             count, cell = nb.error.get("exec_count"), nb.error.get("cell_index")
@@ -794,6 +889,13 @@ def _execute_all(state: "RunState", run_dir: Path, executor, options: RunOptions
             message = nb.error["message"].split("\n")[0][:300]
             line += f" — {message}" + (f" ({where}; log: logs/{nb.id}.log)" if where else "")
         echo(line)
+        cause = _sample_error(nb.error) if nb.status == "failed" and dataset_fault is None else None
+        if cause is not None and _reads_users_dataset(nb):
+            dataset_fault = (nb.id, cause)
+            later = [n.id[:2] for n in state.notebooks[i:] if n.status != "ok" and _reads_users_dataset(n)]
+            if later:
+                echo(f"Your dataset raised: {cause}. The notebooks that read it ({', '.join(later)}) are skipped; "
+                     f"fix the sample, then continue with: {cli_command()} run --resume --out {run_dir}")
 
 
 def run(options: RunOptions, *, echo: Callable[[str], None] = print,
@@ -904,10 +1006,16 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
                          resolved_device=resolved, only=list(options.only or ()),
                          started=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                          notebooks=entries)
-        state.save(run_dir)
+        try:
+            _save(state, run_dir)
+        except DiskFullError:
+            lock.close()
+            raise
 
     echo(f"Run folder: {run_dir}")
     echo(f"Profile {profile}, device {device} -> {resolved}; {len(state.notebooks)} notebook(s)")
+    if (cache_note := cache_fallback_note()) is not None:  # once, unless indexing --data-dir already said it
+        echo(f"Cache: {cache_note}")
     progress = sys.stderr.isatty()
     t_run = time.perf_counter()
     todo = [n for n in state.notebooks if n.status != "ok"]
@@ -919,13 +1027,17 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         echo(f"Ended a process left by an earlier run of this folder: {line}")
     old_children_env = os.environ.get(CHILDREN_DIR_ENV)
     os.environ[CHILDREN_DIR_ENV] = str(children)  # torchrun and its ranks register here (helpers.process)
-    state.status = "running"
-    state.save(run_dir)
+    state.status, state.error = "running", None
+    disk_full = False  # said once: the later writes that fail for the same reason say so in a few words
     try:
+        _save(state, run_dir)
         with _terminate_like_interrupt():
             _execute_all(state, run_dir, executor, options, echo, progress)
     except DiskFullError as exc:
-        state.status = "failed"
+        state.status, state.error, disk_full = "failed", str(exc), True
+        for nb in state.notebooks:  # the notebook whose start could not be recorded
+            if nb.status == "running":
+                nb.status, nb.error = "failed", {"message": str(exc)}
         left = [n.id for n in state.notebooks if n.status == "pending"]
         echo(f"Stopped: {exc}" + (f"\nNot started: {', '.join(left)}" if left else ""))
     except KeyboardInterrupt:
@@ -941,11 +1053,22 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         try:
             _save(state, run_dir)
         except OSError as exc:  # a full disk: run.json keeps its last good copy, the report is tried anyway
-            echo(f"run.json could not be updated: {exc}")
+            if disk_full:
+                echo(f"run.json could not be updated either (disk full): it keeps its last good copy, which says "
+                     f"{_saved_status(run_dir)!r}")
+            else:
+                echo(f"run.json could not be updated: {exc}")
+                disk_full = _is_disk_full(exc)
         try:
             html, md = write_report(run_dir)
             echo(f"Report: {html}")
             echo(f"        {md}")
+        except OSError as exc:  # a full disk, a folder gone: said in one line, no traceback
+            kept = [p.name for p in (run_dir / "report.md", run_dir / "report.html") if p.is_file()]
+            why = ("disk full" if disk_full else str(_disk_full(run_dir, exc))) if _is_disk_full(exc) else (
+                f"{type(exc).__name__}: {exc}")
+            echo(f"Report could not be written ({why})"
+                 + (f"; {' and '.join(kept)} on disk are left whole, not truncated" if kept else ""))
         except Exception as exc:  # the report must never lose the run
             log.exception("could not write the report")
             echo(f"Report could not be written: {type(exc).__name__}: {exc}")

@@ -1,7 +1,7 @@
 """The run report: report.md and a self-contained report.html.
 
 The first screen answers "what should I change on this machine, and why":
-the run's overall verdict (host-bound or device-bound baseline, and the
+the run's overall verdict (host-bound, balanced or device-bound baseline, and the
 end-to-end speedup when notebook 10 ran), then the checklist table with one
 row per item of the workbook (environment check ... end to end): the measured
 effect with its interval, the recommendation as a badge, the reason, and links
@@ -26,6 +26,8 @@ render the two files. This module re-exports the public names.
 from __future__ import annotations
 
 from pathlib import Path
+
+from helpers.fsutil import write_atomic
 
 from helpers.workbook.report.collect import (CHECKLIST, MAX_CAUSE_CHARS, NotebookSection, Report, collect,
                                              error_cause, failed_cell, overall_verdict)
@@ -54,6 +56,10 @@ __all__ = [
 def write_report(run_dir: Path) -> tuple[Path, Path]:
     """Write ``report.html`` and ``report.md`` into ``run_dir``.
 
+    Each file is written whole through a temporary file and renamed
+    (:func:`helpers.fsutil.write_atomic`): a failed write (a full disk) leaves
+    the previous report as it was and no temporary file behind.
+
     Parameters
     ----------
     run_dir : Path
@@ -67,11 +73,12 @@ def write_report(run_dir: Path) -> tuple[Path, Path]:
     Raises
     ------
     OSError
-        If the files cannot be written.
+        If the files cannot be written (the previous ones are then unchanged).
     """
     run_dir = Path(run_dir)
     rep = collect(run_dir)
     html_path, md_path = run_dir / "report.html", run_dir / "report.md"
-    md_path.write_text(to_markdown(rep), encoding="utf-8")
-    html_path.write_text(to_html(rep), encoding="utf-8")
+    md, html = to_markdown(rep), to_html(rep)  # both rendered before either file is replaced
+    write_atomic(md_path, md)
+    write_atomic(html_path, html)
     return html_path, md_path

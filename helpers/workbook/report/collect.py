@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from helpers import checklist
+from helpers.bottleneck import LABELS as BOTTLENECK_LABELS
 from helpers.errors import ParameterError
 from helpers.process import cli_command
 from helpers.results import load_results
@@ -417,6 +418,12 @@ def _missing_text(*, nb_id: str, number: str, status: str, error: dict | None, n
                 f"Failed{where}: {msg}{end} The traceback is in the executed notebook {nb_id}.ipynb and the "
                 f"kernel's log in logs/{nb_id}.log of the run folder; after fixing the cause, rerun it with "
                 f"`{resume}`.")
+    if status == "skipped":  # the user's dataset raised in an earlier notebook (helpers.workbook.runner)
+        msg = str((error or {}).get("message") or "skipped")
+        msg = msg[0].upper() + msg[1:]
+        return (f"{msg}. After fixing it: `{resume}`",
+                f"{msg}; this notebook reads the same dataset, so it was not started. After fixing the sample, "
+                f"continue the run with `{resume}`.")
     if status in ("pending", "running", "interrupted"):
         return (f"Did not finish ({status}). Continue: `{resume}`",
                 f"Did not finish (status: {status}); its records are incomplete or absent. "
@@ -548,10 +555,14 @@ def overall_verdict(report: Report) -> str:
     by_num = {s.number: s for s in report.sections}
     base = by_num[_BASELINE_NUMBER].verdict if _BASELINE_NUMBER in by_num else None
     e2e = by_num[_END_TO_END_NUMBER].verdict if _END_TO_END_NUMBER in by_num else None
-    if base and base.get("recommendation") in ("host-bound", "device-bound"):
+    if base and base.get("recommendation") in BOTTLENECK_LABELS:
         state = f"{base['recommendation']} baseline"
     else:
         state = "baseline"
+    e2e_extra = e2e.get("extra") if e2e and isinstance(e2e.get("extra"), dict) else {}
+    if isinstance(e2e_extra.get("divergence"), dict) and e2e_extra["divergence"].get("baseline_diverged"):
+        return (f"{state} → your job diverges: its loss becomes NaN or infinite in the baseline too (notebook 10), so "
+                "no optimization is to blame; fix its training before measuring its speed")
     if e2e and e2e.get("recommendation") == "inconclusive":
         amount = f"{e2e['value']:.2f}x" if _is_num(e2e.get("value")) else "no figure"
         return (f"{state} → end to end inconclusive: the machine was busy or its speed changed while notebook 10 "
@@ -683,6 +694,20 @@ def _contribution_text(ev: dict) -> str:
     return step
 
 
+def _end_to_end_text(ev: dict) -> str:
+    """Whether notebook 10's ablation confirms a kept optimization on the whole step: "confirmed end to end by
+    notebook 10" only when the whole-step contribution's 95% interval excludes 1 (``ci_low > 1``), else "not
+    confirmed end to end (95% CI 0.95–1.17 includes 1)" (its own phases gained, the whole step did not show it)."""
+    low, high = ev.get("ci_low"), ev.get("ci_high")
+    if _is_num(low) and low > 1.0:
+        return f"confirmed end to end by notebook {_END_TO_END_NUMBER}"
+    if _is_num(low) and _is_num(high):
+        return (f"kept by notebook {_END_TO_END_NUMBER}'s ablation on its own phases, not confirmed end to end "
+                f"(whole step 95% CI {low:.2f}–{high:.2f} includes 1)")
+    return f"kept by notebook {_END_TO_END_NUMBER}'s ablation on its own phases, not confirmed end to end (no " \
+           "whole-step interval)"
+
+
 def _advice(report: Report) -> list[tuple[str, list[str]]]:
     """(label, items) for the recommendations that ask for a change, failed notebooks and missing items.
 
@@ -694,14 +719,20 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
     the contribution; with no measurable contribution it moves to its own group
     (measured in isolation only, not confirmed in the job); "drop it here"
     moves it to "leave off". An "enable" that notebook 10 did not measure says
-    that it rests on its notebook's isolated measurement only.
+    that it rests on its notebook's isolated measurement only. "Confirmed end
+    to end" is said only when the whole-step contribution's interval excludes 1
+    (:func:`_end_to_end_text`).
     """
-    groups: dict[str, list[str]] = {"inconclusive": [], "enable": [], "unconfirmed": [], "leave off": [],
-                                    "failed": [], "missing": [], "not measured": []}
+    groups: dict[str, list[str]] = {"diverges": [], "inconclusive": [], "enable": [], "unconfirmed": [],
+                                    "leave off": [], "failed": [], "skipped": [], "missing": [],
+                                    "not measured": []}
     state, evidence, in_job = _end_to_end_evidence(report)
     for s in report.sections:
         rec = (s.verdict or {}).get("recommendation")
-        if rec == "inconclusive":
+        v_extra = (s.verdict or {}).get("extra") if isinstance((s.verdict or {}).get("extra"), dict) else {}
+        if rec == "inconclusive" and isinstance(v_extra.get("divergence"), dict):
+            groups["diverges"].append(s.item)
+        elif rec == "inconclusive":
             groups["inconclusive"].append(s.item)
         elif rec in ("enable", "leave off"):
             for rec, action, name in _decisions(s):
@@ -713,8 +744,8 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
                 elif ev is None:
                     groups["enable"].append(f"{action} ({_isolated_only(state, name, in_job, s.number)})")
                 elif ev.get("decision") == "keep it":
-                    groups["enable"].append(f"{action} (confirmed end to end by notebook {_END_TO_END_NUMBER}: "
-                                            f"contribution {_contribution_text(ev)})")
+                    groups["enable"].append(f"{action} ({_end_to_end_text(ev)}: contribution "
+                                            f"{_contribution_text(ev)})")
                 elif ev.get("decision") == "drop it here":
                     groups["leave off"].append(f"{action.split(':')[0]}: leave off (notebook {s.number} measured a "
                                                f"gain in isolation, but the end-to-end job of notebook "
@@ -725,16 +756,21 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
                                                  f"measurable contribution in the job: {_contribution_text(ev)})")
         elif s.verdict is None and s.status == "failed":
             groups["failed"].append(f"{s.item} ({s.cause})" if s.cause else s.item)
+        elif s.verdict is None and s.status == "skipped":
+            groups["skipped"].append(s.item)
         elif s.verdict is None and s.number:
             groups["missing"].append(s.item)
     left_off = _not_measured_by_end_to_end(report)
     if left_off:
         groups["not measured"].append(left_off)
-    labels = {"inconclusive": "Inconclusive: the machine was busy or its speed changed while measuring (rerun when it is quiet)",
+    labels = {"diverges": "Your job diverges (its loss becomes NaN or infinite without any optimization too): fix its "
+                          "training first",
+              "inconclusive": "Inconclusive: the machine was busy or its speed changed while measuring (rerun when it is quiet)",
               "enable": "Enable on this machine",
               "unconfirmed": "Gain in its notebook only, not confirmed end to end (optional)",
               "leave off": "Leave off (measured: no gain here)",
-              "failed": "Failed", "missing": "Not measured in this run",
+              "failed": "Failed", "skipped": "Skipped: your dataset raised in an earlier notebook (see Failed)",
+              "missing": "Not measured in this run",
               "not measured": f"Not measured in this run, so not enabled by notebook {_END_TO_END_NUMBER}"}
     return [(labels[k], "; ".join(v)) for k, v in groups.items() if v]
 
@@ -816,4 +852,4 @@ def _rec_text(s: NotebookSection) -> str:
     if s.verdict is not None:
         return str(s.verdict.get("recommendation") or "no recommendation")
     return {"failed": "failed", "interrupted": "interrupted", "pending": "not run",
-            "running": "did not finish"}.get(s.status, "missing")
+            "running": "did not finish", "skipped": "skipped"}.get(s.status, "missing")

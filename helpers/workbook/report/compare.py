@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.errors import ParameterError
+from helpers.fsutil import write_atomic
 from helpers.workbook.report.collect import Report, collect
 from helpers.workbook.report.format import _is_num, headline
+from helpers.workbook.report.markdown import md_escape
 
 __all__ = ["RunsComparison", "RowComparison", "compare_runs", "write_comparison", "interval_of"]
 
@@ -145,16 +147,17 @@ def compare_runs(run_dirs: list[str | Path]) -> RunsComparison:
 
 
 def _markdown(c: RunsComparison) -> str:
-    head = [h["run"] for h in c.headers]
+    e = md_escape  # run names, jobs, parameters and verdicts are the users' strings
+    head = [e(h["run"]) for h in c.headers]
     lines = ["# Workbook runs compared", "",
              "| | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
     for key in ("device", "profile", "job", "parameters", "status"):
-        lines.append(f"| {key} | " + " | ".join(h[key] for h in c.headers) + " |")
-    lines += [f"\n> Note: {n}" for n in c.notes]
+        lines.append(f"| {key} | " + " | ".join(e(h[key]) for h in c.headers) + " |")
+    lines += [f"\n> Note: {e(n)}" for n in c.notes]
     lines += ["", "| item | " + " | ".join(head) + " | runs disagree? |", "|---|" + "---|" * (len(head) + 1)]
     for r in c.rows:
         mark = f"**{r.disagreement}**" if r.disagreement == "beyond the intervals" else r.disagreement or "—"
-        lines.append(f"| {r.item} | " + " | ".join(x.replace("|", "/") for x in r.cells) + f" | {mark} |")
+        lines.append(f"| {e(r.item)} | " + " | ".join(e(x) for x in r.cells) + f" | {mark} |")
     lines += ["", "A row is marked when the runs' recommendations differ: *beyond the intervals* when two runs' "
               "intervals (95% CI, or IQR) do not overlap (the machines really differ), *within the intervals* when "
               "they all overlap (the verdicts differ, the measurements do not say the machines do), *no interval* "
@@ -207,6 +210,6 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path | None = None) 
     folder.mkdir(parents=True, exist_ok=True)
     folder = folder.resolve()
     h, m = folder / "compare.html", folder / "compare.md"
-    h.write_text(_html(c), encoding="utf-8")
-    m.write_text(_markdown(c), encoding="utf-8")
+    write_atomic(h, _html(c))
+    write_atomic(m, _markdown(c))
     return h, m

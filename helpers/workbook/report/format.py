@@ -30,9 +30,11 @@ GLOSSARY = (
                "CI a bootstrap confidence interval of a ratio (a speedup whose CI includes 1 is not a "
                "measured improvement)"),
     ("exposed input", "share of a training step in which the computation waits for the input pipeline "
-                      "(data loading and the host-to-device copy); above the threshold the job is host-bound"),
+                      "(data loading and the host-to-device copy); at or below the threshold the job is "
+                      "device-bound; above it host-bound when free input would save more than a 2x faster "
+                      "compute (a third of the step or more), else balanced"),
     ("recommendation", "what to do on this machine, decided from the measurement: enable, leave off, not "
-                       "applicable; for the baseline: host-bound or device-bound; inconclusive when other "
+                       "applicable; for the baseline: host-bound, balanced or device-bound; inconclusive when other "
                        "processes took more than busy_cpu_share of the cores while it measured (rerun when quiet)"),
 )
 

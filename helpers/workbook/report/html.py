@@ -37,6 +37,7 @@ tr:nth-child(even) td{background:#fbfbfc}
 .b-not-applicable{background:#fff;color:#6b7280;border-color:#d1d5db}
 .b-host-bound{background:#ffedd5;color:#9a3412;border-color:#fdba74}
 .b-device-bound{background:#dbeafe;color:#1e40af;border-color:#93c5fd}
+.b-balanced{background:#ede9fe;color:#5b21b6;border-color:#c4b5fd}
 .b-missing,.b-not-run,.b-did-not-finish,.b-interrupted{background:#fef9c3;color:#854d0e;border-color:#fde047}
 .b-failed{background:#fee2e2;color:#991b1b;border-color:#fca5a5}
 .b-inconclusive{background:#fef3c7;color:#92400e;border-color:#f59e0b}

@@ -1,0 +1,352 @@
+"""The user's job's faults as verdicts or one-line errors that name the cause, never a workbook traceback.
+
+The jobs are in tests/fault_jobs.py, loaded by path as a user's are: a loss that turns NaN at step 3 (in every
+configuration, or under bf16 only), a ``__getitem__`` that never returns for index 37, one that raises on it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.compute.train import TimedLoop
+from helpers.device import get_accelerator
+from helpers.jobs.check import loss_divergence
+from helpers.jobs.load import load_job
+from helpers.timing import Comparison, Measurement
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = Path(__file__).resolve().parent / "fault_jobs.py"
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return get_accelerator("cpu")
+
+
+def _cmp(a_ms, b_ms):
+    return Comparison.from_measurements(Measurement("fp32", tuple(t / 1e3 for t in a_ms), 0, 8),
+                                        Measurement("bf16", tuple(t / 1e3 for t in b_ms), 0, 8))
+
+
+# ---------------------------------------------------------------- a loss that turns NaN
+
+
+def test_the_timed_loop_keeps_the_first_nonfinite_loss_across_its_warmup():
+    losses = iter([1.0, 0.5, float("nan"), float("inf"), 0.1, 0.1])
+    loop = TimedLoop(iter(range(100)), lambda b: b, lambda b: {"loss": torch.tensor(next(losses)),
+                                                              "reward": torch.tensor(float("nan"))}, lambda: None)
+    loop.run(2, measured=False).discard()
+    assert loop.nonfinite is None  # a non-finite statistic that is not a loss is not a divergence
+    loop.run(4)
+    assert loop.nonfinite == (3, "loss", pytest.approx(float("nan"), nan_ok=True)) and loop.steps_run == 6
+    assert math.isnan(loop.nonfinite[2])
+
+
+def test_a_divergence_says_where_and_whether_the_baseline_diverges_too():
+    both = loss_divergence({"fp32": [2.0, 1.0, float("nan")], "bf16 autocast": [2.0, float("inf"), 1.0]},
+                           baseline="fp32")
+    assert both.diverged and both.baseline_diverged
+    text = both.sentence()
+    assert text.startswith("your job diverges: its loss is nan at step 3 in fp32 too")
+    assert "loss inf at step 2 in bf16 autocast" in text and "no optimization is to blame" in text
+    only = loss_divergence({"fp32": [2.0, 1.0, 0.5], "bf16 autocast": [2.0, 1.0, float("nan")]}, baseline="fp32")
+    assert only.diverged and not only.baseline_diverged
+    assert only.sentence() == ("your job diverges only in bf16 autocast: loss nan at step 3 in bf16 autocast, while "
+                               "fp32 stays finite over its 3 steps")
+    assert json.loads(json.dumps(only.as_dict()))["first"]["bf16 autocast"] == {"step": 3, "stat": "loss",
+                                                                               "value": "nan"}
+    fine = loss_divergence({"fp32": [1.0, 0.5]}, baseline="fp32")
+    assert not fine.diverged and not fine.baseline_diverged
+
+
+def test_three_runs_of_a_diverging_job_give_no_verdict(cpu):
+    from helpers.experiments.three_run import three_run
+
+    job = load_job(f"{JOBS}:make_nan_job")
+    r = three_run(job, cpu, steps=4, warmup_steps=1, cache_batches=2)
+    assert r.diverged and {v[0] for v in r.divergence.first.values()} == {3}
+    lines = r.lines()
+    assert lines[1].startswith("your job diverges: its loss is nan at step 3 in the real run")
+    assert not any(w in "\n".join(lines) for w in ("host-bound", "device-bound", "next:"))
+    out = json.loads(json.dumps(r.as_dict()))
+    assert out["recommendation"] == "inconclusive" and out["divergence"]["first"]["the cached run"]["step"] == 3
+
+
+def test_diagnose_says_the_job_diverges_and_exits_nonzero(capsys):
+    from helpers.workbook.cli import main
+
+    rc = main(["diagnose", "--job", f"{JOBS}:make_nan_job", "--device", "cpu", "--steps", "4", "--warmup-steps", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "your job diverges: its loss is nan at step 3" in out and "host-bound" not in out
+
+
+def test_notebook_06_verdict_when_fp32_diverges_too_and_when_only_bf16_does(cpu, tmp_path):
+    from helpers.experiments import precision
+    from helpers.experiments.training import loss_curve
+    from helpers.jobs.base import StepOptions
+    from helpers.results import ResultsStore, load_results, verdicts
+
+    curves = {}
+    for name in ("make_nan_job", "make_bf16_nan_job"):
+        job = load_job(f"{JOBS}:{name}")
+        curves[name] = [loss_curve(job, cpu, StepOptions(autocast_dtype=d), steps=6) for d in (None, torch.bfloat16)]
+    both = precision.divergence(*curves["make_nan_job"], dtype_name="bfloat16")
+    only = precision.divergence(*curves["make_bf16_nan_job"], dtype_name="bfloat16")
+    assert both.first["fp32"][0] == 3 and both.first["bf16 autocast"][0] == 3
+    assert only.first["fp32"] is None and only.first["bf16 autocast"][0] == 3
+    cmp = _cmp([10, 11, 10, 12], [5, 5, 6, 5])  # bf16 measurably faster: must not matter
+    kw = dict(loss_ok=False, rel_diff=math.inf, no_nan=False, loss_rtol=0.1, device_kind="cpu", native_bf16=True,
+              context="your job's training step", loss_name="loss")
+    v = precision.verdict(cmp, dtype_name="bfloat16", divergence=both, **kw)
+    assert v.recommendation == "inconclusive" and v.action is None
+    assert v.reason.startswith("your job diverges: its loss is nan at step 3 in fp32 too")
+    w = precision.verdict(cmp, dtype_name="bfloat16", divergence=only, **kw)
+    assert w.recommendation == "leave off" and "diverges only in bf16 autocast" in w.reason
+    assert w.action.value is None
+    store = ResultsStore(tmp_path / "results.jsonl", notebook=precision.NOTEBOOK)
+    store.add_verdict(v)  # storable: no infinite value on the way
+    row = verdicts(load_results(tmp_path / "results.jsonl")).iloc[0]
+    assert row["extra"]["divergence"]["first"]["fp32"]["step"] == 3
+
+
+def test_notebook_10_verdict_does_not_blame_the_optimizations_when_the_baseline_diverges(cpu):
+    from helpers.experiments import endtoend as e2e
+    from helpers.experiments.training import learning_check
+    from helpers.jobs.check import loop_divergence
+
+    job = load_job(f"{JOBS}:make_nan_job")
+    base = e2e.JobVariant(e2e.JobConfig("baseline"), job, cpu)
+    opt = e2e.JobVariant(e2e.JobConfig("optimized", ("mixed_precision",)), job, cpu)
+    try:
+        e2e.run_interleaved([base, opt], steps=4, warmup_steps=1)
+        div = loop_divergence({"the baseline": base, "the optimized job": opt}, baseline="the baseline")
+        learned = learning_check(base.steps_frame()["loss"], opt.steps_frame()["loss"], 0.1, loss_name="loss")
+        v = e2e.e2e_verdict(e2e.speedup(base, opt), learned, e2e.summarize(base), opt.config,
+                            host_bound_threshold=0.1, divergence=div)
+    finally:
+        base.close()
+        opt.close()
+    assert v.recommendation == "inconclusive"
+    assert v.reason.startswith("your job diverges: its loss is nan at step 3 in the baseline too")
+    assert "no optimization is to blame" in v.reason and "did not reproduce" not in v.reason
+    assert v.extra["divergence"]["baseline_diverged"] is True
+    only = loss_divergence({"the baseline": [1.0, 0.5], "the optimized job": [1.0, float("nan")]},
+                           baseline="the baseline")
+    learned = learning_check([1.0] * 4, [1.0] * 4, 0.1)
+    summary = e2e.JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.25, 0.0, 0.05, 100.0, 0.8, 0.2, None, 4)
+    w = e2e.e2e_verdict(_cmp([300, 310, 290, 305], [100, 101, 99, 102]), learned, summary,
+                        e2e.JobConfig("opt", ("mixed_precision",)), host_bound_threshold=0.1, divergence=only)
+    assert w.recommendation == "leave off" and "diverges only in the optimized job" in w.reason
+
+
+# ---------------------------------------------------------------- a hang
+
+
+def _stuck_here(event):  # a frame of "the user's" code (this file is not the workbook's)
+    while not event.is_set():
+        time.sleep(0.01)
+
+
+def test_a_watchdog_dumps_the_stacks_and_names_the_users_frame_with_its_arguments(tmp_path):
+    from helpers.stuck import Watchdog, where_from_dump
+
+    seen, done = [], threading.Event()
+    release = threading.Event()
+
+    def fired(sentence, stacks):
+        seen.append(sentence)
+        done.set()
+
+    def worker():
+        with open(tmp_path / "stacks.txt", "w") as dump:
+            Watchdog(0.3, fired, dump=dump, backstop_s=None).start()
+            _stuck_here(release)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert done.wait(30)
+    release.set()
+    t.join(30)
+    assert seen[0].startswith("stuck in _stuck_here(<threading.Event") and "at test_job_faults.py:" in seen[0]
+    dumped = (tmp_path / "stacks.txt").read_text()
+    assert "_stuck_here" in dumped and "Thread 0x" in dumped
+    assert where_from_dump(dumped).startswith("stuck in _stuck_here at test_job_faults.py:")
+
+
+def test_a_cancelled_watchdog_stays_silent():
+    from helpers.stuck import Watchdog
+
+    fired = []
+    dog = Watchdog(0.2, lambda *a: fired.append(a), backstop_s=None).start()
+    dog.cancel()
+    time.sleep(0.4)
+    assert not fired and not dog.fired
+
+
+def test_the_cell_watchdog_leaves_where_the_kernel_was_stuck(tmp_path):
+    from helpers.stuck import CELL_TIMEOUT_ENV, STUCK_DIR_ENV, STUCK_NAME_ENV, arm_cell_watchdog, read_stuck
+
+    class Events:
+        def __init__(self):
+            self.hooks = {}
+
+        def register(self, name, fn):
+            self.hooks[name] = fn
+
+    class Shell:
+        events = Events()
+
+    shell = Shell()
+    env = {CELL_TIMEOUT_ENV: "1", STUCK_DIR_ENV: str(tmp_path), STUCK_NAME_ENV: "03_dataloader_tuning"}
+    assert arm_cell_watchdog(shell, env)
+    shell.events.hooks["pre_run_cell"](None)  # a cell starts; it hangs past 0.8 s (the limit less a fifth)
+    release = threading.Event()
+    threading.Timer(3.0, release.set).start()
+    _stuck_here(release)
+    shell.events.hooks["post_run_cell"](None)
+    where = read_stuck(tmp_path, "03_dataloader_tuning")
+    assert where is not None and where.startswith("stuck in _stuck_here(") and "test_job_faults.py:" in where
+    assert "_stuck_here" in (tmp_path / "03_dataloader_tuning.stacks.txt").read_text()
+
+
+def test_a_cell_timeout_says_where_it_was_stuck_and_reads_the_cell_as_text(tmp_path):
+    from helpers.workbook.runner import _error_info
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "03_dataloader_tuning.stuck.json").write_text(
+        json.dumps({"where": "stuck in Squares.__getitem__(37) at fault_jobs.py:34"}))
+    lines = [f"x{i} = {i}" for i in range(12)]
+    src = f"{lines[:5]}\n...\n{lines[-5:]}"  # nbclient's preview of a cell of 11 lines or more: a Python list
+
+    class CellTimeoutError(Exception):
+        pass
+
+    exc = CellTimeoutError("A cell timed out while it was being executed, after 20 seconds.\nThe message was: Cell "
+                           f"execution timed out.\nHere is a preview of the cell contents:\n-------------------\n"
+                           f"{src}\n-------------------\n")
+    info = _error_info(exc, None, logs=tmp_path / "logs", name="03_dataloader_tuning")
+    msg = info["message"]
+    assert msg.startswith("the cell starting `x0 = 0` ran past the per-cell limit of 20 s, stuck in "
+                          "Squares.__getitem__(37) at fault_jobs.py:34")
+    assert "logs/03_dataloader_tuning.stacks.txt" in msg and "['" not in msg and info["cell_source"] == "x0 = 0"
+    plain = _error_info(exc, None)  # no dump: the old advice, the cell still as text
+    assert "stuck" not in plain["message"] and "`x0 = 0`" in plain["message"]
+
+
+@pytest.mark.slow
+def test_diagnose_times_out_naming_the_stuck_getitem():
+    p = subprocess.run([sys.executable, "-m", "helpers", "diagnose", "--job", f"{JOBS}:make_hang_job", "--device",
+                        "cpu", "--steps", "4", "--warmup-steps", "1", "--timeout", "45"],
+                       capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert p.returncode == 1, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: diagnose ran past --timeout 45 s, stuck in Squares.__getitem__(37) at "
+                           "fault_jobs.py:"), p.stderr[-3000:]
+    assert "Traceback" not in p.stderr and 'File "' in p.stderr  # the stacks, not a Python traceback
+
+
+# ---------------------------------------------------------------- a sample that raises
+
+
+def test_diagnose_names_the_sample_that_raises_in_one_line(capsys):
+    from helpers.workbook.cli import main
+
+    rc = main(["diagnose", "--job", f"{JOBS}:make_raising_job", "--device", "cpu", "--steps", "4",
+               "--warmup-steps", "1"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert err == "error: dataset[37] raised ValueError: corrupt record 37 (at fault_jobs.py:36 in __getitem__)"
+
+
+def test_a_run_skips_the_notebooks_that_read_a_dataset_that_raised(tmp_path, monkeypatch):
+    from papermill.exceptions import PapermillExecutionError
+
+    from helpers.workbook import runner
+
+    monkeypatch.setattr(runner, "check_job", lambda spec, params, device="cpu": {"name": "raising job"})
+    called, lines = [], []
+    cause = "dataset[37] raised ValueError: corrupt record 37 (at fault_jobs.py:36 in __getitem__)"
+
+    def executor(nb, **kw):
+        called.append(nb.id[:2])
+        if nb.id.startswith("01"):
+            raise PapermillExecutionError(7, 3, "steps = time_job(...)", "SampleError", cause, [])
+
+    run_dir, state = runner.run(runner.RunOptions(profile="smoke", device="cpu", only=("00", "01", "03", "10"),
+                                                  job=f"{JOBS}:make_raising_job", out=tmp_path / "run"),
+                                echo=lines.append, executor=executor, device_checker=lambda kind: "cpu:test")
+    assert called == ["00", "01"]  # 00 does not read the job's dataset; 03 and 10 would fail on the same sample
+    by = {n.id[:2]: n for n in state.notebooks}
+    assert by["00"].status == "ok" and by["01"].status == "failed" and state.status == "failed"
+    for nb in ("03", "10"):
+        assert by[nb].status == "skipped"
+        assert by[nb].error["message"] == f"skipped: your dataset raised in notebook 01 ({cause})"
+    said = [ln for ln in lines if ln.startswith("Your dataset raised")]
+    assert len(said) == 1 and cause in said[0] and "(03, 10) are skipped" in said[0] and "--resume" in said[0]
+    saved = json.loads((run_dir / "run.json").read_text())
+    assert [n["status"] for n in saved["notebooks"]] == ["ok", "failed", "skipped", "skipped"]
+    report = (run_dir / "report.md").read_text()
+    assert "Skipped: your dataset raised in an earlier notebook" in report
+    assert "Skipped: your dataset raised in notebook 01 (dataset[37] raised ValueError" in report
+    _, again = runner.run(runner.RunOptions(resume=True, out=run_dir), echo=lambda s: None,
+                          executor=lambda nb, **kw: called.append(nb.id[:2]), device_checker=lambda kind: "cpu:test")
+    assert called[2:] == ["01", "03", "10"] and again.status == "ok"  # fixed: --resume runs what was skipped
+
+
+# ---------------------------------------------------------------- the notebooks, run as a user runs them
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_notebooks_06_and_10_say_the_job_diverges(tmp_path, monkeypatch):
+    from helpers.results import load_results, verdicts
+    from helpers.workbook.runner import RunOptions, run
+
+    monkeypatch.chdir(ROOT)
+    run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("06", "10"), job=f"{JOBS}:make_nan_job",
+                                    out=tmp_path / "run", timeout_s=600), echo=print)
+    assert state.status == "ok", {n.id: n.error for n in state.notebooks if n.status != "ok"}  # no crash in 06
+    table = verdicts(load_results(run_dir / "results.jsonl")).set_index("notebook")
+    for nb, base in (("06_mixed_precision", "fp32"), ("10_end_to_end", "the baseline")):
+        v = table.loc[nb]
+        assert v["recommendation"] == "inconclusive"  # kept on a busy machine: a NaN loss is no timing
+        assert v["reason"].startswith(f"your job diverges: its loss is nan at step 3 in {base} too"), v["reason"]
+        assert "no optimization is to blame" in v["reason"]
+    assert "your job diverges" in (run_dir / "report.md").read_text().split("\n\n")[1]
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_a_cell_timeout_names_the_stuck_getitem(tmp_path, monkeypatch):
+    from helpers.workbook.runner import RunOptions, run
+
+    monkeypatch.chdir(ROOT)
+    lines = []
+    run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("01",), job=f"{JOBS}:make_hang_job",
+                                    out=tmp_path / "run", timeout_s=45), echo=lines.append)
+    nb = state.notebooks[0]
+    assert nb.status == "failed" and nb.error["type"] == "CellTimeoutError"
+    assert nb.error["stuck"].startswith("stuck in Squares.__getitem__(37) at fault_jobs.py:"), nb.error
+    assert "stuck in Squares.__getitem__(37)" in next(ln for ln in lines if "01_baseline_profiling: failed" in ln)
+    assert "Squares" not in nb.error.get("cell_source", "") and "['" not in nb.error["message"]
+    assert "__getitem__" in (run_dir / "logs" / "01_baseline_profiling.stacks.txt").read_text()
+
+
+@pytest.mark.slow
+def test_the_runners_first_step_check_names_a_hang_in_the_first_batch():
+    from helpers.errors import ParameterError
+    from helpers.workbook.runner import check_job
+
+    with pytest.raises(ParameterError) as e:
+        check_job(f"{JOBS}:make_hang_job", {"hang": 16}, device="cpu", timeout_s=50)
+    assert "did not finish in 40 s, stuck in Squares.__getitem__(16) at fault_jobs.py:" in str(e.value)
