@@ -11,7 +11,8 @@ from pathlib import Path
 
 from helpers.errors import ParameterError
 
-__all__ = ["DEFAULT_FACTORY", "FACTORY_PARAMS", "factory_params", "parse_job_spec", "absolute_job_spec"]
+__all__ = ["DEFAULT_FACTORY", "FACTORY_DEFAULTS_KEY", "FACTORY_PARAMS", "JOB_SIZE_PARAMS", "factory_params",
+           "parse_job_spec", "absolute_job_spec"]
 
 #: The factory name used when a spec names only a file or module.
 DEFAULT_FACTORY = "make_job"
@@ -20,9 +21,25 @@ DEFAULT_FACTORY = "make_job"
 FACTORY_PARAMS = ("data_dir", "max_images", "seed", "batch_size", "image_size")
 
 
+#: The factory parameters that size a user's job. A profile's sizes are for the built-in job: for a user's job the
+#: factory's own defaults stand unless the user sets them (``run -p batch_size 16``, papermill's ``-p``, or a value
+#: changed in the parameters cell).
+JOB_SIZE_PARAMS = ("batch_size", "image_size")
+
+#: Key of a notebook's parameters (set by :func:`helpers.workbook.nbsetup.start` for a user's job) listing the
+#: :data:`JOB_SIZE_PARAMS` the user did not set: they are not passed, so the factory keeps its own defaults.
+FACTORY_DEFAULTS_KEY = "factory_defaults"
+
+
 def factory_params(params) -> dict:
-    """The :data:`FACTORY_PARAMS` present in ``params`` (a mapping), ``data_dir`` only when it is set."""
-    return {k: params[k] for k in FACTORY_PARAMS if k in params and (k != "data_dir" or params[k])}
+    """The :data:`FACTORY_PARAMS` present in ``params`` (a mapping) that a job factory is given.
+
+    ``data_dir`` only when it is set; a name listed in ``params[FACTORY_DEFAULTS_KEY]`` (see
+    :data:`FACTORY_DEFAULTS_KEY`) is left out, so that the user's factory keeps its own default for it.
+    """
+    keep = set(params.get(FACTORY_DEFAULTS_KEY) or ())
+    return {k: params[k] for k in FACTORY_PARAMS
+            if k in params and k not in keep and (k != "data_dir" or params[k])}
 
 
 def parse_job_spec(spec: str) -> tuple[str, str, bool]:

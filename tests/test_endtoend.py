@@ -98,19 +98,44 @@ def test_auto_follows_verdicts_and_reports_missing(tmp_path, cpu):
     assert sel.missing == ("04_pinned_memory", "05_stream_overlap")
     by = {c.name: c for c in sel.choices}
     assert by["mixed_precision"].source == "verdict" and not by["mixed_precision"].enabled
-    assert by["pinned_memory"].source == "default" and not by["pinned_memory"].enabled  # CPU default
+    assert by["pinned_memory"].source == "not measured" and not by["pinned_memory"].enabled  # no verdict: off
     lines = sel.missing_lines()
     assert "04_pinned_memory, 05_stream_overlap" in lines[0]
     assert f"{sys.executable} -m helpers run --only 04 05 10" in lines[1]  # runnable from a fresh shell
     assert sel.job().num_workers == 3
 
 
-def test_auto_without_results_uses_device_defaults(cpu):
+def test_auto_without_results_enables_nothing_unless_device_defaults_are_asked_for(cpu):
     sel = e2e.select_optimizations(["auto"], None, cpu, native_bf16=False)
     assert sel.missing == tuple(dict.fromkeys(e2e.SOURCE_NOTEBOOKS.values()))  # 02 decides two, listed once
-    assert sel.optimizations == ("batched_decode", "channels_last")  # no cache on disk without 02's verdict
-    assert set(sel.frame()["source"]) == {"default"}
+    assert sel.optimizations == () and set(sel.frame()["source"]) == {"not measured"}  # no guessing
+    assert "not enabled, not measured in this run: batched_decode, dataset_cache" in sel.missing_lines()[0]
     assert "--only 02 03 04 05 06 07 10" in sel.missing_lines()[1]
+    # bench end-to-end without --run: the device's stated defaults, labelled as such
+    sel = e2e.select_optimizations(["auto"], None, cpu, native_bf16=False, device_defaults_for_missing=True)
+    assert sel.optimizations == ("batched_decode", "channels_last")  # no cache on disk without 02's verdict
+    assert set(sel.frame()["source"]) == {"device default"}
+    assert "device default: on" in {c.name: c for c in sel.choices}["channels_last"].detail
+    assert "device's stated default is used" in sel.missing_lines()[0]
+
+
+def test_auto_enables_exactly_what_this_runs_verdicts_recommended(tmp_path, cpu):
+    """--only 01 03 06 10: 03 and 06 recommended; channels_last (07 not in the run) is not guessed on."""
+    df = _results(tmp_path, [
+        ("01_baseline_profiling", "host-bound", {}, {}),
+        ("03_dataloader_tuning", "enable", {"action": Action("num_workers", 2, "DataLoader workers=2")}, {}),
+        ("06_mixed_precision", "enable", {}, {"autocast_dtype": "auto"}),
+    ])
+    sel = e2e.select_optimizations(["auto"], df, cpu, native_bf16=True)
+    assert sel.optimizations == ("dataloader_workers", "mixed_precision") and sel.num_workers == 2
+    by = {c.name: c for c in sel.choices}
+    for name in ("batched_decode", "dataset_cache", "pinned_memory", "prefetcher", "channels_last"):
+        assert not by[name].enabled and by[name].source == "not measured", name
+    assert "no verdict from 07" in by["channels_last"].detail
+    assert sel.missing == ("02_batched_decode", "04_pinned_memory", "05_stream_overlap", "07_channels_last")
+    first, command = sel.missing_lines()
+    assert "channels_last" in first and "enables only what a verdict of this run recommended" in first
+    assert "--only 02 04 05 07 10" in command
 
 
 def test_explicit_list_selects_exactly_those(tmp_path, cpu):

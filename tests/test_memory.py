@@ -368,3 +368,71 @@ def test_budget_from_parameter_names_the_default(cpu):
 
 def test_budget_exceeded_names_what_was_measured():
     assert "measured RSS growth 2.0 MiB" in str(M.MemoryBudgetExceeded(8, 2 * MIB, MIB, what="RSS growth"))
+
+
+# ---------------------------------------------------------------- a batch size from the free memory, never a demo
+
+class _FakeDeviceWithFreeMemory(FakeDeviceAcc):
+    index = 0
+
+
+def _finder_and_verdict(acc, budget_bytes, budget_why, *, budget_set, current=128):
+    def make_step(batch):
+        def step():
+            acc.peak = batch * MIB
+        return step
+
+    cfg = E.FinderConfig(start_batch=8, max_batch=1024, steps=1, budget_bytes=budget_bytes, safety_margin=0.2,
+                         refine_steps=3)
+    found = E.find_batch_size(make_step, acc, cfg)
+    fin_tp = dict(zip(found.frame.batch, found.frame.throughput))
+    return E.verdict(found, current=current, best=None, gain=None, finder_throughput=fin_tp, budget_why=budget_why,
+                     budget_set=budget_set, safety_margin=0.2, used_name="peak", steps=3, finder_steps=1,
+                     start_batch=8, context="c")
+
+
+def test_a_batch_size_action_comes_from_the_devices_free_memory(monkeypatch, tmp_path):
+    """The default budget is the device's free memory (mem_get_info + reserved; psutil's available RAM on a CPU),
+    and a batch size derived from it is an action on the report's first screen."""
+    from types import SimpleNamespace
+
+    from helpers.results import ResultsStore
+    from helpers.workbook.report.collect import _advice, collect
+
+    monkeypatch.setattr(E, "release_memory", lambda a: None)
+    monkeypatch.setattr(E.psutil, "virtual_memory", lambda: SimpleNamespace(available=400 * MIB))
+    assert E.resolve_budget_bytes(0, get_accelerator("cpu")) == (
+        200 * MIB, "half of the available RAM (400 MiB available, psutil)")
+    device_memory = SimpleNamespace(get_memory_info=lambda index: (90 * MIB, 24 * 1024 * MIB),
+                                    memory_reserved=lambda index: 10 * MIB)
+    monkeypatch.setattr(torch.accelerator, "memory", device_memory, raising=False)
+    acc = _FakeDeviceWithFreeMemory(per_sample=MIB)
+    budget, why = E.resolve_budget_bytes(0, acc)
+    assert budget == 100 * MIB and "free memory" in why
+    v = _finder_and_verdict(acc, budget, why, budget_set=False)
+    assert v.recommendation == "enable" and v.action.value == 80 and v.action.text == "batch size 128 → 80"
+    assert "demonstration" not in v.reason
+    ResultsStore(tmp_path / "results.jsonl", notebook=E.NOTEBOOK).add_verdict(v)
+    assert dict(_advice(collect(tmp_path)))["Enable on this machine"] == "batch size 128 → 80"
+
+
+def test_a_demonstration_budget_is_shown_as_such_and_is_never_an_action(monkeypatch, tmp_path):
+    """The quick profile's 100 MiB budget: what the finder found within it is a demonstration, not a batch size for
+    this machine; the first screen says nothing about the batch size."""
+    from helpers.results import ResultsStore
+    from helpers.workbook.report import to_markdown
+    from helpers.workbook.report.collect import _advice, collect
+
+    monkeypatch.setattr(E, "release_memory", lambda a: None)
+    acc = _FakeDeviceWithFreeMemory(per_sample=MIB)
+    v = _finder_and_verdict(acc, 100 * MIB, "set by parameter: a demonstration budget", budget_set=True)
+    assert v.recommendation == "not applicable" and v.action is None
+    assert v.reason.startswith("demonstration budget 100 MiB: lower the batch to 80: the current 128 does not fit")
+    assert "not a batch size for this machine" in v.reason and "memory_budget_mib=0" in v.reason
+    assert v.extra["demonstration"] is True and v.extra["demonstration_batch_size"] == 80
+    assert v.extra["measured_recommendation"] == "enable"
+    ResultsStore(tmp_path / "results.jsonl", notebook=E.NOTEBOOK).add_verdict(v)
+    advice = dict(_advice(collect(tmp_path)))
+    assert "Enable on this machine" not in advice and not any("batch size" in x for x in advice.values())
+    first_screen = to_markdown(collect(tmp_path)).split("## Checklist")[0]
+    assert "→" not in first_screen and "batch size 128" not in first_screen

@@ -695,6 +695,47 @@ def test_try_it_rows_say_whether_they_are_headless_repeats_or_live(tmp_path):
     assert "float32 (live, in JupyterLab; machine busy: noise)" in variants
 
 
+def test_first_screen_lists_what_notebook_10_left_off_for_want_of_a_verdict(tmp_path):
+    """--only 01 03 06 10: 07's channels_last (and the others without a verdict) are "not measured in this run",
+    with a command that measures them and 10 together; nothing says they were enabled."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ids = {"01": "01_baseline_profiling", "03": "03_dataloader_tuning", "06": "06_mixed_precision",
+           "10": "10_end_to_end"}
+    _run_json(run_dir, {nb: ("ok", None) for nb in ids.values()}, only=("01", "03", "06", "10"), status="ok")
+    state = json.loads((run_dir / "run.json").read_text())
+    state.update(job="/home/me/myjob.py:make_job", overrides=[["batch_size", "16"]])
+    (run_dir / "run.json").write_text(json.dumps(state))
+    _store(run_dir, ids["03"]).verdict(metric="speedup", value=1.4, unit="x", recommendation="enable", reason="r",
+                                       action=Action("num_workers", 2, "DataLoader workers=2"))
+    _store(run_dir, ids["06"]).verdict(metric="speedup", value=1.3, unit="x", recommendation="enable", reason="r",
+                                       action=Action("autocast_dtype", "bfloat16", "bf16 autocast: enable"))
+    _store(run_dir, ids["10"]).verdict(
+        metric="speedup", value=1.2, unit="x", recommendation="enable", reason="r",
+        optimizations=["dataloader_workers", "mixed_precision"],
+        missing_verdicts=["02_batched_decode", "04_pinned_memory", "05_stream_overlap", "07_channels_last"])
+    advice = dict(_advice(collect(run_dir)))
+    missing = advice["Not measured in this run, so not enabled by notebook 10"]
+    assert "channels_last (07)" in missing and "pinned_memory (04)" in missing and "batched_decode (02)" in missing
+    assert "notebook 10 enables only what a verdict of this run recommended" in missing
+    assert "channels_last" in advice["Not measured in this run"].split("; ")  # its notebook, outside the run
+    args = _cli_accepts(re.search(r"`([^`]+)`", missing).group(1))
+    assert args.only == ["01", "02", "03", "04", "05", "06", "07", "10"]  # this run's notebooks and theirs
+    assert args.job == "/home/me/myjob.py:make_job" and args.overrides == [["batch_size", "16"]]
+    assert "channels_last" not in advice["Enable on this machine"]
+    md = to_markdown(collect(run_dir))
+    first_screen = md.split("## Checklist")[0]
+    assert "Not measured in this run, so not enabled by notebook 10" in first_screen
+    assert "channels_last (07)" in first_screen
+    # the batch size the run measured is in the first lines, and where it came from
+    assert "at batch size" not in first_screen  # no verdict carried a batch size: nothing is invented
+    _store_p = ResultsStore(run_dir / "results.jsonl", notebook=ids["01"], parameters={"batch_size": 16, "job": "x"})
+    _store_p.verdict(metric="exposed_input_fraction", value=0.2, unit="fraction", recommendation="host-bound",
+                     reason="r")
+    line = next(x for x in to_markdown(collect(run_dir)).splitlines() if x.startswith("Job measured:"))
+    assert "your job /home/me/myjob.py:make_job at batch size 16 (set with -p batch_size)" in line
+
+
 # --------------------------------------------------------------------------- user strings in report.md
 
 #: A job's name as a user may write it: HTML, a table pipe, backticks, emphasis and link markup.

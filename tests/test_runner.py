@@ -619,3 +619,84 @@ def test_a_users_profile_file(tmp_path):
     with pytest.raises(ParameterError, match="not one of"):
         run(RunOptions(profile="fast", out=tmp_path / "r3"), echo=lambda s: None,
             executor=lambda nb, **kw: None, device_checker=_fake_device)
+
+
+# ---------------------------------------------------------------- a user's job keeps its own batch size
+
+SIZED_JOB = """import torch
+from helpers.jobs.supervised import supervised_job
+
+
+def make_job(batch_size=32, image_size=24, seed=0):
+    data = [(torch.ones(3), torch.tensor(0.0))] * 64
+    return supervised_job(data, lambda: torch.nn.Linear(3, 1), lambda o, y: o.mean(),
+                          lambda p: torch.optim.SGD(p, lr=0.1), batch_size=batch_size, name=f"sized {image_size} px")
+"""
+
+MEASURE_BODY = """
+from helpers.workbook.nbsetup import start
+ctx = start("01_baseline_profiling", globals())
+job = ctx.job()
+ctx.store.add("dataset", "your job", "batch_size", job.workload.batch_size, "samples", **job.describe())
+ctx.store.verdict(metric="m", value=1.0, unit="x", recommendation="device-bound",
+                  reason=f"measured {job.name} at batch {ctx.params['batch_size']}")
+"""
+
+
+def test_a_profiles_sizes_are_not_passed_to_a_users_job(tmp_path):
+    job = tmp_path / "sizedjob.py"
+    job.write_text(SIZED_JOB)
+    seen = {}
+    run(RunOptions(profile="smoke", out=tmp_path / "run", only=("01", "09"), job=f"{job}:make_job"),
+        echo=lambda s: None, executor=lambda nb, **kw: seen.update({nb.id: nb.parameters}),
+        device_checker=_fake_device)
+    for params in seen.values():  # smoke's batch_size 8 and image_size 64 are the built-in job's
+        assert "batch_size" not in params and "image_size" not in params
+        assert params["max_images"] == 48 and params["steps"] <= 4  # smoke still shortens samples and steps
+    seen.clear()
+    run(RunOptions(profile="smoke", out=tmp_path / "run16", only=("01",), job=f"{job}:make_job",
+                   overrides=(("batch_size", "16"),)),
+        echo=lambda s: None, executor=lambda nb, **kw: seen.update({nb.id: nb.parameters}),
+        device_checker=_fake_device)
+    assert seen["01_baseline_profiling"]["batch_size"] == 16 and "image_size" not in seen["01_baseline_profiling"]
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("overrides, batch", [((), 32), ((("batch_size", "16"),), 16)])
+def test_a_smoke_run_measures_the_users_job_at_its_own_batch_size(tmp_path, overrides, batch):
+    """Through papermill: the factory's default (32) stands under the smoke profile (batch 8), -p sets another."""
+    from helpers.results import load_results
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    shutil.copytree(ROOT / "notebooks" / "profiles", folder / "profiles")
+    _write_nb(folder, "01_baseline_profiling", MEASURE_BODY)
+    job = tmp_path / "sizedjob.py"
+    job.write_text(SIZED_JOB)
+    run_dir, state = run(RunOptions(profile="smoke", device="cpu", out=tmp_path / "run", job=f"{job}:make_job",
+                                    overrides=overrides, timeout_s=300),
+                         echo=lambda s: None, notebooks_folder=folder, device_checker=_fake_device)
+    assert state.status == "ok", {n.id: n.error for n in state.notebooks if n.status != "ok"}
+    df = load_results(run_dir / "results.jsonl")
+    rec = df[(df["experiment"] == "dataset")].iloc[-1]
+    assert rec["value"] == batch and rec["extra"]["job"] == "sized 24 px"  # its own image_size too, not smoke's 64
+    v = df[df["experiment"] == "verdict"].iloc[-1]
+    assert f"at batch {batch}" in v["reason"] and v["parameters"]["batch_size"] == batch  # records say it too
+    assert "image_size" not in v["parameters"]  # the factory's own: the workbook does not know it
+    head = (run_dir / "report.md").read_text().splitlines()[:8]
+    line = next(x for x in head if x.startswith("Job measured:"))
+    assert f"at batch size {batch} (" in line
+    assert ("set with -p batch_size" if overrides else "your factory's own") in line
+
+
+def test_the_quick_profiles_demonstration_budget_is_not_passed_to_a_users_job(tmp_path):
+    """Notebook 09 sizes a user's batch from the machine's free memory (memory_budget_mib=0), not from quick's 100 MiB."""
+    nb = ROOT / "notebooks" / "09_memory_and_batch_size.ipynb"
+    quick = runner.load_profile("quick")
+    builtin = runner.build_parameters(nb, quick, device="cpu", run_dir=tmp_path)
+    assert builtin["memory_budget_mib"] == 100 and builtin["batch_size"] == 32  # the built-in job's demonstration
+    mine = runner.build_parameters(nb, quick, device="cpu", run_dir=tmp_path, job="/x/job.py:make_job")
+    assert "memory_budget_mib" not in mine and "batch_size" not in mine and mine["finder_max_batch"] == 256
+    set_by_user = runner.build_parameters(nb, quick, device="cpu", run_dir=tmp_path, job="/x/job.py:make_job",
+                                          overrides={"memory_budget_mib": 300, "batch_size": 24})
+    assert set_by_user["memory_budget_mib"] == 300 and set_by_user["batch_size"] == 24

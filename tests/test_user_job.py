@@ -393,3 +393,32 @@ def test_first_step_errors_show_the_users_own_frames(tmp_path, cpu):
     bad = _write(tmp_path, "def make_job(:\n    pass\n", name="syntaxjob.py")
     with pytest.raises(JobError, match=r"SyntaxError.*\n  def make_job\(:"):
         load_job(f"{bad}:make_job")
+
+
+# ---------------------------------------------------------------- the user's batch size is the user's
+
+def test_sizes_the_user_did_not_set_are_left_to_the_factory(tmp_path):
+    from helpers.jobspec import factory_params
+    from helpers.specs import validate_notebook_params
+    from helpers.workbook.nbsetup import factory_defaults
+
+    nb = "01_baseline_profiling"
+    params = validate_notebook_params(nb, {"job": "x.py:make_job"})
+    assert factory_defaults(nb, {}, params) == ["batch_size", "image_size"]  # the cell's defaults: the job's own
+    injected = {"In": ["", "# Parameters\njob = 'x.py:make_job'\nbatch_size = 32\n"]}  # papermill's -p
+    assert factory_defaults(nb, injected, params) == ["image_size"]  # 32 passed on purpose is passed
+    edited = validate_notebook_params(nb, {"job": "x.py:make_job", "batch_size": 16})  # JupyterLab, cell edited
+    assert factory_defaults(nb, {}, edited) == ["image_size"]
+    assert factory_defaults(nb, {}, validate_notebook_params(nb, {})) == []  # the built-in job takes them all
+    given = factory_params({**edited, "factory_defaults": ["image_size"]})
+    assert given["batch_size"] == 16 and "image_size" not in given and given["seed"] == 0
+
+
+def test_every_notebook_loads_the_job_through_its_context():
+    """ctx.job() makes the parameters (and every record after it) say the batch the user's job really has."""
+    import nbformat
+
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        source = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+        assert "notebook_job(P)" not in source, path.name
+        assert "exp.trace_job(cfg)" not in source or "ctx.job()" in source, path.name

@@ -80,25 +80,27 @@ def test_memory_verdict_moves_the_batch_only_for_a_reason(current, best, gain, r
     assert v.action.current == current and v.value == 16.0
 
 
-def test_memory_verdict_from_a_budget_set_for_the_run_says_so():
+def test_memory_verdict_from_a_budget_set_for_the_run_is_a_demonstration():
     kw = dict(current=32, best=16, gain=None, finder_throughput={8: 100.0, 16: 120.0}, budget_why="set by memory_budget_mib",
               safety_margin=0.1, used_name="peak", steps=5, finder_steps=3, start_batch=8, context="c")
     v = memory.verdict(_found(16), budget_set=True, **kw)
-    assert v.recommendation == "enable" and v.action.value == 16
-    assert v.action.text == ("batch size 32 → 16 (within the 1,024 MiB memory_budget_mib set for this run, not this "
-                             "machine's free memory)")
-    assert v.reason.startswith("lower the batch to 16") and v.reason.endswith(
-        "(within the 1,024 MiB memory_budget_mib set for this run, not this machine's free memory)")
-    assert v.extra["budget_set_by_parameter"] is True
+    assert v.recommendation == "not applicable" and v.action is None  # nothing for the first screen
+    assert v.reason.startswith("demonstration budget 1,024 MiB: lower the batch to 16")
+    assert "not a batch size for this machine" in v.reason
+    assert v.extra["budget_set_by_parameter"] is True and v.extra["demonstration_batch_size"] == 16
     free = memory.verdict(_found(16), budget_set=False, **kw)
-    assert free.action.text == "batch size 32 → 16" and "memory_budget_mib" not in free.reason
+    assert free.recommendation == "enable" and free.action.text == "batch size 32 → 16"
+    assert "memory_budget_mib" not in free.reason and "demonstration" not in free.reason
 
 
 def test_memory_verdict_when_nothing_fits():
-    v = memory.verdict(_found(None), current=8, best=None, gain=None, finder_throughput={}, budget_why="set",
-                       budget_set=True, safety_margin=0.1, used_name="peak", steps=5, finder_steps=3, start_batch=8,
-                       context="c")
-    assert v.value is None and v.recommendation == "leave off" and v.reason.endswith("; budget set")
+    kw = dict(current=8, best=None, gain=None, finder_throughput={}, budget_why="set", safety_margin=0.1,
+              used_name="peak", steps=5, finder_steps=3, start_batch=8, context="c")
+    v = memory.verdict(_found(None), budget_set=False, **kw)
+    assert v.value is None and v.recommendation == "leave off" and v.reason.startswith("lower the batch below 8")
+    demo = memory.verdict(_found(None), budget_set=True, **kw)
+    assert demo.recommendation == "not applicable" and demo.reason.startswith(
+        "demonstration budget 1,024 MiB: lower the batch below 8")
 
 
 def test_collectives_not_applicable_without_a_run():

@@ -200,12 +200,15 @@ def try_baseline(params: Mapping[str, Any], acc, *, batch_size: int, image_size:
     """
     from helpers.experiments.training import prepare_job
     from helpers.jobs.load import notebook_job
+    from helpers.jobspec import FACTORY_DEFAULTS_KEY
     from helpers.specs import validate_notebook_params
 
     changed = {"batch_size": int(batch_size)}
     if image_size is not None:
         changed["image_size"] = int(image_size)
     p = validate_notebook_params(NOTEBOOK, {**params, **changed}, allow_unknown=True)
+    if params.get(FACTORY_DEFAULTS_KEY):  # a user's job keeps its own sizes, but for the ones changed here
+        p[FACTORY_DEFAULTS_KEY] = [k for k in params[FACTORY_DEFAULTS_KEY] if k not in changed]
     job = notebook_job(p)
     timed = prepare_job(job, acc)
     total = int(warmup_steps) + int(steps)

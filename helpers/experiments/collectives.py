@@ -62,7 +62,7 @@ from helpers.compute.ppo import ppo_loss
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
 from helpers.fsutil import write_atomic
-from helpers.jobspec import absolute_job_spec
+from helpers.jobspec import FACTORY_DEFAULTS_KEY, absolute_job_spec
 from helpers.experiments.training import fixed_batches
 from helpers.jobs.base import Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
@@ -485,6 +485,7 @@ def ddp_benchmark(params: Mapping[str, Any], *, world_size: int = 2, backend: st
     cfg = {k: params[k] for k in DDP_KEYS}
     if params.get("job"):  # every rank loads the user's job: a path relative to here would not be theirs
         cfg["job"] = absolute_job_spec(str(params["job"]))
+        cfg[FACTORY_DEFAULTS_KEY] = list(params.get(FACTORY_DEFAULTS_KEY) or ())  # sizes its factory keeps
     launched = run_job(DDP_TASK, cfg, world_size=world_size, backend=backend, device_kind=device_kind,
                        timeout_s=timeout_s, master_port=master_port, log_dir=log_dir)
     out = dict(launched.data)
@@ -513,6 +514,7 @@ def ddp_in_launched_job(params: Mapping[str, Any], *, backend: str = "auto") -> 
     cfg = {k: params[k] for k in DDP_KEYS}
     if params.get("job"):
         cfg["job"] = absolute_job_spec(str(params["job"]))
+        cfg[FACTORY_DEFAULTS_KEY] = list(params.get(FACTORY_DEFAULTS_KEY) or ())
     if backend == "auto":
         backend = resolve_backend("auto", get_accelerator("auto").kind)
     rc = init_rank(backend)

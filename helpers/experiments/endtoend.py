@@ -85,8 +85,10 @@ class Choice:
         One of :data:`OPTIMIZATIONS`.
     enabled : bool
     source : str
-        ``"verdict"`` (this run's verdict of its notebook), ``"default"`` (no
-        verdict: the device's default) or ``"requested"`` (an explicit list).
+        ``"verdict"`` (this run's verdict of its notebook), ``"not measured"`` (no verdict of this run decides
+        it: off), ``"device default"`` (no verdict, and the caller asked for the device's stated default:
+        ``bench end-to-end`` without ``--run``), ``"requested"`` (an explicit list) or ``"job"`` (not
+        available for this job).
     detail : str
         One sentence for the reader.
     warning : str
@@ -141,10 +143,17 @@ class Selection:
         if not self.missing:
             return []
         numbers = " ".join(nb[:2] for nb in self.missing)
-        return [f"missing verdict(s) in this run's results: {', '.join(self.missing)}; the device default is used "
-                "for those optimizations (table below).",
-                f"to follow measured verdicts instead, run them and this notebook together: "
-                f"`{cli_command()} run --only {numbers} 10` (same --profile and --device as this run)"]
+        names = [c.name for c in self.choices if c.source in ("not measured", "device default")
+                 and SOURCE_NOTEBOOKS.get(c.name) in self.missing]
+        if any(c.source == "device default" for c in self.choices):
+            what = (f"the device's stated default is used for {', '.join(names)} (table below: source "
+                    "'device default')")
+        else:
+            what = (f"not enabled, not measured in this run: {', '.join(names)} (this notebook enables only what a "
+                    f"verdict of this run recommended)")
+        return [f"missing verdict(s) in this run's results: {', '.join(self.missing)}; {what}.",
+                f"to measure them and follow their verdicts, run them and this notebook together: "
+                f"`{cli_command()} run --only {numbers} 10` (same --profile, --device and --job as this run)"]
 
     def warning_lines(self) -> list[str]:
         """One line per choice whose deciding notebook ran a different workload than this job."""
@@ -336,8 +345,14 @@ def _action_value(row, setting: str) -> Any:
 
 def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16: bool | None = None,
                          default_workers: int | None = None, workload: "Workload | None" = None,
-                         unavailable: Mapping[str, str] | None = None, job_spec: str = "") -> Selection:
+                         unavailable: Mapping[str, str] | None = None, job_spec: str = "",
+                         device_defaults_for_missing: bool = False) -> Selection:
     """Decide the optimized job: from this run's verdicts (``auto``) or an explicit list.
+
+    Under ``auto`` an optimization is on only when a verdict of this run recommended it; one without a
+    verdict (its notebook not in the run, not measuring it, or measuring another job) is off, as "not
+    measured" (:meth:`Selection.missing_lines` gives the command that measures it), unless
+    ``device_defaults_for_missing`` asks for the device's stated default (:func:`device_defaults`).
 
     Parameters
     ----------
@@ -359,6 +374,9 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
         image pipeline): off whatever was requested or recommended, with the reason.
     job_spec : str
         The user's job spec ("" for the built-in job): a verdict recorded for another job is not followed.
+    device_defaults_for_missing : bool, default False
+        Where no verdict decides an optimization, use the device's stated default (source ``"device
+        default"``; ``bench end-to-end`` without a run folder) instead of leaving it off.
 
     Returns
     -------
@@ -371,7 +389,13 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
     """
 
     names = check_optimizations(requested)
-    defaults = device_defaults(acc, native_bf16=native_bf16)
+    if device_defaults_for_missing:
+        defaults = {k: (on, f"device default: {'on' if on else 'off'} ({why})")
+                    for k, (on, why) in device_defaults(acc, native_bf16=native_bf16).items()}
+        fallback = "device default"
+    else:  # no guessing: what no verdict of this run recommended stays off
+        defaults = {k: (False, "not enabled: not measured in this run") for k in OPTIMIZATIONS}
+        fallback = "not measured"
     workers = default_workers if default_workers is not None else max(1, min(4, usable_cores()))
     dtype = _default_dtype(acc)
     table = None
@@ -409,8 +433,7 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
             if nb not in missing:
                 missing.append(nb)
             on, why = defaults[name]
-            choices.append(Choice(name, on, "default", f"notebook {nb[:2]} measured another job; default here: "
-                                  f"{'on' if on else 'off'} ({why})"))
+            choices.append(Choice(name, on, fallback, f"notebook {nb[:2]} measured another job; {why}"))
         elif table is not None and nb in table.index and checklist.optimization(name).decision:
             row = table.loc[nb]
             key = checklist.optimization(name).decision
@@ -418,8 +441,7 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
             own = extra.get(key) if isinstance(extra.get(key), Mapping) else None
             if own is None:  # the notebook ran without measuring this one
                 on, why = defaults[name]
-                choices.append(Choice(name, on, "default", f"notebook {nb[:2]} did not measure it; default here: "
-                                      f"{'on' if on else 'off'} ({why})"))
+                choices.append(Choice(name, on, fallback, f"notebook {nb[:2]} did not measure it; {why}"))
             else:
                 rec = str(own.get("recommendation"))
                 choices.append(Choice(name, rec == "enable", "verdict", f"notebook {nb[:2]} ({key}): {rec}",
@@ -436,8 +458,7 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
             if nb not in missing:  # one notebook may decide two optimizations
                 missing.append(nb)
             on, why = defaults[name]
-            choices.append(Choice(name, on, "default", f"no verdict from {nb[:2]}; default here: "
-                                  f"{'on' if on else 'off'} ({why})"))
+            choices.append(Choice(name, on, fallback, f"no verdict from {nb[:2]}; {why}"))
     on = {c.name for c in choices if c.enabled}
     for i, c in enumerate(choices):  # an optimization that works only with another is off without it
         needs = checklist.optimization(c.name).requires

@@ -90,6 +90,9 @@ class TraceConfig:
         Rounds of :func:`measure_empty_cache` (0: skip).
     job : str
         The user's job spec (:func:`helpers.jobs.load.load_job`); "" for the built-in job.
+    factory_defaults : tuple of str
+        The sizes the user's job keeps at its factory's own defaults (not passed to it; see
+        :data:`helpers.jobspec.FACTORY_DEFAULTS_KEY`).
     """
 
     device: str
@@ -105,6 +108,7 @@ class TraceConfig:
     warmup_steps: int = 1
     empty_cache_repeats: int = 2
     job: str = ""
+    factory_defaults: tuple = ()
 
     @property
     def workload(self) -> Workload:
@@ -412,7 +416,8 @@ def resolve_budget_bytes(budget_mib: int, acc: "Accelerator") -> tuple[int, str]
     if isinstance(budget_mib, bool) or not isinstance(budget_mib, int) or budget_mib < 0:
         raise ParameterError(f"memory_budget_mib must be an int >= 0 (MiB; 0 picks one), got {budget_mib!r}")
     if budget_mib > 0:
-        why = "set by parameter (the quick profile uses a small one to show the back-off)"
+        why = ("set by parameter: a demonstration budget (the quick profile uses a small one to show the back-off), "
+               "not this machine's free memory")
         try:
             default, _ = _default_budget(acc)
             why += f"; the default here would be {default / GIB:.1f} GiB"
@@ -673,9 +678,12 @@ def verdict(found: FinderResult, *, current: int, best: int | None, gain: tuple[
     Returns
     -------
     helpers.verdict.Verdict
-        metric ``max_batch_size`` (samples; None when no size fitted); action on ``batch_size`` (its text names
-        the budget when ``budget_set``: a batch size derived from a budget set for the run says so wherever it is
-        shown); ``extra``: ``best_throughput_batch``, ``reached_max``, ``budget_set_by_parameter``.
+        metric ``max_batch_size`` (samples; None when no size fitted); action on ``batch_size``; ``extra``:
+        ``best_throughput_batch``, ``reached_max``, ``budget_set_by_parameter``. With ``budget_set`` (a budget set
+        for the run, e.g. the quick profile's demonstration budget, not this machine's free memory) the result is
+        a demonstration: recommendation "not applicable", no action (nothing for the report's first screen), the
+        reason starting "demonstration budget N MiB: " with what the finder found within it, and ``extra``
+        adding ``demonstration`` (True), ``measured_recommendation`` and ``demonstration_batch_size``.
     """
     chosen, cur = found.chosen, current
     budget_mib, limit_mib = found.budget_bytes / MIB, found.limit_bytes / MIB
@@ -716,23 +724,27 @@ def verdict(found: FinderResult, *, current: int, best: int | None, gain: tuple[
                        f"interval), but interleaved it gives {gain[0]:.2f}x (95% CI {gain[1]:.2f}-{gain[2]:.2f}, "
                        f"{steps} steps each): not a measured gain")
             reason = f"keep batch {cur}: {why}; {mem_txt}"
-    set_by_run = ""
     if budget_set:
-        # a budget given as a parameter (a profile's demonstration budget, or a user's share of a shared device)
-        # is not this machine's memory: a batch size derived from it must say so wherever it is shown
-        set_by_run = f"within the {budget_mib:,.0f} MiB memory_budget_mib set for this run, not this machine's free memory"
-        reason += f"; budget {budget_why}"
-        if recommendation == "enable":
-            reason += f" ({set_by_run})"
+        # a budget given as a parameter (a profile's demonstration budget) is not this machine's memory: what the
+        # finder found within it is a demonstration of the back-off, never an action for this machine
+        measured = recommendation
+        reason = (f"demonstration budget {budget_mib:,.0f} MiB: {reason}; budget {budget_why}; a demonstration, not "
+                  f"a batch size for this machine: run with memory_budget_mib=0 (the default) to size the batch "
+                  f"from its free memory")
+        return Verdict(notebook=NOTEBOOK, metric="max_batch_size", value=value, unit=unit,
+                       recommendation="not applicable", reason=reason, context=context, action=None,
+                       extra={"best_throughput_batch": best, "reached_max": found.reached_max,
+                              "budget_set_by_parameter": True, "demonstration": True,
+                              "measured_recommendation": measured,
+                              "demonstration_batch_size": int(target) if measured == "enable" else cur})
     if recommendation == "enable":
-        text = f"batch size {cur} → {int(target)}" + (f" ({set_by_run})" if set_by_run else "")
-        action = Action("batch_size", int(target), text, current=cur)
+        action = Action("batch_size", int(target), f"batch size {cur} → {int(target)}", current=cur)
     else:
         action = Action("batch_size", cur, f"batch size: keep {cur}", current=cur)
     return Verdict(notebook=NOTEBOOK, metric="max_batch_size", value=value, unit=unit, recommendation=recommendation,
                    reason=reason, context=context, action=action,
                    extra={"best_throughput_batch": best, "reached_max": found.reached_max,
-                          "budget_set_by_parameter": bool(budget_set)})
+                          "budget_set_by_parameter": False})
 
 
 # --------------------------------------------------------------------------- the "try it" panel: one batch size

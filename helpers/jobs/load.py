@@ -141,8 +141,9 @@ def notebook_job(params: Mapping[str, Any]) -> Job:
     ----------
     params : mapping
         The notebook's validated parameters. With a non-empty ``job``, :func:`load_job` is given the
-        :data:`~helpers.jobspec.FACTORY_PARAMS` present in ``params`` (:func:`~helpers.jobspec.factory_params`); else
-        :meth:`helpers.jobs.ppo.PPOJob.from_params`.
+        :data:`~helpers.jobspec.FACTORY_PARAMS` present in ``params`` (:func:`~helpers.jobspec.factory_params`)
+        but the sizes listed in ``params["factory_defaults"]`` (those the user did not set: the factory keeps its
+        own defaults); else :meth:`helpers.jobs.ppo.PPOJob.from_params`.
 
     Returns
     -------

@@ -159,7 +159,8 @@ def ddp_bench(*, job: str = "", profile: str = "quick", backend: str = "auto", w
     """Notebook 08's DDP experiment (buckets, compression hooks, overlap) on a job, as a JSON string.
 
     ``job`` is a user's job spec (``path/to/job.py:make_job`` or ``module:attr``; empty: the built-in PPO
-    job); the other parameters are notebook 08's under ``profile``. Started by hand, it launches
+    job, trained at its factory's own batch and image size: a profile's sizes are the built-in job's); the other
+    parameters are notebook 08's under ``profile``. Started by hand, it launches
     ``world_size`` ranks on this machine (:func:`helpers.experiments.collectives.ddp_benchmark`). Started
     by torchrun (RANK, WORLD_SIZE and MASTER_ADDR set, e.g. on several nodes), it runs as that rank
     (:func:`helpers.experiments.collectives.ddp_in_launched_job`); rank 0 returns the JSON, other ranks None.
@@ -179,6 +180,10 @@ def ddp_bench(*, job: str = "", profile: str = "quick", backend: str = "auto", w
 
     params = _notebook_values("08_collectives", profile, {"job": job or None, "data_dir": data_dir or None})
     params = {k: params[k] for k in (*DDP_KEYS, "job") if k in params}
+    if job:  # the profile's sizes are the built-in job's: the user's factory keeps its own
+        from helpers.jobspec import FACTORY_DEFAULTS_KEY, JOB_SIZE_PARAMS
+
+        params[FACTORY_DEFAULTS_KEY] = list(JOB_SIZE_PARAMS)
     if launched_by_torchrun():
         before = machine.snapshot()  # this rank's machine; its sibling ranks count as the job's own work
         out = ddp_in_launched_job(params, backend=backend)
@@ -205,8 +210,9 @@ def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | 
 
     The optimized job is chosen by :func:`helpers.experiments.endtoend.select_optimizations` as notebook 10
     chooses it: from the verdicts of the run folder ``run`` (its ``results.jsonl``: notebook 02's decode and
-    cache decisions, 03's workers, ...), or, without ``run``, the device's defaults for every optimization (notebook
-    10 without a run behind it: no dataset cache, no workers); the three jobs
+    cache decisions, 03's workers, ...; only what a verdict recommended), or, without ``run``, the device's stated
+    defaults for every optimization (source "device default" in the selection: no dataset cache, no workers); the
+    three jobs
     (baseline, optimized, and the optimized step on batches already on the device) are timed in interleaved
     blocks (:func:`helpers.experiments.endtoend.run_interleaved`), with notebook 10's steps under ``profile``.
 
@@ -246,7 +252,8 @@ def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | 
     params = _notebook_values("10_end_to_end", profile, {"data_dir": data_dir})
     acc = get_accelerator(device)
     job = PPOJob.from_params(params)
-    selection = select_optimizations(["auto"], earlier, acc, workload=Workload.from_params(params))
+    selection = select_optimizations(["auto"], earlier, acc, workload=Workload.from_params(params),
+                                     device_defaults_for_missing=run is None)  # labelled "device default"
     configs = {"baseline": JobConfig("baseline"), "optimized": selection.job("optimized")}
     before = machine.snapshot()
     jobs = {name: JobVariant(cfg, job, acc) for name, cfg in configs.items()}

@@ -107,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="allreduce: rendezvous port on 127.0.0.1 (0: a free one)")
     be.add_argument("--run", default=None, metavar="DIR",
                     help="end-to-end: choose the optimizations as notebook 10 does from this run's verdicts "
-                         "(default: the device's defaults, as notebook 10 without a run behind it)")
+                         "(only what they recommended; default: the device's stated defaults, labelled as such)")
     be.add_argument("--images", type=int, default=20_000, metavar="N",
                     help="dataset-index: images in the generated folder (ignored with --data-dir)")
 

@@ -5,7 +5,9 @@ notebook needs before any work, so that a bad parameter or an unusable device
 fails in the first seconds with a clear message:
 
 1. validate the parameters cell's values against the notebook's spec
-   (helpers/specs.py), coercing papermill's strings;
+   (helpers/specs.py), coercing papermill's strings; for a user's job, list the
+   sizes the user did not set in ``params["factory_defaults"]`` (their factory
+   keeps its own; :func:`factory_defaults`);
 2. probe torch_npu in a child process before ``import torch`` (a broken
    torch_npu install otherwise crashes the kernel on import; huggingface/accelerate#3754);
 3. resolve the device (``auto`` / ``cpu`` / ``cuda`` / ``npu``);
@@ -23,8 +25,9 @@ from typing import Any, Mapping
 
 from helpers import machine
 from helpers.fsutil import ensure_writable_dir
+from helpers.jobspec import FACTORY_DEFAULTS_KEY, JOB_SIZE_PARAMS
 from helpers.npu_probe import prepare_torch_import
-from helpers.specs import INTERLEAVED_REPEATS, validate_notebook_params
+from helpers.specs import INTERLEAVED_REPEATS, injected_parameter_names, spec_for, validate_notebook_params
 from helpers.workbook.paths import interactive_dir
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,46 @@ class NotebookContext:
         self.store.add("machine state", "while measuring", "other_cpu_share", c.other_cpu_share, "fraction", busy=c.busy,
                        load_per_core=c.load_per_core, seconds=c.seconds, reasons=list(c.reasons))
         return self.store.add_verdict(guard_verdict(verdict, c))
+
+    def job(self):
+        """The job this notebook measures (:func:`helpers.jobs.load.notebook_job` of :attr:`params`).
+
+        For a user's job, ``params["batch_size"]`` (and the parameters stored with every later record) are set
+        to the batch size the job really has (``job.workload.batch_size``: its factory's own default unless the
+        user set one), so that every figure, record and sentence downstream names the batch measured; an
+        ``image_size`` the factory kept as its own is dropped from the stored parameters (the workbook does not
+        know it).
+
+        Returns
+        -------
+        helpers.jobs.base.Job
+
+        Raises
+        ------
+        helpers.jobs.supervised.JobError, helpers.errors.DataError
+            As :func:`helpers.jobs.load.notebook_job`.
+        """
+        from helpers.jobs.load import notebook_job
+
+        job = notebook_job(self.params)
+        if self.params.get("job"):
+            self.use_job_batch(job.workload.batch_size)
+        return job
+
+    def use_job_batch(self, batch_size: int) -> None:
+        """Make ``params["batch_size"]`` and the parameters stored with every later record say the batch a user's
+        job really has (read from the job, e.g. by :meth:`job`, or from what its ranks trained, notebook 08).
+
+        Parameters
+        ----------
+        batch_size : int
+            Samples per step (per rank under DDP).
+        """
+        self.params["batch_size"] = int(batch_size)
+        if self.store is not None:
+            self.store.parameters["batch_size"] = int(batch_size)
+            if "image_size" in (self.params.get(FACTORY_DEFAULTS_KEY) or ()):
+                self.store.parameters.pop("image_size", None)  # the factory's own: the workbook does not know it
 
     @property
     def figures_dir(self) -> Path:
@@ -185,6 +228,35 @@ def guard_verdict(verdict, check):
                    reason=f"{why}. What it measured: {verdict.recommendation}: {verdict.reason}")
 
 
+def factory_defaults(notebook: str, namespace: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
+    """The sizes (:data:`helpers.jobspec.JOB_SIZE_PARAMS`) a user's job keeps at its factory's own defaults.
+
+    A size counts as set by the user when papermill injected it (the runner passes a size to a user's job only
+    for ``-p``: a profile's sizes are for the built-in job), or, with nothing injected (JupyterLab), when the
+    parameters cell holds another value than the notebook's default.
+
+    Parameters
+    ----------
+    notebook : str
+        Notebook id.
+    namespace : mapping
+        The notebook's ``globals()`` (papermill's injected cell is read from its input history).
+    params : mapping
+        The validated parameters.
+
+    Returns
+    -------
+    list of str
+        In :data:`~helpers.jobspec.JOB_SIZE_PARAMS` order; empty for the built-in job (``params["job"]`` empty).
+    """
+    if not params.get("job"):
+        return []
+    injected = injected_parameter_names(namespace)
+    defaults = {p.name: p.default for p in spec_for(notebook)}
+    return [name for name in JOB_SIZE_PARAMS if name in params
+            and not (name in injected if injected else params[name] != defaults.get(name))]
+
+
 def _writable_dir(path: Path, what: str) -> Path:
     return ensure_writable_dir(path, what=what,
                                hint="pass a writable folder (runner: --out DIR; notebook: out_dir=...)")
@@ -216,6 +288,8 @@ def start(notebook: str, namespace: Mapping[str, Any], *, need_device: bool = Tr
         The output folder cannot be written.
     """
     params = validate_notebook_params(notebook, namespace, allow_unknown=True)
+    if params.get("job"):  # the sizes the user did not set: their factory's own defaults stand
+        params[FACTORY_DEFAULTS_KEY] = factory_defaults(notebook, namespace, params)
     from helpers.stuck import arm_cell_watchdog
 
     arm_cell_watchdog()  # under the runner: a cell stuck near its --timeout dumps its stacks and says where first

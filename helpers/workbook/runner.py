@@ -47,7 +47,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
 
 from helpers import checklist, stuck
 from helpers.errors import DeviceUnavailableError, OutputDirError, ParameterError
-from helpers.jobspec import absolute_job_spec, factory_params
+from helpers.jobspec import JOB_SIZE_PARAMS, absolute_job_spec, factory_params
 from helpers.process import CHILDREN_DIR_ENV, cli_command, end_stale_children
 from helpers.fsutil import ensure_writable_dir, write_atomic
 from helpers.pipeline.dataset import list_image_files
@@ -63,6 +63,11 @@ RUN_FILE = "run.json"
 RESULTS_FILE = "results.jsonl"
 #: Parameters the runner sets itself; profiles must not set them.
 RUNNER_PARAMS = ("device", "results_path", "out_dir")
+
+#: A profile's values that are for the built-in job only, not passed to a user's job (``--job``; ``-p`` still sets
+#: them): its sizes (:data:`helpers.jobspec.JOB_SIZE_PARAMS`: the user's factory keeps its own defaults) and
+#: notebook 09's demonstration memory budget (a user's batch size comes from the machine's free memory).
+BUILTIN_JOB_ONLY = (*JOB_SIZE_PARAMS, "memory_budget_mib")
 
 #: What to use instead of setting a runner-owned parameter by hand (-p or a profile).
 _RUNNER_OPTIONS = {"device": "use --device", "results_path": "the run folder's results.jsonl: choose the folder "
@@ -289,6 +294,10 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
                      overrides: dict[str, Any] | None = None) -> dict:
     """Parameters passed to one notebook: profile values, then the runner's own.
 
+    A profile's :data:`BUILTIN_JOB_ONLY` values are for the built-in job: with ``job`` they are not passed, so
+    the user's factory keeps its own sizes and notebook 09 sizes the batch from the machine's free memory;
+    ``-p`` still sets them (``overrides``).
+
     Raises
     ------
     ParameterError
@@ -301,7 +310,8 @@ def build_parameters(nb: Path, profile: dict, *, device: str, run_dir: Path,
             if key in RUNNER_PARAMS:
                 raise ParameterError(f"profile sets {key!r} for {nb.stem}; the runner sets it ({_RUNNER_OPTIONS[key]})")
             if key in declared:
-                params[key] = value
+                if not (job and key in BUILTIN_JOB_ONLY):  # the built-in job's: the user's job keeps its own
+                    params[key] = value
             elif source is not profile.get("common"):
                 raise ParameterError(
                     f"profile sets unknown parameter {key!r} for {nb.stem}; it declares: {', '.join(sorted(declared))}")

@@ -37,6 +37,8 @@ RESULTS_FILE = "results.jsonl"
 
 #: The workbook's checklist, from the registry: notebook number -> item name, in reading order.
 CHECKLIST: tuple[tuple[str, str], ...] = tuple((i.number, i.name) for i in checklist.CHECKLIST)
+#: Notebook number -> its id, from the registry.
+CHECKLIST_IDS: tuple[tuple[str, str], ...] = tuple((i.number, i.id) for i in checklist.CHECKLIST)
 _BASELINE_NUMBER = checklist.item(checklist.BASELINE).number
 _END_TO_END_NUMBER = checklist.item(checklist.END_TO_END).number
 
@@ -646,6 +648,38 @@ def _isolated_only(state: str, name: str, in_job: list[str], number: str) -> str
     return f"notebook {number}'s isolated measurement only: {why}"
 
 
+def _new_run_command(state: dict, numbers) -> str:
+    """The command of a new run of the notebooks ``numbers`` with this run's options (profile, device, job,
+    data folder, the ``-p`` those notebooks declare): ``--resume`` cannot add a notebook to a run."""
+    nums = sorted({str(n)[:2] for n in numbers})
+    opts = "".join(f" --{k} {shlex.quote(str(state[k]))}" for k in ("profile", "device", "job") if state.get(k))
+    if state.get("data_dir"):
+        opts += f" --data-dir {shlex.quote(str(state['data_dir']))}"
+    ids, declared = dict(CHECKLIST_IDS), set()
+    for num in nums:
+        if _has_spec(ids.get(num, "")):
+            declared |= {p.name for p in spec_for(ids[num])}
+    opts += "".join(f" -p {name} {shlex.quote(str(value))}" for name, value in state.get("overrides") or ()
+                    if name in declared)
+    return f"{cli_command()} run --only {' '.join(nums)}{opts}"
+
+
+def _not_measured_by_end_to_end(report: Report) -> str | None:
+    """The optimizations notebook 10 left off because no verdict of this run decided them, with the command of
+    a run that measures them (this run's notebooks, theirs and 10 together); None when there are none."""
+    end = next((s for s in report.sections if s.number == _END_TO_END_NUMBER and s.verdict), None)
+    extra = end.verdict.get("extra") if end is not None and isinstance(end.verdict.get("extra"), dict) else {}
+    missing = [str(m) for m in extra.get("missing_verdicts") or () if isinstance(m, str)]
+    names = [f"{o.name} ({o.notebook[:2]})" for o in checklist.OPTIMIZATIONS if o.notebook in missing]
+    if not names:
+        return None
+    state = report.state or {}
+    ran = [str(n.get("id", ""))[:2] for n in state.get("notebooks", []) if isinstance(n, dict)]
+    command = _new_run_command(state, [*ran, *(m[:2] for m in missing), _END_TO_END_NUMBER])
+    return (f"{', '.join(names)} (notebook {_END_TO_END_NUMBER} enables only what a verdict of this run "
+            f"recommended); measure them with `{command}`")
+
+
 def _contribution_text(ev: dict) -> str:
     """The ablation figures a decision rests on: the contribution where the optimization acts, then the whole step."""
     def ratio(c, lo, hi) -> str:
@@ -690,7 +724,8 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
     (:func:`_end_to_end_text`).
     """
     groups: dict[str, list[str]] = {"diverges": [], "inconclusive": [], "enable": [], "unconfirmed": [],
-                                    "leave off": [], "failed": [], "skipped": [], "missing": []}
+                                    "leave off": [], "failed": [], "skipped": [], "missing": [],
+                                    "not measured": []}
     state, evidence, in_job = _end_to_end_evidence(report)
     for s in report.sections:
         rec = (s.verdict or {}).get("recommendation")
@@ -725,6 +760,9 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
             groups["skipped"].append(s.item)
         elif s.verdict is None and s.number:
             groups["missing"].append(s.item)
+    left_off = _not_measured_by_end_to_end(report)
+    if left_off:
+        groups["not measured"].append(left_off)
     labels = {"diverges": "Your job diverges (its loss becomes NaN or infinite without any optimization too): fix its "
                           "training first",
               "inconclusive": "Inconclusive: the machine was busy or its speed changed while measuring (rerun when it is quiet)",
@@ -732,19 +770,53 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
               "unconfirmed": "Gain in its notebook only, not confirmed end to end (optional)",
               "leave off": "Leave off (measured: no gain here)",
               "failed": "Failed", "skipped": "Skipped: your dataset raised in an earlier notebook (see Failed)",
-              "missing": "Not measured in this run"}
+              "missing": "Not measured in this run",
+              "not measured": f"Not measured in this run, so not enabled by notebook {_END_TO_END_NUMBER}"}
     return [(labels[k], "; ".join(v)) for k, v in groups.items() if v]
 
 
 # --------------------------------------------------------------------------- checklist cells
 
 
+def _batches_measured(report: Report) -> dict[int, list[str]]:
+    """Batch size -> the numbers of the notebooks whose verdict measured a job at it (the ``batch_size`` stored
+    with the verdict: for a user's job, the batch it really has; "not applicable" verdicts measured nothing)."""
+    out: dict[int, list[str]] = {}
+    for s in report.sections:
+        v = s.verdict or {}
+        params = v.get("parameters") if isinstance(v.get("parameters"), dict) else {}
+        batch = params.get("batch_size")
+        if v.get("recommendation") == "not applicable" or isinstance(batch, bool) or not isinstance(batch, int):
+            continue
+        out.setdefault(int(batch), []).append(s.number or s.id)
+    return out
+
+
+def _batch_text(report: Report) -> str:
+    """"at batch size 32 (its factory's own)": the batch the run measured and where it came from ("" if unknown)."""
+    batches = _batches_measured(report)
+    if not batches:
+        return ""
+    main = max(batches, key=lambda b: len(batches[b]))
+    others = "; ".join(f"{b} in notebook(s) {', '.join(nbs)}" for b, nbs in sorted(batches.items()) if b != main)
+    st = report.state or {}
+    set_by_p = any(isinstance(p, (list, tuple)) and p and p[0] == "batch_size" for p in st.get("overrides") or [])
+    if set_by_p:
+        source = "set with -p batch_size"
+    elif st.get("job"):
+        source = "your factory's own; -p batch_size N measures another"
+    else:
+        source = f"profile {st.get('profile', '?')}" if st else "the notebooks' parameters"
+    return f" at batch size {main} ({source}" + (f"; {others}" if others else "") + ")"
+
+
 def _job_line(report: Report) -> str:
-    """Whose job the run measured: the user's job spec, or the built-in PPO job."""
+    """Whose job the run measured, and at which batch size: the user's job spec, or the built-in PPO job."""
     spec = (report.state or {}).get("job")
     if spec:
-        return f"your job {spec} (notebooks that measure only the built-in job say 'not applicable')"
-    return "the built-in PPO job (a multimodal policy on the embedded photos or --data-dir)"
+        return (f"your job {spec}{_batch_text(report)} (notebooks that measure only the built-in job say "
+                "'not applicable')")
+    return f"the built-in PPO job (a multimodal policy on the embedded photos or --data-dir){_batch_text(report)}"
 
 
 def _status_line(report: Report) -> tuple[str, str, str, str, str]:
