@@ -11,6 +11,8 @@ import re as _re
 import traceback as _traceback
 from pathlib import Path as _Path
 
+from helpers.stuck import is_users
+
 
 class WorkbookError(Exception):
     """Base class of every error the helpers raise on purpose."""
@@ -32,20 +34,6 @@ class OutputDirError(WorkbookError, OSError):
     """An output folder cannot be created or written."""
 
 
-#: Folders whose frames are not the user's: this package, the standard library, installed packages.
-_WORKBOOK_DIR = str(_Path(__file__).resolve().parent)
-_STDLIB_DIR = str(_Path(_traceback.__file__).resolve().parent)
-
-
-def _is_users(filename: str) -> bool:
-    """Whether a frame's file is the user's own code (not the workbook, the standard library or a package)."""
-    if filename.startswith("<"):
-        return False
-    path = str(_Path(filename).resolve()) if filename else ""
-    return not (path.startswith(_WORKBOOK_DIR) or path.startswith(_STDLIB_DIR)
-                or "site-packages" in path or "dist-packages" in path)
-
-
 def user_frame(frames) -> str:
     """The innermost frame of the user's own code in a traceback or stack, as ``"file.py:42 in func"``.
 
@@ -57,8 +45,9 @@ def user_frame(frames) -> str:
     Returns
     -------
     str
-        The innermost frame outside this package, the standard library and installed packages (the file named
-        by its base name); failing that, the innermost frame of all; "" when there are no frames.
+        The innermost frame of the user's code (:func:`helpers.stuck.is_users`: outside this package, the
+        standard library, installed packages and notebook cells; the file named by its base name); failing
+        that, the innermost frame of all; "" when there are no frames.
     """
     if frames is None:
         return ""
@@ -66,7 +55,7 @@ def user_frame(frames) -> str:
         frames = list(_traceback.extract_tb(frames)) if hasattr(frames, "tb_frame") else list(frames)
     if not frames:
         return ""
-    ours = [f for f in frames if _is_users(f.filename)]
+    ours = [f for f in frames if is_users(f.filename)]
     f = (ours or frames)[-1]
     return f"{_Path(f.filename).name}:{f.lineno} in {f.name}"
 
