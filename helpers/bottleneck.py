@@ -17,17 +17,18 @@ DataLoader workers hide input only on cores the step leaves idle (:func:`spare_c
 the computation itself uses the cores), the advice points at the levers that can pay there, a cheaper sample
 and a cheaper computation, instead of the workers.
 
-Part of the foundation: imports only :mod:`helpers.checklist` and :mod:`helpers.errors`.
+Part of the foundation: imports only :mod:`helpers.checklist`, :mod:`helpers.device` (no torch at import)
+and :mod:`helpers.errors`.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from helpers.checklist import CHECKLIST, notebook_ref
+from helpers.device import usable_cores
 from helpers.errors import ParameterError
 
 __all__ = ["BALANCED", "Bottleneck", "DEVICE_BOUND", "HOST_BOUND", "LABELS", "classify", "spare_cores"]
@@ -44,13 +45,6 @@ _DECODE, _WORKERS, _PINNED, _OVERLAP, _AMP, _NHWC = ("batched decode", "DataLoad
 _NUMBER = {i.name: i.number for i in CHECKLIST if i.name in (_DECODE, _WORKERS, _PINNED, _OVERLAP, _AMP, _NHWC)}
 #: Share of the exposed input above which the copy, not the loader, is the input's cost.
 COPY_MAJORITY = 0.5
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
 
 
 def spare_cores(device_kind: str, *, cores: int | None = None, compute_threads: int | None = None,
@@ -84,7 +78,7 @@ def spare_cores(device_kind: str, *, cores: int | None = None, compute_threads: 
     ParameterError
         For a core or thread count that is not a positive int, or a negative or non-finite share.
     """
-    cores = _usable_cores() if cores is None else cores
+    cores = usable_cores() if cores is None else cores
     for name, v in (("cores", cores), ("compute_threads", compute_threads)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ParameterError(f"spare_cores: {name} must be an int >= 1, got {v!r}")
