@@ -18,7 +18,7 @@ import pytest
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 
 #: Rank of each layer: a module may import only modules of the same or a lower rank.
-LAYERS = {"foundation": 0, "pipeline": 1, "compute": 1, "comm": 1, "diagnose": 1, "jobs": 2, "experiments": 3,
+LAYERS = {"foundation": 0, "pipeline": 1, "compute": 1, "comm": 1, "diagnose": 1, "traces": 1, "jobs": 2, "experiments": 3,
           "workbook": 4, "entry": 5}
 #: Libraries that belong to the workbook layer only.
 PRESENTATION = ("matplotlib", "ipywidgets", "IPython.display")
