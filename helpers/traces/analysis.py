@@ -1,0 +1,442 @@
+"""Notebook 01's verdict from profiler traces a user already has: per rank its phases, the job's bottleneck, the
+slow rank, and what the traces cannot tell.
+
+:func:`analyze` takes the :class:`~helpers.traces.model.RankTrace` objects the readers return (one per rank) and
+gives a :class:`TraceAnalysis`: per rank the median of each phase with its interquartile range and the exposed
+input share, notebook 01's figure (the median over steps of (data + h2d) / step time,
+:attr:`helpers.traces.model.StepPhases.exposed_fraction`, as :attr:`helpers.compute.train.TrainRun.exposed_fraction`);
+its classification by the one rule, :func:`helpers.bottleneck.classify`; the notebook to open next; the top
+operators; and the limits of the trace. With several ranks the job's verdict is the slowest rank's (a synchronous
+job steps at the pace of its slowest rank) and :func:`helpers.stragglers.find` names the slow ranks.
+
+Where no step of a rank has a data-loading annotation, its exposed input cannot be measured: the rank gets no label
+(the verdict is "inconclusive", value None) and the limits say why and what to do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from helpers import bottleneck, stragglers
+from helpers.bottleneck import Bottleneck
+from helpers.checklist import BASELINE, item, notebook_ref
+from helpers.errors import ParameterError
+from helpers.results import Record, ResultsStore
+from helpers.traces.model import DEVICE_PHASES, HOST_PHASES, RankTrace, StepPhases, TraceError
+from helpers.verdict import Verdict
+
+__all__ = ["NOTEBOOK", "PHASES", "PhaseStat", "RankSummary", "TraceAnalysis", "analyze"]
+
+#: The verdict's notebook: a trace answers notebook 01's question (where a step's time goes, and which side bounds it).
+NOTEBOOK = BASELINE
+#: Phases summarized per rank, host side then device side (:mod:`helpers.traces.model`), then all communication.
+PHASES: tuple[str, ...] = (*HOST_PHASES, *DEVICE_PHASES, "comm")
+#: Exposed communication above this share of the step is named as a further lever (notebook 08): the same default
+#: as notebook 01's ``host_bound_threshold``, the share of a step below which a lever is not worth a notebook.
+COMM_NOTE_SHARE = 0.10
+#: Top operators kept in the analysis (the readers keep at most 20 per rank, :class:`RankTrace`).
+TOP_OPS = 10
+
+_NOTEBOOK_01 = notebook_ref(item(BASELINE).name)
+_COLLECTIVES = notebook_ref("collectives")
+
+
+@dataclass(frozen=True)
+class PhaseStat:
+    """One phase of one rank over its steps: median and quartiles (seconds), and how many steps measured it."""
+
+    median_s: float
+    p25_s: float
+    p75_s: float
+    steps: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"median_s", "p25_s", "p75_s", "steps"}``, as notebook 01's ``extra["phases"]`` (plus ``steps``)."""
+        return {"median_s": self.median_s, "p25_s": self.p25_s, "p75_s": self.p75_s, "steps": self.steps}
+
+
+def _stat(values: Sequence[float | None]) -> PhaseStat | None:
+    """Median and quartiles (linear interpolation, as pandas' ``quantile``) of the measured values; None if none."""
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    if not len(v):
+        return None
+    p25, med, p75 = (float(x) for x in np.percentile(v, [25, 50, 75]))
+    return PhaseStat(median_s=med, p25_s=p25, p75_s=p75, steps=int(len(v)))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.2g} ms"
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """One rank's row: its phases over the annotated steps, its exposed input share and its classification.
+
+    Attributes
+    ----------
+    label : str
+        :attr:`RankTrace.label` ("rank 3 (node-b)", or the file's name for a single process).
+    rank : int or None
+    node : str or None
+    format, device_kind : str
+        As :class:`RankTrace`.
+    steps : int
+        Annotated steps in the trace (>= 1).
+    phases : mapping of str to PhaseStat or None
+        ``step_s`` and every phase of :data:`PHASES`: median, p25 and p75 seconds over the steps that measured it;
+        None where no step did (the trace has no such annotation or records no device).
+    exposed_fraction : float or None
+        Median over steps of (data + h2d) / step time, 0..1, over the steps with a data annotation; None when no
+        step has one (not measurable).
+    exposed_p25, exposed_p75 : float or None
+        Its interquartile range over those steps.
+    exposed_steps : int
+        Steps the exposed share is the median of.
+    copy_share : float or None
+        Median h2d / (median data + median h2d), 0..1: the copy's part of the exposed input; None when the copy is
+        not annotated or nothing is exposed.
+    bottleneck : helpers.bottleneck.Bottleneck or None
+        :func:`helpers.bottleneck.classify` of ``exposed_fraction``; None when it is not measurable.
+    limits : tuple of str
+        What this rank's trace cannot tell: the reader's :attr:`RankTrace.limits`, then the analysis's own.
+    top_ops : tuple of dict
+        :attr:`RankTrace.top_ops`, the first :data:`TOP_OPS`.
+    provenance : dict
+        :attr:`RankTrace.provenance`, with ``source`` (the path read) and ``format``.
+    """
+
+    label: str
+    rank: int | None
+    node: str | None
+    format: str
+    device_kind: str
+    steps: int
+    phases: Mapping[str, PhaseStat | None]
+    exposed_fraction: float | None
+    exposed_p25: float | None
+    exposed_p75: float | None
+    exposed_steps: int
+    copy_share: float | None
+    bottleneck: Bottleneck | None
+    limits: tuple[str, ...] = ()
+    top_ops: tuple[dict[str, Any], ...] = ()
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def step_s(self) -> float:
+        """Median step time, seconds."""
+        return self.phases["step_s"].median_s  # type: ignore[union-attr]  # every rank has >= 1 step
+
+    @property
+    def measurable(self) -> bool:
+        """Whether the exposed input share was measured (some step has a data annotation)."""
+        return self.exposed_fraction is not None
+
+    @property
+    def label_text(self) -> str:
+        """The bottleneck label, or "not measurable" where the trace has no data annotation."""
+        return self.bottleneck.label if self.bottleneck is not None else "not measurable"
+
+    def medians(self) -> dict[str, float | None]:
+        """Median seconds of ``step_s`` and each phase (None where unmeasured)."""
+        return {k: (s.median_s if s is not None else None) for k, s in self.phases.items()}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as JSON types (``trace --json``, the verdict's ``extra["ranks"]``)."""
+        return {"label": self.label, "rank": self.rank, "node": self.node, "format": self.format,
+                "device_kind": self.device_kind, "steps": self.steps,
+                "phases": {k: (s.as_dict() if s is not None else None) for k, s in self.phases.items()},
+                "exposed_fraction": self.exposed_fraction, "exposed_p25": self.exposed_p25,
+                "exposed_p75": self.exposed_p75, "exposed_steps": self.exposed_steps, "copy_share": self.copy_share,
+                "verdict": self.label_text,
+                "bottleneck": self.bottleneck.as_dict() if self.bottleneck is not None else None,
+                "limits": list(self.limits), "top_ops": [dict(o) for o in self.top_ops],
+                "provenance": dict(self.provenance)}
+
+
+def _summarize(trace: RankTrace, threshold: float) -> RankSummary:
+    """One rank's :class:`RankSummary` (see :func:`analyze`)."""
+    steps: tuple[StepPhases, ...] = tuple(trace.steps)
+    if not steps:
+        raise TraceError(f"{trace.source}: the trace holds no annotated training step (no ProfilerStep#N span); "
+                         "profile with torch.profiler.schedule and call prof.step() once per training step")
+    phases = {"step_s": _stat([s.step_s for s in steps])}
+    phases.update({p: _stat([getattr(s, p) for s in steps]) for p in PHASES})
+    limits = list(trace.limits)
+    with_data = [s for s in steps if s.data is not None]
+    fractions = [f for f in (s.exposed_fraction for s in with_data) if f is not None]
+    exposed = _stat(fractions)
+    copy_share = b = None
+    if exposed is None:
+        limits.append(f"{trace.label}: no step has a data-loading annotation (the DataLoader's __next__ inside the "
+                      "profiler step), so the share of the step spent waiting for input is not measurable and no "
+                      "bottleneck label is given; put the loop's `next(batch)` inside each profiled step, or run "
+                      f"{_NOTEBOOK_01}, which times the job's data, copy and compute phases itself")
+    else:
+        if len(fractions) < len(steps):
+            limits.append(f"{trace.label}: {len(steps) - len(fractions)} of {len(steps)} steps have no data-loading "
+                          f"annotation; the exposed input share is the median over the other {len(fractions)}")
+        med_data = phases["data"].median_s if phases["data"] is not None else 0.0
+        med_h2d = phases["h2d"].median_s if phases["h2d"] is not None else None
+        if med_h2d is None:
+            limits.append(f"{trace.label}: no host-to-device copy is annotated: the exposed input counts the wait "
+                          "for data only, and whether the copy or the loader costs more is not known")
+        elif med_data + med_h2d > 0:
+            copy_share = med_h2d / (med_data + med_h2d)
+        # spare cores: the trace does not say how many cores the machine left idle (None: the workers are advised,
+        # as notebook 03 measures whether they pay)
+        b = bottleneck.classify(exposed.median_s, threshold, device_kind=trace.device_kind, spare_cores=None,
+                                copy_share=copy_share)
+    return RankSummary(label=trace.label, rank=trace.rank, node=trace.node, format=trace.format,
+                       device_kind=trace.device_kind, steps=len(steps), phases=phases,
+                       exposed_fraction=exposed.median_s if exposed else None,
+                       exposed_p25=exposed.p25_s if exposed else None, exposed_p75=exposed.p75_s if exposed else None,
+                       exposed_steps=exposed.steps if exposed else 0, copy_share=copy_share, bottleneck=b,
+                       limits=tuple(limits), top_ops=tuple(dict(o) for o in trace.top_ops[:TOP_OPS]),
+                       provenance={"source": str(trace.source), "format": trace.format, **dict(trace.provenance)})
+
+
+def _unique(items) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(i for i in items if i))
+
+
+@dataclass(frozen=True)
+class TraceAnalysis:
+    """What the traces of one job say: notebook 01's verdict, per rank and for the job.
+
+    Attributes
+    ----------
+    ranks : tuple of RankSummary
+        One per trace, in the order given.
+    threshold : float
+        The host-bound threshold (notebook 01's ``host_bound_threshold``), 0..1.
+    bounding : int
+        Index in ``ranks`` of the rank the job's verdict is read from: the one with the longest median step
+        (a synchronous job steps at the pace of its slowest rank); 0 for a single trace.
+    stragglers : object or None
+        :func:`helpers.stragglers.find`'s result for two or more ranks (``sentence()``, ``as_dict()``); None for one.
+    limits : tuple of str
+        What the traces cannot tell, every rank's merged (each said once), then the job's.
+    """
+
+    ranks: tuple[RankSummary, ...]
+    threshold: float
+    bounding: int
+    stragglers: Any = None
+    limits: tuple[str, ...] = ()
+
+    @property
+    def job(self) -> RankSummary:
+        """The rank whose verdict is the job's (see ``bounding``)."""
+        return self.ranks[self.bounding]
+
+    @property
+    def bottleneck(self) -> Bottleneck | None:
+        """The job's :class:`helpers.bottleneck.Bottleneck`; None when its exposed input is not measurable."""
+        return self.job.bottleneck
+
+    @property
+    def label(self) -> str:
+        """The job's verdict: host-bound, balanced, device-bound, or "inconclusive" when not measurable."""
+        return self.bottleneck.label if self.bottleneck is not None else "inconclusive"
+
+    @property
+    def top_ops(self) -> tuple[dict[str, Any], ...]:
+        """The top operators of the bounding rank (its trace's own; operators are not summed across ranks)."""
+        return self.job.top_ops
+
+    @property
+    def provenance(self) -> tuple[dict[str, Any], ...]:
+        """Each rank's :attr:`RankSummary.provenance`, in order."""
+        return tuple(dict(r.provenance) for r in self.ranks)
+
+    def next_text(self) -> str:
+        """The notebook(s) to open next and why (:meth:`helpers.bottleneck.Bottleneck.next_text`), or notebook 01
+        when the exposed input is not measurable."""
+        if self.bottleneck is not None:
+            return self.bottleneck.next_text()
+        return (f"{_NOTEBOOK_01}: it times the job's data, copy and compute phases itself, which this trace does not "
+                "annotate (or `python -m helpers diagnose --job your_job.py:make_job`)")
+
+    def slow_rank_sentence(self) -> str | None:
+        """:func:`helpers.stragglers.find`'s sentence for two or more ranks; None for one."""
+        return self.stragglers.sentence() if self.stragglers is not None else None
+
+    def _job_prefix(self) -> str:
+        if len(self.ranks) < 2:
+            return ""
+        fastest = min(self.ranks, key=lambda r: r.step_s)
+        return (f"the job's verdict is {self.job.label}'s, its slowest rank (median step {_ms(self.job.step_s)}, "
+                f"the fastest {fastest.label} {_ms(fastest.step_s)}): a synchronous job steps at the pace of its "
+                f"slowest rank; ")
+
+    def _reason(self, *, with_next: bool = True) -> str:
+        r = self.job
+        med = r.medians()
+        shown = ", ".join(f"{p} {med[p] * 1e3:.0f}" for p in ("data", "h2d", "optimizer", "compute", "comm_exposed",
+                                                                "idle") if med.get(p) is not None)
+        figures = (f"median step {r.step_s * 1e3:.0f} ms" + (f" (phase medians: {shown} ms; medians need not add up)"
+                                                             if shown else ""))
+        if self.bottleneck is not None:
+            head = self.bottleneck.reason
+        else:
+            head = ("the trace annotates no wait for data inside its steps, so the share of the step spent waiting "
+                    "for input is not measurable and the trace cannot say which side of the step bounds the job")
+            if med.get("idle") is not None and r.step_s > 0:
+                head += (f" (the device was idle for {med['idle'] / r.step_s:.0%} of the median step: the host - "
+                         "input, kernel launches or the optimizer - may be what it waits for)")
+        reason = f"{self._job_prefix()}{head}; {figures}"
+        comm = med.get("comm_exposed")
+        if comm is not None and r.step_s > 0 and comm / r.step_s > COMM_NOTE_SHARE:
+            reason += (f"; communication not hidden behind compute takes {comm / r.step_s:.0%} of the step: "
+                       f"{_COLLECTIVES} measures the collectives and DDP's buckets")
+        return f"{reason}; next: {self.next_text()}" if with_next else reason
+
+    def _context(self) -> str:
+        kinds = "/".join(_unique(r.device_kind for r in self.ranks))
+        fmts = "/".join(_unique(r.format for r in self.ranks))
+        n = len(self.ranks)
+        counts = sorted({r.steps for r in self.ranks})
+        steps = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        who = "one process" if n == 1 and self.ranks[0].rank is None else f"{n} rank{'s' if n > 1 else ''}"
+        return (f"profiler trace of {who} ({fmts}, {kinds}), {steps} annotated steps"
+                f"{' per rank' if n > 1 else ''}; exposed input = time the step waits for data and the host-to-device "
+                "copy")
+
+    def verdict(self) -> Verdict:
+        """The job's verdict with notebook 01's semantics, read from the traces.
+
+        Returns
+        -------
+        helpers.verdict.Verdict
+            notebook ``"01_baseline_profiling"``, metric ``exposed_input_fraction`` (fraction) of the bounding rank,
+            spread its per-step IQR, repeats its steps; recommendation host-bound, balanced or device-bound, or
+            "inconclusive" (value None) where the trace annotates no data loading. ``extra``: ``phases`` (the bounding
+            rank's, per phase ``median_s``/``p25_s``/``p75_s``/``steps``, seconds), ``bottleneck``
+            (:meth:`helpers.bottleneck.Bottleneck.as_dict` or None), ``source`` ``"trace"``, ``ranks`` (every
+            :meth:`RankSummary.as_dict`), ``bounding_rank``, ``stragglers`` (its ``as_dict()`` or None), ``limits``
+            and ``trace`` (each rank's provenance).
+        """
+        r = self.job
+        spread = ({"p25": r.exposed_p25, "p75": r.exposed_p75} if r.exposed_p25 is not None else None)
+        extra = {"source": "trace",
+                 "phases": {k: s.as_dict() for k, s in r.phases.items() if s is not None},
+                 "bottleneck": self.bottleneck.as_dict() if self.bottleneck is not None else None,
+                 "bounding_rank": r.label, "ranks": [x.as_dict() for x in self.ranks],
+                 "stragglers": self.stragglers.as_dict() if self.stragglers is not None else None,
+                 "limits": list(self.limits), "trace": list(self.provenance)}
+        return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=r.exposed_fraction, unit="fraction",
+                       recommendation=self.label, reason=self._reason(), spread=spread,
+                       repeats=r.exposed_steps or None, context=self._context(), extra=extra)
+
+    def sentence(self) -> str:
+        """The verdict's sentence (:meth:`helpers.verdict.Verdict.sentence`), ending with the "next" advice."""
+        return self.verdict().sentence()
+
+    def headline(self) -> str:
+        """The verdict's sentence without its "next" advice (which the report and the CLI show on a line of its
+        own): ``"HOST-BOUND: input preparation and copy are exposed for 45% of each step ..."``."""
+        return f"{self.label.upper()}: {self._reason(with_next=False)}"
+
+    def records(self) -> tuple[Record, ...]:
+        """The analysis as results.jsonl records (:class:`helpers.results.Record`), each with its trace's provenance.
+
+        Returns
+        -------
+        tuple of Record
+            notebook ``"01_baseline_profiling"``, parameters ``{"host_bound_threshold", "traces"}`` (the paths read):
+            first the verdict (:meth:`verdict`); then per rank (variant its label) experiment ``trace_phases``, one
+            record per measured phase (metric the phase, unit ``s``, spread p25/p75, repeats the steps measuring
+            it) and ``trace_exposed_input`` (metric ``exposed_input_fraction``, value None where not measurable);
+            then the bounding rank's top operators, experiment ``trace_top_ops`` (variant the operator, metric
+            ``self_time``, unit ``s``). Every record's ``extra["trace"]`` is its rank's provenance (the verdict's: all
+            ranks'), ``extra["rank"]`` and ``extra["node"]`` where known.
+        """
+        kinds = "/".join(_unique(r.device_kind for r in self.ranks))
+        store = ResultsStore(None, notebook=NOTEBOOK, device=f"{kinds} (profiler trace)",
+                             parameters={"host_bound_threshold": self.threshold,
+                                         "traces": [r.provenance.get("source") for r in self.ranks]})
+        store.add_verdict(self.verdict())
+        for r in self.ranks:
+            who = {"rank": r.rank, "node": r.node, "trace": dict(r.provenance)}
+            for name, s in r.phases.items():
+                if s is not None:
+                    store.add("trace_phases", r.label, name, s.median_s, "s", repeats=s.steps,
+                              spread={"p25": s.p25_s, "p75": s.p75_s}, **who)
+            if r.measurable:
+                store.add("trace_exposed_input", r.label, "exposed_input_fraction", r.exposed_fraction, "fraction",
+                          repeats=r.exposed_steps, spread={"p25": r.exposed_p25, "p75": r.exposed_p75},
+                          verdict=r.label_text, **who)
+            else:
+                store.add("trace_exposed_input", r.label, "exposed_input_fraction", None, "fraction",
+                          verdict=r.label_text, **who)
+        job = self.job
+        for op in self.top_ops:
+            ms = op.get("self_ms")
+            store.add("trace_top_ops", str(op.get("name")), "self_time",
+                      ms / 1e3 if isinstance(ms, (int, float)) and math.isfinite(ms) else None, "s",
+                      calls=op.get("calls"), where=op.get("where"), rank=job.rank, node=job.node,
+                      trace=dict(job.provenance))
+        return store.records
+
+    def as_dict(self) -> dict[str, Any]:
+        """The analysis as JSON types (``python -m helpers trace --json``)."""
+        v = self.verdict()
+        return {"verdict": self.label, "sentence": v.sentence(), "headline": self.headline(), "exposed_fraction": v.value,
+                "threshold": self.threshold, "next": self.next_text(),
+                "bottleneck": self.bottleneck.as_dict() if self.bottleneck is not None else None,
+                "bounding_rank": self.job.label,
+                "slow_ranks": self.stragglers.as_dict() if self.stragglers is not None else None,
+                "slow_rank_sentence": self.slow_rank_sentence(),
+                "ranks": [r.as_dict() for r in self.ranks], "top_ops": [dict(o) for o in self.top_ops],
+                "limits": list(self.limits), "provenance": list(self.provenance), "context": v.context}
+
+
+def analyze(traces: Sequence[RankTrace], *, threshold: float = 0.10) -> TraceAnalysis:
+    """Notebook 01's verdict from the traces of one job: per rank its phases and label, the job's, the slow ranks.
+
+    Parameters
+    ----------
+    traces : sequence of RankTrace
+        One per rank (:func:`helpers.traces.read`), at least one; each with at least one annotated step.
+    threshold : float, default 0.10
+        Exposed input share at or below which a rank is device-bound (notebook 01's ``host_bound_threshold``), 0..1.
+
+    Returns
+    -------
+    TraceAnalysis
+        Per rank a :class:`RankSummary`; the job's verdict is that of the rank with the longest median step; for
+        two or more ranks the slow-rank finding of :func:`helpers.stragglers.find`.
+
+    Raises
+    ------
+    ParameterError
+        If ``traces`` is empty or holds something else than RankTrace, or ``threshold`` is not a share in [0, 1].
+    TraceError
+        If a trace holds no annotated step (the message names its file).
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold) \
+            or not 0.0 <= threshold <= 1.0:
+        raise ParameterError(f"analyze: threshold must be a share in [0, 1] (e.g. --threshold 0.10, notebook 01's "
+                             f"host_bound_threshold), got {threshold!r}")
+    traces = list(traces)
+    if not traces:
+        raise ParameterError("analyze: no trace given; pass the RankTrace of at least one rank "
+                             "(helpers.traces.read(paths))")
+    for i, t in enumerate(traces):
+        if not isinstance(t, RankTrace):
+            raise ParameterError(f"analyze: traces[{i}] is a {type(t).__name__}, not a RankTrace; read the files "
+                                 "with helpers.traces.read(paths)")
+    rows = tuple(_summarize(t, float(threshold)) for t in traces)
+    bounding = max(range(len(rows)), key=lambda i: rows[i].step_s)
+    slow = stragglers.find(traces) if len(traces) > 1 else None
+    limits = list(_unique(lim for r in rows for lim in r.limits))
+    if len(rows) > 1 and any(r.measurable for r in rows) and not rows[bounding].measurable:
+        limits.append(f"the slowest rank, {rows[bounding].label}, has no data-loading annotation: the job's verdict "
+                      "is not measurable although other ranks' are")
+    return TraceAnalysis(ranks=rows, threshold=float(threshold), bounding=bounding, stragglers=slow,
+                         limits=tuple(limits))

@@ -1,0 +1,209 @@
+"""``python -m helpers trace``: notebook 01's verdict from profiler traces (analysis, report files, command line).
+
+The analysis runs on constructed RankTraces (no profiler needed), so every figure below is known in advance.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from helpers.bottleneck import BALANCED, DEVICE_BOUND, HOST_BOUND
+from helpers.errors import ParameterError
+from helpers.traces.model import RankTrace, StepPhases, TraceError
+
+try:
+    from helpers import stragglers
+except ImportError:  # until branch traces-cluster's helpers.stragglers is merged: a stand-in of its interface
+    stragglers = types.ModuleType("helpers.stragglers")
+
+    @dataclass(frozen=True)
+    class _Finding:
+        slow_ranks: tuple
+        node: str | None = None
+        phase: str | None = None
+
+        def sentence(self) -> str:
+            return f"slow ranks: {list(self.slow_ranks)}"
+
+        def as_dict(self) -> dict:
+            return {"slow_ranks": list(self.slow_ranks), "node": self.node, "phase": self.phase}
+
+    def _find(traces):
+        steps = {t.rank: sorted(s.step_s for s in t.steps)[len(t.steps) // 2] for t in traces}
+        fastest = min(steps.values())
+        return _Finding(tuple(r for r, s in steps.items() if s > 1.2 * fastest))
+
+    stragglers.find = _find
+    sys.modules["helpers.stragglers"] = stragglers
+
+from helpers.traces import analysis  # noqa: E402
+from helpers.traces.analysis import analyze  # noqa: E402
+
+
+def _trace(data=0.040, h2d=0.005, step=0.100, *, n=8, rank=None, node=None, device="cuda", compute=None,
+           idle=None, comm_exposed=None, name="trace.json", top_ops=(), limits=()) -> RankTrace:
+    """A rank whose steps all have the same phases (seconds), with a small spread so quartiles are not all equal."""
+    steps = []
+    for i in range(n):
+        wobble = 1.0 + 0.01 * (i - (n - 1) / 2)  # symmetric: the median is the value given
+        steps.append(StepPhases(step=i, step_s=step * wobble, data=None if data is None else data * wobble,
+                                h2d=None if h2d is None else h2d * wobble,
+                                compute=compute, idle=idle, comm_exposed=comm_exposed))
+    return RankTrace(source=Path(f"/traces/{name}"), format="kineto", device_kind=device, steps=tuple(steps),
+                     rank=rank, world_size=None if rank is None else 4, node=node, top_ops=tuple(top_ops),
+                     limits=tuple(limits), provenance={"path": f"/traces/{name}", "bytes": 1234,
+                                                       "mtime": "2025-01-31T12:00:00+00:00", "reader": "kineto"})
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def test_host_bound_trace_gets_notebook_01s_verdict_and_next_notebook():
+    a = analyze([_trace(data=0.040, h2d=0.005, step=0.100)])
+    assert a.label == HOST_BOUND and a.job.exposed_fraction == pytest.approx(0.45)
+    v = a.verdict()
+    assert (v.notebook, v.metric, v.unit, v.recommendation) == ("01_baseline_profiling", "exposed_input_fraction",
+                                                                "fraction", HOST_BOUND)
+    assert v.value == pytest.approx(0.45) and v.spread["p25"] <= v.value <= v.spread["p75"]
+    assert v.repeats == 8 and v.extra["source"] == "trace"
+    assert v.extra["bottleneck"]["next_notebooks"] == ["03", "02"]  # the loader first, spare cores unknown
+    assert "notebook 03" in a.next_text() and v.reason.endswith(a.next_text())
+    assert v.extra["phases"]["data"]["median_s"] == pytest.approx(0.040)
+
+
+def test_device_bound_trace_points_at_the_compute_notebooks():
+    a = analyze([_trace(data=0.002, h2d=0.001, step=0.100, compute=0.090, idle=0.008)])
+    assert a.label == DEVICE_BOUND and a.bottleneck.next_notebooks == ("06", "07")
+    assert a.job.phases["compute"].median_s == pytest.approx(0.090)
+
+
+def test_a_copy_dominated_input_points_at_pinned_memory():
+    a = analyze([_trace(data=0.010, h2d=0.040, step=0.100)])
+    assert a.job.copy_share == pytest.approx(0.8) and a.bottleneck.next_notebooks == ("04", "05")
+
+
+def test_exposed_share_is_the_median_of_per_step_fractions_not_a_ratio_of_medians():
+    # per-step fractions 0.1, 0.5, 0.3: median 0.3; median data / median step would be 0.05 / 0.1 = 0.5
+    steps = (StepPhases(0, 0.100, data=0.010), StepPhases(1, 0.100, data=0.050), StepPhases(2, 0.200, data=0.060))
+    t = RankTrace(source=Path("t.json"), format="kineto", device_kind="cuda", steps=steps)
+    a = analyze([t])
+    assert a.job.exposed_fraction == pytest.approx(0.3) and a.label == BALANCED
+
+
+def test_no_data_annotation_gives_no_confident_label():
+    a = analyze([_trace(data=None, h2d=None, step=0.100, compute=0.060, idle=0.040)])
+    v = a.verdict()
+    assert a.bottleneck is None and v.recommendation == "inconclusive" and v.value is None and v.spread is None
+    assert not any(lab in v.reason for lab in (HOST_BOUND, DEVICE_BOUND, BALANCED))
+    assert "not measurable" in v.reason and "idle for 40%" in v.reason
+    assert any("not measurable" in lim for lim in a.limits)
+    assert "notebook 01" in a.next_text() and a.job.label_text == "not measurable"
+
+
+def test_partly_annotated_steps_are_said_and_the_rest_measured():
+    t = _trace(data=0.040, h2d=None, step=0.100, n=4)
+    t = RankTrace(source=t.source, format=t.format, device_kind="cuda",
+                  steps=t.steps + (StepPhases(9, 0.1, data=None),))
+    a = analyze([t])
+    assert a.job.exposed_steps == 4 and a.label == HOST_BOUND
+    assert any("1 of 5 steps have no data-loading annotation" in lim for lim in a.limits)
+    assert any("no host-to-device copy is annotated" in lim for lim in a.limits)
+
+
+def test_the_readers_limits_are_merged_once_each():
+    lim = "a CPU-only trace records no device idle time"
+    a = analyze([_trace(rank=0, limits=(lim,)), _trace(rank=1, limits=(lim,))])
+    assert a.limits.count(lim) == 1
+
+
+def test_many_ranks_job_verdict_is_the_slowest_ranks_and_the_stragglers_rule_is_called(monkeypatch):
+    ranks = [_trace(data=0.005, step=0.100, rank=r, node="node-a" if r < 2 else "node-b", name=f"r{r}.json")
+             for r in range(4)]
+    ranks[3] = _trace(data=0.060, h2d=0.005, step=0.150, rank=3, node="node-b", name="r3.json")
+    seen = []
+
+    class Finding:
+        def sentence(self):
+            return "rank 3 (node-b) is slow: its data phase is 12x the others' median"
+
+        def as_dict(self):
+            return {"slow_ranks": [3], "node": "node-b", "phase": "data"}
+
+    monkeypatch.setattr(analysis.stragglers, "find", lambda traces: seen.append(list(traces)) or Finding())
+    a = analyze(ranks)
+    assert seen == [ranks]
+    assert a.job.rank == 3 and a.label == HOST_BOUND  # the other ranks alone would be device-bound
+    assert [r.label_text for r in a.ranks] == [DEVICE_BOUND] * 3 + [HOST_BOUND]
+    v = a.verdict()
+    assert "slowest rank" in v.reason and "synchronous" in v.reason and "rank 3 (node-b)" in v.reason
+    assert v.extra["stragglers"] == {"slow_ranks": [3], "node": "node-b", "phase": "data"}
+    assert a.slow_rank_sentence().startswith("rank 3 (node-b) is slow")
+    assert v.extra["bounding_rank"] == "rank 3 (node-b)" and len(v.extra["ranks"]) == 4
+
+
+def test_the_stragglers_rule_runs_on_real_ranks():
+    ranks = [_trace(data=0.005, step=0.100, rank=r, name=f"r{r}.json") for r in range(3)]
+    ranks.append(_trace(data=0.060, step=0.200, rank=3, name="r3.json"))
+    a = analyze(ranks)
+    assert a.stragglers is not None and "3" in a.slow_rank_sentence()
+    json.dumps(a.as_dict())  # JSON types throughout
+
+
+def test_a_single_trace_calls_no_stragglers_rule(monkeypatch):
+    monkeypatch.setattr(analysis.stragglers, "find", lambda traces: pytest.fail("called for one rank"))
+    assert analyze([_trace()]).stragglers is None
+
+
+def test_slowest_rank_without_data_annotation_makes_the_job_inconclusive():
+    a = analyze([_trace(rank=0, step=0.1), _trace(data=None, h2d=None, rank=1, step=0.2)])
+    assert a.label == "inconclusive" and any("slowest rank, rank 1" in lim for lim in a.limits)
+
+
+def test_exposed_communication_is_named_as_a_lever():
+    a = analyze([_trace(data=0.002, h2d=None, step=0.100, compute=0.070, comm_exposed=0.025)])
+    assert "notebook 08" in a.verdict().reason
+
+
+@pytest.mark.parametrize("bad, match", [([], "no trace given"), (["x.json"], "not a RankTrace")])
+def test_bad_traces_argument_is_refused(bad, match):
+    with pytest.raises(ParameterError, match=match):
+        analyze(bad)
+
+
+@pytest.mark.parametrize("threshold", [-0.1, 1.5, float("nan"), True])
+def test_bad_threshold_is_refused(threshold):
+    with pytest.raises(ParameterError, match="threshold"):
+        analyze([_trace()], threshold=threshold)
+
+
+def test_threshold_moves_the_verdict():
+    assert analyze([_trace(data=0.15, h2d=0.0, step=1.0)], threshold=0.10).label == BALANCED
+    assert analyze([_trace(data=0.15, h2d=0.0, step=1.0)], threshold=0.20).label == DEVICE_BOUND
+
+
+def test_a_trace_without_steps_names_its_file():
+    t = RankTrace(source=Path("/x/empty.json"), format="kineto", device_kind="cuda", steps=())
+    with pytest.raises(TraceError, match="empty.json.*no annotated training step"):
+        analyze([t])
+
+
+def test_records_carry_the_traces_provenance():
+    ops = ({"name": "aten::conv2d", "calls": 16, "self_ms": 120.0, "where": "device"},)
+    recs = analyze([_trace(rank=0, name="r0.json", top_ops=ops), _trace(rank=1, name="r1.json")]).records()
+    v = recs[0]
+    assert (v.notebook, v.experiment, v.recommendation) == ("01_baseline_profiling", "verdict", HOST_BOUND)
+    assert [t["path"] for t in v.extra["trace"]] == ["/traces/r0.json", "/traces/r1.json"]
+    assert v.parameters["host_bound_threshold"] == 0.10 and v.parameters["traces"][0] == "/traces/r0.json"
+    phases = [r for r in recs if r.experiment == "trace_phases"]
+    assert {(r.variant, r.metric) for r in phases} >= {("rank 0", "data"), ("rank 1", "step_s")}
+    assert all(r.extra["trace"]["path"] == f"/traces/r{r.extra['rank']}.json" for r in phases)
+    exposed = [r for r in recs if r.experiment == "trace_exposed_input"]
+    assert [r.value for r in exposed] == pytest.approx([0.45, 0.45])
+    (op,) = [r for r in recs if r.experiment == "trace_top_ops"]
+    assert op.variant == "aten::conv2d" and op.value == pytest.approx(0.120) and op.extra["calls"] == 16
