@@ -207,3 +207,157 @@ def test_records_carry_the_traces_provenance():
     assert [r.value for r in exposed] == pytest.approx([0.45, 0.45])
     (op,) = [r for r in recs if r.experiment == "trace_top_ops"]
     assert op.variant == "aten::conv2d" and op.value == pytest.approx(0.120) and op.extra["calls"] == 16
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _ranks():
+    ops = ({"name": "aten::convolution_backward", "calls": 16, "self_ms": 210.0, "where": "device"},
+           {"name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "calls": 8, "self_ms": 380.0,
+            "where": "host"})
+    return [_trace(data=0.004, step=0.100, rank=0, node="node-a", name="r0.json", compute=0.090, idle=0.006),
+            _trace(data=0.060, step=0.160, rank=1, node="<b>node-b</b>", name="r1.json", compute=0.090,
+                   idle=0.065, top_ops=ops, limits=("the trace records no memory events",))]
+
+
+def test_report_files_verdict_first_then_ranks_operators_limits_provenance(tmp_path):
+    from helpers.results import Record
+    from helpers.workbook.trace_report import write_trace_report
+
+    a = analyze(_ranks())
+    rep = write_trace_report(a, tmp_path / "out")
+    page = rep.html.read_text()
+    order = [page.index(k) for k in ("id='verdict'", "<b>Next:</b>", "<b>Slow ranks:</b>", "id='ranks'",
+                                     "data:image/png;base64,", "id='slow-ranks'", "id='operators'", "id='limits'",
+                                     "id='provenance'")]
+    assert order == sorted(order)
+    verdict = page[page.index("id='verdict'"):page.index("</p>", page.index("id='verdict'"))]
+    assert "HOST-BOUND" in verdict and "rank 1" in verdict
+    assert "notebook 03" in page[page.index("<b>Next:</b>"):page.index("id='ranks'")]
+    assert "<b>node-b</b>" not in page and "&lt;b&gt;node-b&lt;/b&gt;" in page  # a node name is text, not markup
+    assert "aten::convolution_backward" in page and "the trace records no memory events" in page
+    assert "/traces/r1.json" in page and "<script" not in page
+    md = rep.markdown.read_text()
+    assert md.startswith("# Training-performance workbook: trace report\n\n**Verdict: HOST-BOUND")
+    assert md.index("- Next:") < md.index("## Ranks") < md.index("## Top operators") < md.index("## Provenance")
+    assert "](figures/trace__rank_phases.png)" in md and rep.figure.read_bytes().startswith(b"\x89PNG")
+    rows = [Record.from_dict(json.loads(line)) for line in rep.results.read_text().splitlines()]
+    assert rows[0].experiment == "verdict" and rows[0].recommendation == HOST_BOUND
+    assert [t["path"] for t in rows[0].extra["trace"]] == ["/traces/r0.json", "/traces/r1.json"]
+    assert all("trace" in r.extra for r in rows)
+    assert not list(rep.folder.glob(".*.tmp"))
+
+
+def test_report_of_an_unmeasurable_trace_says_so_first(tmp_path):
+    from helpers.workbook.trace_report import write_trace_report
+
+    rep = write_trace_report(analyze([_trace(data=None, h2d=None, compute=0.05)]), tmp_path / "r")
+    page = rep.html.read_text()
+    verdict = page[page.index("id='verdict'"):page.index("</p>", page.index("id='verdict'"))]
+    assert "INCONCLUSIVE" in verdict and "not measurable" in verdict
+    assert "host-bound" not in verdict and "device-bound" not in verdict
+
+
+def test_default_folder_is_a_new_trace_folder_under_runs(tmp_path, monkeypatch):
+    import datetime as dt
+
+    from helpers.workbook.trace_report import default_out_dir
+
+    monkeypatch.setenv("WORKBOOK_RUNS_DIR", str(tmp_path))
+    now = dt.datetime(2025, 1, 31, 12, 0, 0, tzinfo=dt.timezone.utc)
+    assert default_out_dir(now) == tmp_path / "trace-20250131-120000Z"
+    (tmp_path / "trace-20250131-120000Z").mkdir()
+    assert default_out_dir(now) == tmp_path / "trace-20250131-120000Z-2"
+
+
+def test_a_run_folder_is_not_overwritten(tmp_path):
+    from helpers.errors import OutputDirError
+    from helpers.workbook.trace_report import write_trace_report
+
+    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "results.jsonl").write_text("kept\n")
+    with pytest.raises(OutputDirError, match="run folder"):
+        write_trace_report(analyze([_trace()]), tmp_path)
+    assert (tmp_path / "results.jsonl").read_text() == "kept\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "results.jsonl", "run.json"]
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+@pytest.fixture
+def fake_read(monkeypatch):
+    """``helpers.traces.read`` returning the given traces (or raising), recording what it was called with."""
+    import helpers.traces
+
+    calls = []
+
+    def install(result):
+        def read(paths, *, progress=None):
+            calls.append(list(paths))
+            if isinstance(result, Exception):
+                raise result
+            if progress is not None:
+                progress(10, 10)
+            return result
+        monkeypatch.setattr(helpers.traces, "read", read, raising=False)
+        return calls
+    return install
+
+
+def test_cli_prints_verdict_ranks_slow_ranks_next_and_report(tmp_path, fake_read, capsys):
+    from helpers.workbook.cli import main
+
+    calls = fake_read(_ranks())
+    assert main(["trace", "a.json", "b.json", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert calls == [[Path("a.json"), Path("b.json")]]
+    lines = out.splitlines()
+    assert lines[0].startswith("HOST-BOUND: the job's verdict is rank 1") and lines[1].startswith("Next: notebook 03")
+    assert any(line.startswith("rank 1 (<b>node-b</b>) *") for line in lines)
+    assert "Slow ranks:" in out and f"Report: {tmp_path / 'o' / 'report.html'}" in out
+    assert (tmp_path / "o" / "report.md").is_file()
+
+
+def test_cli_json_and_threshold(tmp_path, fake_read, capsys):
+    from helpers.workbook.cli import main
+
+    fake_read([_trace(data=0.015, h2d=0.0)])
+    assert main(["trace", "t.json", "--json", "--threshold", "0.2", "--out", str(tmp_path / "j")]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["verdict"] == DEVICE_BOUND and d["threshold"] == 0.2 and d["exposed_fraction"] == pytest.approx(0.15)
+    assert d["report"]["html"] == str(tmp_path / "j" / "report.html") and d["ranks"][0]["steps"] == 8
+
+
+@pytest.mark.parametrize("error, argv", [
+    (TraceError("/x/t.json: not a Chrome trace (no traceEvents); pass a torch.profiler export"), []),
+    (None, ["--threshold", "1.5"]),
+])
+def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, fake_read, capsys, error, argv):
+    from helpers.workbook.cli import main
+
+    fake_read(error if error is not None else [_trace()])
+    out = tmp_path / "never"
+    assert main(["trace", "t.json", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1
+    assert ("no traceEvents" in err) if error is not None else ("threshold" in err)
+    assert not out.exists()
+
+
+def test_cli_full_disk_exits_1_and_leaves_the_old_report(tmp_path, fake_read, capsys, monkeypatch):
+    import errno
+
+    from helpers.workbook import trace_report
+    from helpers.workbook.cli import main
+
+    fake_read([_trace()])
+    (tmp_path / "report.html").write_text("old")
+
+    def full(path, data, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(trace_report, "write_atomic", full)
+    assert main(["trace", "t.json", "--out", str(tmp_path)]) == 1
+    assert "No space left on device" in capsys.readouterr().err
+    assert (tmp_path / "report.html").read_text() == "old"

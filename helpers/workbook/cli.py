@@ -14,6 +14,8 @@ device-check  on a borrowed CUDA/NPU machine: notebooks 02, 04-07, 10, bench inp
             bandwidth, summarized in one JSON file (exit 1 when a step failed)
 compare     one report across run folders (a class, before/after a change, CPU vs GPU vs NPU)
 report      rebuild the report of an existing run folder
+trace       notebook 01's verdict from profiler traces you already have (torch.profiler JSON, torch_npu
+            *_ascend_pt folders, a folder with one per rank): the slow rank, the next notebook, a report
 env check   validate HCCL/NCCL/torch_npu environment settings (current or proposed), write the valid
             ones as an env file for torchrun; exit 1 when a setting is invalid or invented
 """
@@ -126,6 +128,17 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="rebuild report.html and report.md of a run folder")
     rep.add_argument("run_dir", type=Path)
 
+    tr = sub.add_parser("trace", help="notebook 01's verdict from profiler traces you already have: per rank, the slow "
+                                      "rank, the notebook to open next, and a report")
+    tr.add_argument("paths", type=Path, nargs="+", metavar="PATH",
+                    help="a torch.profiler trace (.json, .json.gz), a torch_npu *_ascend_pt folder, or a folder "
+                         "holding one per rank")
+    tr.add_argument("--json", action="store_true", help="print the analysis as JSON instead of the summary")
+    tr.add_argument("--out", type=Path, default=None, metavar="DIR",
+                    help="folder for report.html, report.md and results.jsonl (default: runs/trace-<UTC time>)")
+    tr.add_argument("--threshold", type=float, default=0.10, metavar="F",
+                    help="exposed-input share above which the job is host-bound (default: 0.10, as notebook 01)")
+
     env = sub.add_parser("env", help="environment-settings commands")
     esub = env.add_subparsers(dest="env_command", required=True)
     ec = esub.add_parser("check", help="check the current environment or a proposed set against the catalog "
@@ -211,6 +224,59 @@ def _diagnose_job(args) -> int:
     if rc is None or rc.rank == 0:  # under torchrun, rank 0 speaks for the job (its own steps' times)
         print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.lines()))
     return 1 if result.diverged else 0  # a loss that turned NaN or infinite: no verdict, and the exit says so
+
+
+def _trace(args) -> int:
+    """``trace PATH...``: read the traces (a bar on stderr while that takes a while), analyze, write the report,
+    print the summary or the JSON. Bad input raises before anything is written (exit 2); a failed write exits 1."""
+    import json
+
+    from helpers.traces import read
+    from helpers.traces.analysis import analyze
+    from helpers.workbook.trace_report import summary_lines, write_trace_report
+
+    with _ByteProgress("reading traces") as progress:
+        traces = read(args.paths, progress=progress)
+    a = analyze(traces, threshold=args.threshold)
+    try:
+        rep = write_trace_report(a, args.out)
+    except OSError as exc:  # a full disk, a read-only folder (OutputDirError is a WorkbookError: exit 2 above)
+        if isinstance(exc, WorkbookError):
+            raise
+        print(f"error: the trace report could not be written: {exc.strerror or exc}; files already there are left "
+              "whole", file=sys.stderr)
+        return 1
+    if args.json:
+        d = a.as_dict()
+        d["report"] = {"html": str(rep.html), "markdown": str(rep.markdown), "results": str(rep.results)}
+        print(json.dumps(d, indent=2))
+    else:
+        print("\n".join(summary_lines(a, rep)))
+    return 0
+
+
+class _ByteProgress:
+    """A ``progress(done, total)`` callback drawing a tqdm bar on stderr, shown only once reading has taken more
+    than 2 s (tqdm's ``delay``) and only on a terminal; closed on exit."""
+
+    def __init__(self, desc: str) -> None:
+        self.desc, self.bar = desc, None
+
+    def __enter__(self):
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=self.desc, unit="B", unit_scale=True, unit_divisor=1024, delay=2.0,
+                            file=sys.stderr, leave=False, disable=None)
+        self.bar.total = total
+        self.bar.update(done - self.bar.n)  # update(), not refresh(): it keeps the bar hidden for its first 2 s
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             html_path, md_path = write_comparison(args.run_dirs, args.out)
             print(f"Comparison: {html_path}\n            {md_path}")
             return 0
+        if args.command == "trace":
+            return _trace(args)
         if args.command == "report":
             from helpers.workbook.report import write_report
 
