@@ -386,7 +386,8 @@ class TraceAnalysis:
     def as_dict(self) -> dict[str, Any]:
         """The analysis as JSON types (``python -m helpers trace --json``)."""
         v = self.verdict()
-        return {"verdict": self.label, "sentence": v.sentence(), "headline": self.headline(), "exposed_fraction": v.value,
+        return {"verdict": self.label, "sentence": v.sentence(), "headline": self.headline(),
+                "exposed_fraction": v.value,
                 "threshold": self.threshold, "next": self.next_text(),
                 "bottleneck": self.bottleneck.as_dict() if self.bottleneck is not None else None,
                 "bounding_rank": self.job.label,

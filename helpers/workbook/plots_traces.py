@@ -1,7 +1,8 @@
 """Figures of the trace report (``python -m helpers trace``): where each rank's step goes, as its profiler trace says.
 
 Same conventions as :mod:`helpers.workbook.plots`: the function takes a DataFrame with documented columns and
-returns a matplotlib figure; the colours of the phases notebook 01 times are :data:`helpers.workbook.plots.PHASE_COLORS`.
+returns a matplotlib figure; the phases notebook 01 times keep their colours
+(:data:`helpers.workbook.plots.PHASE_COLORS`).
 """
 
 from __future__ import annotations

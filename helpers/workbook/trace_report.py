@@ -157,7 +157,6 @@ def _summary(a: TraceAnalysis) -> str:
 def summary_lines(a: TraceAnalysis, report: TraceReport | None = None) -> list[str]:
     """What ``python -m helpers trace`` prints: the verdict, the per-rank table, the slow ranks, what next, where
     the report is."""
-    v = a.verdict()
     table = rank_table(a)
     cols = [str(c) for c in table.columns]
     cells = [[str(x) for x in row] for row in table.itertuples(index=False)]
