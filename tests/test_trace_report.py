@@ -361,3 +361,8 @@ def test_cli_full_disk_exits_1_and_leaves_the_old_report(tmp_path, fake_read, ca
     assert main(["trace", "t.json", "--out", str(tmp_path)]) == 1
     assert "No space left on device" in capsys.readouterr().err
     assert (tmp_path / "report.html").read_text() == "old"
+
+
+def test_two_traces_of_the_same_rank_are_refused():
+    with pytest.raises(TraceError, match="r0.json, /traces/r0b.json are all 'rank 0'"):
+        analyze([_trace(rank=0, name="r0.json"), _trace(rank=0, name="r0b.json")])

@@ -418,7 +418,7 @@ def analyze(traces: Sequence[RankTrace], *, threshold: float = 0.10) -> TraceAna
     ParameterError
         If ``traces`` is empty or holds something else than RankTrace, or ``threshold`` is not a share in [0, 1].
     TraceError
-        If a trace holds no annotated step (the message names its file).
+        If a trace holds no annotated step, or two traces are the same rank (the message names the files).
     """
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold) \
             or not 0.0 <= threshold <= 1.0:
@@ -432,6 +432,11 @@ def analyze(traces: Sequence[RankTrace], *, threshold: float = 0.10) -> TraceAna
         if not isinstance(t, RankTrace):
             raise ParameterError(f"analyze: traces[{i}] is a {type(t).__name__}, not a RankTrace; read the files "
                                  "with helpers.traces.read(paths)")
+    labels = [t.label for t in traces]
+    for lab in dict.fromkeys(x for x in labels if labels.count(x) > 1):
+        same = [str(t.source) for t in traces if t.label == lab]
+        raise TraceError(f"traces {', '.join(same)} are all {lab!r}: one job's traces hold each rank once; pass the "
+                         "traces of one run (a trace of a single process has no rank: analyze it on its own)")
     rows = tuple(_summarize(t, float(threshold)) for t in traces)
     bounding = max(range(len(rows)), key=lambda i: rows[i].step_s)
     slow = stragglers.find(traces) if len(traces) > 1 else None
