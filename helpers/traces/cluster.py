@@ -1,0 +1,316 @@
+"""Find the ranks of a job among the paths a user gives, check they belong together, and read them.
+
+Each PATH is a Kineto file (``*.pt.trace.json``, ``*.pt.trace.json.gz``), a torch_npu folder (``*_ascend_pt``), or
+a folder holding those, one per rank, at any depth up to :data:`MAX_DEPTH` (hidden folders and symbolic links
+are not followed; an ``*_ascend_pt`` folder is not searched inside). A rank is what the file's own metadata says
+(:mod:`helpers.traces.peek`: Kineto's ``distributedInfo``, Ascend's ``profiler_info_<rank>.json``), never its
+name: torch's ``tensorboard_trace_handler`` names files ``<host>_<pid>.<time>.pt.trace.json``.
+
+Checked from the headers before any big file is read, each a :class:`TraceError` naming the files:
+
+* nothing trace-like found (the message says which names are looked for);
+* single-process traces mixed with ranks, or several single-process traces (they are not ranks of one job);
+* two traces claiming one rank (two runs in one folder, or several profiling cycles of one run:
+  ``schedule(repeat=...)`` writes one file per cycle);
+* world sizes that disagree, a rank outside its world size, run identities that differ (backend and world size),
+  or start times further apart than :data:`RUN_START_SPREAD_S` (two runs of the same job).
+
+Missing ranks (fewer traces than the world size) are a warning, not an error: profiling a subset of the ranks is
+common (every rank's trace is large), and the ranks present still compare with each other; but the slow rank may
+be one of the missing, so the warning is kept in :attr:`TraceSet.warnings` and added to every trace's ``limits``
+(what the analysis reports as "what the traces cannot tell").
+
+The readers (:mod:`helpers.traces.kineto`, :mod:`helpers.traces.ascend`) are imported when first needed, by
+name, so that this module works while a reader is not installed (it then says which one is missing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from helpers.traces import peek
+from helpers.traces.model import RankTrace, TraceError
+
+__all__ = ["KINETO_SUFFIXES", "ASCEND_SUFFIX", "MAX_DEPTH", "RUN_START_SPREAD_S", "TraceSet", "find_traces",
+           "check", "read"]
+
+log = logging.getLogger(__name__)
+
+#: File names of torch.profiler's Chrome traces (``tensorboard_trace_handler`` writes ``.pt.trace.json``, and
+#: ``.pt.trace.json.gz`` with ``use_gzip=True``).
+KINETO_SUFFIXES: tuple[str, ...] = (".pt.trace.json", ".pt.trace.json.gz")
+#: torch_npu's profiler folder ends so (``<worker>_<time>_ascend_pt``, torch_npu 2.13.0
+#: ``profiler/_profiler_path_creator.py``).
+ASCEND_SUFFIX = "_ascend_pt"
+#: How many folder levels below a given folder are searched (a cluster copy is typically ``job/node/rank``).
+MAX_DEPTH = 6
+#: Ranks of one run start their traces within about one step of each other: the profiler's schedule starts
+#: recording at the same step on every rank, and the ranks are held together by their collectives (measured: 3.5
+#: ms apart in tests/ddp_trace_job.py's 4 ranks). Starts further apart than this are taken to be different runs;
+#: a minute allows for steps of many seconds and clocks of different hosts that disagree by seconds.
+RUN_START_SPREAD_S = 60.0
+
+_READERS = {"kineto": ("helpers.traces.kineto", "read_kineto", "looks_like_kineto"),
+            "ascend": ("helpers.traces.ascend", "read_ascend", "looks_like_ascend")}
+_LOOKED_FOR = (f"files named *{KINETO_SUFFIXES[0]} or *{KINETO_SUFFIXES[1]} (torch.profiler) and folders named "
+               f"*{ASCEND_SUFFIX} (torch_npu's profiler)")
+
+
+class TraceSet(list):
+    """The ranks read, sorted by rank (a list of :class:`RankTrace`), with :attr:`warnings`: what the set as a
+    whole cannot tell (e.g. missing ranks)."""
+
+    def __init__(self, traces: Iterable[RankTrace] = (), warnings: Sequence[str] = ()) -> None:
+        super().__init__(traces)
+        self.warnings: tuple[str, ...] = tuple(warnings)
+
+
+def _reader(fmt: str, attr: str) -> Callable[..., Any] | None:
+    """A reader's function, imported by name when first needed; None when its module is not there."""
+    module, read_name, look_name = _READERS[fmt]
+    try:
+        mod = importlib.import_module(module)  # by name: the readers may be absent from a checkout (see the module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        return None
+    return getattr(mod, {"read": read_name, "looks": look_name}[attr], None)
+
+
+def _kind(path: Path) -> str | None:
+    """"kineto", "ascend" or None for a path the user named, by its name, then by the readers' own test."""
+    name = path.name
+    if path.is_dir():
+        if name.endswith(ASCEND_SUFFIX):
+            return "ascend"
+        looks = _reader("ascend", "looks")
+        return "ascend" if looks is not None and looks(path) else None
+    if name.endswith(KINETO_SUFFIXES):
+        return "kineto"
+    looks = _reader("kineto", "looks")
+    if looks is not None:
+        return "kineto" if looks(path) else None
+    return "kineto" if name.endswith((".json", ".json.gz")) else None
+
+
+def _search(folder: Path) -> list[tuple[Path, str]]:
+    found: list[tuple[Path, str]] = []
+    root_depth = len(folder.parts)
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        here = Path(dirpath)
+        keep = []
+        for d in sorted(dirnames):
+            if d.startswith("."):
+                continue
+            if d.endswith(ASCEND_SUFFIX):
+                found.append((here / d, "ascend"))
+            elif len(here.parts) - root_depth < MAX_DEPTH:
+                keep.append(d)
+        dirnames[:] = keep
+        found += [(here / f, "kineto") for f in sorted(filenames) if f.endswith(KINETO_SUFFIXES)
+                  and not f.startswith(".")]
+    return found
+
+
+def find_traces(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
+    """The traces among ``paths``: ``(path, format)`` with format "kineto" or "ascend", each once, in path order.
+
+    Parameters
+    ----------
+    paths : sequence of str or path
+        Files and folders (see the module).
+
+    Raises
+    ------
+    TraceError
+        No path given, a path that does not exist, a file that is not a trace, or a folder with no trace in it;
+        the message names the path and the file names looked for.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not paths:
+        raise TraceError("no trace given: pass the profiler trace of one rank or a folder of ranks' traces "
+                         f"({_LOOKED_FOR})")
+    out: list[tuple[Path, str]] = []
+    seen: set[Path] = set()
+    for raw in paths:
+        p = Path(raw).expanduser()
+        if not p.exists():
+            raise TraceError(f"{p}: no such file or folder; pass a trace file or a folder of traces ({_LOOKED_FOR})")
+        kind = _kind(p)
+        if kind is not None:
+            found = [(p, kind)]
+        elif p.is_dir():
+            found = _search(p)
+            if not found:
+                raise TraceError(f"{p}: no profiler trace found in this folder or {MAX_DEPTH} levels below it; looked "
+                                 f"for {_LOOKED_FOR}. Pass the folder torch.profiler's tensorboard_trace_handler "
+                                 "wrote into, or the trace files themselves")
+        else:
+            raise TraceError(f"{p}: not a profiler trace (looked for {_LOOKED_FOR}); pass torch.profiler's "
+                             "*.pt.trace.json or a torch_npu *_ascend_pt folder")
+        for f, k in found:
+            key = f.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append((f, k))
+    return out
+
+
+def _names(items: Iterable[Any], most: int = 4) -> str:
+    """The items' files, the first ``most`` of them named."""
+    names = [str(getattr(i, "path", None) or getattr(i, "source", i)) for i in items]
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def check(items: Sequence[Any]) -> tuple[str, ...]:
+    """Check that traces are the ranks of one run; return the warnings (missing ranks).
+
+    Parameters
+    ----------
+    items : sequence of :class:`helpers.traces.peek.Header` or :class:`RankTrace`
+        Anything with ``rank``, ``world_size``, ``run_id`` and ``path`` or ``source``; headers may carry
+        ``start_ns`` / ``end_ns``.
+
+    Returns
+    -------
+    tuple of str
+        Warnings: ranks of the world size with no trace here.
+
+    Raises
+    ------
+    TraceError
+        As listed in the module; the message names the files involved and what to do.
+    """
+    items = list(items)
+    if len(items) < 2:
+        return ()
+    no_rank = [i for i in items if i.rank is None]
+    if no_rank:
+        if len(no_rank) == len(items):
+            raise TraceError(f"{len(items)} traces of single-process runs (no distributed rank in their metadata): "
+                             f"{_names(items)}; they are not ranks of one job - read them one at a time")
+        raise TraceError(f"{_names(no_rank)}: no distributed rank in the trace's metadata, unlike the other traces "
+                         f"({_names(i for i in items if i.rank is not None)}); remove the single-process traces")
+    world = _same_run(items)
+    by_rank: dict[int, list[Any]] = {}
+    for i in items:
+        by_rank.setdefault(i.rank, []).append(i)
+    dups = {r: v for r, v in sorted(by_rank.items()) if len(v) > 1}
+    if dups:
+        said = "; ".join(f"rank {r}: {_names(v)}" for r, v in list(dups.items())[:3])
+        if len(dups) > 3:
+            said += f"; and {len(dups) - 3} more ranks"
+        raise TraceError(f"two or more traces claim the same rank ({said}): these are two runs in one folder, or "
+                         "several profiling cycles of one run (schedule(repeat=...) writes one file per cycle); keep "
+                         "one run's traces of one cycle in the folder, or pass those files")
+    if world is None:
+        return ()
+    outside = sorted(r for r in by_rank if not 0 <= r < world)
+    if outside:
+        raise TraceError(f"rank(s) {outside} outside world size {world} ({_names(by_rank[r][0] for r in outside)}): "
+                         "the trace's metadata is inconsistent; profile again")
+    missing = [r for r in range(world) if r not in by_rank]
+    if not missing:
+        return ()
+    return (f"only {len(by_rank)} of the {world} ranks have a trace here (missing: {_ranges(missing)}): the ranks "
+            "are compared among those present, and the slow rank may be one of the missing",)
+
+
+def _same_run(items: Sequence[Any]) -> int | None:
+    """Raise unless the items share world size, run identity and (within RUN_START_SPREAD_S) start; the world
+    size."""
+    worlds = {i.world_size for i in items}
+    if len(worlds) > 1:
+        said = "; ".join(f"world size {w}: {_names(i for i in items if i.world_size == w)}"
+                         for w in sorted(worlds, key=lambda w: (w is None, w)))
+        raise TraceError(f"the traces disagree on the world size ({said}): they come from different jobs; pass the "
+                         "traces of one job")
+    runs = {i.run_id for i in items}
+    if len(runs) > 1:
+        said = "; ".join(f"{r}: {_names(i for i in items if i.run_id == r)}" for r in sorted(runs, key=str))
+        raise TraceError(f"the traces come from different runs ({said}); pass the traces of one run")
+    for attr, what in (("start_ns", "start"), ("end_ns", "end")):
+        times = [(getattr(i, attr, None), i) for i in items]
+        if any(t is None for t, _ in times):
+            continue
+        lo, hi = min(times, key=lambda x: x[0]), max(times, key=lambda x: x[0])
+        if (hi[0] - lo[0]) / 1e9 > RUN_START_SPREAD_S:
+            raise TraceError(
+                f"the traces {what} {(hi[0] - lo[0]) / 1e9:.0f} s apart ({_names([lo[1]])} at {_iso(lo[0])}, "
+                f"{_names([hi[1]])} at {_iso(hi[0])}): ranks of one run {what} their traces within about one step "
+                f"of each other, so these are different runs (or profiling cycles far apart) mixed in one folder; pass "
+                f"the traces of one run's one cycle")
+    return next(iter(worlds))
+
+
+def _iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _ranges(xs: Sequence[int]) -> str:
+    out, start = [], xs[0]
+    for a, b in zip(xs, list(xs[1:]) + [None]):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(f"rank {o}" if "-" not in o else f"ranks {o}" for o in out)
+
+
+def read(paths: Sequence[str | os.PathLike] | str | os.PathLike, *,
+         progress: Callable[[int, int], None] | None = None) -> TraceSet:
+    """Read the traces of one job: one :class:`RankTrace` per rank, sorted by rank.
+
+    Parameters
+    ----------
+    paths : path or sequence of paths
+        Kineto files, ``*_ascend_pt`` folders, or folders holding them (see the module).
+    progress : callable(done, total), optional
+        Called with the number of traces read so far and the total, after each trace
+        (:data:`helpers.live.Progress`).
+
+    Returns
+    -------
+    TraceSet
+        A list of RankTrace (by rank; a single-process trace alone), with ``warnings`` (missing ranks), which are
+        also appended to every trace's ``limits``.
+
+    Raises
+    ------
+    TraceError
+        Every problem of :func:`find_traces` and :func:`check` (raised before any trace's events are read), a
+        reader that is not installed, and what the readers raise; checked again on what the readers found.
+    """
+    found = find_traces(paths if not isinstance(paths, (str, os.PathLike)) else [paths])
+    headers = [peek.header(p, k) for p, k in found]
+    check(headers)
+    readers = {}
+    for _, k in found:
+        if k not in readers:
+            fn = _reader(k, "read")
+            if fn is None:
+                raise TraceError(f"{_names(p for p, kk in found if kk == k)}: a {k} trace, but this installation has "
+                                 f"no {k} reader ({_READERS[k][0]}); update the workbook")
+            readers[k] = fn
+    traces = []
+    for n, (p, k) in enumerate(found, 1):
+        traces.append(readers[k](p))
+        if progress is not None:
+            progress(n, len(found))
+    warnings = check(traces)
+    for h, t in zip(headers, traces):
+        if h.rank is not None and t.rank is not None and h.rank != t.rank:
+            raise TraceError(f"{h.path}: its metadata says rank {h.rank} but the reader found rank {t.rank}; "
+                             "report this file")
+    for w in warnings:
+        log.warning(w)
+    if warnings:
+        traces = [dataclasses.replace(t, limits=tuple(t.limits) + tuple(warnings)) for t in traces]
+    traces.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, str(t.source)))
+    return TraceSet(traces, warnings)

@@ -1,0 +1,233 @@
+"""A trace's identity (rank, world size, host, run, time) read cheaply, before the big file is read.
+
+:mod:`helpers.traces.cluster` checks a folder of ranks (two traces claiming one rank, world sizes that disagree,
+runs mixed, ranks missing) from these headers before any reader parses the events.
+
+* Kineto (torch.profiler's Chrome-trace JSON, maybe gzipped): torch writes its metadata as top-level keys before
+  ``traceEvents`` (``schemaVersion``, ``deviceProperties``, ``trace_id``, ``distributedInfo`` with ``backend``,
+  ``rank``, ``world_size``, ``pg_config``; ``host_name``, ``baseTimeNanoseconds``; seen in torch 2.13's output).
+  :func:`kineto_header` streams the top-level keys with ijson and stops at the first event of ``traceEvents``
+  (whose ``ts``, microseconds, plus ``baseTimeNanoseconds`` is the wall-clock time the trace starts): a few KB of
+  a file of any size. Only a file whose metadata follows the events (no ``schemaVersion`` before them) is
+  scanned to its end, tokenized but never built into objects.
+* Ascend (a torch_npu ``*_ascend_pt`` folder): ``profiler_info_<rank>.json`` holds ``rank_id`` and
+  ``end_info.collectionTimeEnd`` (ns, wall clock); ``profiler_metadata.json`` holds ``parallel_group_info``,
+  whose ``default_group`` lists the ``global_ranks`` (torch_npu 2.13.0, ``profiler/profiler_interface.py``
+  ``_dump_profiler_info`` and ``_add_group_info_to_metadata``). Both are small files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from helpers.traces.model import TraceError
+
+__all__ = ["Header", "kineto_header", "ascend_header", "header"]
+
+_HEADER_KEYS = ("schemaVersion", "deviceProperties", "baseTimeNanoseconds", "distributedInfo")
+
+
+@dataclass(frozen=True)
+class Header:
+    """What a trace says about whose it is, read without its events.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The file or folder.
+    format : str
+        "kineto" or "ascend".
+    rank, world_size : int or None
+        The file's own distributed metadata; None for a single-process trace.
+    node : str or None
+        The host, where the trace names it (Kineto ``host_name``).
+    run_id : str or None
+        What ranks of one run share: ``"<backend> world <N>"`` (the process group's backend and size); None
+        without distributed metadata. Runs of the same job share it too: :attr:`start_ns` and the rank
+        uniqueness tell those apart.
+    start_ns, end_ns : int or None
+        Wall-clock time (ns since the epoch) the trace starts (Kineto) or its collection ends (Ascend).
+    """
+
+    path: Path
+    format: str
+    rank: int | None = None
+    world_size: int | None = None
+    node: str | None = None
+    run_id: str | None = None
+    start_ns: int | None = None
+    end_ns: int | None = None
+
+
+def _open(path: Path):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and re.fullmatch(r"\d+", v.strip()):
+        return int(v)
+    return None
+
+
+def kineto_header(path: str | Path) -> Header:
+    """The identity of a Kineto trace from its top-level metadata (events are not read; see the module).
+
+    Parameters
+    ----------
+    path : str or Path
+        A ``*.pt.trace.json`` or ``*.pt.trace.json.gz`` file (gzip recognized by its magic bytes).
+
+    Returns
+    -------
+    Header
+
+    Raises
+    ------
+    TraceError
+        The file cannot be opened, is not JSON, or is not a Chrome trace (no top-level ``traceEvents``); the
+        message names the file.
+    """
+    import ijson
+
+    path = Path(path)
+    meta: dict[str, Any] = {}
+    first_ts = None
+    seen_events = False
+    try:
+        with _open(path) as f:
+            events = ijson.parse(f, use_float=True)
+            for prefix, event, value in events:
+                if prefix == "" and event in ("start_map", "end_map"):
+                    continue
+                if prefix == "" and event == "map_key":
+                    key = value
+                    if key == "traceEvents":
+                        seen_events = True
+                        for p, e, v in events:
+                            if p == "traceEvents.item.ts" and e == "number":
+                                first_ts = float(v)
+                                break
+                            if p == "traceEvents" and e == "end_array":
+                                break
+                        if any(k in meta for k in _HEADER_KEYS):
+                            break  # torch's layout: the metadata came first
+                        continue
+                    meta[key] = _build(events)
+                    continue
+                if prefix == "":
+                    raise TraceError(f"{path}: the top level is not a JSON object ({event}); a Kineto trace is an "
+                                     "object with 'traceEvents' (torch.profiler's export_chrome_trace or "
+                                     "tensorboard_trace_handler)")
+    except TraceError:
+        raise
+    except (OSError, EOFError) as exc:
+        raise TraceError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); check the path and that the file is "
+                         "complete") from exc
+    except Exception as exc:  # ijson.JSONError, gzip.BadGzipFile, UnicodeDecodeError
+        raise TraceError(f"{path}: not valid JSON ({type(exc).__name__}: {exc}); a Kineto trace is torch.profiler's "
+                         "Chrome-trace JSON - a file cut short by a killed job cannot be read, profile again") from exc
+    if not seen_events:
+        raise TraceError(f"{path}: no 'traceEvents' at the top level, so it is not a Chrome trace; pass the "
+                         "*.pt.trace.json file torch.profiler wrote")
+    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    rank, world = _int(dist.get("rank")), _int(dist.get("world_size"))
+    backend = dist.get("backend")
+    base = meta.get("baseTimeNanoseconds")
+    start = (int(base + first_ts * 1000) if isinstance(base, (int, float)) and not isinstance(base, bool)
+             and first_ts is not None else None)
+    node = meta.get("host_name") if isinstance(meta.get("host_name"), str) and meta.get("host_name") else None
+    run_id = f"{backend or 'unknown backend'} world {world}" if world is not None else None
+    return Header(path=path, format="kineto", rank=rank, world_size=world, node=node, run_id=run_id,
+                  start_ns=start)
+
+
+def _build(events) -> Any:
+    """The next complete JSON value of an ijson event stream, as Python objects."""
+    import ijson
+
+    builder = ijson.ObjectBuilder()
+    depth = 0
+    for _, event, value in events:
+        builder.event(event, value)
+        if event in ("start_map", "start_array"):
+            depth += 1
+        elif event in ("end_map", "end_array"):
+            depth -= 1
+        if depth == 0:
+            return builder.value
+    raise TraceError("the trace ends inside its metadata: the file is cut short")
+
+
+def ascend_header(path: str | Path) -> Header:
+    """The identity of a torch_npu profiler folder from its ``profiler_info_*.json`` and ``profiler_metadata.json``.
+
+    Parameters
+    ----------
+    path : str or Path
+        A ``*_ascend_pt`` folder.
+
+    Returns
+    -------
+    Header
+        Fields left None where the folder lacks the file (the reader then says what is missing).
+
+    Raises
+    ------
+    TraceError
+        A metadata file that is not valid JSON, or two ``profiler_info_*.json`` in one folder; the message names
+        the file.
+    """
+    path = Path(path)
+    infos = sorted(path.glob("profiler_info_*.json")) or sorted(path.glob("profiler_info.json"))
+    if len(infos) > 1:
+        raise TraceError(f"{path}: holds {len(infos)} profiler_info files ({', '.join(p.name for p in infos)}); one "
+                         "torch_npu profiler folder is one rank's - keep each rank's folder separate")
+    rank = end = None
+    if infos:
+        info = _load_json(infos[0])
+        rank = _int(info.get("rank_id")) if isinstance(info, dict) else None
+        if rank is None:
+            m = re.fullmatch(r"profiler_info_(\d+)\.json", infos[0].name)
+            rank = int(m.group(1)) if m else None
+        end_info = info.get("end_info") if isinstance(info, dict) else None
+        end = _int(end_info.get("collectionTimeEnd")) if isinstance(end_info, dict) else None
+    world = None
+    meta_path = path / "profiler_metadata.json"
+    if meta_path.is_file():
+        meta = _load_json(meta_path)
+        groups = meta.get("parallel_group_info") if isinstance(meta, dict) else None
+        if isinstance(groups, dict):
+            for g in groups.values():
+                if isinstance(g, dict) and g.get("group_name") == "default_group" and isinstance(
+                        g.get("global_ranks"), list):
+                    world = len(g["global_ranks"])
+    run_id = f"hccl world {world}" if world is not None else None
+    return Header(path=path, format="ascend", rank=rank, world_size=world, run_id=run_id, end_ns=end)
+
+
+def _load_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{p}: cannot be read as JSON ({type(exc).__name__}: {exc}); the torch_npu profiler folder "
+                         "is incomplete - copy it again or profile again") from exc
+
+
+def header(path: str | Path, fmt: str) -> Header:
+    """:func:`kineto_header` or :func:`ascend_header` by ``fmt`` ("kineto" or "ascend")."""
+    if fmt == "kineto":
+        return kineto_header(path)
+    if fmt == "ascend":
+        return ascend_header(path)
+    raise TraceError(f"{path}: unknown trace format {fmt!r}; 'kineto' or 'ascend'")
