@@ -6,9 +6,6 @@ The analysis runs on constructed RankTraces (no profiler needed), so every figur
 from __future__ import annotations
 
 import json
-import sys
-import types
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,33 +14,8 @@ from helpers.bottleneck import BALANCED, DEVICE_BOUND, HOST_BOUND
 from helpers.errors import ParameterError
 from helpers.traces.model import RankTrace, StepPhases, TraceError
 
-try:
-    from helpers import stragglers
-except ImportError:  # until branch traces-cluster's helpers.stragglers is merged: a stand-in of its interface
-    stragglers = types.ModuleType("helpers.stragglers")
-
-    @dataclass(frozen=True)
-    class _Finding:
-        slow_ranks: tuple
-        node: str | None = None
-        phase: str | None = None
-
-        def sentence(self) -> str:
-            return f"slow ranks: {list(self.slow_ranks)}"
-
-        def as_dict(self) -> dict:
-            return {"slow_ranks": list(self.slow_ranks), "node": self.node, "phase": self.phase}
-
-    def _find(traces):
-        steps = {t.rank: sorted(s.step_s for s in t.steps)[len(t.steps) // 2] for t in traces}
-        fastest = min(steps.values())
-        return _Finding(tuple(r for r, s in steps.items() if s > 1.2 * fastest))
-
-    stragglers.find = _find
-    sys.modules["helpers.stragglers"] = stragglers
-
-from helpers.traces import analysis  # noqa: E402
-from helpers.traces.analysis import analyze  # noqa: E402
+from helpers.traces import analysis
+from helpers.traces.analysis import analyze
 
 
 def _trace(data=0.040, h2d=0.005, step=0.100, *, n=8, rank=None, node=None, device="cuda", compute=None,

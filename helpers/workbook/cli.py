@@ -235,7 +235,7 @@ def _trace(args) -> int:
     from helpers.traces.analysis import analyze
     from helpers.workbook.trace_report import summary_lines, write_trace_report
 
-    with _ByteProgress("reading traces") as progress:
+    with _TraceProgress("reading traces") as progress:
         traces = read(args.paths, progress=progress)
     a = analyze(traces, threshold=args.threshold)
     try:
@@ -255,28 +255,25 @@ def _trace(args) -> int:
     return 0
 
 
-class _ByteProgress:
-    """A ``progress(done, total)`` callback drawing a tqdm bar on stderr, shown only once reading has taken more
-    than 2 s (tqdm's ``delay``) and only on a terminal; closed on exit."""
+class _TraceProgress:
+    """A ``progress(done, total)`` callback (:data:`helpers.live.Progress`: traces read of all found) drawing a
+    tqdm bar on stderr from the start of the reading (a single trace of several GB takes a while to read), only
+    when stderr is a terminal; removed on exit."""
 
     def __init__(self, desc: str) -> None:
-        self.desc, self.bar = desc, None
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=None, desc=desc, unit="trace", file=sys.stderr, leave=False, disable=None)
 
     def __enter__(self):
         return self
 
     def __call__(self, done: int, total: int) -> None:
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=self.desc, unit="B", unit_scale=True, unit_divisor=1024, delay=2.0,
-                            file=sys.stderr, leave=False, disable=None)
         self.bar.total = total
-        self.bar.update(done - self.bar.n)  # update(), not refresh(): it keeps the bar hidden for its first 2 s
+        self.bar.update(done - self.bar.n)
 
     def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
 
 
 def main(argv: list[str] | None = None) -> int:
