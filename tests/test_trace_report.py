@@ -6,6 +6,7 @@ The analysis runs on constructed RankTraces (no profiler needed), so every figur
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -338,3 +339,84 @@ def test_cli_full_disk_exits_1_and_leaves_the_old_report(tmp_path, fake_read, ca
 def test_two_traces_of_the_same_rank_are_refused():
     with pytest.raises(TraceError, match="r0.json, /traces/r0b.json are all 'rank 0'"):
         analyze([_trace(rank=0, name="r0.json"), _trace(rank=0, name="r0b.json")])
+
+
+# --------------------------------------------------------------------------- a real torch.profiler trace
+
+#: A single process training a tiny MLP on CPU; its dataset sleeps 30 ms per batch (on the training thread:
+#: num_workers=0), so the steps wait for their input: host-bound. 4 profiled steps after 1 wait and 1 warm-up.
+_TRACE_JOB = r"""
+import sys, time, torch
+torch.set_num_threads(1)
+class Slow:
+    def __len__(self): return 6
+    def __getitem__(self, i):
+        time.sleep(0.03)
+        x = torch.randn(16, 32)
+        return x, (x.sum(1, keepdim=True) > 0).float()
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = torch.utils.data.DataLoader(Slow(), batch_size=None, num_workers=0)
+sched = torch.profiler.schedule(wait=1, warmup=1, active=4, repeat=1)
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=sched,
+                            on_trace_ready=lambda p: p.export_chrome_trace(sys.argv[1])) as prof:
+    for x, y in loader:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
+        opt.step()
+        prof.step()
+"""
+
+
+def _cli(*argv: str, timeout: float = 120):
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "helpers", *argv], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def real_trace(tmp_path_factory) -> Path:
+    """A torch.profiler Chrome trace of :data:`_TRACE_JOB`, written by a child process (a few seconds)."""
+    import subprocess
+
+    pytest.importorskip("helpers.traces.kineto", reason="the Kineto reader (branch traces-kineto) is not merged")
+    path = tmp_path_factory.mktemp("kineto") / "host_bound.pt.trace.json"
+    done = subprocess.run([sys.executable, "-c", _TRACE_JOB, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and path.is_file(), done.stderr[-2000:]
+    return path
+
+
+def test_cli_on_a_real_kineto_trace(real_trace, tmp_path):
+    done = _cli("trace", str(real_trace), "--out", str(tmp_path / "rep"))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("HOST-BOUND: ") and lines[1].startswith("Next: notebook 03"), done.stdout
+    assert "host_bound.pt.trace.json" in done.stdout and "one rank only" in done.stdout
+    assert {p.name for p in (tmp_path / "rep").iterdir()} == {"report.html", "report.md", "results.jsonl", "figures"}
+    first = json.loads((tmp_path / "rep" / "results.jsonl").read_text().splitlines()[0])
+    assert first["recommendation"] == HOST_BOUND and first["extra"]["trace"][0]["path"].endswith(real_trace.name)
+    assert first["repeats"] >= 3  # the profiled steps (the schedule records 4; the reader may drop a partial one)
+
+
+def test_cli_json_on_a_real_kineto_trace(real_trace, tmp_path):
+    done = _cli("trace", str(real_trace), "--json", "--out", str(tmp_path / "j"))
+    assert done.returncode == 0, done.stderr
+    d = json.loads(done.stdout)
+    assert d["verdict"] == HOST_BOUND and d["exposed_fraction"] > 1 / 3 and d["ranks"][0]["phases"]["data"]
+
+
+def test_cli_on_a_file_that_is_no_trace_exits_2_and_writes_nothing(tmp_path):
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"hello": 1}')
+    done = _cli("trace", str(bad), "--out", str(tmp_path / "never"))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "notes.json" in done.stderr and not (tmp_path / "never").exists()
+
+
+def test_cli_on_a_missing_path_exits_2(tmp_path):
+    done = _cli("trace", str(tmp_path / "nowhere.json"), "--out", str(tmp_path / "never"))
+    assert done.returncode == 2 and "nowhere.json" in done.stderr and not (tmp_path / "never").exists()
