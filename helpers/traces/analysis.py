@@ -274,13 +274,11 @@ class TraceAnalysis:
                 f"the fastest {fastest.label} {_ms(fastest.step_s)}): a synchronous job steps at the pace of its "
                 f"slowest rank; ")
 
-    def _reason(self, *, with_next: bool = True) -> str:
+    def _reason(self, *, brief: bool = False) -> str:
+        """The verdict's reason: the job's rank, the classification, (not ``brief``) the phase medians, the
+        exposed communication when it is a lever, and (not ``brief``) the "next" advice."""
         r = self.job
         med = r.medians()
-        shown = ", ".join(f"{p} {med[p] * 1e3:.0f}" for p in ("data", "h2d", "optimizer", "compute", "comm_exposed",
-                                                                "idle") if med.get(p) is not None)
-        figures = (f"median step {r.step_s * 1e3:.0f} ms" + (f" (phase medians: {shown} ms; medians need not add up)"
-                                                             if shown else ""))
         if self.bottleneck is not None:
             head = self.bottleneck.reason
         else:
@@ -289,12 +287,19 @@ class TraceAnalysis:
             if med.get("idle") is not None and r.step_s > 0:
                 head += (f" (the device was idle for {med['idle'] / r.step_s:.0%} of the median step: the host - "
                          "input, kernel launches or the optimizer - may be what it waits for)")
-        reason = f"{self._job_prefix()}{head}; {figures}"
+        parts = [f"{self._job_prefix()}{head}"]
+        if not brief:
+            shown = ", ".join(f"{p} {med[p] * 1e3:.0f}" for p in ("data", "h2d", "optimizer", "compute",
+                                                                    "comm_exposed", "idle") if med.get(p) is not None)
+            parts.append(f"median step {r.step_s * 1e3:.0f} ms"
+                         + (f" (phase medians: {shown} ms; medians need not add up)" if shown else ""))
         comm = med.get("comm_exposed")
         if comm is not None and r.step_s > 0 and comm / r.step_s > COMM_NOTE_SHARE:
-            reason += (f"; communication not hidden behind compute takes {comm / r.step_s:.0%} of the step: "
-                       f"{_COLLECTIVES} measures the collectives and DDP's buckets")
-        return f"{reason}; next: {self.next_text()}" if with_next else reason
+            parts.append(f"communication not hidden behind compute takes {comm / r.step_s:.0%} of the step: "
+                         f"{_COLLECTIVES} measures the collectives and DDP's buckets")
+        if not brief:
+            parts.append(f"next: {self.next_text()}")
+        return "; ".join(parts)
 
     def _context(self) -> str:
         kinds = "/".join(_unique(r.device_kind for r in self.ranks))
@@ -338,9 +343,10 @@ class TraceAnalysis:
         return self.verdict().sentence()
 
     def headline(self) -> str:
-        """The verdict's sentence without its "next" advice (which the report and the CLI show on a line of its
-        own): ``"HOST-BOUND: input preparation and copy are exposed for 45% of each step ..."``."""
-        return f"{self.label.upper()}: {self._reason(with_next=False)}"
+        """The verdict in one sentence for a first screen, without the phase medians (the rank table shows them)
+        and the "next" advice (shown on a line of its own): ``"HOST-BOUND: input preparation and copy are exposed
+        for 45% of each step ..."``."""
+        return f"{self.label.upper()}: {self._reason(brief=True)}"
 
     def records(self) -> tuple[Record, ...]:
         """The analysis as results.jsonl records (:class:`helpers.results.Record`), each with its trace's provenance.

@@ -28,7 +28,7 @@ from helpers.traces.model import DEVICE_PHASES, HOST_PHASES
 from helpers.workbook import plots_traces
 from helpers.workbook.paths import runs_dir
 from helpers.workbook.plots import figure_path
-from helpers.workbook.report.format import _fmt, _fmt_value, _spread_text
+from helpers.workbook.report.format import _fmt, _fmt_value, _spread_text, headline
 from helpers.workbook.report.html import _CSS, _badge, _code_spans
 from helpers.workbook.report.markdown import _md_table, md_code, md_code_spans, md_escape
 
@@ -37,6 +37,9 @@ __all__ = ["FIGURE", "TraceReport", "default_out_dir", "rank_table", "summary_li
 
 #: The stacked-bar figure's name (:func:`helpers.workbook.plots.figure_path` under ``trace``).
 FIGURE = "rank_phases"
+#: How the report defines notebook 01's figure.
+_EXPOSED = ("exposed input: the median over steps of the share of the step spent waiting for data and the "
+            "host-to-device copy (notebook 01's figure)")
 #: Column names of the rank table, by phase.
 _PHASE_COLUMNS = {"data": "data", "h2d": "h2d", "optimizer": "optimizer", "compute": "compute",
                   "comm_exposed": "comm not overlapped", "idle": "device idle"}
@@ -144,6 +147,14 @@ def _slow_text(a: TraceAnalysis) -> str:
     return "one rank only: no slow rank to find (pass the traces of every rank, or the folder that holds them)"
 
 
+def _measured(v) -> str:
+    """``"exposed_input_fraction = 41% (IQR 40%–43%) of rank 1"``: the verdict's figure, as a run's report shows
+    it (:func:`helpers.workbook.report.format.headline`)."""
+    figure = headline({"value": v.value, "unit": v.unit, "spread": v.spread, "recommendation": v.recommendation})
+    many = len(v.extra.get("ranks", ())) > 1
+    return f"{v.metric} = {figure}" + (f" of {v.extra.get('bounding_rank')}" if many else "")
+
+
 def _summary(a: TraceAnalysis) -> str:
     n = len(a.ranks)
     steps = sorted({r.steps for r in a.ranks})
@@ -189,8 +200,7 @@ def to_html(a: TraceAnalysis, figure_png: bytes | None = None) -> str:
         f"<p class='verdict' id='verdict'>{_code_spans(a.headline())}</p>",
         f"<ul class='advice'><li><b>Next:</b> {_code_spans(a.next_text())}</li>"
         f"<li><b>Slow ranks:</b> {_code_spans(_slow_text(a))}</li></ul>",
-        f"<p class='meta'>{e(_summary(a))} · notebook 01's question, answered from the trace: "
-        f"{e(v.context or '')}</p>",
+        f"<p class='meta'>Measured: {e(_measured(v))} · {e(_summary(a))}</p><p class='meta'>{e(_EXPOSED)}</p>",
         "<section><h2 id='ranks'>Ranks</h2>",
     ]
     if figure_png:
@@ -223,9 +233,9 @@ def to_markdown(a: TraceAnalysis, figure: str | None = None) -> str:
     v = a.verdict()
     e = md_escape
     lines = ["# Training-performance workbook: trace report", "",
-             f"**Verdict: {md_code_spans(a.headline())}**", "",
+             f"**Verdict: {e(a.label.upper())}**: {md_code_spans(a.headline().split(': ', 1)[1])}", "",
              f"- Next: {md_code_spans(a.next_text())}", f"- Slow ranks: {md_code_spans(_slow_text(a))}", "",
-             f"{e(_summary(a))} · notebook 01's question, answered from the trace: {e(v.context or '')}",
+             f"Measured: {e(_measured(v))} · {e(_summary(a))}", "", e(_EXPOSED),
              "", "## Ranks", ""]
     if figure:
         lines += [f"![rank phases]({figure})", ""]
