@@ -86,6 +86,8 @@ SPECS: dict[str, tuple[Param, ...]] = {
               minimum=0, maximum=100),
         Param("ceiling_steps", int, 10, "measured steps of each run of the input-free ceiling (real vs on-device "
               "batches)", minimum=3, maximum=100000),
+        Param("trace_path", str, "", "your profiler trace: a .pt.trace.json(.gz), an *_ascend_pt folder, or a folder "
+              "of one per rank (empty: section 4's)"),
     ) + _JOB,
     "02_batched_decode": _COMMON + _DATA + _batch("images per batch") + (
         Param("threads", int, 0, "decode threads of the batched pipeline (0 for all usable cores)",

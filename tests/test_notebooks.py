@@ -156,6 +156,16 @@ def test_baseline_verdict_is_inconclusive_exactly_when_the_machine_was_busy(base
 
 
 @pytest.mark.notebook
+def test_the_trace_of_notebook_01_gives_its_own_verdict(smoke_run):
+    """Ground truth for ``python -m helpers trace``: the trace notebook 01 wrote of the built-in job, read back."""
+    from trace_agreement import assert_trace_agrees, trace_agreement
+
+    run_dir, _ = smoke_run
+    print("built-in job: timed %.3f, traced %.3f, %s / %s, busy %s" % trace_agreement(run_dir))
+    assert_trace_agrees(run_dir)
+
+
+@pytest.mark.notebook
 def test_smoke_run_baseline_records(smoke_run):
     run_dir, _ = smoke_run
     df = load_results(run_dir / "results.jsonl")

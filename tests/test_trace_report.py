@@ -120,6 +120,20 @@ def test_many_ranks_job_verdict_is_the_slowest_ranks_and_the_stragglers_rule_is_
     assert v.extra["bounding_rank"] == "rank 3 (node-b)" and len(v.extra["ranks"]) == 4
 
 
+def test_in_ddp_the_jobs_verdict_is_the_slow_ranks_not_the_longest_step():
+    """Synchronous DDP: every rank's step is as long; the fast ranks wait in the allreduce (device-bound by their own
+    trace), the slow rank waits for its loader. The job is host-bound because of the slow rank."""
+    ranks = [_trace(data=0.004, h2d=None, step=0.100 + 0.001 * r, comm_exposed=0.055, compute=0.040, rank=r,
+                    name=f"r{r}.json") for r in (0, 1, 3)]
+    ranks.insert(2, _trace(data=0.060, h2d=None, step=0.100, comm_exposed=0.002, compute=0.040, rank=2,
+                           name="r2.json"))
+    a = analyze(ranks)
+    assert a.stragglers.ranks == (2,) and a.stragglers.phase == "data"
+    assert a.job.rank == 2 and a.label == HOST_BOUND  # not rank 3, whose step is the longest by a millisecond
+    assert [r.label_text for r in a.ranks] == [DEVICE_BOUND, DEVICE_BOUND, HOST_BOUND, DEVICE_BOUND]
+    assert "the slow rank" in a.verdict().reason and "waiting for it" in a.verdict().reason
+
+
 def test_the_stragglers_rule_runs_on_real_ranks():
     ranks = [_trace(data=0.005, step=0.100, rank=r, name=f"r{r}.json") for r in range(3)]
     ranks.append(_trace(data=0.060, step=0.200, rank=3, name="r3.json"))

@@ -228,6 +228,10 @@ def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, examp
     assert "your dataset's decode and preprocessing are notebook 01's data phase" in table.loc["02_batched_decode",
                                                                                                  "reason"]
     assert "Job measured: your job" in (run_dir / "report.md").read_text()
+    from trace_agreement import assert_trace_agrees, trace_agreement  # the reader against 01's own timing
+
+    print(f"{name}: timed %.3f, traced %.3f, %s / %s, busy %s" % trace_agreement(run_dir))
+    assert_trace_agrees(run_dir)
 
 
 # ---------------------------------------------------------------- the first step, part by part

@@ -215,8 +215,10 @@ class TraceAnalysis:
     threshold : float
         The host-bound threshold (notebook 01's ``host_bound_threshold``), 0..1.
     bounding : int
-        Index in ``ranks`` of the rank the job's verdict is read from: the one with the longest median step
-        (a synchronous job steps at the pace of its slowest rank); 0 for a single trace.
+        Index in ``ranks`` of the rank the job's verdict is read from: the slow rank named by
+        :func:`helpers.stragglers.find` where there is one (the others wait for it in the allreduce, so their own
+        traces understate the input's share), else the one with the longest median step (a synchronous job steps at
+        the pace of its slowest rank); 0 for a single trace.
     stragglers : object or None
         :func:`helpers.stragglers.find`'s result for two or more ranks (``sentence()``, ``as_dict()``); None for one.
     limits : tuple of str
@@ -269,6 +271,11 @@ class TraceAnalysis:
     def _job_prefix(self) -> str:
         if len(self.ranks) < 2:
             return ""
+        primary = getattr(self.stragglers, "primary", None)
+        if primary is not None and primary.label == self.job.label:
+            return (f"the job's verdict is {self.job.label}'s, the slow rank: a synchronous job steps at the pace of "
+                    "its slowest rank, and the other ranks spend the difference waiting for it (their own steps look "
+                    "less host-bound than the job is); ")
         fastest = min(self.ranks, key=lambda r: r.step_s)
         return (f"the job's verdict is {self.job.label}'s, its slowest rank (median step {_ms(self.job.step_s)}, "
                 f"the fastest {fastest.label} {_ms(fastest.step_s)}): a synchronous job steps at the pace of its "
@@ -416,7 +423,7 @@ def analyze(traces: Sequence[RankTrace], *, threshold: float = 0.10) -> TraceAna
     Returns
     -------
     TraceAnalysis
-        Per rank a :class:`RankSummary`; the job's verdict is that of the rank with the longest median step; for
+        Per rank a :class:`RankSummary`; the job's verdict is the slow rank's (else the longest median step's); for
         two or more ranks the slow-rank finding of :func:`helpers.stragglers.find`.
 
     Raises
@@ -444,8 +451,13 @@ def analyze(traces: Sequence[RankTrace], *, threshold: float = 0.10) -> TraceAna
         raise TraceError(f"traces {', '.join(same)} are all {lab!r}: one job's traces hold each rank once; pass the "
                          "traces of one run (a trace of a single process has no rank: analyze it on its own)")
     rows = tuple(_summarize(t, float(threshold)) for t in traces)
-    bounding = max(range(len(rows)), key=lambda i: rows[i].step_s)
     slow = stragglers.find(traces) if len(traces) > 1 else None
+    primary = getattr(slow, "primary", None)
+    culprit = primary.label if primary is not None else None
+    # In a synchronous job every rank's step lasts as long as the slowest one's (the others wait in the allreduce,
+    # where their own trace shows a device-bound step): the job's verdict is the slow rank's, else the longest step's.
+    by_label = {r.label: i for i, r in enumerate(rows)}
+    bounding = by_label[culprit] if culprit in by_label else max(range(len(rows)), key=lambda i: rows[i].step_s)
     limits = list(_unique(lim for r in rows for lim in r.limits))
     if len(rows) > 1 and any(r.measurable for r in rows) and not rows[bounding].measurable:
         limits.append(f"the slowest rank, {rows[bounding].label}, has no data-loading annotation: the job's verdict "

@@ -80,3 +80,12 @@ def rank_phases(medians: "pd.DataFrame", *, title: str = ""):
                ncols=4, frameon=False)
     ax.set_title(title or "Where each rank's step goes (profiler trace)")
     return fig
+
+
+def medians_frame(analysis) -> "pd.DataFrame":
+    """The input of :func:`rank_phases` for a :class:`helpers.traces.analysis.TraceAnalysis`: one row per rank (index
+    its label), a column per phase (``step_s`` and the phases of :mod:`helpers.traces.model`), median seconds per
+    step, None where the trace does not measure it."""
+    import pandas as pd
+
+    return pd.DataFrame([r.medians() for r in analysis.ranks], index=[r.label for r in analysis.ranks])

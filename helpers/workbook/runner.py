@@ -1018,6 +1018,11 @@ def run(options: RunOptions, *, echo: Callable[[str], None] = print,
         # Validate every notebook's parameters, then the device, before any work.
         job_spec = absolute_job_spec(options.job) if options.job else None  # the kernels run in notebooks/
         overrides = parse_overrides(options.overrides)
+        if overrides.get("trace_path"):  # the kernels run in notebooks/: a path is the user's, from here
+            from helpers.traces import find_traces
+
+            overrides["trace_path"] = str(Path(str(overrides["trace_path"])).expanduser().resolve())
+            find_traces([overrides["trace_path"]])  # a path that holds no trace stops here, before any work
         unused = set(overrides) - set().union(*(notebook_parameter_names(nb) for nb in selected))
         if unused:
             raise ParameterError(f"-p {', '.join(sorted(unused))}: no selected notebook has such a parameter; see a "

@@ -122,14 +122,10 @@ def _provenance_table(a: TraceAnalysis) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _medians_frame(a: TraceAnalysis) -> pd.DataFrame:
-    return pd.DataFrame([r.medians() for r in a.ranks], index=[r.label for r in a.ranks])
-
-
 def _figure_png(a: TraceAnalysis) -> bytes:
     import matplotlib.pyplot as plt
 
-    fig = plots_traces.rank_phases(_medians_frame(a))
+    fig = plots_traces.rank_phases(plots_traces.medians_frame(a))
     try:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
