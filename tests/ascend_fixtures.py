@@ -230,11 +230,7 @@ def _x(name: str, pid: int, tid: int, ts_ns: int, dur_ns: int, cat: str = "cpu_o
 def _write_trace_view(path: Path, steps: Sequence[Step], pid: int, device: int, form: str, *, dataloader: bool,
                       optimizer: bool, step_marks: bool) -> None:
     tid = pid
-    host: list[dict] = [
-        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "Python"}},
-        {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": "CPU"}},
-        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"Thread {tid}"}},
-    ]
+    host: list[dict] = []
     npu_pid = (pid << 10) | (3 << 5) | device  # TraceEventManager.get_pid_format
     dev: list[dict] = [
         {"ph": "M", "name": "process_name", "pid": npu_pid, "tid": 0, "args": {"name": "Overlap Analysis"}},
@@ -257,6 +253,13 @@ def _write_trace_view(path: Path, steps: Sequence[Step], pid: int, device: int, 
                           ("Communication(Not Overlapped)", s.comm_exposed_s)):
             dev.append({"name": name, "pid": npu_pid, "tid": 0, "ts": us_str(d), "dur": sec * 1e6, "ph": "X"})
         t += host_ns
+    host += [  # FwkFileParser.get_fwk_trace_data: the X events first, then TraceEventManager.create_m_event
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "Python"}},
+        {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": "CPU"}},
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": 0}},
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"Thread {tid}"}},
+        {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}},
+    ]
     text = json.dumps(host, ensure_ascii=False)
     if form == "truncated":
         path.write_text(text[:-1])  # FileManager.create_prepare_trace_json_by_path

@@ -153,6 +153,16 @@ def test_trace_view_events_and_truncated_form(wheel, built):
     assert fx.us_str(1_234_567) == "1234.567" and fx.us_str(7) == "0.007"
     # trace_view.json is written in two parts: the host events without the closing bracket, then the device
     # events appended; a failure between the two leaves the file truncated (the reader's "truncated" case).
+    # The host part: its X events, then its metadata events, the first the "Python" process name (where the
+    # reader stops reading).
+    fwk = ast.unparse(_function(wheel.tree(ANALYSIS + "prof_parse/_fwk_file_parser.py"), "get_fwk_trace_data"))
+    x_at = fwk.index("TraceEventManager.create_x_event(torch_op, 'cpu_op')")
+    m_at = fwk.index("other_event_list = TraceEventManager.create_m_event(pid, tid_dict)")
+    assert x_at < m_at < fwk.index("fwk_x_event_list.extend(other_event_list)")
+    first_m = ast.unparse(_function(wheel.tree(EVENTS), "create_m_event"))
+    assert "event_list = [{'ph': 'M', 'name': Constant.PROCESS_NAME, 'pid': pid, 'tid': 0, 'args': {'name': " \
+        "'Python'}}" in first_m
+    assert wheel.class_attr(CONSTANT, "Constant", "PROCESS_NAME") == "process_name"
     files = wheel.text(FILES)
     assert "file.write(data[:-1])" in files and 'data = f",{data[1:]}"' in files
     assert "create_prepare_trace_json_by_path(trace_file_path, fwk_trace_data)" in wheel.text(

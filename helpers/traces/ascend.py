@@ -131,8 +131,16 @@ def read_ascend(path: str | os.PathLike) -> RankTrace:
     TraceError
         The folder is missing or not a torch_npu folder; it was never parsed (no ASCEND_PROFILER_OUTPUT: the
         message names :data:`OFFLINE_PARSE`); step_trace_time.csv is missing, unreadable, lacks a column, has
-        no rows or a non-numeric or negative time. Checked before trace_view.json is streamed. A trace_view.json
-        that stops before its end is not an error: the events before the cut are used and limits says so.
+        no rows or a non-numeric or negative time. Checked before trace_view.json is streamed.
+
+    Notes
+    -----
+    trace_view.json is read only up to the end of its host part: torch_npu writes the host events first (the
+    X events, then the "Python" process-name metadata, ``FwkFileParser.get_fwk_trace_data``) and appends the
+    device timeline after them (``TraceViewParser``). So a file that torch_npu left without its device part
+    and closing bracket (parsing failed after the host part) reads in full; a file cut inside its host part
+    is not an error either: the events before the cut are used, later steps fall back to the csv's step span,
+    and limits says so.
     """
     root = _folder(Path(path))
     out = root / OUTPUT_DIR
@@ -238,7 +246,7 @@ def _step_row(path: Path, header: list[str], line: int, cells: list[str]) -> dic
             row["Step"] = int(float(step))
         except ValueError:
             raise TraceError(f"{str(path)!r} line {line}: Step = {step!r} is not a step number") from None
-    for name in STEP_TRACE_COLUMNS[2:]:
+    for name in _READ_COLUMNS:
         raw = values.get(name)
         if raw is None or raw == "":
             row[name] = None if name not in STEP_TRACE_REQUIRED else _bad(path, line, name, raw)
@@ -247,14 +255,19 @@ def _step_row(path: Path, header: list[str], line: int, cells: list[str]) -> dic
             v = float(raw)
         except ValueError:
             _bad(path, line, name, raw)
-        if not math.isfinite(v):
+        if not math.isfinite(v) or (v < 0 and name != "Preparing"):  # Preparing < 0: clocks apart; clipped
             _bad(path, line, name, raw)
         row[name] = v
     return row
 
 
+#: The columns read (the others are derived from these by the writer).
+_READ_COLUMNS = ("Computing", "Communication(Not Overlapped)", "Communication", "Free", "Stage", "Bubble",
+                 "Preparing")
+
+
 def _bad(path: Path, line: int, column: str, raw: Any):
-    raise TraceError(f"{str(path)!r} line {line}: {column} = {raw!r} is not a time in microseconds; "
+    raise TraceError(f"{str(path)!r} line {line}: {column} = {raw!r} is not a time in microseconds >= 0; "
                      f"parse the folder again with {OFFLINE_PARSE}")
 
 
@@ -369,9 +382,10 @@ def _read_trace_view(path: Path, limits: list[str]) -> _Host | None:
     count = 0
     try:
         with path.open("rb") as f:
-            for ev in ijson.items(f, "item", use_float=True):
+            for ev in ijson.items(f, "item", use_float=True, buf_size=1 << 20):
                 count += 1
-                _keep(ev, steps, loads, opts)
+                if _keep(ev, steps, loads, opts) and (steps or loads or opts):
+                    break  # the host's own events are all read; the rest is the device timeline
     except (ijson.JSONError, ValueError, OSError) as exc:
         limits.append(f"{TRACE_VIEW_FILE} stops before its end after {count} events ({type(exc).__name__}: "
                       f"{exc}); torch_npu leaves it so when parsing fails after the host events were written; "
@@ -381,23 +395,27 @@ def _read_trace_view(path: Path, limits: list[str]) -> _Host | None:
     return _host_phases(steps, loads, opts, count, limits)
 
 
-def _keep(ev: Any, steps: dict, loads: list, opts: list) -> None:
-    if not isinstance(ev, dict) or ev.get("ph") != "X":
-        return
+def _keep(ev: Any, steps: dict, loads: list, opts: list) -> bool:
+    """File a step, DataLoader or optimizer event; True at the host part's end (its "Python" process name)."""
+    if not isinstance(ev, dict):
+        return False
+    if ev.get("ph") == "M":
+        args = ev.get("args")
+        return ev.get("name") == "process_name" and isinstance(args, dict) and args.get("name") == "Python"
     name = ev.get("name")
-    if not isinstance(name, str):
-        return
+    if ev.get("ph") != "X" or not isinstance(name, str):
+        return False
     is_step = name.startswith(PROFILER_STEP_PREFIX)
     is_load = name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX)
     is_opt = name.startswith(OPTIMIZER_PREFIX)
     if not (is_step or is_load or is_opt):
-        return
+        return False
     try:
         ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))  # ts is a string of µs in torch_npu's writer
     except (KeyError, TypeError, ValueError):
-        return
+        return False
     if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
-        return
+        return False
     thread = (ev.get("pid"), ev.get("tid"))
     if is_step:
         n = _int_or_none(name[len(PROFILER_STEP_PREFIX):])
@@ -405,6 +423,7 @@ def _keep(ev: Any, steps: dict, loads: list, opts: list) -> None:
             steps[n] = (ts, ts + dur, thread)
     else:
         (loads if is_load else opts).append((ts, ts + dur, thread))
+    return False
 
 
 def _host_phases(steps: dict, loads: list, opts: list, count: int, limits: list[str]) -> _Host:
