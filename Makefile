@@ -15,7 +15,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 TORCH_INDEX ?=
 
-.PHONY: workbook test lab setup data clean-runs help browser device-check
+.PHONY: workbook test lab setup data clean-runs help browser device-check npu-wheel
 
 help:
 	@echo "make workbook   run the workbook (quick profile, default device); ARGS='--profile smoke --only 00 01'"
@@ -23,6 +23,7 @@ help:
 	@echo "make lab        open a working copy of the notebooks (lab/) in JupyterLab; reset: rm -rf lab"
 	@echo "make browser    install Chromium (system package, needs root) for the report's browser test"
 	@echo "make device-check  on a CUDA/NPU machine: device notebooks + bench, one JSON (DEVICE=cuda|npu)"
+	@echo "make npu-wheel  download the torch_npu 2.13.0 wheel (read, never installed) for the NPU format tests"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -79,3 +80,13 @@ browser:
 
 clean-runs:
 	rm -rf runs/
+
+# The torch_npu wheel whose source tests/test_ascend_format.py and tests/test_npu_names.py read (never installed:
+# it needs CANN to import). Downloaded once into a git-ignored folder; the same command as tests/npu_wheel.py, with
+# the platform pinned so that every machine reads the same file.
+NPU_WHEEL_DIR ?= .cache/npu-wheel
+npu-wheel: | $(PY)
+	@ls $(NPU_WHEEL_DIR)/torch_npu-2.13.0-*.whl >/dev/null 2>&1 || $(PY) -m pip download --disable-pip-version-check \
+		--no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 --python-version 3.11 torch-npu==2.13.0 \
+		-d $(NPU_WHEEL_DIR)
+	@ls $(NPU_WHEEL_DIR)/torch_npu-2.13.0-*.whl

@@ -42,7 +42,8 @@ class StepPhases:
     step : int
         The step's number: N of the ``ProfilerStep#N`` annotation, or the Ascend ``Step`` column.
     step_s : float
-        The step's wall time (the ``ProfilerStep#N`` span; Ascend: the step's ``Stage`` time), seconds.
+        The step's wall time: the host's ``ProfilerStep#N`` span, seconds (Ascend, where trace_view.json lacks
+        it: ``Preparing + Stage + Bubble`` of step_trace_time.csv, see :mod:`helpers.traces.ascend`).
     data, h2d, optimizer : float or None
         Host time inside the step: waiting for the next batch (the DataLoader's ``__next__``), copying it to the
         device, the optimizer's step; None where the trace has no such annotation.

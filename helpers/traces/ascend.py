@@ -1,0 +1,577 @@
+"""Read a torch_npu (Ascend) profiler folder into one :class:`~helpers.traces.model.RankTrace`.
+
+``torch_npu.profiler.profile(..., on_trace_ready=torch_npu.profiler.tensorboard_trace_handler(dir))`` writes one
+folder per process, ``<worker>_<pid>_<%Y%m%d%H%M%S%f minus 3 digits>_ascend_pt/`` (worker: the handler's
+``worker_name``, by default the host name; ``torch_npu/profiler/_profiler_path_creator.py``), holding the raw
+data (``FRAMEWORK/``, ``PROF_<n>_<time>_<id>/``), ``profiler_info.json`` or ``profiler_info_<rank>.json`` and
+``profiler_metadata.json``; parsing adds ``ASCEND_PROFILER_OUTPUT/``. What this reader takes from each file
+(field meanings and wheel paths: ``docs/trace_formats.md``):
+
+- ``ASCEND_PROFILER_OUTPUT/step_trace_time.csv`` (``TraceStepTimeParser``): one row per device and step, times in
+  microseconds: ``Computing`` -> compute, ``Communication(Not Overlapped)`` -> comm_exposed, ``Communication`` ->
+  comm, ``Free`` -> idle (device idle inside the step's device span);
+- ``ASCEND_PROFILER_OUTPUT/trace_view.json`` (a JSON array of Chrome-trace events, streamed with ijson): the host
+  ``ProfilerStep#N`` span is the step's wall time; the DataLoader's ``enumerate(DataLoader)#<Iter>.__next__`` and
+  the optimizer's ``Optimizer.step#<Optimizer>.step`` inside it give data and optimizer (torch's own
+  ``record_function`` names, ``torch/utils/data/dataloader.py``, ``torch/optim/optimizer.py``);
+- ``operator_details.csv`` (device self time per torch operator), else ``kernel_details.csv`` (device kernels):
+  top_ops;
+- ``profiler_info[_<rank>].json`` (rank_id, torch_npu_version, cann_version), ``profiler_metadata.json``
+  (``parallel_group_info``: the HCCL default group's global ranks and communicator name), and CANN's
+  ``PROF_*/host/info.json`` (hostname).
+
+The step's wall time: the writer's ``Stage`` is the span from the step's first to its last device activity less
+pipeline receive bubbles; it leaves out ``Preparing`` (from the host's ``ProfilerStep#N`` start to the step's
+first device task), which is where a step that waits for its batch spends that wait. So ``step_s`` is the host's
+``ProfilerStep#N`` span (the same quantity as notebook 01's step and torch.profiler's Kineto trace), and where
+trace_view.json has no such event, ``Preparing + Stage + Bubble`` (the step from its host start to its last device
+activity), said in ``limits``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from helpers.errors import DataError
+from helpers.traces.model import RankTrace, StepPhases, TraceError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ASCEND_SUFFIX", "OUTPUT_DIR", "FRAMEWORK_DIR", "STEP_TRACE_FILE", "STEP_TRACE_COLUMNS", "STEP_TRACE_REQUIRED",
+    "TRACE_VIEW_FILE", "OPERATOR_DETAILS_FILE", "KERNEL_DETAILS_FILE", "METADATA_FILE", "OFFLINE_PARSE",
+    "DATALOADER_PREFIX", "DATALOADER_SUFFIX", "OPTIMIZER_PREFIX", "PROFILER_STEP_PREFIX",
+    "looks_like_ascend", "read_ascend",
+]
+
+# Names below are torch_npu 2.13.0's (torch_npu/profiler/analysis/...); tests/test_ascend_format.py reads them
+# from the wheel's source and fails when they drift.
+#: Suffix of a profiler folder (``_profiler_path_creator.py``: ``"{}_{}_ascend_pt"``).
+ASCEND_SUFFIX = "_ascend_pt"
+#: Parsed output folder (``Constant.OUTPUT_DIR``).
+OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
+#: Raw host-side data folder (``Constant.FRAMEWORK_DIR``).
+FRAMEWORK_DIR = "FRAMEWORK"
+#: Raw CANN data folder (``ProfilerPathManager.get_cann_path``).
+PROF_DIR_PATTERN = re.compile(r"^PROF_\d+_\d+_[0-9a-zA-Z]+")
+#: Profiler info file (``ProfilerPathManager.get_info_file_path``).
+INFO_FILE_PATTERN = re.compile(r"^profiler_info(_\d+)?\.json$")
+METADATA_FILE = "profiler_metadata.json"
+STEP_TRACE_FILE = "step_trace_time.csv"
+#: ``TraceStepTimeParser.title``: the header row of step_trace_time.csv, in order.
+STEP_TRACE_COLUMNS: tuple[str, ...] = (
+    "Device_id", "Step", "Computing", "Communication(Not Overlapped)", "Overlapped", "Communication", "Free",
+    "Stage", "Bubble", "Communication(Not Overlapped and Exclude Receive)", "Preparing",
+)
+#: The columns this reader needs (older torch_npu releases lack Device_id, Bubble and Preparing).
+STEP_TRACE_REQUIRED: tuple[str, ...] = (
+    "Step", "Computing", "Communication(Not Overlapped)", "Communication", "Free", "Stage",
+)
+TRACE_VIEW_FILE = "trace_view.json"
+OPERATOR_DETAILS_FILE = "operator_details.csv"
+KERNEL_DETAILS_FILE = "kernel_details.csv"
+#: ``kernel_details.csv``'s name and duration columns (``CsvHeaders.OP_SUMMARY_KERNEL_BASE_HEADERS``), µs.
+KERNEL_NAME, KERNEL_DURATION = "Name", "Duration(us)"
+#: The offline parse of a folder left unparsed (``torch_npu/profiler/profiler.py``, ``__all__``).
+OFFLINE_PARSE = "torch_npu.profiler.profiler.analyse"
+#: torch's record_function names (torch 2.13 ``torch/utils/data/dataloader.py`` and ``torch/optim/optimizer.py``).
+DATALOADER_PREFIX, DATALOADER_SUFFIX = "enumerate(DataLoader)#", ".__next__"
+OPTIMIZER_PREFIX = "Optimizer.step#"
+PROFILER_STEP_PREFIX = "ProfilerStep#"
+
+_US = 1e-6  # seconds per microsecond: every time torch_npu writes is in µs
+_TOP_OPS = 20
+
+
+def looks_like_ascend(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a torch_npu profiler folder: a ``*_ascend_pt`` folder or one holding
+    ``ASCEND_PROFILER_OUTPUT/``.
+
+    Parameters
+    ----------
+    path : path-like
+
+    Returns
+    -------
+    bool
+        False for a file or a missing path; only names are looked at, nothing is read.
+    """
+    p = Path(path)
+    return p.is_dir() and (p.name.endswith(ASCEND_SUFFIX) or (p / OUTPUT_DIR).is_dir())
+
+
+def read_ascend(path: str | os.PathLike) -> RankTrace:
+    """Read one torch_npu profiler folder: its steps split into phases, its rank, its top operators.
+
+    Parameters
+    ----------
+    path : path-like
+        The ``*_ascend_pt`` folder (or its ``ASCEND_PROFILER_OUTPUT`` folder).
+
+    Returns
+    -------
+    RankTrace
+        format "ascend", device_kind "npu"; seconds everywhere. Per step: step_s (see the module docstring),
+        compute / comm_exposed / comm / idle from step_trace_time.csv, data and optimizer from trace_view.json's
+        host events inside the step (None when the trace has no such annotation), h2d None (a torch_npu trace
+        does not tell a host-to-device copy from other copies). rank / world_size / node / run_id from the
+        folder's metadata (None where it does not say); limits says each thing the folder could not tell.
+
+    Raises
+    ------
+    TraceError
+        The folder is missing or not a torch_npu folder; it was never parsed (no ASCEND_PROFILER_OUTPUT: the
+        message names :data:`OFFLINE_PARSE`); step_trace_time.csv is missing, unreadable, lacks a column, has
+        no rows or a non-numeric or negative time. Checked before trace_view.json is streamed.
+
+    Notes
+    -----
+    trace_view.json is read only up to the end of its host part: torch_npu writes the host events first (the
+    X events, then the "Python" process-name metadata, ``FwkFileParser.get_fwk_trace_data``) and appends the
+    device timeline after them (``TraceViewParser``). So a file that torch_npu left without its device part
+    and closing bracket (parsing failed after the host part) reads in full; a file cut inside its host part
+    is not an error either: the events before the cut are used, later steps fall back to the csv's step span,
+    and limits says so.
+    """
+    root = _folder(Path(path))
+    out = root / OUTPUT_DIR
+    limits: list[str] = []
+    device_id, rows = _read_step_trace(out / STEP_TRACE_FILE, limits)
+    meta = _read_metadata(root, limits)
+    host = _read_trace_view(out / TRACE_VIEW_FILE, limits)
+    steps = _merge_steps(rows, host, limits)
+    top_ops, ops_file = _top_ops(out, limits)
+    files = [out / STEP_TRACE_FILE, out / TRACE_VIEW_FILE, *meta.files, *ops_file]
+    provenance = _provenance(root, [f for f in files if f.is_file()], meta, device_id)
+    return RankTrace(source=root, format="ascend", device_kind="npu", steps=tuple(steps), rank=meta.rank,
+                     world_size=meta.world_size, node=meta.node, run_id=meta.run_id, top_ops=tuple(top_ops),
+                     limits=tuple(limits), provenance=provenance)
+
+
+# --- the folder ---------------------------------------------------------------------------------------------
+
+
+def _folder(p: Path) -> Path:
+    """The ``*_ascend_pt`` folder to read, after checking it was parsed; TraceError otherwise."""
+    if not p.exists():
+        raise TraceError(f"{str(p)!r} does not exist; pass a torch_npu profiler folder (*{ASCEND_SUFFIX})")
+    if not p.is_dir():
+        raise TraceError(f"{str(p)!r} is a file; pass the torch_npu profiler folder (*{ASCEND_SUFFIX}) that "
+                         f"holds {OUTPUT_DIR}/, not a file inside it")
+    root = p.parent if p.name == OUTPUT_DIR else p
+    if (root / OUTPUT_DIR).is_dir():
+        return root
+    raw = [d.name for d in _subdirs(root) if d.name == FRAMEWORK_DIR or PROF_DIR_PATTERN.match(d.name)]
+    if raw or root.name.endswith(ASCEND_SUFFIX):
+        found = ", ".join(sorted(raw)) or "no raw data either"
+        raise TraceError(
+            f"{str(root)!r} has no {OUTPUT_DIR}/ (found: {found}): the profiler stopped before parsing its "
+            "data (a run interrupted, or tensorboard_trace_handler(analyse_flag=False)). Parse it on a machine "
+            "with torch_npu and CANN: python -c \"from torch_npu.profiler.profiler import analyse; "
+            f"analyse('{root}')\" ({OFFLINE_PARSE}), then pass the folder again")
+    raise TraceError(f"{str(root)!r} is not a torch_npu profiler folder: no {OUTPUT_DIR}/, no {FRAMEWORK_DIR}/ "
+                     f"or PROF_*/ folder; pass a *{ASCEND_SUFFIX} folder written by torch_npu.profiler")
+
+
+def _subdirs(p: Path) -> list[Path]:
+    try:
+        return [d for d in p.iterdir() if d.is_dir()]
+    except OSError:
+        return []
+
+
+# --- step_trace_time.csv ------------------------------------------------------------------------------------
+
+
+def _read_step_trace(path: Path, limits: list[str]) -> tuple[int | None, list[dict[str, Any]]]:
+    """(device id, one dict per step with the csv's times in µs) for one device; TraceError on bad input."""
+    if not path.is_file():
+        raise TraceError(_missing_step_trace(path))
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            table = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise TraceError(f"{str(path)!r} cannot be read as CSV ({type(exc).__name__}: {exc}); parse the folder "
+                         f"again with {OFFLINE_PARSE}") from exc
+    if not table or not any(c.strip() for c in table[0]):
+        raise TraceError(f"{str(path)!r} is empty (no header row); parse the folder again with {OFFLINE_PARSE}")
+    header = [c.strip() for c in table[0]]
+    missing = [c for c in STEP_TRACE_REQUIRED if c not in header]
+    if missing:
+        raise TraceError(f"{str(path)!r} lacks columns {missing} (has {header}); it is not torch_npu's "
+                         f"step_trace_time.csv (its header is {list(STEP_TRACE_COLUMNS)})")
+    body = [r for r in table[1:] if any(c.strip() for c in r)]
+    if not body:
+        raise TraceError(f"{str(path)!r} has its header but no rows: the profiler recorded no device activity "
+                         "in a step; record more steps with ProfilerActivity.NPU, then parse again")
+    rows = [_step_row(path, header, i + 2, r) for i, r in enumerate(body)]
+    devices = sorted({r["Device_id"] for r in rows}, key=lambda d: (d is None, d))
+    if len(devices) > 1:
+        limits.append(f"{STEP_TRACE_FILE} holds devices {devices}; read device {devices[0]} only")
+    rows = [r for r in rows if r["Device_id"] == devices[0]]
+    for name in ("Preparing", "Bubble"):
+        if name not in header:
+            limits.append(f"{STEP_TRACE_FILE} has no {name} column (an older torch_npu); counted as 0")
+    return devices[0], rows
+
+
+def _missing_step_trace(path: Path) -> str:
+    out = path.parent
+    dbs = sorted(p.name for p in out.glob("*.db")) if out.is_dir() else []
+    if dbs:
+        return (f"{str(path)!r} is missing: the folder was exported as a database ({', '.join(dbs)}; "
+                "experimental_config export_type='db'); record again with export_type='text' (the default)")
+    return (f"{str(path)!r} is missing: torch_npu writes it only when the NPU was recorded "
+            "(activities include ProfilerActivity.NPU) at a profiler_level other than Level_none, and parsing "
+            f"finished; record with ProfilerActivity.NPU, or parse again with {OFFLINE_PARSE} and read its log")
+
+
+def _step_row(path: Path, header: list[str], line: int, cells: list[str]) -> dict[str, Any]:
+    values = dict(zip(header, (c.strip() for c in cells)))
+    row: dict[str, Any] = {"Device_id": _int_or_none(values.get("Device_id"))}
+    step = values.get("Step", "")
+    if step in ("", "None"):
+        row["Step"] = None
+    else:
+        try:
+            row["Step"] = int(float(step))
+        except ValueError:
+            raise TraceError(f"{str(path)!r} line {line}: Step = {step!r} is not a step number") from None
+    for name in _READ_COLUMNS:
+        raw = values.get(name)
+        if raw is None or raw == "":
+            row[name] = None if name not in STEP_TRACE_REQUIRED else _bad(path, line, name, raw)
+            continue
+        try:
+            v = float(raw)
+        except ValueError:
+            _bad(path, line, name, raw)
+        if not math.isfinite(v) or (v < 0 and name != "Preparing"):  # Preparing < 0: clocks apart; clipped
+            _bad(path, line, name, raw)
+        row[name] = v
+    return row
+
+
+#: The columns read (the others are derived from these by the writer).
+_READ_COLUMNS = ("Computing", "Communication(Not Overlapped)", "Communication", "Free", "Stage", "Bubble",
+                 "Preparing")
+
+
+def _bad(path: Path, line: int, column: str, raw: Any):
+    raise TraceError(f"{str(path)!r} line {line}: {column} = {raw!r} is not a time in microseconds >= 0; "
+                     f"parse the folder again with {OFFLINE_PARSE}")
+
+
+def _int_or_none(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+# --- metadata ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Meta:
+    rank: int | None = None
+    world_size: int | None = None
+    node: str | None = None
+    run_id: str | None = None
+    torch_npu_version: str | None = None
+    cann_version: str | None = None
+    files: tuple[Path, ...] = ()
+
+
+def _load_json(path: Path, limits: list[str]) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        limits.append(f"{path.name} could not be read ({type(exc).__name__}: {exc}); its facts are unknown")
+        return None
+
+
+def _read_metadata(root: Path, limits: list[str]) -> _Meta:
+    """rank, world_size, node, run_id and versions from the folder's own metadata files."""
+    meta = _Meta()
+    files: list[Path] = []
+    infos = sorted(p for p in root.glob("profiler_info*.json") if INFO_FILE_PATTERN.match(p.name))
+    info = _load_json(infos[0], limits) if infos else None
+    files += infos[:1]
+    if isinstance(info, dict):
+        meta.rank = _int_or_none(info.get("rank_id"))
+        meta.torch_npu_version = _str_or_none(info.get("torch_npu_version"))
+        meta.cann_version = _str_or_none(info.get("cann_version"))
+    elif not infos:
+        limits.append(f"no profiler_info*.json in {root.name}: rank and versions unknown")
+    groups = None
+    if (root / METADATA_FILE).is_file():
+        files.append(root / METADATA_FILE)
+        md = _load_json(root / METADATA_FILE, limits)
+        groups = md.get("parallel_group_info") if isinstance(md, dict) else None
+    if isinstance(groups, dict):
+        for comm_name, g in groups.items():
+            if isinstance(g, dict) and g.get("group_name") == "default_group":
+                ranks = g.get("global_ranks")
+                meta.world_size = len(ranks) if isinstance(ranks, list) and ranks else None
+                meta.run_id = f"hccl:{comm_name}"
+                if meta.rank is None:
+                    meta.rank = _int_or_none(g.get("group_rank"))
+    cann = _cann_info(root, limits, files)
+    if isinstance(cann, dict):
+        meta.node = _str_or_none(cann.get("hostname"))
+        cann_rank = _int_or_none(cann.get("rank_id"))
+        if meta.rank is None and cann_rank is not None and cann_rank >= 0:
+            meta.rank = cann_rank
+    if meta.node is None:
+        limits.append("no host name in the CANN info.json (PROF_*/host/info.json): node unknown")
+    if meta.rank is not None and meta.world_size is None:
+        limits.append(f"{METADATA_FILE} names no HCCL default group: world size and run unknown")
+    meta.files = tuple(files)
+    return meta
+
+
+def _cann_info(root: Path, limits: list[str], files: list[Path]) -> Any:
+    """CANN's info.json (host/ first, then device_<id>/info.json.<id>), or None."""
+    for prof in sorted(d for d in _subdirs(root) if PROF_DIR_PATTERN.match(d.name)):
+        candidates = [prof / "host" / "info.json"]
+        candidates += sorted(p for d in sorted(prof.glob("device_*")) for p in d.glob("info.json*"))
+        for c in candidates:
+            if c.is_file():
+                files.append(c)
+                return _load_json(c, limits)
+    return None
+
+
+def _str_or_none(v: Any) -> str | None:
+    return str(v) if v not in (None, "") else None
+
+
+# --- trace_view.json ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Host:
+    """What trace_view.json said about the host, per step number (all µs)."""
+
+    step_span: dict[int, tuple[float, float]]
+    data: dict[int, float] | None  # None: no DataLoader annotation anywhere
+    optimizer: dict[int, float] | None
+    events: int = 0
+
+
+def _read_trace_view(path: Path, limits: list[str]) -> _Host | None:
+    """Stream trace_view.json, keeping only the step, DataLoader and optimizer events; None if absent."""
+    if not path.is_file():
+        limits.append(f"no {TRACE_VIEW_FILE}: host phases (data, optimizer) unknown")
+        return None
+    import ijson
+
+    steps: dict[int, tuple[float, float, Any]] = {}
+    loads: list[tuple[float, float, Any]] = []
+    opts: list[tuple[float, float, Any]] = []
+    count = 0
+    try:
+        with path.open("rb") as f:
+            for ev in ijson.items(f, "item", use_float=True, buf_size=1 << 20):
+                count += 1
+                if _keep(ev, steps, loads, opts) and (steps or loads or opts):
+                    break  # the host's own events are all read; the rest is the device timeline
+    except (ijson.JSONError, ValueError, OSError) as exc:
+        limits.append(f"{TRACE_VIEW_FILE} stops before its end after {count} events ({type(exc).__name__}: "
+                      f"{exc}); torch_npu leaves it so when parsing fails after the host events were written; "
+                      "host phases come from the events before the cut, steps after it have none")
+    if count == 0:
+        limits.append(f"{TRACE_VIEW_FILE} holds no events as a JSON array: host phases unknown")
+    return _host_phases(steps, loads, opts, count, limits)
+
+
+def _keep(ev: Any, steps: dict, loads: list, opts: list) -> bool:
+    """File a step, DataLoader or optimizer event; True at the host part's end (its "Python" process name)."""
+    if not isinstance(ev, dict):
+        return False
+    if ev.get("ph") == "M":
+        args = ev.get("args")
+        return ev.get("name") == "process_name" and isinstance(args, dict) and args.get("name") == "Python"
+    name = ev.get("name")
+    if ev.get("ph") != "X" or not isinstance(name, str):
+        return False
+    is_step = name.startswith(PROFILER_STEP_PREFIX)
+    is_load = name.startswith(DATALOADER_PREFIX) and name.endswith(DATALOADER_SUFFIX)
+    is_opt = name.startswith(OPTIMIZER_PREFIX)
+    if not (is_step or is_load or is_opt):
+        return False
+    try:
+        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))  # ts is a string of µs in torch_npu's writer
+    except (KeyError, TypeError, ValueError):
+        return False
+    if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
+        return False
+    thread = (ev.get("pid"), ev.get("tid"))
+    if is_step:
+        n = _int_or_none(name[len(PROFILER_STEP_PREFIX):])
+        if n is not None and (n not in steps or dur > steps[n][1] - steps[n][0]):
+            steps[n] = (ts, ts + dur, thread)
+    else:
+        (loads if is_load else opts).append((ts, ts + dur, thread))
+    return False
+
+
+def _host_phases(steps: dict, loads: list, opts: list, count: int, limits: list[str]) -> _Host:
+    if count and not steps:
+        limits.append(f"{TRACE_VIEW_FILE} has no ProfilerStep#N events (no schedule, or prof.step() not "
+                      "called): host phases unknown")
+    data = {n: _covered(s, e, t, loads) for n, (s, e, t) in steps.items()} if loads else None
+    optimizer = {n: _covered(s, e, t, opts) for n, (s, e, t) in steps.items()} if opts else None
+    if steps and data is None:
+        limits.append(
+            f"{TRACE_VIEW_FILE} has no DataLoader annotation ({DATALOADER_PREFIX}...{DATALOADER_SUFFIX}: the "
+            "loop does not iterate a torch DataLoader inside the profiled steps): the data phase is unknown, so "
+            "the exposed input share is None, not 0. The best evidence left is the device's idle time: idle "
+            "(Free, device idle inside the step's device span) and the time before the step's first device "
+            "task (Preparing); together they bound what the step could have waited on the host for, input or "
+            "anything else")
+    if steps and optimizer is None:
+        limits.append(f"{TRACE_VIEW_FILE} has no {OPTIMIZER_PREFIX}... event: the optimizer phase is unknown")
+    span = {n: (s, e) for n, (s, e, _t) in steps.items()}
+    return _Host(step_span=span, data=data, optimizer=optimizer, events=count)
+
+
+def _covered(start: float, end: float, thread: Any, spans: Iterable[tuple[float, float, Any]]) -> float:
+    """µs of [start, end) covered by the spans of the same thread (their union, clipped to the step)."""
+    parts = sorted((max(s, start), min(e, end)) for s, e, t in spans if t == thread and start <= s < end)
+    total, reach = 0.0, start
+    for s, e in parts:
+        s = max(s, reach)
+        if e > s:
+            total += e - s
+            reach = e
+    return total
+
+
+# --- steps --------------------------------------------------------------------------------------------------
+
+
+def _merge_steps(rows: list[dict[str, Any]], host: _Host | None, limits: list[str]) -> list[StepPhases]:
+    """One StepPhases per csv row, in step order, with the host phases of the same step number."""
+    if len(rows) == 1 and rows[0]["Step"] is None:
+        limits.append(f"{STEP_TRACE_FILE} has no step numbers (no schedule, or prof.step() not called): the "
+                      "whole recording is read as one step, numbered 0")
+        rows = [dict(rows[0], Step=0)]
+    rows = sorted((r for r in rows if r["Step"] is not None), key=lambda r: r["Step"])
+    spans = host.step_span if host else {}
+    fallback = [r["Step"] for r in rows if r["Step"] not in spans]
+    if fallback:
+        limits.append(f"steps {_ranges(fallback)} have no host ProfilerStep#N span in {TRACE_VIEW_FILE}: their "
+                      "step time is Preparing + Stage + Bubble of step_trace_time.csv (host start of the step "
+                      "to its last device activity)")
+    out = []
+    for r in rows:
+        n = r["Step"]
+        if n in spans:
+            step_us = spans[n][1] - spans[n][0]
+        else:
+            step_us = max(r["Preparing"] or 0.0, 0.0) + r["Stage"] + (r["Bubble"] or 0.0)
+        data = host.data.get(n) if host and host.data is not None and n in spans else None
+        opt = host.optimizer.get(n) if host and host.optimizer is not None and n in spans else None
+        try:
+            out.append(StepPhases(
+                step=n, step_s=step_us * _US, data=_s(data), h2d=None, optimizer=_s(opt),
+                compute=_s(r["Computing"]), comm_exposed=_s(r["Communication(Not Overlapped)"]),
+                idle=_s(r["Free"]), comm=_s(r["Communication"])))
+        except TraceError as exc:
+            raise TraceError(f"{STEP_TRACE_FILE}: {exc}; parse the folder again with {OFFLINE_PARSE}") from None
+    limits.append("h2d unknown: a torch_npu trace does not tell a host-to-device copy from other copies; "
+                  "the exposed input share counts the DataLoader wait only")
+    return out
+
+
+def _s(us: float | None) -> float | None:
+    return None if us is None else us * _US
+
+
+def _ranges(ns: list[int]) -> str:
+    return ", ".join(map(str, ns)) if len(ns) <= 6 else f"{ns[0]}..{ns[-1]} ({len(ns)} steps)"
+
+
+# --- top operators -----------------------------------------------------------------------------------------
+
+
+def _top_ops(out: Path, limits: list[str]) -> tuple[list[dict[str, Any]], list[Path]]:
+    """Device time per torch operator (operator_details.csv), else per kernel (kernel_details.csv), and the
+    file it came from."""
+    ops = out / OPERATOR_DETAILS_FILE
+    if ops.is_file():
+        # diagnose.profiler owns the operator_details aggregation; traces -> diagnose is the one direction.
+        from helpers.diagnose.profiler import top_ops_from_operator_details
+
+        try:
+            table = top_ops_from_operator_details(ops, row_limit=10_000)
+        except (DataError, OSError, ValueError) as exc:
+            limits.append(f"{OPERATOR_DETAILS_FILE} not used: {exc}")
+        else:
+            table = table[table["self_device_ms"].fillna(0) > 0]
+            if len(table):
+                table = table.sort_values(["self_device_ms", "name"], ascending=[False, True], kind="mergesort")
+                return [{"name": str(r.name), "calls": int(r.calls), "self_ms": float(r.self_device_ms),
+                         "where": "device"} for r in table.head(_TOP_OPS).itertuples()], [ops]
+    kernels = out / KERNEL_DETAILS_FILE
+    if kernels.is_file():
+        found = _kernel_totals(kernels, limits)
+        if found:
+            return found, [kernels]
+    limits.append(f"no device time per operator ({OPERATOR_DETAILS_FILE}, {KERNEL_DETAILS_FILE}): top_ops empty")
+    return [], []
+
+
+def _kernel_totals(path: Path, limits: list[str]) -> list[dict[str, Any]]:
+    totals: dict[str, list[float]] = {}
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            if not reader.fieldnames or {KERNEL_NAME, KERNEL_DURATION} - set(reader.fieldnames):
+                limits.append(f"{KERNEL_DETAILS_FILE} lacks {KERNEL_NAME!r} or {KERNEL_DURATION!r}; not used")
+                return []
+            for row in reader:
+                try:
+                    us = float(row[KERNEL_DURATION])
+                except (TypeError, ValueError):
+                    continue
+                t = totals.setdefault(row[KERNEL_NAME], [0, 0.0])
+                t[0] += 1
+                t[1] += us
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        limits.append(f"{KERNEL_DETAILS_FILE} could not be read ({type(exc).__name__}: {exc}); not used")
+        return []
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1][1], kv[0]))[:_TOP_OPS]
+    return [{"name": k, "calls": int(c), "self_ms": us / 1000.0, "where": "device"} for k, (c, us) in ranked]
+
+
+# --- provenance --------------------------------------------------------------------------------------------
+
+
+def _provenance(root: Path, files: list[Path], meta: _Meta, device_id: int | None) -> dict[str, Any]:
+    stats = [f.stat() for f in files]
+    newest = max((s.st_mtime for s in stats), default=root.stat().st_mtime)
+    prov: dict[str, Any] = {
+        "path": str(root),
+        "bytes": int(sum(s.st_size for s in stats)),
+        "mtime": datetime.fromtimestamp(newest, tz=timezone.utc).isoformat(),
+        "reader": "ascend",
+        "files": [str(f.relative_to(root)) for f in files],
+    }
+    for key in ("torch_npu_version", "cann_version"):
+        if getattr(meta, key):
+            prov[key] = getattr(meta, key)
+    if device_id is not None:
+        prov["device_id"] = device_id
+    return prov

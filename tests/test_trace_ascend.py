@@ -1,0 +1,235 @@
+"""read_ascend on built torch_npu profiler folders (tests/ascend_fixtures.py): phases, units, rank metadata, and
+each bad input. The folders are built from the writer's layout, not recorded on an Ascend machine."""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import datetime
+
+import pytest
+
+from helpers.traces.ascend import (
+    OFFLINE_PARSE, OPERATOR_DETAILS_FILE, OUTPUT_DIR, STEP_TRACE_FILE, TRACE_VIEW_FILE, looks_like_ascend,
+    read_ascend,
+)
+from helpers.traces.model import TraceError
+from tests.ascend_fixtures import Step, build_ascend_folder, build_cluster
+
+HOST_BOUND = [Step(n, host_s=0.100, data_s=0.060, optimizer_s=0.004, compute_s=0.025, comm_s=0.010,
+                   comm_exposed_s=0.003, free_s=0.012, prepare_s=0.061, bubble_s=0.0) for n in (5, 6, 7)]
+
+
+def _limits(trace, *words):
+    return [x for x in trace.limits if all(w in x for w in words)]
+
+
+def _rewrite_step_trace(folder, edit):
+    path = folder / OUTPUT_DIR / STEP_TRACE_FILE
+    with path.open(newline="") as f:
+        table = list(csv.reader(f))
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerows(edit(table))
+    return path
+
+
+def test_phases_in_seconds_from_microseconds(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND)
+    with (folder / OUTPUT_DIR / STEP_TRACE_FILE).open(newline="") as f:
+        row = next(csv.DictReader(f))
+    assert float(row["Computing"]) == pytest.approx(25_000.0)  # the file holds µs
+    t = read_ascend(folder)
+    assert (t.format, t.device_kind) == ("ascend", "npu")
+    assert [s.step for s in t.steps] == [5, 6, 7]
+    for s in t.steps:
+        assert s.step_s == pytest.approx(0.100, abs=1e-9)  # the host ProfilerStep#N span
+        assert s.data == pytest.approx(0.060, abs=1e-9)
+        assert s.optimizer == pytest.approx(0.004, abs=1e-9)
+        assert (s.compute, s.comm, s.comm_exposed, s.idle) == pytest.approx((0.025, 0.010, 0.003, 0.012))
+        assert s.h2d is None
+        assert s.exposed_fraction == pytest.approx(0.6, abs=1e-6)
+    assert _limits(t, "h2d unknown")
+
+
+def test_device_bound_step_reads_small_share(tmp_path):
+    steps = [Step(n, host_s=0.080, data_s=0.002, compute_s=0.075, free_s=0.001) for n in range(4)]
+    t = read_ascend(build_ascend_folder(tmp_path, steps))
+    assert [s.exposed_fraction for s in t.steps] == pytest.approx([0.025] * 4, abs=1e-6)
+
+
+def test_rank_metadata_of_one_run(tmp_path):
+    folders = build_cluster(tmp_path, [HOST_BOUND, HOST_BOUND], hostnames=["node-a", "node-b"])
+    a, b = (read_ascend(f) for f in folders)
+    assert (a.rank, a.world_size, a.node) == (0, 2, "node-a")
+    assert (b.rank, b.world_size, b.node) == (1, 2, "node-b")
+    assert a.run_id == b.run_id is not None
+    assert b.label == "rank 1 (node-b)"
+    assert b.provenance["device_id"] == 1
+    other = read_ascend(build_ascend_folder(tmp_path / "x", HOST_BOUND, rank=0, world_size=2,
+                                            comm_name="10.0.0.9%eth0_60000_0_1736000000000000"))
+    assert other.run_id != a.run_id
+
+
+def test_node_comes_from_cann_metadata_not_the_folder_name(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND, rank=2, world_size=4, hostname="worker7")
+    info = next(folder.glob("PROF_*")) / "host" / "info.json"
+    info.write_text(json.dumps(dict(json.loads(info.read_text()), hostname="real-host")))
+    t = read_ascend(folder)
+    assert folder.name.startswith("worker7_") and t.node == "real-host"
+
+
+def test_single_process_has_no_rank(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND)
+    t = read_ascend(folder)
+    assert (t.rank, t.world_size, t.run_id) == (None, None, None)
+    assert t.label == folder.name
+    p = t.provenance
+    assert (p["reader"], p["path"], p["torch_npu_version"], p["cann_version"]) == (
+        "ascend", str(folder), "2.13.0", "8.5.0")
+    assert p["bytes"] == sum((folder / f).stat().st_size for f in p["files"])
+    assert datetime.fromisoformat(p["mtime"]).tzinfo is not None
+
+
+def test_no_dataloader_annotation_leaves_the_share_unknown(tmp_path):
+    t = read_ascend(build_ascend_folder(tmp_path, HOST_BOUND, dataloader=False))
+    assert all(s.data is None and s.exposed_fraction is None for s in t.steps)
+    assert all(s.idle == pytest.approx(0.012) for s in t.steps)
+    assert _limits(t, "data phase is unknown", "Free", "Preparing")
+
+
+def test_no_trace_view_falls_back_to_the_writer_step_span(tmp_path):
+    t = read_ascend(build_ascend_folder(tmp_path, HOST_BOUND, trace_view=None))
+    # Preparing + Stage + Bubble = 0.061 + (0.025 + 0.003 + 0.012) + 0
+    assert [s.step_s for s in t.steps] == pytest.approx([0.101] * 3)
+    assert all(s.data is None and s.optimizer is None for s in t.steps)
+    assert _limits(t, f"no {TRACE_VIEW_FILE}") and _limits(t, "Preparing + Stage + Bubble")
+
+
+def test_truncated_trace_view_keeps_the_host_events(tmp_path):
+    # What torch_npu leaves when parsing fails after the host part: the array without its closing bracket.
+    # The host part is whole, and the reader stops at its end: nothing is lost.
+    t = read_ascend(build_ascend_folder(tmp_path, HOST_BOUND, trace_view="truncated"))
+    assert [s.data for s in t.steps] == pytest.approx([0.060] * 3)
+    assert [s.step_s for s in t.steps] == pytest.approx([0.100] * 3)
+    assert not _limits(t, TRACE_VIEW_FILE)
+
+
+def test_trace_view_cut_midway_loses_the_later_steps_only(tmp_path):
+    steps = [Step(n, host_s=0.1, data_s=0.05, compute_s=0.04, free_s=0.01) for n in range(40)]
+    t = read_ascend(build_ascend_folder(tmp_path, steps, trace_view="cut"))
+    with_host = [s for s in t.steps if s.data is not None]
+    assert 0 < len(with_host) < len(steps)
+    assert with_host == list(t.steps[: len(with_host)])
+    assert _limits(t, "stops before its end") and _limits(t, "Preparing + Stage + Bubble")
+
+
+def test_run_without_step_marks_is_one_step(tmp_path):
+    t = read_ascend(build_ascend_folder(tmp_path, HOST_BOUND, step_marks=False))
+    assert [s.step for s in t.steps] == [0]
+    assert t.steps[0].data is None
+    assert _limits(t, "no step numbers") and _limits(t, "no ProfilerStep#N events")
+
+
+def test_top_ops_by_device_time(tmp_path):
+    ops = {"aten::addmm": (2, 300.0, "MatMulV2"), "aten::relu": (1, 40.0, "Relu"), "aten::mul": (5, 100.0, "Mul")}
+    t = read_ascend(build_ascend_folder(tmp_path, HOST_BOUND, ops=ops))
+    assert [(o["name"], o["calls"], o["where"]) for o in t.top_ops] == [
+        ("aten::addmm", 6, "device"), ("aten::mul", 15, "device"), ("aten::relu", 3, "device")]
+    assert t.top_ops[0]["self_ms"] == pytest.approx(1.8)  # 3 steps x 2 calls x 300 µs
+    k = read_ascend(build_ascend_folder(tmp_path / "k", HOST_BOUND, ops=ops, operator_details=False))
+    assert [(o["name"], o["calls"]) for o in k.top_ops] == [("MatMulV2", 6), ("Mul", 15), ("Relu", 3)]
+    none = read_ascend(build_ascend_folder(tmp_path / "n", HOST_BOUND, operator_details=False,
+                                           kernel_details=False))
+    assert none.top_ops == () and _limits(none, "top_ops empty")
+
+
+def test_looks_like_ascend(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND)
+    renamed = folder.rename(tmp_path / "renamed")
+    assert looks_like_ascend(renamed)
+    assert not looks_like_ascend(renamed / OUTPUT_DIR / STEP_TRACE_FILE)
+    assert not looks_like_ascend(tmp_path / "missing")
+    (tmp_path / "plain").mkdir()
+    assert not looks_like_ascend(tmp_path / "plain")
+    assert read_ascend(renamed / OUTPUT_DIR).source == renamed  # its output folder is read from its parent
+
+
+def test_stopped_before_parsing_names_the_offline_parse(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND, parsed=False)
+    assert looks_like_ascend(folder)
+    with pytest.raises(TraceError) as e:
+        read_ascend(folder)
+    msg = str(e.value)
+    assert OUTPUT_DIR in msg and OFFLINE_PARSE in msg and str(folder) in msg
+    assert "from torch_npu.profiler.profiler import analyse" in msg
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p / "missing", ["does not exist"]),
+    (lambda p: (p / "f.csv").write_text("x") and p / "f.csv", ["is a file"]),
+    (lambda p: (p / "plain").mkdir() or p / "plain", ["not a torch_npu profiler folder"]),
+])
+def test_not_a_folder(tmp_path, make, words):
+    with pytest.raises(TraceError) as e:
+        read_ascend(make(tmp_path))
+    assert all(w in str(e.value) for w in words)
+
+
+def test_missing_step_trace(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND)
+    (folder / OUTPUT_DIR / STEP_TRACE_FILE).unlink()
+    with pytest.raises(TraceError, match="ProfilerActivity.NPU"):
+        read_ascend(folder)
+    (folder / OUTPUT_DIR / "ascend_pytorch_profiler_0.db").write_bytes(b"")
+    with pytest.raises(TraceError, match="export_type='text'"):
+        read_ascend(folder)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda t: [[c for c in r if c != "Free"] for r in t], ["lacks columns ['Free']"]),
+    (lambda t: t[:1], ["no rows"]),
+    (lambda t: [], ["empty"]),
+    (lambda t: [t[0], [c if i != 3 else "n/a" for i, c in enumerate(t[1])]] + t[2:],
+     ["line 2", "Communication(Not Overlapped)", "'n/a'"]),
+    (lambda t: [t[0], [c if i != 2 else "-5.0" for i, c in enumerate(t[1])]] + t[2:], ["line 2", "Computing = '-5.0'"]),
+])
+def test_bad_step_trace(tmp_path, edit, words):
+    path = _rewrite_step_trace(build_ascend_folder(tmp_path, HOST_BOUND), edit)
+    with pytest.raises(TraceError) as e:
+        read_ascend(path.parents[1])
+    assert STEP_TRACE_FILE in str(e.value)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_unreadable_step_trace(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND)
+    (folder / OUTPUT_DIR / STEP_TRACE_FILE).write_bytes(b"\xff\xfe\x00Step,\x9c\x00")
+    with pytest.raises(TraceError, match="cannot be read as CSV"):
+        read_ascend(folder)
+
+
+def test_two_devices_reads_the_first(tmp_path):
+    path = _rewrite_step_trace(build_ascend_folder(tmp_path, HOST_BOUND),
+                               lambda t: t + [["1", *r[1:]] for r in t[1:]])
+    t = read_ascend(path.parents[1])
+    assert len(t.steps) == 3 and _limits(t, "devices [0, 1]")
+
+
+def test_broken_metadata_is_a_limit_not_an_error(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND, rank=1, world_size=2)
+    (folder / "profiler_info_1.json").write_text("{not json")
+    t = read_ascend(folder)
+    assert t.rank == 1  # from the HCCL default group in profiler_metadata.json
+    assert _limits(t, "profiler_info_1.json could not be read")
+    assert "torch_npu_version" not in t.provenance
+
+
+def test_operator_details_without_device_time_falls_back_to_kernels(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND)
+    path = folder / OUTPUT_DIR / OPERATOR_DETAILS_FILE
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerows([rows[0]] + [r[:5] + ["0", "0", "0", "0"] for r in rows[1:]])
+    t = read_ascend(folder)
+    assert t.top_ops[0]["name"] == "MatMulV2"
