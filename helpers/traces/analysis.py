@@ -410,6 +410,30 @@ class TraceAnalysis:
                 "limits": list(self.limits), "provenance": list(self.provenance), "context": v.context}
 
 
+def _merge_limits(rows: Sequence[RankSummary]) -> list[str]:
+    """Every rank's limits, each said once: a sentence several ranks share ("rank 0: no copy is annotated") is
+    written once with the ranks it holds for ("every rank: ..." when it holds for all of them)."""
+    labels = [r.label for r in rows]
+    ranks_of: dict[str, list[str]] = {}
+    for r in rows:
+        for lim in r.limits:
+            prefix = f"{r.label}: "
+            text = lim[len(prefix):] if lim.startswith(prefix) else lim
+            owner = r.label if lim.startswith(prefix) else ""
+            who = ranks_of.setdefault(text, [])
+            if owner and owner not in who:
+                who.append(owner)
+    out = []
+    for text, who in ranks_of.items():
+        if not who:
+            out.append(text)
+        elif len(rows) > 1 and len(who) == len(labels):
+            out.append(f"every rank: {text}")
+        else:
+            out.append(f"{', '.join(who)}: {text}")
+    return out
+
+
 def analyze(traces: Sequence[RankTrace], *, threshold: float = 0.10) -> TraceAnalysis:
     """Notebook 01's verdict from the traces of one job: per rank its phases and label, the job's, the slow ranks.
 
@@ -458,9 +482,10 @@ def analyze(traces: Sequence[RankTrace], *, threshold: float = 0.10) -> TraceAna
     # where their own trace shows a device-bound step): the job's verdict is the slow rank's, else the longest step's.
     by_label = {r.label: i for i, r in enumerate(rows)}
     bounding = by_label[culprit] if culprit in by_label else max(range(len(rows)), key=lambda i: rows[i].step_s)
-    limits = list(_unique(lim for r in rows for lim in r.limits))
+    limits = _merge_limits(rows)
     if len(rows) > 1 and any(r.measurable for r in rows) and not rows[bounding].measurable:
-        limits.append(f"the slowest rank, {rows[bounding].label}, has no data-loading annotation: the job's verdict "
+        why = "the slow rank" if culprit is not None else "the slowest rank"
+        limits.append(f"{why}, {rows[bounding].label}, has no data-loading annotation: the job's verdict "
                       "is not measurable although other ranks' are")
     return TraceAnalysis(ranks=rows, threshold=float(threshold), bounding=bounding, stragglers=slow,
                          limits=tuple(limits))

@@ -172,7 +172,7 @@ def summary_lines(a: TraceAnalysis, report: TraceReport | None = None) -> list[s
     out += ["  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
     out += ["  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in cells]
     if len(a.ranks) > 1:
-        out.append("* the slowest rank: the job's verdict is its verdict")
+        out.append("* the job's verdict is this rank's (the slow rank where one is named, else the longest step)")
     out += ["", f"Slow ranks: {_slow_text(a)}"]
     if a.limits:
         out += ["", "What the trace cannot tell:"] + [f"- {lim}" for lim in a.limits]
@@ -205,8 +205,8 @@ def to_html(a: TraceAnalysis, figure_png: bytes | None = None) -> str:
                      "<figcaption>median phases per step, host and device side of each rank</figcaption></figure>")
     parts.append(rank_table(a).to_html(index=False, border=0, classes="ranks", escape=True))
     if len(a.ranks) > 1:
-        parts.append("<p class='meta'>* the slowest rank: a synchronous job steps at its pace, so the job's verdict "
-                     "is its verdict</p>")
+        parts.append("<p class='meta'>* the job's verdict is this rank's: the slow rank where one is named, else the "
+                     "longest step (a synchronous job steps at its slowest rank's pace)</p>")
     parts.append(f"</section><section><h2 id='slow-ranks'>Slow ranks</h2><p>{_code_spans(_slow_text(a))}</p>"
                  "</section><section><h2 id='operators'>Top operators</h2>")
     if a.top_ops:
@@ -237,7 +237,8 @@ def to_markdown(a: TraceAnalysis, figure: str | None = None) -> str:
         lines += [f"![rank phases]({figure})", ""]
     lines.append(_md_table(rank_table(a)))
     if len(a.ranks) > 1:
-        lines += ["", "\\* the slowest rank: a synchronous job steps at its pace, so the job's verdict is its verdict"]
+        lines += ["", "\\* the job's verdict is this rank's: the slow rank where one is named, else the longest step (a "
+                  "synchronous job steps at its slowest rank's pace)"]
     lines += ["", "## Slow ranks", "", md_code_spans(_slow_text(a)), "", "## Top operators", ""]
     lines += ([f"Of {e(a.job.label)}, by self time over the trace.", "", _md_table(_ops_table(a))] if a.top_ops
               else ["The trace lists no operator times."])
