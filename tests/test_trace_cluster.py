@@ -72,7 +72,9 @@ def test_ranks_come_from_the_metadata_not_the_file_names(tmp_path, fake_readers)
     ranks = cluster.read([tmp_path / "job"], progress=lambda d, t: seen.append((d, t)))
     assert [t.rank for t in ranks] == [0, 1, 2, 3]
     assert [t.node for t in ranks] == ["node0", "node1", "node0", "node1"]
-    assert ranks.warnings == () and seen[-1] == (4, 4) and len(fake_readers) == 4
+    total = sum(f.stat().st_size for f in (tmp_path / "job").rglob("*.pt.trace.json"))
+    assert ranks.warnings == () and seen[-1] == (total, total) and len(fake_readers) == 4
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
 
 
 def test_a_single_gzipped_file(tmp_path, fake_readers):
@@ -233,8 +235,11 @@ def _medians(res) -> str:
 
 @pytest.mark.slow
 def test_the_slowed_rank_is_named_with_its_data_phase_and_the_others_wait(ddp_traces):
-    ranks = cluster.read([ddp_traces["slowed"]])
+    seen = []
+    ranks = cluster.read([ddp_traces["slowed"]], progress=lambda d, t: seen.append((d, t)))
     assert [t.rank for t in ranks] == [0, 1, 2, 3] and ranks.warnings == ()
+    total = sum(f.stat().st_size for f in ddp_traces["slowed"].iterdir())
+    assert seen[-1] == (total, total) and [d for d, _ in seen] == sorted(d for d, _ in seen)
     res = stragglers.find(ranks)
     print(_medians(res), res.sentence(), sep="\n")
     assert res.ranks == (SLOW_RANK,) and res.phase == "data" and res.node is None
