@@ -72,7 +72,9 @@ def test_ranks_come_from_the_metadata_not_the_file_names(tmp_path, fake_readers)
     ranks = cluster.read([tmp_path / "job"], progress=lambda d, t: seen.append((d, t)))
     assert [t.rank for t in ranks] == [0, 1, 2, 3]
     assert [t.node for t in ranks] == ["node0", "node1", "node0", "node1"]
-    assert ranks.warnings == () and seen[-1] == (4, 4) and len(fake_readers) == 4
+    total = sum(f.stat().st_size for f in (tmp_path / "job").rglob("*.pt.trace.json"))
+    assert ranks.warnings == () and seen[-1] == (total, total) and len(fake_readers) == 4
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
 
 
 def test_a_single_gzipped_file(tmp_path, fake_readers):
@@ -216,8 +218,8 @@ def ddp_traces(tmp_path_factory):
     pytest.importorskip("helpers.traces.kineto", reason="the Kineto reader (branch traces-kineto) is not merged")
     root = tmp_path_factory.mktemp("ddp")
     t0 = time.perf_counter()
-    slowed = _run_job(root / "slowed", "--slow-rank", str(SLOW_RANK), "--sleep-ms", str(SLEEP_MS))
-    even = _run_job(root / "even")
+    slowed, even = root / "slowed", root / "even"  # one job start-up, two runs: the slowed one, then the even one
+    _run_job(slowed, "--slow-rank", str(SLOW_RANK), "--sleep-ms", str(SLEEP_MS), "--then-even", str(even))
     print(f"two 4-rank DDP jobs traced in {time.perf_counter() - t0:.1f} s")
     return {"slowed": slowed, "even": even}
 
@@ -233,8 +235,11 @@ def _medians(res) -> str:
 
 @pytest.mark.slow
 def test_the_slowed_rank_is_named_with_its_data_phase_and_the_others_wait(ddp_traces):
-    ranks = cluster.read([ddp_traces["slowed"]])
+    seen = []
+    ranks = cluster.read([ddp_traces["slowed"]], progress=lambda d, t: seen.append((d, t)))
     assert [t.rank for t in ranks] == [0, 1, 2, 3] and ranks.warnings == ()
+    total = sum(f.stat().st_size for f in ddp_traces["slowed"].iterdir())
+    assert seen[-1] == (total, total) and [d for d, _ in seen] == sorted(d for d, _ in seen)
     res = stragglers.find(ranks)
     print(_medians(res), res.sentence(), sep="\n")
     assert res.ranks == (SLOW_RANK,) and res.phase == "data" and res.node is None
@@ -242,9 +247,11 @@ def test_the_slowed_rank_is_named_with_its_data_phase_and_the_others_wait(ddp_tr
     # the naive answer, the rank with the most communication, is a fast rank: they wait for rank 2 there
     most_comm = max(res.medians, key=lambda k: res.medians[k].get("comm", 0.0))
     assert not most_comm.startswith(f"rank {SLOW_RANK}")
-    assert res.wait is not None and res.wait.phase == "comm" and res.wait.coverage >= stragglers.WAIT_COVERAGE
+    assert res.wait is not None and res.wait.phase == "comm_exposed"  # blocked time, the first wait phase named
+    assert res.wait.coverage >= stragglers.WAIT_COVERAGE
     s = res.sentence()
     assert s.startswith(f"rank {SLOW_RANK}") and "data phase" in s and f"is their wait for rank {SLOW_RANK}" in s
+    assert "more communication not hidden behind compute per step" in s
 
 
 @pytest.mark.slow
