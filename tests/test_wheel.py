@@ -75,6 +75,10 @@ def test_the_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
     records = [json.loads(line) for line in (runs[0] / "results.jsonl").read_text().splitlines()]
     assert {r["notebook"] for r in records if r["experiment"] == "verdict"} >= {"00_environment_check",
                                                                                "01_baseline_profiling"}
+    trace = next((runs[0] / "artifacts").rglob("*.pt.trace.json"))  # the trace notebook 01 wrote, read back
+    traced = json.loads(call(str(py), "-m", "helpers", "trace", str(trace), "--json", "--out", str(work / "tr")))
+    assert traced["verdict"] in ("host-bound", "balanced", "device-bound") and traced["next"]
+    assert (work / "tr" / "report.html").is_file() and (work / "tr" / "results.jsonl").is_file()
     diag = json.loads(call(str(py), "-m", "helpers", "diagnose", "--job", "helpers.bundled.examples.image_classifier",
                            "--device", "cpu", "--steps", "4", "--warmup-steps", "1", "--json"))
     assert diag["measured_recommendation"] in ("host-bound", "balanced", "device-bound") and diag["next_notebook"]
