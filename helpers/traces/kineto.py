@@ -131,8 +131,8 @@ _PHASE_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driv
 _DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 # One complete event as Kineto writes it (any whitespace between the keys).
-_X = re.compile(r'"ph": "X",\s*"cat": "([^"\\]*)",\s*"name": "([^"\\]*(?:\\.[^"\\]*)*)",\s*"pid": ([^,]*),'
-                r'\s*"tid": ([^,]*),\s*"ts": ([^,\s]*),\s*"dur": ([^,\s]*)')
+_X = re.compile(r'"ph": "X",\s*"cat": "([^"\\]*)",\s*"name": "([^"\\]*(?:\\.[^"\\]*)*)",\s*"pid": ([^,]*,'
+                r'\s*"tid": [^,]*),\s*"ts": ([^,\s]*),\s*"dur": ([^,\s]*)')
 # The few events that link a host copy to its device copy: the runtime call and the HtoD memcpy, with correlation.
 _LINK = re.compile(r'"ph": "X",\s*"cat": "(gpu_memcpy|cuda_runtime|cuda_driver)",\s*"name": '
                    r'"(Memcpy HtoD[^"]*|cudaMemcpy[^"]*|cuMemcpy[^"]*)",\s*"pid": ([^,]*),\s*"tid": ([^,]*),'
@@ -178,13 +178,28 @@ def looks_like_kineto(path) -> bool:
 # ------------------------------------------------------------------------------------------------ the columns
 
 
+class _Table(dict):
+    """Interned strings: looking up a new one gives it the next id (so ``map(table.__getitem__, ...)`` interns)."""
+
+    def __missing__(self, key):
+        self[key] = n = len(self)
+        return n
+
+
+def _thread_key(text: str) -> tuple[str, str]:
+    """(pid, tid) as JSON text from the fast path's ``pid, "tid": tid`` capture."""
+    pid, _, tid = text.partition(",")
+    return pid.strip(), tid.split(":", 1)[1].strip()
+
+
 @dataclass
 class _Columns:
     """The complete events read so far, as numpy chunks; names, categories and threads interned."""
 
-    names: dict[str, int] = field(default_factory=dict)
-    cats: dict[str, int] = field(default_factory=dict)
-    threads: dict[tuple[str, str], int] = field(default_factory=dict)
+    names: _Table = field(default_factory=_Table)
+    cats: _Table = field(default_factory=_Table)
+    threads: _Table = field(default_factory=_Table)
+    raw_threads: dict[str, int] = field(default_factory=dict)
     parts: list[tuple[np.ndarray, ...]] = field(default_factory=list)
     links: list[tuple[str, str, int, float, float, int]] = field(default_factory=list)
     events: int = 0
@@ -193,21 +208,23 @@ class _Columns:
     def _name_ids(self, names) -> np.ndarray:
         table = self.names
         before = len(table)
-        ids = np.fromiter((table.setdefault(n, len(table)) for n in names), dtype=np.int32, count=len(names))
+        ids = np.fromiter(map(table.__getitem__, names), dtype=np.int32, count=len(names))
         if len(table) > before and not self.saw_step:
             self.saw_step = any(n.startswith("ProfilerStep#") for n in list(table)[before:])
         return ids
 
-    def add_text(self, rows: list[tuple[str, ...]]) -> None:
-        """Rows of (cat, name, pid, tid, ts, dur) as the text holds them (ts, dur in microseconds)."""
+    def add_text(self, rows: list[tuple[str, ...]], escaped: bool) -> None:
+        """Rows of (cat, name, 'pid, "tid": tid', ts, dur) as the text holds them (ts, dur in microseconds);
+        ``escaped``: the text has a backslash somewhere (a name may need unescaping)."""
         if not rows:
             return
-        cat, name, pid, tid, ts, dur = zip(*rows)
-        if any("\\" in n for n in name):
+        cat, name, pidtid, ts, dur = zip(*rows)
+        if escaped:
             name = tuple(json.loads(f'"{n}"') if "\\" in n else n for n in name)
-        threads = self.threads
-        tids = np.fromiter((threads.setdefault((p.strip(), t.strip()), len(threads)) for p, t in zip(pid, tid)),
-                           dtype=np.int32, count=len(pid))
+        raw = self.raw_threads
+        for key in set(pidtid).difference(raw):
+            raw[key] = self.threads[_thread_key(key)]
+        tids = np.fromiter(map(raw.__getitem__, pidtid), dtype=np.int32, count=len(pidtid))
         self._store(cat, name, tids, np.array(ts, dtype=np.float64), np.array(dur, dtype=np.float64))
 
     def add_dicts(self, events: list) -> None:
@@ -221,10 +238,9 @@ class _Columns:
             if not isinstance(t, (int, float)) or not isinstance(d, (int, float)):
                 continue
             c, n = str(e.get("cat", "")), str(e.get("name", ""))
-            key = (json.dumps(e.get("pid")), json.dumps(e.get("tid")))
             cat.append(c)
             name.append(n)
-            tids.append(threads.setdefault(key, len(threads)))
+            tids.append(threads[(json.dumps(e.get("pid")), json.dumps(e.get("tid")))])
             ts.append(t)
             dur.append(d)
             if c in ("gpu_memcpy", "cuda_runtime", "cuda_driver") and (
@@ -238,12 +254,12 @@ class _Columns:
 
     def add_link_text(self, rows: list[tuple[str, ...]]) -> None:
         for cat, name, pid, tid, ts, dur, corr in rows:
-            tid_id = self.threads.setdefault((pid.strip(), tid.strip()), len(self.threads))
+            tid_id = self.threads[(pid.strip(), tid.strip())]
             self.links.append((cat, name, tid_id, float(ts), float(dur), int(corr)))
 
     def _store(self, cat, name, tids, ts_us, dur_us) -> None:
         cats = self.cats
-        cid = np.fromiter((cats.setdefault(c, len(cats)) for c in cat), dtype=np.int16, count=len(cat))
+        cid = np.fromiter(map(cats.__getitem__, cat), dtype=np.int16, count=len(cat))
         ts_ns = np.rint(ts_us * 1000.0).astype(np.int64)
         dur_ns = np.maximum(np.rint(dur_us * 1000.0), 0).astype(np.int64)
         self.parts.append((ts_ns, dur_ns, self._name_ids(name), cid, tids))
@@ -276,6 +292,7 @@ class _Parser:
         self.buf, self.pos, self.eof = "", 0, False
         self.cols = _Columns()
         self.meta: dict[str, Any] = {}
+        self.fast_chunks = 0
         self.fallback_chunks = 0
         self._last_progress = 0.0
 
@@ -349,8 +366,8 @@ class _Parser:
             except json.JSONDecodeError as exc:
                 if self.fill() and len(self.buf) - self.pos <= MAX_EVENT_CHARS:
                     continue
-                if self.eof and exc.pos >= len(self.buf.rstrip()) - 1:
-                    raise self._truncated() from None
+                if self.eof and (exc.msg.startswith("Unterminated string") or exc.pos >= len(self.buf.rstrip())):
+                    raise self._truncated() from None  # the value runs into the end of the file
                 raise self._fail(f"not valid JSON near character {exc.pos - self.pos} of a value ({exc.msg})",
                                  "pass the JSON file torch.profiler wrote, unchanged") from None
             if end == len(self.buf) and not self.eof and self.fill():
@@ -431,16 +448,16 @@ class _Parser:
         path (the last chunk, which holds the end of the array)."""
         while len(self.buf) - self.pos < CHUNK_CHARS and not self.eof:
             self.fill()
-        if self.eof:
-            return False
         k = self.buf.rfind('"ph"', self.pos)
         cut = self.buf.rfind("{", self.pos, k) if k > 0 else -1
-        if cut <= self.pos:
-            return False
+        if cut - self.pos < (CHUNK_CHARS // 8 if self.eof else 1):
+            return False  # the rest is short: the exact path reads it, the end of the array and what follows
         chunk = self.buf[self.pos:cut]
         rows = _X.findall(chunk)
-        if chunk.count('"ph"') == chunk.count('"ph": "') and chunk.count('"ph": "X"') == len(rows):
-            self.cols.add_text(rows)
+        # every complete event has the value "X" once (its "ph"), however it is spaced; a match for each
+        if chunk.count('"X"') == len(rows):
+            self.cols.add_text(rows, "\\" in chunk)
+            self.fast_chunks += 1
             if "Memcpy HtoD" in chunk:
                 self.cols.add_link_text(_LINK.findall(chunk))
         else:
@@ -654,7 +671,7 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
         limits.append("data phase unknown: the step thread has no DataLoader __next__ spans (torch records them "
                       "only for a torch.utils.data.DataLoader iterated inside the profiled steps)")
 
-    copy_u = _h2d_spans(ev, cols, step_thread, sidx, data_mask.any(), device_kind)
+    copy_u = _h2d_spans(ev, cols, step_thread, sidx, bool(data_mask.any()))
     if copy_u is None:
         h2d = None
         limits.append("h2d phase unknown: with no DataLoader span and no device copy, the batch's copy cannot be "
@@ -703,56 +720,53 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
         limits=tuple(limits), provenance=_provenance(path, parser, ev, start_unix, step_thread))
 
 
-def _h2d_spans(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, has_data: bool,
-               device_kind: str):
-    """Union of the host copy spans of the batch: the copy ops right after each step's batch, and the outermost
-    copy op that issued each HtoD memcpy; None where neither can be found."""
+def _h2d_spans(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, has_data: bool):
+    """Union of the host copy spans of the batch: the copy ops that are the step's direct children right after
+    its last DataLoader span, and the outermost copy op that issued each HtoD memcpy; None where neither rule
+    applies (no DataLoader span and no HtoD memcpy)."""
     th = np.flatnonzero((ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS))
     order, parent = _nesting(ev.ts[th], ev.end[th])
     rows = th[order]
-    pos_of = {int(r): k for k, r in enumerate(rows)}
-    starts, ends = [], []
-    copy_ids = {i for i, n in enumerate(ev.names) if n in _COPY_OPS}
+    n = len(rows)
+    is_copy = np.isin(ev.name[rows], [i for i, nm in enumerate(ev.names) if nm in _COPY_OPS])
+    picked = np.zeros(n, bool)
     if has_data:
-        is_data = np.isin(ev.name[rows], [i for i, n in enumerate(ev.names) if _is_data(n)])
-        for srow in sidx:
-            sp = pos_of.get(int(srow))
-            if sp is None:
-                continue
-            kids = np.flatnonzero(parent == sp)
-            dk = kids[is_data[kids]]
-            if len(dk) == 0:
-                continue
-            after = kids[kids > dk[-1]]
-            for kid in after:
-                if int(ev.name[rows[kid]]) not in copy_ids:
-                    break
-                starts.append(ev.ts[rows[kid]])
-                ends.append(ev.end[rows[kid]])
+        pos = np.full(len(ev.ts), -1, np.int64)
+        pos[rows] = np.arange(n)
+        is_step = np.zeros(n, bool)
+        is_step[pos[sidx][pos[sidx] >= 0]] = True
+        kid = np.flatnonzero((parent >= 0) & is_step[np.maximum(parent, 0)])
+        owner = parent[kid]
+        is_data = np.isin(ev.name[rows[kid]], [i for i, nm in enumerate(ev.names) if _is_data(nm)])
+        last_data = np.full(n, -1, np.int64)
+        np.maximum.at(last_data, owner[is_data], kid[is_data])
+        after = kid > last_data[owner]
+        first_other = np.full(n, n, np.int64)
+        other = after & ~is_copy[kid] & (last_data[owner] >= 0)
+        np.minimum.at(first_other, owner[other], kid[other])
+        ok = after & is_copy[kid] & (last_data[owner] >= 0) & (kid < first_other[owner])
+        picked[kid[ok]] = True
     htod = {c for (cat, _n, _t, _ts, _d, c) in cols.links if cat == "gpu_memcpy"}
-    if htod:
-        calls = [(t, ts, d) for (cat, _n, t, ts, d, c) in cols.links if cat != "gpu_memcpy" and c in htod
-                 and t == step_thread]
-        call_ts = np.array([int(round(ts * 1000)) for _t, ts, _d in calls], dtype=np.int64)
-        # the runtime calls are rows of the step thread's nesting; climb to the outermost copy op
+    calls = [ts for (cat, _n, t, ts, _d, c) in cols.links if cat != "gpu_memcpy" and c in htod and t == step_thread]
+    if calls:
         rts = ev.ts[rows]
-        rnames = ev.name[rows]
-        rcat_rt = np.isin(ev.cat[rows], [i for i, c in enumerate(ev.cats) if c in ("cuda_runtime", "cuda_driver")])
-        for t0 in call_ts:
-            cand = np.flatnonzero((rts == t0) & rcat_rt)
-            if len(cand) == 0:
+        rt_cat = np.isin(ev.cat[rows], [i for i, c in enumerate(ev.cats) if c in ("cuda_runtime", "cuda_driver")])
+        by_ts = np.argsort(rts, kind="stable")
+        for t0 in np.rint(np.array(calls) * 1000.0).astype(np.int64):
+            lo_i, hi_i = np.searchsorted(rts[by_ts], [t0, t0 + 1])
+            cand = [int(k) for k in by_ts[lo_i:hi_i] if rt_cat[k]]
+            if not cand:
                 continue
-            k = int(cand[0])
-            top = k
-            while parent[k] >= 0:
+            k = top = cand[0]
+            while parent[k] >= 0:  # climb to the outermost copy op that holds the runtime call
                 k = int(parent[k])
-                if int(rnames[k]) in copy_ids:
+                if is_copy[k]:
                     top = k
-            starts.append(ev.ts[rows[top]])
-            ends.append(ev.end[rows[top]])
-    if not starts and not (has_data or htod):
+            picked[top] = True
+    if not has_data and not htod:
         return None
-    return _union(np.array(starts, np.int64), np.array(ends, np.int64))
+    r = rows[picked]
+    return _union(ev.ts[r], ev.end[r])
 
 
 def _device_phases(ev: _Events, device: np.ndarray, lo, hi, length):
@@ -855,8 +869,8 @@ def _provenance(path: Path, parser: _Parser, ev: _Events, start_unix, step_threa
         "path": str(path), "bytes": st.st_size,
         "mtime": _dt.datetime.fromtimestamp(st.st_mtime, _dt.timezone.utc).isoformat(timespec="seconds"),
         "reader": "kineto", "gzip": parser.gz, "events": int(len(ev.ts)),
-        "parse": "exact" if not parser.fast else ("fast" if not parser.fallback_chunks
-                                                   else f"fast, {parser.fallback_chunks} chunks exact"),
+        "parse": {"fast_chunks": parser.fast_chunks, "json_chunks": parser.fallback_chunks,
+                  "restarted": not parser.fast},
         "start_unix_s": start_unix,
     }
     for key in ("schemaVersion", "traceName", "displayTimeUnit", "baseTimeNanoseconds"):
