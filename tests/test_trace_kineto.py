@@ -316,3 +316,21 @@ def test_bench_trace_prints_its_figures(tmp_path):
     assert set(out["targets"]) == {"mb_per_s", "peak_rss_mib"}
     assert all(isinstance(t["met"], bool) for t in out["targets"].values())
     assert isinstance(out["machine"]["busy"], bool) and out["machine_note"]
+
+
+def test_a_long_trace_without_steps_stops_early(tmp_path, monkeypatch):
+    path = write_synthetic_kineto(tmp_path / "t.pt.trace.json", steps=6, units_per_step=400)["path"]
+    doc = Path(path).read_text().replace("ProfilerStep#", "Iteration#")
+    Path(path).write_text(doc)
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 65536)
+    monkeypatch.setattr(kineto, "EARLY_NO_STEP_EVENTS", 1000)
+    with pytest.raises(TraceError, match=r"no ProfilerStep#N annotations in its first [\d,]+ events"):
+        read_kineto(path)
+
+
+def test_the_node_comes_from_the_handlers_file_name_without_host_name(tmp_path):
+    path = tmp_path / "node-a7_4784.1796184176582195552.pt.trace.json"
+    _write(path, [_x("ProfilerStep#1", 0, 100, cat="user_annotation")])
+    rt = read_kineto(path)
+    assert rt.node == "node-a7" and rt.steps[0].data is None and rt.steps[0].optimizer is None
+    assert any("optimizer phase unknown" in line for line in rt.limits)

@@ -8,8 +8,8 @@ A trace is the file ``torch.profiler.tensorboard_trace_handler`` writes (``{work
 duration in ns, interned name, category and thread: 25 bytes an event, no dicts), then finds the steps and their
 phases with vectorised interval arithmetic.
 
-How it parses, and why (measured on this project's 2-core machine, shared, load average 0.3-0.8, on a 210 MB
-trace of 0.83 M events made by repeating a real torch 2.13 CPU trace):
+How it parses, and why (measured on this project's 2-core machine while other agents loaded it: load average
+0.3-0.8 for the first five rows, on a 210 MB trace of 0.83 M events made by repeating a real torch 2.13 CPU trace):
 
 =====================================================  ===========  =========
 approach                                                 MB/s         peak RSS
@@ -18,8 +18,8 @@ approach                                                 MB/s         peak RSS
 ``ijson.items(f, "traceEvents.item", use_float=True)``  38 (no use)   13 MiB
 ``ijson.parse`` (yajl2_c), token by token                16           29 MiB
 ``json.JSONDecoder.raw_decode`` one event at a time      39 (no use)   37 MiB
-one ``json.loads`` per 8 MB chunk of events              37           224 MiB
-regular expression per 8 MB chunk, columns built         56          133 MiB
+one ``json.loads`` per 8 MB chunk of events              37          224 MiB
+a regular expression per 8 MB chunk, columns built       56          133 MiB
 =====================================================  ===========  =========
 
 ("no use": the parse alone, before a single field is put in a column; the columns cost another ~20%.) The
@@ -27,13 +27,20 @@ stdlib's and yajl's C parsers both build a dict per event, which is what costs o
 takes the fields it needs straight from the text: Kineto writes every complete event with its keys in one order
 (``"ph": "X", "cat", "name", "pid", "tid", "ts", "dur"``, whatever the line breaks: torch 2.13 puts each key on
 its own line, newer libkineto several on one), and one regular expression per chunk reads them. Each chunk is
-checked before it is trusted: every ``"ph"`` key of the chunk must be written as Kineto writes it, and the
-expression must have matched exactly as many events as there are ``"ph": "X"``; a chunk that fails is parsed
-with ``json.loads`` instead, and where even that fails (a file laid out by another writer) the whole file is
-read again with the exact path, ``raw_decode`` one event at a time from a sliding buffer (~35 MB/s with the
-columns). The same exact path reads the metadata before the events, the last chunk, the end of the array and
-the metadata after it, in the same single pass. Memory is the 8 MB text buffer plus the columns (~100 MB per GB
-of trace); ijson stays the right tool for a JSON that is not a trace, and is not needed here.
+checked before it is trusted: the expression must have matched exactly as many events as the chunk has
+``"X"`` values (a complete event's ``"ph"``, however it is spaced); a chunk that fails is parsed with
+``json.loads`` instead, and where even that fails (a file laid out by another writer, e.g. ``json.dump`` with
+sorted keys) the whole file is read again with the exact path, ``raw_decode`` one event at a time from a sliding
+buffer. The same exact path reads the metadata before the events, the last part of the array, its end and the
+metadata after it, in the same single pass. ijson is not used: it was no faster than the stdlib here and cannot
+give the metadata after the array in the same pass without going token by token (16 MB/s).
+
+The whole reader (``python -m helpers bench trace``: a 1,024 MB CUDA-shaped trace of 3.95 M events in torch's
+layout, read in a child process, load average 4-5 from other agents): 16.1 s, 63.5 MB/s, peak RSS 377 MiB
+(35 MiB of it the interpreter and numpy); the phases of all 50 steps equal to the constructed ones. Memory is
+the 8 MB text buffer, 26 bytes per complete event in the columns and the analysis' arrays over them: about
+0.35 MiB per MB of trace at the peak, so a 10 GB trace needs about 3.5 GiB (``json.load`` would need ~40 GiB).
+The exact path alone (a 195 MB trace written with sorted keys, load average 4.4) read 10.5 MB/s, 184 MiB.
 
 What each phase of a :class:`~helpers.traces.model.StepPhases` is read from, per ``ProfilerStep#N`` span (the
 step: on the thread that holds most of those annotations; the step number is N):
@@ -270,9 +277,13 @@ class _Columns:
         if not self.parts:
             return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int16),
                     np.zeros(0, np.int32))
-        out = tuple(np.concatenate(cols) for cols in zip(*self.parts))
+        columns = [list(c) for c in zip(*self.parts)]
         self.parts = []
-        return out
+        out = []
+        for i, chunks in enumerate(columns):  # one column at a time: its chunks are freed as it is joined
+            out.append(np.concatenate(chunks))
+            columns[i] = None
+        return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------------ the parser
@@ -419,10 +430,13 @@ class _Parser:
             raise self._fail("traceEvents is not an array", "pass the JSON file torch.profiler wrote, unchanged")
         self.pos += 1
         pending: list = []
+        fast = self.fast
         while True:
-            if self.fast and self._fast_chunk():
-                self._early_check()
-                continue
+            if fast:
+                if self._fast_chunk():
+                    self._early_check()
+                    continue
+                fast = False  # the rest of the file is short: the exact path reads it
             ch = self.skip_ws()
             if ch == "]":
                 self.pos += 1
