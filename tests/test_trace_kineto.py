@@ -249,9 +249,8 @@ def test_the_generator_rejects_a_step_too_short_for_its_ops(tmp_path):
     from helpers.errors import ParameterError
 
     with pytest.raises(ParameterError, match="do not fit"):
-        write_synthetic_kineto(tmp_path / "t.json", steps=1, units_per_step=20_000)
-    info = write_synthetic_kineto(tmp_path / "t.json", steps=1, units_per_step=20_000,
-                                  timing=StepTiming.for_units(20_000), device="cpu")
+        write_synthetic_kineto(tmp_path / "t.json", steps=1, units_per_step=20_000, timing=StepTiming())
+    info = write_synthetic_kineto(tmp_path / "t.json", steps=1, units_per_step=20_000, device="cpu")
     assert info["expected"][0]["step_s"] == pytest.approx(0.24)
 
 
@@ -334,3 +333,17 @@ def test_the_node_comes_from_the_handlers_file_name_without_host_name(tmp_path):
     rt = read_kineto(path)
     assert rt.node == "node-a7" and rt.steps[0].data is None and rt.steps[0].optimizer is None
     assert any("optimizer phase unknown" in line for line in rt.limits)
+
+
+def test_a_copy_is_linked_to_its_device_memcpy_across_chunks(tmp_path, monkeypatch):
+    # Kineto writes the host events first and the device events after them: the link spans chunks
+    host = [_x("ProfilerStep#1", 0, 5000, cat="user_annotation"), _x("aten::to", 10, 300),
+            _x("aten::_to_copy", 11, 298), _x("aten::copy_", 12, 296),
+            _x("cudaMemcpyAsync", 13, 294, cat="cuda_runtime", correlation=99)]
+    filler = [_x("aten::add", 400 + i, 1) for i in range(2000)]
+    device = [_x("Memcpy HtoD (Pageable -> Device)", 20, 280, cat="gpu_memcpy", pid=0, tid=7, correlation=99)]
+    path = _write(tmp_path / "t.json", host + filler + device)
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 8192)
+    rt = read_kineto(path)
+    assert rt.provenance["parse"]["fast_chunks"] > 5
+    assert rt.steps[0].h2d == pytest.approx(300e-6) and rt.device_kind == "cuda"

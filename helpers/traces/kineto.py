@@ -139,11 +139,11 @@ _DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 # One complete event as Kineto writes it (any whitespace between the keys).
 _X = re.compile(r'"ph": "X",\s*"cat": "([^"\\]*)",\s*"name": "([^"\\]*(?:\\.[^"\\]*)*)",\s*"pid": ([^,]*,'
-                r'\s*"tid": [^,]*),\s*"ts": ([^,\s]*),\s*"dur": ([^,\s]*)')
+                r'\s*"tid": [^,]*),\s*"ts": ([^,\s}]*),\s*"dur": ([^,\s}]*)')
 # The few events that link a host copy to its device copy: the runtime call and the HtoD memcpy, with correlation.
 _LINK = re.compile(r'"ph": "X",\s*"cat": "(gpu_memcpy|cuda_runtime|cuda_driver)",\s*"name": '
                    r'"(Memcpy HtoD[^"]*|cudaMemcpy[^"]*|cuMemcpy[^"]*)",\s*"pid": ([^,]*),\s*"tid": ([^,]*),'
-                   r'\s*"ts": ([^,\s]*),\s*"dur": ([^,\s]*),\s*"args": \{[^{}]*?"correlation": (\d+)')
+                   r'\s*"ts": ([^,\s}]*),\s*"dur": ([^,\s}]*),\s*"args": \{[^{}]*?"correlation": (\d+)')
 _WS = re.compile(r"\s*")
 _DECODER = json.JSONDecoder()
 
@@ -469,10 +469,15 @@ class _Parser:
         chunk = self.buf[self.pos:cut]
         rows = _X.findall(chunk)
         # every complete event has the value "X" once (its "ph"), however it is spaced; a match for each
-        if chunk.count('"X"') == len(rows):
-            self.cols.add_text(rows, "\\" in chunk)
+        trusted = chunk.count('"X"') == len(rows)
+        if trusted:
+            try:
+                self.cols.add_text(rows, "\\" in chunk)
+            except ValueError:  # a ts or dur that is not a number: not Kineto's layout after all
+                trusted = False
+        if trusted:
             self.fast_chunks += 1
-            if "Memcpy HtoD" in chunk:
+            if "Memcpy" in chunk:  # the runtime call and its device copy may lie in different chunks
                 self.cols.add_link_text(_LINK.findall(chunk))
         else:
             body = chunk.strip().rstrip(",")
@@ -662,7 +667,6 @@ def read_kineto(path, *, progress: Progress | None = None) -> RankTrace:
 
 def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
     meta = parser.meta
-    cols = parser.cols
     step_mask = ev.name_mask(lambda n: _STEP.fullmatch(n) is not None) & ev.cat_mask({"user_annotation"})
     if not step_mask.any():
         raise _no_steps(path)
@@ -676,35 +680,13 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
     device = ev.cat_mask(_DEVICE_CATS)
     device_kind = "cuda" if device.any() else "cpu"
     limits: list[str] = []
-
-    on_thread = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
-    data_mask = on_thread & ev.name_mask(_is_data)
-    data_u = _union(ev.ts[data_mask], ev.end[data_mask])
-    data = _covered(data_u, lo, hi) if data_mask.any() else None
-    if data is None:
-        limits.append("data phase unknown: the step thread has no DataLoader __next__ spans (torch records them "
-                      "only for a torch.utils.data.DataLoader iterated inside the profiled steps)")
-
-    copy_u = _h2d_spans(ev, cols, step_thread, sidx, bool(data_mask.any()))
-    if copy_u is None:
-        h2d = None
-        limits.append("h2d phase unknown: with no DataLoader span and no device copy, the batch's copy cannot be "
-                      "told from the step's other ops")
-    else:
-        both = _merge(copy_u, data_u)
-        h2d = _covered(both, lo, hi) - (data if data is not None else 0)
+    data, h2d, optimizer = _host_phases(ev, parser.cols, step_thread, sidx, limits)
     if device_kind == "cpu":
         limits.append("a CPU-only trace records no device: compute, idle and device communication are unknown; "
                       "h2d is the host copy after the batch (on a CPU .to('cpu') returns the same tensor)")
         if meta.get("deviceProperties"):
             limits.append("the trace lists GPUs in deviceProperties but recorded no device activity: profile with "
                           "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] to see the device")
-
-    opt_mask = on_thread & ev.name_mask(_is_optimizer)
-    optimizer = _covered(_union(ev.ts[opt_mask], ev.end[opt_mask]), lo, hi) if opt_mask.any() else None
-    if optimizer is None:
-        limits.append("optimizer phase unknown: no Optimizer.step# spans (torch records them for a "
-                      "torch.optim optimizer)")
 
     compute = idle = comm = comm_exposed = None
     if device_kind == "cuda":
@@ -732,6 +714,31 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
         source=path, format="kineto", device_kind=device_kind, steps=tuple(steps), rank=rank, world_size=world,
         node=_node(path, meta), run_id=_run_id(dist, start_unix), top_ops=_top_ops(ev, lo[0], hi[-1]),
         limits=tuple(limits), provenance=_provenance(path, parser, ev, start_unix, step_thread))
+
+
+def _host_phases(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, limits: list):
+    """data, h2d, optimizer per step (int64 ns arrays, or None where the trace cannot tell, said in ``limits``)."""
+    lo, hi = ev.ts[sidx], ev.end[sidx]
+    on_thread = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
+    data_mask = on_thread & ev.name_mask(_is_data)
+    data_u = _union(ev.ts[data_mask], ev.end[data_mask])
+    data = _covered(data_u, lo, hi) if data_mask.any() else None
+    if data is None:
+        limits.append("data phase unknown: the step thread has no DataLoader __next__ spans (torch records them "
+                      "only for a torch.utils.data.DataLoader iterated inside the profiled steps)")
+    copy_u = _h2d_spans(ev, cols, step_thread, sidx, bool(data_mask.any()))
+    if copy_u is None:
+        h2d = None
+        limits.append("h2d phase unknown: with no DataLoader span and no device copy, the batch's copy cannot be "
+                      "told from the step's other ops")
+    else:
+        h2d = _covered(_merge(copy_u, data_u), lo, hi) - (data if data is not None else 0)
+    opt_mask = on_thread & ev.name_mask(_is_optimizer)
+    optimizer = _covered(_union(ev.ts[opt_mask], ev.end[opt_mask]), lo, hi) if opt_mask.any() else None
+    if optimizer is None:
+        limits.append("optimizer phase unknown: no Optimizer.step# spans (torch records them for a "
+                      "torch.optim optimizer)")
+    return data, h2d, optimizer
 
 
 def _h2d_spans(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, has_data: bool):

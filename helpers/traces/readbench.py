@@ -1,4 +1,4 @@
-"""Time one :func:`helpers.traces.kineto.read_kineto` in a process of its own: ``python -m helpers.traces.readbench PATH``.
+"""Time one :func:`~helpers.traces.kineto.read_kineto` in a process of its own (``python -m helpers.traces.readbench``).
 
 The ``bench trace`` command (helpers/workbook/bench.py) runs this module as a child process, so that the peak
 resident memory it reports is the reader's (plus the interpreter and numpy) and not the generator's. It prints

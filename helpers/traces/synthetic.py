@@ -111,7 +111,7 @@ class _Writer:
 
 
 def write_synthetic_kineto(path, *, steps: int = 5, units_per_step: int = 20, size_mb: float | None = None,
-                           device: str = "cuda", timing: StepTiming = StepTiming(), rank: int | None = None,
+                           device: str = "cuda", timing: StepTiming | None = None, rank: int | None = None,
                            world_size: int | None = None, layout: str = "torch", gzip: bool = False,
                            first_step: int = 10, start_ns: int = 5_327_121_062_000_000) -> dict[str, Any]:
     """Write a synthetic Kineto trace to ``path`` and return the phases it was built with.
@@ -129,8 +129,8 @@ def write_synthetic_kineto(path, *, steps: int = 5, units_per_step: int = 20, si
         Aim at this many MB (1e6 bytes) of uncompressed JSON by choosing ``units_per_step``.
     device : str
         "cuda" (kernels, memcpy, NCCL, deviceProperties) or "cpu" (host ops only).
-    timing : StepTiming
-        The step's constructed times.
+    timing : StepTiming, optional
+        The step's constructed times (default: :meth:`StepTiming.for_units` of the ops per step).
     rank, world_size : int, optional
         Written as ``distributedInfo`` (backend nccl on CUDA, gloo on CPU) when both are given.
     layout : str
@@ -161,13 +161,13 @@ def write_synthetic_kineto(path, *, steps: int = 5, units_per_step: int = 20, si
         raise ParameterError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if layout not in ("torch", "compact"):
         raise ParameterError(f"layout must be 'torch' or 'compact', got {layout!r}")
-    t = timing
+    if size_mb is not None:
+        units_per_step = max(1, int(size_mb * 1e6 / steps / _unit_bytes(device, layout)))
+    t = timing if timing is not None else StepTiming.for_units(units_per_step)
     if not (t.data_us + t.h2d_us + 100 < t.comm_start * t.step_us < t.compute_end * t.step_us
             <= t.comm_end * t.step_us <= t.opt_start * t.step_us < t.opt_end * t.step_us < 0.95 * t.step_us):
         raise ParameterError(f"timing {t} does not fit: data + h2d < comm_start < compute_end <= comm_end <= "
                              "opt_start < opt_end < 0.95 of the step")
-    if size_mb is not None:
-        units_per_step = max(1, int(size_mb * 1e6 / steps / _unit_bytes(device, layout)))
     if t.host_pitch_ns(units_per_step) < 4_000:
         raise ParameterError(f"{units_per_step} ops per step do not fit in a {t.step_us} us step (each needs 4 us); "
                              f"use timing=StepTiming.for_units({units_per_step}) or more steps")

@@ -585,8 +585,8 @@ def trace_bench(*, size_mb: float = 1024, out: str | Path | None = None, steps: 
     -------
     dict
         ``size_mb`` (the file, 1e6 bytes), ``events``, ``steps``, ``write_s``, ``read_s``, ``mb_per_s``,
-        ``peak_rss_mib`` and ``rss_before_read_mib`` (the child's peak resident memory, VmHWM, MiB), ``parse`` (how the chunks
-        were read), ``phases_match`` (every step's phases equal to the constructed ones within 1 ns), ``targets``,
+        ``peak_rss_mib`` and ``rss_before_read_mib`` (the child's peak resident memory, VmHWM, MiB), ``parse``
+        (how the chunks were read), ``phases_match`` (every step's phases equal to the constructed ones within 1 ns), ``targets``,
         ``path`` (only with ``out``), ``machine``, ``machine_note``, ``duration_s``.
 
     Raises
@@ -601,19 +601,18 @@ def trace_bench(*, size_mb: float = 1024, out: str | Path | None = None, steps: 
     import sys
     import tempfile
 
-    from helpers.traces.synthetic import StepTiming, write_synthetic_kineto, _unit_bytes
+    from helpers.traces.synthetic import write_synthetic_kineto
 
     if not size_mb > 0 or steps < 1:
         raise ParameterError(f"size_mb must be > 0 and steps >= 1, got {size_mb}, {steps}")
     t_all = time.perf_counter()
     before = machine.snapshot()
-    units = max(1, int(size_mb * 1e6 / steps / _unit_bytes("cuda", "torch")))
     with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
         folder = Path(out) if out is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "synthetic_4601.1796184147071102324.pt.trace.json"
         t0 = time.perf_counter()
-        info = write_synthetic_kineto(path, steps=steps, units_per_step=units, timing=StepTiming.for_units(units))
+        info = write_synthetic_kineto(path, steps=steps, size_mb=size_mb)
         write_s = time.perf_counter() - t0
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
@@ -642,7 +641,8 @@ def trace_bench(*, size_mb: float = 1024, out: str | Path | None = None, steps: 
     return res
 
 
-BENCHMARKS = {"trace": trace_bench, "input-pipeline": input_pipeline, "end-to-end": end_to_end, "dataset-cache": dataset_cache,
+BENCHMARKS = {"trace": trace_bench,
+              "input-pipeline": input_pipeline, "end-to-end": end_to_end, "dataset-cache": dataset_cache,
               "dataset-index": dataset_index, "instrument": instrument_overhead}
 
 
