@@ -36,8 +36,9 @@ metadata after it, in the same single pass. ijson is not used: it was no faster 
 give the metadata after the array in the same pass without going token by token (16 MB/s).
 
 The whole reader (``python -m helpers bench trace``: a 1,024 MB CUDA-shaped trace of 3.95 M events in torch's
-layout, read in a child process, load average 4-5 from other agents): 16.1 s, 63.5 MB/s, peak RSS 377 MiB
-(35 MiB of it the interpreter and numpy); the phases of all 50 steps equal to the constructed ones. Memory is
+layout, read in a child process, never on a quiet machine): 16.1 s, 63.5 MB/s, peak RSS 377 MiB at load average
+4-5 from other agents; 22.4 s, 45.6 MB/s, 388 MiB in a run where other processes took 65% of the two cores;
+35 MiB of the peak is the interpreter and numpy; the phases of all 50 steps equal to the constructed ones. Memory is
 the 8 MB text buffer, 26 bytes per complete event in the columns and the analysis' arrays over them: about
 0.35 MiB per MB of trace at the peak, so a 10 GB trace needs about 3.5 GiB (``json.load`` would need ~40 GiB).
 The exact path alone (a 195 MB trace written with sorted keys, load average 4.4) read 10.5 MB/s, 184 MiB.
