@@ -8,8 +8,8 @@ A trace is the file ``torch.profiler.tensorboard_trace_handler`` writes (``{work
 duration in ns, interned name, category and thread: 25 bytes an event, no dicts), then finds the steps and their
 phases with vectorised interval arithmetic.
 
-How it parses, and why (measured on this project's 2-core machine, shared, load average 0.3-0.8, on a 210 MB
-trace of 0.83 M events made by repeating a real torch 2.13 CPU trace):
+How it parses, and why (measured on this project's 2-core machine while other agents loaded it: load average
+0.3-0.8 for the first five rows, on a 210 MB trace of 0.83 M events made by repeating a real torch 2.13 CPU trace):
 
 =====================================================  ===========  =========
 approach                                                 MB/s         peak RSS
@@ -18,8 +18,8 @@ approach                                                 MB/s         peak RSS
 ``ijson.items(f, "traceEvents.item", use_float=True)``  38 (no use)   13 MiB
 ``ijson.parse`` (yajl2_c), token by token                16           29 MiB
 ``json.JSONDecoder.raw_decode`` one event at a time      39 (no use)   37 MiB
-one ``json.loads`` per 8 MB chunk of events              37           224 MiB
-regular expression per 8 MB chunk, columns built         56          133 MiB
+one ``json.loads`` per 8 MB chunk of events              37          224 MiB
+a regular expression per 8 MB chunk, columns built       56          133 MiB
 =====================================================  ===========  =========
 
 ("no use": the parse alone, before a single field is put in a column; the columns cost another ~20%.) The
@@ -27,13 +27,21 @@ stdlib's and yajl's C parsers both build a dict per event, which is what costs o
 takes the fields it needs straight from the text: Kineto writes every complete event with its keys in one order
 (``"ph": "X", "cat", "name", "pid", "tid", "ts", "dur"``, whatever the line breaks: torch 2.13 puts each key on
 its own line, newer libkineto several on one), and one regular expression per chunk reads them. Each chunk is
-checked before it is trusted: every ``"ph"`` key of the chunk must be written as Kineto writes it, and the
-expression must have matched exactly as many events as there are ``"ph": "X"``; a chunk that fails is parsed
-with ``json.loads`` instead, and where even that fails (a file laid out by another writer) the whole file is
-read again with the exact path, ``raw_decode`` one event at a time from a sliding buffer (~35 MB/s with the
-columns). The same exact path reads the metadata before the events, the last chunk, the end of the array and
-the metadata after it, in the same single pass. Memory is the 8 MB text buffer plus the columns (~100 MB per GB
-of trace); ijson stays the right tool for a JSON that is not a trace, and is not needed here.
+checked before it is trusted: the expression must have matched exactly as many events as the chunk has
+``"X"`` values (a complete event's ``"ph"``, however it is spaced); a chunk that fails is parsed with
+``json.loads`` instead, and where even that fails (a file laid out by another writer, e.g. ``json.dump`` with
+sorted keys) the whole file is read again with the exact path, ``raw_decode`` one event at a time from a sliding
+buffer. The same exact path reads the metadata before the events, the last part of the array, its end and the
+metadata after it, in the same single pass. ijson is not used: it was no faster than the stdlib here and cannot
+give the metadata after the array in the same pass without going token by token (16 MB/s).
+
+The whole reader (``python -m helpers bench trace``: a 1,024 MB CUDA-shaped trace of 3.95 M events in torch's
+layout, read in a child process, never on a quiet machine): 16.1 s, 63.5 MB/s, peak RSS 377 MiB at load average
+4-5 from other agents; 22.4 s, 45.6 MB/s, 388 MiB in a run where other processes took 65% of the two cores;
+35 MiB of the peak is the interpreter and numpy; the phases of all 50 steps equal to the constructed ones. Memory is
+the 8 MB text buffer, 26 bytes per complete event in the columns and the analysis' arrays over them: about
+0.35 MiB per MB of trace at the peak, so a 10 GB trace needs about 3.5 GiB (``json.load`` would need ~40 GiB).
+The exact path alone (a 195 MB trace written with sorted keys, load average 4.4) read 10.5 MB/s, 184 MiB.
 
 What each phase of a :class:`~helpers.traces.model.StepPhases` is read from, per ``ProfilerStep#N`` span (the
 step: on the thread that holds most of those annotations; the step number is N):
@@ -131,12 +139,12 @@ _PHASE_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driv
 _DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 # One complete event as Kineto writes it (any whitespace between the keys).
-_X = re.compile(r'"ph": "X",\s*"cat": "([^"\\]*)",\s*"name": "([^"\\]*(?:\\.[^"\\]*)*)",\s*"pid": ([^,]*),'
-                r'\s*"tid": ([^,]*),\s*"ts": ([^,\s]*),\s*"dur": ([^,\s]*)')
+_X = re.compile(r'"ph": "X",\s*"cat": "([^"\\]*)",\s*"name": "([^"\\]*(?:\\.[^"\\]*)*)",\s*"pid": ([^,]*,'
+                r'\s*"tid": [^,]*),\s*"ts": ([^,\s}]*),\s*"dur": ([^,\s}]*)')
 # The few events that link a host copy to its device copy: the runtime call and the HtoD memcpy, with correlation.
 _LINK = re.compile(r'"ph": "X",\s*"cat": "(gpu_memcpy|cuda_runtime|cuda_driver)",\s*"name": '
                    r'"(Memcpy HtoD[^"]*|cudaMemcpy[^"]*|cuMemcpy[^"]*)",\s*"pid": ([^,]*),\s*"tid": ([^,]*),'
-                   r'\s*"ts": ([^,\s]*),\s*"dur": ([^,\s]*),\s*"args": \{[^{}]*?"correlation": (\d+)')
+                   r'\s*"ts": ([^,\s}]*),\s*"dur": ([^,\s}]*),\s*"args": \{[^{}]*?"correlation": (\d+)')
 _WS = re.compile(r"\s*")
 _DECODER = json.JSONDecoder()
 
@@ -178,13 +186,28 @@ def looks_like_kineto(path) -> bool:
 # ------------------------------------------------------------------------------------------------ the columns
 
 
+class _Table(dict):
+    """Interned strings: looking up a new one gives it the next id (so ``map(table.__getitem__, ...)`` interns)."""
+
+    def __missing__(self, key):
+        self[key] = n = len(self)
+        return n
+
+
+def _thread_key(text: str) -> tuple[str, str]:
+    """(pid, tid) as JSON text from the fast path's ``pid, "tid": tid`` capture."""
+    pid, _, tid = text.partition(",")
+    return pid.strip(), tid.split(":", 1)[1].strip()
+
+
 @dataclass
 class _Columns:
     """The complete events read so far, as numpy chunks; names, categories and threads interned."""
 
-    names: dict[str, int] = field(default_factory=dict)
-    cats: dict[str, int] = field(default_factory=dict)
-    threads: dict[tuple[str, str], int] = field(default_factory=dict)
+    names: _Table = field(default_factory=_Table)
+    cats: _Table = field(default_factory=_Table)
+    threads: _Table = field(default_factory=_Table)
+    raw_threads: dict[str, int] = field(default_factory=dict)
     parts: list[tuple[np.ndarray, ...]] = field(default_factory=list)
     links: list[tuple[str, str, int, float, float, int]] = field(default_factory=list)
     events: int = 0
@@ -193,21 +216,23 @@ class _Columns:
     def _name_ids(self, names) -> np.ndarray:
         table = self.names
         before = len(table)
-        ids = np.fromiter((table.setdefault(n, len(table)) for n in names), dtype=np.int32, count=len(names))
+        ids = np.fromiter(map(table.__getitem__, names), dtype=np.int32, count=len(names))
         if len(table) > before and not self.saw_step:
             self.saw_step = any(n.startswith("ProfilerStep#") for n in list(table)[before:])
         return ids
 
-    def add_text(self, rows: list[tuple[str, ...]]) -> None:
-        """Rows of (cat, name, pid, tid, ts, dur) as the text holds them (ts, dur in microseconds)."""
+    def add_text(self, rows: list[tuple[str, ...]], escaped: bool) -> None:
+        """Rows of (cat, name, 'pid, "tid": tid', ts, dur) as the text holds them (ts, dur in microseconds);
+        ``escaped``: the text has a backslash somewhere (a name may need unescaping)."""
         if not rows:
             return
-        cat, name, pid, tid, ts, dur = zip(*rows)
-        if any("\\" in n for n in name):
+        cat, name, pidtid, ts, dur = zip(*rows)
+        if escaped:
             name = tuple(json.loads(f'"{n}"') if "\\" in n else n for n in name)
-        threads = self.threads
-        tids = np.fromiter((threads.setdefault((p.strip(), t.strip()), len(threads)) for p, t in zip(pid, tid)),
-                           dtype=np.int32, count=len(pid))
+        raw = self.raw_threads
+        for key in set(pidtid).difference(raw):
+            raw[key] = self.threads[_thread_key(key)]
+        tids = np.fromiter(map(raw.__getitem__, pidtid), dtype=np.int32, count=len(pidtid))
         self._store(cat, name, tids, np.array(ts, dtype=np.float64), np.array(dur, dtype=np.float64))
 
     def add_dicts(self, events: list) -> None:
@@ -221,10 +246,9 @@ class _Columns:
             if not isinstance(t, (int, float)) or not isinstance(d, (int, float)):
                 continue
             c, n = str(e.get("cat", "")), str(e.get("name", ""))
-            key = (json.dumps(e.get("pid")), json.dumps(e.get("tid")))
             cat.append(c)
             name.append(n)
-            tids.append(threads.setdefault(key, len(threads)))
+            tids.append(threads[(json.dumps(e.get("pid")), json.dumps(e.get("tid")))])
             ts.append(t)
             dur.append(d)
             if c in ("gpu_memcpy", "cuda_runtime", "cuda_driver") and (
@@ -238,12 +262,12 @@ class _Columns:
 
     def add_link_text(self, rows: list[tuple[str, ...]]) -> None:
         for cat, name, pid, tid, ts, dur, corr in rows:
-            tid_id = self.threads.setdefault((pid.strip(), tid.strip()), len(self.threads))
+            tid_id = self.threads[(pid.strip(), tid.strip())]
             self.links.append((cat, name, tid_id, float(ts), float(dur), int(corr)))
 
     def _store(self, cat, name, tids, ts_us, dur_us) -> None:
         cats = self.cats
-        cid = np.fromiter((cats.setdefault(c, len(cats)) for c in cat), dtype=np.int16, count=len(cat))
+        cid = np.fromiter(map(cats.__getitem__, cat), dtype=np.int16, count=len(cat))
         ts_ns = np.rint(ts_us * 1000.0).astype(np.int64)
         dur_ns = np.maximum(np.rint(dur_us * 1000.0), 0).astype(np.int64)
         self.parts.append((ts_ns, dur_ns, self._name_ids(name), cid, tids))
@@ -254,9 +278,13 @@ class _Columns:
         if not self.parts:
             return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int16),
                     np.zeros(0, np.int32))
-        out = tuple(np.concatenate(cols) for cols in zip(*self.parts))
+        columns = [list(c) for c in zip(*self.parts)]
         self.parts = []
-        return out
+        out = []
+        for i, chunks in enumerate(columns):  # one column at a time: its chunks are freed as it is joined
+            out.append(np.concatenate(chunks))
+            columns[i] = None
+        return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------------ the parser
@@ -276,6 +304,7 @@ class _Parser:
         self.buf, self.pos, self.eof = "", 0, False
         self.cols = _Columns()
         self.meta: dict[str, Any] = {}
+        self.fast_chunks = 0
         self.fallback_chunks = 0
         self._last_progress = 0.0
 
@@ -349,8 +378,8 @@ class _Parser:
             except json.JSONDecodeError as exc:
                 if self.fill() and len(self.buf) - self.pos <= MAX_EVENT_CHARS:
                     continue
-                if self.eof and exc.pos >= len(self.buf.rstrip()) - 1:
-                    raise self._truncated() from None
+                if self.eof and (exc.msg.startswith("Unterminated string") or exc.pos >= len(self.buf.rstrip())):
+                    raise self._truncated() from None  # the value runs into the end of the file
                 raise self._fail(f"not valid JSON near character {exc.pos - self.pos} of a value ({exc.msg})",
                                  "pass the JSON file torch.profiler wrote, unchanged") from None
             if end == len(self.buf) and not self.eof and self.fill():
@@ -402,10 +431,13 @@ class _Parser:
             raise self._fail("traceEvents is not an array", "pass the JSON file torch.profiler wrote, unchanged")
         self.pos += 1
         pending: list = []
+        fast = self.fast
         while True:
-            if self.fast and self._fast_chunk():
-                self._early_check()
-                continue
+            if fast:
+                if self._fast_chunk():
+                    self._early_check()
+                    continue
+                fast = False  # the rest of the file is short: the exact path reads it
             ch = self.skip_ws()
             if ch == "]":
                 self.pos += 1
@@ -431,17 +463,22 @@ class _Parser:
         path (the last chunk, which holds the end of the array)."""
         while len(self.buf) - self.pos < CHUNK_CHARS and not self.eof:
             self.fill()
-        if self.eof:
-            return False
         k = self.buf.rfind('"ph"', self.pos)
         cut = self.buf.rfind("{", self.pos, k) if k > 0 else -1
-        if cut <= self.pos:
-            return False
+        if cut - self.pos < (CHUNK_CHARS // 8 if self.eof else 1):
+            return False  # the rest is short: the exact path reads it, the end of the array and what follows
         chunk = self.buf[self.pos:cut]
         rows = _X.findall(chunk)
-        if chunk.count('"ph"') == chunk.count('"ph": "') and chunk.count('"ph": "X"') == len(rows):
-            self.cols.add_text(rows)
-            if "Memcpy HtoD" in chunk:
+        # every complete event has the value "X" once (its "ph"), however it is spaced; a match for each
+        trusted = chunk.count('"X"') == len(rows)
+        if trusted:
+            try:
+                self.cols.add_text(rows, "\\" in chunk)
+            except ValueError:  # a ts or dur that is not a number: not Kineto's layout after all
+                trusted = False
+        if trusted:
+            self.fast_chunks += 1
+            if "Memcpy" in chunk:  # the runtime call and its device copy may lie in different chunks
                 self.cols.add_link_text(_LINK.findall(chunk))
         else:
             body = chunk.strip().rstrip(",")
@@ -631,7 +668,6 @@ def read_kineto(path, *, progress: Progress | None = None) -> RankTrace:
 
 def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
     meta = parser.meta
-    cols = parser.cols
     step_mask = ev.name_mask(lambda n: _STEP.fullmatch(n) is not None) & ev.cat_mask({"user_annotation"})
     if not step_mask.any():
         raise _no_steps(path)
@@ -645,35 +681,13 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
     device = ev.cat_mask(_DEVICE_CATS)
     device_kind = "cuda" if device.any() else "cpu"
     limits: list[str] = []
-
-    on_thread = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
-    data_mask = on_thread & ev.name_mask(_is_data)
-    data_u = _union(ev.ts[data_mask], ev.end[data_mask])
-    data = _covered(data_u, lo, hi) if data_mask.any() else None
-    if data is None:
-        limits.append("data phase unknown: the step thread has no DataLoader __next__ spans (torch records them "
-                      "only for a torch.utils.data.DataLoader iterated inside the profiled steps)")
-
-    copy_u = _h2d_spans(ev, cols, step_thread, sidx, data_mask.any(), device_kind)
-    if copy_u is None:
-        h2d = None
-        limits.append("h2d phase unknown: with no DataLoader span and no device copy, the batch's copy cannot be "
-                      "told from the step's other ops")
-    else:
-        both = _merge(copy_u, data_u)
-        h2d = _covered(both, lo, hi) - (data if data is not None else 0)
+    data, h2d, optimizer = _host_phases(ev, parser.cols, step_thread, sidx, limits)
     if device_kind == "cpu":
         limits.append("a CPU-only trace records no device: compute, idle and device communication are unknown; "
                       "h2d is the host copy after the batch (on a CPU .to('cpu') returns the same tensor)")
         if meta.get("deviceProperties"):
             limits.append("the trace lists GPUs in deviceProperties but recorded no device activity: profile with "
                           "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] to see the device")
-
-    opt_mask = on_thread & ev.name_mask(_is_optimizer)
-    optimizer = _covered(_union(ev.ts[opt_mask], ev.end[opt_mask]), lo, hi) if opt_mask.any() else None
-    if optimizer is None:
-        limits.append("optimizer phase unknown: no Optimizer.step# spans (torch records them for a "
-                      "torch.optim optimizer)")
 
     compute = idle = comm = comm_exposed = None
     if device_kind == "cuda":
@@ -703,56 +717,78 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
         limits=tuple(limits), provenance=_provenance(path, parser, ev, start_unix, step_thread))
 
 
-def _h2d_spans(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, has_data: bool,
-               device_kind: str):
-    """Union of the host copy spans of the batch: the copy ops right after each step's batch, and the outermost
-    copy op that issued each HtoD memcpy; None where neither can be found."""
+def _host_phases(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, limits: list):
+    """data, h2d, optimizer per step (int64 ns arrays, or None where the trace cannot tell, said in ``limits``)."""
+    lo, hi = ev.ts[sidx], ev.end[sidx]
+    on_thread = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
+    data_mask = on_thread & ev.name_mask(_is_data)
+    data_u = _union(ev.ts[data_mask], ev.end[data_mask])
+    data = _covered(data_u, lo, hi) if data_mask.any() else None
+    if data is None:
+        limits.append("data phase unknown: the step thread has no DataLoader __next__ spans (torch records them "
+                      "only for a torch.utils.data.DataLoader iterated inside the profiled steps)")
+    copy_u = _h2d_spans(ev, cols, step_thread, sidx, bool(data_mask.any()))
+    if copy_u is None:
+        h2d = None
+        limits.append("h2d phase unknown: with no DataLoader span and no device copy, the batch's copy cannot be "
+                      "told from the step's other ops")
+    else:
+        h2d = _covered(_merge(copy_u, data_u), lo, hi) - (data if data is not None else 0)
+    opt_mask = on_thread & ev.name_mask(_is_optimizer)
+    optimizer = _covered(_union(ev.ts[opt_mask], ev.end[opt_mask]), lo, hi) if opt_mask.any() else None
+    if optimizer is None:
+        limits.append("optimizer phase unknown: no Optimizer.step# spans (torch records them for a "
+                      "torch.optim optimizer)")
+    return data, h2d, optimizer
+
+
+def _h2d_spans(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, has_data: bool):
+    """Union of the host copy spans of the batch: the copy ops that are the step's direct children right after
+    its last DataLoader span, and the outermost copy op that issued each HtoD memcpy; None where neither rule
+    applies (no DataLoader span and no HtoD memcpy)."""
     th = np.flatnonzero((ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS))
     order, parent = _nesting(ev.ts[th], ev.end[th])
     rows = th[order]
-    pos_of = {int(r): k for k, r in enumerate(rows)}
-    starts, ends = [], []
-    copy_ids = {i for i, n in enumerate(ev.names) if n in _COPY_OPS}
+    n = len(rows)
+    is_copy = np.isin(ev.name[rows], [i for i, nm in enumerate(ev.names) if nm in _COPY_OPS])
+    picked = np.zeros(n, bool)
     if has_data:
-        is_data = np.isin(ev.name[rows], [i for i, n in enumerate(ev.names) if _is_data(n)])
-        for srow in sidx:
-            sp = pos_of.get(int(srow))
-            if sp is None:
-                continue
-            kids = np.flatnonzero(parent == sp)
-            dk = kids[is_data[kids]]
-            if len(dk) == 0:
-                continue
-            after = kids[kids > dk[-1]]
-            for kid in after:
-                if int(ev.name[rows[kid]]) not in copy_ids:
-                    break
-                starts.append(ev.ts[rows[kid]])
-                ends.append(ev.end[rows[kid]])
+        pos = np.full(len(ev.ts), -1, np.int64)
+        pos[rows] = np.arange(n)
+        is_step = np.zeros(n, bool)
+        is_step[pos[sidx][pos[sidx] >= 0]] = True
+        kid = np.flatnonzero((parent >= 0) & is_step[np.maximum(parent, 0)])
+        owner = parent[kid]
+        is_data = np.isin(ev.name[rows[kid]], [i for i, nm in enumerate(ev.names) if _is_data(nm)])
+        last_data = np.full(n, -1, np.int64)
+        np.maximum.at(last_data, owner[is_data], kid[is_data])
+        after = kid > last_data[owner]
+        first_other = np.full(n, n, np.int64)
+        other = after & ~is_copy[kid] & (last_data[owner] >= 0)
+        np.minimum.at(first_other, owner[other], kid[other])
+        ok = after & is_copy[kid] & (last_data[owner] >= 0) & (kid < first_other[owner])
+        picked[kid[ok]] = True
     htod = {c for (cat, _n, _t, _ts, _d, c) in cols.links if cat == "gpu_memcpy"}
-    if htod:
-        calls = [(t, ts, d) for (cat, _n, t, ts, d, c) in cols.links if cat != "gpu_memcpy" and c in htod
-                 and t == step_thread]
-        call_ts = np.array([int(round(ts * 1000)) for _t, ts, _d in calls], dtype=np.int64)
-        # the runtime calls are rows of the step thread's nesting; climb to the outermost copy op
+    calls = [ts for (cat, _n, t, ts, _d, c) in cols.links if cat != "gpu_memcpy" and c in htod and t == step_thread]
+    if calls:
         rts = ev.ts[rows]
-        rnames = ev.name[rows]
-        rcat_rt = np.isin(ev.cat[rows], [i for i, c in enumerate(ev.cats) if c in ("cuda_runtime", "cuda_driver")])
-        for t0 in call_ts:
-            cand = np.flatnonzero((rts == t0) & rcat_rt)
-            if len(cand) == 0:
+        rt_cat = np.isin(ev.cat[rows], [i for i, c in enumerate(ev.cats) if c in ("cuda_runtime", "cuda_driver")])
+        by_ts = np.argsort(rts, kind="stable")
+        for t0 in np.rint(np.array(calls) * 1000.0).astype(np.int64):
+            lo_i, hi_i = np.searchsorted(rts[by_ts], [t0, t0 + 1])
+            cand = [int(k) for k in by_ts[lo_i:hi_i] if rt_cat[k]]
+            if not cand:
                 continue
-            k = int(cand[0])
-            top = k
-            while parent[k] >= 0:
+            k = top = cand[0]
+            while parent[k] >= 0:  # climb to the outermost copy op that holds the runtime call
                 k = int(parent[k])
-                if int(rnames[k]) in copy_ids:
+                if is_copy[k]:
                     top = k
-            starts.append(ev.ts[rows[top]])
-            ends.append(ev.end[rows[top]])
-    if not starts and not (has_data or htod):
+            picked[top] = True
+    if not has_data and not htod:
         return None
-    return _union(np.array(starts, np.int64), np.array(ends, np.int64))
+    r = rows[picked]
+    return _union(ev.ts[r], ev.end[r])
 
 
 def _device_phases(ev: _Events, device: np.ndarray, lo, hi, length):
@@ -855,8 +891,8 @@ def _provenance(path: Path, parser: _Parser, ev: _Events, start_unix, step_threa
         "path": str(path), "bytes": st.st_size,
         "mtime": _dt.datetime.fromtimestamp(st.st_mtime, _dt.timezone.utc).isoformat(timespec="seconds"),
         "reader": "kineto", "gzip": parser.gz, "events": int(len(ev.ts)),
-        "parse": "exact" if not parser.fast else ("fast" if not parser.fallback_chunks
-                                                   else f"fast, {parser.fallback_chunks} chunks exact"),
+        "parse": {"fast_chunks": parser.fast_chunks, "json_chunks": parser.fallback_chunks,
+                  "restarted": not parser.fast},
         "start_unix_s": start_unix,
     }
     for key in ("schemaVersion", "traceName", "displayTimeUnit", "baseTimeNanoseconds"):

@@ -568,7 +568,81 @@ def instrument_overhead(*, device: str = "auto", blocks: int = 10, steps_per_blo
     return out
 
 
-BENCHMARKS = {"input-pipeline": input_pipeline, "end-to-end": end_to_end, "dataset-cache": dataset_cache,
+#: Targets for reading a 1 GB Kineto trace on this project's 2-core machine (the trace-reader issue's).
+TRACE_TARGETS = {"mb_per_s": (">=", 40.0), "peak_rss_mib": ("<=", 512.0)}
+
+
+def trace_bench(*, size_mb: float = 1024, out: str | Path | None = None, steps: int = 50,
+                timeout_s: float = 1800.0) -> dict[str, Any]:
+    """Read speed and peak memory of the Kineto trace reader on a generated trace of about ``size_mb`` MB.
+
+    The trace (:func:`helpers.traces.synthetic.write_synthetic_kineto`: CUDA-shaped, torch 2.13's layout,
+    ``steps`` ProfilerStep spans) is written into a temporary folder, or into ``out`` where it is kept; a child
+    process (``python -m helpers.traces.readbench``) reads it with :func:`helpers.traces.kineto.read_kineto`, so
+    that its peak RSS is the reader's, with a progress bar on stderr once the read takes 2 s.
+
+    Returns
+    -------
+    dict
+        ``size_mb`` (the file, 1e6 bytes), ``events``, ``steps``, ``write_s``, ``read_s``, ``mb_per_s``,
+        ``peak_rss_mib`` and ``rss_before_read_mib`` (the child's peak resident memory, VmHWM, MiB), ``parse``
+        (how the chunks were read), ``phases_match`` (every step's phases equal to the constructed ones within 1 ns), ``targets``,
+        ``path`` (only with ``out``), ``machine``, ``machine_note``, ``duration_s``.
+
+    Raises
+    ------
+    ParameterError
+        ``size_mb`` <= 0 or ``steps`` < 1.
+    RuntimeError
+        The child process failed or ran past ``timeout_s``.
+    """
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from helpers.traces.synthetic import write_synthetic_kineto
+
+    if not size_mb > 0 or steps < 1:
+        raise ParameterError(f"size_mb must be > 0 and steps >= 1, got {size_mb}, {steps}")
+    t_all = time.perf_counter()
+    before = machine.snapshot()
+    with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
+        folder = Path(out) if out is not None else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "synthetic_4601.1796184147071102324.pt.trace.json"
+        t0 = time.perf_counter()
+        info = write_synthetic_kineto(path, steps=steps, size_mb=size_mb)
+        write_s = time.perf_counter() - t0
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            p = subprocess.run([sys.executable, "-m", "helpers.traces.readbench", str(path)], stdout=subprocess.PIPE,
+                               stderr=None, text=True, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"reading the {info['bytes'] / 1e6:.0f} MB trace took over {timeout_s:.0f} s") from None
+        if p.returncode != 0:
+            raise RuntimeError(f"the reader's process failed (exit {p.returncode}); its error is above")
+        child = json.loads(p.stdout)
+    got, want = child["steps"], info["expected"]
+    match = len(got) == len(want) and all(
+        g[k] is not None and abs(g[k] - v) <= 1e-9 for g, w in zip(got, want) for k, v in w.items())
+    res = {"size_mb": round(info["bytes"] / 1e6, 1), "events": info["events"], "steps": len(got),
+           "write_s": round(write_s, 2), "read_s": round(child["read_s"], 2),
+           "mb_per_s": round(info["bytes"] / 1e6 / child["read_s"], 1), "peak_rss_mib": child["peak_rss_mib"],
+           "rss_before_read_mib": child["rss_before_mib"], "parse": child["parse"], "phases_match": match}
+    res["targets"] = {k: {"rule": f"{op} {t}", "value": res[k], "met": _met(res[k], (op, t))}
+                      for k, (op, t) in TRACE_TARGETS.items()}
+    if out is not None:
+        res["path"] = str(path)
+    res["duration_s"] = round(time.perf_counter() - t_all, 2)
+    res.update(_machine_keys(before))
+    return res
+
+
+BENCHMARKS = {"trace": trace_bench,
+              "input-pipeline": input_pipeline, "end-to-end": end_to_end, "dataset-cache": dataset_cache,
               "dataset-index": dataset_index, "instrument": instrument_overhead}
 
 

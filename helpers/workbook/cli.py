@@ -5,7 +5,8 @@ Commands
 run         execute the notebooks into a run folder and write the report
 diagnose    the quick answer for your own job (--job path/to/job.py:make_job): host-bound verdict and
             the three-run test (real loader, cached batches, synthetic device batches)
-bench       run a benchmark (input-pipeline, end-to-end, dataset-cache, allreduce, ddp, dataset-index, instrument)
+bench       run a benchmark (input-pipeline, end-to-end, dataset-cache, allreduce, ddp, dataset-index, instrument,
+            trace)
             and print its figures as JSON; exit 2 on bad
             flag values or an unavailable backend, 1 when the allreduce job ran and failed or timed out
 notebooks   copy the notebooks and their profiles to a folder of your choice, for JupyterLab
@@ -89,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
 
     be = sub.add_parser("bench", help="run a benchmark and print its figures as JSON")
     be.add_argument("name", choices=("input-pipeline", "end-to-end", "dataset-cache", "allreduce", "ddp",
-                                     "dataset-index", "instrument"),
+                                     "dataset-index", "instrument", "trace"),
                     help="which benchmark")
     be.add_argument("--job", default="", metavar="FILE.py:FACTORY",
                     help="ddp: your own job (path/to/job.py:make_job or module:attr; default: the built-in job)")
@@ -112,6 +113,10 @@ def _parser() -> argparse.ArgumentParser:
                          "(only what they recommended; default: the device's stated defaults, labelled as such)")
     be.add_argument("--images", type=int, default=20_000, metavar="N",
                     help="dataset-index: images in the generated folder (ignored with --data-dir)")
+    be.add_argument("--size-mb", type=float, default=1024, metavar="MB",
+                    help="trace: size of the generated Kineto trace, MB (default: 1024)")
+    be.add_argument("--out", type=Path, default=None, metavar="DIR",
+                    help="trace: write the generated trace here and keep it (default: a temporary folder)")
 
     dc = sub.add_parser("device-check", help="on a borrowed accelerator: the device notebooks, bench input-pipeline "
                                               "and the pinned/pageable bandwidth, in one JSON summary")
@@ -355,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.name == "instrument":
                 print(run_benchmark(args.name, device=args.device))
+                return 0
+            if args.name == "trace":
+                try:
+                    print(run_benchmark(args.name, size_mb=args.size_mb, out=args.out))
+                except RuntimeError as exc:  # the reader's process failed or hung: exit 1
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 1
                 return 0
             if args.name == "end-to-end":
                 print(run_benchmark(args.name, profile=args.profile, device=args.device, data_dir=args.data_dir,

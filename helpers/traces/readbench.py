@@ -1,0 +1,71 @@
+"""Time one :func:`~helpers.traces.kineto.read_kineto` in a process of its own (``python -m helpers.traces.readbench``).
+
+The ``bench trace`` command (helpers/workbook/bench.py) runs this module as a child process, so that the peak
+resident memory it reports is the reader's (plus the interpreter and numpy) and not the generator's. It prints
+one JSON object on stdout: ``read_s`` (wall seconds of the read), ``peak_rss_mib`` and ``rss_before_mib``
+(the peak resident memory of this process after and before the read, MiB), ``steps`` (the steps read, as dicts of
+:class:`~helpers.traces.model.StepPhases` fields), ``events``, ``parse``. A tqdm bar (stderr) shows the bytes read
+once the read has taken 2 s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import sys
+import time
+
+
+def _rss_mib() -> float:
+    """Peak resident memory of this process, MiB: VmHWM (Linux), else ru_maxrss.
+
+    Not ru_maxrss first: on Linux it carries over the parent's peak through fork and exec, so a child started
+    by a large parent would report the parent's memory.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux, bytes on macOS
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Read the trace named in ``argv`` (default: sys.argv[1:]) and print the figures; exit 2 on a TraceError."""
+    from tqdm import tqdm
+
+    from helpers.traces.kineto import read_kineto
+    from helpers.traces.model import TraceError
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m helpers.traces.readbench TRACE.json", file=sys.stderr)
+        return 2
+    before = _rss_mib()
+    bar = tqdm(total=0, unit="B", unit_scale=True, desc="reading trace", file=sys.stderr, delay=2.0,
+               mininterval=0.5)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)  # tqdm shows the bar only once ``delay`` has passed
+
+    t0 = time.perf_counter()
+    try:
+        rt = read_kineto(args[0], progress=progress)
+    except TraceError as exc:
+        bar.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    read_s = time.perf_counter() - t0
+    bar.close()
+    print(json.dumps({"read_s": read_s, "peak_rss_mib": round(_rss_mib(), 1), "rss_before_mib": round(before, 1),
+                      "events": rt.provenance.get("events"), "parse": rt.provenance.get("parse"),
+                      "device_kind": rt.device_kind, "steps": [dataclasses.asdict(s) for s in rt.steps]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

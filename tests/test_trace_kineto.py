@@ -1,0 +1,349 @@
+"""The Kineto trace reader: real torch.profiler traces, hand-built ones with known phases, and bad files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.traces import kineto
+from helpers.traces.kineto import looks_like_kineto, read_kineto
+from helpers.traces.model import TraceError
+from helpers.traces.synthetic import StepTiming, write_synthetic_kineto
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA_SPAN = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def _profile_cpu(out: Path) -> Path:
+    """A real trace: a tiny MLP fed by a DataLoader, 3 profiled steps (ProfilerStep#2..#4) on the CPU."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    loader = DataLoader(TensorDataset(torch.randn(256, 32), torch.randn(256, 1)), batch_size=16)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+                 on_trace_ready=tensorboard_trace_handler(str(out))) as prof:
+        for i, (x, y) in enumerate(loader):
+            x, y = x.to("cpu"), y.to("cpu")
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prof.step()
+            if i >= 5:
+                break
+    (trace,) = out.glob("*.pt.trace.json")
+    return trace
+
+
+@pytest.fixture(scope="module")
+def cpu_trace(tmp_path_factory) -> Path:
+    return _profile_cpu(tmp_path_factory.mktemp("cpu"))
+
+
+def _spans(trace: Path) -> tuple[list[dict], list[dict]]:
+    """The ProfilerStep spans and all complete events, read with the stdlib (independently of the reader)."""
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e for e in events if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    return steps, events
+
+
+def _inside(step: dict, events: list[dict], pred) -> float:
+    """Seconds of the (non-overlapping) events matching ``pred`` that lie inside ``step``."""
+    lo, hi = step["ts"], step["ts"] + step["dur"]
+    return sum(e["dur"] for e in events if pred(e["name"]) and lo <= e["ts"] < hi) / 1e6
+
+
+def test_a_real_cpu_trace_gives_its_steps_data_and_optimizer(cpu_trace):
+    rt = read_kineto(cpu_trace)
+    steps, events = _spans(cpu_trace)
+    assert [s.step for s in rt.steps] == [int(e["name"].split("#")[1]) for e in steps] == [2, 3, 4]
+    for got, span in zip(rt.steps, steps):
+        assert got.step_s == pytest.approx(span["dur"] / 1e6, abs=1e-9)
+        assert got.data == pytest.approx(_inside(span, events, lambda n: n == DATA_SPAN), abs=1e-9)
+        assert got.optimizer == pytest.approx(_inside(span, events, lambda n: n.startswith("Optimizer.")), abs=1e-9)
+        assert 0 <= got.h2d < got.data  # the x.to("cpu") after the batch: a no-op of microseconds
+        assert got.compute is got.idle is got.comm is got.comm_exposed is None
+        assert 0 < got.exposed_fraction < 1
+    assert rt.format == "kineto" and rt.device_kind == "cpu" and rt.rank is None and rt.run_id is None
+    assert rt.node == socket.gethostname()
+    assert any("CPU-only" in line for line in rt.limits)
+    assert 0 < len(rt.top_ops) <= 20
+    assert [o["self_ms"] for o in rt.top_ops] == sorted((o["self_ms"] for o in rt.top_ops), reverse=True)
+    assert all(set(o) == {"name", "calls", "self_ms", "where"} and o["where"] == "host" for o in rt.top_ops)
+    assert not any(o["name"].startswith("ProfilerStep#") for o in rt.top_ops)
+    prov = rt.provenance
+    assert prov["reader"] == "kineto" and prov["bytes"] == cpu_trace.stat().st_size and prov["gzip"] is False
+    assert prov["path"] == str(cpu_trace) and prov["mtime"].endswith("+00:00") and prov["schemaVersion"] == 1
+
+
+def test_gzipped_and_chunked_reads_give_the_same_steps(cpu_trace, tmp_path, monkeypatch):
+    plain = read_kineto(cpu_trace)
+    gz = tmp_path / (cpu_trace.name + ".gz")
+    gz.write_bytes(gzip.compress(cpu_trace.read_bytes()))
+    zipped = read_kineto(gz)
+    assert zipped.steps == plain.steps and zipped.provenance["gzip"] is True
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 4096)  # the fast path's chunks, several in a small file
+    chunked = read_kineto(cpu_trace)
+    assert chunked.steps == plain.steps and chunked.top_ops == plain.top_ops
+    assert chunked.provenance["parse"]["fast_chunks"] > 3
+
+
+def test_progress_reports_bytes_up_to_the_file_size(cpu_trace, monkeypatch):
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 4096)
+    monkeypatch.setattr(kineto, "PROGRESS_EVERY_S", 0.0)
+    calls = []
+    read_kineto(cpu_trace, progress=lambda done, total: calls.append((done, total)))
+    size = cpu_trace.stat().st_size
+    assert len(calls) > 3 and calls[-1] == (size, size)
+    assert all(t == size for _, t in calls) and [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+@pytest.mark.parametrize("layout,gz", [("torch", False), ("torch", True), ("compact", False)])
+def test_synthetic_cuda_trace_phases_are_the_constructed_ones(tmp_path, monkeypatch, layout, gz):
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 16384)
+    path = tmp_path / ("w_1.1.pt.trace.json" + (".gz" if gz else ""))
+    info = write_synthetic_kineto(path, steps=4, units_per_step=40, layout=layout, gzip=gz, rank=3, world_size=4)
+    rt = read_kineto(path)
+    assert rt.device_kind == "cuda" and (rt.rank, rt.world_size) == (3, 4) and rt.node == "synthetic"
+    assert rt.run_id.startswith("nccl-w4-")
+    for got, want in zip(rt.steps, info["expected"], strict=True):
+        for key, value in want.items():
+            assert getattr(got, key) == pytest.approx(value, abs=1e-9), key
+    parse = rt.provenance["parse"]
+    assert parse["restarted"] is (layout == "compact")  # compact JSON is read again with the exact path
+    assert {o["where"] for o in rt.top_ops} == {"host", "device"}
+
+
+def _write(path: Path, events: list[dict], **meta) -> Path:
+    path.write_text(json.dumps({"schemaVersion": 1, **meta, "traceEvents": events, "traceName": str(path)}))
+    return path
+
+
+def _x(name, ts, dur, *, cat="cpu_op", pid=1, tid=1, **args):
+    ev = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+    if args:
+        ev["args"] = args
+    return ev
+
+
+def test_hand_built_cuda_step_idle_compute_and_exposed_comm(tmp_path):
+    # one 1000 us step; memcpy [50, 80]; compute kernels [100, 300] and [250, 400]; NCCL [350, 600]
+    events = [
+        _x("ProfilerStep#7", 0, 1000, cat="user_annotation"),
+        _x("aten::to", 20, 70), _x("aten::_to_copy", 22, 66), _x("aten::copy_", 24, 62),
+        _x("cudaMemcpyAsync", 25, 60, cat="cuda_runtime", correlation=7),
+        _x("Memcpy HtoD (Pageable -> Device)", 50, 30, cat="gpu_memcpy", pid=0, tid=7, correlation=7),
+        _x("aten::mm", 95, 10), _x("gemm_kernel", 100, 200, cat="kernel", pid=0, tid=7),
+        _x("relu_kernel", 250, 150, cat="kernel", pid=0, tid=8),
+        _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 350, 250, cat="kernel", pid=0, tid=20),
+    ]
+    rt = read_kineto(_write(tmp_path / "t.json", events, deviceProperties=[{"id": 0}]))
+    (s,) = rt.steps
+    assert (s.step, s.step_s) == (7, pytest.approx(1e-3))
+    assert s.compute == pytest.approx(300e-6)  # [100, 400]
+    assert s.comm == pytest.approx(250e-6)
+    assert s.comm_exposed == pytest.approx(200e-6)  # [400, 600]: no compute kernel under it
+    assert s.idle == pytest.approx(470e-6)  # 1000 - |[50, 80] + [100, 600]|
+    assert s.h2d == pytest.approx(70e-6)  # the aten::to that issued the HtoD copy
+    assert s.data is None and any("data phase unknown" in line for line in rt.limits)
+    top = {o["name"]: o for o in rt.top_ops}
+    assert top["gemm_kernel"]["self_ms"] == pytest.approx(0.2) and top["gemm_kernel"]["where"] == "device"
+    assert top["aten::to"]["self_ms"] == pytest.approx(0.004)  # 70 - its child's 66 us
+
+
+def test_hand_built_cpu_step_data_copy_and_gloo_wait(tmp_path):
+    events = [
+        _x("ProfilerStep#3", 0, 1000, cat="user_annotation"),
+        _x("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 10, 200, cat="user_annotation"),
+        _x("aten::to", 215, 10), _x("aten::to", 226, 4),  # the batch's copies
+        _x("aten::linear", 230, 70), _x("aten::to", 300, 5),  # a dtype change inside the model: not h2d
+        _x("c10d::allreduce_", 290, 5),
+        _x("gloo:all_reduce", 295, 555, cat="user_annotation", tid=2),  # in flight [295, 850]
+        _x("Optimizer.step#SGD.step", 800, 100, cat="user_annotation"),
+    ]
+    rt = read_kineto(_write(tmp_path / "t.json", events,
+                            distributedInfo={"backend": "gloo", "rank": 1, "world_size": 2, "pg_config": []}))
+    (s,) = rt.steps
+    assert s.data == pytest.approx(200e-6) and s.h2d == pytest.approx(14e-6)
+    assert s.optimizer == pytest.approx(100e-6)
+    assert s.comm == pytest.approx(555e-6)
+    assert s.comm_exposed == pytest.approx(495e-6)  # [305, 800]: the training thread runs nothing
+    assert s.compute is s.idle is None and rt.device_kind == "cpu" and (rt.rank, rt.world_size) == (1, 2)
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"", "empty"),
+    (b"hello, not json", "not a JSON object"),
+    (b'{"model": "resnet", "epochs": 3}', "no traceEvents"),
+    (b'[{"ph": "X"}]', "bare JSON array"),
+])
+def test_bad_files_say_what_is_wrong(tmp_path, content, needle):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceError, match=needle) as info:
+        read_kineto(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_truncated_trace_is_caught_before_the_parse(cpu_trace, tmp_path, monkeypatch):
+    path = tmp_path / cpu_trace.name
+    data = cpu_trace.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    monkeypatch.setattr(kineto, "_parse", lambda *a: pytest.fail("parsed a file whose end is missing"))
+    with pytest.raises(TraceError, match="ends early.*killed"):
+        read_kineto(path)
+
+
+@pytest.mark.parametrize("how", ["json cut, then gzipped", "gzip stream cut"])
+def test_a_truncated_gzip_says_the_file_ends_early(cpu_trace, tmp_path, how):
+    data = cpu_trace.read_bytes()
+    blob = gzip.compress(data[: len(data) // 2]) if how.startswith("json") else gzip.compress(data)[:2000]
+    path = tmp_path / "t.pt.trace.json.gz"
+    path.write_bytes(blob)
+    with pytest.raises(TraceError, match="ends early"):
+        read_kineto(path)
+
+
+def test_a_corrupt_gzip_is_named(tmp_path):
+    path = tmp_path / "t.pt.trace.json.gz"
+    path.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4)
+    with pytest.raises(TraceError, match="gzip data is corrupt") as info:
+        read_kineto(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_trace_without_profiler_steps_says_how_to_record_them(cpu_trace, tmp_path):
+    doc = json.loads(cpu_trace.read_text())
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name")).startswith("ProfilerStep#")]
+    path = tmp_path / "nosteps.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"no ProfilerStep#N.*torch\.profiler\.schedule.*prof\.step\(\)"):
+        read_kineto(path)
+
+
+def test_looks_like_kineto_sniffs_names_and_heads(cpu_trace, tmp_path):
+    assert looks_like_kineto(cpu_trace)
+    renamed = tmp_path / "trace.json"
+    renamed.write_bytes(cpu_trace.read_bytes())
+    assert looks_like_kineto(renamed)
+    gz = tmp_path / "trace.json.gz"
+    gz.write_bytes(gzip.compress(cpu_trace.read_bytes()))
+    assert looks_like_kineto(gz)
+    other = tmp_path / "config.json"
+    other.write_text('{"lr": 0.1}')
+    assert not looks_like_kineto(other)
+    assert not looks_like_kineto(tmp_path) and not looks_like_kineto(tmp_path / "missing.json")
+
+
+def test_the_generator_rejects_a_step_too_short_for_its_ops(tmp_path):
+    from helpers.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="do not fit"):
+        write_synthetic_kineto(tmp_path / "t.json", steps=1, units_per_step=20_000, timing=StepTiming())
+    info = write_synthetic_kineto(tmp_path / "t.json", steps=1, units_per_step=20_000, device="cpu")
+    assert info["expected"][0]["step_s"] == pytest.approx(0.24)
+
+
+def _ddp_rank(rank: int, world: int, out: str, port: int, slow_rank: int) -> None:
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+    from torch.utils.data import DataLoader, TensorDataset
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    loader = DataLoader(TensorDataset(torch.randn(256, 64), torch.randn(256, 1)), batch_size=16)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+                 on_trace_ready=tensorboard_trace_handler(out)) as prof:
+        for i, (x, y) in enumerate(loader):
+            if rank == slow_rank:
+                time.sleep(0.03)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prof.step()
+            if i >= 5:
+                break
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_show_the_wait_for_the_slow_one_as_communication(tmp_path):
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_ddp_rank, args=(2, str(tmp_path), port, 1), nprocs=2)
+    ranks = sorted((read_kineto(p) for p in tmp_path.glob("*.pt.trace.json")), key=lambda r: r.rank)
+    assert [(r.rank, r.world_size) for r in ranks] == [(0, 2), (1, 2)]
+    assert ranks[0].run_id == ranks[1].run_id and ranks[0].run_id.startswith("gloo-w2-")
+    fast, slow = ([sorted(s.comm_exposed for s in r.steps)[1] for r in ranks])
+    assert fast > 0.02  # rank 0 waits ~30 ms a step for rank 1's sleep, inside its allreduce
+    assert slow < fast / 3
+    assert all(s.comm >= s.comm_exposed for r in ranks for s in r.steps)
+
+
+def test_bench_trace_prints_its_figures(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "helpers", "bench", "trace", "--size-mb", "3", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert out["phases_match"] is True and out["steps"] == 50
+    assert 2.5 < out["size_mb"] < 3.5
+    assert Path(out["path"]).stat().st_size == pytest.approx(out["size_mb"] * 1e6, abs=0.051e6)  # kept with --out
+    assert out["mb_per_s"] > 0 and 0 < out["rss_before_read_mib"] <= out["peak_rss_mib"]
+    assert set(out["targets"]) == {"mb_per_s", "peak_rss_mib"}
+    assert all(isinstance(t["met"], bool) for t in out["targets"].values())
+    assert isinstance(out["machine"]["busy"], bool) and out["machine_note"]
+
+
+def test_a_long_trace_without_steps_stops_early(tmp_path, monkeypatch):
+    path = write_synthetic_kineto(tmp_path / "t.pt.trace.json", steps=6, units_per_step=400)["path"]
+    doc = Path(path).read_text().replace("ProfilerStep#", "Iteration#")
+    Path(path).write_text(doc)
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 65536)
+    monkeypatch.setattr(kineto, "EARLY_NO_STEP_EVENTS", 1000)
+    with pytest.raises(TraceError, match=r"no ProfilerStep#N annotations in its first [\d,]+ events"):
+        read_kineto(path)
+
+
+def test_the_node_comes_from_the_handlers_file_name_without_host_name(tmp_path):
+    path = tmp_path / "node-a7_4784.1796184176582195552.pt.trace.json"
+    _write(path, [_x("ProfilerStep#1", 0, 100, cat="user_annotation")])
+    rt = read_kineto(path)
+    assert rt.node == "node-a7" and rt.steps[0].data is None and rt.steps[0].optimizer is None
+    assert any("optimizer phase unknown" in line for line in rt.limits)
+
+
+def test_a_copy_is_linked_to_its_device_memcpy_across_chunks(tmp_path, monkeypatch):
+    # Kineto writes the host events first and the device events after them: the link spans chunks
+    host = [_x("ProfilerStep#1", 0, 5000, cat="user_annotation"), _x("aten::to", 10, 300),
+            _x("aten::_to_copy", 11, 298), _x("aten::copy_", 12, 296),
+            _x("cudaMemcpyAsync", 13, 294, cat="cuda_runtime", correlation=99)]
+    filler = [_x("aten::add", 400 + i, 1) for i in range(2000)]
+    device = [_x("Memcpy HtoD (Pageable -> Device)", 20, 280, cat="gpu_memcpy", pid=0, tid=7, correlation=99)]
+    path = _write(tmp_path / "t.json", host + filler + device)
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 8192)
+    rt = read_kineto(path)
+    assert rt.provenance["parse"]["fast_chunks"] > 5
+    assert rt.steps[0].h2d == pytest.approx(300e-6) and rt.device_kind == "cuda"
