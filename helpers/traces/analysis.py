@@ -38,6 +38,8 @@ PHASES: tuple[str, ...] = (*HOST_PHASES, *DEVICE_PHASES, "comm")
 #: Exposed communication above this share of the step is named as a further lever (notebook 08): the same default
 #: as notebook 01's ``host_bound_threshold``, the share of a step below which a lever is not worth a notebook.
 COMM_NOTE_SHARE = 0.10
+#: Fewer annotated steps than this and a rank's medians rest on too few steps to have a spread (an IQR needs a few).
+FEW_STEPS = 3
 #: Top operators kept in the analysis (the readers keep at most 20 per rank, :class:`RankTrace`).
 TOP_OPS = 10
 
@@ -167,6 +169,9 @@ def _summarize(trace: RankTrace, threshold: float) -> RankSummary:
     phases = {"step_s": _stat([s.step_s for s in steps])}
     phases.update({p: _stat([getattr(s, p) for s in steps]) for p in PHASES})
     limits = list(trace.limits)
+    if len(steps) < FEW_STEPS:
+        limits.append(f"{trace.label}: only {len(steps)} step{'' if len(steps) == 1 else 's'} recorded, too few for "
+                      "a spread: one slow step moves the median; record more (torch.profiler.schedule(active=...))")
     with_data = [s for s in steps if s.data is not None]
     fractions = [f for f in (s.exposed_fraction for s in with_data) if f is not None]
     exposed = _stat(fractions)
@@ -315,7 +320,7 @@ class TraceAnalysis:
         counts = sorted({r.steps for r in self.ranks})
         steps = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
         who = "one process" if n == 1 and self.ranks[0].rank is None else f"{n} rank{'s' if n > 1 else ''}"
-        return (f"profiler trace of {who} ({fmts}, {kinds}), {steps} annotated steps"
+        return (f"profiler trace of {who} ({fmts}, {kinds}), {steps} annotated step{'' if steps == '1' else 's'}"
                 f"{' per rank' if n > 1 else ''}; exposed input = time the step waits for data and the host-to-device "
                 "copy")
 
