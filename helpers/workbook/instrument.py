@@ -598,15 +598,15 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
     if input_culprit:
         found = sorted(slow.findings, key=lambda f: f.rank)
         who = (f"node {slow.node}, ranks {' and '.join(str(f.rank) for f in found)}" if slow.node else
-               " and ".join(f"rank {f.rank} (node {f.node})" if f.node else f"rank {f.rank}" for f in found))
+               " and ".join(f"rank {f.rank} on node {f.node}" if f.node else f"rank {f.rank}" for f in found))
     else:
-        who = f"rank {top}" + (f" (node {payloads[top]['node']})" if payloads[top].get("node") else "")
+        who = f"rank {top}" + (f" on node {payloads[top]['node']}" if payloads[top].get("node") else "")
     their = "their" if input_culprit and len(slow.findings) > 1 else "its"
     low = min(exposed.values())
     head = (f"inconclusive: {check.sentence()}; what it measured: " if check is not None and check.busy else "")
     if b.label == bottleneck.DEVICE_BOUND:
-        line = (f"job: {head}{b.label}: no rank's input is exposed more than {threshold:.0%} of its step (the largest, "
-                f"{who}'s, {x:.0%}); {b.reason}")
+        line = (f"job: {head}{b.label}: no rank's input is exposed more than {threshold:.0%} of its step (the largest is "
+                f"{x:.0%}, {who}); {b.reason}")
     else:
         wait = (f"; the other ranks' smaller shares (down to {low:.0%}) are their wait for it in the collectives, "
                 "not free input: every step of a synchronous job waits for its slowest rank" if input_culprit else
