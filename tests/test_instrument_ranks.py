@@ -204,3 +204,69 @@ def test_a_rank_killed_before_report_is_named_and_the_others_are_reported(tmp_pa
     assert "rank(s) 2 of 3 did not report within the timeout" in text
     assert "slow: rank 1 is the slow rank" in text
     assert time.monotonic() - t0 < 60
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(tmp_path, *, nodes, env=(), timeout_s=150):
+    """``nodes`` torchrun launches of 2 gloo ranks each on this machine (c10d rendezvous on a free port), running
+    tests/instrument_ranks_job.py; returns (rank 0's report as a dict, each launch's stdout, stderr)."""
+    port, out = _free_port(), tmp_path / "report.json"
+    base = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(out), "OMP_NUM_THREADS": "1", **dict(env)}
+    procs = []
+    for n in range(nodes):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(n),
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", "2",
+               "--monitor-interval", "0.5", str(JOB)]
+        procs.append(subprocess.Popen(cmd, env=base, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    try:
+        res = [p.communicate(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(e[-3000:] for _, e in res)
+    return json.loads(out.read_text()), [o for o, _ in res], [e for _, e in res]
+
+
+@pytest.mark.slow
+@pytest.mark.busy_safe  # the slowed loader is a sleep
+def test_two_ranks_under_torchrun_print_one_table_and_one_verdict(tmp_path):
+    rep, outs, _ = _torchrun(tmp_path, nodes=1, env={"SLOW_RANK": "1", "WITH_MODEL": "1"})
+    printed = outs[0]
+    assert printed.count("your loop: ") == 1 and printed.count("\njob: ") == 1  # rank 1 printed nothing
+    assert printed.startswith("your loop: 2 of 2 ranks on 1 node(s), 12 steps measured per rank (gathered through "
+                              "the process group")
+    assert [r["rank"] for r in rep["ranks"]] == [0, 1]
+    assert rep["slow"]["slow_ranks"] == ["rank 1"] and rep["slow"]["phase"] == "data"
+    assert rep["measured_recommendation"] == "host-bound" and rep["bound_by"].startswith("rank 1 on node 0 (")
+    assert rep["communication"].startswith("allreduce hidden behind backward (DDP's own timers")
+
+
+@pytest.mark.slow
+@pytest.mark.busy_safe
+@pytest.mark.parametrize("slowed", ["node", "rank", "none"])
+def test_two_nodes_on_this_machine_name_the_slow_node_the_slow_rank_or_none(tmp_path, slowed):
+    env = {"node": {"SLOW_NODE": "1"}, "rank": {"SLOW_RANK": "2"}, "none": {}}[slowed]
+    rep, outs, _ = _torchrun(tmp_path, nodes=2, env=env)
+    text = outs[0] + outs[1]
+    assert text.count("your loop: ") == 1 and text.count("\njob: ") == 1
+    nodes = {r["rank"]: r["node"] for r in rep["ranks"]}
+    assert sorted(nodes) == [0, 1, 2, 3] and len(set(nodes.values())) == 2
+    node1 = [r for r, n in nodes.items() if n.startswith("1 (")]
+    slow = rep["slow"]
+    if slowed == "node":
+        assert slow["node"] == nodes[node1[0]] and sorted(slow["ranks"]) == sorted(node1) == [2, 3]
+        assert slow["phase"] == "data" and rep["measured_recommendation"] == "host-bound"
+        assert rep["verdict"].startswith("job: ") and f"host-bound because of node {slow['node']}" in rep["verdict"]
+        print(outs[0])  # the note's printed report (pytest -s)
+    elif slowed == "rank":
+        assert slow["node"] is None and slow["ranks"] == [2] and slow["phase"] == "data"
+        assert rep["measured_recommendation"] == "host-bound"
+    else:
+        assert slow["findings"] == [] and rep["measured_recommendation"] == "device-bound"
