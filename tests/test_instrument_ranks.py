@@ -270,3 +270,66 @@ def test_two_nodes_on_this_machine_name_the_slow_node_the_slow_rank_or_none(tmp_
         assert rep["measured_recommendation"] == "host-bound"
     else:
         assert slow["findings"] == [] and rep["measured_recommendation"] == "device-bound"
+
+
+_SLOW_JOB = '''
+import os, time
+import torch
+from helpers.jobs.supervised import supervised_job
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        if os.environ.get("RANK") == "1":
+            time.sleep(0.01)  # rank 1's samples are slow to read
+        return torch.full((16,), float(i % 7)), torch.tensor(float(i % 3))
+
+
+def make_job(batch_size=4):
+    torch.set_num_threads(1)
+    return supervised_job(Data(), lambda: torch.nn.Linear(16, 1), lambda o, y: torch.nn.functional.mse_loss(
+        o.squeeze(-1), y), lambda p: torch.optim.SGD(p, lr=0.01), batch_size=batch_size, name="slow job")
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.busy_safe  # rank 1's loader is a sleep
+def test_diagnose_under_torchrun_reports_every_rank_and_the_jobs_ceiling(tmp_path):
+    (tmp_path / "slowjob.py").write_text(_SLOW_JOB)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "helpers",
+           "diagnose", "--job", f"{tmp_path / 'slowjob.py'}:make_job", "--device", "cpu", "--steps", "6",
+           "--warmup-steps", "1", "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=200, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)  # rank 0 alone prints: its own runs, and the job's
+    job = out["job_ranks"]
+    assert [r["rank"] for r in job["ranks"]] == [0, 1] and job["missing"] == []
+    assert job["ranks"][0]["exposed_input_fraction"] < 0.10 < job["ranks"][1]["exposed_input_fraction"]
+    assert job["measured_recommendation"] == "host-bound" and job["bound_by"].startswith("rank 1 on node 0 (")
+    assert job["slow"]["slow_ranks"] == ["rank 1"] and job["slow"]["phase"] == "data"
+    assert job["free_input_speedup"]["ratio"] > 1.5
+
+
+def _three_run_payload(rank, exposed, real, synth, data_s):
+    steps = {"data": [data_s] * 6, "h2d": [0.0] * 6, "compute": [real / 1e3 - data_s] * 6, "step_s": [real / 1e3] * 6}
+    return {"rank": rank, "node": "0 (vm)", "device_kind": "cpu", "recommendation": "host-bound" if exposed > 0.1
+            else "device-bound", "measured_recommendation": "", "exposed_input_fraction": exposed,
+            "step_ms": {"real": real, "cached": synth + 1, "synthetic": synth},
+            "free_input_speedup": {"ratio": real / synth, "ci_low": real / synth - 0.5, "ci_high": real / synth + 0.5},
+            "real_steps": steps}
+
+
+def test_the_jobs_free_input_ceiling_is_the_slowest_ranks():
+    from helpers.workbook.job_diagnose import job_summary
+
+    s = job_summary({0: _three_run_payload(0, 0.01, 50.0, 6.0, 0.0005), 1: _three_run_payload(1, 0.85, 49.0, 5.0, 0.042)},
+                    world_size=3, missing=(2,))
+    assert s["measured_recommendation"] == "host-bound" and s["bound_by"] == "rank 1 on node 0 (vm)"
+    assert s["free_input_speedup"]["ratio"] == pytest.approx(50.0 / 6.0) and s["free_input_speedup"]["slowest_rank"] == 0
+    text = "\n".join(s["lines"])
+    assert "the job's free-input ceiling: 8.33x" in text and "the slowest rank bounds a synchronous job" in text
+    assert "rank(s) 2 did not report within the timeout" in text and "slow: rank 1 is the slow rank" in text
