@@ -2,7 +2,7 @@
 
 Run by torchrun (gloo, CPU). Environment: ``SLOW_NODE`` (a node rank whose ranks' loader sleeps ``SLOW_S``
 per batch), ``SLOW_RANK`` (one global rank that does), ``STEPS``, ``NO_GROUP=1`` (no process group: the ranks
-train apart and gather through files), ``DIE_RANK`` (that rank SIGKILLs itself before report()),
+train apart and gather through files), ``DIE_RANK`` (that rank SIGKILLs itself before report()), ``EXIT_RANK`` (that rank exits 0 before it),
 ``STEPS_RANK``/``STEPS_EXTRA`` (that rank takes extra steps), ``OUT`` (rank 0 writes its report's as_dict() there).
 """
 
@@ -54,6 +54,8 @@ for x, y in loop:
     time.sleep(0.005)  # a little device time of its own
 if str(rank) == os.environ.get("DIE_RANK"):
     os.kill(os.getpid(), signal.SIGKILL)
+if str(rank) == os.environ.get("EXIT_RANK"):
+    os._exit(0)  # stops before report() without an error: torchrun lets the others finish
 rep = loop.report()
 if rank == 0 and os.environ.get("OUT"):
     with open(os.environ["OUT"], "w") as f:

@@ -350,3 +350,38 @@ def test_the_overhead_under_torchrun_with_two_ranks_is_not_measurably_above_3_pe
     for r in res["ranks"]:
         assert r["ci_low"] <= r["overhead"] <= r["ci_high"]
         assert r["ci_low"] <= 1.03, r  # an interval wholly above the target would be a measured overhead
+
+
+def test_file_gather_in_one_process_keeps_to_its_own_job(tmp_path):
+    r0, r1 = gather.RankIdentity(rank=0, world_size=2), gather.RankIdentity(rank=1, world_size=2)
+    assert gather.gather_to_root({"x": 1}, r1, name="t-1", folder=tmp_path, started_at=1000.0) is None
+    got = gather.gather_to_root({"x": 0}, r0, name="t-1", folder=tmp_path, started_at=1005.0, timeout_s=5)
+    assert got.payloads == {0: {"x": 0}, 1: {"x": 1}} and got.missing == () and got.transport.startswith("folder")
+    # a file left by an earlier launch with the same key (rank 1 started an hour before rank 0) is not this job's
+    gather.gather_to_root({"x": "old"}, r1, name="t-2", folder=tmp_path, started_at=1000.0)
+    stale = gather.gather_to_root({"x": 0}, r0, name="t-2", folder=tmp_path, started_at=4600.0, timeout_s=0.3)
+    assert stale.missing == (1,) and set(stale.payloads) == {0}
+    with pytest.raises(ParameterError, match="timeout_s"):
+        gather.gather_to_root({}, r0, name="t", folder=tmp_path, timeout_s=0)
+    with pytest.raises(ParameterError, match="name"):
+        gather.gather_to_root({}, r0, name="a/b", folder=tmp_path)
+    with pytest.raises(ParameterError, match="not JSON"):
+        gather.gather_to_root({"x": object()}, r0, name="t", folder=tmp_path)
+    with pytest.raises(ParameterError, match="no rendezvous folder"):
+        gather.gather_to_root({}, r0, name="t", folder=None)
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_killed_rank_stops_the_job_and_rank_0_reports_the_others_first(tmp_path):
+    """torchrun ends the remaining ranks with SIGTERM when one dies: rank 0, waiting in report(), reports the
+    ranks present, names the dead one, then ends as torchrun asked (no hang, no 60 s timeout)."""
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "--monitor-interval", "0.5", str(JOB)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=200, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "DIE_RANK": "1",
+                            "GATHER_TIMEOUT": "120"})
+    assert p.returncode != 0  # the job failed: torchrun says so
+    assert p.stdout.startswith("your loop: 1 of 2 ranks on 1 node(s)"), p.stderr[-3000:]
+    assert "rank(s) 1 of 2 did not report: the launcher stopped the job (SIGTERM: a rank failed)" in p.stdout
+    assert time.monotonic() - t0 < 110  # well before rank 0's 120 s timeout

@@ -18,7 +18,9 @@ share a host name but not a node rank.
   the folder must be shared by them (NFS, a cluster file system).
 
 Rank 0 gets a :class:`Gathered`: the payloads found and the ranks missing at the timeout; the other ranks get
-None and do not wait. This module imports torch only inside :func:`gather_to_root`, and knows nothing of what
+None and do not wait. Under torchrun a rank that dies makes the launcher stop the others with SIGTERM: while
+rank 0 waits, that signal ends the wait instead, so that rank 0 can report the ranks present before it ends
+(:func:`resume_signal`). This module imports torch only inside :func:`gather_to_root`, and knows nothing of what
 the payloads hold.
 """
 
@@ -26,16 +28,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from helpers.errors import ParameterError
 
-__all__ = ["DEFAULT_TIMEOUT_S", "STALE_S", "Gathered", "RankIdentity", "check_folder", "gather_to_root", "job_key"]
+__all__ = ["DEFAULT_TIMEOUT_S", "STALE_S", "Gathered", "RankIdentity", "check_folder", "gather_to_root", "job_key",
+           "resume_signal"]
 
 #: How long rank 0 waits for the other ranks' payloads by default, seconds: ranks of a synchronous job reach the
 #: end of their loop within a step of each other, so a minute is long for them and short for a person waiting.
@@ -177,6 +183,10 @@ class Gathered:
         "process group" or "folder <path>".
     waited_s : float
         Seconds rank 0 waited.
+    stopped_by : str
+        "SIGTERM" when the launcher stopped rank 0 while it waited (torchrun ends the remaining ranks with
+        SIGTERM as soon as one fails): the payloads are what had arrived, and the caller should report them and
+        then end as the launcher asked (:func:`resume_signal`); "" otherwise.
     """
 
     payloads: Mapping[int, Mapping[str, Any]]
@@ -184,6 +194,30 @@ class Gathered:
     world_size: int
     transport: str
     waited_s: float
+    stopped_by: str = ""
+
+
+def resume_signal(got: "Gathered | None") -> None:
+    """End this process as the launcher asked when rank 0's wait was stopped by it (``got.stopped_by``); a no-op
+    otherwise. Call it after reporting what had arrived."""
+    if got is not None and got.stopped_by == "SIGTERM":
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+
+
+@contextmanager
+def _sigterm_stops(flag: list):
+    """While rank 0 waits: SIGTERM (torchrun's stop after another rank failed) ends the wait instead of the
+    process, so that what arrived is reported; the previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: flag.append("SIGTERM"))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _group_store():
@@ -242,6 +276,7 @@ def gather_to_root(payload: Mapping[str, Any], identity: RankIdentity, *, name: 
         raise ParameterError(f"gather payload of rank {identity.rank} is not JSON: {exc}") from None
     world, me = identity.world_size, identity.rank
     t0 = time.monotonic()
+    stopped: list[str] = []
     store = _group_store()
     if store is not None:
         prefix = f"helpers-gather/{name}/"
@@ -249,13 +284,14 @@ def gather_to_root(payload: Mapping[str, Any], identity: RankIdentity, *, name: 
         if me != 0:
             return None
         got: dict[int, Mapping[str, Any]] = {0: dict(payload)}
-        while True:
-            for r in range(1, world):
-                if r not in got and store.check([f"{prefix}{r}"]):
-                    got[r] = json.loads(store.get(f"{prefix}{r}"))["payload"]
-            if len(got) == world or time.monotonic() - t0 >= timeout_s:
-                break
-            time.sleep(poll_s)
+        with _sigterm_stops(stopped):
+            while True:
+                for r in range(1, world):
+                    if r not in got and store.check([f"{prefix}{r}"]):
+                        got[r] = json.loads(store.get(f"{prefix}{r}"))["payload"]
+                if len(got) == world or time.monotonic() - t0 >= timeout_s or stopped:
+                    break
+                time.sleep(poll_s)
         for r in got:
             try:
                 store.delete_key(f"{prefix}{r}")
@@ -278,20 +314,21 @@ def gather_to_root(payload: Mapping[str, Any], identity: RankIdentity, *, name: 
         if me != 0:
             return None
         got = {0: dict(payload)}
-        while True:
-            for r in range(1, world):
-                if r in got:
-                    continue
-                p = folder / f"{name}.rank{r}.json"
-                try:
-                    rec = json.loads(p.read_text())
-                except (OSError, ValueError):  # not there yet (a rename is atomic: never half a file)
-                    continue
-                if abs(float(rec.get("started_at", 0.0)) - started) <= STALE_S:
-                    got[r] = rec["payload"]
-            if len(got) == world or time.monotonic() - t0 >= timeout_s:
-                break
-            time.sleep(poll_s)
+        with _sigterm_stops(stopped):
+            while True:
+                for r in range(1, world):
+                    if r in got:
+                        continue
+                    p = folder / f"{name}.rank{r}.json"
+                    try:
+                        rec = json.loads(p.read_text())
+                    except (OSError, ValueError):  # not there yet (a rename is atomic: never half a file)
+                        continue
+                    if abs(float(rec.get("started_at", 0.0)) - started) <= STALE_S:
+                        got[r] = rec["payload"]
+                if len(got) == world or time.monotonic() - t0 >= timeout_s or stopped:
+                    break
+                time.sleep(poll_s)
         for r in got:
             try:
                 (folder / f"{name}.rank{r}.json").unlink()
@@ -300,4 +337,4 @@ def gather_to_root(payload: Mapping[str, Any], identity: RankIdentity, *, name: 
         transport = f"folder {folder}"
     missing = tuple(r for r in range(world) if r not in got)
     return Gathered(payloads=got, missing=missing, world_size=world, transport=transport,
-                    waited_s=time.monotonic() - t0)
+                    waited_s=time.monotonic() - t0, stopped_by=stopped[0] if stopped else "")

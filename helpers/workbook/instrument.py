@@ -284,9 +284,11 @@ class InstrumentedLoader:
                 print("\n".join(own.lines(f"{self.name}, {self.identity.label}")))
             return own
         rep = job_report(got.payloads, world_size=got.world_size, missing=got.missing, threshold=self.threshold,
-                         busy_cpu_share=self.busy_cpu_share, transport=got.transport, waited_s=got.waited_s)
-        if print_it:
-            print("\n".join(rep.lines(self.name)))
+                         busy_cpu_share=self.busy_cpu_share, transport=got.transport, waited_s=got.waited_s,
+                         stopped_by=got.stopped_by)
+        if print_it or got.stopped_by:
+            print("\n".join(rep.lines(self.name)), flush=True)
+        gather.resume_signal(got)  # the launcher stopped the job (a rank failed): end as it asked, once reported
         return rep
 
     def _payload(self) -> dict[str, Any]:
@@ -488,7 +490,7 @@ def _job_machine(payloads: Mapping[int, Mapping[str, Any]], busy_cpu_share: floa
 
 def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, missing: Sequence[int] = (),
                threshold: float = 0.10, busy_cpu_share: float = machine.MAX_OTHER_CPU_SHARE,
-               transport: str = "", waited_s: float = 0.0) -> JobReport:
+               transport: str = "", waited_s: float = 0.0, stopped_by: str = "") -> JobReport:
     """One report for the whole job from every rank's figures (rank 0 of :meth:`InstrumentedLoader.report`).
 
     Parameters
@@ -504,6 +506,7 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
         Ranks that did not report.
     threshold, busy_cpu_share : float
         As in :class:`InstrumentedLoader`.
+    transport, waited_s, stopped_by : as in :class:`helpers.comm.gather.Gathered`.
 
     Returns
     -------
@@ -535,7 +538,11 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
                              "more steps before report()")
     table = pd.DataFrame(rows)
     notes = []
-    if missing:
+    if missing and stopped_by:
+        notes.append(f"rank(s) {', '.join(map(str, missing))} of {world_size} did not report: the launcher stopped "
+                     f"the job ({stopped_by}: a rank failed) while rank 0 waited; the table and the verdict hold the "
+                     f"{len(payloads)} that had reported")
+    elif missing:
         notes.append(f"rank(s) {', '.join(map(str, missing))} of {world_size} did not report within the timeout "
                      f"(died, stopped before report(), or still running): the table and the verdict hold the "
                      f"{len(payloads)} that did")
