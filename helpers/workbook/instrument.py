@@ -614,11 +614,16 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
     if b.label == bottleneck.DEVICE_BOUND:
         line = (f"job: {head}{b.label}: no rank's input is exposed more than {threshold:.0%} of its step (the largest is "
                 f"{x:.0%}, {who}); {b.reason}")
+    elif input_culprit:
+        line = (f"job: {head}{b.label} because of {who}: {their} input is exposed up to {x:.0%} of the step; the "
+                f"other ranks' smaller shares (down to {low:.0%}) are their wait for it in the collectives, not free "
+                f"input: every step of a synchronous job waits for its slowest rank; {b.reason}")
+    elif low > threshold:
+        line = (f"job: {head}{b.label} on every rank: input exposed {low:.0%}-{x:.0%} of the step (the largest, "
+                f"{who}, sets the job's); {b.reason}")
     else:
-        wait = (f"; the other ranks' smaller shares (down to {low:.0%}) are their wait for it in the collectives, "
-                "not free input: every step of a synchronous job waits for its slowest rank" if input_culprit else
-                f"; every rank's input is exposed {low:.0%} or more")
-        line = (f"job: {head}{b.label} because of {who}: {their} input is exposed up to {x:.0%} of the step{wait}; "
+        line = (f"job: {head}{b.label}, set by {who}: its input is exposed {x:.0%} of the step, the others' down "
+                f"to {low:.0%} (the slowest rank bounds a synchronous job; no rank is named slow above the noise); "
                 f"{b.reason}")
     return JobReport(table=table, exposed_fraction=x, bound_by=who,
                      recommendation="inconclusive" if check is not None and check.busy else b.label,
