@@ -40,7 +40,7 @@ def _payloads(slow=(), nodes=(0, 0, 1, 1), extra=0.040, n=12, seed=0, synchronou
     out = {}
     for r in range(world):
         m = counts[r] if counts else n
-        out[r] = {"rank": r, "node_rank": nodes[r], "host": "vm", "node": f"{nodes[r]} (vm)", "device_kind": "cpu",
+        out[r] = {"rank": r, "node_rank": nodes[r], "host": "vm", "launch": 100 + nodes[r], "node": f"{nodes[r]} (vm)", "device_kind": "cpu",
                   "steps": {"data": data[r][:m], "copy": [0.0] * m,
                             "compute": [step[i] - data[r][i] for i in range(m)], "step_s": step[:m]},
                   "n_steps": m, "copy_marked": False, "synchronous": synchronous, "ddp": None, "ddp_note": "no model",
@@ -385,3 +385,14 @@ def test_under_torchrun_a_killed_rank_stops_the_job_and_rank_0_reports_the_other
     assert p.stdout.startswith("your loop: 1 of 2 ranks on 1 node(s)"), p.stderr[-3000:]
     assert "rank(s) 1 of 2 did not report: the launcher stopped the job (SIGTERM: a rank failed)" in p.stdout
     assert time.monotonic() - t0 < 110  # well before rank 0's 120 s timeout
+
+
+def test_the_job_machine_check_counts_every_launch_on_a_host_once():
+    p = _payloads(slow=(2, 3))
+    assert not inst.job_report(p, world_size=4).machine.busy  # two launches of 9 CPU-s: the machine's 18 are the job's
+    for d in p.values():
+        d["launch"] = 100  # as if one launch: the other 9 CPU-s are other processes', 45% of 2 cores over 10 s
+    rep = inst.job_report(p, world_size=4)
+    assert rep.machine.busy and rep.machine.other_cpu_share == pytest.approx(0.45)
+    assert rep.recommendation == "inconclusive" and rep.measured_recommendation == "host-bound"
+    assert rep.verdict_line.startswith("job: inconclusive: measured on a busy machine")

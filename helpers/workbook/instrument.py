@@ -298,7 +298,7 @@ class InstrumentedLoader:
         ident = self.identity
         ddp, note = ddp_timers(self.model)
         return {"rank": ident.rank, "local_rank": ident.local_rank, "node_rank": ident.node_rank,
-                "host": ident.host, "node": ident.node, "device_kind": self.device_kind,
+                "host": ident.host, "node": ident.node, "device_kind": self.device_kind, "launch": _launch_id(),
                 "steps": {c: [float(v) for v in df[c]] for c in ("data", "copy", "compute", "step_s")},
                 "n_steps": int(len(self.frame())), "copy_marked": self._copy_marked,
                 "synchronous": bool(_group_initialized()), "ddp": ddp, "ddp_note": note,
@@ -323,6 +323,14 @@ def _group_initialized() -> bool:
 
     dist = sys.modules.get("torch.distributed")
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _launch_id() -> int:
+    """The process whose tree :mod:`helpers.machine` counts as this rank's own work: torchrun's agent for one of
+    its ranks (as :func:`helpers.machine._job_root` decides), else this process."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ:
+        return os.getppid()
+    return os.getpid()
 
 
 def _process_start() -> float:
@@ -462,8 +470,9 @@ class JobReport:
 def _job_machine(payloads: Mapping[int, Mapping[str, Any]], busy_cpu_share: float):
     """The busiest host's check, the job's ranks on each host (every launch on it) counted as the job's work.
 
-    Each launch's own CPU time (its launcher's process tree: :func:`helpers.machine._job_root`) is taken once, from
-    its lowest rank; the machine's CPU time and the interval from the host's lowest rank."""
+    Each launch's own CPU time (its launcher's process tree: :func:`helpers.machine._job_root`; a rank started
+    without torchrun, e.g. by srun alone, is a launch of its own) is taken once, from its lowest rank; the
+    machine's CPU time and the interval from the host's lowest rank."""
     worst = None
     hosts: dict[str, list[int]] = {}
     for r, p in payloads.items():
@@ -473,8 +482,8 @@ def _job_machine(payloads: Mapping[int, Mapping[str, Any]], busy_cpu_share: floa
         ranks.sort()
         ref = payloads[ranks[0]]
         launches: dict[Any, int] = {}
-        for r in ranks:
-            launches.setdefault(payloads[r].get("node_rank"), r)
+        for r in ranks:  # one launch: one torchrun's ranks (they share its process tree), or one lone process
+            launches.setdefault(payloads[r].get("launch", payloads[r].get("node_rank")), r)
         own_b = sum(payloads[r]["machine_before"]["own_cpu_s"] for r in launches.values())
         own_a = sum(payloads[r]["machine_after"]["own_cpu_s"] for r in launches.values())
         before = machine.MachineState(**{**ref["machine_before"], "own_cpu_s": own_b})
