@@ -46,8 +46,9 @@ synchronize inside the step. Given the DDP model (``instrument(loader, model=ddp
 timers (``DistributedDataParallel._get_ddp_logging_data()``: forward, backward compute, backward communication
 and their overlap, averaged over the iterations DDP samples: the first 10 and every 100th, the
 ``should_collect_runtime_stats`` rule of torch's ``torch/csrc/distributed/c10d/reducer.cpp``), and says per rank
-how much of the allreduce was hidden behind backward; without it the compute phase is compared as waiting
-(it cannot name a rank slow in its own compute) and the report says so.
+how much of the allreduce was hidden behind backward, with its own forward + backward compute. The slow-rank rule
+compares the compute phase as waiting either way (DDP's timers are averages, with no per-step spread to judge a
+difference by), so it cannot name a rank slow in its own compute, and the report says so.
 """
 
 from __future__ import annotations
@@ -572,27 +573,27 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
         ph = {"step_s": list(df["step_s"]), "data": list(df["data"])}
         if marked:
             ph["h2d"] = list(df["copy"])
-        if have_ddp:
-            exposed_comm = ddps[r]["exposed_comm_s"]
-            ph["compute"] = [max(0.0, c - exposed_comm) for c in df["compute"]]
-            ph["comm_exposed"] = [min(exposed_comm, c) for c in df["compute"]]
-        elif synchronous:
-            ph["comm"] = list(df["compute"])  # compute + the wait in the collectives: compared as waiting
+        if synchronous:  # compute + the wait in the collectives: compared as waiting
+            ph["comm"] = list(df["compute"])
         else:
             ph["compute"] = list(df["compute"])
         p = payloads[r]
         ranks.append(stragglers.RankPhases(label=f"rank {r}", phases=ph, rank=r,
                                            node=str(p["node"]) if p.get("node") else None))
     slow = stragglers.find(ranks) if len(ranks) >= 2 else None
-    if synchronous and not have_ddp:
+    if synchronous:
         notes.append("the ranks synchronize (a process group is initialized), so each rank's compute column holds "
                      "its wait for the others in the collectives: the slow-rank rule compares it as waiting, and a "
-                     "rank slow in its own compute cannot be told from the ranks that wait for it; pass your DDP "
-                     "model (instrument(loader, model=ddp_model)) to split it with DDP's own timers")
+                     "rank slow in its own compute cannot be told from the ranks that wait for it by the loop's "
+                     "phases" + ("; DDP's own forward + backward compute per rank is on the communication line "
+                                 "(averages over its sampled iterations, without a per-step spread to judge a "
+                                 "difference by)" if have_ddp else
+                                 "; pass your DDP model (instrument(loader, model=ddp_model)) for DDP's own timers"))
     # communication
     if have_ddp:
         communication = "allreduce hidden behind backward (DDP's own timers, its sampled iterations): " + "; ".join(
-            f"rank {r} {100 * ddps[r]['hidden_fraction']:.0f}% of {1e3 * ddps[r]['backward_comm_s']:.1f} ms"
+            f"rank {r} {100 * ddps[r]['hidden_fraction']:.0f}% of {1e3 * ddps[r]['backward_comm_s']:.1f} ms "
+            f"(forward + backward compute {1e3 * (ddps[r]['forward_s'] + ddps[r]['backward_compute_s']):.1f} ms)"
             for r in frames)
     elif synchronous:
         why = sorted({payloads[r].get("ddp_note") or "" for r in frames} - {""})
@@ -612,12 +613,12 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
                             copy_share=copy / (data + copy) if data + copy > 0 else None)
     input_culprit = slow is not None and slow.findings and slow.phase in ("data", "h2d")
     if input_culprit:
-        found = sorted(slow.findings, key=lambda f: f.rank)
+        found = sorted((f for f in slow.findings if f.phase in ("data", "h2d")), key=lambda f: f.rank)
         who = (f"node {slow.node}, ranks {' and '.join(str(f.rank) for f in found)}" if slow.node else
                " and ".join(f"rank {f.rank} on node {f.node}" if f.node else f"rank {f.rank}" for f in found))
     else:
         who = f"rank {top}" + (f" on node {payloads[top]['node']}" if payloads[top].get("node") else "")
-    their = "their" if input_culprit and len(slow.findings) > 1 else "its"
+    their = "their" if input_culprit and len(found) > 1 else "its"
     low = min(exposed.values())
     head = (f"inconclusive: {check.sentence()}; what it measured: " if check is not None and check.busy else "")
     if b.label == bottleneck.DEVICE_BOUND:

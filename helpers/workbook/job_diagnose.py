@@ -80,7 +80,7 @@ def job_summary(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, m
             phases={("comm" if k == "compute" else k): v for k, v in p["real_steps"].items() if v})
             for p in ranks if p.get("real_steps", {}).get("step_s")])
     if found is not None and found.findings and found.phase in ("data", "h2d"):
-        fs = sorted(found.findings, key=lambda f: f.rank)
+        fs = sorted((f for f in found.findings if f.phase in ("data", "h2d")), key=lambda f: f.rank)
         who = (f"node {found.node}, ranks {' and '.join(str(f.rank) for f in fs)}" if found.node else
                " and ".join(f"rank {f.rank} on node {f.node}" for f in fs))
     else:
