@@ -119,6 +119,7 @@ def test_ranks_without_a_group_compare_compute_as_work():
      (3, 4, 1, "torchrun")),
     ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "2"}, (5, 8, 2, "slurm")),
     ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "NODE_RANK": "1"}, (1, 2, 1, "env")),
+    ({"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "CROSS_RANK": "1", "LOCAL_SIZE": "8"}, (9, 16, 1, "deepspeed")),
 ])
 def test_rank_identity_from_each_launcher(env, want):
     ident = gather.RankIdentity.from_env(env)

@@ -2,8 +2,9 @@
 
 A rank's identity comes from the variables its launcher sets: torchrun (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``GROUP_RANK``, the node's rank among the launches), SLURM
-(``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``, read where ``RANK`` is not set) and
-launchers that set ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` with ``NODE_RANK`` (DeepSpeed's, Lightning's). The
+(``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``, read where ``RANK`` is not set),
+DeepSpeed's launcher (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the node's rank as ``CROSS_RANK``:
+``deepspeed/launcher/launch.py``) and others that set ``RANK`` / ``WORLD_SIZE`` with ``NODE_RANK``. The
 node is named by its node rank and the host name together: two launches on one machine (the multi-node test)
 share a host name but not a node rank.
 
@@ -75,11 +76,11 @@ class RankIdentity:
         Rank on its node.
     node_rank : int or None
         The node's rank among the job's nodes (torchrun's ``GROUP_RANK``, SLURM's ``SLURM_NODEID``,
-        ``NODE_RANK``); None when the launcher says nothing.
+        DeepSpeed's ``CROSS_RANK``, ``NODE_RANK``); None when the launcher says nothing.
     host : str
         The host name.
     source : str
-        Which launcher's variables were read: "torchrun", "slurm", "env" or "none".
+        Which launcher's variables were read: "torchrun", "slurm", "deepspeed", "env" or "none".
     """
 
     rank: int = 0
@@ -115,6 +116,8 @@ class RankIdentity:
             local = _int(env, "LOCAL_RANK")
             node = _int(env, "GROUP_RANK")
             source = "torchrun" if "TORCHELASTIC_RUN_ID" in env or node is not None else "env"
+            if node is None and env.get("CROSS_RANK") not in (None, ""):
+                node, source = _int(env, "CROSS_RANK"), "deepspeed"
             if node is None:
                 node = _int(env, "NODE_RANK")
             if node is None:
