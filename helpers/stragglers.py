@@ -11,9 +11,11 @@ The rule
 For each rank and each phase, the rank's median over its steps is compared with the median of the OTHER ranks'
 medians. The rank is slow in that phase when its excess over the others is larger than both
 
-* the per-step spread measured in the trace: the median, over the other ranks, of each rank's interquartile range
-  (p75 - p25) of that phase across its steps, so that an excess the steps' own noise can produce is not a slow
-  rank; and
+* the per-step spread measured in the trace: the interquartile range (p75 - p25) of that phase across a rank's
+  steps, the larger of the rank's own and the median of the other ranks', so that an excess the steps' own noise
+  can produce is not a slow rank (the rank's own counts: in the 4-rank gloo test job, a fast rank's step median
+  came out 3.1 ms above the others' with 6 steps whose own IQR was 6 ms, while the others' median IQR was 1.6 ms:
+  noise, since ranks in lockstep have equal step times on average); and
 * 5% of the mean step time (the mean of the other ranks' median ``step_s``): msprof-analyze's cluster rule
   (``RATIO_THRESHOLD = 0.05`` in ``msprof_analyze/advisor/analyzer/cluster/slow_rank_analyzer.py`` and
   ``advisor_backend/cluster_advice/slow_rank_advice.py``, gitcode.com/Ascend/msprof-analyze: a phase's
@@ -78,6 +80,8 @@ MIN_EXCESS_FRACTION = 0.05
 WAIT_COVERAGE = 0.80
 
 _KNOWN = (STEP, *WORK_PHASES, *WAIT_PHASES)
+#: The wait phase a sentence names when several cover the excess: the time spent blocked first.
+_WAIT_PREFERENCE = ("comm_exposed", "comm", "idle")
 _WORDS = {"data": "waiting for the next batch", "h2d": "the host-to-device copy", "compute": "compute",
           "optimizer": "the optimizer step", STEP: "the whole step"}
 _WAIT_WORDS = {"comm": "communication", "comm_exposed": "communication not hidden behind compute",
@@ -135,7 +139,8 @@ class Finding:
     reference_s : float
         The others' median of that phase, seconds.
     spread_s : float
-        The per-step spread used: the median of the others' interquartile ranges of that phase, seconds.
+        The per-step spread used: the larger of the rank's own interquartile range of that phase over its steps
+        and the median of the others', seconds.
     threshold_s : float
         5% (``min_excess``) of the others' mean step, seconds.
     """
@@ -163,7 +168,8 @@ class Wait:
     Attributes
     ----------
     phase : str
-        The wait phase with the largest gap (``comm``, ``comm_exposed`` or ``idle``).
+        The wait phase: the first of ``comm_exposed``, ``comm``, ``idle`` whose gap covers ``WAIT_COVERAGE`` of the
+        excess, else the one with the largest gap.
     others_extra_s : float
         The median of the other ranks' medians of ``phase`` minus the culprits', seconds (negative: they wait less).
     coverage : float
@@ -376,7 +382,7 @@ class _Table:
         if not have:
             return None
         ref = statistics.median(self.med[o.label][phase] for o in have)
-        spread = statistics.median(self.iqr[o.label][phase] for o in have)
+        spread = max(self.iqr[cand.label][phase], statistics.median(self.iqr[o.label][phase] for o in have))
         mean_step = statistics.fmean(self.med[o.label][STEP] for o in others)
         excess = self.med[cand.label][phase] - ref
         return Finding(label=cand.label, rank=cand.rank, node=cand.node, phase=None if phase == STEP else phase,
@@ -505,14 +511,15 @@ def _wait(rows: Sequence[RankPhases], t: _Table, findings: Sequence[Finding]) ->
     if not others:
         return None
     excess = findings[0].excess_s
-    best = None
-    for p in WAIT_PHASES:
+    waits = []
+    for p in _WAIT_PREFERENCE:
         c = [t.med[r.label][p] for r in culprits if p in t.med[r.label]]
         o = [t.med[r.label][p] for r in others if p in t.med[r.label]]
         if not c or not o:
             continue
         gap = statistics.median(o) - statistics.median(c)
-        w = Wait(phase=p, others_extra_s=gap, coverage=gap / excess if excess > 0 else 0.0)
-        if best is None or w.others_extra_s > best.others_extra_s:
-            best = w
-    return best
+        waits.append(Wait(phase=p, others_extra_s=gap, coverage=gap / excess if excess > 0 else 0.0))
+    covering = [w for w in waits if w.coverage >= WAIT_COVERAGE]
+    if covering:
+        return covering[0]
+    return max(waits, key=lambda w: w.others_extra_s) if waits else None

@@ -72,7 +72,9 @@ def test_ranks_come_from_the_metadata_not_the_file_names(tmp_path, fake_readers)
     ranks = cluster.read([tmp_path / "job"], progress=lambda d, t: seen.append((d, t)))
     assert [t.rank for t in ranks] == [0, 1, 2, 3]
     assert [t.node for t in ranks] == ["node0", "node1", "node0", "node1"]
-    assert ranks.warnings == () and seen[-1] == (4, 4) and len(fake_readers) == 4
+    total = sum(f.stat().st_size for f in (tmp_path / "job").rglob("*.pt.trace.json"))
+    assert ranks.warnings == () and seen[-1] == (total, total) and len(fake_readers) == 4
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
 
 
 def test_a_single_gzipped_file(tmp_path, fake_readers):
@@ -187,3 +189,75 @@ def test_a_file_that_is_not_a_kineto_trace(tmp_path, text, match):
     f.write_text(text)
     with pytest.raises(TraceError, match=match):
         peek.kineto_header(f)
+
+
+# ------------------------------------------------------------------------- a real 4-rank gloo DDP job (slow)
+
+JOB = Path(__file__).with_name("ddp_trace_job.py")
+SLOW_RANK, SLEEP_MS = 2, 40.0
+
+
+def _run_job(out: Path, *extra: str) -> Path:
+    """tests/ddp_trace_job.py in a child process (no process group in pytest), killed with its ranks on timeout."""
+    env = {**os.environ, "PYTHONPATH": str(JOB.parents[1])}
+    proc = subprocess.Popen([sys.executable, str(JOB), str(out), *extra], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        log, _ = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        log, _ = proc.communicate()
+        pytest.fail(f"the DDP trace job did not finish in 150 s:\n{log[-3000:]}")
+    assert proc.returncode == 0, f"the DDP trace job failed:\n{log[-3000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def ddp_traces(tmp_path_factory):
+    """The traces of the job with rank 2's dataset sleeping 40 ms per batch, and of the same job without."""
+    pytest.importorskip("helpers.traces.kineto", reason="the Kineto reader (branch traces-kineto) is not merged")
+    root = tmp_path_factory.mktemp("ddp")
+    t0 = time.perf_counter()
+    slowed, even = root / "slowed", root / "even"  # one job start-up, two runs: the slowed one, then the even one
+    _run_job(slowed, "--slow-rank", str(SLOW_RANK), "--sleep-ms", str(SLEEP_MS), "--then-even", str(even))
+    print(f"two 4-rank DDP jobs traced in {time.perf_counter() - t0:.1f} s")
+    return {"slowed": slowed, "even": even}
+
+
+def _medians(res) -> str:
+    cols = [p for p in ("step_s", "data", "optimizer", "comm", "comm_exposed", "idle", "compute")
+            if any(p in m for m in res.medians.values())]
+    lines = ["rank        " + "".join(f"{c:>10}" for c in cols)]
+    for label, m in res.medians.items():
+        lines.append(f"{label:12}" + "".join(f"{m[c] * 1e3:10.2f}" if c in m else f"{'-':>10}" for c in cols))
+    return "\n".join(lines) + "   (ms, medians over the steps)"
+
+
+@pytest.mark.slow
+def test_the_slowed_rank_is_named_with_its_data_phase_and_the_others_wait(ddp_traces):
+    seen = []
+    ranks = cluster.read([ddp_traces["slowed"]], progress=lambda d, t: seen.append((d, t)))
+    assert [t.rank for t in ranks] == [0, 1, 2, 3] and ranks.warnings == ()
+    total = sum(f.stat().st_size for f in ddp_traces["slowed"].iterdir())
+    assert seen[-1] == (total, total) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    res = stragglers.find(ranks)
+    print(_medians(res), res.sentence(), sep="\n")
+    assert res.ranks == (SLOW_RANK,) and res.phase == "data" and res.node is None
+    assert res.excess_s == pytest.approx(SLEEP_MS / 1e3, rel=0.15)
+    # the naive answer, the rank with the most communication, is a fast rank: they wait for rank 2 there
+    most_comm = max(res.medians, key=lambda k: res.medians[k].get("comm", 0.0))
+    assert not most_comm.startswith(f"rank {SLOW_RANK}")
+    assert res.wait is not None and res.wait.phase == "comm_exposed"  # blocked time, the first wait phase named
+    assert res.wait.coverage >= stragglers.WAIT_COVERAGE
+    s = res.sentence()
+    assert s.startswith(f"rank {SLOW_RANK}") and "data phase" in s and f"is their wait for rank {SLOW_RANK}" in s
+    assert "more communication not hidden behind compute per step" in s
+
+
+@pytest.mark.slow
+def test_the_unslowed_job_has_no_slow_rank(ddp_traces):
+    ranks = cluster.read([ddp_traces["even"]])
+    res = stragglers.find(ranks)
+    print(_medians(res), res.sentence(), sep="\n")
+    assert res.findings == ()
+    assert res.sentence().startswith("No rank is slower than the others: across 4 ranks")

@@ -250,6 +250,13 @@ def _same_run(items: Sequence[Any]) -> int | None:
     return next(iter(worlds))
 
 
+def _size(path: Path) -> int:
+    """Bytes on disk of a trace file, or of every file in a trace folder."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum((Path(d) / f).stat().st_size for d, _, fs in os.walk(path) for f in fs)
+
+
 def _iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds")
 
@@ -272,8 +279,8 @@ def read(paths: Sequence[str | os.PathLike] | str | os.PathLike, *,
     paths : path or sequence of paths
         Kineto files, ``*_ascend_pt`` folders, or folders holding them (see the module).
     progress : callable(done, total), optional
-        Called with the number of traces read so far and the total, after each trace
-        (:data:`helpers.live.Progress`).
+        Bytes of the traces read so far and their total size on disk (an Ascend folder: all its files), called
+        while a Kineto file is read (by its reader) and after each trace (:data:`helpers.live.Progress`).
 
     Returns
     -------
@@ -298,11 +305,17 @@ def read(paths: Sequence[str | os.PathLike] | str | os.PathLike, *,
                 raise TraceError(f"{_names(p for p, kk in found if kk == k)}: a {k} trace, but this installation has "
                                  f"no {k} reader ({_READERS[k][0]}); update the workbook")
             readers[k] = fn
+    sizes = [_size(p) for p, _ in found]
+    total, done = sum(sizes), 0
     traces = []
-    for n, (p, k) in enumerate(found, 1):
-        traces.append(readers[k](p))
+    for (p, k), size in zip(found, sizes):
+        if progress is not None and k == "kineto":
+            traces.append(readers[k](p, progress=lambda d, t, base=done: progress(base + min(d, t), total)))
+        else:
+            traces.append(readers[k](p))
+        done += size
         if progress is not None:
-            progress(n, len(found))
+            progress(done, total)
     warnings = check(traces)
     for h, t in zip(headers, traces):
         if h.rank is not None and t.rank is not None and h.rank != t.rank:

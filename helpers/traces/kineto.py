@@ -1,0 +1,870 @@
+"""Read torch.profiler's Kineto Chrome-trace JSON (``*.pt.trace.json``, maybe gzipped) into a :class:`RankTrace`.
+
+A trace is the file ``torch.profiler.tensorboard_trace_handler`` writes (``{worker}.{time}.pt.trace.json``, or
+``.pt.trace.json.gz`` with ``use_gzip=True``) or ``prof.export_chrome_trace(path)``: one JSON object whose
+``traceEvents`` array holds every recorded span, and beside it the run's metadata (``distributedInfo``,
+``deviceProperties``, ``baseTimeNanoseconds``, ``schemaVersion``, ``traceName``), before or after the array.
+:func:`read_kineto` reads it once, keeps each complete ("X") span as five numbers in numpy columns (start and
+duration in ns, interned name, category and thread: 25 bytes an event, no dicts), then finds the steps and their
+phases with vectorised interval arithmetic.
+
+How it parses, and why (measured on this project's 2-core machine, shared, load average 0.3-0.8, on a 210 MB
+trace of 0.83 M events made by repeating a real torch 2.13 CPU trace):
+
+=====================================================  ===========  =========
+approach                                                 MB/s         peak RSS
+=====================================================  ===========  =========
+``json.load`` of the whole file                          40           815 MiB
+``ijson.items(f, "traceEvents.item", use_float=True)``  38 (no use)   13 MiB
+``ijson.parse`` (yajl2_c), token by token                16           29 MiB
+``json.JSONDecoder.raw_decode`` one event at a time      39 (no use)   37 MiB
+one ``json.loads`` per 8 MB chunk of events              37           224 MiB
+regular expression per 8 MB chunk, columns built         56          133 MiB
+=====================================================  ===========  =========
+
+("no use": the parse alone, before a single field is put in a column; the columns cost another ~20%.) The
+stdlib's and yajl's C parsers both build a dict per event, which is what costs on this machine; so the reader
+takes the fields it needs straight from the text: Kineto writes every complete event with its keys in one order
+(``"ph": "X", "cat", "name", "pid", "tid", "ts", "dur"``, whatever the line breaks: torch 2.13 puts each key on
+its own line, newer libkineto several on one), and one regular expression per chunk reads them. Each chunk is
+checked before it is trusted: every ``"ph"`` key of the chunk must be written as Kineto writes it, and the
+expression must have matched exactly as many events as there are ``"ph": "X"``; a chunk that fails is parsed
+with ``json.loads`` instead, and where even that fails (a file laid out by another writer) the whole file is
+read again with the exact path, ``raw_decode`` one event at a time from a sliding buffer (~35 MB/s with the
+columns). The same exact path reads the metadata before the events, the last chunk, the end of the array and
+the metadata after it, in the same single pass. Memory is the 8 MB text buffer plus the columns (~100 MB per GB
+of trace); ijson stays the right tool for a JSON that is not a trace, and is not needed here.
+
+What each phase of a :class:`~helpers.traces.model.StepPhases` is read from, per ``ProfilerStep#N`` span (the
+step: on the thread that holds most of those annotations; the step number is N):
+
+- ``data``: the DataLoader's ``__next__`` spans (torch names them ``enumerate(DataLoader)#<iterator class>.__next__``,
+  e.g. ``_SingleProcessDataLoaderIter`` or ``_MultiProcessingDataLoaderIter``) inside the step, as a union.
+- ``h2d``: the time the training thread spends copying the batch, as notebook 01's ``job.to_device`` does
+  (helpers/experiments/training.py ``prepare_job``): the copy ops (``aten::to``, ``aten::_to_copy``,
+  ``aten::copy_``) the step calls right after its batch arrives, and, on CUDA, the outermost copy op on the step
+  thread that issued a ``Memcpy HtoD`` (linked through the runtime call's ``correlation``), minus what ``data``
+  already counts. It is host time: a pageable copy blocks the thread and counts; a pinned ``non_blocking`` copy
+  returns at once and does not (that is what pinning buys). On a CPU-only trace there is no device: the
+  ``.to("cpu")`` of such a loop returns the same tensor (``aten::to`` of about a microsecond), so ``h2d`` is the
+  time of any real conversion there (a dtype change), usually near 0.
+- ``optimizer``: ``Optimizer.step#...`` and ``Optimizer.zero_grad#...`` spans (torch's optimizer hooks), union.
+- ``compute``, ``idle``, ``comm``, ``comm_exposed`` (CUDA): as HolisticTraceAnalysis defines its temporal
+  breakdown (facebookresearch/HolisticTraceAnalysis, ``hta/analyzers/breakdown_analysis.py``,
+  ``_get_idle_time_for_kernels``: "idle time = kernel time - merged execution time of all kernels", every GPU
+  event counted; ``hta/utils/utils.py``: a communication kernel has ``nccl`` in its name, a memory event is a
+  ``Memcpy``/``Memset``, every other kernel computes), with the step's span in place of HTA's first-to-last kernel
+  window: ``idle`` = step span minus the union of all device events in it, ``compute`` = the union of the computing
+  kernels, ``comm`` = the union of the NCCL kernels, ``comm_exposed`` = NCCL time not overlapped by any computing
+  kernel. The step span is the host's; device work lags the host by its launch queue, so a step's device times
+  are those of the work that ran while the host was in that step.
+- ``comm``, ``comm_exposed`` on a CPU trace (gloo): what a real DDP step looks like, read from two gloo ranks
+  (torch 2.13, ``torch.multiprocessing``, a 64-256-1 MLP, ``schedule(wait=1, warmup=1, active=3)``, rank 1
+  sleeping 20 ms per step): the training thread runs forward and backward; in backward the DDP reducer's
+  ``torch::distributed::reducer::mul_out`` ops precede one ``c10d::allreduce_`` op (~0.1 ms: it only queues the
+  bucket); the collective itself is a ``gloo:all_reduce`` user annotation on one of gloo's own threads (named
+  ``pt_gloo_runloop``), which starts as soon as it is queued; no ``record_param_comms`` op appears on CPU. The
+  training thread then records nothing at all for as long as it waits (DDP's reducer waits for the bucket in the
+  backward pass's final callback): on the fast rank a 22 ms gap, after which it runs
+  ``torch.distributed.ddp.reducer::copy_bucket_to_grad`` and ``Optimizer.step#SGD.step``. So ``comm`` = the union
+  of the ``gloo:*`` spans in the step, and ``comm_exposed`` = the part of them during which the training thread
+  ran no op: a rank that waits for a slow peer shows the wait there (22 ms of its 24 ms step on the fast rank,
+  ~0.9 ms on the slow one). Caveat seen in that trace: a ``gloo:all_reduce`` span can end late, when the next
+  collective is queued (1.6-2.2 ms after the training thread went on), so ``comm`` can run over by that much,
+  and ``comm_exposed`` by the gaps between the thread's ops in that time.
+- ``device_kind``: "cuda" when the trace holds device events (kernels, memcpy, memset), else "cpu" (also when
+  ``deviceProperties`` lists a GPU but ``ProfilerActivity.CUDA`` was not recorded, which ``limits`` says).
+- ``rank``, ``world_size``: ``distributedInfo``. ``run_id``: the backend, world size and a digest of
+  ``pg_config`` (equal on every rank of a run), with the UTC start of the first profiled step floored to
+  10 minutes (``baseTimeNanoseconds`` + the step's ``ts`` is the wall clock: the tensorboard handler's file name
+  carries the same time). Ranks of one run start their profiled steps within milliseconds of one another, runs
+  are minutes apart; two ranks on either side of a 10-minute boundary get different ids (``provenance``'s
+  ``start_unix_s`` has the exact time for a comparison with a tolerance). ``trace_id`` is not used: it differs on
+  every rank.
+- ``node``: the trace's ``host_name``, else the worker name of the tensorboard handler's file name
+  (``{hostname}_{pid}.{time}.pt.trace.json``).
+- ``top_ops``: the 20 largest by self time: host ops (``cpu_op``, ``user_annotation``, ``python_function``, CUDA
+  runtime calls; self = duration minus the direct children's, nesting per thread) and device events (kernels,
+  memcpy, memset; self = duration), within the profiled steps.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gzip
+import hashlib
+import io
+import json
+import re
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from helpers.live import Progress
+from helpers.traces.model import RankTrace, StepPhases, TraceError
+
+__all__ = ["looks_like_kineto", "read_kineto"]
+
+#: Characters read per chunk of the event array.
+CHUNK_CHARS = 8 << 20
+#: A chunk of text that still holds no complete event when it has grown this large is not a trace.
+MAX_EVENT_CHARS = 64 << 20
+#: Events read with no ``ProfilerStep#`` among them after which the reader gives up early.
+EARLY_NO_STEP_EVENTS = 2_000_000
+#: Seconds between two calls of the progress callback.
+PROGRESS_EVERY_S = 0.25
+#: Ops reported in ``top_ops``.
+TOP_OPS = 20
+#: Width of the start-time bucket in ``run_id``, seconds.
+RUN_BUCKET_S = 600
+
+_STEP = re.compile(r"ProfilerStep#(\d+)")
+_COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+_HOST_CATS = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver",
+                        "privateuse1_runtime", "privateuse1_driver"})
+#: Host categories the phases read (python_function spans of with_stack=True enclose whole steps).
+_PHASE_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"})
+_DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+# One complete event as Kineto writes it (any whitespace between the keys).
+_X = re.compile(r'"ph": "X",\s*"cat": "([^"\\]*)",\s*"name": "([^"\\]*(?:\\.[^"\\]*)*)",\s*"pid": ([^,]*),'
+                r'\s*"tid": ([^,]*),\s*"ts": ([^,\s]*),\s*"dur": ([^,\s]*)')
+# The few events that link a host copy to its device copy: the runtime call and the HtoD memcpy, with correlation.
+_LINK = re.compile(r'"ph": "X",\s*"cat": "(gpu_memcpy|cuda_runtime|cuda_driver)",\s*"name": '
+                   r'"(Memcpy HtoD[^"]*|cudaMemcpy[^"]*|cuMemcpy[^"]*)",\s*"pid": ([^,]*),\s*"tid": ([^,]*),'
+                   r'\s*"ts": ([^,\s]*),\s*"dur": ([^,\s]*),\s*"args": \{[^{}]*?"correlation": (\d+)')
+_WS = re.compile(r"\s*")
+_DECODER = json.JSONDecoder()
+
+
+class _Restart(Exception):
+    """The fast path met a layout it cannot trust: read the file again with the exact path."""
+
+
+# ------------------------------------------------------------------------------------------------ the sniff
+
+
+def looks_like_kineto(path) -> bool:
+    """Whether ``path`` looks like a Kineto trace, from its name and first bytes (no parse).
+
+    True for a file named ``*.pt.trace.json`` / ``*.pt.trace.json.gz`` (tensorboard_trace_handler's names), or a
+    ``.json`` / ``.json.gz`` whose first 64 KiB (decompressed) start a JSON object and name ``traceEvents``,
+    ``schemaVersion`` or ``deviceProperties``. False for a folder, an unreadable file or anything else; never raises.
+    """
+    p = Path(path)
+    try:
+        if not p.is_file():
+            return False
+        name = p.name.lower()
+        if name.endswith((".pt.trace.json", ".pt.trace.json.gz")):
+            return True
+        if not name.endswith((".json", ".json.gz")):
+            return False
+        with open(p, "rb") as raw:
+            head = raw.read(2)
+            raw.seek(0)
+            stream = gzip.GzipFile(fileobj=raw) if head == b"\x1f\x8b" else raw
+            text = stream.read(1 << 16).decode("utf-8", errors="replace")
+    except (OSError, EOFError, zlib.error):
+        return False
+    text = text.lstrip()
+    return text.startswith("{") and any(k in text for k in ('"traceEvents"', '"schemaVersion"', '"deviceProperties"'))
+
+
+# ------------------------------------------------------------------------------------------------ the columns
+
+
+@dataclass
+class _Columns:
+    """The complete events read so far, as numpy chunks; names, categories and threads interned."""
+
+    names: dict[str, int] = field(default_factory=dict)
+    cats: dict[str, int] = field(default_factory=dict)
+    threads: dict[tuple[str, str], int] = field(default_factory=dict)
+    parts: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    links: list[tuple[str, str, int, float, float, int]] = field(default_factory=list)
+    events: int = 0
+    saw_step: bool = False
+
+    def _name_ids(self, names) -> np.ndarray:
+        table = self.names
+        before = len(table)
+        ids = np.fromiter((table.setdefault(n, len(table)) for n in names), dtype=np.int32, count=len(names))
+        if len(table) > before and not self.saw_step:
+            self.saw_step = any(n.startswith("ProfilerStep#") for n in list(table)[before:])
+        return ids
+
+    def add_text(self, rows: list[tuple[str, ...]]) -> None:
+        """Rows of (cat, name, pid, tid, ts, dur) as the text holds them (ts, dur in microseconds)."""
+        if not rows:
+            return
+        cat, name, pid, tid, ts, dur = zip(*rows)
+        if any("\\" in n for n in name):
+            name = tuple(json.loads(f'"{n}"') if "\\" in n else n for n in name)
+        threads = self.threads
+        tids = np.fromiter((threads.setdefault((p.strip(), t.strip()), len(threads)) for p, t in zip(pid, tid)),
+                           dtype=np.int32, count=len(pid))
+        self._store(cat, name, tids, np.array(ts, dtype=np.float64), np.array(dur, dtype=np.float64))
+
+    def add_dicts(self, events: list) -> None:
+        """Events as decoded dicts; only complete ("X") events with a ts and a dur are kept."""
+        cat, name, tids, ts, dur = [], [], [], [], []
+        threads = self.threads
+        for e in events:
+            if not isinstance(e, dict) or e.get("ph") != "X":
+                continue
+            t, d = e.get("ts"), e.get("dur")
+            if not isinstance(t, (int, float)) or not isinstance(d, (int, float)):
+                continue
+            c, n = str(e.get("cat", "")), str(e.get("name", ""))
+            key = (json.dumps(e.get("pid")), json.dumps(e.get("tid")))
+            cat.append(c)
+            name.append(n)
+            tids.append(threads.setdefault(key, len(threads)))
+            ts.append(t)
+            dur.append(d)
+            if c in ("gpu_memcpy", "cuda_runtime", "cuda_driver") and (
+                    n.startswith(("Memcpy HtoD", "cudaMemcpy", "cuMemcpy"))):
+                corr = (e.get("args") or {}).get("correlation")
+                if isinstance(corr, int):
+                    self.links.append((c, n, tids[-1], float(t), float(d), corr))
+        if cat:
+            self._store(cat, name, np.array(tids, dtype=np.int32), np.array(ts, dtype=np.float64),
+                        np.array(dur, dtype=np.float64))
+
+    def add_link_text(self, rows: list[tuple[str, ...]]) -> None:
+        for cat, name, pid, tid, ts, dur, corr in rows:
+            tid_id = self.threads.setdefault((pid.strip(), tid.strip()), len(self.threads))
+            self.links.append((cat, name, tid_id, float(ts), float(dur), int(corr)))
+
+    def _store(self, cat, name, tids, ts_us, dur_us) -> None:
+        cats = self.cats
+        cid = np.fromiter((cats.setdefault(c, len(cats)) for c in cat), dtype=np.int16, count=len(cat))
+        ts_ns = np.rint(ts_us * 1000.0).astype(np.int64)
+        dur_ns = np.maximum(np.rint(dur_us * 1000.0), 0).astype(np.int64)
+        self.parts.append((ts_ns, dur_ns, self._name_ids(name), cid, tids))
+        self.events += len(cat)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """ts_ns, dur_ns (int64), name id (int32), category id (int16), thread id (int32), concatenated."""
+        if not self.parts:
+            return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int16),
+                    np.zeros(0, np.int32))
+        out = tuple(np.concatenate(cols) for cols in zip(*self.parts))
+        self.parts = []
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ the parser
+
+
+class _Parser:
+    """One pass over the file: the top-level object, its metadata and its event array."""
+
+    def __init__(self, path: Path, progress: Progress | None, *, fast: bool) -> None:
+        self.path, self.progress, self.fast = path, progress, fast
+        self.total = path.stat().st_size
+        self.raw = open(path, "rb")
+        gz = self.raw.read(2) == b"\x1f\x8b"
+        self.raw.seek(0)
+        self.gz = gz
+        self.text = io.TextIOWrapper(gzip.GzipFile(fileobj=self.raw) if gz else self.raw, encoding="utf-8")
+        self.buf, self.pos, self.eof = "", 0, False
+        self.cols = _Columns()
+        self.meta: dict[str, Any] = {}
+        self.fallback_chunks = 0
+        self._last_progress = 0.0
+
+    def close(self) -> None:
+        self.text.close()
+        self.raw.close()
+
+    # -- reading
+    def _fail(self, what: str, todo: str) -> TraceError:
+        return TraceError(f"{self.path}: {what}; {todo}")
+
+    def _truncated(self) -> TraceError:
+        return self._fail("the file ends early, in the middle of the trace (probably the run was killed while the "
+                          "profiler was writing it)", "profile again and let the run end (or the profiler's "
+                          "context exit) before copying the file")
+
+    def fill(self) -> bool:
+        """Read one more chunk into the buffer (dropping what was consumed); False at the end of the file."""
+        if self.eof:
+            return False
+        try:
+            more = self.text.read(CHUNK_CHARS)
+        except EOFError:
+            raise self._truncated() from None
+        except (gzip.BadGzipFile, zlib.error) as exc:
+            raise self._fail(f"the gzip data is corrupt ({exc})", "copy the file again, or gunzip -t it to check "
+                             "it") from None
+        except UnicodeDecodeError as exc:
+            raise self._fail(f"byte {exc.start} of a chunk is not UTF-8 text, so this is not a JSON trace",
+                             "pass the .pt.trace.json (or .json.gz) file torch.profiler wrote") from None
+        self.buf = self.buf[self.pos:] + more
+        self.pos = 0
+        if not more:
+            self.eof = True
+        self._report()
+        return bool(more)
+
+    def _report(self, final: bool = False) -> None:
+        if self.progress is None:
+            return
+        now = time.monotonic()
+        if final or now - self._last_progress >= PROGRESS_EVERY_S:
+            self._last_progress = now
+            done = self.total if final else min(self.raw.tell(), self.total)
+            self.progress(done, self.total)
+
+    def skip_ws(self) -> str:
+        """Skip whitespace; the next character ("" at the end of the file)."""
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self.fill():
+                return ""
+
+    def expect(self, ch: str, what: str) -> None:
+        got = self.skip_ws()
+        if got != ch:
+            if got == "":
+                raise self._truncated()
+            raise self._fail(f"expected {what} at character {self.pos} of the text, found {got!r}",
+                             "pass the JSON file torch.profiler wrote, unchanged")
+        self.pos += 1
+
+    def value(self) -> Any:
+        """One JSON value at the current position, reading more of the file as needed."""
+        self.skip_ws()
+        while True:
+            try:
+                v, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                if self.fill() and len(self.buf) - self.pos <= MAX_EVENT_CHARS:
+                    continue
+                if self.eof and exc.pos >= len(self.buf.rstrip()) - 1:
+                    raise self._truncated() from None
+                raise self._fail(f"not valid JSON near character {exc.pos - self.pos} of a value ({exc.msg})",
+                                 "pass the JSON file torch.profiler wrote, unchanged") from None
+            if end == len(self.buf) and not self.eof and self.fill():
+                continue  # a number or literal may go on in the next chunk
+            self.pos = end
+            return v
+
+    # -- the top level
+    def run(self) -> None:
+        first = self.skip_ws()
+        if first == "":
+            raise self._fail("the file holds only whitespace", "pass a trace written by torch.profiler")
+        if first != "{":
+            hint = (" (a bare JSON array of events: torch.profiler writes an object with traceEvents)"
+                    if first == "[" else "")
+            raise self._fail(f"this is not a JSON object (it starts with {first!r}){hint}",
+                             "pass the .pt.trace.json file torch.profiler wrote")
+        self.pos += 1
+        seen_events = False
+        while True:
+            ch = self.skip_ws()
+            if ch == "}":
+                self.pos += 1
+                break
+            if ch == ",":
+                self.pos += 1
+                continue
+            if ch == "":
+                raise self._truncated()
+            if ch != '"':
+                raise self._fail(f"expected a key at character {self.pos}, found {ch!r}",
+                                 "pass the JSON file torch.profiler wrote, unchanged")
+            key = self.value()
+            self.expect(":", "':'")
+            if key == "traceEvents":
+                self.events()
+                seen_events = True
+            else:
+                self.meta[key] = self.value()
+        if not seen_events:
+            raise self._fail("this JSON has no traceEvents array, so it is not a profiler trace (keys: "
+                             f"{', '.join(list(self.meta)[:8]) or 'none'})",
+                             "pass the .pt.trace.json file torch.profiler's tensorboard_trace_handler or "
+                             "export_chrome_trace wrote")
+        self._report(final=True)
+
+    def events(self) -> None:
+        if self.skip_ws() != "[":
+            raise self._fail("traceEvents is not an array", "pass the JSON file torch.profiler wrote, unchanged")
+        self.pos += 1
+        pending: list = []
+        while True:
+            if self.fast and self._fast_chunk():
+                self._early_check()
+                continue
+            ch = self.skip_ws()
+            if ch == "]":
+                self.pos += 1
+                break
+            if ch == ",":
+                self.pos += 1
+                continue
+            if ch == "":
+                raise self._truncated()
+            pending.append(self.value())
+            if len(pending) >= 20_000:
+                self.cols.add_dicts(pending)
+                pending = []
+                self._early_check()
+        self.cols.add_dicts(pending)
+
+    def _early_check(self) -> None:
+        if not self.cols.saw_step and self.cols.events >= EARLY_NO_STEP_EVENTS:
+            raise _no_steps(self.path, early=self.cols.events)
+
+    def _fast_chunk(self) -> bool:
+        """Read the complete events of the next chunk with the expressions; False where the rest is for the exact
+        path (the last chunk, which holds the end of the array)."""
+        while len(self.buf) - self.pos < CHUNK_CHARS and not self.eof:
+            self.fill()
+        if self.eof:
+            return False
+        k = self.buf.rfind('"ph"', self.pos)
+        cut = self.buf.rfind("{", self.pos, k) if k > 0 else -1
+        if cut <= self.pos:
+            return False
+        chunk = self.buf[self.pos:cut]
+        rows = _X.findall(chunk)
+        if chunk.count('"ph"') == chunk.count('"ph": "') and chunk.count('"ph": "X"') == len(rows):
+            self.cols.add_text(rows)
+            if "Memcpy HtoD" in chunk:
+                self.cols.add_link_text(_LINK.findall(chunk))
+        else:
+            body = chunk.strip().rstrip(",")
+            try:
+                events = json.loads(f"[{body}]")
+            except json.JSONDecodeError:
+                raise _Restart() from None
+            self.cols.add_dicts(events)
+            self.fallback_chunks += 1
+        self.pos = cut
+        return True
+
+
+def _no_steps(path: Path, *, early: int | None = None) -> TraceError:
+    seen = f" in its first {early:,} events" if early else ""
+    return TraceError(f"{path}: the trace has no ProfilerStep#N annotations{seen}, so its steps cannot be told "
+                      "apart; record with schedule=torch.profiler.schedule(wait=1, warmup=1, active=3) and call "
+                      "prof.step() once per training step")
+
+
+def _precheck(path: Path) -> None:
+    """The errors that need no parse: a missing or empty file, and a plain file whose end is not a JSON object's."""
+    if not path.exists():
+        raise TraceError(f"{path}: no such file; pass the path of a .pt.trace.json written by torch.profiler")
+    if path.is_dir():
+        raise TraceError(f"{path}: is a folder; pass one .pt.trace.json file of it (the trace command reads "
+                         "folders)")
+    size = path.stat().st_size
+    if size == 0:
+        raise TraceError(f"{path}: the file is empty (0 bytes): the profiler wrote nothing, or the copy failed; "
+                         "profile again and let the profiler's context exit before copying the file")
+    with open(path, "rb") as raw:
+        head = raw.read(64)
+        if head[:2] == b"\x1f\x8b":
+            return  # a gzip's end is known only once decompressed
+        raw.seek(max(0, size - 4096))
+        tail = raw.read().rstrip()
+    if head.lstrip().startswith(b"{") and not tail.endswith(b"}"):
+        raise TraceError(f"{path}: the file ends early, in the middle of the trace (its last bytes are "
+                         f"{tail[-40:].decode('utf-8', 'replace')!r}; probably the run was killed while the "
+                         "profiler was writing it); profile again and let the run end before copying the file")
+
+
+def _parse(path: Path, progress: Progress | None) -> _Parser:
+    for fast in (True, False):
+        parser = _Parser(path, progress, fast=fast)
+        try:
+            parser.run()
+            return parser
+        except _Restart:
+            continue
+        finally:
+            parser.close()
+    raise AssertionError("the exact path does not restart")  # pragma: no cover
+
+
+# ------------------------------------------------------------------------------------------------ intervals
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merged, sorted intervals of [starts, ends) (int64 ns)."""
+    if len(starts) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    run_end = np.maximum.accumulate(e)
+    new = np.ones(len(s), bool)
+    new[1:] = s[1:] > run_end[:-1]
+    idx = np.flatnonzero(new)
+    last = np.r_[idx[1:] - 1, len(s) - 1]
+    return s[idx], run_end[last]
+
+
+def _covered(union: tuple[np.ndarray, np.ndarray], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Length (ns) of a merged union inside each window [lo, hi), vectorised over windows."""
+    s, e = union
+    if len(s) == 0:
+        return np.zeros(len(lo), np.int64)
+    cum = np.r_[0, np.cumsum(e - s)]
+
+    def upto(t):
+        i = np.searchsorted(s, t, side="right") - 1
+        ok = i >= 0
+        out = np.zeros(len(t), np.int64)
+        j = i[ok]
+        out[ok] = cum[j] + np.minimum(t[ok] - s[j], e[j] - s[j])
+        return out
+
+    return np.maximum(upto(hi) - upto(lo), 0)
+
+
+def _merge(*unions) -> tuple[np.ndarray, np.ndarray]:
+    return _union(np.concatenate([u[0] for u in unions]), np.concatenate([u[1] for u in unions]))
+
+
+def _nesting(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Order (by start, longest first) and each event's parent in that order (-1 for none), for one thread."""
+    n = len(ts)
+    order = np.lexsort((ts - end, ts))
+    s = ts[order]
+    e = np.maximum(end[order], s + 1)  # a zero-length event still opens and closes
+    ended = np.searchsorted(np.sort(e), s, side="right")
+    pos = np.arange(n, dtype=np.int64)
+    depth = np.maximum(pos - ended, 0)
+    key = depth * (n + 1) + pos
+    skey = np.sort(key)
+    j = np.searchsorted(skey, (depth - 1) * (n + 1) + pos, side="left") - 1
+    parent = np.full(n, -1, np.int64)
+    ok = (depth > 0) & (j >= 0)
+    cand = skey[j[ok]]
+    good = cand // (n + 1) == depth[ok] - 1
+    idx = np.flatnonzero(ok)[good]
+    parent[idx] = cand[good] % (n + 1)
+    return order, parent
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+
+
+@dataclass
+class _Events:
+    ts: np.ndarray
+    dur: np.ndarray
+    end: np.ndarray
+    name: np.ndarray
+    cat: np.ndarray
+    thread: np.ndarray
+    names: list[str]
+    cats: list[str]
+    threads: list[tuple[str, str]]
+
+    def cat_mask(self, wanted) -> np.ndarray:
+        ids = [i for i, c in enumerate(self.cats) if c in wanted]
+        return np.isin(self.cat, ids)
+
+    def name_mask(self, pred) -> np.ndarray:
+        ids = [i for i, n in enumerate(self.names) if pred(n)]
+        return np.isin(self.name, ids) if ids else np.zeros(len(self.name), bool)
+
+
+def _is_data(name: str) -> bool:
+    return name.startswith("enumerate(DataLoader)#") and name.endswith("__next__")
+
+
+def _is_optimizer(name: str) -> bool:
+    return name.startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
+
+
+def _is_nccl(name: str) -> bool:
+    return "nccl" in name.lower()
+
+
+def read_kineto(path, *, progress: Progress | None = None) -> RankTrace:
+    """Read one Kineto trace (``.json`` or ``.json.gz``) into a :class:`~helpers.traces.model.RankTrace`.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The ``*.pt.trace.json`` (or ``.json.gz``) torch.profiler wrote.
+    progress : callable, optional
+        ``progress(done, total)`` with bytes of the file read and its size (compressed bytes for a gz), called at
+        most every 0.25 s and once at the end (:data:`helpers.live.Progress`).
+
+    Returns
+    -------
+    RankTrace
+        ``format`` "kineto"; one :class:`StepPhases` per ``ProfilerStep#N`` span, in order, times in seconds (the
+        module's docstring says what each phase is read from); ``top_ops`` self times in ms.
+
+    Raises
+    ------
+    TraceError
+        Naming the file, what is missing and what to do: a missing, empty or truncated file (checked before
+        the parse where the file is not gzipped), a corrupt gzip, text that is not JSON, JSON without
+        ``traceEvents``, a trace without ``ProfilerStep#N`` annotations.
+    """
+    p = Path(path)
+    _precheck(p)
+    parser = _parse(p, progress)
+    cols = parser.cols
+    ts, dur, name, cat, thread = cols.arrays()
+    ev = _Events(ts, dur, ts + dur, name, cat, thread, list(cols.names), list(cols.cats), list(cols.threads))
+    if not cols.saw_step:
+        raise _no_steps(p)
+    return _analyse(p, parser, ev)
+
+
+def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
+    meta = parser.meta
+    cols = parser.cols
+    step_mask = ev.name_mask(lambda n: _STEP.fullmatch(n) is not None) & ev.cat_mask({"user_annotation"})
+    if not step_mask.any():
+        raise _no_steps(path)
+    step_thread = int(np.bincount(ev.thread[step_mask]).argmax())
+    sidx = np.flatnonzero(step_mask & (ev.thread == step_thread))
+    sidx = sidx[np.argsort(ev.ts[sidx], kind="stable")]
+    lo, hi = ev.ts[sidx], ev.end[sidx]
+    numbers = [int(_STEP.fullmatch(ev.names[i]).group(1)) for i in ev.name[sidx]]
+    length = hi - lo
+
+    device = ev.cat_mask(_DEVICE_CATS)
+    device_kind = "cuda" if device.any() else "cpu"
+    limits: list[str] = []
+
+    on_thread = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
+    data_mask = on_thread & ev.name_mask(_is_data)
+    data_u = _union(ev.ts[data_mask], ev.end[data_mask])
+    data = _covered(data_u, lo, hi) if data_mask.any() else None
+    if data is None:
+        limits.append("data phase unknown: the step thread has no DataLoader __next__ spans (torch records them "
+                      "only for a torch.utils.data.DataLoader iterated inside the profiled steps)")
+
+    copy_u = _h2d_spans(ev, cols, step_thread, sidx, data_mask.any(), device_kind)
+    if copy_u is None:
+        h2d = None
+        limits.append("h2d phase unknown: with no DataLoader span and no device copy, the batch's copy cannot be "
+                      "told from the step's other ops")
+    else:
+        both = _merge(copy_u, data_u)
+        h2d = _covered(both, lo, hi) - (data if data is not None else 0)
+    if device_kind == "cpu":
+        limits.append("a CPU-only trace records no device: compute, idle and device communication are unknown; "
+                      "h2d is the host copy after the batch (on a CPU .to('cpu') returns the same tensor)")
+        if meta.get("deviceProperties"):
+            limits.append("the trace lists GPUs in deviceProperties but recorded no device activity: profile with "
+                          "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] to see the device")
+
+    opt_mask = on_thread & ev.name_mask(_is_optimizer)
+    optimizer = _covered(_union(ev.ts[opt_mask], ev.end[opt_mask]), lo, hi) if opt_mask.any() else None
+    if optimizer is None:
+        limits.append("optimizer phase unknown: no Optimizer.step# spans (torch records them for a "
+                      "torch.optim optimizer)")
+
+    compute = idle = comm = comm_exposed = None
+    if device_kind == "cuda":
+        compute, idle, comm, comm_exposed = _device_phases(ev, device, lo, hi, length)
+        if len({ev.threads[t][0] for t in np.unique(ev.thread[device])}) > 1:
+            limits.append("the trace holds several devices: device times are the union over all of them")
+        limits.append("device times are those of the work that ran during the host's step span (device work "
+                      "lags the host by its launch queue)")
+    else:
+        comm, comm_exposed = _host_comm(ev, step_thread, sidx, lo, hi, limits)
+
+    steps = []
+    for k, n in enumerate(numbers):
+        def s(a):
+            return None if a is None else float(a[k]) / 1e9
+        steps.append(StepPhases(step=n, step_s=float(length[k]) / 1e9, data=s(data), h2d=s(h2d),
+                                optimizer=s(optimizer), compute=s(compute), comm_exposed=s(comm_exposed),
+                                idle=s(idle), comm=s(comm)))
+
+    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
+    world = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
+    start_unix = _start_unix(meta, int(lo[0]))
+    return RankTrace(
+        source=path, format="kineto", device_kind=device_kind, steps=tuple(steps), rank=rank, world_size=world,
+        node=_node(path, meta), run_id=_run_id(dist, start_unix), top_ops=_top_ops(ev, lo[0], hi[-1]),
+        limits=tuple(limits), provenance=_provenance(path, parser, ev, start_unix, step_thread))
+
+
+def _h2d_spans(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, has_data: bool,
+               device_kind: str):
+    """Union of the host copy spans of the batch: the copy ops right after each step's batch, and the outermost
+    copy op that issued each HtoD memcpy; None where neither can be found."""
+    th = np.flatnonzero((ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS))
+    order, parent = _nesting(ev.ts[th], ev.end[th])
+    rows = th[order]
+    pos_of = {int(r): k for k, r in enumerate(rows)}
+    starts, ends = [], []
+    copy_ids = {i for i, n in enumerate(ev.names) if n in _COPY_OPS}
+    if has_data:
+        is_data = np.isin(ev.name[rows], [i for i, n in enumerate(ev.names) if _is_data(n)])
+        for srow in sidx:
+            sp = pos_of.get(int(srow))
+            if sp is None:
+                continue
+            kids = np.flatnonzero(parent == sp)
+            dk = kids[is_data[kids]]
+            if len(dk) == 0:
+                continue
+            after = kids[kids > dk[-1]]
+            for kid in after:
+                if int(ev.name[rows[kid]]) not in copy_ids:
+                    break
+                starts.append(ev.ts[rows[kid]])
+                ends.append(ev.end[rows[kid]])
+    htod = {c for (cat, _n, _t, _ts, _d, c) in cols.links if cat == "gpu_memcpy"}
+    if htod:
+        calls = [(t, ts, d) for (cat, _n, t, ts, d, c) in cols.links if cat != "gpu_memcpy" and c in htod
+                 and t == step_thread]
+        call_ts = np.array([int(round(ts * 1000)) for _t, ts, _d in calls], dtype=np.int64)
+        # the runtime calls are rows of the step thread's nesting; climb to the outermost copy op
+        rts = ev.ts[rows]
+        rnames = ev.name[rows]
+        rcat_rt = np.isin(ev.cat[rows], [i for i, c in enumerate(ev.cats) if c in ("cuda_runtime", "cuda_driver")])
+        for t0 in call_ts:
+            cand = np.flatnonzero((rts == t0) & rcat_rt)
+            if len(cand) == 0:
+                continue
+            k = int(cand[0])
+            top = k
+            while parent[k] >= 0:
+                k = int(parent[k])
+                if int(rnames[k]) in copy_ids:
+                    top = k
+            starts.append(ev.ts[rows[top]])
+            ends.append(ev.end[rows[top]])
+    if not starts and not (has_data or htod):
+        return None
+    return _union(np.array(starts, np.int64), np.array(ends, np.int64))
+
+
+def _device_phases(ev: _Events, device: np.ndarray, lo, hi, length):
+    kernel = ev.cat_mask({"kernel"})
+    nccl = kernel & ev.name_mask(_is_nccl)
+    comp = kernel & ~nccl
+    all_u = _union(ev.ts[device], ev.end[device])
+    comp_u = _union(ev.ts[comp], ev.end[comp])
+    comm_u = _union(ev.ts[nccl], ev.end[nccl])
+    busy = _covered(all_u, lo, hi)
+    compute = _covered(comp_u, lo, hi)
+    comm = _covered(comm_u, lo, hi)
+    exposed = _covered(_merge(comm_u, comp_u), lo, hi) - compute
+    return compute, np.maximum(length - busy, 0), comm, exposed
+
+
+def _host_comm(ev: _Events, step_thread: int, sidx: np.ndarray, lo, hi, limits: list):
+    """comm, comm_exposed of a CPU trace from the gloo:* spans and the step thread's gaps (None without them)."""
+    gloo = ev.name_mask(lambda n: n.startswith("gloo:")) & ev.cat_mask({"user_annotation", "cpu_op"})
+    if not gloo.any():
+        return None, None
+    comm_u = _union(ev.ts[gloo], ev.end[gloo])
+    busy_mask = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
+    busy_mask[sidx] = False
+    busy_u = _union(ev.ts[busy_mask], ev.end[busy_mask])
+    comm = _covered(comm_u, lo, hi)
+    exposed = _covered(_merge(comm_u, busy_u), lo, hi) - _covered(busy_u, lo, hi)
+    limits.append("communication on a CPU trace is read from gloo's gloo:* spans (on its own threads) and the "
+                  "gaps of the training thread while one is in flight; a gloo span can end late, when the next "
+                  "collective is queued")
+    return comm, np.maximum(exposed, 0)
+
+
+def _top_ops(ev: _Events, lo: int, hi: int) -> tuple[dict[str, Any], ...]:
+    window = (ev.ts >= lo) & (ev.ts < hi)
+    self_ns = np.zeros(len(ev.ts), np.int64)
+    host = window & ev.cat_mask(_HOST_CATS) & ~ev.name_mask(lambda n: _STEP.fullmatch(n) is not None)
+    hidx = np.flatnonzero(host)
+    for t in np.unique(ev.thread[hidx]):
+        rows = hidx[ev.thread[hidx] == t]
+        order, parent = _nesting(ev.ts[rows], ev.end[rows])
+        r = rows[order]
+        s, e = ev.ts[r], ev.end[r]
+        has = parent >= 0
+        overlap = np.minimum(e[has], e[parent[has]]) - s[has]
+        kids = np.bincount(parent[has], weights=np.maximum(overlap, 0), minlength=len(r))
+        self_ns[r] = np.maximum(ev.dur[r] - kids.astype(np.int64), 0)
+    dev = window & ev.cat_mask(_DEVICE_CATS)
+    self_ns[dev] = ev.dur[dev]
+    out = []
+    for where, mask in (("host", host), ("device", dev)):
+        if not mask.any():
+            continue
+        ids = ev.name[mask]
+        sums = np.bincount(ids, weights=self_ns[mask].astype(np.float64), minlength=len(ev.names))
+        calls = np.bincount(ids, minlength=len(ev.names))
+        for i in np.flatnonzero(calls):
+            out.append({"name": ev.names[i], "calls": int(calls[i]), "self_ms": float(sums[i]) / 1e6,
+                        "where": where})
+    out.sort(key=lambda d: d["self_ms"], reverse=True)
+    return tuple(out[:TOP_OPS])
+
+
+def _start_unix(meta: dict, first_ts_ns: int) -> float | None:
+    base = meta.get("baseTimeNanoseconds")
+    t = (int(base) + first_ts_ns) / 1e9 if isinstance(base, int) else first_ts_ns / 1e9
+    # 2015-01-01 .. 2100-01-01: a wall clock; anything else is a clock of its own
+    return t if 1_420_070_400 <= t <= 4_102_444_800 else None
+
+
+def _run_id(dist: dict, start_unix: float | None) -> str | None:
+    if not dist:
+        return None
+    cfg = json.dumps(dist.get("pg_config"), sort_keys=True, default=str)
+    digest = hashlib.sha1(cfg.encode()).hexdigest()[:8]
+    rid = f"{dist.get('backend', '?')}-w{dist.get('world_size', '?')}-{digest}"
+    if start_unix is not None:
+        bucket = int(start_unix // RUN_BUCKET_S) * RUN_BUCKET_S
+        rid += "@" + _dt.datetime.fromtimestamp(bucket, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+    return rid
+
+
+def _node(path: Path, meta: dict) -> str | None:
+    host = meta.get("host_name")
+    if isinstance(host, str) and host:
+        return host
+    name = path.name
+    for suffix in (".pt.trace.json.gz", ".pt.trace.json"):
+        if name.endswith(suffix):
+            worker = name[: -len(suffix)].rsplit(".", 1)[0]
+            head, _, pid = worker.rpartition("_")
+            return head if head and pid.isdigit() else (worker or None)
+    return None
+
+
+def _provenance(path: Path, parser: _Parser, ev: _Events, start_unix, step_thread: int) -> dict[str, Any]:
+    st = path.stat()
+    meta = parser.meta
+    out: dict[str, Any] = {
+        "path": str(path), "bytes": st.st_size,
+        "mtime": _dt.datetime.fromtimestamp(st.st_mtime, _dt.timezone.utc).isoformat(timespec="seconds"),
+        "reader": "kineto", "gzip": parser.gz, "events": int(len(ev.ts)),
+        "parse": "exact" if not parser.fast else ("fast" if not parser.fallback_chunks
+                                                   else f"fast, {parser.fallback_chunks} chunks exact"),
+        "start_unix_s": start_unix,
+    }
+    for key in ("schemaVersion", "traceName", "displayTimeUnit", "baseTimeNanoseconds"):
+        if key in meta:
+            out[key] = meta[key]
+    for key, v in meta.items():
+        if "version" in key.lower() and key != "schemaVersion" and isinstance(v, (str, int, float)):
+            out[key] = v
+    pid, tid = ev.threads[step_thread]
+    out["step_thread"] = f"pid {pid} tid {tid}"
+    return out
