@@ -2,7 +2,8 @@
 
 Run by torchrun (gloo, CPU). Environment: ``SLOW_NODE`` (a node rank whose ranks' loader sleeps ``SLOW_S``
 per batch), ``SLOW_RANK`` (one global rank that does), ``STEPS``, ``NO_GROUP=1`` (no process group: the ranks
-train apart and gather through files), ``DIE_RANK`` (that rank SIGKILLs itself before report()), ``EXIT_RANK`` (that rank exits 0 before it),
+train apart and gather through files), ``DIE_RANK`` (that rank SIGKILLs itself before report()),
+``EXIT_RANK`` (that rank exits 0 before it),
 ``STEPS_RANK``/``STEPS_EXTRA`` (that rank takes extra steps), ``OUT`` (rank 0 writes its report's as_dict() there).
 """
 

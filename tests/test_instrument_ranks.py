@@ -40,7 +40,8 @@ def _payloads(slow=(), nodes=(0, 0, 1, 1), extra=0.040, n=12, seed=0, synchronou
     out = {}
     for r in range(world):
         m = counts[r] if counts else n
-        out[r] = {"rank": r, "node_rank": nodes[r], "host": "vm", "launch": 100 + nodes[r], "node": f"{nodes[r]} (vm)", "device_kind": "cpu",
+        out[r] = {"rank": r, "node_rank": nodes[r], "host": "vm", "launch": 100 + nodes[r], "node": f"{nodes[r]} (vm)",
+                  "device_kind": "cpu",
                   "steps": {"data": data[r][:m], "copy": [0.0] * m,
                             "compute": [step[i] - data[r][i] for i in range(m)], "step_s": step[:m]},
                   "n_steps": m, "copy_marked": False, "synchronous": synchronous, "ddp": None, "ddp_note": "no model",
@@ -119,7 +120,8 @@ def test_ranks_without_a_group_compare_compute_as_work():
      (3, 4, 1, "torchrun")),
     ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "2"}, (5, 8, 2, "slurm")),
     ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "NODE_RANK": "1"}, (1, 2, 1, "env")),
-    ({"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "CROSS_RANK": "1", "LOCAL_SIZE": "8"}, (9, 16, 1, "deepspeed")),
+    ({"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "CROSS_RANK": "1", "LOCAL_SIZE": "8"},
+     (9, 16, 1, "deepspeed")),
 ])
 def test_rank_identity_from_each_launcher(env, want):
     ident = gather.RankIdentity.from_env(env)
@@ -328,10 +330,11 @@ def _three_run_payload(rank, exposed, real, synth, data_s):
 def test_the_jobs_free_input_ceiling_is_the_slowest_ranks():
     from helpers.workbook.job_diagnose import job_summary
 
-    s = job_summary({0: _three_run_payload(0, 0.01, 50.0, 6.0, 0.0005), 1: _three_run_payload(1, 0.85, 49.0, 5.0, 0.042)},
-                    world_size=3, missing=(2,))
+    s = job_summary({0: _three_run_payload(0, 0.01, 50.0, 6.0, 0.0005),
+                     1: _three_run_payload(1, 0.85, 49.0, 5.0, 0.042)}, world_size=3, missing=(2,))
     assert s["measured_recommendation"] == "host-bound" and s["bound_by"] == "rank 1 on node 0 (vm)"
-    assert s["free_input_speedup"]["ratio"] == pytest.approx(50.0 / 6.0) and s["free_input_speedup"]["slowest_rank"] == 0
+    assert s["free_input_speedup"]["ratio"] == pytest.approx(50.0 / 6.0)
+    assert s["free_input_speedup"]["slowest_rank"] == 0
     text = "\n".join(s["lines"])
     assert "the job's free-input ceiling: 8.33x" in text and "the slowest rank bounds a synchronous job" in text
     assert "rank(s) 2 did not report within the timeout" in text and "slow: rank 1 is the slow rank" in text

@@ -622,8 +622,8 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
     low = min(exposed.values())
     head = (f"inconclusive: {check.sentence()}; what it measured: " if check is not None and check.busy else "")
     if b.label == bottleneck.DEVICE_BOUND:
-        line = (f"job: {head}{b.label}: no rank's input is exposed more than {threshold:.0%} of its step (the largest is "
-                f"{x:.0%}, {who}); {b.reason}")
+        line = (f"job: {head}{b.label}: no rank's input is exposed more than {threshold:.0%} of its step (the "
+                f"largest is {x:.0%}, {who}); {b.reason}")
     elif input_culprit:
         line = (f"job: {head}{b.label} because of {who}: {their} input is exposed up to {x:.0%} of the step; the "
                 f"other ranks' smaller shares (down to {low:.0%}) are their wait for it in the collectives, not free "
