@@ -2,7 +2,9 @@
 plain and instrumented in interleaved blocks (the order reversed every round), as ``bench instrument`` does for
 one process (:func:`helpers.workbook.bench.instrument_overhead`). Every rank runs the same blocks in the same
 order (DDP keeps them in step); each rank's ratio (median instrumented block / median plain block) carries a
-95% bootstrap interval (:class:`helpers.timing.Comparison`); rank 0 gathers them and writes JSON to ``argv[1]``.
+95% bootstrap interval (:class:`helpers.timing.Comparison`), and the instrument's own calls are timed alone
+(``instrument_cost_per_step_s``, and its share of the plain step); rank 0 gathers them and writes JSON to
+``argv[1]``.
 
 Usage: ``torchrun --nproc-per-node 2 tests/instrument_overhead_job.py OUT.json [ROUNDS] [STEPS_PER_BLOCK] [JOB]``,
 JOB ``image`` (the example image job, PIL decode and a small CNN: about 250 ms a step on 2 busy cores) or ``tiny``
@@ -88,10 +90,19 @@ for rnd in range(rounds):
         (inst if instrumented else plain).append(block(instrumented))
 if which == "image":
     close_loader(loader)
+# the instrument's own calls per step, alone (no step around them): the floor the interleaved ratio cannot resolve
+# on a busy machine
+bare = InstrumentedLoader(range(20000), device=acc, warmup=0)
+t0 = time.perf_counter()
+for _ in bare:
+    bare.copied()
+bare.end_step()
+cost = (time.perf_counter() - t0) / 20000
 c = Comparison.from_measurements(Measurement("instrumented", tuple(inst), 1), Measurement("plain", tuple(plain), 1))
 mine = {"rank": ident.rank, "overhead": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high,
         "plain_block_s": sorted(plain)[len(plain) // 2], "instrumented_block_s": sorted(inst)[len(inst) // 2],
-        "machine": machine.check(before, machine.snapshot()).sentence()}
+        "machine": machine.check(before, machine.snapshot()).sentence(), "instrument_cost_per_step_s": cost,
+        "cost_share_of_step": cost / (sorted(plain)[len(plain) // 2] / per_block)}
 got = gather.gather_to_root(mine, ident, name=f"{gather.job_key()}-overhead")
 if got is not None:
     res = {"ranks": [got.payloads[r] for r in sorted(got.payloads)], "rounds": rounds, "steps_per_block": per_block,

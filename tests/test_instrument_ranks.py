@@ -355,6 +355,7 @@ def test_the_overhead_under_torchrun_with_two_ranks_is_not_measurably_above_3_pe
     for r in res["ranks"]:
         assert r["ci_low"] <= r["overhead"] <= r["ci_high"]
         assert r["ci_low"] <= 1.03, r  # an interval wholly above the target would be a measured overhead
+        assert 0 < r["cost_share_of_step"] < 0.03, r  # the instrument's own calls, timed alone
 
 
 def test_file_gather_in_one_process_keeps_to_its_own_job(tmp_path):
