@@ -86,6 +86,10 @@ def test_the_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
     report = call(str(py), "train.py")
     assert "your loop: 5 steps measured" in report and "host-bound" in report
     assert "next: notebook 03" in report or "next: notebook 02" in report  # 02 where no core is idle for workers
+    # the same three lines under torchrun, 2 ranks (no process group: the ranks meet in ./runs/instrument-ranks)
+    ranks = call(str(venv / "bin" / "torchrun"), "--standalone", "--nproc-per-node", "2", "train.py")
+    assert ranks.startswith("your loop: 2 of 2 ranks on 1 node(s), 5 steps measured per rank (gathered through the "
+                            "folder") and ranks.count("your loop: ") == 1 and ranks.count("\njob: ") == 1
     copied = call(str(venv / "bin" / "workbook"), "notebooks", "mine")
     assert "11 notebooks in mine" in copied and (work / "mine" / "profiles" / "quick.yaml").is_file()
     assert _files(site) == before  # nothing written inside site-packages

@@ -220,14 +220,31 @@ def _diagnose_job(args) -> int:
         job = DistributedJob(job, rc.rank, rc.world_size)
     else:
         acc = get_accelerator(args.device)
+    summary = None
     try:
         first_step_check(job, acc)  # a job that cannot train is named part by part before anything is timed
         result = three_run(job, acc, steps=args.steps, warmup_steps=args.warmup_steps, threshold=args.threshold)
+        if rc is not None:  # every rank's three runs to rank 0 (the group's store, a timeout for a missing rank)
+            from helpers.comm import gather
+            from helpers.workbook.job_diagnose import job_summary, rank_payload
+
+            ident = gather.RankIdentity.from_env()
+            got = gather.gather_to_root(rank_payload(result, ident, device_kind=acc.kind), ident,
+                                        name=f"{gather.job_key()}-diagnose")
+            if got is not None:
+                summary = job_summary(got.payloads, world_size=got.world_size, missing=got.missing,
+                                      threshold=args.threshold)
     finally:
         if rc is not None:
             dist.destroy_process_group()
-    if rc is None or rc.rank == 0:  # under torchrun, rank 0 speaks for the job (its own steps' times)
-        print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.lines()))
+    if rc is None or rc.rank == 0:  # under torchrun, rank 0 speaks for the job: its own runs, then every rank's
+        if args.json:
+            out = result.as_dict()
+            if summary is not None:
+                out["job_ranks"] = {k: v for k, v in summary.items() if k != "lines"}
+            print(json.dumps(out, indent=2, default=str))
+        else:
+            print("\n".join(result.lines() + (summary["lines"] if summary is not None else [])))
     return 1 if result.diverged else 0  # a loss that turned NaN or infinite: no verdict, and the exit says so
 
 
