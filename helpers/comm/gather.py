@@ -167,7 +167,7 @@ def check_folder(folder: Path) -> Path:
     except OSError as exc:
         raise ParameterError(f"rendezvous folder {folder}: cannot write there ({exc.strerror or exc}); name a "
                              "writable folder shared by every rank (gather_dir=..., or the environment variable "
-                             "HELPERS_GATHER_DIR)") from None
+                             "WORKBOOK_GATHER_DIR)") from None
     return folder
 
 

@@ -31,7 +31,7 @@ Under a launcher that sets ``RANK`` and ``WORLD_SIZE`` (torchrun, srun + torchru
 :class:`helpers.comm.gather.RankIdentity` for the variables read and how the node is named), each rank times
 its own steps as above, and :meth:`InstrumentedLoader.report` gathers every rank's per-step phases on rank 0
 (:func:`helpers.comm.gather.gather_to_root`: through the job's process group when one is initialized, else
-through files in ``gather_dir``: the environment variable ``HELPERS_GATHER_DIR``, else the run folder's
+through files in ``gather_dir``: the environment variable ``WORKBOOK_GATHER_DIR``, else the run folder's
 ``instrument-ranks/``, so it works before ``init_process_group``). Rank 0 prints one :class:`JobReport`: a table
 (rank, node, steps, data, copy, compute, step, exposed share), one verdict for the job and the slow-rank or
 slow-node sentence of :func:`helpers.stragglers.find` with the culprit's phase; the other ranks print nothing
@@ -141,7 +141,7 @@ class InstrumentedLoader:
         behind backward (read once, at ``report()``; no synchronize is added). Anything else: not read.
     gather_dir : path or None
         Under a launcher, with no process group initialized at ``report()``: the folder, shared by every rank,
-        where the ranks leave their figures for rank 0. None: ``HELPERS_GATHER_DIR``, else
+        where the ranks leave their figures for rank 0. None: ``WORKBOOK_GATHER_DIR``, else
         ``<runs>/instrument-ranks`` (:func:`helpers.workbook.paths.runs_dir`). Checked when the wrapper is made
         (before ``init_process_group`` nothing else could be used).
     gather_timeout_s : float, default :data:`helpers.comm.gather.DEFAULT_TIMEOUT_S`
@@ -174,7 +174,7 @@ class InstrumentedLoader:
         self.gather_dir = None
         if self.identity.world_size > 1:
             self.gather_dir = Path(gather_dir if gather_dir is not None else
-                                   os.environ.get("HELPERS_GATHER_DIR") or _default_gather_dir())
+                                   os.environ.get("WORKBOOK_GATHER_DIR") or _default_gather_dir())
             if _group_initialized() is False:  # before init_process_group (or without one): files it will be
                 gather.check_folder(self.gather_dir)
         self._sync, self.device_kind = _synchronizer(device)
