@@ -347,3 +347,22 @@ def test_a_copy_is_linked_to_its_device_memcpy_across_chunks(tmp_path, monkeypat
     rt = read_kineto(path)
     assert rt.provenance["parse"]["fast_chunks"] > 5
     assert rt.steps[0].h2d == pytest.approx(300e-6) and rt.device_kind == "cuda"
+
+
+def test_a_trace_too_large_for_the_memory_available_is_refused_before_the_read(cpu_trace, tmp_path, monkeypatch):
+    import psutil
+
+    size = cpu_trace.stat().st_size
+    need = kineto.memory_needed_mib(cpu_trace)
+    assert need == pytest.approx(kineto.BASE_MIB + kineto.MIB_PER_TRACE_MB * size / 1e6)
+    gz = tmp_path / "t.pt.trace.json.gz"
+    gz.write_bytes(gzip.compress(cpu_trace.read_bytes()))
+    assert kineto.memory_needed_mib(gz) >= kineto.BASE_MIB + kineto.MIB_PER_TRACE_MB * size / 1e6 - 1e-6
+
+    class Tight:  # less memory available than the estimate
+        available = int(need * 2**20 / 2)
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Tight)
+    monkeypatch.setattr(kineto, "_parse", lambda *a, **k: pytest.fail("read despite the memory check"))
+    with pytest.raises(TraceError, match=r"needs about .* GiB of memory .* available"):
+        read_kineto(cpu_trace)

@@ -40,7 +40,9 @@ layout, read in a child process, never on a quiet machine): 16.1 s, 63.5 MB/s, p
 4-5 from other agents; 22.4 s, 45.6 MB/s, 388 MiB in a run where other processes took 65% of the two cores;
 35 MiB of the peak is the interpreter and numpy; the phases of all 50 steps equal to the constructed ones. Memory is
 the 8 MB text buffer, 26 bytes per complete event in the columns and the analysis' arrays over them: about
-0.35 MiB per MB of trace at the peak, so a 10 GB trace needs about 3.5 GiB (``json.load`` would need ~40 GiB).
+0.35 MiB per MB of trace at the peak, so a 10 GB trace needs about 3.5 GiB (``json.load`` would need ~40 GiB):
+the peak is bounded by 512 MiB only up to traces of about 1.2 GB. Before a read, :func:`memory_needed_mib` estimates
+the peak, and a trace that would not fit in the memory available is refused with the figures, before any work.
 The exact path alone (a 195 MB trace written with sorted keys, load average 4.4) read 10.5 MB/s, 184 MiB.
 
 What each phase of a :class:`~helpers.traces.model.StepPhases` is read from, per ``ProfilerStep#N`` span (the
@@ -83,11 +85,10 @@ step: on the thread that holds most of those annotations; the step number is N):
 - ``device_kind``: "cuda" when the trace holds device events (kernels, memcpy, memset), else "cpu" (also when
   ``deviceProperties`` lists a GPU but ``ProfilerActivity.CUDA`` was not recorded, which ``limits`` says).
 - ``rank``, ``world_size``: ``distributedInfo``. ``run_id``: the backend, world size and a digest of
-  ``pg_config`` (equal on every rank of a run), with the UTC start of the first profiled step floored to
-  10 minutes (``baseTimeNanoseconds`` + the step's ``ts`` is the wall clock: the tensorboard handler's file name
-  carries the same time). Ranks of one run start their profiled steps within milliseconds of one another, runs
-  are minutes apart; two ranks on either side of a 10-minute boundary get different ids (``provenance``'s
-  ``start_unix_s`` has the exact time for a comparison with a tolerance). ``trace_id`` is not used: it differs on
+  ``pg_config`` (equal on every rank of a run). Two runs of the same configuration share it; they are told apart
+  by their start times (``provenance``'s ``start_unix_s``, the UTC start of the first profiled step:
+  ``baseTimeNanoseconds`` + its ``ts``), which :mod:`helpers.traces.cluster` compares with a tolerance (ranks of
+  one run start their profiled steps within milliseconds of one another). ``trace_id`` is not used: it differs on
   every rank.
 - ``node``: the trace's ``host_name``, else the worker name of the tensorboard handler's file name
   (``{hostname}_{pid}.{time}.pt.trace.json``).
@@ -127,8 +128,13 @@ EARLY_NO_STEP_EVENTS = 2_000_000
 PROGRESS_EVERY_S = 0.25
 #: Ops reported in ``top_ops``.
 TOP_OPS = 20
-#: Width of the start-time bucket in ``run_id``, seconds.
-RUN_BUCKET_S = 600
+#: Peak memory of the reader per MB of uncompressed trace, MiB, and its fixed part (the interpreter, numpy, the
+#: 8 MB text buffer): ``python -m helpers bench trace`` on a 1,024 MB trace peaked at 377-388 MiB (0.37-0.38 MiB
+#: per MB with the fixed ~35 MiB); the events are kept as columns, so the peak grows with the trace.
+MIB_PER_TRACE_MB = 0.40
+BASE_MIB = 40.0
+#: Share of the memory available now that a read may plan to take before it is refused up front.
+MEMORY_SHARE = 0.8
 
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 _COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
@@ -510,6 +516,7 @@ def _precheck(path: Path) -> None:
     if size == 0:
         raise TraceError(f"{path}: the file is empty (0 bytes): the profiler wrote nothing, or the copy failed; "
                          "profile again and let the profiler's context exit before copying the file")
+    _check_memory(path, size)
     with open(path, "rb") as raw:
         head = raw.read(64)
         if head[:2] == b"\x1f\x8b":
@@ -520,6 +527,35 @@ def _precheck(path: Path) -> None:
         raise TraceError(f"{path}: the file ends early, in the middle of the trace (its last bytes are "
                          f"{tail[-40:].decode('utf-8', 'replace')!r}; probably the run was killed while the "
                          "profiler was writing it); profile again and let the run end before copying the file")
+
+
+def memory_needed_mib(path, size: int | None = None) -> float:
+    """The reader's expected peak memory for a trace file, MiB (:data:`MIB_PER_TRACE_MB`, :data:`BASE_MIB`).
+
+    A gzip's uncompressed size is read from its trailer (ISIZE, the size modulo 4 GiB, RFC 1952), and taken as at
+    least 8 times the compressed size (a JSON trace compresses about 10x), since the trailer wraps above 4 GiB.
+    """
+    p = Path(path)
+    size = p.stat().st_size if size is None else size
+    with open(p, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+        if gz and size >= 18:
+            raw.seek(size - 4)
+            size = max(int.from_bytes(raw.read(4), "little"), 8 * size)
+    return BASE_MIB + MIB_PER_TRACE_MB * size / 1e6
+
+
+def _check_memory(path: Path, size: int) -> None:
+    """Refuse, before the read, a trace whose columns would not fit in the memory available now."""
+    import psutil
+
+    need = memory_needed_mib(path, size)
+    free = psutil.virtual_memory().available / 2**20
+    if need > MEMORY_SHARE * free:
+        raise TraceError(f"{path}: reading this {size / 1e9:.1f} GB trace needs about {need / 1024:.1f} GiB of memory "
+                         f"({MIB_PER_TRACE_MB} MiB per MB of trace, measured by `python -m helpers bench trace`) and "
+                         f"{free / 1024:.1f} GiB are available; free memory, read it on a larger machine, or record "
+                         "fewer steps (torch.profiler.schedule(active=...)) or one rank's file at a time")
 
 
 def _parse(path: Path, progress: Progress | None) -> _Parser:
@@ -713,7 +749,7 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
     start_unix = _start_unix(meta, int(lo[0]))
     return RankTrace(
         source=path, format="kineto", device_kind=device_kind, steps=tuple(steps), rank=rank, world_size=world,
-        node=_node(path, meta), run_id=_run_id(dist, start_unix), top_ops=_top_ops(ev, lo[0], hi[-1]),
+        node=_node(path, meta), run_id=_run_id(dist), top_ops=_top_ops(ev, lo[0], hi[-1]),
         limits=tuple(limits), provenance=_provenance(path, parser, ev, start_unix, step_thread))
 
 
@@ -859,16 +895,12 @@ def _start_unix(meta: dict, first_ts_ns: int) -> float | None:
     return t if 1_420_070_400 <= t <= 4_102_444_800 else None
 
 
-def _run_id(dist: dict, start_unix: float | None) -> str | None:
+def _run_id(dist: dict) -> str | None:
     if not dist:
         return None
     cfg = json.dumps(dist.get("pg_config"), sort_keys=True, default=str)
     digest = hashlib.sha1(cfg.encode()).hexdigest()[:8]
-    rid = f"{dist.get('backend', '?')}-w{dist.get('world_size', '?')}-{digest}"
-    if start_unix is not None:
-        bucket = int(start_unix // RUN_BUCKET_S) * RUN_BUCKET_S
-        rid += "@" + _dt.datetime.fromtimestamp(bucket, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
-    return rid
+    return f"{dist.get('backend', '?')}-w{dist.get('world_size', '?')}-{digest}"
 
 
 def _node(path: Path, meta: dict) -> str | None:
