@@ -28,6 +28,7 @@ from helpers.jobs.load import load_job
 from helpers.pipeline.loader import LoaderConfig, close_loader
 from helpers.timing import Comparison, Measurement
 from helpers.workbook.instrument import InstrumentedLoader
+from helpers.workbook.bench import interleaved_overhead
 from helpers.workbook.paths import examples_dir
 
 torch.set_num_threads(1)
@@ -60,34 +61,9 @@ else:
     job = SimpleNamespace(to_device=lambda batch, acc: batch)
 
 
-def forever():
-    while True:
-        yield from loader
-
-
-source = forever()
-wrapped = iter(InstrumentedLoader(source, device=acc, warmup=0, name="overhead"))
-
-
-def block(instrumented: bool) -> float:
-    t0 = time.perf_counter()
-    for _ in range(per_block):
-        batch = next(wrapped) if instrumented else next(source)
-        dev = job.to_device(batch, acc)
-        if instrumented:
-            wrapped.copied()
-        step(dev)
-    if instrumented:
-        wrapped.end_step()
-    return time.perf_counter() - t0
-
-
 before = machine.snapshot()
-block(False), block(True)  # warm-up
-plain, inst = [], []
-for rnd in range(rounds):
-    for instrumented in ((False, True) if rnd % 2 == 0 else (True, False)):
-        (inst if instrumented else plain).append(block(instrumented))
+plain, inst = interleaved_overhead(loader, lambda b: job.to_device(b, acc), step, acc, blocks=rounds,
+                                   steps_per_block=per_block, name="overhead")
 if which == "image":
     close_loader(loader)
 # the instrument's own calls per step, alone (no step around them): the floor the interleaved ratio cannot resolve

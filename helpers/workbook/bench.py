@@ -488,6 +488,61 @@ def dataset_index(*, n_images: int = 20_000, data_dir: str | None = None, touch_
 INSTRUMENT_TARGETS = {"overhead": ("<=", 1.03)}
 
 
+def interleaved_overhead(loader, to_device, step, acc, *, blocks: int, steps_per_block: int,
+                         name: str = "bench") -> tuple[list[float], list[float]]:
+    """Block times of a training loop without and with the instrument, interleaved: after one untimed block of each,
+    ``blocks`` rounds of one plain and one instrumented block of ``steps_per_block`` steps, the order alternating
+    every round so that a drift of the machine touches both alike.
+
+    Parameters
+    ----------
+    loader : iterable
+        Host batches, cycled for as long as needed.
+    to_device : callable
+        ``to_device(batch) -> device batch``.
+    step : callable
+        ``step(device_batch)``: one training step.
+    acc : helpers.device.Accelerator
+        Synchronized at each block's edges.
+    name : str
+        The instrument's name.
+
+    Returns
+    -------
+    (plain, instrumented) : tuple of list of float
+        Seconds per block, ``blocks`` each.
+    """
+    from helpers.workbook.instrument import InstrumentedLoader
+
+    def forever():
+        while True:
+            yield from loader
+
+    source = forever()
+    wrapped = iter(InstrumentedLoader(source, device=acc, warmup=0, name=name))
+
+    def block(instrumented: bool) -> float:
+        acc.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps_per_block):
+            batch = next(wrapped) if instrumented else next(source)
+            dev = to_device(batch)
+            if instrumented:
+                wrapped.copied()
+            step(dev)
+        if instrumented:
+            wrapped.end_step()  # the step ends at the next batch request; close it inside the block
+        acc.synchronize()
+        return time.perf_counter() - t0
+
+    block(False), block(True)  # warm-up
+    plain, inst = [], []
+    for rnd in range(blocks):
+        for instrumented in ((False, True) if rnd % 2 == 0 else (True, False)):
+            (inst if instrumented else plain).append(block(instrumented))
+    return plain, inst
+
+
 def instrument_overhead(*, device: str = "auto", blocks: int = 10, steps_per_block: int = 4, batch_size: int = 32,
                         max_images: int = 256) -> dict[str, Any]:
     """The instrument's overhead on the example image job: its loop timed plain and instrumented, interleaved.
@@ -514,7 +569,6 @@ def instrument_overhead(*, device: str = "auto", blocks: int = 10, steps_per_blo
     from helpers.jobs.load import load_job
     from helpers.pipeline.loader import LoaderConfig, close_loader
     from helpers.timing import Comparison, Measurement
-    from helpers.workbook.instrument import InstrumentedLoader
     from helpers.workbook.paths import examples_dir
 
     if blocks < 3 or steps_per_block < 1:
@@ -527,34 +581,10 @@ def instrument_overhead(*, device: str = "auto", blocks: int = 10, steps_per_blo
     loader = job.make_loader(dataset, LoaderConfig(batch_size=batch_size, num_workers=0, seed=0), acc)
     step = job.make_step(job.make_model(acc), acc)
 
-    def forever():
-        while True:
-            yield from loader
-
-    source = forever()
-    wrapped = iter(InstrumentedLoader(source, device=acc, warmup=0, name="bench"))
     before = machine.snapshot()
-
-    def block(instrumented: bool) -> float:
-        acc.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps_per_block):
-            batch = next(wrapped) if instrumented else next(source)
-            dev = job.to_device(batch, acc)
-            if instrumented:
-                wrapped.copied()
-            step(dev)
-        if instrumented:
-            wrapped.end_step()  # the step ends at the next batch request; close it inside the block
-        acc.synchronize()
-        return time.perf_counter() - t0
-
     try:
-        block(False), block(True)  # warm-up
-        plain, inst = [], []
-        for rnd in range(blocks):
-            for instrumented in ((False, True) if rnd % 2 == 0 else (True, False)):
-                (inst if instrumented else plain).append(block(instrumented))
+        plain, inst = interleaved_overhead(loader, lambda b: job.to_device(b, acc), step, acc, blocks=blocks,
+                                           steps_per_block=steps_per_block)
     finally:
         close_loader(loader)
     c = Comparison.from_measurements(Measurement("instrumented", tuple(inst), 1), Measurement("plain", tuple(plain), 1))
