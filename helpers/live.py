@@ -98,3 +98,56 @@ class LivePoint:
                    high=float(c.ci_high),
                    sentence=sentence or f"{label}: {c.ratio:.2f}x (95% CI {c.ci_low:.2f}-{c.ci_high:.2f})",
                    extra=dict(extra), repeats=min(c.a.repeats, c.b.repeats), interval="ci")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A dropdown knob of a "try it" panel, as plain data: its options, its initial value and its label.
+
+    The experiment layer declares its panel's knobs with these (and with ``ipywidgets.interact``'s plain
+    abbreviations: ``(min, max, step)``, a list of options, a value), never with widgets; the panel
+    (helpers/workbook/panel.py) makes the widget.
+
+    Attributes
+    ----------
+    options : tuple of (label, value)
+        The choices, in order.
+    value : object
+        The initial choice (one of the options' values).
+    description : str
+        The label beside the dropdown (empty: the knob's name).
+    """
+
+    options: tuple[tuple[str, Any], ...]
+    value: Any
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.options or self.value not in [v for _, v in self.options]:
+            raise ValueError(f"Knob: value {self.value!r} is not one of the options' values "
+                             f"{[v for _, v in self.options]!r}")
+
+
+@dataclass(frozen=True)
+class TrySpec:
+    """What a notebook's "try it" panel measures, declared by the experiment's result (``result.try_it(...)``).
+
+    Attributes
+    ----------
+    title : str
+        The panel's title, e.g. ``"host-to-device copy at another size and method"``.
+    measure : callable
+        ``measure(progress=callback, **knob_values)`` returning a :class:`LivePoint` or yielding several.
+    knobs : mapping
+        Knob name -> :class:`Knob` or an ``ipywidgets.interact`` abbreviation.
+    reference : LivePoint or None
+        The notebook's own result at its parameters, drawn beside the live points.
+    unavailable : str
+        Non-empty: why this machine cannot measure it (the panel shows the knobs disabled with the reason).
+    """
+
+    title: str
+    measure: Callable[..., Any]
+    knobs: Mapping[str, Any]
+    reference: LivePoint | None = None
+    unavailable: str = ""

@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "RECOMMENDATIONS",
     "Record",
+    "Records",
     "ResultsStore",
     "load_results",
     "verdicts",
@@ -685,6 +686,31 @@ class ResultsStore:
         return self.add("verdict", "verdict", metric, value, unit, repeats=repeats, spread=spread,
                         recommendation=recommendation, reason=reason, **extra)
 
+    def write(self, records: "Records") -> list[Record]:
+        """Append every record of ``records``, in the order they were described.
+
+        This is how an experiment's result reaches the store: the experiment describes its records with
+        :class:`Records` (the same calls as this store's, without a store), and the notebook's
+        ``ctx.record(result)`` writes them here.
+
+        Returns
+        -------
+        list of Record
+            The records appended.
+
+        Raises
+        ------
+        ParameterError
+            If ``records`` is not a :class:`Records`, or as the call it replays.
+        """
+        if not isinstance(records, Records):
+            raise ParameterError(f"write: expected a helpers.results.Records, got {type(records).__name__}")
+        out: list[Record] = []
+        for name, args, kwargs in records.calls:
+            made = getattr(self, name)(*args, **kwargs)
+            out.extend(made if isinstance(made, list) else [made])
+        return out
+
     def add_verdict(self, verdict: Verdict) -> Record:
         """Append a :class:`helpers.verdict.Verdict` (see :meth:`verdict`).
 
@@ -798,3 +824,50 @@ def verdicts(df: pd.DataFrame) -> pd.DataFrame:
     order = {nb: i for i, nb in enumerate(dict.fromkeys(df["notebook"]))}
     v = v.assign(_order=v["notebook"].map(order)).sort_values("_order", kind="stable")
     return v.drop(columns="_order").reset_index(drop=True)
+
+
+class Records:
+    """The records an experiment's result describes, kept until a store writes them (:meth:`ResultsStore.write`).
+
+    It has the store's own writing calls, with the same parameters and checks deferred to the write:
+    :meth:`add`, :meth:`add_measurement` and :meth:`add_comparison` (see :class:`ResultsStore`). An experiment
+    never holds a store; it returns a result whose ``records()`` builds one of these, so that every record and
+    verdict of a notebook goes through one call (``ctx.record(result)``, :mod:`helpers.workbook.nbsetup`), which
+    also applies the busy-machine check. Verdicts are not described here: a result returns its verdict separately.
+
+    Examples
+    --------
+    >>> r = Records()
+    >>> r.add("pinned copy", "pinned", "bandwidth", 12.5, "GB/s", repeats=20)
+    >>> len(r)
+    1
+    """
+
+    _CALLS = ("add", "add_measurement", "add_comparison")
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def __repr__(self) -> str:
+        return f"Records({len(self.calls)} record call(s))"
+
+    def extend(self, other: "Records") -> "Records":
+        """Append ``other``'s calls after these; returns self."""
+        self.calls.extend(other.calls)
+        return self
+
+    def add(self, experiment: str, variant: str, metric: str, value: float | None, unit: str,
+            **kwargs: Any) -> None:
+        """Describe one record, as :meth:`ResultsStore.add`."""
+        self.calls.append(("add", (experiment, variant, metric, value, unit), kwargs))
+
+    def add_measurement(self, experiment: str, variant: str, m: Measurement, **kwargs: Any) -> None:
+        """Describe a Measurement's records, as :meth:`ResultsStore.add_measurement`."""
+        self.calls.append(("add_measurement", (experiment, variant, m), kwargs))
+
+    def add_comparison(self, experiment: str, c: Comparison, **kwargs: Any) -> None:
+        """Describe a Comparison's record, as :meth:`ResultsStore.add_comparison`."""
+        self.calls.append(("add_comparison", (experiment, c), kwargs))

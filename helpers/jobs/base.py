@@ -259,3 +259,58 @@ class Job(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """Name and workload parameters, as records and the report show them."""
         return {"job": self.name, **self.workload.as_dict()}
+
+    # -- what the job can do: experiments ask these, never which class a job is -----------------
+
+    @property
+    def is_builtin(self) -> bool:
+        """Whether this is the workbook's own job, whose sizes the notebook's parameters set (False: a user's job,
+        whose factory built its dataset and model; the workbook reads its batch size from it)."""
+        return False
+
+    def sentence(self) -> str:
+        """The job in a few words, for a notebook's or a verdict's sentence: ``"your job 'mnist' (batch 64)"``."""
+        return f"your job {self.name!r} (batch {self.workload.batch_size})"
+
+    def item_count(self) -> int:
+        """Samples in one epoch of the job's dataset (its first pipeline's), >= 1."""
+        from helpers.pipeline.fast import close_dataset
+
+        dataset = self.make_dataset(self.pipelines[0])
+        try:
+            return len(dataset)
+        finally:
+            close_dataset(dataset)
+
+    @property
+    def has_batched_pipeline(self) -> bool:
+        """Whether :meth:`make_dataset` offers the workbook's batched decode (``"batched"``; the built-in job's)."""
+        return "batched" in self.pipelines
+
+    @property
+    def model_width(self) -> int | None:
+        """The conv width of the model, where the workbook sizes the model (the built-in job); None for a job that
+        builds its own model."""
+        return None
+
+    def with_model_width(self, model_width: int) -> "Job":
+        """This job with its model built ``model_width`` wide.
+
+        Raises
+        ------
+        ParameterError
+            For a job that builds its own model (:attr:`model_width` is None): its factory sizes it.
+        """
+        raise ParameterError(f"model_width={model_width}: it sizes the built-in job's policy; your job "
+                             f"{self.name!r} builds its own model, so leave model_width at None and change its "
+                             "size in your job's factory")
+
+    def image_encoder(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        """The convolutional image encoder of ``model`` (one of :meth:`make_model`'s), timed alone by notebooks 06
+        and 07, or None when the model is the job's own (then they time its whole step)."""
+        return None
+
+    def gradient_loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor | None:
+        """A scalar loss whose ``backward()`` leaves one step's gradients in ``model`` (notebook 08 sizes DDP's
+        buckets with it), or None when only the job's own step (:meth:`make_step`) can make them."""
+        return None

@@ -35,7 +35,7 @@ import torch
 
 from helpers.compute.amp import make_grad_scaler
 from helpers.compute.model import PolicyConfig, build_policy
-from helpers.compute.ppo import PPOConfig, PPOTrainer
+from helpers.compute.ppo import PPOConfig, PPOTrainer, ppo_loss
 from helpers.errors import ParameterError
 from helpers.jobs.base import Job, PerItemBatches, StepOptions, Workload
 from helpers.pipeline.baseline import BaselineDataset, ImageTransformConfig
@@ -202,6 +202,52 @@ class PPOJob(Job):
     def describe(self) -> dict[str, Any]:
         """Name, workload and data: what the report says was measured."""
         return {**super().describe(), "images": len(self.index), "classes": self.index.n_classes}
+
+    # -- what the job can do (helpers.jobs.base.Job) --------------------------------------------
+
+    @property
+    def is_builtin(self) -> bool:
+        """True: the notebook's parameters size this job."""
+        return True
+
+    def sentence(self) -> str:
+        """``"the built-in PPO job (batch 32, 64 px, width 16)"``."""
+        w = self.workload
+        return f"the {self.name} (batch {w.batch_size}, {w.image_size} px, width {w.model_width})"
+
+    def item_count(self) -> int:
+        """Images in the dataset index."""
+        return len(self.index)
+
+    @property
+    def model_width(self) -> int:
+        """The policy's conv width (``workload.model_width``)."""
+        return self.workload.model_width
+
+    def with_model_width(self, model_width: int) -> "PPOJob":
+        """The same job with the policy ``model_width`` wide (the same data, tokenizer and PPO settings)."""
+        if model_width == self.workload.model_width:
+            return self
+        return PPOJob(self.index, self.tokenizer, replace(self.workload, model_width=model_width),
+                      n_actions=self.n_actions, ppo=self.ppo, name=self.name)
+
+    def image_encoder(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model.image_encoder``: the policy's conv encoder."""
+        return model.image_encoder
+
+    def gradient_loss(self, model: torch.nn.Module, batch: tuple) -> torch.Tensor:
+        """A deterministic PPO loss of one device batch ``(images, tokens, labels)``: the rollout quantities
+        (actions from the labels, old log-probabilities, rewards, advantages) come from the same forward, detached,
+        so the gradients are the same on every call."""
+        images, tokens, labels = batch
+        logits, values = model(images, tokens)
+        with torch.no_grad():
+            actions = labels % logits.shape[1]
+            old = torch.log_softmax(logits.float(), dim=1).gather(1, actions[:, None]).squeeze(1)
+            rewards = (logits.argmax(1) == actions).float()
+            adv = rewards - values.float()
+        loss, _ = ppo_loss(logits, actions, old, adv, values, rewards)
+        return loss
 
 
 class PPOStep:

@@ -60,6 +60,55 @@ class NotebookContext:
     figures: list = field(default_factory=list)
     machine_before: Any = None
 
+    def record(self, result, *, show: bool = True):
+        """Write an experiment's result: its records, then its verdict through the busy-machine guard.
+
+        This is the one way a notebook writes to its results (``tests/test_layers.py`` fails a notebook or an
+        experiment that writes records or verdicts around it).
+
+        Parameters
+        ----------
+        result : helpers.experiments.base.ExperimentResult
+            What the experiment returned; its ``records()`` are written in order, and its ``verdict()`` (when
+            not None) with the machine's state since ``start`` (:meth:`add_verdict`'s check).
+        show : bool, default True
+            Print the recorded verdict's sentence (the guarded one: "inconclusive" when the machine was busy).
+
+        Returns
+        -------
+        helpers.verdict.Verdict or None
+            The verdict as recorded (after the guard), or None when the result decides nothing.
+
+        Raises
+        ------
+        TypeError
+            If ``result`` is not an :class:`helpers.experiments.base.ExperimentResult`.
+        """
+        from helpers.experiments.base import ExperimentResult
+
+        if not isinstance(result, ExperimentResult):
+            raise TypeError(f"ctx.record: expected an experiment's result (helpers.experiments.base."
+                            f"ExperimentResult), got {type(result).__name__}; record what the experiment's run "
+                            "returned")
+        self.store.write(result.records())
+        verdict = result.verdict()
+        if verdict is None:
+            return None
+        recorded = self._guarded_verdict(verdict)
+        if show:
+            print(recorded.sentence())
+        return recorded
+
+    def _guarded_verdict(self, verdict):
+        before = self.machine_before or machine.snapshot()
+        c = machine.check(before, machine.snapshot(),
+                          max_other_cpu_share=float(self.params.get("busy_cpu_share") or machine.MAX_OTHER_CPU_SHARE))
+        self.store.add("machine state", "while measuring", "other_cpu_share", c.other_cpu_share, "fraction", busy=c.busy,
+                       load_per_core=c.load_per_core, seconds=c.seconds, reasons=list(c.reasons))
+        guarded = guard_verdict(verdict, c)
+        self.store.add_verdict(guarded)
+        return guarded
+
     def add_verdict(self, verdict):
         """Record the notebook's verdict with the machine's state since ``start``, through the busy-machine guard.
 
@@ -71,12 +120,8 @@ class NotebookContext:
         -------
         helpers.results.Record
         """
-        before = self.machine_before or machine.snapshot()
-        c = machine.check(before, machine.snapshot(),
-                          max_other_cpu_share=float(self.params.get("busy_cpu_share") or machine.MAX_OTHER_CPU_SHARE))
-        self.store.add("machine state", "while measuring", "other_cpu_share", c.other_cpu_share, "fraction", busy=c.busy,
-                       load_per_core=c.load_per_core, seconds=c.seconds, reasons=list(c.reasons))
-        return self.store.add_verdict(guard_verdict(verdict, c))
+        self._guarded_verdict(verdict)
+        return self.store.records[-1]
 
     def job(self):
         """The job this notebook measures (:func:`helpers.jobs.load.notebook_job` of :attr:`params`).

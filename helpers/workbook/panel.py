@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable
 
 from helpers import machine
 from helpers.errors import ParameterError
-from helpers.live import LivePoint, no_progress
+from helpers.live import Knob, LivePoint, TrySpec, no_progress
 from helpers.params import headless
 from helpers.workbook.output import expected_warnings
 from helpers.workbook.widgets import _initial
@@ -215,7 +215,9 @@ class TryIt:
                 status.value = f"<b>could not measure:</b> {type(exc).__name__}: {exc}"
                 progress.bar_style = "danger"
 
-        inter = w.interactive(measure, {"manual": True, "manual_name": "Measure"}, **self.knobs)
+        knobs = {k: (w.Dropdown(options=list(v.options), value=v.value, description=v.description or k)
+                     if isinstance(v, Knob) else v) for k, v in self.knobs.items()}
+        inter = w.interactive(measure, {"manual": True, "manual_name": "Measure"}, **knobs)
         for c in inter.kwargs_widgets:  # the knob's whole name beside it, not "num_work..."
             if hasattr(c, "style") and hasattr(c.style, "description_width"):
                 c.style.description_width = "initial"
@@ -233,16 +235,19 @@ class TryIt:
         self._draw()
 
 
-def try_it(ctx: Any, name: str, measure: Callable[..., Any], *, reference: LivePoint | None = None,
-           unavailable: str = "", **knobs: Any) -> TryIt:
+def try_it(ctx: Any, name: "str | TrySpec", measure: Callable[..., Any] | None = None, *,
+           reference: LivePoint | None = None, unavailable: str = "", **knobs: Any) -> TryIt:
     """Show a "try it" panel (module docstring) and return it.
+
+    ``try_it(ctx, spec)`` with a :class:`helpers.live.TrySpec` (what an experiment's ``result.try_it(...)``
+    returns) is the same as passing its fields.
 
     Parameters
     ----------
     ctx : helpers.workbook.nbsetup.NotebookContext
         The notebook's context: its results store and parameters (``busy_cpu_share``).
-    name : str
-        Title of the panel.
+    name : str or helpers.live.TrySpec
+        Title of the panel, or the whole panel.
     measure : callable
         ``measure(**knob_values[, progress=callback])`` returning a LivePoint or yielding LivePoints.
     reference : LivePoint, optional
@@ -263,6 +268,15 @@ def try_it(ctx: Any, name: str, measure: Callable[..., Any], *, reference: LiveP
     helpers.errors.ParameterError
         For no knobs, or (headless) a slider abbreviation ipywidgets would reject.
     """
+    if isinstance(name, TrySpec):
+        if measure is not None or knobs or reference is not None or unavailable:
+            raise ParameterError("try_it(ctx, spec): the spec holds the measure, knobs, reference and "
+                                 "unavailable reason; pass nothing else")
+        spec = name
+        name, measure, knobs = spec.title, spec.measure, dict(spec.knobs)
+        reference, unavailable = spec.reference, spec.unavailable
+    if measure is None:
+        raise ParameterError(f"try it ({name}): no measure function")
     if not knobs:
         raise ParameterError(f"try it ({name}): a panel needs at least one knob")
     return TryIt(ctx=ctx, name=name, measure=measure, knobs=dict(knobs), reference=reference,

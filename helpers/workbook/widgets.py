@@ -48,7 +48,7 @@ def _initial(control: Any) -> Any:
         For a ``(min, max[, step])`` slider with ``min > max`` or ``step <= 0``,
         which ipywidgets rejects too (so a headless run fails where JupyterLab would).
     """
-    if hasattr(control, "value"):
+    if hasattr(control, "value"):  # a widget, ipywidgets.fixed or a helpers.live.Knob
         return control.value
     if isinstance(control, tuple) and len(control) in (2, 3) and all(isinstance(c, Real) for c in control):
         low, high = control[0], control[1]
