@@ -36,35 +36,49 @@ import pandas as pd
 import torch
 
 from helpers import bottleneck, checklist
-from helpers.process import cli_command
+from helpers import specs
+from helpers.checklist import Item
 from helpers.compute.amp import resolve_autocast_dtype
 from helpers.compute.train import TimedLoop, epochs
 from helpers.device import usable_cores
-from helpers.diagnose.environment import cpu_bf16_support
 from helpers.errors import ParameterError
+from helpers.experiments import registry
+from helpers.experiments.base import Experiment
 from helpers.experiments.training import LearningCheck, clone_batch, same_structure, same_values
 from helpers.jobs.base import StepOptions, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.live import LivePoint, Progress, no_progress
+from helpers.params import Param
 from helpers.pipeline.baseline import IMAGENET_STD
 from helpers.pipeline.loader import LoaderConfig, close_loader
 from helpers.pipeline.prefetch import DevicePrefetcher, prefetched
+from helpers.process import cli_command
 from helpers.results import verdicts
 from helpers.timing import Comparison, Measurement
 from helpers.verdict import Action, Verdict
 
+
 log = logging.getLogger(__name__)
-
-#: The optimizations the optimized job can combine, in checklist order (from :mod:`helpers.checklist`).
-OPTIMIZATIONS: tuple[str, ...] = checklist.optimization_names()
-
-#: The notebook whose verdict decides each optimization under ``optimizations=["auto"]``.
-SOURCE_NOTEBOOKS: dict[str, str] = {o.name: o.notebook for o in checklist.OPTIMIZATIONS}
 
 PHASES = checklist.PHASES
 
-#: The step phases each optimization acts on, where its effect must show (see :func:`attribute`).
-ACTS_ON = checklist.ACTS_ON
+
+def _source_notebooks() -> dict[str, str]:
+    """The notebook whose verdict decides each optimization under ``optimizations=["auto"]``."""
+    return {o.name: o.notebook for o in registry.optimizations()}
+
+
+def __getattr__(name: str):
+    """``OPTIMIZATIONS``, ``SOURCE_NOTEBOOKS`` and ``ACTS_ON``: the registry's, read when first asked for (the
+    registry imports this module, so they cannot be read at import time)."""
+    if name == "OPTIMIZATIONS":
+        return registry.optimization_names()
+    if name == "SOURCE_NOTEBOOKS":
+        return _source_notebooks()
+    if name == "ACTS_ON":
+        return registry.acts_on()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: What the h2d phase is on a CPU (no copy there): printed under tables and in the next-step sentence.
 CPU_H2D_NOTE = ("on the CPU the h2d phase is no copy: it is to_device_batch's conversion and normalization "
@@ -144,7 +158,7 @@ class Selection:
             return []
         numbers = " ".join(nb[:2] for nb in self.missing)
         names = [c.name for c in self.choices if c.source in ("not measured", "device default")
-                 and SOURCE_NOTEBOOKS.get(c.name) in self.missing]
+                 and _source_notebooks().get(c.name) in self.missing]
         if any(c.source == "device default" for c in self.choices):
             what = (f"the device's stated default is used for {', '.join(names)} (table below: source "
                     "'device default')")
@@ -231,7 +245,7 @@ def workload_warning(params: Mapping[str, Any] | None, workload: "Workload | Non
         return f"{head}; the ablation below (section 5) measures it on this job"
     sizes = " and ".join(f"{k} {int(getattr(workload, k))}" for k in ("image_size", "model_width")
                          if k in params and params[k] is not None and int(params[k]) != int(getattr(workload, k)))
-    names = [n for n in OPTIMIZATIONS if n in set(enabled_names) | ({name} if name else set())]
+    names = [n for n in registry.optimization_names() if n in set(enabled_names) | ({name} if name else set())]
     listed = ", ".join(f'"{n}"' for n in names)
     return (f"{head}; not enabled, so not measured here: rerun notebook {notebook[:2]} at {sizes} before this one, "
             f"or pass optimizations=[{listed}] to measure it in this job")
@@ -263,13 +277,13 @@ def check_optimizations(requested: Iterable[str]) -> tuple[str, ...]:
     if "auto" in names:
         if len(set(names)) > 1:
             raise ParameterError(f"optimizations={names!r} mixes 'auto' with names; pass ['auto'] alone, or "
-                                 f"a list from: {', '.join(OPTIMIZATIONS)}")
+                                 f"a list from: {', '.join(registry.optimization_names())}")
         return ("auto",)
-    unknown = [n for n in names if n not in OPTIMIZATIONS]
+    unknown = [n for n in names if n not in registry.optimization_names()]
     if unknown:
         raise ParameterError(f"unknown optimization(s) {', '.join(map(repr, unknown))} in optimizations; valid: "
-                             f"auto, {', '.join(OPTIMIZATIONS)}")
-    return tuple(n for n in OPTIMIZATIONS if n in names)
+                             f"auto, {', '.join(registry.optimization_names())}")
+    return tuple(n for n in registry.optimization_names() if n in names)
 
 
 def device_defaults(acc, *, native_bf16: bool | None = None) -> dict[str, tuple[bool, str]]:
@@ -286,7 +300,8 @@ def device_defaults(acc, *, native_bf16: bool | None = None) -> dict[str, tuple[
     Returns
     -------
     dict
-        name -> (enabled, reason). Batched decode always; workers, pinned memory
+        name -> (enabled, reason), from each optimization's ``default`` hook (declared with it, in the
+        notebook that decides it). Batched decode always; workers, pinned memory
         and the prefetcher only on an accelerator (on a CPU they compete with
         the training computation for the same cores, and a CPU has no pinned
         memory or streams); mixed precision where the device autocasts to
@@ -294,39 +309,7 @@ def device_defaults(acc, *, native_bf16: bool | None = None) -> dict[str, tuple[
         slower, pytorch/pytorch#118499); channels_last on CPU and CUDA, never on NPU
         (fact-check, section 8).
     """
-    caps = acc.capabilities
-    on_acc = not acc.is_cpu
-    out: dict[str, tuple[bool, str]] = {
-        "batched_decode": (True, "batched decode replaces per-image Pillow work on every device"),
-        "dataset_cache": (False, "it writes a decoded copy of the dataset to disk: on only where notebook 02 "
-                                 "measured it faster"),
-        "dataloader_workers": (on_acc, "worker processes feed an accelerator" if on_acc else
-                               "on a CPU, workers take cores from the training computation"),
-        "pinned_memory": (on_acc and caps.pinned_memory.available,
-                          "pinned host buffers speed host-to-device copies" if on_acc and caps.pinned_memory.available
-                          else f"not available here: {caps.pinned_memory.detail or 'no accelerator'}"),
-        "prefetcher": (on_acc and caps.streams.available,
-                       "a side-stream copy hides the transfer" if on_acc and caps.streams.available
-                       else f"no side streams here: {caps.streams.detail or 'no accelerator'}"),
-    }
-    dtypes = tuple(caps.autocast_dtypes)
-    if not dtypes:
-        out["mixed_precision"] = (False, f"{acc.kind} has no autocast dtype")
-    elif acc.is_cpu:
-        if native_bf16 is None:
-            native_bf16 = bool(cpu_bf16_support()["native_bf16"])
-        out["mixed_precision"] = (bool(native_bf16) and "bfloat16" in dtypes,
-                                  "this CPU has native bf16 (AVX512-BF16/AMX/Arm BF16)" if native_bf16 else
-                                  "this CPU has no native bf16: emulated bf16 is slower than fp32")
-    else:
-        out["mixed_precision"] = (True, f"{acc.kind} autocasts to {', '.join(dtypes)}")
-    if acc.kind == "npu":
-        out["channels_last"] = (False, "NPU kernels want NCHW: channels_last must not be used there")
-    elif caps.channels_last.available:
-        out["channels_last"] = (True, "the conv encoder runs NHWC kernels on this device")
-    else:
-        out["channels_last"] = (False, f"channels_last unavailable: {caps.channels_last.detail}")
-    return out
+    return {o.name: o.default(acc, native_bf16) for o in registry.optimizations()}
 
 
 def _default_dtype(acc) -> str:
@@ -394,7 +377,7 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
                     for k, (on, why) in device_defaults(acc, native_bf16=native_bf16).items()}
         fallback = "device default"
     else:  # no guessing: what no verdict of this run recommended stays off
-        defaults = {k: (False, "not enabled: not measured in this run") for k in OPTIMIZATIONS}
+        defaults = {k: (False, "not enabled: not measured in this run") for k in registry.optimization_names()}
         fallback = "not measured"
     workers = default_workers if default_workers is not None else max(1, min(4, usable_cores()))
     dtype = _default_dtype(acc)
@@ -403,11 +386,11 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
         table = verdicts(results)
         table = table.set_index("notebook") if len(table) else None
     # settings recorded by notebooks 03 and 06, whatever the mode
-    workers_nb = checklist.optimization("dataloader_workers").notebook
+    workers_nb = registry.optimization("dataloader_workers").notebook
     if table is not None and workers_nb in table.index:
         best = _action_value(table.loc[workers_nb], "num_workers")
         workers = int(best) if isinstance(best, int) and not isinstance(best, bool) and best >= 1 else workers
-    amp_nb = checklist.optimization("mixed_precision").notebook
+    amp_nb = registry.optimization("mixed_precision").notebook
     if table is not None and amp_nb in table.index:
         params = table.loc[amp_nb].get("parameters") or {}
         try:
@@ -418,8 +401,8 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
             log.warning("notebook 06's autocast dtype does not apply here (%s); using %s", exc, dtype)
     choices, missing = [], []
     unavailable = dict(unavailable or {})
-    for name in OPTIMIZATIONS:
-        nb = SOURCE_NOTEBOOKS[name]
+    for name in registry.optimization_names():
+        nb = _source_notebooks()[name]
         if name in unavailable:
             choices.append(Choice(name, False, "job", f"not available for this job: {unavailable[name]}"))
             continue
@@ -434,9 +417,9 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
                 missing.append(nb)
             on, why = defaults[name]
             choices.append(Choice(name, on, fallback, f"notebook {nb[:2]} measured another job; {why}"))
-        elif table is not None and nb in table.index and checklist.optimization(name).decision:
+        elif table is not None and nb in table.index and registry.optimization(name).decision:
             row = table.loc[nb]
-            key = checklist.optimization(name).decision
+            key = registry.optimization(name).decision
             extra = row.get("extra") if isinstance(row.get("extra"), Mapping) else {}
             own = extra.get(key) if isinstance(extra.get(key), Mapping) else None
             if own is None:  # the notebook ran without measuring this one
@@ -461,15 +444,15 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
             choices.append(Choice(name, on, fallback, f"no verdict from {nb[:2]}; {why}"))
     on = {c.name for c in choices if c.enabled}
     for i, c in enumerate(choices):  # an optimization that works only with another is off without it
-        needs = checklist.optimization(c.name).requires
+        needs = registry.optimization(c.name).requires
         if c.enabled and needs and needs not in on:
             choices[i] = replace(c, enabled=False, detail=f"{c.detail}; but it needs {needs}, which is off")
     enabled = tuple(c.name for c in choices if c.enabled)
     # the workload warnings, now that the enabled set is known (a disabled one is not measured here)
     for i, c in enumerate(choices):
         if c.warning:
-            params = table.loc[SOURCE_NOTEBOOKS[c.name]].get("parameters")
-            choices[i] = replace(c, warning=workload_warning(params, workload, SOURCE_NOTEBOOKS[c.name],
+            params = table.loc[_source_notebooks()[c.name]].get("parameters")
+            choices[i] = replace(c, warning=workload_warning(params, workload, _source_notebooks()[c.name],
                                                              enabled=c.enabled, name=c.name, enabled_names=enabled))
     return Selection(optimizations=enabled, choices=tuple(choices), missing=tuple(missing),
                      num_workers=int(workers), amp_dtype=dtype)
@@ -1004,13 +987,13 @@ def attribute(name: str, optimized_steps, without_steps, *, seed: int = 0) -> At
         Unknown ``name``, or a frame lacking a phase column.
     """
 
-    if name not in ACTS_ON:
-        raise ParameterError(f"unknown optimization {name!r}; valid: {', '.join(OPTIMIZATIONS)}")
+    if name not in registry.acts_on():
+        raise ParameterError(f"unknown optimization {name!r}; valid: {', '.join(registry.optimization_names())}")
     for label, df in (("optimized_steps", optimized_steps), ("without_steps", without_steps)):
         absent = [c for c in (*PHASES, "step_s") if c not in df]
         if absent:
             raise ParameterError(f"{label} lacks column(s) {absent}; pass JobVariant.steps_frame()")
-    phases = ACTS_ON[name]
+    phases = registry.acts_on()[name]
     step = Comparison.from_measurements(
         Measurement(f"without {name}", tuple(float(x) for x in without_steps["step_s"]), 0),
         Measurement("optimized", tuple(float(x) for x in optimized_steps["step_s"]), 0), seed=seed)
@@ -1386,7 +1369,7 @@ def next_step(summary: JobSummary, *, is_cpu: bool, enabled: Sequence[str], host
 
 
 #: The notebook that decides the batch size (its verdict's action is on ``batch_size``).
-_BATCH_NOTEBOOK = next(i.id for i in checklist.CHECKLIST if i.name == "memory and batch size")
+_BATCH_NOTEBOOK = "09_memory_and_batch_size"
 
 
 def target_sentence(speedup: float, baseline_exposed: float) -> str:
@@ -1553,7 +1536,7 @@ def _ablation_evidence(ablation) -> dict[str, dict[str, Any]]:
                      "ci_low": num("contribution_low"), "ci_high": num("contribution_high"),
                      "phases": str(row.get("phases") or ""), "phase_contribution": num("phase_contribution"),
                      "phase_low": num("phase_low"), "phase_high": num("phase_high"),
-                     "source": SOURCE_NOTEBOOKS.get(name, "")}
+                     "source": _source_notebooks().get(name, "")}
     return out
 
 
@@ -1583,7 +1566,7 @@ def _decide(comparison, learning: LearningCheck, baseline: JobSummary, optimized
             if variant == "all" or row["decision"] in ("", "keep it"):
                 continue
             name = str(variant).replace("without ", "")
-            who = f"recommended by notebook {SOURCE_NOTEBOOKS.get(name, '??')[:2]}, but " if name in recommended else ""
+            who = f"recommended by notebook {_source_notebooks().get(name, '??')[:2]}, but " if name in recommended else ""
             where = ""
             if "phase_contribution" in row and isinstance(row.get("phases"), str) and row["phases"] \
                     and math.isfinite(row["phase_contribution"]):
@@ -1709,19 +1692,19 @@ def try_optimizations(job: PPOJob, acc, *, steps: int, warmup_steps: int, num_wo
         requires (``dataset_cache`` needs ``batched_decode``) or one this job cannot use; counts or settings
         :class:`JobConfig` and :func:`run_interleaved` reject.
     """
-    unknown = [n for n in switches if n not in OPTIMIZATIONS]
+    unknown = [n for n in switches if n not in registry.optimization_names()]
     if unknown:
         raise ParameterError(f"unknown optimization switch(es) {', '.join(map(repr, unknown))}; valid: "
-                             f"{', '.join(OPTIMIZATIONS)}")
+                             f"{', '.join(registry.optimization_names())}")
     bad = {n: v for n, v in switches.items() if not isinstance(v, bool)}
     if bad:
         raise ParameterError(f"optimization switches are True or False, got {bad!r}")
-    enabled = tuple(n for n in OPTIMIZATIONS if switches.get(n, False))
+    enabled = tuple(n for n in registry.optimization_names() if switches.get(n, False))
     for name in enabled:
         why = (unavailable or {}).get(name)
         if why:
             raise ParameterError(f"{name} is not available for this job: {why}; switch it off")
-        needs = checklist.optimization(name).requires
+        needs = registry.optimization(name).requires
         if needs and needs not in enabled:
             raise ParameterError(f"{name} works only together with {needs}: switch {needs} on too, or {name} off")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -1755,3 +1738,30 @@ def try_optimizations(job: PPOJob, acc, *, steps: int, warmup_steps: int, num_wo
         for v in (base, opt):
             if v is not None:
                 v.close()
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+EXPERIMENT = Experiment(
+    item=Item("10", "10_end_to_end", "end to end",
+         "Prove the speedup end to end: the same training job before and after",
+         "The baseline job vs the same job with every optimization the earlier verdicts recommend"),
+    spec=specs.COMMON + specs.DATA + specs.batch() + specs.training(
+        "measured training steps per job") + (
+        Param("optimizations", list, ["auto"],
+              "optimizations of the optimized job: auto follows the earlier verdicts of this run; or names "
+              "of the optimizations the earlier notebooks decide (an unknown name is rejected with the list)",
+              item_kind=str),
+        Param("ablation", bool, True, "also run the optimized job with each optimization removed in turn"),
+        Param("curve_steps", int, 30, "training steps of the learning curves of both jobs", minimum=2,
+              maximum=100000),
+        Param("loss_rtol", float, 0.10,
+              "tolerance of optimized vs baseline mean loss over the last steps, as a share of the loss's scale over the run",
+              minimum=0.0, maximum=10.0),
+        Param("projection_steps", int, 100000, "training steps of the projected full job (before vs after)",
+              minimum=1, maximum=10**12),
+        Param("host_bound_threshold", float, 0.10,
+              "exposed input time / step time above which the job is called host-bound", minimum=0.0, maximum=1.0),
+    ) + specs.JOB,
+    interleaved_repeats="steps",
+)
