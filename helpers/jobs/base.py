@@ -314,3 +314,8 @@ class Job(abc.ABC):
         """A scalar loss whose ``backward()`` leaves one step's gradients in ``model`` (notebook 08 sizes DDP's
         buckets with it), or None when only the job's own step (:meth:`make_step`) can make them."""
         return None
+
+    def image_data(self) -> tuple[Any, Any] | None:
+        """The scanned images and caption tokenizer the workbook's own pipelines read, ``(DatasetIndex,
+        tokenizers.Tokenizer)`` (the built-in job's), or None for a job whose factory built its own dataset."""
+        return None
