@@ -927,7 +927,7 @@ class _Datasets:
         return self.by_threads[threads]
 
     def close(self) -> None:
-        from helpers.pipeline.fast import close_dataset
+        from helpers.jobs.base import close_dataset
 
         for ds in self.by_threads.values():
             close_dataset(ds)
