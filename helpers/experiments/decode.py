@@ -1,5 +1,8 @@
 """Notebook 02's experiment: per-image decode against the batched pipeline, on one dataset, and its benchmark.
 
+:func:`run` does the notebook's whole measurement and returns a :class:`DecodeResult`, which knows the
+notebook's records, its verdict (with the decode-once cache's own decision) and its try-it panel.
+
 :class:`DecodeBench` holds the interleaved comparisons of notebook 02
 (preprocessing speedup, decode efficiency against the raw decoder, thread
 scaling, decoder flags, GPU decode, tokenization);
@@ -783,7 +786,7 @@ class CacheOutcome:
     why: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DecodeResult(ExperimentResult):
     """Everything notebook 02 measured: plans, pixel checks, the interleaved comparisons, the cache, GPU decode.
 

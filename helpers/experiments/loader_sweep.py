@@ -1,5 +1,10 @@
 """Notebook 03's experiment: time DataLoader worker settings, and the datasets its demonstrations use.
 
+:func:`run` does the notebook's whole measurement on the notebook's job (the built-in job's batched pipeline, or a
+user's job's own dataset: the job decides, through :attr:`helpers.jobs.base.Job.has_batched_pipeline` and
+:meth:`helpers.jobs.base.Job.image_data`) and returns a :class:`LoaderResult`, which knows the notebook's records,
+its verdict and its try-it panel; :func:`fault_demo` shows the loader's guards.
+
 * :func:`run_sweep` times ``num_workers x prefetch_factor x persistent_workers``
   (:func:`sweep_settings`, one :class:`LoaderSetting` each) in rotated
   order, counting only batches finished after its clock started
@@ -933,7 +938,7 @@ class _Datasets:
             close_dataset(ds)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LoaderResult(ExperimentResult):
     """Everything notebook 03 measured (see :func:`run`); ``records()`` and ``verdict()`` in the notebook's order.
 
