@@ -923,7 +923,8 @@ class DecodeResult(ExperimentResult):
     @property
     def pixels_text(self) -> str:
         """The batched vs reference PSNR summary (section 3)."""
-        return (f"{len(self.check)} images: PSNR min {self.min_psnr:.1f} dB, median {self.check['psnr_db'].median():.1f} "
+        median = self.check["psnr_db"].median()
+        return (f"{len(self.check)} images: PSNR min {self.min_psnr:.1f} dB, median {median:.1f} "
                 f"dB (threshold {self.params['psnr_min_db']:g} dB): "
                 f"{'same pictures' if self.pixels_ok else 'SOME IMAGES DIFFER'}")
 
@@ -960,8 +961,8 @@ class DecodeResult(ExperimentResult):
     @property
     def flags_text(self) -> str:
         """The decoder flags' comparison (section 5)."""
-        return (f"fastdct + fastupsample: {self.flags.verdict_text()}; PSNR min {self.flag_psnr:.1f} dB -> "
-                f"{'worth enabling (DecodeConfig(fastdct=True, fastupsample=True))' if self.adopt_flags else 'kept off'}")
+        adopt = "worth enabling (DecodeConfig(fastdct=True, fastupsample=True))" if self.adopt_flags else "kept off"
+        return f"fastdct + fastupsample: {self.flags.verdict_text()}; PSNR min {self.flag_psnr:.1f} dB -> {adopt}"
 
     @property
     def preprocess_text(self) -> str:
@@ -996,7 +997,8 @@ class DecodeResult(ExperimentResult):
 
         s = self.share
         return pd.DataFrame({"tokenize": [s["tokenize_per_sample_s"], s["tokenize_batch_s"]],
-                             "images": [s["baseline_s"] - s["tokenize_per_sample_s"], s["host_s"] - s["tokenize_batch_s"]]},
+                             "images": [s["baseline_s"] - s["tokenize_per_sample_s"],
+                                        s["host_s"] - s["tokenize_batch_s"]]},
                             index=[self.pre.a.name, self.eff.b.name])
 
     @property
@@ -1143,7 +1145,8 @@ def _check_fixtures(dataset: BatchedDataset, psnr_min_db: float):
 
     fixtures = fixtures_dir()
     if fixtures is None:
-        raise FileNotFoundError("data/fixtures is not here: run this notebook from a checkout of the workbook repository")
+        raise FileNotFoundError("data/fixtures is not here: run this notebook from a checkout of the workbook "
+                                "repository")
     files = sorted(p for p in fixtures.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     routes = compare_routes(files, transform=dataset.transform)
     routes["same picture"] = routes["psnr_db"].apply(lambda v: "n/a" if v != v else bool(v >= psnr_min_db))
@@ -1282,7 +1285,8 @@ def run(params: Mapping[str, Any], acc, *, expect: Callable[..., Any] = _no_expe
             params=dict(p), device_kind=acc.kind, images=len(index), skipped=len(index.skipped),
             classes=index.n_classes, source=p["data_dir"] and "user folder" or "embedded", threads=dataset.threads,
             cores=usable_cores(), pinned=dataset.pinned, pinned_note="" if pin.available else str(pin),
-            dct_scaling=dataset.decode.dct_scaling, n_plans=len(plans), scales=dict(Counter(q.denominator for q in turbo)),
+            dct_scaling=dataset.decode.dct_scaling, n_plans=len(plans),
+            scales=dict(Counter(q.denominator for q in turbo)),
             full_px=sum(q.header.stored_height * q.header.stored_width for q in turbo),
             decoded_px=sum(math.ceil(q.header.stored_height / q.denominator)
                            * math.ceil(q.header.stored_width / q.denominator) for q in turbo),
