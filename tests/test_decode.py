@@ -464,3 +464,91 @@ def test_dct_scales_leaves_room_for_the_count_labels():
         assert [t.get_text() for t in ax.texts] == ["0", "3", "235", "10"]
     finally:
         plt.close(fig)
+
+
+# --------------------------------------------------------------------------- the notebook's result
+
+
+def _cmp(a_s, b_s, name_a, name_b):
+    from helpers.timing import Comparison, Measurement
+
+    def m(name, s):
+        return Measurement(name=name, times_s=tuple(s * (1 + 0.01 * ((i % 3) - 1)) for i in range(8)), warmup=0,
+                           items_per_call=8)
+
+    return Comparison.from_measurements(m(name_a, a_s), m(name_b, b_s))
+
+
+def _decode_result(*, cache=True, gil=True, psnr_db=(35.0, 40.0, 45.0), device_kind="cpu"):
+    import pandas as pd
+
+    pre = _cmp(0.4, 0.1, XD.BASELINE_LABEL, XD.BATCHED_DEVICE_LABEL)
+    eff = _cmp(0.05, 0.08, XD.RAW_DECODE_LABEL, XD.BATCHED_HOST_LABEL)
+    outcome = (XD.CacheOutcome(cmp=_cmp(0.08, 0.02, XD.BATCHED_HOST_LABEL, XD.CACHED_LABEL), psnr=(33.0, 36.0),
+                               images=48, failed=0, mib=1.5, build_s=None) if cache
+               else XD.CacheOutcome(why="the parameter dataset_cache is off"))
+    routes = pd.DataFrame({"file": ["a.jpg", "b.png", "bad.jpg"], "route": ["turbo", "reference", "rejected"],
+                           "reference": ["ok", "ok", "rejected"], "agree": [True, True, True],
+                           "psnr_db": [50.0, float("inf"), float("nan")], "same picture": [True, True, "n/a"]})
+    return XD.DecodeResult(
+        params={"psnr_min_db": 30.0, "batch_size": 8, "image_size": 64, "repeats": 3, "warmup": 1, "threads": 0},
+        device_kind=device_kind, images=48, skipped=0, classes=4, source="embedded", threads=2, cores=2, pinned=False,
+        pinned_note="no pinned memory on a CPU", dct_scaling=True, n_plans=48, scales={4: 40, 8: 8}, full_px=1000,
+        decoded_px=100, check=pd.DataFrame({"psnr_db": list(psnr_db)}), model_input="model input", routes=routes,
+        mid_epoch="batch of 4", gil=_cmp(0.2, 0.1, "raw decode, 1 thread(s)", "raw decode, 2 threads") if gil else None,
+        flags=_cmp(0.1, 0.1, "default decoder", "fast flags"), flag_psnr=31.0, pre=pre, eff=eff,
+        tok=_cmp(0.002, 0.001, "per-sample encode", "encode_batch"),
+        share={"batched_share": 0.01, "per_sample_share": 0.005, "tokenize_batch_s": 0.001,
+               "tokenize_per_sample_s": 0.002, "host_s": 0.08, "baseline_s": 0.4},
+        cache=outcome, gpu=None, gpu_psnr=(), gpu_why="no CUDA device", npu_note="DVPP not verified")
+
+
+def _keys(records):
+    out = []
+    for call, args, kw in records.calls:
+        if call == "add":
+            out.append((args[0], args[1], args[2], args[4]))
+        elif call == "add_measurement":
+            out.append((args[0], args[1], kw["metric"], kw["unit"]))
+        else:
+            out.append((args[0], f"{args[1].b.name} vs {args[1].a.name}", kw.get("metric", "speedup"), kw["unit"]))
+    return out
+
+
+def test_the_decode_result_records_every_section_in_the_notebooks_order():
+    keys = _keys(_decode_result().records())
+    assert [k[0] for k in keys] == (["dataset", "dct scaling", "correctness", "correctness", "gil", "decoder flags"]
+                                    + ["preprocess"] * 3 + ["decode efficiency"] * 3 + ["tokenize"] * 3
+                                    + ["dataset cache"] * 2 + ["gpu decode"])
+    assert keys[1] == ("dct scaling", "epoch 0", "decoded_pixel_fraction", "fraction")
+    assert keys[6] == ("preprocess", f"{XD.BATCHED_DEVICE_LABEL} vs {XD.BASELINE_LABEL}", "speedup", "x")
+    assert keys[9] == ("decode efficiency", f"{XD.BATCHED_HOST_LABEL} vs {XD.RAW_DECODE_LABEL}", "decode_efficiency",
+                       "fraction")
+    assert keys[-1] == ("gpu decode", "torchvision nvjpeg", "speedup", "x")
+    none = _keys(_decode_result(cache=False, gil=False, device_kind="npu").records())
+    assert ("gil", "1 vs N threads", "thread_speedup", "x") in none
+    assert ("dataset cache", "decode-once cache", "speedup", "x") in none and none[-1][0] == "npu decode"
+
+
+def test_the_decode_result_decides_batched_decode_and_the_cache():
+    r = _decode_result()
+    v = r.verdict()
+    assert v.notebook == "02_batched_decode" and v.recommendation == "enable" and v.action.setting == "batched_decode"
+    assert v.extra["dataset_cache"]["recommendation"] == "enable" and "already built" in v.extra["dataset_cache"]["reason"]
+    assert "8 images of 64 px per batch from 48 images" in v.context
+    assert "decode-once cache not measured: the parameter dataset_cache is off" in _decode_result(cache=False).cache_text
+    assert _decode_result(cache=False).verdict().extra["dataset_cache"]["recommendation"] == "not applicable"
+    bad = _decode_result(psnr_db=(20.0, 40.0))
+    assert not bad.pixels_ok and bad.verdict().recommendation == "leave off"
+    assert "SOME IMAGES DIFFER" in bad.pixels_text and bad.pixel_fraction == 0.1
+    assert "40 of 48 images" not in r.scaling_text and "1/4: 40, 1/8: 8" in r.scaling_text
+
+
+def test_the_decode_results_panel_offers_threads_dct_scaling_and_crop_size():
+    from helpers.live import Knob, TrySpec
+
+    spec = _decode_result().try_it(None, {"threads": 0, "image_size": 64, "repeats": 3, "warmup": 1,
+                                          "batch_size": 8})
+    assert isinstance(spec, TrySpec) and set(spec.knobs) == {"threads", "dct_scaling", "image_size"}
+    assert isinstance(spec.knobs["threads"], Knob) and spec.knobs["threads"].value == 0
+    assert spec.knobs["dct_scaling"] is True and spec.reference.label == "threads=0 (=2), DCT on, 64px"

@@ -201,3 +201,86 @@ def test_the_first_batch_panel_labels_the_num_workers_0_line():
         assert any(t.get_text().startswith("num_workers=0 (4 ms)") for t in panel.texts)
     finally:
         plt.close(fig)
+
+
+# --------------------------------------------------------------------------- the notebook's result
+
+
+def _sweep(times: dict, batches_per_trial: int = 4, batch_size: int = 8):
+    import pandas as pd
+
+    settings = tuple(LoaderSetting(*k) for k in times)
+    rows = [{"setting": s.label, "elapsed_s": t, "first_batch_s": 0.1 * (1 + s.num_workers), "prepared_ahead": 0}
+            for s, ts in zip(settings, times.values()) for t in ts]
+    return S.SweepResult(trials=pd.DataFrame(rows), settings=settings, batch_size=batch_size,
+                         batches_per_trial=batches_per_trial)
+
+
+def _loader_result(*, workers_win: bool, builtin: bool = True):
+    import pandas as pd
+    from types import SimpleNamespace
+
+    from helpers.pipeline.randomness import VARIANTS
+
+    times = {(0, None, False): (1.0, 1.02, 0.98), (2, 2, False): ((0.4, 0.41, 0.39) if workers_win else (2.0, 2.1, 1.9))}
+    sweep = _sweep(times)
+    best = LoaderSetting(2, 2, False)
+    confirmation = _sweep({(0, None, False): (1.0, 1.01, 0.99), (2, 2, False): (0.6, 0.61, 0.59)}) if workers_win else None
+    probe = SimpleNamespace(items=8, epochs=2, ranks=2, duplicates=lambda v: 5 if v == VARIANTS[0] else 0,
+                            summary=pd.DataFrame({"variant": list(VARIANTS), "repeated_draws": [5, 0], "draws": [80, 80]}))
+    epoch = pd.DataFrame({"variant": ["a", "b"], "repeated_items": [0, 8], "items": [8, 8], "later_epochs": [1, 1],
+                          "persistent_workers": [False, True]})
+    growth = pd.DataFrame({"start": [10.0, 5.0], "end": [12.0, 5.5]},
+                          index=pd.MultiIndex.from_tuples([("batched pipeline", "main"), ("batched pipeline", "worker 0")],
+                                                          names=["loader", "role"])).assign(growth_mib=[2.0, 0.5])
+    bad = SimpleNamespace(batches=4, items=8, skipped=[("photo_4_cut_in_half.jpg", "truncated", 1)]) if builtin else None
+    return S.LoaderResult(
+        params={"seed": 0, "trials": 3, "batches_per_trial": 4, "batch_size": 8, "image_size": 64, "data_dir": "",
+                "num_workers_list": [0, 2], "prefetch_factor_list": [2], "probe_epochs": 2, "probe_ranks": 2,
+                "job": "" if builtin else "my_job.py:make_job"},
+        device_kind="cpu", cores=2, method=SimpleNamespace(method="fork", source="default", explanation="a copy"),
+        builtin=builtin, job_spec="" if builtin else "my_job.py:make_job",
+        job_describe={"job": "built-in PPO job" if builtin else "mine", "batch_size": 8}, n_items=24, batch_size=8,
+        data={"images": 24, "classes": 3, "skipped": []} if builtin else {}, agreement="identical",
+        settings=sweep.settings, sweep=sweep, probe=probe, epoch_result=epoch, memory=None, growth=growth,
+        bad_input=bad, confirmation=confirmation, confirm_batches=4)
+
+
+def _record_keys(records):
+    return [(c[1][0], c[1][1] if c[0] != "add_comparison" else None) for c in records.calls]
+
+
+def test_the_loader_result_records_the_notebooks_sections_in_order():
+    keys = _record_keys(_loader_result(workers_win=True).records())
+    experiments = [k[0] for k in keys]
+    assert experiments == ["machine", "dataset", "loader sweep", "first batch", "loader sweep", "first batch",
+                           "best vs next", "best vs num_workers=0 (sweep, best chosen)", "worker randomness",
+                           "worker randomness", "epoch in workers", "epoch in workers", "worker memory", "bad input",
+                           "best vs num_workers=0 (held-out confirmation)"]
+    assert keys[1] == ("dataset", "usable images") and ("worker memory", "batched pipeline, worker 0") in keys
+    user = _record_keys(_loader_result(workers_win=False, builtin=False).records())
+    assert user[1] == ("dataset", "your job") and ("bad input", "truncated file mid-epoch") not in user
+    assert not any(k[0].startswith("best vs num_workers=0") for k in user)  # num_workers=0 won: nothing to confirm
+
+
+def test_the_loader_result_decides_from_the_held_out_confirmation():
+    win = _loader_result(workers_win=True)
+    v = win.verdict()
+    assert v.notebook == "03_dataloader_tuning" and v.recommendation == "enable" and v.action.value == 2
+    assert "held-out confirmation trials of workers=2, prefetch=2 against num_workers=0" in v.context
+    assert "batched pipeline" in v.context and "confirmation, 3 new trials" in win.confirmation_text
+    lose = _loader_result(workers_win=False, builtin=False)
+    v = lose.verdict()
+    assert v.recommendation == "leave off" and "samples/s" in v.reason and "your job's dataset (mine)" in v.context
+    assert lose.confirmation_text == "num_workers=0 won the sweep: there is nothing to confirm"
+    assert "demonstrated on the built-in job's photos" in lose.bad_input_text
+
+
+def test_the_loader_results_panel_starts_at_the_chosen_setting():
+    from helpers.live import TrySpec
+
+    spec = _loader_result(workers_win=True).try_it(None, {"num_workers_list": [0, 2], "prefetch_factor_list": [2],
+                                                          "batches_per_trial": 4, "trials": 3})
+    assert isinstance(spec, TrySpec) and spec.knobs["num_workers"].value == 2
+    assert spec.knobs["prefetch_factor"].value == 2 and spec.knobs["persistent_workers"] is False
+    assert spec.reference.label == "workers=2, prefetch=2"

@@ -1,5 +1,8 @@
 """Notebook 02's experiment: per-image decode against the batched pipeline, on one dataset, and its benchmark.
 
+:func:`run` does the notebook's whole measurement and returns a :class:`DecodeResult`, which knows the
+notebook's records, its verdict (with the decode-once cache's own decision) and its try-it panel.
+
 :class:`DecodeBench` holds the interleaved comparisons of notebook 02
 (preprocessing speedup, decode efficiency against the raw decoder, thread
 scaling, decoder flags, GPU decode, tokenization);
@@ -13,10 +16,12 @@ bench input-pipeline``. The mechanisms they time are
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
-from dataclasses import replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from helpers import specs
@@ -24,9 +29,9 @@ from helpers.checklist import Item
 from helpers.device import get_accelerator
 from helpers.errors import DeviceUnavailableError, ParameterError
 from helpers.experiments import registry
-from helpers.experiments.base import Experiment, Optimization
+from helpers.experiments.base import Experiment, ExperimentResult, Optimization
 from helpers.jobs.ppo import host_to_device
-from helpers.live import LivePoint, Progress, no_progress
+from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
 from helpers.pipeline.baseline import BaselineDataset, collate_batch
 from helpers.pipeline.decode import DecodeConfig, cuda_decode_support, decode_augment_cuda, psnr, reference_augment
@@ -34,14 +39,15 @@ from helpers.pipeline.fast import BatchedDataset, to_device_batch, torch_from
 from helpers.pipeline.prepare import prepare_data
 from helpers.pipeline.sampler import EpochBatchSampler, check_int
 from helpers.pipeline.text import encode_batch, encode_one
+from helpers.results import Records
 from helpers.timing import Comparison, Measurement, compare, measure
 from helpers.verdict import Action, Verdict
-
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BASELINE_LABEL", "BATCHED_DEVICE_LABEL", "BATCHED_HOST_LABEL", "RAW_DECODE_LABEL", "DecodeBench", "verdict",
-           "input_decode_bench", "decoded_pixel_fraction", "live_point", "try_decode"]
+           "input_decode_bench", "decoded_pixel_fraction", "live_point", "try_decode", "CacheOutcome",
+           "DecodeResult", "run"]
 
 #: Names of the measured variants, used alike by the comparisons, the records, the figures and the bench,
 #: so that each number carries the name of what was timed:
@@ -742,6 +748,557 @@ def verdict(pre: Comparison, eff: Comparison, *, min_psnr_db: float, psnr_min_db
     return Verdict(notebook=NOTEBOOK, metric="speedup", value=pre.ratio, unit="x", recommendation=recommendation,
                    reason=reason, context=context, repeats=pre.b.repeats, action=action,
                    spread={"ci_low": pre.ci_low, "ci_high": pre.ci_high, "confidence": pre.confidence}, extra=extra)
+
+
+# --------------------------------------------------------------------------- the notebook's run and its result
+
+
+def _no_expect(why: str, *, match: str | None = None):
+    return contextlib.nullcontext([])
+
+
+@dataclass(frozen=True)
+class CacheOutcome:
+    """The decode-once cache as notebook 02 measured it (section 9).
+
+    Attributes
+    ----------
+    cmp : helpers.timing.Comparison or None
+        :meth:`DecodeBench.compare_cache`; None when not measured (``why`` says why).
+    psnr : tuple of float
+        PSNR (dB) of the cached crops against the per-image reference, one per checked image.
+    images, failed : int
+        Images in the cache and files that could not be decoded.
+    mib : float
+        Its size on disk, MiB.
+    build_s : float or None
+        Seconds this run spent building it (None: already built).
+    rebuilt_because : str
+        Why it was (re)built.
+    why : str
+        Why it was not measured (empty when it was).
+    """
+
+    cmp: Comparison | None = None
+    psnr: tuple[float, ...] = ()
+    images: int = 0
+    failed: int = 0
+    mib: float = 0.0
+    build_s: float | None = None
+    rebuilt_because: str = ""
+    why: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeResult(ExperimentResult):
+    """Everything notebook 02 measured: plans, pixel checks, the interleaved comparisons, the cache, GPU decode.
+
+    Attributes
+    ----------
+    params : mapping
+        The notebook's validated parameters.
+    device_kind : str
+    images, skipped, classes : int
+        Usable images, files skipped by the scan, classes.
+    source : str
+        ``"embedded"`` or ``"user folder"``.
+    threads, cores : int
+        Decode threads of the batched pipeline and usable cores.
+    pinned : bool
+        Whether the batch buffers are pinned.
+    pinned_note : str
+        Why pinned memory is unavailable (empty where it is).
+    dct_scaling : bool
+        The pipeline's DCT scaling setting.
+    n_plans : int
+        Images planned over one epoch.
+    scales : dict
+        DCT denominator (1, 2, 4, 8) -> images of the libjpeg-turbo route decoded at it.
+    full_px, decoded_px : int
+        Pixels of a full-resolution decode and pixels the decoder produces, over the turbo-route images.
+    check : pandas.DataFrame
+        :func:`helpers.pipeline.fast.reference_check` of the first two batches (``psnr_db`` per image).
+    model_input : str
+        Shape, dtype and PSNR of the normalized batch against the baseline's.
+    routes : pandas.DataFrame
+        :func:`helpers.pipeline.decode.compare_routes` of the fixtures, with ``same picture``.
+    mid_epoch : str
+        What the truncated-file probe's batch reported.
+    gil : Comparison or None
+        1 thread vs the pool (None with one decode thread).
+    flags : Comparison
+        Default decoder vs fastdct + fastupsample; ``flag_psnr``: their worst PSNR, dB.
+    pre, eff, tok : Comparison
+        Preprocessing speedup, decode efficiency, tokenization.
+    share : dict
+        :meth:`DecodeBench.tokenize_share`.
+    cache : CacheOutcome
+    gpu : Comparison or None
+        GPU decode (``gpu_psnr``: its PSNRs; ``gpu_why``: why not measured).
+    npu_note : str
+        :func:`helpers.pipeline.decode.npu_decode_note`.
+    index, tokenizer
+        The images and tokenizer (for the try-it panel).
+    """
+
+    params: Mapping[str, Any]
+    device_kind: str
+    images: int
+    skipped: int
+    classes: int
+    source: str
+    threads: int
+    cores: int
+    pinned: bool
+    pinned_note: str
+    dct_scaling: bool
+    n_plans: int
+    scales: Mapping[int, int]
+    full_px: int
+    decoded_px: int
+    check: Any
+    model_input: str
+    routes: Any
+    mid_epoch: str
+    gil: Comparison | None
+    flags: Comparison
+    flag_psnr: float
+    pre: Comparison
+    eff: Comparison
+    tok: Comparison
+    share: Mapping[str, float]
+    cache: CacheOutcome
+    gpu: Comparison | None
+    gpu_psnr: tuple[float, ...]
+    gpu_why: str
+    npu_note: str
+    index: Any = field(default=None, compare=False, repr=False)
+    tokenizer: Any = field(default=None, compare=False, repr=False)
+
+    # -- what the cells print ---------------------------------------------------------------------------------
+    @property
+    def setup_text(self) -> str:
+        """Decode threads, usable cores, pinned buffers (and why not pinned)."""
+        text = f"decode threads: {self.threads} (usable cores: {self.cores}); batch buffers pinned: {self.pinned}"
+        return text + (f"\npinned memory: {self.pinned_note}" if self.pinned_note else "")
+
+    @property
+    def pixel_fraction(self) -> float | None:
+        """Decoded pixels over a full-resolution decode, turbo route only (None: no turbo-route image)."""
+        return self.decoded_px / self.full_px if self.full_px else None
+
+    @property
+    def scaling_text(self) -> str:
+        """The routes taken and the DCT scales chosen over one epoch (section 2)."""
+        n_turbo = sum(self.scales.values())
+        n_reference = self.n_plans - n_turbo
+        if n_reference:
+            lines = [f"{n_turbo} of {self.n_plans} images take the libjpeg-turbo path; the other {n_reference} take "
+                     "the reference path (CMYK JPEGs and other formats)"]
+        else:
+            lines = [f"all {self.n_plans} images take the libjpeg-turbo path"]
+        lines.append("decoded at: " + ", ".join(f"{'full size' if d == 1 else f'1/{d}'}: {self.scales.get(d, 0)}"
+                                                for d in (1, 2, 4, 8)))
+        if self.full_px:
+            lines.append(f"pixels produced by the decoder: {self.pixel_fraction:.0%} of a full-resolution decode")
+        return "\n".join(lines)
+
+    @property
+    def psnr_values(self) -> list[float]:
+        """PSNR (dB) of each checked batched image against the reference."""
+        return self.check["psnr_db"].dropna().tolist()
+
+    @property
+    def min_psnr(self) -> float:
+        """Worst PSNR of the checked images, dB."""
+        return min(self.psnr_values)
+
+    @property
+    def pixels_ok(self) -> bool:
+        """Every checked image within ``psnr_min_db``."""
+        return self.min_psnr >= self.params["psnr_min_db"]
+
+    @property
+    def worst(self):
+        """The five checked images of lowest PSNR (a DataFrame)."""
+        return self.check.sort_values("psnr_db").head(5)
+
+    @property
+    def pixels_text(self) -> str:
+        """The batched vs reference PSNR summary (section 3)."""
+        median = self.check["psnr_db"].median()
+        return (f"{len(self.check)} images: PSNR min {self.min_psnr:.1f} dB, median {median:.1f} "
+                f"dB (threshold {self.params['psnr_min_db']:g} dB): "
+                f"{'same pictures' if self.pixels_ok else 'SOME IMAGES DIFFER'}")
+
+    @property
+    def fixtures_text(self) -> str:
+        """The fixtures' verdict line (every file alike on both paths)."""
+        return (f"{len(self.routes)} fixture files: every one decodes to the same picture on both paths or is "
+                "rejected by both for the same reason; channel order RGB on every path")
+
+    @property
+    def fixture_table(self):
+        """The fixtures: file, route, reference's outcome, same picture."""
+        return self.routes[["file", "route", "reference", "same picture"]]
+
+    @property
+    def fixtures_recorded_text(self) -> str:
+        """How many fixture files the fixtures record counts as handled alike."""
+        return (f"recorded: {int(self.routes['agree'].sum()):.0f} of {len(self.routes)} fixture files handled alike "
+                "on both paths")
+
+    @property
+    def gil_text(self) -> str:
+        """Thread scaling of the raw decode (section 4)."""
+        if self.gil is None:
+            return _ONE_THREAD
+        return (f"{self.gil.verdict_text()}: {self.threads} threads give {self.gil.ratio:.2f}x the decode rate of one "
+                f"({self.gil.ratio / self.threads:.0%} of linear scaling)")
+
+    @property
+    def adopt_flags(self) -> bool:
+        """fastdct + fastupsample measurably faster (interval above 1.05) and within the PSNR tolerance."""
+        return self.flags.ci_low > 1.05 and self.flag_psnr >= self.params["psnr_min_db"]
+
+    @property
+    def flags_text(self) -> str:
+        """The decoder flags' comparison (section 5)."""
+        adopt = "worth enabling (DecodeConfig(fastdct=True, fastupsample=True))" if self.adopt_flags else "kept off"
+        return f"fastdct + fastupsample: {self.flags.verdict_text()}; PSNR min {self.flag_psnr:.1f} dB -> {adopt}"
+
+    @property
+    def preprocess_text(self) -> str:
+        """The preprocessing speedup and its two rates (section 6)."""
+        pre, p = self.pre, self.params
+        return (f"{pre.verdict_text()}\n{pre.a.name} {pre.a.rate:,.0f} images/s, {pre.b.name} {pre.b.rate:,.0f} "
+                f"images/s ({p['batch_size']} images per batch, {self.threads} decode thread(s), {p['repeats']} "
+                "batches each)")
+
+    @property
+    def efficiency_text(self) -> str:
+        """The decode efficiency and its two rates (section 7)."""
+        eff, pre = self.eff, self.pre
+        return (f"{eff.a.name} {eff.a.rate:,.0f} images/s, {eff.b.name} {eff.b.rate:,.0f} images/s: decode efficiency "
+                f"{eff.ratio:.0%} (95% CI {eff.ci_low:.0%}-{eff.ci_high:.0%}); the other {1 - eff.ratio:.0%} is file "
+                "reading, headers, crop draws, resize, copies and tokenization\n"
+                f"(the device copy and normalization are outside this figure: {pre.b.name} ran at {pre.b.rate:,.0f} "
+                "images/s in section 6's own comparison)")
+
+    @property
+    def tokenize_text(self) -> str:
+        """Batched vs per-sample tokenization and its share of a batch's time (section 8)."""
+        s = self.share
+        return (f"encode_batch vs per-sample encode: {self.tok.verdict_text()}\n"
+                f"tokenization is {s['batched_share']:.1%} of a {self.eff.b.name} batch's time (section 7) "
+                f"and {s['per_sample_share']:.1%} of a {self.pre.a.name} batch's (section 6)")
+
+    @property
+    def tokenize_split(self):
+        """Seconds per batch spent tokenizing and on the images, per-image baseline and batched (host)."""
+        import pandas as pd
+
+        s = self.share
+        return pd.DataFrame({"tokenize": [s["tokenize_per_sample_s"], s["tokenize_batch_s"]],
+                             "images": [s["baseline_s"] - s["tokenize_per_sample_s"],
+                                        s["host_s"] - s["tokenize_batch_s"]]},
+                            index=[self.pre.a.name, self.eff.b.name])
+
+    @property
+    def cache_text(self) -> str:
+        """The decode-once cache: size, build, speedup and pixels, or why it was not measured (section 9)."""
+        c = self.cache
+        if c.cmp is None:
+            return f"decode-once cache not measured: {c.why}"
+        built = (f"built in {c.build_s:.1f} s ({c.rebuilt_because})" if c.build_s is not None
+                 else "already built, opened after checking every source file")
+        return (f"cache: {c.images} images, {c.mib:.1f} MiB, {built}; {c.failed} file(s) could not be decoded\n"
+                f"{c.cmp.verdict_text()}; cached crops vs reference: PSNR min {min(c.psnr):.1f} dB, median "
+                f"{sorted(c.psnr)[len(c.psnr) // 2]:.1f} dB")
+
+    @property
+    def gpu_text(self) -> str:
+        """GPU decode's comparison or why it was not measured, then the NPU note (section 10)."""
+        if self.gpu is not None:
+            head = (f"{self.gpu.verdict_text()}; GPU-decoded pixels vs reference: PSNR min {min(self.gpu_psnr):.1f} "
+                    "dB")
+        else:
+            head = f"GPU decode: not applicable here: {self.gpu_why}"
+        return f"{head}\n{self.npu_note}"
+
+    # -- records and verdict ----------------------------------------------------------------------------------
+    def records(self) -> Records:
+        """The records of notebook 02, in its sections' order (dataset, dct scaling, correctness, gil, decoder
+        flags, preprocess, decode efficiency, tokenize, dataset cache, gpu decode, npu decode)."""
+        r, p, check = Records(), self.params, self.check
+        r.add("dataset", "usable images", "images", self.images, "images", skipped=self.skipped, classes=self.classes,
+              source=self.source)
+        r.add("dct scaling", "epoch 0", "decoded_pixel_fraction", self.pixel_fraction, "fraction",
+              counts={f"1/{d}": self.scales.get(d, 0) for d in (1, 2, 4, 8)})
+        r.add("correctness", "batched vs reference", "psnr_min", self.min_psnr, "dB", repeats=len(self.psnr_values),
+              spread={"p10": float(check["psnr_db"].quantile(0.10)), "median": float(check["psnr_db"].median())},
+              threshold_db=p["psnr_min_db"], passed=bool(self.pixels_ok))
+        routes = self.routes
+        r.add("correctness", "fixtures", "fixtures_consistent", int(routes["agree"].sum()), "files", total=len(routes),
+              rejected=int((routes["route"] == "rejected").sum()),
+              reference_route=int((routes["route"] == "reference").sum()))
+        if self.gil is not None:
+            r.add_comparison("gil", self.gil, metric="thread_speedup", unit="x", threads=self.threads)
+        else:
+            r.add("gil", "1 vs N threads", "thread_speedup", None, "x", recommendation="not applicable",
+                  reason=_ONE_THREAD)
+        r.add_comparison("decoder flags", self.flags, metric="speedup", unit="x", psnr_min_db=float(self.flag_psnr))
+        pre, eff = self.pre, self.eff
+        r.add_comparison("preprocess", pre, metric="speedup", unit="x", threads=self.threads)
+        for m in (pre.a, pre.b):
+            r.add_measurement("preprocess", m.name, m, metric="time_per_batch", unit="s", rate_metric="throughput",
+                              rate_unit="images/s")
+        r.add("decode efficiency", f"{eff.b.name} vs {eff.a.name}", "decode_efficiency", eff.ratio, "fraction",
+              repeats=min(eff.a.repeats, eff.b.repeats),
+              spread={"ci_low": eff.ci_low, "ci_high": eff.ci_high, "confidence": eff.confidence},
+              raw_decode_rate=eff.a.rate, batched_host_rate=eff.b.rate)
+        for m in (eff.a, eff.b):
+            r.add_measurement("decode efficiency", m.name, m, metric="time_per_batch", unit="s",
+                              rate_metric="throughput", rate_unit="images/s")
+        self._later_records(r)
+        return r
+
+    def _later_records(self, r: Records) -> None:
+        s, c = self.share, self.cache
+        r.add_comparison("tokenize", self.tok, metric="tokenize_speedup", unit="x")
+        r.add("tokenize", self.eff.b.name, "tokenize_share", s["batched_share"], "fraction",
+              tokenize_s=s["tokenize_batch_s"], batch_s=s["host_s"])
+        r.add("tokenize", self.pre.a.name, "tokenize_share", s["per_sample_share"], "fraction",
+              tokenize_s=s["tokenize_per_sample_s"], batch_s=s["baseline_s"])
+        if c.cmp is not None:
+            r.add("dataset cache", "decode-once cache", "cache_size", c.mib, "MiB", images=c.images, failed=c.failed,
+                  build_s=c.build_s)
+            r.add_comparison("dataset cache", c.cmp, metric="speedup", unit="x", psnr_min_db=min(c.psnr))
+        else:
+            r.add("dataset cache", "decode-once cache", "speedup", None, "x", recommendation="not applicable",
+                  reason=c.why)
+        if self.gpu is not None:
+            r.add_comparison("gpu decode", self.gpu, metric="speedup", unit="x", psnr_min_db=min(self.gpu_psnr))
+        else:
+            r.add("gpu decode", "torchvision nvjpeg", "speedup", None, "x", recommendation="not applicable",
+                  reason=self.gpu_why)
+        if self.device_kind == "npu":
+            r.add("npu decode", "DVPP", "speedup", None, "x", recommendation="not applicable",
+                  reason="not verified: " + self.npu_note)
+
+    def cache_decision(self) -> dict[str, Any]:
+        """The decode-once cache's own decision (:func:`cache_decision`), kept as ``extra["dataset_cache"]``."""
+        c = self.cache
+        return cache_decision(c.cmp, batched_recommendation=batched_recommendation(self.pre, self.pixels_ok),
+                              build_s=c.build_s if c.cmp is not None else None, cache_mib=c.mib,
+                              psnr_min_db=min(c.psnr) if c.psnr else None,
+                              psnr_threshold_db=self.params["psnr_min_db"], why_not=c.why)
+
+    def verdict(self) -> Verdict:
+        """Notebook 02's verdict (:func:`verdict`), with the cache's decision."""
+        p = self.params
+        return verdict(self.pre, self.eff, min_psnr_db=self.min_psnr, psnr_min_db=p["psnr_min_db"],
+                       pixels_ok=self.pixels_ok, tokenize_share=self.share["batched_share"],
+                       batch_size=p["batch_size"], image_size=p["image_size"], images=self.images,
+                       repeats=p["repeats"], warmup=p["warmup"], threads=self.threads, device_kind=self.device_kind,
+                       cache=self.cache_decision())
+
+    # -- try it -----------------------------------------------------------------------------------------------
+    def try_it(self, acc, params: Mapping[str, Any]) -> TrySpec:
+        """The try-it panel: the batched pipeline at other decode threads, DCT scaling and crop size.
+
+        Parameters
+        ----------
+        acc : helpers.device.Accelerator
+        params : mapping
+            The notebook's parameters (``threads``, ``image_size``, ``repeats``, ``warmup``, ``batch_size``).
+
+        Returns
+        -------
+        helpers.live.TrySpec
+            Knobs ``threads``, ``dct_scaling`` (a checkbox), ``image_size``; reference: the notebook's
+            batched + device normalize rate.
+        """
+        p, n = params, self.cores
+        threads = ((f"0 (all {n} usable cores)", 0),) + tuple(
+            (str(t), t) for t in sorted({1, 2, n, 2 * n, p["threads"]} - {0}))
+        sizes = tuple((str(s), s) for s in sorted({32, 64, 96, 128, 224, p["image_size"]}))
+        knobs = {"threads": Knob(threads, p["threads"], "threads"), "dct_scaling": self.dct_scaling,
+                 "image_size": Knob(sizes, p["image_size"], "image_size")}
+        label = (f"threads={p['threads']}" + (f" (={self.threads})" if p["threads"] == 0 else "")
+                 + f", DCT {'on' if self.dct_scaling else 'off'}, {p['image_size']}px")
+        index, tokenizer = self.index, self.tokenizer
+
+        def measure(progress=no_progress, **k):
+            return try_decode(p, acc, index, tokenizer, repeats=min(p["repeats"], 10), warmup=min(p["warmup"], 2),
+                              progress=progress, **k)
+
+        return TrySpec("batched decode at other threads, DCT scaling and crop size", measure, knobs,
+                       reference=live_point(self.pre.b, label, batch_size=p["batch_size"],
+                                            pixel_fraction=self.pixel_fraction))
+
+
+_ONE_THREAD = "one decode thread (one usable core or threads=1): thread scaling cannot be measured here"
+
+
+def _check_fixtures(dataset: BatchedDataset, psnr_min_db: float):
+    """The fixtures on both decode paths, asserted alike, and their channel order (notebook 02, section 3)."""
+    from helpers.pipeline.decode import compare_routes, corner_colours, fixtures_dir
+    from helpers.pipeline.images import IMAGE_SUFFIXES
+
+    fixtures = fixtures_dir()
+    if fixtures is None:
+        raise FileNotFoundError("data/fixtures is not here: run this notebook from a checkout of the workbook "
+                                "repository")
+    files = sorted(p for p in fixtures.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    routes = compare_routes(files, transform=dataset.transform)
+    routes["same picture"] = routes["psnr_db"].apply(lambda v: "n/a" if v != v else bool(v >= psnr_min_db))
+    assert routes["agree"].all(), routes[~routes["agree"]]
+    assert (routes["same picture"] != False).all(), routes[routes["same picture"] == False]  # noqa: E712
+    colours = {name: corner_colours(fixtures / name) for name in ("rgb_patches.jpg", "cmyk.jpg",
+                                                                 "exif_orientation6.jpg", "rgb16.png")}
+    assert all(c == {"top-left": "red", "top-right": "green", "bottom-left": "blue"} for c in colours.values()), colours
+    return routes, fixtures
+
+
+def _model_input(bench: DecodeBench, acc) -> str:
+    """The normalized batch of both pipelines compared, as the model sees it (tokens and labels asserted equal)."""
+    import torch
+
+    from helpers.pipeline.baseline import IMAGENET_MEAN, IMAGENET_STD
+
+    first = bench.batches[0]
+    fast_x, fast_tokens, fast_labels = to_device_batch(bench.dataset[first], acc)
+    base_x, base_tokens, base_labels = host_to_device(collate_batch([bench.baseline[i] for i in first]), acc)
+    assert torch.equal(fast_tokens.cpu(), base_tokens.cpu()) and torch.equal(fast_labels.cpu(), base_labels.cpu())
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+
+    def to_pixels(x):
+        return ((x.float().cpu() * std + mean) * 255).numpy()
+
+    return (f"model input, batched vs baseline: same shape {tuple(fast_x.shape)}, dtype {fast_x.dtype}, "
+            f"tokens and labels identical, PSNR {psnr(to_pixels(fast_x), to_pixels(base_x)):.1f} dB")
+
+
+def _mid_epoch(index, tokenizer, fixtures, p: Mapping[str, Any], expect) -> str:
+    """A truncated JPEG slipped into the index: reported and replaced in its batch (notebook 02, section 3)."""
+    import numpy as np
+
+    from helpers.pipeline.dataset import DatasetIndex
+
+    paths = index.paths.copy().astype(object)
+    paths[1] = str(fixtures / "truncated.jpg")
+    damaged = DatasetIndex(root=index.root, paths=np.array(paths, dtype=np.str_), captions=index.captions,
+                           labels=index.labels, n_classes=index.n_classes)
+    probe = BatchedDataset(damaged, tokenizer, image_size=p["image_size"], text_len=p["text_len"], seed=p["seed"],
+                           threads=1)
+    with expect("the truncated JPEG is reported and replaced in its batch, on purpose"):
+        batch = probe[[0, 1, 2, 3]]
+    assert batch["image"].shape[0] == 4 and int(batch["label"][1]) == int(damaged.labels[2])
+    return (f"batch of {batch['image'].shape[0]} images, skipped: {batch['skipped']}; slot 1 now holds item 2, "
+            "the next item that decodes, with its own label and caption")
+
+
+def _measure_cache(bench: DecodeBench, index, tokenizer, p: Mapping[str, Any]) -> CacheOutcome:
+    """The decode-once cache opened (built on first use), checked against the reference and timed (section 9)."""
+    from helpers.errors import DataError
+    from helpers.pipeline.baseline import ImageTransformConfig
+    from helpers.pipeline.image_cache import CachedDataset, open_image_cache
+
+    if not p["dataset_cache"]:
+        return CacheOutcome(why="the parameter dataset_cache is off")
+    try:
+        cache, info = open_image_cache(index, ImageTransformConfig(image_size=p["image_size"]),
+                                       max_bytes=p["max_cache_mib"] << 20, threads=p["threads"])
+    except DataError as exc:  # over the size bound: said, and the batched decode stands alone
+        return CacheOutcome(why=str(exc))
+    cached = CachedDataset(index, tokenizer, cache=cache, image_size=p["image_size"], text_len=p["text_len"],
+                           seed=p["seed"], threads=p["threads"])
+    try:
+        quality = bench.cache_psnr(cached)  # the cached crops against the per-image reference
+        cmp = bench.compare_cache(cached)
+    finally:
+        cached.close()
+    return CacheOutcome(cmp=cmp, psnr=tuple(quality), images=info.images, failed=len(info.failed),
+                        mib=info.bytes / 2**20, build_s=info.build_s, rebuilt_because=str(info.rebuilt_because))
+
+
+def run(params: Mapping[str, Any], acc, *, expect: Callable[..., Any] = _no_expect) -> DecodeResult:
+    """Notebook 02's whole measurement: plans, pixel checks, the interleaved comparisons, cache and GPU decode.
+
+    Parameters
+    ----------
+    params : mapping
+        Notebook 02's validated parameters.
+    acc : helpers.device.Accelerator
+    expect : callable, optional
+        ``expect(why, match=None)``: a context manager around work that warns on purpose (the notebook passes
+        :func:`helpers.workbook.output.expected_warnings`); default: none.
+
+    Returns
+    -------
+    DecodeResult
+
+    Raises
+    ------
+    helpers.errors.DataError
+        If the images do not fill one batch.
+    AssertionError
+        If a check of the pixels, the fixtures or the truncated-file probe fails.
+    FileNotFoundError
+        Without ``data/fixtures`` (not a checkout of the workbook).
+    """
+    from helpers.pipeline.decode import npu_decode_note, usable_cores
+    from helpers.pipeline.fast import reference_check
+
+    p = params
+    index, tokenizer = prepare_data(p["data_dir"] or None, max_images=p["max_images"], seed=p["seed"],
+                                    batch_size=p["batch_size"], text_len=p["text_len"])
+    pin = acc.capabilities.pinned_memory
+    dataset = BatchedDataset(index, tokenizer, image_size=p["image_size"], text_len=p["text_len"], seed=p["seed"],
+                             threads=p["threads"], pin_memory=pin.available)
+    try:
+        bench = DecodeBench(dataset, acc, batch_size=p["batch_size"], repeats=p["repeats"], warmup=p["warmup"],
+                            seed=p["seed"])
+        plans = dataset.decode_plan(range(len(dataset)))
+        turbo = [q for q in plans if q.route == "turbo"]
+        import pandas as pd
+
+        check = pd.concat([reference_check(dataset, b) for b in bench.batches[:2]], ignore_index=True)
+        model_input = _model_input(bench, acc)
+        routes, fixtures = _check_fixtures(dataset, p["psnr_min_db"])
+        mid_epoch = _mid_epoch(index, tokenizer, fixtures, p, expect)
+        gil = bench.compare_threads(1) if dataset.threads > 1 else None
+        flags = DecodeConfig(fastdct=True, fastupsample=True)
+        flag_dataset = BatchedDataset(index, tokenizer, image_size=p["image_size"], text_len=p["text_len"],
+                                      seed=p["seed"], threads=p["threads"], decode=flags)
+        try:
+            flag_psnr = float(reference_check(flag_dataset, bench.batches[0])["psnr_db"].min())
+            flag_cmp = bench.compare_decoder_flags(flags)
+        finally:
+            flag_dataset.close()
+        pre, eff = bench.compare_preprocess(), bench.compare_raw_decode()
+        tok = bench.compare_tokenize()
+        share = bench.tokenize_share(host_s=eff.b.median_s, baseline_s=pre.a.median_s)
+        cache = _measure_cache(bench, index, tokenizer, p)
+        gpu_ok, gpu_why = cuda_decode_support(acc)
+        gpu, gpu_psnr = bench.compare_gpu_decode() if gpu_ok else (None, ())
+        return DecodeResult(
+            params=dict(p), device_kind=acc.kind, images=len(index), skipped=len(index.skipped),
+            classes=index.n_classes, source=p["data_dir"] and "user folder" or "embedded", threads=dataset.threads,
+            cores=usable_cores(), pinned=dataset.pinned, pinned_note="" if pin.available else str(pin),
+            dct_scaling=dataset.decode.dct_scaling, n_plans=len(plans),
+            scales=dict(Counter(q.denominator for q in turbo)),
+            full_px=sum(q.header.stored_height * q.header.stored_width for q in turbo),
+            decoded_px=sum(math.ceil(q.header.stored_height / q.denominator)
+                           * math.ceil(q.header.stored_width / q.denominator) for q in turbo),
+            check=check, model_input=model_input, routes=routes, mid_epoch=mid_epoch, gil=gil, flags=flag_cmp,
+            flag_psnr=flag_psnr, pre=pre, eff=eff, tok=tok, share=share, cache=cache, gpu=gpu,
+            gpu_psnr=tuple(gpu_psnr), gpu_why="" if gpu_ok else gpu_why, npu_note=npu_decode_note(),
+            index=index, tokenizer=tokenizer)
+    finally:
+        dataset.close()
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

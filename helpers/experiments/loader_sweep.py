@@ -1,5 +1,10 @@
 """Notebook 03's experiment: time DataLoader worker settings, and the datasets its demonstrations use.
 
+:func:`run` does the notebook's whole measurement on the notebook's job (the built-in job's batched pipeline, or a
+user's job's own dataset: the job decides, through :attr:`helpers.jobs.base.Job.has_batched_pipeline` and
+:meth:`helpers.jobs.base.Job.image_data`) and returns a :class:`LoaderResult`, which knows the notebook's records,
+its verdict and its try-it panel; :func:`fault_demo` shows the loader's guards.
+
 * :func:`run_sweep` times ``num_workers x prefetch_factor x persistent_workers``
   (:func:`sweep_settings`, one :class:`LoaderSetting` each) in rotated
   order, counting only batches finished after its clock started
@@ -39,11 +44,11 @@ from torch.utils.data._utils.collate import default_convert
 from helpers import specs
 from helpers.checklist import Item
 from helpers.errors import DataError, ParameterError
-from helpers.experiments.base import Experiment, Optimization
+from helpers.experiments.base import Experiment, ExperimentResult, Optimization
 from helpers.experiments.training import same_values
-from helpers.live import LivePoint, Progress, no_progress
-from helpers.pipeline.guarded import SkipLog, iterate
+from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
+from helpers.pipeline.guarded import SkipLog, iterate
 from helpers.pipeline.loader import (
     TORCH_DEFAULT_PREFETCH,
     LoaderConfig,
@@ -52,6 +57,7 @@ from helpers.pipeline.loader import (
     make_batch_sampler,
     make_loader,
 )
+from helpers.results import Records
 from helpers.timing import Comparison, Measurement
 from helpers.verdict import Action, Verdict
 
@@ -72,6 +78,9 @@ __all__ = [
     "run_sweep",
     "live_point",
     "try_loader",
+    "LoaderResult",
+    "fault_demo",
+    "run",
 ]
 
 
@@ -898,6 +907,597 @@ def verdict(best: LoaderSetting, over_zero: Comparison | None, *, best_rate: flo
                    reason=reason, context=context, action=action, spread=spread, repeats=trials,
                    extra={"best_setting": label, "plausible": not (over_zero is not None and implausible)}
                    | ({"decision_threshold": SPEEDUP_THRESHOLD} if spread else {}))
+
+
+# --------------------------------------------------------------------------- the notebook's run and its result
+
+
+def _no_expect(why: str, *, match: str | None = None):
+    import contextlib
+
+    return contextlib.nullcontext([])
+
+
+class _Datasets:
+    """Notebook 03's datasets: the built-in job's batched pipeline with ``cores // num_workers`` decode threads per
+    process (one dataset per thread count), or a user's job's own dataset for every setting."""
+
+    def __init__(self, job: Any, cores: int) -> None:
+        self.job, self.cores, self.by_threads = job, cores, {}
+        self.own = None if job.has_batched_pipeline else job.make_dataset()
+
+    def __call__(self, num_workers: int):
+        if self.own is not None:
+            return self.own  # your dataset, the same for every setting
+        threads = max(1, self.cores // max(1, num_workers))  # its thread pool is created lazily in each process
+        if threads not in self.by_threads:
+            self.by_threads[threads] = self.job.make_dataset("batched", threads=threads, pin_memory=False)
+        return self.by_threads[threads]
+
+    def close(self) -> None:
+        from helpers.jobs.base import close_dataset
+
+        for ds in self.by_threads.values():
+            close_dataset(ds)
+
+
+@dataclass(frozen=True, eq=False)
+class LoaderResult(ExperimentResult):
+    """Everything notebook 03 measured (see :func:`run`); ``records()`` and ``verdict()`` in the notebook's order.
+
+    Attributes
+    ----------
+    params : mapping
+        The notebook's validated parameters.
+    device_kind : str
+    cores : int
+        Usable CPU cores.
+    method : helpers.pipeline.loader.StartMethod
+        The workers' start method (``method``, ``source``, ``explanation``).
+    builtin : bool
+        The built-in job (its images) or a user's job (its samples).
+    job_spec, job_describe : str, dict
+        The user's job spec and ``describe()`` (a built-in job: its ``describe()``).
+    n_items, batch_size : int
+    data : dict
+        Built-in: ``images``, ``classes``, ``skipped`` (list of (name, reason)).
+    agreement : str
+        The workers-vs-main-process batch comparison, in a sentence.
+    settings : tuple of LoaderSetting
+    sweep : SweepResult
+    probe : helpers.pipeline.randomness.ProbeResult
+    epoch_result : pandas.DataFrame
+    memory, growth : pandas.DataFrame
+        USS samples, and start/end/growth per (loader, role).
+    bad_input : object or None
+        The bad-input epoch report (built-in job only).
+    confirmation : SweepResult or None
+        Held-out trials of the best setting against num_workers=0 (None when num_workers=0 won).
+    confirm_batches : int
+    make_dataset : callable
+        ``make_dataset(num_workers)`` for the try-it panel (closed datasets reopen their pool lazily).
+    """
+
+    params: Mapping[str, Any]
+    device_kind: str
+    cores: int
+    method: Any
+    builtin: bool
+    job_spec: str
+    job_describe: Mapping[str, Any]
+    n_items: int
+    batch_size: int
+    data: Mapping[str, Any]
+    agreement: str
+    settings: tuple
+    sweep: SweepResult
+    probe: Any
+    epoch_result: Any
+    memory: Any
+    growth: Any
+    bad_input: Any
+    confirmation: SweepResult | None
+    confirm_batches: int
+    base: LoaderConfig = dataclasses.field(compare=False, repr=False, default=None)
+    make_dataset: Any = dataclasses.field(compare=False, repr=False, default=None)
+
+    # -- derived figures ----------------------------------------------------------------------------------------
+    @property
+    def items(self) -> str:
+        """What one item is: ``"images"`` (the built-in job) or ``"samples"`` (a user's)."""
+        return "images" if self.builtin else "samples"
+
+    @property
+    def summary(self):
+        """:meth:`SweepResult.summary` of the sweep, fastest first."""
+        return self.sweep.summary()
+
+    @property
+    def best(self) -> str:
+        """The fastest setting's label."""
+        return self.sweep.ranking()[0]
+
+    @property
+    def best_setting(self) -> LoaderSetting:
+        """The fastest setting."""
+        return next(s for s in self.settings if s.label == self.best)
+
+    def _rate(self, sweep: SweepResult, label: str) -> float:
+        summary = sweep.summary()
+        return float(summary.loc[summary["setting"] == label, "images_per_s"].iloc[0])
+
+    @property
+    def runner_up(self) -> str | None:
+        """The second fastest setting's label (None with one setting)."""
+        ranking = self.sweep.ranking()
+        return ranking[1] if len(ranking) > 1 else None
+
+    @property
+    def margin(self) -> Comparison | None:
+        """The best setting over the runner-up, in the sweep."""
+        return None if self.runner_up is None else self.sweep.compare(self.runner_up, self.best,
+                                                                      seed=self.params["seed"])
+
+    @property
+    def sweep_over_zero(self) -> Comparison | None:
+        """The best setting over num_workers=0 in the sweep (best chosen: flattered); None when it is workers=0."""
+        return None if self.best == "workers=0" else self.sweep.compare("workers=0", self.best,
+                                                                        seed=self.params["seed"])
+
+    @property
+    def over_zero(self) -> Comparison | None:
+        """The held-out confirmation: num_workers=0 (A) vs the best setting (B); None when workers=0 won."""
+        return None if self.confirmation is None else self.confirmation.compare("workers=0", self.best,
+                                                                                seed=self.params["seed"])
+
+    @property
+    def rates(self) -> tuple[float, float]:
+        """(best, num_workers=0) in images/s: from the confirmation, or from the sweep when workers=0 won."""
+        src = self.confirmation if self.confirmation is not None else self.sweep
+        return self._rate(src, self.best), self._rate(src, "workers=0")
+
+    @property
+    def implausible(self) -> str | None:
+        """:func:`speedup_plausibility` of the confirmation (None: plausible, or no confirmation)."""
+        c = self.over_zero
+        return None if c is None else speedup_plausibility(c.ratio, self.cores, ci_low=c.ci_low)
+
+    @property
+    def worker_growth(self):
+        """Median worker USS growth over the epoch, MiB, per loader (a Series)."""
+        g = self.growth.reset_index()
+        return g[g["role"] != "main"].groupby("loader", sort=False)["growth_mib"].median()
+
+    # -- what the cells print -----------------------------------------------------------------------------------
+    @property
+    def machine_text(self) -> str:
+        """Cores and start method (section 1)."""
+        m = self.method
+        return (f"{self.cores} usable CPU core(s); workers start with {m.method!r} ({m.source})\n"
+                f"what that means: {m.explanation}")
+
+    @property
+    def data_text(self) -> str:
+        """The dataset swept (section 2)."""
+        if not self.builtin:
+            return f"your job: {dict(self.job_describe)}; {self.n_items} items in batches of {self.batch_size}"
+        d = self.data
+        lines = [f"{d['images']} images, {d['classes']} class(es), {len(d['skipped'])} file(s) skipped"]
+        lines += [f"  skipped {name}: {reason}" for name, reason in d["skipped"][:10]]
+        return "\n".join(lines)
+
+    @property
+    def sweep_text(self) -> str:
+        """How the sweep timed, and which settings had short windows (section 5)."""
+        p, settings, summary = self.params, self.settings, self.summary
+        lines = []
+        if 0 not in p["num_workers_list"]:
+            lines.append("num_workers=0 added to the sweep: it is the reference of the verdict")
+        lines += [f"{len(settings)} settings x {p['trials']} trials, {p['batches_per_trial']} timed batches of "
+                  f"{self.batch_size} items each, after draining up to {max(s.in_flight for s in settings)} batches "
+                  "in flight",
+                  f"batches finished before the clock started (not counted): up to "
+                  f"{int(summary['prepared_ahead_max'].max())} in one trial"]
+        short = self.sweep.short_windows()
+        if short:
+            lines.append(f"note: {len(short)} setting(s) timed fewer than two batches per worker ({'; '.join(short)}): "
+                         "their throughput depends on how the workers' batches happened to line up; raise "
+                         f"batches_per_trial to {max(s.min_timed_batches for s in settings)} or more for a steadier "
+                         "figure")
+        return "\n".join(lines)
+
+    @property
+    def sweep_table(self):
+        """The sweep's summary, rounded for display."""
+        return self.summary.round({"images_per_s": 0, "images_per_s_p25": 0, "images_per_s_p75": 0,
+                                   "first_batch_s": 3, "first_batch_max_s": 3})
+
+    @property
+    def peak_text(self) -> str:
+        """Where the fastest setting stands against the core count."""
+        w, cores = self.best_setting.num_workers, self.cores
+        if w == 0:
+            return (f"the fastest setting used no workers: on {cores} core(s) the main process with {cores} decode "
+                    "thread(s) was not beaten by worker processes")
+        if w <= cores:
+            return f"the fastest setting used {w} worker(s) on {cores} core(s): within the core count"
+        return (f"the fastest setting used {w} workers on {cores} core(s), more than the cores: extra processes can "
+                "gain a little when some of them wait (reading files, handing batches to the main process) while "
+                "others compute, but such a lead is small and easily noise; the held-out confirmation below "
+                "measures it again")
+
+    @property
+    def ranking_text(self) -> str:
+        """The best setting, its margin over the runner-up and over num_workers=0 in the sweep."""
+        best, cores = self.best, self.cores
+        lines = [f"fastest here: {best} at {self._rate(self.sweep, best):.0f} images/s (median of "
+                 f"{self.params['trials']} trials)"]
+        if self.margin is not None:
+            lines.append(f"margin over the next: {self.margin.verdict_text()}")
+        c = self.sweep_over_zero
+        if c is not None:
+            lines.append(f"against num_workers=0 ({self._rate(self.sweep, 'workers=0'):.0f} images/s): "
+                         f"{c.verdict_text()}")
+            odd = speedup_plausibility(c.ratio, cores, ci_low=c.ci_low)
+            if odd:
+                lines.append(f"IMPLAUSIBLE: {odd}")
+        else:
+            lines.append(f"num_workers=0 was the fastest setting: worker processes did not pay for themselves on "
+                         f"{cores} core(s)")
+        return "\n".join(lines)
+
+    @property
+    def probe_text(self) -> str:
+        """Repeated draws before and after worker_init_fn (section 6)."""
+        from helpers.pipeline.randomness import VARIANTS
+
+        r = self.probe
+        return (f"{r.items} items x {r.epochs} epochs x {r.ranks} ranks, 2 workers: {r.duplicates(VARIANTS[0])} "
+                f"repeated draws before the fix, {r.duplicates(VARIANTS[1])} after")
+
+    @property
+    def memory_text(self) -> str:
+        """The header of the worker-memory table (section 7)."""
+        return (f"start method {self.method.method!r}, {MEMORY_WORKERS} workers; USS in MiB at the start and end of "
+                "one epoch:")
+
+    @property
+    def growth_text(self) -> str:
+        """Median worker USS growth per loader."""
+        return "median worker USS growth over the epoch: " + "; ".join(
+            f"{label}: {value:+.1f} MiB" for label, value in self.worker_growth.items())
+
+    @property
+    def bad_input_text(self) -> str:
+        """The corrupt-file epoch (section 9), or where it is shown for a user's job."""
+        rep = self.bad_input
+        if rep is None:
+            return "(demonstrated on the built-in job's photos; run the notebook without job= to see it)"
+        lines = [f"epoch complete: {rep.batches} batches, {rep.items} images, {len(rep.skipped)} file(s) replaced"]
+        lines += [f"  {name}: {reason} (met {times}x)" for name, reason, times in rep.skipped]
+        return "\n".join(lines)
+
+    @property
+    def confirmation_text(self) -> str:
+        """The held-out confirmation (section 10)."""
+        c = self.over_zero
+        if c is None:
+            return "num_workers=0 won the sweep: there is nothing to confirm"
+        best_rate, zero_rate = self.rates
+        text = (f"confirmation, {self.params['trials']} new trials of {self.confirm_batches} timed batches: "
+                f"{self.best} at {best_rate:.0f} images/s, num_workers=0 at {zero_rate:.0f} images/s; "
+                f"{c.verdict_text()}")
+        return text + (f"\nIMPLAUSIBLE: {self.implausible}" if self.implausible else "")
+
+    # -- records and verdict ------------------------------------------------------------------------------------
+    def records(self) -> Records:
+        """Notebook 03's records in its sections' order: machine, dataset, loader sweep and first batch per setting,
+        best vs next, best vs num_workers=0 (sweep), worker randomness, epoch in workers, worker memory, bad input,
+        the held-out confirmation."""
+        from helpers.pipeline.randomness import VARIANTS
+
+        r, p = Records(), self.params
+        r.add("machine", "this machine", "usable_cores", self.cores, "cores", start_method=self.method.method,
+              start_method_source=self.method.source)
+        if self.builtin:
+            d = self.data
+            r.add("dataset", "usable images", "images", d["images"], "images", skipped=len(d["skipped"]),
+                  classes=d["classes"], source=p["data_dir"] and "user folder" or "embedded")
+        else:
+            r.add("dataset", "your job", "items", self.n_items, "items", **self.job_describe, spec=self.job_spec)
+        for s in self.settings:
+            r.add_measurement("loader sweep", s.label, self.sweep.measurement(s.label), metric="time_per_trial",
+                              unit="s", rate_metric="throughput", rate_unit="images/s", num_workers=s.num_workers,
+                              prefetch_factor=s.prefetch_factor, persistent_workers=s.persistent_workers)
+            first = self.sweep.trials.loc[self.sweep.trials["setting"] == s.label, "first_batch_s"]
+            r.add("first batch", s.label, "first_batch_latency", float(first.median()), "s", repeats=len(first),
+                  spread={"min": float(first.min()), "max": float(first.max())})
+        if self.margin is not None:
+            r.add_comparison("best vs next", self.margin, unit="x")
+        if self.sweep_over_zero is not None:
+            r.add_comparison("best vs num_workers=0 (sweep, best chosen)", self.sweep_over_zero, unit="x")
+        summary = self.probe.summary
+        for variant in VARIANTS:
+            sub = summary[summary["variant"] == variant]
+            r.add("worker randomness", variant, "repeated_draws", int(sub["repeated_draws"].sum()), "draws",
+                  draws=int(sub["draws"].sum()), epochs=p["probe_epochs"], ranks=p["probe_ranks"], num_workers=2)
+        for _, row in self.epoch_result.iterrows():
+            r.add("epoch in workers", row["variant"], "repeated_items", int(row["repeated_items"]), "items",
+                  items=int(row["items"]), later_epochs=int(row["later_epochs"]),
+                  persistent_workers=bool(row["persistent_workers"]))
+        self._later_records(r)
+        return r
+
+    def _later_records(self, r: Records) -> None:
+        for (label, role), row in self.growth.iterrows():
+            if role != "main":
+                r.add("worker memory", f"{label}, {role}", "uss_growth", float(row["growth_mib"]), "MiB",
+                      uss_start_mib=float(row["start"]), uss_end_mib=float(row["end"]), start_method=self.method.method)
+        rep = self.bad_input
+        if rep is not None:
+            r.add("bad input", "truncated file mid-epoch", "skipped_images", sum(t for *_, t in rep.skipped), "images",
+                  batches=rep.batches, images=rep.items, files=[{"file": f, "reason": w} for f, w, _ in rep.skipped])
+        if self.over_zero is not None:
+            r.add_comparison("best vs num_workers=0 (held-out confirmation)", self.over_zero, unit="x",
+                             batches_per_trial=self.confirm_batches, trials=self.params["trials"])
+
+    @property
+    def context(self) -> str:
+        """What was measured, in one sentence (the verdict's context)."""
+        p = self.params
+        what = (f"batched pipeline (helpers.pipeline.fast.BatchedDataset, cores/num_workers decode threads per "
+                f"process), batch {p['batch_size']} of {p['image_size']} px from {self.n_items} images" if self.builtin
+                else f"your job's dataset ({self.job_describe.get('job')}), batch {self.batch_size} of "
+                     f"{self.n_items} items")
+        return (f"{what}; settings: num_workers {sorted({s.num_workers for s in self.settings})} x prefetch_factor "
+                f"{sorted(set(p['prefetch_factor_list']))} x persistent_workers; {p['batches_per_trial']} timed "
+                "batches per trial after draining the batches in flight, counting only batches finished after the "
+                f"clock started, {p['trials']} trials in rotated order; the verdict from {p['trials']} held-out "
+                f"confirmation trials of {self.best} against num_workers=0 ({self.confirm_batches} timed batches "
+                f"each); {self.cores} usable cores, start method {self.method.method}, device {self.device_kind}")
+
+    def verdict(self) -> Verdict:
+        """Notebook 03's verdict (:func:`verdict`) from the held-out confirmation."""
+        best_rate, zero_rate = self.rates
+        return verdict(self.best_setting, self.over_zero, best_rate=best_rate, zero_rate=zero_rate,
+                       implausible=self.implausible, cores=self.cores, trials=self.params["trials"],
+                       context=self.context, items=self.items)
+
+    def try_it(self, acc: Any, params: Mapping[str, Any]) -> TrySpec:
+        """The try-it panel: one DataLoader setting timed as the sweep timed each, beside the chosen one.
+
+        Returns
+        -------
+        helpers.live.TrySpec
+            Knobs ``num_workers``, ``prefetch_factor`` (torch's None travels as the string ``"None"``: ipywidgets
+            reads a value of None as "nothing selected") and ``persistent_workers`` (a checkbox).
+        """
+        p, best, cores = params, self.best_setting, self.cores
+        workers = tuple((str(w), w) for w in sorted({0, 1, 2, cores, 2 * cores, *p["num_workers_list"]}))
+        prefetch = (("None (torch's default: 2 with workers)", "None"),) + tuple(
+            (str(f), f) for f in sorted({1, 2, 4, 8, *p["prefetch_factor_list"]}))
+        knobs = {"num_workers": Knob(workers, best.num_workers, "num_workers"),
+                 "prefetch_factor": Knob(prefetch, "None" if best.prefetch_factor is None else best.prefetch_factor,
+                                         "prefetch_factor"),
+                 "persistent_workers": best.persistent_workers}
+        make, n_items, base, items = self.make_dataset, self.n_items, self.base, self.items
+
+        def measure(progress=no_progress, *, num_workers, prefetch_factor, persistent_workers):
+            return try_loader(lambda s: make(s.num_workers), n_items, base=base, num_workers=num_workers,
+                              prefetch_factor=None if prefetch_factor == "None" else prefetch_factor,
+                              persistent_workers=persistent_workers, batches_per_trial=p["batches_per_trial"],
+                              trials=min(p["trials"], 2), acc=acc, items=items, progress=progress)
+
+        ref = live_point(self.confirmation if self.confirmation is not None else self.sweep, self.best, items=items)
+        return TrySpec("DataLoader at another setting", measure, knobs, reference=ref)
+
+    def close(self) -> None:
+        """Close the swept datasets' decode thread pools (after the try-it panel)."""
+        if self.make_dataset is not None:
+            self.make_dataset.close()
+
+
+#: DataLoader workers of notebook 03's worker-memory measurement.
+MEMORY_WORKERS = 2
+
+
+def _first_batches(make: _Datasets, n_items: int, base: LoaderConfig, acc: Any, num_workers: int, n: int = 2):
+    # num_batches=n: the sampler goes on into the next epoch when one epoch holds fewer than n batches
+    cfg = base.with_(num_workers=num_workers, prefetch_factor=2 if num_workers else None)
+    loader = make_loader(make(num_workers), cfg, acc, batch_sampler=make_batch_sampler(n_items, cfg, num_batches=n))
+    with iterate(loader, name=f"num_workers={num_workers}") as it:
+        return it.take(n)
+
+
+def _agreement(make: _Datasets, n_items: int, base: LoaderConfig, acc: Any, builtin: bool) -> str:
+    """The first batches with num_workers=0 and 2, compared (asserted the same), in a sentence (section 4)."""
+    from helpers.experiments.training import batch_agreement
+
+    reference = _first_batches(make, n_items, base, acc, 0)
+    with_workers = _first_batches(make, n_items, base, acc, 2)
+    if builtin:
+        same = all(batches_equal(a, b) for a, b in zip(reference, with_workers))
+        b = reference[0]
+        text = (f"{len(reference)} batches of {tuple(b['image'].shape)} {b['image'].dtype} images compared: "
+                f"{'identical' if same else 'DIFFERENT'} with num_workers=0 and num_workers=2")
+    else:  # your augmentations are seeded per sample; one drawn from an unseedable source is compared by structure
+        agreement = batch_agreement(reference, with_workers,
+                                    reread=lambda: _first_batches(make, n_items, base, acc, 0, n=1)[0])
+        same = agreement.ok
+        text = (f"{len(reference)} batches of your job compared with num_workers=0 and num_workers=2: "
+                f"{agreement.sentence()}")
+    assert same, "a loader with workers must deliver the same batches as the main process"
+    return text
+
+
+def _probes(p: Mapping[str, Any]):
+    """The worker-randomness probe and the epoch-in-workers probe, asserted (section 6)."""
+    from helpers.pipeline.randomness import EPOCH_VARIANTS, VARIANTS, epoch_probe, probe
+
+    probe_result = probe(epochs=p["probe_epochs"], ranks=p["probe_ranks"], num_workers=2, seed=p["seed"],
+                         timeout_s=p["first_batch_timeout_s"])
+    assert probe_result.duplicates(VARIANTS[1]) == 0, "worker_init_fn must remove every repeat"
+    epoch_result = epoch_probe(epochs=max(2, p["probe_epochs"]), num_workers=2, seed=p["seed"],
+                               timeout_s=p["first_batch_timeout_s"])
+    by_variant = epoch_result.set_index("variant")["repeated_items"]
+    assert by_variant[EPOCH_VARIANTS[1]] > 0, "persistent workers that never see set_epoch must repeat epoch 0"
+    assert by_variant[EPOCH_VARIANTS[2]] == 0, "the epoch carried by the sampler must give every epoch new draws"
+    return probe_result, epoch_result
+
+
+def _worker_memory(make: _Datasets, n_items: int, base: LoaderConfig, acc: Any, builtin: bool, seed: int):
+    """USS of the workers over one epoch: the pipeline, and metadata as arrays and as objects (section 7)."""
+    import pandas as pd
+
+    from helpers.pipeline.worker_memory import measure_epoch_memory
+
+    cfg = base.with_(num_workers=MEMORY_WORKERS, prefetch_factor=2)
+    pipeline = make_loader(make(MEMORY_WORKERS), cfg, acc, batch_sampler=make_batch_sampler(n_items, cfg))
+    frames = [measure_epoch_memory(pipeline, label="batched pipeline" if builtin else "your dataset")]
+    n_meta = 200_000
+    meta_cfg = cfg.with_(batch_size=2048)
+    for storage in ("arrays", "objects"):
+        meta = MetadataDataset(n_meta, storage, seed=seed)
+        loader = make_loader(meta, meta_cfg, batch_sampler=make_batch_sampler(len(meta), meta_cfg))
+        frames.append(measure_epoch_memory(loader, label=f"{n_meta:,} items as {storage}"))
+        del meta, loader
+    memory = pd.concat(frames, ignore_index=True)
+    growth = (memory.pivot_table(index=["loader", "role"], columns="moment", values="uss_mib", sort=False)
+              .assign(growth_mib=lambda d: d["end"] - d["start"]))
+    return memory, growth
+
+
+def _bad_input(index, tokenizer, p: Mapping[str, Any], expect):
+    """Seven photos and one cut in half, read by two workers without the scan: the epoch completes (section 9)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from helpers.pipeline.dataset import load_dataset
+    from helpers.pipeline.fast import BatchedDataset
+    from helpers.pipeline.guarded import run_epoch
+
+    with tempfile.TemporaryDirectory(prefix="workbook-bad-input-") as tmp:
+        sources = [Path(q) for q in index.paths[:7]]
+        for k, src in enumerate(sources):
+            shutil.copy(src, Path(tmp) / f"photo_{k}{src.suffix}")
+        data = sources[0].read_bytes()
+        (Path(tmp) / "photo_4_cut_in_half.jpg").write_bytes(data[: len(data) // 2])
+        bad_index = load_dataset(tmp, scan=False)
+        bad_set = BatchedDataset(bad_index, tokenizer, image_size=p["image_size"], text_len=p["text_len"],
+                                 seed=p["seed"], threads=1)
+        bad_cfg = LoaderConfig(batch_size=2, num_workers=2, shuffle=False, timeout_s=p["first_batch_timeout_s"])
+        with expect("the file cut in half is reported by the worker that met it and replaced, on purpose"):
+            report = run_epoch(make_loader(bad_set, bad_cfg, batch_sampler=make_batch_sampler(len(bad_index), bad_cfg)),
+                               name="bad-input loader")
+    assert report.batches == len(bad_index) // 2 and report.items == len(bad_index), "the epoch must complete"
+    return report
+
+
+def fault_demo(first_batch_timeout_s: float) -> str:
+    """A worker that exits and one that hangs, each turned into a DataError; no worker process left behind.
+
+    Parameters
+    ----------
+    first_batch_timeout_s : float
+        Notebook 03's timeout; the demo waits at most 1 s.
+
+    Returns
+    -------
+    str
+        Each fault's error message, then "no worker process left behind".
+
+    Raises
+    ------
+    AssertionError
+        If a broken loader did not fail, or a worker process outlived it.
+    """
+    import psutil
+
+    from helpers.pipeline.guarded import run_epoch
+
+    def live_children():
+        pids = set()
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    pids.add(proc.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return pids
+
+    before, lines = live_children(), []
+    timeout_s = min(1.0, first_batch_timeout_s)
+    for fault in ("exit", "hang"):
+        broken = make_loader(FaultyDataset(8, fault), LoaderConfig(batch_size=2, num_workers=1, timeout_s=timeout_s))
+        try:
+            run_epoch(broken, name=f"demo loader ({fault})")
+            raise AssertionError("the broken loader should have failed")
+        except DataError as exc:
+            lines.append(f"{fault}: {exc}\n")
+    left = live_children() - before
+    assert not left, f"worker processes left behind: {sorted(left)}"
+    return "\n".join(lines + ["no worker process left behind"])
+
+
+def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., Any] = _no_expect) -> LoaderResult:
+    """Notebook 03's whole measurement on ``job``'s dataset: agreement, sweep, probes, memory, bad input, confirmation.
+
+    Parameters
+    ----------
+    job : helpers.jobs.base.Job
+        The notebook's job (``ctx.job()``): the built-in one sweeps its batched pipeline with ``cores //
+        num_workers`` decode threads per process; a user's job sweeps its own dataset.
+    acc : helpers.device.Accelerator
+    params : mapping
+        Notebook 03's validated parameters.
+    expect : callable, optional
+        ``expect(why, match=None)``: a context manager around work that warns on purpose
+        (:func:`helpers.workbook.output.expected_warnings`); default: none.
+
+    Returns
+    -------
+    LoaderResult
+
+    Raises
+    ------
+    AssertionError
+        If workers deliver other batches than the main process, or a probe finds what its fix must remove.
+    helpers.errors.DataError
+        On a loader failure (a worker that hangs or dies).
+    """
+    from helpers.pipeline.loader import start_method, usable_cores
+
+    p, cores, method = params, usable_cores(), start_method()
+    data = job.image_data()
+    make = _Datasets(job, cores)
+    n_items = job.item_count() if make.own is None else len(make.own)
+    base = LoaderConfig(batch_size=job.workload.batch_size, pin_memory=True, timeout_s=p["first_batch_timeout_s"],
+                        seed=p["seed"])
+    agreement = _agreement(make, n_items, base, acc, job.is_builtin)
+    settings = sweep_settings(p["num_workers_list"], p["prefetch_factor_list"])
+    with expect("the sweep tries more workers than cores on purpose, to show where they stop paying",
+                match=r"more than the \d+ usable CPU core"):
+        sweep = run_sweep(lambda s: make(s.num_workers), n_items, settings, base=base,
+                          batches_per_trial=p["batches_per_trial"], trials=p["trials"], acc=acc, name="sweep")
+    probe_result, epoch_result = _probes(p)
+    memory, growth = _worker_memory(make, n_items, base, acc, job.is_builtin, p["seed"])
+    bad = _bad_input(*data, p, expect) if data is not None else None
+    best = next(s for s in settings if s.label == sweep.ranking()[0])
+    confirm_batches = max(p["batches_per_trial"], best.min_timed_batches)
+    confirmation = None if best.num_workers == 0 else run_sweep(
+        lambda s: make(s.num_workers), n_items, (LoaderSetting(0), best), base=base,
+        batches_per_trial=confirm_batches, trials=p["trials"], acc=acc, name="confirmation")
+    index = data[0] if data is not None else None
+    return LoaderResult(
+        params=dict(p), device_kind=acc.kind, cores=cores, method=method, builtin=job.is_builtin,
+        job_spec=str(p.get("job") or ""), job_describe=job.describe(), n_items=n_items,
+        batch_size=job.workload.batch_size,
+        data={} if index is None else {"images": len(index), "classes": index.n_classes,
+                                       "skipped": [(b.path.name, b.reason) for b in index.skipped]},
+        agreement=agreement, settings=settings, sweep=sweep, probe=probe_result, epoch_result=epoch_result,
+        memory=memory, growth=growth, bad_input=bad, confirmation=confirmation, confirm_batches=confirm_batches,
+        base=base, make_dataset=make)
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

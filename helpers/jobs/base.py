@@ -224,8 +224,6 @@ class Job(abc.ABC):
 
     def item_count(self) -> int:
         """Samples in one epoch of the job's dataset (its first pipeline's), >= 1."""
-        from helpers.pipeline.fast import close_dataset
-
         dataset = self.make_dataset(self.pipelines[0])
         try:
             return len(dataset)
@@ -263,4 +261,9 @@ class Job(abc.ABC):
     def gradient_loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor | None:
         """A scalar loss whose ``backward()`` leaves one step's gradients in ``model`` (notebook 08 sizes DDP's
         buckets with it), or None when only the job's own step (:meth:`make_step`) can make them."""
+        return None
+
+    def image_data(self) -> tuple[Any, Any] | None:
+        """The scanned images and caption tokenizer the workbook's own pipelines read, ``(DatasetIndex,
+        tokenizers.Tokenizer)`` (the built-in job's), or None for a job whose factory built its own dataset."""
         return None

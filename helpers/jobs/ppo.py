@@ -249,6 +249,10 @@ class PPOJob(Job):
         loss, _ = ppo_loss(logits, actions, old, adv, values, rewards)
         return loss
 
+    def image_data(self) -> tuple:
+        """``(index, tokenizer)``: the images and caption tokenizer of this job's pipelines."""
+        return self.index, self.tokenizer
+
 
 class PPOStep:
     """One PPO training step on a device batch: ``step((images, tokens, labels)) -> stats``.

@@ -161,3 +161,29 @@ def dct_scales(counts: Mapping[int, int], *, title: str = ""):
     ax.set_xlabel("decoded at (DCT-domain scale)")
     ax.set_title(title or "How much of each JPEG was decoded")
     return fig
+
+
+def throughput_comparisons(result, *, title: str = ""):
+    """Notebook 02's two interleaved comparisons as :func:`throughput_bars` panels: speedup and decode efficiency.
+
+    Parameters
+    ----------
+    result : helpers.experiments.decode.DecodeResult
+        Its ``pre`` (per-image baseline vs batched + device normalize) and ``eff`` (raw decode only vs batched
+        (host)) comparisons; rates in images/s.
+    title : str
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    pre, eff = result.pre, result.eff
+    panels = {f"speedup {pre.ratio:.2f}x (95% CI {pre.ci_low:.2f}-{pre.ci_high:.2f})\n{pre.b.name} over {pre.a.name}":
+              (pre.a, pre.b),
+              f"decode efficiency {eff.ratio:.0%} (95% CI {eff.ci_low:.0%}-{eff.ci_high:.0%})\n{eff.b.name} over "
+              f"{eff.a.name}, same decoder and threads": (eff.b, eff.a)}
+    import pandas as pd
+
+    rows = [{"comparison": t, "variant": m.name, "rate": m.rate, "rate_p25": m.rate_p25, "rate_p75": m.rate_p75}
+            for t, ms in panels.items() for m in ms]
+    return throughput_bars(pd.DataFrame(rows), title=title)
