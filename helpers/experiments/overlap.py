@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -370,24 +370,7 @@ def fastest(runs: Sequence["OverlapRun"]) -> "OverlapRun":
     return min(runs, key=lambda r: r.stats.median_step_s)
 
 
-def synthetic_batch(job: PPOJob, acc: Accelerator, *, seed: int = 0) -> tuple:
-    """A device batch of the job's shapes and dtypes with random contents (no input pipeline).
-
-    Returns
-    -------
-    (images, tokens, labels)
-        float32 (B, 3, S, S), int64 (B, L) token ids >= 1, int64 (B,) labels, on ``acc.device``.
-    """
-    w = job.workload
-    cfg = job.policy_config()
-    g = torch.Generator().manual_seed(seed)
-    images = torch.randn(w.batch_size, 3, w.image_size, w.image_size, generator=g).to(acc.device)
-    tokens = torch.randint(1, cfg.vocab_size, (w.batch_size, w.text_len), generator=g).to(acc.device)
-    labels = torch.randint(0, cfg.n_actions, (w.batch_size,), generator=g).to(acc.device)
-    return images, tokens, labels
-
-
-def compute_thread_scaling(job: PPOJob, acc: Accelerator, *, threads: Sequence[int], repeats: int = 3,
+def compute_thread_scaling(job: Job, acc: Accelerator, *, threads: Sequence[int], repeats: int = 3,
                            warmup: int = 1) -> pd.DataFrame:
     """Time the job's training step alone (synthetic batch, no input pipeline) at several torch thread counts.
 
@@ -399,8 +382,9 @@ def compute_thread_scaling(job: PPOJob, acc: Accelerator, *, threads: Sequence[i
     Parameters
     ----------
     job : helpers.jobs.base.Job
-        The workload (batch, crop, model) and its step. The built-in job is timed on a synthetic batch of its
-        shapes (:func:`synthetic_batch`); any other job on its first real batch, already on the device.
+        The workload (batch, crop, model) and its step. A job that makes a synthetic batch of its shapes (the
+        built-in job: :meth:`helpers.jobs.base.Job.synthetic_batch`) is timed on it; any other job on its first
+        real batch, already on the device.
     acc : helpers.device.Accelerator
     threads : sequence of int
         Thread counts to time (each >= 1).
@@ -419,8 +403,9 @@ def compute_thread_scaling(job: PPOJob, acc: Accelerator, *, threads: Sequence[i
     counts = [int(t) for t in threads]
     if not counts or any(t < 1 for t in counts):
         raise ParameterError(f"threads must be a non-empty list of counts >= 1, got {list(threads)!r}")
-    batch = (synthetic_batch(job, acc, seed=job.workload.seed) if isinstance(job, PPOJob)
-             else fixed_batches(job, acc, 1)[0])  # a user's job: its first real batch, on the device
+    batch = job.synthetic_batch(acc, seed=job.workload.seed)
+    if batch is None:  # a user's job: its first real batch, on the device
+        batch = fixed_batches(job, acc, 1)[0]
     previous = torch.get_num_threads()
     rows = []
     try:
@@ -1082,17 +1067,11 @@ def try_overlap(job: Job, acc: Accelerator, *, num_workers: int, model_width: in
         raise ParameterError(f"threads={threads!r}; choose one of {', '.join(map(repr, SPLITS))}")
     if model_width is not None:
         model_width = _knob("model_width", model_width)
-        if not isinstance(job, PPOJob):
-            raise ParameterError(f"model_width={model_width}: it sizes the built-in job's policy; your job "
-                                 f"{job.name!r} builds its own model, so leave model_width at None and change its "
-                                 "size in your job's factory")
-        if model_width != job.workload.model_width:
-            job = PPOJob(job.index, job.tokenizer, replace(job.workload, model_width=model_width),
-                         n_actions=job.n_actions, ppo=job.ppo, name=job.name)
+        job = job.with_model_width(model_width)  # a user's job: ParameterError, its factory sizes its model
     splits = thread_splits(num_workers, cores, is_cpu=acc.is_cpu)
     split = next((s for s in splits if s["label"] == threads), splits[0])
     common = dict(steps=steps, warmup_steps=warmup_steps)
-    runs = 1 if isinstance(job, PPOJob) else 2
+    runs = 1 if job.is_builtin else 2  # the built-in job's batches time their own preparation (prep_s)
     total = runs * (warmup_steps + steps)
     if runs == 2:  # a user's job: its synchronous run's exposed input is its input work (run_overlap does the same)
         sync_run = run_overlap_variant(job, acc, label="synchronous", num_workers=0, prefetcher=False,
@@ -1103,6 +1082,6 @@ def try_overlap(job: Job, acc: Accelerator, *, num_workers: int, model_width: in
                               prefetcher=True, torch_threads=split["torch_threads"],
                               decode_threads=split["decode_threads"],
                               progress=lambda done, _n: progress(offset + done, total), **common)
-    width = f"width {job.workload.model_width}, " if isinstance(job, PPOJob) else ""
+    width = f"width {job.model_width}, " if job.model_width is not None else ""
     used = split["label"] + ("" if split["label"] == threads else f" ({threads!r} does not apply here)")
     return live_point(run, f"{width}{num_workers} worker(s), {used}")

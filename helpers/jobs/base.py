@@ -314,3 +314,9 @@ class Job(abc.ABC):
         """A scalar loss whose ``backward()`` leaves one step's gradients in ``model`` (notebook 08 sizes DDP's
         buckets with it), or None when only the job's own step (:meth:`make_step`) can make them."""
         return None
+
+    def synthetic_batch(self, acc: Any, *, seed: int = 0) -> Any | None:
+        """A device batch of the job's shapes and dtypes with random contents (no input pipeline), for timing the
+        step alone (notebook 05), or None where the workbook does not know the shapes (a user's job: time it on
+        its first real batch)."""
+        return None
