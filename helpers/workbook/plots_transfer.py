@@ -289,3 +289,20 @@ def pinning_batch_figure(result):
     return batch_copy_rates(rows, link=result.link,
                             title=f"One batch ({result.size_text(result.batch_bytes)}) to {result.device.split()[0]}, "
                                   "per method")
+
+
+def overlap_timeline_figure(result, *, max_steps: int = 6):
+    """Notebook 05's timelines (:func:`overlap_timeline`) of a
+    :class:`helpers.experiments.overlap.StreamOverlapResult`: *before* above *after*, the first ``max_steps``
+    measured steps of each."""
+    panels = [(f"{v.label}: input exposed for {v.stats.exposed_fraction:.0%} of the step", v.timeline(max_steps=max_steps))
+              for v in (result.overlap.before, result.overlap.after)]
+    return overlap_timeline(panels, title=f"Input vs compute on {result.device}, first measured steps")
+
+
+def overlap_stats_figure(result):
+    """Notebook 05's exposed and hidden input per variant (:func:`exposed_vs_hidden`) of a
+    :class:`helpers.experiments.overlap.StreamOverlapResult`."""
+    return exposed_vs_hidden([(v.label, v.stats) for v in result.overlap.variants],
+                             title=f"Where the input work went, {result.settings['num_workers']} worker(s), on "
+                                   f"{result.device}")
