@@ -274,8 +274,6 @@ class Job(abc.ABC):
 
     def item_count(self) -> int:
         """Samples in one epoch of the job's dataset (its first pipeline's), >= 1."""
-        from helpers.pipeline.fast import close_dataset
-
         dataset = self.make_dataset(self.pipelines[0])
         try:
             return len(dataset)
