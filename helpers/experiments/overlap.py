@@ -18,6 +18,8 @@ its median over the measured steps; the hidden fraction is
 ratios of those medians. :func:`overlap_limits` says why an overlap could not
 work when it did not. The notebook's "try it" panel calls :func:`try_overlap`:
 the *after* variant again at another model width, worker count and core split.
+Notebook 05 calls :func:`run`, whose :class:`StreamOverlapResult` holds all of
+it and makes the notebook's records, verdict and panel.
 """
 
 from __future__ import annotations
