@@ -307,3 +307,82 @@ def test_baseline_workload_reads_notebook_01s_run_or_its_defaults(tmp_path):
         "x", "y", "z", 1.0, "s")
     values, source = ov.baseline_workload(path)
     assert values == {k: params[k] for k in ov.WORKLOAD_PARAMS} and "this results file" in source
+
+
+# --------------------------------------------------------------------------- the notebook's result
+
+
+def _notebook_result(job, *, compute_01=None, base_width=16):
+    before = _fake_run([0.05, 0.051, 0.049, 0.05, 0.052], [0.1] * 5, "before", num_workers=0, torch_threads=2,
+                       side_stream=False, batches_per_epoch=6)
+    after = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.1, 0.101, 0.099, 0.1, 0.1], "after, 1 core per worker",
+                      torch_threads=1, side_stream=False, batches_per_epoch=6)
+    overlap = ov.OverlapResult(before, (after,), after, ov.overlap_decision(before, after))
+    scaling = pd.DataFrame({"torch_threads": [1, 2], "median_s": [0.2, 0.1], "p25_s": [0.19, 0.09],
+                            "p75_s": [0.21, 0.11]})
+    settings = {"model_width": 4, "d_model": 8, "image_size": 16, "text_len": 4, "steps": 5, "warmup_steps": 1,
+                "num_workers": 1, "prefetch_factor": 2, "data_dir": "", "job": "" if job.is_builtin else "mine.py:make"}
+    return ov.StreamOverlapResult(
+        job=job, device="cpu", settings=settings, n_items=24, per_epoch=6,
+        dataset={"skipped": 0, "classes": 3} if job.is_builtin else {},
+        check={"batches": 6, "identical": 6, "structure_equal": 6, "reproducible": True, "side_stream": False},
+        cores=2, splits=({"label": "1 core per worker", "torch_threads": 1, "decode_threads": 1, "reason": "r"},),
+        scaling=scaling, base={"batch_size": 4, "image_size": 16, "text_len": 4, "model_width": base_width,
+                               "d_model": 8} if job.is_builtin else {"model_width": 4},
+        base_source="notebook 01's defaults", compute_01=compute_01, overlap=overlap)
+
+
+VARIANT_RECORDS = [("overlap", "exposed_input_fraction", "fraction"), ("overlap", "hidden_fraction", "fraction"),
+                   ("step time", "time_per_step", "s"), ("step time", "throughput", "samples/s"),
+                   ("input work", "input_work_per_step", "s"), ("compute", "compute_per_step", "s")]
+
+
+def _keys(result, tmp_path):
+    from helpers.results import ResultsStore
+
+    store = ResultsStore(tmp_path / "r.jsonl", notebook="05_stream_overlap")
+    return [(r.experiment, r.variant, r.metric, r.unit) for r in store.write(result.records())]
+
+
+def test_the_built_in_jobs_result_records_every_variant_and_names_notebook_01(tmp_path):
+    at_01 = pd.DataFrame({"torch_threads": [2], "median_s": [0.3], "p25_s": [0.29], "p75_s": [0.31]})
+    r = _notebook_result(_tiny_job(), compute_01=at_01)
+    variants = [(e, v, m, u) for v in ("before", "after, 1 core per worker") for e, m, u in VARIANT_RECORDS]
+    assert _keys(r, tmp_path) == [
+        ("dataset", "usable images", "images", "images"),
+        ("correctness", "prefetched vs synchronous", "identical_batches", "batches"),
+        ("compute only", "1 torch thread(s)", "time_per_step", "s"), ("compute only", "2 torch thread(s)", "time_per_step", "s"),
+        ("compute only", "model_width 16 (notebook 01's), 2 torch thread(s)", "time_per_step", "s"),
+        *variants,
+        ("exposed input per step", "after vs before", "reduction", "x"), ("step time", "after vs before", "speedup", "x")]
+    v = r.verdict()
+    assert v.notebook == "05_stream_overlap" and v.recommendation == "enable" and v.extra["model_width_01"] == 16
+    assert v.context.startswith("PPO on a multimodal policy (4-channel conv stem, d_model 8; notebook 01 trains "
+                                "model_width 16 (notebook 01's defaults)")
+    assert "100 ms compute vs 50 ms input work, 300 ms at 01's width), batch 4 of 16 px from 24 images" in v.context
+    assert v.context.endswith("5 measured steps each on cpu; figures are medians over the steps, fractions ratios of "
+                              "those medians")
+    assert r.dataset_text().startswith("24 images, 3 class(es), 0 file(s) skipped, 6 batch(es) of 4 per epoch")
+    assert "few batches per epoch" in r.dataset_text()
+    assert r.identical_text() == "6 of 6 prefetched batches are bit-identical to the synchronous copy"
+    assert "300.0 ms at notebook 01's 16, which covers it" in r.variants_text()
+    assert r.kept_split == "1 core per worker" and list(r.overlap_table()["variant"]) == ["before", "after, 1 core per worker"]
+    spec = r.try_it(get_accelerator("cpu"), {"num_workers": 1, "model_width": 4, "prefetch_factor": 2, "steps": 20,
+                                             "warmup_steps": 3})
+    assert set(spec.knobs) == {"num_workers", "model_width", "threads"} and spec.knobs["model_width"].value == 4
+    assert spec.reference.label == "width 4, 1 worker(s), 1 core per worker"
+
+
+def test_a_users_jobs_result_records_its_items_and_offers_no_model_width(tmp_path):
+    job = SimpleNamespace(is_builtin=False, model_width=None, name="mine", workload=Workload(batch_size=4),
+                          describe=lambda: {"job": "mine", "batch_size": 4})
+    r = _notebook_result(job)
+    keys = _keys(r, tmp_path)
+    assert keys[0] == ("dataset", "your job", "items", "items") and len(keys) == 2 + 2 + 12 + 2
+    v = r.verdict()
+    assert v.context.startswith("your job 'mine' (100 ms compute vs 50 ms input work per step, the input work read "
+                                "from the synchronous run), batch 4 from 24 items (6 batch(es) per epoch)")
+    assert r.workload_text().startswith("your job's own model and batch of 4")
+    spec = r.try_it(get_accelerator("cpu"), {"num_workers": 1, "model_width": 4, "prefetch_factor": 2, "steps": 20,
+                                             "warmup_steps": 3})
+    assert "model_width" not in spec.knobs and spec.reference.label == "1 worker(s), 1 core per worker"

@@ -258,3 +258,67 @@ def test_a_jobs_nested_batch_is_compared_through_its_own_copy(fake_pin):
     assert True in copies and False in copies  # pinned copies are non-blocking, pageable ones are not
     assert len(fake_pin) >= 3 * 4  # pin_per_batch pinned every tensor of every timed batch
     assert pinning.job_batch_comparison(get_accelerator("cpu"), batch, to_device) == {}
+
+
+# --------------------------------------------------------------------------- the notebook's result
+
+
+def _result(comparisons=None, *, link=None, app=None, job_name=None):
+    cache = 32 * 2**20
+    table = _sweep_table()
+    summary = pinning.bandwidth_summary(table, cache_bytes=cache)
+    return pinning.PinningResult(
+        device="cpu (cpu)", applicability=app or pinning_applicability(get_accelerator("cpu")), refusal="",
+        link=link or LinkInfo(None, "unknown", "no link limit: the device is the CPU"),
+        sizes=(4 * 2**20, 256 * 2**20), batch_shape="image float32 (2, 3)" if job_name else (2, 8, 8, 3),
+        batch_bytes=384, job_name=job_name, correct={}, table=table, cache_bytes=cache, summary=summary,
+        reference=pinning.memcpy_reference(summary, cache_bytes=cache), comparisons=comparisons or {}, repeats=10,
+        warmup=2)
+
+
+def _written(records, tmp_path):
+    store = ResultsStore(tmp_path / "r.jsonl", notebook="04_pinned_memory")
+    return [(r.experiment, r.variant, r.metric, r.unit) for r in store.write(records)]
+
+
+def test_result_on_a_cpu_records_the_link_and_the_memcpy_and_is_not_applicable(tmp_path):
+    r = _result()
+    assert _written(r.records(), tmp_path) == [
+        ("link", "host-device link", "link_limit", "GB/s"),
+        ("host memcpy bandwidth", "main-memory rate (256 MiB copies; last-level cache 32 MiB)", "memcpy_bandwidth", "GB/s"),
+        ("host memcpy bandwidth", "cache-sized peak (8 MiB copies)", "memcpy_peak_bandwidth", "GB/s")]
+    v = r.verdict()
+    assert v.recommendation == "not applicable" and v.notebook == "04_pinned_memory"
+    assert v.context == ("uint8 NHWC batch (2, 8, 8, 3) = 0.375 KiB, sizes 4 MiB to 256 MiB, 10 repeats after 2 "
+                         "warm-up, on cpu (cpu); link: no link limit: the device is the CPU")
+    assert r.correctness_text().startswith("skipped: ") and r.batch_text().startswith("skipped: ")
+    assert r.sizes_text().splitlines()[:2] == ["2 transfer sizes from 4 MiB to 256 MiB",
+                                               "one batch: uint8 NHWC (2, 8, 8, 3) = 0.375 KiB"]
+    assert len(r.batch_rows) == 0
+    spec = r.try_it(get_accelerator("cpu"), {"repeats": 20, "warmup": 5})
+    assert spec.unavailable and spec.reference is None
+    assert spec.knobs["method"].value == "pageable" and spec.knobs["size_mib"].value == 256
+    line = r.write_table(tmp_path / "artifacts" / "04_pinned_memory")
+    assert line.startswith("device copies skipped: ") and line.endswith(
+        "4 rows written to artifacts/04_pinned_memory/bandwidth_sweep.csv")
+
+
+def test_result_with_comparisons_records_each_batch_and_names_the_users_job(tmp_path):
+    comps = {"pin_per_batch": _comparison([0.9, 0.95, 0.92, 0.97, 0.93], "pin_per_batch"),
+             "pinned_buffer": _comparison([0.5, 0.52, 0.49, 0.51, 0.5], "pinned_buffer")}
+    link = LinkInfo(31.5, "parameter", "31.5 GB/s, given as the link_gbps parameter")
+    r = _result(comps, link=link, app=pinning.Applicability(True, "pinning applies"), job_name="mine")
+    keys = _written(r.records(), tmp_path)
+    batch = [k for k in keys if k[0] == "per-batch copy"]
+    assert batch == [("per-batch copy", "pin_per_batch vs pageable", "speedup", "x"),
+                     ("per-batch copy", "pageable", "time_per_batch", "s"), ("per-batch copy", "pageable", "bandwidth", "GB/s"),
+                     ("per-batch copy", "pin_per_batch", "time_per_batch", "s"),
+                     ("per-batch copy", "pin_per_batch", "bandwidth", "GB/s"),
+                     ("per-batch copy", "pinned_buffer vs pageable", "speedup", "x"),
+                     ("per-batch copy", "pinned_buffer", "time_per_batch", "s"),
+                     ("per-batch copy", "pinned_buffer", "bandwidth", "GB/s")]
+    assert list(r.batch_rows["method"]) == ["pageable", "pin_per_batch", "pinned_buffer"]
+    v = r.verdict()
+    assert v.recommendation == "enable" and v.extra["method"] == "pinned_buffer" and "% of the link" in v.reason
+    assert v.context.startswith("your job 'mine''s batch (image float32 (2, 3)) = 0.375 KiB")
+    assert r.try_it(get_accelerator("cpu"), {"repeats": 3, "warmup": 1}).knobs["method"].value == "pinned_buffer"

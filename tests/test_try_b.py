@@ -47,7 +47,7 @@ def job(small_data):
 
 @pytest.fixture(scope="module")
 def batches(job, cpu):
-    return [ov.synthetic_batch(job, cpu, seed=s) for s in range(2)]
+    return [job.synthetic_batch(cpu, seed=s) for s in range(2)]
 
 
 class Ticks:

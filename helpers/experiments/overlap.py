@@ -18,6 +18,8 @@ its median over the measured steps; the hidden fraction is
 ratios of those medians. :func:`overlap_limits` says why an overlap could not
 work when it did not. The notebook's "try it" panel calls :func:`try_overlap`:
 the *after* variant again at another model width, worker count and core split.
+Notebook 05 calls :func:`run`, whose :class:`StreamOverlapResult` holds all of
+it and makes the notebook's records, verdict and panel.
 """
 
 from __future__ import annotations
@@ -25,34 +27,31 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 import torch
 
-from helpers import checklist
-from helpers import specs
+from helpers import checklist, specs
 from helpers.checklist import Item
 from helpers.compute.train import TimedLoop, epochs
 from helpers.device import Accelerator, get_accelerator, usable_cores
 from helpers.errors import DataError, ParameterError
 from helpers.experiments import registry
-from helpers.experiments.base import Experiment, Optimization
+from helpers.experiments.base import Experiment, ExperimentResult, Optimization
 from helpers.experiments.training import fixed_batches
 from helpers.jobs.base import WORKLOAD_PARAMS, Job, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
-from helpers.live import LivePoint, Progress, no_progress
-from helpers.params import coerce
-from helpers.params import Param
+from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
+from helpers.params import Param, coerce
 from helpers.pipeline.loader import LoaderConfig, close_loader
 from helpers.pipeline.prefetch import ConsumerStreamSync, DevicePrefetcher, RecordingLoader, prefetched
-from helpers.results import load_results
+from helpers.results import Records, load_results
 from helpers.timing import Comparison, Measurement, measure
 from helpers.verdict import Action, Verdict
-
 
 logger = logging.getLogger(__name__)
 
@@ -375,24 +374,7 @@ def fastest(runs: Sequence["OverlapRun"]) -> "OverlapRun":
     return min(runs, key=lambda r: r.stats.median_step_s)
 
 
-def synthetic_batch(job: PPOJob, acc: Accelerator, *, seed: int = 0) -> tuple:
-    """A device batch of the job's shapes and dtypes with random contents (no input pipeline).
-
-    Returns
-    -------
-    (images, tokens, labels)
-        float32 (B, 3, S, S), int64 (B, L) token ids >= 1, int64 (B,) labels, on ``acc.device``.
-    """
-    w = job.workload
-    cfg = job.policy_config()
-    g = torch.Generator().manual_seed(seed)
-    images = torch.randn(w.batch_size, 3, w.image_size, w.image_size, generator=g).to(acc.device)
-    tokens = torch.randint(1, cfg.vocab_size, (w.batch_size, w.text_len), generator=g).to(acc.device)
-    labels = torch.randint(0, cfg.n_actions, (w.batch_size,), generator=g).to(acc.device)
-    return images, tokens, labels
-
-
-def compute_thread_scaling(job: PPOJob, acc: Accelerator, *, threads: Sequence[int], repeats: int = 3,
+def compute_thread_scaling(job: Job, acc: Accelerator, *, threads: Sequence[int], repeats: int = 3,
                            warmup: int = 1) -> pd.DataFrame:
     """Time the job's training step alone (synthetic batch, no input pipeline) at several torch thread counts.
 
@@ -404,8 +386,9 @@ def compute_thread_scaling(job: PPOJob, acc: Accelerator, *, threads: Sequence[i
     Parameters
     ----------
     job : helpers.jobs.base.Job
-        The workload (batch, crop, model) and its step. The built-in job is timed on a synthetic batch of its
-        shapes (:func:`synthetic_batch`); any other job on its first real batch, already on the device.
+        The workload (batch, crop, model) and its step. A job that makes a synthetic batch of its shapes (the
+        built-in job: :meth:`helpers.jobs.base.Job.synthetic_batch`) is timed on it; any other job on its first
+        real batch, already on the device.
     acc : helpers.device.Accelerator
     threads : sequence of int
         Thread counts to time (each >= 1).
@@ -424,8 +407,9 @@ def compute_thread_scaling(job: PPOJob, acc: Accelerator, *, threads: Sequence[i
     counts = [int(t) for t in threads]
     if not counts or any(t < 1 for t in counts):
         raise ParameterError(f"threads must be a non-empty list of counts >= 1, got {list(threads)!r}")
-    batch = (synthetic_batch(job, acc, seed=job.workload.seed) if isinstance(job, PPOJob)
-             else fixed_batches(job, acc, 1)[0])  # a user's job: its first real batch, on the device
+    batch = job.synthetic_batch(acc, seed=job.workload.seed)
+    if batch is None:  # a user's job: its first real batch, on the device
+        batch = fixed_batches(job, acc, 1)[0]
     previous = torch.get_num_threads()
     rows = []
     try:
@@ -1087,17 +1071,11 @@ def try_overlap(job: Job, acc: Accelerator, *, num_workers: int, model_width: in
         raise ParameterError(f"threads={threads!r}; choose one of {', '.join(map(repr, SPLITS))}")
     if model_width is not None:
         model_width = _knob("model_width", model_width)
-        if not isinstance(job, PPOJob):
-            raise ParameterError(f"model_width={model_width}: it sizes the built-in job's policy; your job "
-                                 f"{job.name!r} builds its own model, so leave model_width at None and change its "
-                                 "size in your job's factory")
-        if model_width != job.workload.model_width:
-            job = PPOJob(job.index, job.tokenizer, replace(job.workload, model_width=model_width),
-                         n_actions=job.n_actions, ppo=job.ppo, name=job.name)
+        job = job.with_model_width(model_width)  # a user's job: ParameterError, its factory sizes its model
     splits = thread_splits(num_workers, cores, is_cpu=acc.is_cpu)
     split = next((s for s in splits if s["label"] == threads), splits[0])
     common = dict(steps=steps, warmup_steps=warmup_steps)
-    runs = 1 if isinstance(job, PPOJob) else 2
+    runs = 1 if job.is_builtin else 2  # the built-in job's batches time their own preparation (prep_s)
     total = runs * (warmup_steps + steps)
     if runs == 2:  # a user's job: its synchronous run's exposed input is its input work (run_overlap does the same)
         sync_run = run_overlap_variant(job, acc, label="synchronous", num_workers=0, prefetcher=False,
@@ -1108,9 +1086,361 @@ def try_overlap(job: Job, acc: Accelerator, *, num_workers: int, model_width: in
                               prefetcher=True, torch_threads=split["torch_threads"],
                               decode_threads=split["decode_threads"],
                               progress=lambda done, _n: progress(offset + done, total), **common)
-    width = f"width {job.workload.model_width}, " if isinstance(job, PPOJob) else ""
+    width = f"width {job.model_width}, " if job.model_width is not None else ""
     used = split["label"] + ("" if split["label"] == threads else f" ({threads!r} does not apply here)")
     return live_point(run, f"{width}{num_workers} worker(s), {used}")
+
+
+# --------------------------------------------------------------------------- the notebook's run
+
+
+@dataclass(frozen=True, eq=False)
+class StreamOverlapResult(ExperimentResult):
+    """Notebook 05's measurement: the data, the prefetcher's check, the compute per thread count and the overlap.
+
+    Attributes
+    ----------
+    job : helpers.jobs.base.Job
+        The job measured (the built-in one or the user's); the "try it" panel runs it again.
+    device : str
+        The accelerator's kind, e.g. ``"cpu"``.
+    settings : dict
+        The notebook's parameters the sentences name: ``model_width``, ``d_model``, ``image_size``, ``steps``,
+        ``num_workers``, ``prefetch_factor``, ``warmup_steps``, ``data_dir``, ``job`` (the job's spec, empty for
+        the built-in job).
+    n_items, per_epoch : int
+        Items of one epoch and the full batches it gives.
+    dataset : dict
+        The built-in job's ``skipped`` files and ``classes``; empty for a user's job.
+    check : dict
+        :func:`helpers.pipeline.prefetch.verify_prefetcher` of one epoch.
+    cores : int
+        Usable CPU cores.
+    splits : tuple of dict
+        :func:`thread_splits`, in the order the candidates ran.
+    scaling : pandas.DataFrame
+        :func:`compute_thread_scaling` (seconds per step).
+    base, base_source : dict, str
+        Notebook 01's workload and where it came from (:func:`baseline_workload`; a user's job: its own width).
+    compute_01 : pandas.DataFrame or None
+        The step timed at notebook 01's model width when it differs from this notebook's (one row as
+        ``scaling``); None otherwise.
+    overlap : OverlapResult
+        :func:`run_overlap`'s comparison.
+    """
+
+    job: Job = field(repr=False)
+    device: str
+    settings: Mapping[str, Any]
+    n_items: int
+    per_epoch: int
+    dataset: Mapping[str, Any]
+    check: Mapping[str, Any]
+    cores: int
+    splits: tuple[Mapping[str, Any], ...]
+    scaling: pd.DataFrame
+    base: Mapping[str, int]
+    base_source: str
+    compute_01: pd.DataFrame | None
+    overlap: OverlapResult
+
+    # -- figures the cells print -------------------------------------------------------------
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per step, the job's own."""
+        return self.job.workload.batch_size
+
+    @property
+    def compute_here_s(self) -> float:
+        """Compute per step alone with all cores to torch, this notebook's model, seconds (median)."""
+        return float(self.scaling.loc[self.scaling["torch_threads"] == self.cores, "median_s"].iloc[0])
+
+    @property
+    def compute_01_s(self) -> float:
+        """The same at notebook 01's model width (:attr:`compute_here_s` where the widths are the same)."""
+        return self.compute_here_s if self.compute_01 is None else float(self.compute_01["median_s"].iloc[0])
+
+    @property
+    def work_ms(self) -> float:
+        """Input work per step of the synchronous run, ms (median)."""
+        return self.overlap.before.stats.median_input_work_s * 1e3
+
+    @property
+    def kept_split(self) -> str:
+        """The label of the thread split kept as *after*."""
+        return next(s["label"] for s, c in zip(self.splits, self.overlap.candidates) if c is self.overlap.after)
+
+    def dataset_text(self) -> str:
+        """Section 1: the data, its batches per epoch, and a note where they are too few to prefetch."""
+        if self.job.is_builtin:
+            lines = [f"{self.n_items} images, {self.dataset['classes']} class(es), {self.dataset['skipped']} file(s) "
+                     f"skipped, {self.per_epoch} batch(es) of {self.batch_size} per epoch"]
+        else:
+            lines = [f"your job: {self.job.describe()}; {self.per_epoch} batch(es) of {self.batch_size} per epoch"]
+        if self.per_epoch <= 1:
+            lines.append("only 1 batch per epoch: there is nothing to prefetch (a loader starts every epoch empty), "
+                         "so no overlap can hide this input; lower batch_size or add images to see one work")
+        elif self.per_epoch < FEW_BATCHES_PER_EPOCH:
+            lines.append(f"few batches per epoch: the first batch of every epoch (1 step in {self.per_epoch}) cannot "
+                         "be prefetched")
+        return "\n".join(lines)
+
+    def correctness_text(self) -> str:
+        """Section 2: the side stream, and what was compared where the dataset cannot be read twice alike."""
+        c = self.check
+        lines = [f"side stream: {'yes, 1 stream for all epochs' if c['side_stream'] else 'none on ' + self.device + ' (synchronous copies)'}"]
+        if c["identical"] != c["batches"] and not c["reproducible"]:
+            lines.append("your dataset gives different values when the same batch is read twice (its randomness "
+                         "comes from a source the workbook cannot seed): compared shapes, dtypes and labels instead")
+        return "\n".join(lines)
+
+    def identical_text(self) -> str:
+        """Section 2: how many prefetched batches equal the synchronous copy."""
+        return (f"{self.check['identical']} of {self.check['batches']} prefetched batches are bit-identical to the "
+                "synchronous copy")
+
+    def splits_text(self) -> str:
+        """Section 3: the cores and the splits tried, each with its reason."""
+        return "\n".join([f"{self.cores} usable core(s); splits to try:"]
+                         + [f"  {s['label']}: {s['reason']}" for s in self.splits])
+
+    def scaling_table(self) -> pd.DataFrame:
+        """Section 3: ms per step (compute alone) per torch thread count."""
+        return self.scaling.assign(ms_per_step=1e3 * self.scaling["median_s"])[["torch_threads", "ms_per_step"]]
+
+    def workload_text(self) -> str:
+        """Section 3: this notebook's workload beside notebook 01's, and the compute per step at each width."""
+        here = self.compute_here_s * 1e3
+        if not self.job.is_builtin:
+            return "\n".join([f"your job's own model and batch of {self.batch_size}, as in notebook 01: no "
+                              "model_width to change here",
+                              f"compute per step, {self.cores} torch thread(s), on your job's first batch: "
+                              f"{here:.1f} ms"])
+        mine = {**self.settings, "batch_size": self.batch_size}
+        return "\n".join([
+            "this notebook:   " + ", ".join(f"{k} {mine[k]}" for k in self.base),
+            "notebook 01:     " + ", ".join(f"{k} {v}" for k, v in self.base.items()) + f" ({self.base_source})",
+            f"compute per step, {self.cores} torch thread(s), this notebook's batch: {here:.1f} ms at model_width "
+            f"{self.settings['model_width']} (this notebook), {self.compute_01_s * 1e3:.1f} ms at model_width "
+            f"{self.base['model_width']} (notebook 01's)"])
+
+    def variants_text(self) -> str:
+        """Section 4: each variant's medians, the one kept, and whether the compute covers the input work."""
+        lines = ["medians over the measured steps (they need not add up: each is the median of its own column)"]
+        for v in self.overlap.variants:
+            s = v.stats
+            lines.append(f"{v.label:28s} step {s.median_step_s * 1e3:7.1f} ms: compute {s.median_compute_s * 1e3:7.1f} "
+                         f"ms, exposed input {s.median_exposed_s * 1e3:6.1f} ms, input work "
+                         f"{s.median_input_work_s * 1e3:6.1f} ms")
+        lines.append(f"kept as 'after' (shortest median step): {self.overlap.after.label}")
+
+        def covers(compute_s):
+            return "covers" if compute_s * 1e3 >= self.work_ms else "does NOT cover"
+
+        here, width, width_01 = self.compute_here_s, self.settings["model_width"], self.base["model_width"]
+        if not self.job.is_builtin:
+            lines.append(f"input work per step {self.work_ms:.1f} ms (the synchronous run's data + h2d: your batches "
+                         f"do not time their own preparation); compute per step ({self.cores} torch threads) "
+                         f"{here * 1e3:.1f} ms, which {covers(here)} it")
+        else:
+            lines.append(f"input work per step {self.work_ms:.1f} ms; compute per step ({self.cores} torch threads) "
+                         f"{here * 1e3:.1f} ms at this notebook's model_width {width}, which {covers(here)} it"
+                         + (f"; {self.compute_01_s * 1e3:.1f} ms at notebook 01's {width_01}, which "
+                            f"{covers(self.compute_01_s)} it" if width_01 != width else " (the same width as notebook 01)"))
+        return "\n".join(lines)
+
+    def overlap_table(self) -> pd.DataFrame:
+        """Section 6: per variant its workers, threads and medians (ms), and both fractions (%)."""
+        rows = []
+        for v in self.overlap.variants:
+            s = v.stats
+            rows.append({"variant": v.label, "workers": v.settings["num_workers"],
+                         "torch threads": v.settings["torch_threads"], "step ms": 1e3 * s.median_step_s,
+                         "compute ms": 1e3 * s.median_compute_s, "input work ms": 1e3 * s.median_input_work_s,
+                         "exposed ms": 1e3 * s.median_exposed_s, "exposed % of step": 100 * s.exposed_fraction,
+                         "hidden % of input": 100 * s.hidden_fraction})
+        return pd.DataFrame(rows)
+
+    # -- records, verdict and the panel ----------------------------------------------------------
+
+    def records(self) -> Records:
+        """The data, the prefetcher's check, the compute per thread count (and at notebook 01's width), each
+        variant's overlap, step time, input work and compute, then the two before/after comparisons."""
+        out = Records()
+        if self.job.is_builtin:
+            out.add("dataset", "usable images", "images", self.n_items, "images", skipped=self.dataset["skipped"],
+                    classes=self.dataset["classes"], source=self.settings["data_dir"] and "user folder" or "embedded")
+        else:
+            out.add("dataset", "your job", "items", self.n_items, "items", **self.job.describe(),
+                    spec=self.settings["job"])
+        c = self.check
+        out.add("correctness", "prefetched vs synchronous", "identical_batches", c["identical"], "batches",
+                batches=c["batches"], side_stream=c["side_stream"])
+        for _, r in self.scaling.iterrows():
+            out.add("compute only", f"{int(r['torch_threads'])} torch thread(s)", "time_per_step", r["median_s"], "s",
+                    spread={"p25": r["p25_s"], "p75": r["p75_s"]})
+        if self.compute_01 is not None:
+            w, r = self.base["model_width"], self.compute_01.iloc[0]
+            out.add("compute only", f"model_width {w} (notebook 01's), {self.cores} torch thread(s)", "time_per_step",
+                    self.compute_01_s, "s", model_width=w, spread={"p25": float(r["p25_s"]), "p75": float(r["p75_s"])})
+        for v in self.overlap.variants:
+            _variant_records(out, v, self.batch_size)
+        out.add_comparison("exposed input per step", self.overlap.verdict["exposed"], metric="reduction", unit="x")
+        out.add_comparison("step time", self.overlap.verdict["step"])
+        return out
+
+    def context(self) -> str:
+        """What was measured, in the verdict's one sentence."""
+        here, s = self.compute_here_s * 1e3, self.settings
+        if not self.job.is_builtin:
+            what = (f"your job {self.job.name!r} ({here:.0f} ms compute vs {self.work_ms:.0f} ms input work per step, "
+                    f"the input work read from the synchronous run), batch {self.batch_size} from {self.n_items} "
+                    f"items ({self.per_epoch} batch(es) per epoch), its own dataset")
+        else:
+            what = (f"PPO on a multimodal policy ({s['model_width']}-channel conv stem, d_model {s['d_model']}; "
+                    f"notebook 01 trains model_width {self.base['model_width']} ({self.base_source}): this notebook "
+                    f"needs compute per step >= input work per step, here {here:.0f} ms compute vs "
+                    f"{self.work_ms:.0f} ms input work, {self.compute_01_s * 1e3:.0f} ms at 01's width), batch "
+                    f"{self.batch_size} of {s['image_size']} px from {self.n_items} images ({self.per_epoch} "
+                    "batch(es) per epoch), batched pipeline")
+        before, after = self.overlap.before.settings, self.overlap.after.settings
+        return (f"{what}; before: num_workers=0, synchronous copy, {before['torch_threads']} torch thread(s); after: "
+                f"{s['num_workers']} worker(s), prefetch_factor {s['prefetch_factor']}, DevicePrefetcher "
+                f"({'side stream' if after['side_stream'] else 'synchronous copy'}), {after['torch_threads']} torch "
+                f"thread(s); {s['steps']} measured steps each on {self.device}; figures are medians over the steps, "
+                "fractions ratios of those medians")
+
+    def verdict(self) -> Verdict:
+        """Notebook 05's verdict (:func:`verdict`) with :meth:`context`."""
+        return verdict(self.overlap, context=self.context(), model_width_01=self.base["model_width"])
+
+    def try_it(self, acc: Accelerator, params: Mapping[str, Any]) -> TrySpec:
+        """The "try it" panel: the *after* loop again at another worker count, model width (the built-in job
+        only) and core split (a CPU only), beside this notebook's own *after*.
+
+        Parameters
+        ----------
+        acc : helpers.device.Accelerator
+        params : mapping
+            The notebook's parameters (``num_workers``, ``model_width``, ``prefetch_factor``, ``steps`` and
+            ``warmup_steps``, the last two capped at 10 and 2 for the panel).
+        """
+        def ints(values):
+            return tuple((str(n), n) for n in sorted(values))
+
+        kept, workers = self.kept_split, params["num_workers"]
+        knobs = {"num_workers": Knob(ints({0, 1, 2, 4, workers}), workers, "num_workers")}
+        label = f"{workers} worker(s), {kept}"
+        if self.job.model_width is not None:  # a user's job builds its own model: no model_width to change
+            width = params["model_width"]
+            knobs["model_width"] = Knob(ints({4, 8, 16, 32, 64, width}), width, "model_width")
+            label = f"width {width}, " + label
+        if acc.is_cpu:  # on an accelerator the step runs on the device: one split only
+            knobs["threads"] = Knob(tuple((s, s) for s in SPLITS), kept, "cores")
+        job, cores = self.job, self.cores
+        pf, steps, warmup = params["prefetch_factor"], min(params["steps"], 10), min(params["warmup_steps"], 2)
+        return TrySpec("overlap at another model width and worker count",
+                       lambda progress, **k: try_overlap(job, acc, prefetch_factor=pf, cores=cores, steps=steps,
+                                                         warmup_steps=warmup, progress=progress, **k),
+                       knobs, reference=live_point(self.overlap.after, label))
+
+
+def _variant_records(out: Records, v: OverlapRun, batch_size: int) -> None:
+    """One variant's records: exposed and hidden fractions, step time (and throughput), input work, compute."""
+    s = v.stats
+    per_step = v.run.steps["data"] + v.run.steps["h2d"]
+    frac = Measurement(name=v.label, times_s=tuple(per_step / v.run.steps["step_s"]), warmup=v.run.warmup_steps)
+    out.add("overlap", v.label, "exposed_input_fraction", s.exposed_fraction, "fraction", repeats=s.steps,
+            spread={"p25": frac.p25_s, "p75": frac.p75_s}, statistic="median exposed / median step",
+            exposed_fraction_per_step=s.exposed_fraction_per_step, **v.settings)
+    out.add("overlap", v.label, "hidden_fraction", s.hidden_fraction, "fraction", repeats=s.steps,
+            statistic="1 - median exposed / median input work",
+            exposed_over_work=s.exposed_over_work if s.exposed_over_work != float("inf") else None)
+    step_m = Measurement(name=v.label, times_s=tuple(v.run.steps["step_s"]), warmup=v.run.warmup_steps,
+                         items_per_call=batch_size)
+    out.add_measurement("step time", v.label, step_m, metric="time_per_step", unit="s",
+                        rate_metric="throughput", rate_unit="samples/s")
+    out.add("input work", v.label, "input_work_per_step", s.median_input_work_s, "s", repeats=s.steps)
+    out.add("compute", v.label, "compute_per_step", s.median_compute_s, "s", repeats=s.steps)
+
+
+def _check_prefetcher(job: Job, acc: Accelerator) -> dict[str, Any]:
+    """:func:`helpers.pipeline.prefetch.verify_prefetcher` on one epoch of the job (the batched pipeline where it
+    has one, else its own dataset and copy).
+
+    Raises
+    ------
+    helpers.errors.DataError
+        If a prefetched batch differs from the synchronous copy (for a dataset that cannot be read twice alike:
+        in its shapes, dtypes or labels).
+    """
+    from helpers.pipeline.fast import to_device_batch
+    from helpers.pipeline.prefetch import verify_prefetcher
+
+    if job.has_batched_pipeline:
+        dataset = job.make_dataset("batched", pin_memory=acc.capabilities.pinned_memory.available)
+        transfer = to_device_batch
+    else:  # a user's dataset and the job's own copy to the device
+        dataset = job.make_dataset(job.pipelines[0])
+        transfer = lambda batch, acc, non_blocking=False: job.to_device(batch, acc, non_blocking=non_blocking)  # noqa: E731
+
+    def one_epoch():
+        dataset.set_epoch(0)
+        return (dataset[b] for b in job.batch_sampler(len(dataset)))
+
+    try:
+        check = verify_prefetcher(one_epoch, acc, transfer=transfer)
+    finally:
+        close_dataset(dataset)
+    same = check["structure_equal"] if check["identical"] != check["batches"] and not check["reproducible"] \
+        else check["identical"]
+    if same != check["batches"]:
+        raise DataError(f"prefetched batches differ from the synchronous copy: {check}")
+    return check
+
+
+def run(ctx: Any) -> StreamOverlapResult:
+    """Notebook 05's experiment, in the notebook's order: the data, the prefetcher's check, the compute per thread
+    count (and at notebook 01's width), then *before* and *after* (:func:`run_overlap`).
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        The notebook's context: its parameters, accelerator and job (``ctx.job()``: the built-in job or the
+        user's); the path of its results file is read to find notebook 01's workload (:func:`baseline_workload`).
+
+    Returns
+    -------
+    StreamOverlapResult
+
+    Raises
+    ------
+    helpers.errors.DataError
+        If a prefetched batch differs from the synchronous copy.
+    """
+    P, acc = ctx.params, ctx.acc
+    job = ctx.job()  # the built-in job at this notebook's workload, or the user's (parameter job)
+    n_items = job.item_count()
+    dataset = ({"skipped": len(job.index.skipped), "classes": job.index.n_classes} if job.is_builtin else {})
+    check = _check_prefetcher(job, acc)
+    cores = usable_cores()
+    splits = thread_splits(P["num_workers"], cores, is_cpu=acc.is_cpu)
+    scaling = compute_thread_scaling(job, acc, threads=sorted({1, cores, *(s["torch_threads"] for s in splits)}))
+    if job.model_width is None:  # a user's model is the same in every notebook: nothing to widen
+        base, source, at_01 = {"model_width": P["model_width"]}, "", None
+    else:
+        (base, source), at_01 = baseline_workload(ctx.results_path), None
+        if base["model_width"] != job.model_width:
+            at_01 = compute_thread_scaling(job.with_model_width(base["model_width"]), acc, threads=[cores])
+    result = run_overlap(job, acc, steps=P["steps"], warmup_steps=P["warmup_steps"], num_workers=P["num_workers"],
+                         prefetch_factor=P["prefetch_factor"], cores=cores)
+    names = ("model_width", "d_model", "image_size", "text_len", "steps", "warmup_steps", "num_workers",
+             "prefetch_factor", "data_dir", "job")
+    return StreamOverlapResult(job=job, device=acc.kind, settings={k: P.get(k) for k in names}, n_items=n_items,
+                               per_epoch=n_items // job.workload.batch_size, dataset=dataset, check=check,
+                               cores=cores, splits=tuple(splits), scaling=scaling, base=base, base_source=source,
+                               compute_01=at_01, overlap=result)
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

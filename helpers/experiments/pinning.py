@@ -19,7 +19,9 @@ side and decided between:
 - :func:`batch_comparison`: one batch of the workload, each pinned method
   against pageable, interleaved;
 - :func:`pinning_decision` / :func:`verdict`: enable the best pinned method,
-  leave pinning off, or not applicable.
+  leave pinning off, or not applicable;
+- :func:`run`: all of it in the notebook's order, as a :class:`PinningResult` that holds the tables and
+  comparisons and makes the notebook's records, verdict and "try it" panel.
 
 On a CPU nothing is copied to a device: every function reports "not
 applicable" with the reason (:func:`helpers.pipeline.transfer.pinning_applicability`)
@@ -33,7 +35,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -43,11 +46,12 @@ from helpers import specs
 from helpers.checklist import Item
 from helpers.diagnose.pcie import GB, LinkInfo, size_regime
 from helpers.errors import DataError, DeviceUnavailableError, ParameterError
-from helpers.experiments.base import Experiment, Optimization
-from helpers.live import LivePoint, Progress, no_progress
+from helpers.experiments.base import Experiment, ExperimentResult, Optimization
+from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
 from helpers.pipeline.transfer import (BATCH_METHODS, METHODS, Applicability, batch_copy_method, batch_nbytes,
                                       copy_method, pinning_applicability)
+from helpers.results import Records
 from helpers.timing import Comparison, compare, measure, measure_events
 from helpers.verdict import Action, Verdict
 from helpers.workload import DEFAULT
@@ -74,6 +78,8 @@ __all__ = [
     "TRY_METHODS",
     "live_point",
     "try_pinning",
+    "PinningResult",
+    "run",
 ]
 
 #: The notebook whose experiment this is (the id its verdict is recorded under).
@@ -745,6 +751,315 @@ def try_pinning(acc: "Accelerator", *, size_mib: float, method: str, repeats: in
         progress(len(TRY_METHODS), len(TRY_METHODS))
 
     return each()
+
+
+# --------------------------------------------------------------------------- the notebook's run
+
+
+def _kib_mib(nbytes: float) -> str:
+    """A size as notebook 04 prints it: MiB from 1 MiB up, else KiB (``"384 KiB"``, ``"256 MiB"``)."""
+    return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:g} KiB"
+
+
+@dataclass(frozen=True, eq=False)
+class PinningResult(ExperimentResult):
+    """Notebook 04's measurement: the link, the copy methods' bandwidth per size and one batch per method.
+
+    Attributes
+    ----------
+    device : str
+        ``"<kind> (<name>)"`` of the accelerator, e.g. ``"cpu (cpu)"``.
+    applicability : helpers.pipeline.transfer.Applicability
+        Whether pinning applies here, and why (not on a CPU).
+    refusal : str
+        What torch said when asked to pin without an accelerator (``"RuntimeError: ..."``); empty where it did
+        not raise or an accelerator is there.
+    link : helpers.diagnose.pcie.LinkInfo
+        The host-device link and its limit (GB/s, None when unknown).
+    sizes : tuple of int
+        The sweep's transfer sizes, bytes (:func:`transfer_sizes`).
+    batch_shape : tuple of int or str
+        The built-in batch's uint8 NHWC shape, or a user's batch described
+        (:func:`helpers.jobs.check.describe_batch`).
+    batch_bytes : int
+        Bytes of that batch.
+    job_name : str or None
+        The user's job's name; None for the built-in batch.
+    correct : dict
+        ``{method: bit-exact}`` of :func:`helpers.pipeline.transfer.check_methods`; empty where pinning does not
+        apply.
+    table : pandas.DataFrame
+        The bandwidth sweep's applicable rows and the host memcpy's (:func:`bandwidth_sweep`,
+        :func:`host_copy_sweep`), with ``pct_of_link`` where the link's limit is known.
+    cache_bytes : int or None
+        The CPU's last-level cache, bytes.
+    summary : pandas.DataFrame
+        :func:`bandwidth_summary` of ``table``.
+    reference : dict or None
+        :func:`memcpy_reference`: the host memcpy's reference figure.
+    comparisons : dict
+        ``{method: Comparison}`` of one batch against pageable (:func:`batch_comparison`,
+        :func:`job_batch_comparison`); empty where pinning does not apply.
+    repeats, warmup : int
+        Timed and untimed copies per size and method.
+    """
+
+    device: str
+    applicability: Applicability
+    refusal: str
+    link: LinkInfo
+    sizes: tuple[int, ...]
+    batch_shape: Any
+    batch_bytes: int
+    job_name: str | None
+    correct: Mapping[str, bool]
+    table: pd.DataFrame
+    cache_bytes: int | None
+    summary: pd.DataFrame
+    reference: Mapping[str, Any] | None
+    comparisons: Mapping[str, Comparison]
+    repeats: int
+    warmup: int
+
+    # -- what the cells print ----------------------------------------------------------------
+
+    @staticmethod
+    def size_text(nbytes: float) -> str:
+        """A size as the notebook prints it: MiB from 1 MiB up, else KiB (``"384 KiB"``)."""
+        return _kib_mib(nbytes)
+
+    def link_text(self) -> str:
+        """Section 1: whether pinning applies, what torch says when asked to pin here, the link and its notes."""
+        lines = [self.applicability.reason]
+        if self.refusal:
+            lines.append(f"what torch says when asked to pin here: {self.refusal}")
+        lines.append(f"link: {self.link.detail}")
+        lines += [f"note: {note}" for note in self.link.notes]
+        return "\n".join(lines)
+
+    def sizes_text(self) -> str:
+        """Section 2: the sweep's sizes, the batch of section 4 and the methods."""
+        if self.job_name is not None:
+            batch = f"one batch of your job {self.job_name!r}: {self.batch_shape} = {_kib_mib(self.batch_bytes)}"
+        else:
+            batch = f"one batch: uint8 NHWC {self.batch_shape} = {_kib_mib(self.batch_bytes)}"
+        return "\n".join([f"{len(self.sizes)} transfer sizes from {_kib_mib(self.sizes[0])} to "
+                          f"{_kib_mib(self.sizes[-1])}", batch,
+                          "methods: " + "; ".join(f"{m} ({method_label(m)})" for m in METHODS)])
+
+    def correctness_text(self) -> str:
+        """Section 2: each method's round trip, bit-exact or not (or why it was skipped)."""
+        if not self.applicability.applicable:
+            return f"skipped: {self.applicability.reason}"
+        return "\n".join(f"{method:18s} {'bit-exact' if ok else 'WRONG BYTES'}" for method, ok in self.correct.items())
+
+    def write_table(self, folder: "str | Path") -> str:
+        """Section 3: write :attr:`table` to ``folder/bandwidth_sweep.csv`` (the folder is made) and say so, after
+        why the device copies were skipped where they were (``folder``: the notebook's ``artifacts`` folder)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.table.to_csv(folder / "bandwidth_sweep.csv", index=False)
+        skipped = [] if self.applicability.applicable else [f"device copies skipped: {self.applicability.reason}"]
+        return "\n".join(skipped + [f"{len(self.table)} rows written to {folder.parent.name}/{folder.name}/"
+                                     "bandwidth_sweep.csv"])
+
+    def summary_text(self) -> str:
+        """Section 3: the last-level cache and the host memcpy's reference figure (with its advice)."""
+        cache = _kib_mib(self.cache_bytes) if self.cache_bytes else "unknown (sysfs does not describe it)"
+        lines = [f"last-level cache: {cache}",
+                 f"host memcpy reference: {self.reference['gbps']:.1f} GB/s, {self.reference['label']}"]
+        if self.reference["advice"]:
+            lines.append(f"note: {self.reference['advice']}")
+        return "\n".join(lines)
+
+    def summary_table(self) -> pd.DataFrame:
+        """Per method: its peak and its rate at the largest size (GB/s), with the size and regime of each, and
+        the peak as a % of the link where its limit is known."""
+        rows = []
+        for r in self.summary.itertuples():
+            row = {"method": r.label, "peak GB/s": r.peak_gbps,
+                   "peak at": f"{_kib_mib(r.peak_size_bytes)} ({r.peak_regime})", "GB/s at largest": r.largest_gbps,
+                   "largest": f"{_kib_mib(r.largest_size_bytes)} ({r.largest_regime})"}
+            if self.link.limit_gbps and r.method != "host_memcpy":
+                row["peak % of link"] = 100 * r.peak_gbps / self.link.limit_gbps
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    @property
+    def batch_rows(self) -> pd.DataFrame:
+        """Section 4: one batch's copy rate per method (pageable first): ``method``, ``label``, ``gbps``,
+        ``gbps_p25``, ``gbps_p75`` (GB/s at the median, 75th and 25th percentile times); empty without a
+        device."""
+        rows = []
+        for c in self.comparisons.values():
+            for m in ((c.a,) if not rows else ()) + (c.b,):
+                rows.append({"method": m.name, "label": method_label(m.name), "gbps": self.batch_bytes / m.median_s / GB,
+                             "gbps_p25": self.batch_bytes / m.p75_s / GB, "gbps_p75": self.batch_bytes / m.p25_s / GB})
+        return pd.DataFrame(rows, columns=["method", "label", "gbps", "gbps_p25", "gbps_p75"])
+
+    def batch_text(self) -> str:
+        """Section 4: each pinned method against pageable in a sentence (or why nothing was compared)."""
+        if not self.comparisons:
+            return f"skipped: {self.applicability.reason}"
+        return "\n".join(c.verdict_text() for c in self.comparisons.values())
+
+    # -- records, verdict and the panel ----------------------------------------------------------
+
+    def records(self) -> Records:
+        """The link, each method's round trip, the bandwidth summary (:func:`bandwidth_records`) and, per method,
+        one batch's comparison, time and rate; in that order."""
+        out = Records()
+        link = self.link
+        out.add("link", "host-device link", "link_limit", link.limit_gbps, "GB/s", source=link.source,
+                detail=link.detail, notes=list(link.notes), address=link.address, generation=link.generation,
+                width=link.width)
+        for method, ok in self.correct.items():
+            out.add("correctness", method, "bit_exact", float(ok), "bool")
+        for rec in bandwidth_records(self.summary, cache_bytes=self.cache_bytes, link_gbps=link.limit_gbps):
+            out.add(**rec)
+        shape = self.batch_shape if isinstance(self.batch_shape, str) else list(self.batch_shape)
+        rows = self.batch_rows.set_index("method")
+        first = True
+        for c in self.comparisons.values():
+            out.add_comparison("per-batch copy", c, shape=shape, nbytes=self.batch_bytes)
+            for m in ((c.a,) if first else ()) + (c.b,):
+                r = rows.loc[m.name]
+                out.add_measurement("per-batch copy", m.name, m, metric="time_per_batch", unit="s")
+                out.add("per-batch copy", m.name, "bandwidth", float(r["gbps"]), "GB/s", repeats=m.repeats,
+                        spread={"p25": float(r["gbps_p25"]), "p75": float(r["gbps_p75"])})
+            first = False
+        return out
+
+    def context(self) -> str:
+        """What was measured, in the verdict's one sentence (batch, sizes, repeats, device, link)."""
+        what = (f"your job {self.job_name!r}'s batch ({self.batch_shape})" if self.job_name is not None
+                else f"uint8 NHWC batch {self.batch_shape}")
+        return (f"{what} = {_kib_mib(self.batch_bytes)}, sizes {_kib_mib(self.sizes[0])} to "
+                f"{_kib_mib(self.sizes[-1])}, {self.repeats} repeats after {self.warmup} warm-up, on {self.device}; "
+                f"link: {self.link.detail}")
+
+    def verdict(self) -> Verdict:
+        """Notebook 04's verdict (:func:`verdict`) with :meth:`context`."""
+        rows = self.batch_rows
+        return verdict(self.comparisons, applicability=self.applicability, reference=self.reference,
+                       link=self.link, batch_gbps=dict(zip(rows["method"], rows["gbps"])), context=self.context())
+
+    def try_it(self, acc: "Accelerator", params: Mapping[str, Any]) -> TrySpec:
+        """The "try it" panel: one copy at a size (the sweep's, or one batch's) and a method (the verdict's
+        pinned method first, else pageable), beside this notebook's figure for that method at its largest size.
+
+        Parameters
+        ----------
+        acc : helpers.device.Accelerator
+        params : mapping
+            The notebook's parameters (``repeats`` and ``warmup``, each capped at 10 and 2 for the panel).
+        """
+        sizes = sorted({(_kib_mib(n), n / 2**20) for n in self.sizes}
+                       | {(f"one batch ({_kib_mib(self.batch_bytes)})", self.batch_bytes / 2**20)}, key=lambda o: o[1])
+        start = self.verdict().extra["method"] or "pageable"
+        methods = tuple((method_label(m), m) for m in TRY_METHODS) + (("all five, one point each", "all"),)
+        knobs = {"size_mib": Knob(tuple(sizes), self.sizes[-1] / 2**20, "size"),
+                 "method": Knob(methods, start, "method")}
+        applicable, limit = self.applicability.applicable, self.link.limit_gbps
+        own = self.table[(self.table["method"] == start) & (self.table["size_bytes"] == self.sizes[-1])]
+        repeats, warmup = min(params["repeats"], 10), min(params["warmup"], 2)
+        return TrySpec("host-to-device copy at another size and method",
+                       lambda progress, **k: try_pinning(acc, repeats=repeats, warmup=warmup, link_gbps=limit,
+                                                         progress=progress, **k),
+                       knobs, reference=live_point(own.iloc[0], link_gbps=limit) if applicable and len(own) else None,
+                       unavailable="" if applicable else (
+                           f"{self.applicability.reason}: a copy on the CPU is no host-to-device transfer. The panel "
+                           "measures on a CUDA GPU or an Ascend NPU, where it times each copy method's GB/s at the "
+                           "size you pick"))
+
+
+def _job_batch(job: Any) -> tuple[Any, int, str]:
+    """A user's job's first host batch, its bytes and its description."""
+    from helpers.jobs.base import close_dataset
+    from helpers.jobs.check import describe_batch
+
+    dataset = job.make_dataset(job.pipelines[0])
+    try:
+        batch = dataset[next(iter(job.batch_sampler(len(dataset))))]
+    finally:
+        close_dataset(dataset)
+    return batch, batch_nbytes(batch), describe_batch(batch)
+
+
+def _refusal(acc: "Accelerator") -> str:
+    """What ``Tensor.pin_memory()`` raises without an accelerator (empty where one is there or it pins)."""
+    if torch.accelerator.is_available():
+        return ""
+    try:
+        torch.zeros(4).pin_memory()
+    except RuntimeError as exc:
+        return f"RuntimeError: {exc}"
+    return ""
+
+
+def run(ctx: Any, *, progress: Callable[[str], None] | None = None) -> PinningResult:
+    """Notebook 04's experiment, in the notebook's order: the link, the sizes, the correctness check, the host
+    memcpy and device sweeps, the summary and one batch per method.
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        The notebook's context: its parameters (``min_size_kib``, ``max_size_mib``, ``repeats``, ``warmup``,
+        ``link_gbps``, ``batch_size``, ``image_size``, ``job``) and its accelerator; with ``job`` set, the
+        user's job (``ctx.job()``), whose first batch is compared through its own ``to_device``.
+    progress : callable, optional
+        Called with a line per size of the device sweep (e.g. ``print``).
+
+    Returns
+    -------
+    PinningResult
+
+    Raises
+    ------
+    helpers.errors.DataError
+        If a copy method returned other bytes than it was given.
+    helpers.errors.ParameterError
+        For sizes out of range (:func:`transfer_sizes`).
+    """
+    from helpers.diagnose.pcie import last_level_cache_bytes, link_limit
+    from helpers.pipeline.transfer import check_methods
+
+    P, acc = ctx.params, ctx.acc
+    app = pinning_applicability(acc)
+    link = link_limit(acc, P["link_gbps"])
+    refusal = _refusal(acc)
+    sizes = transfer_sizes(P["min_size_kib"], P["max_size_mib"])
+    job = ctx.job() if P.get("job") else None  # the built-in batch needs no job: its shape is the parameters'
+    if job is not None:
+        host_batch, batch_bytes, batch_shape = _job_batch(job)
+    else:
+        batch_shape = (P["batch_size"], P["image_size"], P["image_size"], 3)
+        batch_bytes = P["batch_size"] * P["image_size"] ** 2 * 3
+    correct = check_methods(acc, nbytes=min(batch_bytes, 8 << 20)) if app.applicable else {}
+    if not all(correct.values()):
+        raise DataError(f"a copy method returned different bytes: {correct}")
+    repeats, warmup = P["repeats"], P["warmup"]
+    host = host_copy_sweep(sizes, repeats=repeats, warmup=warmup)
+    sweep = (bandwidth_sweep(acc, sizes, repeats=repeats, warmup=warmup,
+                             progress=progress)
+             if app.applicable else bandwidth_sweep(acc, sizes))  # one "not applicable" row per method
+    table = pd.concat([sweep[sweep["applicable"]], host], ignore_index=True)
+    if link.limit_gbps:
+        table["pct_of_link"] = 100 * table["gbps"] / link.limit_gbps
+    cache = last_level_cache_bytes()
+    summary = bandwidth_summary(table, cache_bytes=cache)
+    batch_repeats = max(repeats, 10)
+    if job is not None:  # pageable, pinned per batch and the loader's pin thread, on the job's own batch
+        comparisons = job_batch_comparison(
+            acc, host_batch, lambda b, non_blocking=False: job.to_device(b, acc, non_blocking=non_blocking),
+            repeats=batch_repeats, warmup=warmup)
+    else:
+        comparisons = batch_comparison(acc, batch_shape, repeats=batch_repeats, warmup=warmup)
+    return PinningResult(device=f"{acc.kind} ({acc.name})", applicability=app, refusal=refusal, link=link,
+                         sizes=tuple(sizes), batch_shape=batch_shape, batch_bytes=int(batch_bytes),
+                         job_name=None if job is None else job.name, correct=correct, table=table,
+                         cache_bytes=cache, summary=summary, reference=memcpy_reference(summary, cache_bytes=cache),
+                         comparisons=comparisons, repeats=repeats, warmup=warmup)
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

@@ -267,3 +267,9 @@ class Job(abc.ABC):
         """The scanned images and caption tokenizer the workbook's own pipelines read, ``(DatasetIndex,
         tokenizers.Tokenizer)`` (the built-in job's), or None for a job whose factory built its own dataset."""
         return None
+
+    def synthetic_batch(self, acc: Any, *, seed: int = 0) -> Any | None:
+        """A device batch of the job's shapes and dtypes with random contents (no input pipeline), for timing the
+        step alone (notebook 05), or None where the workbook does not know the shapes (a user's job: time it on
+        its first real batch)."""
+        return None

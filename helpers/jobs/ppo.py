@@ -253,6 +253,16 @@ class PPOJob(Job):
         """``(index, tokenizer)``: the images and caption tokenizer of this job's pipelines."""
         return self.index, self.tokenizer
 
+    def synthetic_batch(self, acc, *, seed: int = 0) -> tuple:
+        """``(images, tokens, labels)`` of the workload's shapes with random contents, on ``acc.device``: float32
+        (B, 3, S, S), int64 (B, L) token ids >= 1, int64 (B,) labels (one of the policy's actions)."""
+        w, cfg = self.workload, self.policy_config()
+        g = torch.Generator().manual_seed(seed)
+        images = torch.randn(w.batch_size, 3, w.image_size, w.image_size, generator=g).to(acc.device)
+        tokens = torch.randint(1, cfg.vocab_size, (w.batch_size, w.text_len), generator=g).to(acc.device)
+        labels = torch.randint(0, cfg.n_actions, (w.batch_size,), generator=g).to(acc.device)
+        return images, tokens, labels
+
 
 class PPOStep:
     """One PPO training step on a device batch: ``step((images, tokens, labels)) -> stats``.

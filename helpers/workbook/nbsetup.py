@@ -165,6 +165,12 @@ class NotebookContext:
                 self.store.parameters.pop("image_size", None)  # the factory's own: the workbook does not know it
 
     @property
+    def results_path(self) -> Path | None:
+        """The run's results file (earlier notebooks' records are read from it; this one's go through
+        :meth:`record`), or None for an in-memory store."""
+        return self.store.path if self.store is not None else None
+
+    @property
     def figures_dir(self) -> Path:
         """Folder where figures of every notebook of the run are written."""
         return self.out_dir / "figures"

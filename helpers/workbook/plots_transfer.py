@@ -268,3 +268,41 @@ def exposed_vs_hidden(stats: Sequence[tuple[str, object]], *, title: str = ""):
     fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)
     ax.set_title(title or "Input work: exposed vs hidden behind compute (medians)")
     return fig
+
+
+def pinning_sweep_figure(result):
+    """Notebook 04's bandwidth against size (:func:`bandwidth_vs_size`) of a
+    :class:`helpers.experiments.pinning.PinningResult`: the link's limit only where pinning applies, and the
+    title says what was measured (only the host memcpy without an accelerator)."""
+    app = result.applicability.applicable
+    title = (f"Host-to-device bandwidth on {result.device}" if app
+             else "No accelerator: only the host memcpy that pinning would cost")
+    return bandwidth_vs_size(result.table, link=result.link if app else None, title=title)
+
+
+def pinning_batch_figure(result):
+    """Notebook 04's per-batch copy rates (:func:`batch_copy_rates`) of a
+    :class:`helpers.experiments.pinning.PinningResult`, or None where no batch was copied (no device)."""
+    rows = result.batch_rows
+    if not len(rows):
+        return None
+    return batch_copy_rates(rows, link=result.link,
+                            title=f"One batch ({result.size_text(result.batch_bytes)}) to {result.device.split()[0]}, "
+                                  "per method")
+
+
+def overlap_timeline_figure(result, *, max_steps: int = 6):
+    """Notebook 05's timelines (:func:`overlap_timeline`) of a
+    :class:`helpers.experiments.overlap.StreamOverlapResult`: *before* above *after*, the first ``max_steps``
+    measured steps of each."""
+    panels = [(f"{v.label}: input exposed for {v.stats.exposed_fraction:.0%} of the step", v.timeline(max_steps=max_steps))
+              for v in (result.overlap.before, result.overlap.after)]
+    return overlap_timeline(panels, title=f"Input vs compute on {result.device}, first measured steps")
+
+
+def overlap_stats_figure(result):
+    """Notebook 05's exposed and hidden input per variant (:func:`exposed_vs_hidden`) of a
+    :class:`helpers.experiments.overlap.StreamOverlapResult`."""
+    return exposed_vs_hidden([(v.label, v.stats) for v in result.overlap.variants],
+                             title=f"Where the input work went, {result.settings['num_workers']} worker(s), on "
+                                   f"{result.device}")
