@@ -60,7 +60,6 @@ from helpers.comm.allreduce import MIB, algbw_gbps, bus_factor, busbw_gbps, mess
 from helpers.comm.ddp import HOOK_BYTES, bucket_sizes, grad_error, hook_function, iqr_overlap, overlap_figures
 from helpers.comm.launch import check_backend, check_world_size, resolve_backend, run_job
 from helpers.compute.model import count_parameters
-from helpers.compute.ppo import ppo_loss
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
 from helpers.experiments.base import Experiment
@@ -199,18 +198,6 @@ def _stats(times_by_rank: Sequence[Sequence[float]]) -> dict[str, float]:
             "time_p75_s": float(np.percentile(t, 75))}
 
 
-def _grad_loss(model, images, tokens, labels):
-    """A deterministic PPO loss of one batch (rollout quantities taken from the same forward, detached)."""
-    logits, values = model(images, tokens)
-    with torch.no_grad():
-        actions = labels % logits.shape[1]
-        old = torch.log_softmax(logits.float(), dim=1).gather(1, actions[:, None]).squeeze(1)
-        rewards = (logits.argmax(1) == actions).float()
-        adv = rewards - values.float()
-    loss, _ = ppo_loss(logits, actions, old, adv, values, rewards)
-    return loss
-
-
 def _flat_grads(model):
     grads = [p.grad.reshape(-1).float() for p in model.parameters() if p.grad is not None]
     return torch.cat(grads) if grads else torch.zeros(0)
@@ -219,13 +206,14 @@ def _flat_grads(model):
 def _backward_gradients(job, model, acc, batch, module=None):
     """The gradients one backward pass of ``job`` leaves in ``module`` (default ``model``), flat fp32.
 
-    The built-in job: :func:`_grad_loss` on the batch (its step does several updates). Any other job: one
+    The built-in job: its :meth:`~helpers.jobs.base.Job.gradient_loss` on the batch (its step does several updates). Any other job: one
     call of its own step, whose gradients stay in the parameters after the optimizer step (a step that
     clears them at its end leaves none: then the result is empty).
     """
     module = module if module is not None else model
-    if isinstance(job, PPOJob):
-        _grad_loss(model, *batch).backward()
+    loss = job.gradient_loss(model, batch)
+    if loss is not None:
+        loss.backward()
     else:
         job.make_step(model, acc)(batch)
     return _flat_grads(module)
@@ -289,15 +277,10 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     acc = get_accelerator(rc.device.type, index=rc.device.index or 0)
     workload = Workload.from_params(cfg)
     job = _rank_job(cfg, workload)
-    builtin = isinstance(job, PPOJob)
+    builtin = job.is_builtin
     seed, bs = job.workload.seed, job.workload.batch_size
     batches = fixed_batches(job, acc, 2, epoch=rc.rank)  # rank r draws the epoch-r order: different samples
-    if builtin:
-        n_samples = len(job.index)
-    else:
-        counted = job.make_dataset(job.pipelines[0])
-        n_samples = len(counted)
-        close_dataset(counted)
+    n_samples = job.item_count()
     base = job.make_model(acc)
     base_state = copy.deepcopy(base.state_dict())
     grad_bytes = sum(p.numel() * 4 for p in base.parameters() if p.requires_grad)

@@ -164,7 +164,7 @@ def job_step_factory(job, acc: Accelerator, *, n_batches: int = 2,
     seed = job.workload.seed
     if isinstance(pool_images, bool) or not isinstance(pool_images, int) or pool_images < 1:
         raise ParameterError(f"pool_images must be an int >= 1, got {pool_images!r}")
-    if not isinstance(job, PPOJob):  # a user's job: each size's batches drawn from its own dataset
+    if not job.has_batched_pipeline:  # a user's job: each size's batches drawn from its own dataset
         dataset = job.make_dataset(job.pipelines[0])
         return _step_factory(job, acc, len(dataset), lambda idx: dataset[[int(i) for i in idx]], n_batches=n_batches)
     dataset = job.make_dataset("batched")

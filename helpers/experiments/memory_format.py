@@ -25,7 +25,6 @@ from helpers.errors import ParameterError
 from helpers.experiments.base import Experiment, Optimization
 from helpers.experiments.training import fixed_batches, step_options_comparison
 from helpers.jobs.base import Job, StepOptions
-from helpers.jobs.ppo import PPOJob
 from helpers.live import LivePoint, Progress, no_progress
 from helpers.params import Param
 from helpers.timing import Comparison, ProgressClock, compare
@@ -200,7 +199,10 @@ def format_comparison(job: Job, acc, *, memory_format: str, autocast: str = "off
                              f"warmup_steps={warmup_steps!r}")
     names = ("NCHW fp32", _variant_label(memory_format, autocast))
     dtype = None if autocast == "off" else getattr(torch, autocast)
-    if not isinstance(job, PPOJob):  # a user's job: its whole training step, as the notebook times it
+    model = job.make_model(acc)
+    encoder = job.image_encoder(model)
+    if encoder is None:  # a user's job: its whole training step, as the notebook times it
+        del model
         progress(0, 1)
         cmp = step_options_comparison(job, acc, StepOptions(),
                                       StepOptions(autocast_dtype=dtype, channels_last=memory_format == "channels_last"),
@@ -209,8 +211,7 @@ def format_comparison(job: Job, acc, *, memory_format: str, autocast: str = "off
         return cmp
     if images is None:
         images = [b[0] for b in fixed_batches(job, acc, 3)]
-    model = job.make_model(acc)
-    encoder, imgs = model.image_encoder, list(images)
+    imgs = list(images)
     if memory_format == "channels_last":
         cl_model, _ = to_memory_format(model, imgs[0], "channels_last")
         encoder_b, imgs_b = cl_model.image_encoder, [x.contiguous(memory_format=torch.channels_last) for x in imgs]

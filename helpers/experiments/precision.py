@@ -28,7 +28,7 @@ from helpers.experiments.base import Experiment, Optimization
 from helpers.experiments.training import fixed_batches, step_options_comparison
 from helpers.jobs.base import Job, StepOptions
 from helpers.jobs.check import Divergence, loss_divergence
-from helpers.jobs.ppo import PPOJob, PPOStep
+from helpers.jobs.ppo import PPOStep
 from helpers.live import LivePoint, Progress, no_progress
 from helpers.params import Param
 from helpers.timing import Comparison, ProgressClock, compare
@@ -200,7 +200,8 @@ def autocast_comparison(job: Job, acc, dtype: str, *, batches: Sequence | None =
         raise ParameterError(f"steps must be an int >= 1 and warmup_steps an int >= 0, got steps={steps!r}, "
                              f"warmup_steps={warmup_steps!r}")
     names = ("fp32", "fp32 again" if low is None else f"{dtype} autocast")
-    if not isinstance(job, PPOJob):  # a user's job: its whole step on its own fixed batches, as the notebook times it
+    if not job.is_builtin:  # a user's job: its whole step (its own optimizer, no workbook GradScaler) on its own
+        # fixed batches, as the notebook times it
         progress(0, 1)
         cmp = step_options_comparison(job, acc, StepOptions(), StepOptions(autocast_dtype=low), steps=steps,
                                       warmup_steps=warmup_steps, seed=seed, names=names)
