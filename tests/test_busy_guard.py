@@ -158,7 +158,7 @@ def test_add_verdict_applies_the_rule_to_the_machine_state_it_recorded(tmp_path,
 
 def test_patience_multiplies_the_interleaved_repeats_of_the_ratio_notebooks_only():
     from helpers.experiments.registry import interleaved_repeats
-    from helpers.workbook.runner import apply_patience
+    from helpers.workbook.profiles import apply_patience
 
     assert apply_patience("06_mixed_precision", {"steps": 4, "seed": 0}, 3) == {"steps": 12, "seed": 0}
     assert apply_patience("03_dataloader_tuning", {}, 2) == {"trials": 4}  # the notebook's default, 2

@@ -103,7 +103,7 @@ def test_readme_table_rows_match_the_registry():
 
 def test_a_profile_section_for_no_notebook_is_rejected(tmp_path):
     from helpers.errors import ParameterError
-    from helpers.workbook.runner import load_profile
+    from helpers.workbook.profiles import load_profile
 
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "smoke.yaml").write_text("common: {}\n11_turbo:\n  steps: 3\n")

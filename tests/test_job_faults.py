@@ -220,7 +220,7 @@ def test_the_cell_watchdog_leaves_where_the_kernel_was_stuck(tmp_path):
 
 
 def test_a_cell_timeout_says_where_it_was_stuck_and_reads_the_cell_as_text(tmp_path):
-    from helpers.workbook.runner import _error_info
+    from helpers.workbook.nbexec import error_info
 
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "03_dataloader_tuning.stuck.json").write_text(
@@ -234,12 +234,12 @@ def test_a_cell_timeout_says_where_it_was_stuck_and_reads_the_cell_as_text(tmp_p
     exc = CellTimeoutError("A cell timed out while it was being executed, after 20 seconds.\nThe message was: Cell "
                            f"execution timed out.\nHere is a preview of the cell contents:\n-------------------\n"
                            f"{src}\n-------------------\n")
-    info = _error_info(exc, None, logs=tmp_path / "logs", name="03_dataloader_tuning")
+    info = error_info(exc, None, logs=tmp_path / "logs", name="03_dataloader_tuning")
     msg = info["message"]
     assert msg.startswith("the cell starting `x0 = 0` ran past the per-cell limit of 20 s, stuck in "
                           "Squares.__getitem__(37) at fault_jobs.py:34")
     assert "logs/03_dataloader_tuning.stacks.txt" in msg and "['" not in msg and info["cell_source"] == "x0 = 0"
-    plain = _error_info(exc, None)  # no dump: the old advice, the cell still as text
+    plain = error_info(exc, None)  # no dump: the old advice, the cell still as text
     assert "stuck" not in plain["message"] and "`x0 = 0`" in plain["message"]
 
 
@@ -345,7 +345,7 @@ def test_a_cell_timeout_names_the_stuck_getitem(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_runners_first_step_check_names_a_hang_in_the_first_batch():
     from helpers.errors import ParameterError
-    from helpers.workbook.runner import check_job
+    from helpers.workbook.preflight import check_job
 
     with pytest.raises(ParameterError) as e:
         check_job(f"{JOBS}:make_hang_job", {"hang": 16}, device="cpu", timeout_s=50)

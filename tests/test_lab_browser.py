@@ -31,7 +31,7 @@ import nbformat
 import pytest
 
 from browser_support import chromium
-from helpers.workbook.runner import build_parameters, load_profile
+from helpers.workbook.profiles import build_parameters, load_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.notebook]
 

@@ -9,7 +9,7 @@ from helpers.experiments import registry
 from helpers.experiments.registry import spec_for, validate_notebook_params
 from helpers.workload import DEFAULT
 from helpers.workbook.paths import notebooks_dir
-from helpers.workbook.runner import load_profile
+from helpers.workbook.profiles import load_profile
 
 PROFILES = sorted(p.stem for p in (notebooks_dir() / "profiles").glob("*.yaml"))
 #: The notebooks whose verdicts decide notebook 10's optimized job, 09 (its batch size) and 10 itself.

@@ -13,8 +13,10 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from helpers.errors import OutputDirError, ParameterError
-from helpers.workbook import runner
-from helpers.workbook.runner import RunOptions, drop_records, run, select_notebooks
+from helpers.workbook import profiles, rundir, runner
+from helpers.workbook.profiles import select_notebooks
+from helpers.workbook.rundir import drop_records
+from helpers.workbook.runner import RunOptions, run
 from helpers.experiments.registry import spec_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -296,7 +298,7 @@ def test_a_cell_timeout_names_the_cell_the_limit_and_the_option(tmp_path):
     import nbformat
     from nbclient.exceptions import CellTimeoutError
 
-    from helpers.workbook.runner import _error_info
+    from helpers.workbook.nbexec import error_info
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t"),
                                          nbformat.v4.new_code_cell("x = 1"),
@@ -305,12 +307,12 @@ def test_a_cell_timeout_names_the_cell_the_limit_and_the_option(tmp_path):
     nbformat.write(nb, path)
     exc = CellTimeoutError.error_from_timeout_and_cell("Cell execution timed out", 30, nb.cells[2])
     assert str(exc).strip().splitlines()[-1].startswith("-----")  # what the runner used to keep
-    info = _error_info(exc, str(path))
+    info = error_info(exc, str(path))
     assert info["type"] == "CellTimeoutError" and info["cell_index"] == 2 and info["limit_s"] == 30
     assert "cell 2 (`import time`)" in info["message"] and "--timeout" in info["message"]
     assert "-----" not in info["message"]
     # without the notebook file the first line still names the cell
-    assert "the cell starting `import time`" in _error_info(exc)["message"]
+    assert "the cell starting `import time`" in error_info(exc)["message"]
 
 
 def test_a_run_folder_is_used_by_one_runner_at_a_time(tmp_path):
@@ -321,7 +323,7 @@ def test_a_run_folder_is_used_by_one_runner_at_a_time(tmp_path):
     # another live process holds the lock: a child that takes it and waits
     holder = subprocess.Popen([sys.executable, "-c",
                                "import sys, time; from pathlib import Path; "
-                               "from helpers.workbook.runner import lock_run_dir; "
+                               "from helpers.workbook.rundir import lock_run_dir; "
                                f"h = lock_run_dir(Path({str(out)!r})); print('locked', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -413,7 +415,7 @@ def test_a_full_disk_stops_the_run_with_a_clear_error_and_keeps_what_was_written
 def test_run_json_that_cannot_be_written_on_a_full_disk_is_a_clear_error_not_a_traceback(tmp_path, monkeypatch):
     import errno
 
-    real_save = runner.RunState.save
+    real_save = rundir.RunState.save
     calls = []
 
     def save(self, run_dir):
@@ -422,7 +424,7 @@ def test_run_json_that_cannot_be_written_on_a_full_disk_is_a_clear_error_not_a_t
             raise OSError(errno.ENOSPC, "No space left on device")
         real_save(self, run_dir)
 
-    monkeypatch.setattr(runner.RunState, "save", save)
+    monkeypatch.setattr(rundir.RunState, "save", save)
     lines = []
     run_dir, state = run(RunOptions(profile="smoke", out=tmp_path / "run", only=["00", "01"]), echo=lines.append,
                          executor=lambda nb, **kw: None, device_checker=_fake_device)
@@ -560,7 +562,7 @@ def test_a_resumed_run_ends_the_processes_its_killed_predecessor_left(tmp_path):
             executor=first, device_checker=_fake_device)
     # a child that is not ours any more: a live process whose record has another start time (a reused PID)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
-    (tmp_path / "run" / runner.CHILDREN_DIR / f"{other.pid}.json").write_text(
+    (tmp_path / "run" / rundir.CHILDREN_DIR / f"{other.pid}.json").write_text(
         json.dumps({"pid": other.pid, "create_time": 1.0, "role": "someone else's"}))
     try:
         assert sleepers[0].poll() is None  # still alive after the run ended
@@ -570,7 +572,7 @@ def test_a_resumed_run_ends_the_processes_its_killed_predecessor_left(tmp_path):
         assert sleepers[0].wait(timeout=10) is not None
         assert f"Ended a process left by an earlier run of this folder: torchrun (pid {sleepers[0].pid})" in lines
         assert other.poll() is None  # not ours: untouched
-        assert list((tmp_path / "run" / runner.CHILDREN_DIR).iterdir()) == []
+        assert list((tmp_path / "run" / rundir.CHILDREN_DIR).iterdir()) == []
     finally:
         for p in (*sleepers, other):
             p.kill()
@@ -692,11 +694,11 @@ def test_a_smoke_run_measures_the_users_job_at_its_own_batch_size(tmp_path, over
 def test_the_quick_profiles_demonstration_budget_is_not_passed_to_a_users_job(tmp_path):
     """Notebook 09 sizes a user's batch from the machine's free memory (memory_budget_mib=0), not from quick's 100 MiB."""
     nb = ROOT / "notebooks" / "09_memory_and_batch_size.ipynb"
-    quick = runner.load_profile("quick")
-    builtin = runner.build_parameters(nb, quick, device="cpu", run_dir=tmp_path)
+    quick = profiles.load_profile("quick")
+    builtin = profiles.build_parameters(nb, quick, device="cpu", run_dir=tmp_path)
     assert builtin["memory_budget_mib"] == 100 and builtin["batch_size"] == 32  # the built-in job's demonstration
-    mine = runner.build_parameters(nb, quick, device="cpu", run_dir=tmp_path, job="/x/job.py:make_job")
+    mine = profiles.build_parameters(nb, quick, device="cpu", run_dir=tmp_path, job="/x/job.py:make_job")
     assert "memory_budget_mib" not in mine and "batch_size" not in mine and mine["finder_max_batch"] == 256
-    set_by_user = runner.build_parameters(nb, quick, device="cpu", run_dir=tmp_path, job="/x/job.py:make_job",
+    set_by_user = profiles.build_parameters(nb, quick, device="cpu", run_dir=tmp_path, job="/x/job.py:make_job",
                                           overrides={"memory_budget_mib": 300, "batch_size": 24})
     assert set_by_user["memory_budget_mib"] == 300 and set_by_user["batch_size"] == 24

@@ -18,7 +18,7 @@ from helpers import machine
 from helpers.errors import ParameterError
 from helpers.npu_probe import prepare_torch_import
 from helpers.experiments.registry import spec_for, validate_notebook_params
-from helpers.workbook.runner import load_profile
+from helpers.workbook.profiles import load_profile
 
 #: Targets for a 2-core CPU, quick profile, embedded data: issue 14's for the decode (6x the per-image
 #: baseline, 90% of the raw decode-only rate), issue 3's for the exposed input.

@@ -37,11 +37,18 @@ DIAGNOSE_TIMEOUT_S = 600.0
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The command line: one subparser per command, each with its handler (``args.handler(args)`` -> exit status)."""
     argv0 = Path(sys.argv[0]).name
     prog = "python -m helpers" if argv0 in ("__main__.py", "-m", "-c", "") else argv0
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_run, _add_diagnose, _add_notebooks, _add_data, _add_bench, _add_device_check, _add_compare,
+                _add_report, _add_trace, _add_env):
+        add(sub)
+    return p
 
+
+def _add_run(sub) -> None:
     r = sub.add_parser("run", help="run the workbook's notebooks and write the report")
     r.add_argument("--profile", default=None, metavar="NAME|FILE.yaml",
                    help=f"parameter profile: {', '.join(PROFILES)} (default: quick), or your own YAML file")
@@ -62,7 +69,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="measure K times as many interleaved repeats where a verdict is an A/B ratio (02, 04: repeats; "
                         "03: trials; 06, 07, 10: steps), so that on a busy machine its 95%% interval can still clear "
                         "the threshold (default: 1)")
+    r.set_defaults(handler=_run)
 
+
+def _add_diagnose(sub) -> None:
     dg = sub.add_parser("diagnose", help="the quick answer for your own job: host-bound verdict, three-run test, "
                                          "what free input would give, the notebook to open next")
     dg.add_argument("--job", required=True, metavar="FILE.py:FACTORY",
@@ -78,16 +88,25 @@ def _parser() -> argparse.ArgumentParser:
     dg.add_argument("--timeout", type=float, default=DIAGNOSE_TIMEOUT_S, metavar="S",
                     help=f"stop after S seconds, dump the stacks and say where the job is stuck, e.g. in your "
                          f"dataset's __getitem__ (default: {DIAGNOSE_TIMEOUT_S:.0f}; exit 1)")
+    dg.set_defaults(handler=_diagnose)
 
+
+def _add_notebooks(sub) -> None:
     nbc = sub.add_parser("notebooks", help="copy the notebooks and their profiles to a folder, for JupyterLab")
     nbc.add_argument("dest", type=Path, help="the folder (created; files already there are kept)")
+    nbc.set_defaults(handler=_notebooks)
 
+
+def _add_data(sub) -> None:
     d = sub.add_parser("data", help="dataset commands")
     dsub = d.add_subparsers(dest="data_command", required=True)
     b = dsub.add_parser("build", help="build the embedded photo dataset (idempotent)")
     b.add_argument("--n-images", type=int, default=512)
     b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(handler=_data_build)
 
+
+def _add_bench(sub) -> None:
     be = sub.add_parser("bench", help="run a benchmark and print its figures as JSON")
     be.add_argument("name", choices=("input-pipeline", "end-to-end", "dataset-cache", "allreduce", "ddp",
                                      "dataset-index", "instrument", "trace"),
@@ -117,22 +136,34 @@ def _parser() -> argparse.ArgumentParser:
                     help="trace: size of the generated Kineto trace, MB (default: 1024)")
     be.add_argument("--out", type=Path, default=None, metavar="DIR",
                     help="trace: write the generated trace here and keep it (default: a temporary folder)")
+    be.set_defaults(handler=_bench)
 
+
+def _add_device_check(sub) -> None:
     dc = sub.add_parser("device-check", help="on a borrowed accelerator: the device notebooks, bench input-pipeline "
                                               "and the pinned/pageable bandwidth, in one JSON summary")
     dc.add_argument("--device", default="cuda", choices=DEVICE_CHOICES, help="device kind (default: cuda)")
     dc.add_argument("--profile", default="quick", choices=PROFILES, help="parameter profile (default: quick)")
     dc.add_argument("--out", type=Path, default=None, metavar="DIR",
                     help="folder for the run and device_check.json (default: runs/device-check-<device>-<time>)")
+    dc.set_defaults(handler=_device_check)
 
+
+def _add_compare(sub) -> None:
     cmp_ = sub.add_parser("compare", help="one report across run folders: a column per run, where they disagree")
     cmp_.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="two or more run folders")
     cmp_.add_argument("--out", type=Path, default=None, metavar="DIR",
                       help="folder for compare.html and compare.md (default: compare-<time> beside the first run folder)")
+    cmp_.set_defaults(handler=_compare)
 
+
+def _add_report(sub) -> None:
     rep = sub.add_parser("report", help="rebuild report.html and report.md of a run folder")
     rep.add_argument("run_dir", type=Path)
+    rep.set_defaults(handler=_report)
 
+
+def _add_trace(sub) -> None:
     tr = sub.add_parser("trace", help="notebook 01's verdict from profiler traces you already have: per rank, the slow "
                                       "rank, the notebook to open next, and a report")
     tr.add_argument("paths", type=Path, nargs="+", metavar="PATH",
@@ -143,7 +174,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="folder for report.html, report.md and results.jsonl (default: runs/trace-<UTC time>)")
     tr.add_argument("--threshold", type=float, default=0.10, metavar="F",
                     help="exposed-input share above which the job is host-bound (default: 0.10, as notebook 01)")
+    tr.set_defaults(handler=_trace)
 
+
+def _add_env(sub) -> None:
     env = sub.add_parser("env", help="environment-settings commands")
     esub = env.add_subparsers(dest="env_command", required=True)
     ec = esub.add_parser("check", help="check the current environment or a proposed set against the catalog "
@@ -162,7 +196,143 @@ def _parser() -> argparse.ArgumentParser:
     ec.add_argument("--skip-invalid", action="store_true", help=argparse.SUPPRESS)  # old flag; now the default
     ec.add_argument("--catalog", action="store_true",
                     help="print every known setting: what it does, allowed values, default and source")
-    return p
+    ec.set_defaults(handler=_env)
+
+
+# Each handler imports what it needs: `env check`, `data` and `--help` stay fast and never import torch (whose
+# torch_npu autoload can fail on a broken Ascend install; the runner and bench probe it first). Each returns the
+# exit status; a WorkbookError it raises is bad input (exit 2, in main).
+
+def _run(args) -> int:
+    """``run``: the workbook's notebooks into a run folder; 0 all ok, 1 a notebook failed, 130 interrupted."""
+    from helpers.workbook.runner import RunOptions, run
+
+    opts = RunOptions(profile=args.profile, device=args.device,
+                      only=tuple(args.only) if args.only is not None else None, out=args.out,
+                      resume=args.resume, timeout_s=args.timeout, data_dir=args.data_dir, job=args.job,
+                      overrides=tuple((name, value) for name, value in args.overrides),
+                      patience=args.patience)
+    try:
+        _, state = run(opts)
+    except KeyboardInterrupt:
+        return 130
+    return 0 if state.status == "ok" else 1
+
+
+def _notebooks(args) -> int:
+    """``notebooks DEST``: copy the notebooks and their profiles there."""
+    from helpers.workbook.paths import copy_notebooks
+
+    copied = copy_notebooks(args.dest)
+    print(f"{len(copied)} notebooks in {args.dest} (open them with: jupyter lab {args.dest})")
+    return 0
+
+
+def _data_build(args) -> int:
+    """``data build``: the embedded photo dataset (idempotent)."""
+    import time
+
+    from helpers.pipeline.dataset import ensure_embedded
+
+    t0 = time.perf_counter()
+    path = ensure_embedded(n_images=args.n_images, seed=args.seed)
+    print(f"Embedded dataset ready: {path} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def _bench(args) -> int:
+    """``bench NAME``: print the benchmark's figures as JSON; 1 when its job or reader process failed or hung."""
+    from helpers.workbook.bench import run_benchmark
+
+    if args.name in ("allreduce", "ddp"):
+        return _bench_launched(args)
+    if args.name == "trace":
+        try:
+            print(run_benchmark(args.name, size_mb=args.size_mb, out=args.out))
+        except RuntimeError as exc:  # the reader's process failed or hung: exit 1
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    kwargs = {"dataset-index": dict(n_images=args.images, data_dir=args.data_dir),
+              "dataset-cache": dict(profile=args.profile, data_dir=args.data_dir),
+              "instrument": dict(device=args.device),
+              "end-to-end": dict(profile=args.profile, device=args.device, data_dir=args.data_dir, run=args.run),
+              }.get(args.name, dict(profile=args.profile, device=args.device, data_dir=args.data_dir))
+    print(run_benchmark(args.name, **kwargs))
+    return 0
+
+
+def _bench_launched(args) -> int:
+    """``bench allreduce`` / ``bench ddp``: a torchrun job; bad flag values or an unavailable backend raise
+    (exit 2), a job that ran and failed or hung is exit 1."""
+    from helpers.workbook.bench import allreduce_bench, ddp_bench
+
+    try:
+        if args.name == "allreduce":
+            text = allreduce_bench(backend=args.backend, world_size=args.world_size,
+                                   min_bytes=args.min_bytes, max_size_mib=args.max_size_mib,
+                                   repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
+                                   master_port=args.master_port, device=args.device)
+        else:
+            text = ddp_bench(job=args.job, profile=args.profile, backend=args.backend,
+                             world_size=args.world_size, timeout_s=args.timeout,
+                             master_port=args.master_port, device=args.device, data_dir=args.data_dir)
+    except WorkbookError:
+        raise  # bad flag values, unavailable backend: exit 2 in main
+    except (TimeoutError, RuntimeError) as exc:  # the job ran and failed or hung: exit 1
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if text is not None:  # None on ranks other than 0 of a torchrun job
+        print(text)
+    return 0
+
+
+def _env(args) -> int:
+    """``env check``: :func:`_env_check`, quiet when its reader has gone (``env check --catalog | head``: exit 1)."""
+    try:
+        status = _env_check(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in Python's final flush
+        return status
+    except BrokenPipeError:  # e.g. `env check --catalog | head`: the reader has gone
+        _silence_stdout()
+        return 1
+
+
+def _device_check(args) -> int:
+    """``device-check``: the device notebooks and benchmarks in one JSON summary; 1 when a step failed."""
+    from helpers.npu_probe import prepare_torch_import
+
+    prepare_torch_import(fallback_to_cpu=True)
+    from helpers.workbook.device_check import device_check
+
+    summary = device_check(device=args.device, out=args.out, profile=args.profile)
+    failed = [k for k, v in summary["steps"].items() if v["status"] == "failed"]
+    return 1 if failed else 0
+
+
+def _compare(args) -> int:
+    """``compare RUN_DIR...``: one report across run folders."""
+    from helpers.workbook.report.compare import write_comparison
+
+    html_path, md_path = write_comparison(args.run_dirs, args.out)
+    print(f"Comparison: {html_path}\n            {md_path}")
+    return 0
+
+
+def _report(args) -> int:
+    """``report RUN_DIR``: rebuild its report; 2 when it is no run folder, 1 when the report cannot be written."""
+    from helpers.workbook.report import write_report
+
+    if not (args.run_dir / "run.json").is_file() and not (args.run_dir / "results.jsonl").is_file():
+        raise WorkbookError(f"{args.run_dir} is not a run folder (no run.json or results.jsonl)")
+    try:
+        html, md = write_report(args.run_dir)
+    except OSError as exc:  # a full disk, a read-only folder: the files already there are left whole
+        print(f"error: the report could not be written in {args.run_dir}: {exc.strerror or exc}; "
+              "report.md and report.html already there are left whole", file=sys.stderr)
+        return 1
+    print(f"Report: {html}\n        {md}")
+    return 0
 
 
 def _diagnose(args) -> int:
@@ -301,138 +471,12 @@ class _TraceProgress:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (0 ok, 1 a notebook failed, 2 bad input, 130 interrupted)."""
     args = _parser().parse_args(argv)
-    # each command imports what it needs here: `env check`, `data` and `--help` stay fast and never import torch
-    # (whose torch_npu autoload can fail on a broken Ascend install; the runner and bench probe it first)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        if args.command == "run":
-            from helpers.workbook.runner import RunOptions, run
-
-            opts = RunOptions(profile=args.profile, device=args.device,
-                              only=tuple(args.only) if args.only is not None else None, out=args.out,
-                              resume=args.resume, timeout_s=args.timeout, data_dir=args.data_dir, job=args.job,
-                              overrides=tuple((name, value) for name, value in args.overrides),
-                              patience=args.patience)
-            try:
-                _, state = run(opts)
-            except KeyboardInterrupt:
-                return 130
-            return 0 if state.status == "ok" else 1
-        if args.command == "diagnose":
-            return _diagnose(args)
-        if args.command == "notebooks":
-            from helpers.workbook.paths import copy_notebooks
-
-            copied = copy_notebooks(args.dest)
-            print(f"{len(copied)} notebooks in {args.dest} (open them with: jupyter lab {args.dest})")
-            return 0
-        if args.command == "data":
-            import time
-
-            from helpers.pipeline.dataset import ensure_embedded
-
-            t0 = time.perf_counter()
-            path = ensure_embedded(n_images=args.n_images, seed=args.seed)
-            print(f"Embedded dataset ready: {path} ({time.perf_counter() - t0:.1f} s)")
-            return 0
-        if args.command == "bench":
-            from helpers.workbook.bench import run_benchmark
-
-            if args.name == "allreduce":
-                from helpers.workbook.bench import allreduce_bench
-
-                try:
-                    text = allreduce_bench(backend=args.backend, world_size=args.world_size,
-                                           min_bytes=args.min_bytes, max_size_mib=args.max_size_mib,
-                                           repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
-                                           master_port=args.master_port, device=args.device)
-                except WorkbookError:
-                    raise  # bad flag values, unavailable backend: exit 2 below
-                except (TimeoutError, RuntimeError) as exc:  # the job ran and failed or hung: exit 1
-                    print(f"error: {exc}", file=sys.stderr)
-                    return 1
-                if text is not None:  # None on ranks other than 0 of a torchrun job
-                    print(text)
-                return 0
-            if args.name == "ddp":
-                from helpers.workbook.bench import ddp_bench
-
-                try:
-                    text = ddp_bench(job=args.job, profile=args.profile, backend=args.backend,
-                                     world_size=args.world_size, timeout_s=args.timeout,
-                                     master_port=args.master_port, device=args.device, data_dir=args.data_dir)
-                except WorkbookError:
-                    raise
-                except (TimeoutError, RuntimeError) as exc:
-                    print(f"error: {exc}", file=sys.stderr)
-                    return 1
-                if text is not None:
-                    print(text)
-                return 0
-            if args.name == "dataset-index":
-                print(run_benchmark(args.name, n_images=args.images, data_dir=args.data_dir))
-                return 0
-            if args.name == "dataset-cache":
-                print(run_benchmark(args.name, profile=args.profile, data_dir=args.data_dir))
-                return 0
-            if args.name == "instrument":
-                print(run_benchmark(args.name, device=args.device))
-                return 0
-            if args.name == "trace":
-                try:
-                    print(run_benchmark(args.name, size_mb=args.size_mb, out=args.out))
-                except RuntimeError as exc:  # the reader's process failed or hung: exit 1
-                    print(f"error: {exc}", file=sys.stderr)
-                    return 1
-                return 0
-            if args.name == "end-to-end":
-                print(run_benchmark(args.name, profile=args.profile, device=args.device, data_dir=args.data_dir,
-                                    run=args.run))
-                return 0
-            print(run_benchmark(args.name, profile=args.profile, device=args.device, data_dir=args.data_dir))
-            return 0
-        if args.command == "env":
-            try:
-                status = _env_check(args)
-                sys.stdout.flush()  # a closed pipe shows here, not in Python's final flush
-                return status
-            except BrokenPipeError:  # e.g. `env check --catalog | head`: the reader has gone
-                _silence_stdout()
-                return 1
-        if args.command == "device-check":
-            from helpers.npu_probe import prepare_torch_import
-
-            prepare_torch_import(fallback_to_cpu=True)
-            from helpers.workbook.device_check import device_check
-
-            summary = device_check(device=args.device, out=args.out, profile=args.profile)
-            failed = [k for k, v in summary["steps"].items() if v["status"] == "failed"]
-            return 1 if failed else 0
-        if args.command == "compare":
-            from helpers.workbook.report.compare import write_comparison
-
-            html_path, md_path = write_comparison(args.run_dirs, args.out)
-            print(f"Comparison: {html_path}\n            {md_path}")
-            return 0
-        if args.command == "trace":
-            return _trace(args)
-        if args.command == "report":
-            from helpers.workbook.report import write_report
-
-            if not (args.run_dir / "run.json").is_file() and not (args.run_dir / "results.jsonl").is_file():
-                raise WorkbookError(f"{args.run_dir} is not a run folder (no run.json or results.jsonl)")
-            try:
-                html, md = write_report(args.run_dir)
-            except OSError as exc:  # a full disk, a read-only folder: the files already there are left whole
-                print(f"error: the report could not be written in {args.run_dir}: {exc.strerror or exc}; "
-                      "report.md and report.html already there are left whole", file=sys.stderr)
-                return 1
-            print(f"Report: {html}\n        {md}")
-            return 0
+        return args.handler(args)
     except WorkbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return 2
 
 
 def _env_check(args: argparse.Namespace) -> int:

@@ -122,7 +122,8 @@ def device_check(*, device: str = "cuda", out: str | Path | None = None, profile
     """
     from helpers.workbook.bench import input_pipeline
     from helpers.workbook.paths import runs_dir
-    from helpers.workbook.runner import RunOptions, load_profile, run
+    from helpers.workbook.profiles import load_profile
+    from helpers.workbook.runner import RunOptions, run
 
     load_profile(profile)  # a bad name stops here, before any work
     t0 = time.perf_counter()
