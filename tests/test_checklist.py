@@ -10,7 +10,7 @@ import yaml
 
 from helpers import checklist
 from helpers.specs import SPECS
-from helpers.experiments import endtoend
+from helpers.experiments import e2e_checks, e2e_jobs, e2e_select
 from helpers.workbook import report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,9 +68,9 @@ def test_profiles_name_only_registered_notebooks():
 
 def test_readers_take_the_registry():
     assert report.CHECKLIST == tuple((i.number, i.name) for i in checklist.CHECKLIST)
-    assert endtoend.OPTIMIZATIONS == checklist.optimization_names()
-    assert endtoend.SOURCE_NOTEBOOKS == {o.name: o.notebook for o in checklist.OPTIMIZATIONS}
-    assert endtoend.ACTS_ON == {o.name: o.acts_on for o in checklist.OPTIMIZATIONS}
+    assert e2e_jobs.OPTIMIZATIONS == checklist.optimization_names()
+    assert e2e_select.SOURCE_NOTEBOOKS == {o.name: o.notebook for o in checklist.OPTIMIZATIONS}
+    assert e2e_checks.ACTS_ON == {o.name: o.acts_on for o in checklist.OPTIMIZATIONS}
 
 
 def test_readme_table_lists_the_registry():
