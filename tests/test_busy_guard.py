@@ -157,14 +157,14 @@ def test_add_verdict_applies_the_rule_to_the_machine_state_it_recorded(tmp_path,
 
 
 def test_patience_multiplies_the_interleaved_repeats_of_the_ratio_notebooks_only():
-    from helpers.specs import INTERLEAVED_REPEATS
+    from helpers.experiments.registry import interleaved_repeats
     from helpers.workbook.runner import apply_patience
 
     assert apply_patience("06_mixed_precision", {"steps": 4, "seed": 0}, 3) == {"steps": 12, "seed": 0}
     assert apply_patience("03_dataloader_tuning", {}, 2) == {"trials": 4}  # the notebook's default, 2
     assert apply_patience("01_baseline_profiling", {"steps": 4}, 5) == {"steps": 4}  # a share: more steps do not help
     assert apply_patience("06_mixed_precision", {"steps": 4}, 1) == {"steps": 4}
-    assert set(INTERLEAVED_REPEATS) == {"02_batched_decode", "03_dataloader_tuning", "04_pinned_memory",
+    assert set(interleaved_repeats()) == {"02_batched_decode", "03_dataloader_tuning", "04_pinned_memory",
                                         "06_mixed_precision", "07_channels_last", "10_end_to_end"}
     for bad in (0, -1, 2.5, True, 101):
         with pytest.raises(ParameterError, match="--patience must be an integer from 1 to 100"):

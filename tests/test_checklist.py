@@ -1,34 +1,37 @@
-"""The checklist registry: one entry per notebook, and everything that lists notebooks reads it."""
+"""The registry: one Experiment per notebook, found in its module, and everything that lists notebooks reads it."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import checklist
-from helpers.specs import SPECS
-from helpers.experiments import e2e_checks, e2e_jobs, e2e_select
+from helpers import bottleneck, checklist
+from helpers.experiments import e2e_checks, e2e_jobs, e2e_select, registry
 from helpers.workbook import report
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 
 
-def test_every_notebook_has_an_entry_and_every_entry_a_notebook():
+def test_every_notebook_has_an_experiment_and_every_experiment_a_notebook():
     on_disk = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    assert on_disk == list(checklist.notebook_ids()), (
-        "a notebook without a registry entry, or an entry without a notebook: add both "
+    assert on_disk == list(registry.notebook_ids()), (
+        "a notebook without an EXPERIMENT in its module, or an EXPERIMENT without a notebook: add both "
         "(docs/adding_a_notebook.md)")
 
 
-def test_every_entry_has_a_parameter_spec():
-    assert sorted(SPECS) == sorted(checklist.notebook_ids())
+def test_every_experiment_has_a_parameter_spec_with_the_common_parameters():
+    for e in registry.experiments():
+        names = [p.name for p in e.spec]
+        assert names[:4] == ["device", "results_path", "out_dir", "busy_cpu_share"], e.item.id
+        assert registry.spec_for(e.item.id) == e.spec
 
 
-@pytest.mark.parametrize("entry", checklist.CHECKLIST, ids=lambda e: e.id)
+@pytest.mark.parametrize("entry", registry.items(), ids=lambda e: e.id)
 def test_title_is_the_notebooks_first_heading(entry):
     nb = json.loads((NOTEBOOKS / f"{entry.id}.ipynb").read_text())
     first = "".join(nb["cells"][0]["source"]).splitlines()[0]
@@ -36,47 +39,66 @@ def test_title_is_the_notebooks_first_heading(entry):
 
 
 def test_numbers_are_unique_and_in_order():
-    numbers = [i.number for i in checklist.CHECKLIST]
+    numbers = [i.number for i in registry.items()]
     assert numbers == sorted(set(numbers))
-    for i in checklist.CHECKLIST:
+    for i in registry.items():
         assert i.id.startswith(i.number + "_")
 
 
 def test_optimizations_and_notebooks_agree():
-    for o in checklist.OPTIMIZATIONS:
-        assert o.name in checklist.item(o.notebook).optimizations
+    for o in registry.optimizations():
+        assert o.name in registry.item(o.notebook).optimizations
         assert set(o.acts_on) <= set(checklist.PHASES) and o.acts_on
-    for i in checklist.CHECKLIST:
+    for i in registry.items():
         for name in i.optimizations:
-            assert checklist.optimization(name).notebook == i.id
+            assert registry.optimization(name).notebook == i.id
 
 
 def test_lookups_and_their_errors():
-    assert checklist.item("01") is checklist.item("01_baseline_profiling") is checklist.item(
+    assert registry.item("01") is registry.item("01_baseline_profiling") is registry.item(
         "01_baseline_profiling.ipynb")
     with pytest.raises(KeyError, match="known: 00_environment_check"):
-        checklist.item("99")
+        registry.item("99")
     with pytest.raises(KeyError, match="valid: batched_decode"):
-        checklist.optimization("turbo")
+        registry.optimization("turbo")
+
+
+def test_the_notebooks_the_foundation_names_are_registered():
+    ids = set(registry.notebook_ids())
+    assert {checklist.BASELINE, checklist.END_TO_END, checklist.COLLECTIVES} <= ids
+    assert set(bottleneck._NUMBER) <= ids
+    assert checklist.notebook_ref("03_dataloader_tuning") == "notebook 03 (notebooks/03_dataloader_tuning.ipynb)"
+    with pytest.raises(ValueError, match="not a notebook id"):
+        checklist.notebook_ref("DataLoader tuning")
 
 
 def test_profiles_name_only_registered_notebooks():
     for path in sorted((NOTEBOOKS / "profiles").glob("*.yaml")):
         data = yaml.safe_load(path.read_text()) or {}
-        assert set(data) - {"common"} <= set(checklist.notebook_ids()), path.name
+        assert set(data) - {"common"} <= set(registry.notebook_ids()), path.name
 
 
 def test_readers_take_the_registry():
-    assert report.CHECKLIST == tuple((i.number, i.name) for i in checklist.CHECKLIST)
-    assert e2e_jobs.OPTIMIZATIONS == checklist.optimization_names()
-    assert e2e_select.SOURCE_NOTEBOOKS == {o.name: o.notebook for o in checklist.OPTIMIZATIONS}
-    assert e2e_checks.ACTS_ON == {o.name: o.acts_on for o in checklist.OPTIMIZATIONS}
+    assert report.checklist_items() == tuple((i.number, i.name) for i in registry.items())
+    assert e2e_jobs.OPTIMIZATIONS == registry.optimization_names()
+    assert e2e_select.SOURCE_NOTEBOOKS == {o.name: o.notebook for o in registry.optimizations()}
+    assert e2e_checks.ACTS_ON == {o.name: o.acts_on for o in registry.optimizations()}
+    assert set(e2e_select.device_defaults(_cpu(), native_bf16=False)) == set(registry.optimization_names())
 
 
-def test_readme_table_lists_the_registry():
+def _cpu():
+    from helpers.device import get_accelerator
+
+    return get_accelerator("cpu")
+
+
+def test_readme_table_rows_match_the_registry():
     text = (ROOT / "README.md").read_text()
-    for i in checklist.CHECKLIST:
-        assert f"| {i.number} | `{i.id}` |" in text, f"README's notebook table lacks {i.id}"
+    rows = re.findall(r"^\| (\d\d) \| `([^`]+)` \|", text, re.M)
+    assert rows, "README's notebook table is missing"
+    known = {i.number: i.id for i in registry.items()}
+    for number, nb in rows:
+        assert known.get(number) == nb, f"README's notebook table row {number} names {nb}, the registry {known.get(number)}"
 
 
 def test_a_profile_section_for_no_notebook_is_rejected(tmp_path):

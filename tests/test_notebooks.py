@@ -17,7 +17,7 @@ from helpers.results import load_results, verdicts
 from helpers.verdict import RECOMMENDATIONS
 from helpers.workbook.nbtools import is_check_cell
 from helpers.workbook.runner import RunOptions, discover_notebooks, run
-from helpers.specs import spec_for
+from helpers.experiments.registry import spec_for
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = discover_notebooks(ROOT / "notebooks")

@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 
 from helpers import checklist
-from helpers.specs import JOB_IMAGE_SIZE, JOB_MODEL_WIDTH, spec_for, validate_notebook_params
+from helpers.experiments import registry
+from helpers.experiments.registry import spec_for, validate_notebook_params
+from helpers.workload import DEFAULT
 from helpers.workbook.paths import notebooks_dir
 from helpers.workbook.runner import load_profile
 
 PROFILES = sorted(p.stem for p in (notebooks_dir() / "profiles").glob("*.yaml"))
 #: The notebooks whose verdicts decide notebook 10's optimized job, 09 (its batch size) and 10 itself.
-JOB_NOTEBOOKS = ([checklist.BASELINE] + [o.notebook for o in checklist.OPTIMIZATIONS]
+JOB_NOTEBOOKS = ([checklist.BASELINE] + list(dict.fromkeys(o.notebook for o in registry.optimizations()))
                  + ["09_memory_and_batch_size", checklist.END_TO_END])
 JOB_KEYS = ("batch_size", "image_size", "text_len", "model_width", "d_model", "max_images", "seed")
 
@@ -36,6 +38,6 @@ def test_notebook_defaults_are_the_same_job():
     for nb in JOB_NOTEBOOKS:
         defaults = {p.name: p.default for p in spec_for(nb)}
         if "image_size" in defaults:
-            assert defaults["image_size"] == JOB_IMAGE_SIZE, nb
+            assert defaults["image_size"] == DEFAULT.image_size, nb
         if "model_width" in defaults:
-            assert defaults["model_width"] == JOB_MODEL_WIDTH, nb
+            assert defaults["model_width"] == DEFAULT.model_width, nb

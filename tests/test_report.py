@@ -18,7 +18,7 @@ from helpers.results import ResultsStore
 from helpers.workbook import report
 from helpers.workbook.cli import _parser, main
 from helpers.verdict import Action, Verdict
-from helpers.workbook.report import CHECKLIST, collect, headline, overall_verdict, to_html, to_markdown
+from helpers.workbook.report import checklist_items, collect, headline, overall_verdict, to_html, to_markdown
 from helpers.workbook.report.collect import _advice
 
 IDS = {
@@ -214,7 +214,7 @@ def test_overall_verdict_does_not_call_a_job_that_computes_otherwise_or_a_pollut
 def test_checklist_has_every_item_in_order_with_effect_badge_and_links(partial_run):
     run_dir, _ = partial_run
     doc = _parse(to_html(run_dir))
-    assert [r["cells"][0] for r in doc.rows] == [name for _, name in CHECKLIST]
+    assert [r["cells"][0] for r in doc.rows] == [name for _, name in checklist_items()]
     by_id = {r["id"]: r for r in doc.rows}
     ch = by_id[IDS["07"]]
     assert ch["cells"][1] == "1.26x (95% CI 1.14–1.40)"
@@ -285,7 +285,7 @@ def test_records_without_run_json(tmp_path):
     s = _store(tmp_path, IDS["01"])
     s.verdict(metric="exposed_input_fraction", value=0.5, unit="fraction", recommendation="host-bound", reason="r")
     rep = collect(tmp_path)
-    assert rep.state == {} and len(rep.sections) == len(CHECKLIST)
+    assert rep.state == {} and len(rep.sections) == len(checklist_items())
     sec = next(s for s in rep.sections if s.number == "05")
     cmd = re.search(r"`([^`]+)`", sec.missing).group(1)
     assert _cli_accepts(cmd).only == ["05"]
@@ -404,7 +404,7 @@ def test_unknown_extra_notebook_gets_its_own_section(tmp_path):
     s.verdict(metric="m", value=1.0, unit="x", recommendation="enable", reason="custom")
     rep = collect(tmp_path)
     assert [s.id for s in rep.sections][-1] == "11_custom_study"
-    assert report.to_markdown(rep).count("## ") >= len(CHECKLIST) + 2
+    assert report.to_markdown(rep).count("## ") >= len(checklist_items()) + 2
 
 
 # --------------------------------------------------------------------------- failures, as the user sees them

@@ -28,7 +28,7 @@ from PIL import Image, ImageStat
 from browser_support import chromium
 
 from helpers.results import ResultsStore
-from helpers.workbook.report import CHECKLIST, write_report
+from helpers.workbook.report import checklist_items, write_report
 
 WINDOW = (1280, 2000)
 TIMEOUT_S = 90
@@ -166,7 +166,7 @@ def test_report_renders_in_chromium(run_with_figures, tmp_path):
     assert not _page_errors(proc.stderr), _page_errors(proc.stderr)
     dom = _Dom()
     dom.feed(proc.stdout)
-    assert [r[0] for r in dom.rows] == [name for _, name in CHECKLIST]
+    assert [r[0] for r in dom.rows] == [name for _, name in checklist_items()]
     by_item = {r[0]: r for r in dom.rows}
     assert by_item["end to end"][1:3] == ["2.70x (95% CI 2.50–2.90)", "enable"]
     assert by_item["baseline profiling"][1:3] == ["78% (IQR 75%–80%)", "host-bound"]

@@ -15,7 +15,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from helpers.errors import OutputDirError, ParameterError
 from helpers.workbook import runner
 from helpers.workbook.runner import RunOptions, drop_records, run, select_notebooks
-from helpers.specs import spec_for
+from helpers.experiments.registry import spec_for
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from helpers.errors import ParameterError
-from helpers.specs import injected_parameter_names, spec_for, validate_notebook_params
+from helpers.experiments.registry import spec_for, validate_notebook_params
+from helpers.specs import injected_parameter_names
 
 INJECTED = '# Parameters\nbatchsize = 8\ndevice = "cpu"\n'
 

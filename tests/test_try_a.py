@@ -21,7 +21,7 @@ from helpers.live import LivePoint
 from helpers.pipeline.dataset import build_embedded, load_dataset
 from helpers.pipeline.loader import TORCH_DEFAULT_PREFETCH, LoaderConfig
 from helpers.pipeline.text import build_tokenizer
-from helpers.specs import validate_notebook_params
+from helpers.experiments.registry import validate_notebook_params
 from loader_support import Numbers, no_stray_workers  # noqa: F401  (no_stray_workers: a fixture)
 from transfer_support import fake_accelerator, fake_pin  # noqa: F401  (fake_pin: a fixture)
 

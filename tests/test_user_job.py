@@ -403,7 +403,7 @@ def test_first_step_errors_show_the_users_own_frames(tmp_path, cpu):
 
 def test_sizes_the_user_did_not_set_are_left_to_the_factory(tmp_path):
     from helpers.jobspec import factory_params
-    from helpers.specs import validate_notebook_params
+    from helpers.experiments.registry import validate_notebook_params
     from helpers.workbook.nbsetup import factory_defaults
 
     nb = "01_baseline_profiling"

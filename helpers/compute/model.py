@@ -32,6 +32,7 @@ from torch import nn
 
 from helpers.compute._checks import bad_field, check_positive_int, is_int
 from helpers.errors import ParameterError
+from helpers.workload import DEFAULT
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +103,13 @@ class PolicyConfig:
         the field, the value seen and what is allowed.
     """
 
-    image_size: int = 128
+    image_size: int = DEFAULT.image_size
     in_channels: int = 3
     conv_channels: tuple[int, ...] = (32, 64, 128)
     convs_per_stage: int = 1
     vocab_size: int = 512
-    text_len: int = 16
-    d_model: int = 64
+    text_len: int = DEFAULT.text_len
+    d_model: int = DEFAULT.d_model
     n_heads: int = 4
     n_layers: int = 2
     ffn_mult: int = 4

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from helpers.checklist import PHASES, Item
-from helpers.jobs.base import StepOptions
 from helpers.params import Param
 from helpers.results import Records
 
@@ -42,14 +41,20 @@ class JobPlan:
     prefetcher : bool
         A side-stream prefetcher copies the next batch while the current one computes.
     options : helpers.jobs.base.StepOptions
-        The step's options (autocast dtype, channels_last).
+        The step's options (autocast dtype, channels_last); default ``StepOptions()``.
     """
 
     pipeline: str = "baseline"
     num_workers: int = 0
     pin_memory: bool = False
     prefetcher: bool = False
-    options: StepOptions = StepOptions()
+    options: Any = field(default_factory=lambda: _step_options())
+
+
+def _step_options() -> Any:
+    from helpers.jobs.base import StepOptions  # torch: only when a plan is made (this module is read without it)
+
+    return StepOptions()
 
 
 def _off(acc: Any, native_bf16: bool | None = None) -> tuple[bool, str]:
@@ -140,15 +145,17 @@ class Experiment:
     optimizations : tuple of helpers.checklist.Optimization
         The optimizations whose decision this notebook's verdict holds, in the order notebook 10 applies them;
         their names are ``item.optimizations``.
-    validate : callable, optional
-        ``validate(values) -> None``: a check across parameters that one :class:`helpers.params.Param` cannot
-        say (raises :class:`helpers.errors.ParameterError`); None: none.
+    interleaved_repeats : str
+        The parameter that counts the interleaved repeats behind the notebook's ratio verdict (timed batches,
+        rotated trials, interleaved steps; empty: its verdict is no interleaved ratio). Raising it narrows the
+        verdict's interval, which is how a verdict measured on a busy machine can still clear its threshold
+        (:func:`helpers.workbook.nbsetup.guard_verdict`); the runner's ``--patience K`` multiplies it.
     """
 
     item: Item
     spec: tuple[Param, ...]
     optimizations: tuple[Optimization, ...] = ()
-    validate: Callable[[dict], None] | None = None
+    interleaved_repeats: str = ""
 
     def __post_init__(self) -> None:
         names = tuple(o.name for o in self.optimizations)
@@ -158,6 +165,12 @@ class Experiment:
         for o in self.optimizations:
             if o.notebook != self.item.id:
                 raise ValueError(f"Experiment {self.item.id}: optimization {o.name!r} says notebook {o.notebook!r}")
+        names = [p.name for p in self.spec]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Experiment {self.item.id}: a parameter is declared twice in {names}")
+        if self.interleaved_repeats and self.interleaved_repeats not in names:
+            raise ValueError(f"Experiment {self.item.id}: interleaved_repeats {self.interleaved_repeats!r} is not "
+                             "one of its parameters")
 
     @property
     def notebook(self) -> str:

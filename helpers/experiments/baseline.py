@@ -11,11 +11,16 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from helpers import bottleneck
+from helpers import specs
 from helpers.checklist import PHASES
+from helpers.checklist import Item
 from helpers.compute.train import TrainRun
+from helpers.experiments.base import Experiment
 from helpers.live import LivePoint, Progress, no_progress
+from helpers.params import Param
 from helpers.timing import Measurement
 from helpers.verdict import Verdict
+
 
 __all__ = ["NOTEBOOK", "classify", "spare_cores", "verdict", "live_point", "try_baseline"]
 
@@ -201,7 +206,7 @@ def try_baseline(params: Mapping[str, Any], acc, *, batch_size: int, image_size:
     from helpers.experiments.training import prepare_job
     from helpers.jobs.load import notebook_job
     from helpers.jobspec import FACTORY_DEFAULTS_KEY
-    from helpers.specs import validate_notebook_params
+    from helpers.experiments.registry import validate_notebook_params
 
     changed = {"batch_size": int(batch_size)}
     if image_size is not None:
@@ -221,3 +226,25 @@ def try_baseline(params: Mapping[str, Any], acc, *, batch_size: int, image_size:
     label = f"bs={batch_size}" + (f", {image_size}px" if image_size is not None else "")
     return live_point(run, label, threshold=float(p["host_bound_threshold"]), device_kind=acc.kind,
                       batch_size=int(batch_size))
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+EXPERIMENT = Experiment(
+    item=Item("01", "01_baseline_profiling", "baseline profiling",
+         "Find where a training step spends its time",
+         "Where does a training step's time go, and is the job host-bound?"),
+    spec=specs.COMMON + specs.DATA + specs.batch() + specs.training() + (
+        Param("host_bound_threshold", float, 0.10,
+              "exposed input time / step time above which the job is called host-bound",
+              minimum=0.0, maximum=1.0),
+        Param("preprocess_samples", int, 64, "images timed one by one for ms/image", minimum=1,
+              maximum=100000),
+        Param("profile_steps", int, 2, "steps recorded by the profiler (0 skips profiling)",
+              minimum=0, maximum=100),
+        Param("ceiling_steps", int, 10, "measured steps of each run of the input-free ceiling (real vs on-device "
+              "batches)", minimum=3, maximum=100000),
+        Param("trace_path", str, "", "your profiler trace: a .pt.trace.json(.gz), an *_ascend_pt folder, or a folder "
+              "of one per rank (empty: section 4's)"),
+    ) + specs.JOB,
+)

@@ -54,6 +54,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers import specs
+from helpers.checklist import Item
 from helpers.comm.allreduce import MIB, algbw_gbps, bus_factor, busbw_gbps, message_sizes, run_allreduce
 from helpers.comm.ddp import HOOK_BYTES, bucket_sizes, grad_error, hook_function, iqr_overlap, overlap_figures
 from helpers.comm.launch import check_backend, check_world_size, resolve_backend, run_job
@@ -61,14 +63,17 @@ from helpers.compute.model import count_parameters
 from helpers.compute.ppo import ppo_loss
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
-from helpers.fsutil import write_atomic
-from helpers.jobspec import FACTORY_DEFAULTS_KEY, absolute_job_spec
+from helpers.experiments.base import Experiment
 from helpers.experiments.training import fixed_batches
+from helpers.fsutil import write_atomic
 from helpers.jobs.base import Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
+from helpers.jobspec import FACTORY_DEFAULTS_KEY, absolute_job_spec
 from helpers.live import LivePoint, Progress, no_progress
+from helpers.params import Param
 from helpers.timing import timed_call
 from helpers.verdict import Action, Verdict
+
 
 __all__ = ["DDP_KEYS", "DDP_TASK", "SWEEP_TASK", "bucket_comparison", "ddp_benchmark", "ddp_in_launched_job",
            "hook_comparison", "live_point", "run_allreduce_sweep", "run_ddp", "try_allreduce", "verdict"]
@@ -818,3 +823,32 @@ def _sweep_points(sizes: Sequence[int], *, world_size: int, backend: str, device
                 waiter.join()
         if "error" in box:
             raise box["error"]
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+EXPERIMENT = Experiment(
+    item=Item("08", "08_collectives", "collectives",
+         "Measure collectives and tune DDP's communication",
+         "Allreduce bus bandwidth vs message size, DDP's buckets and gradient compression on this backend"),
+    spec=specs.COMMON + specs.DATA + specs.batch("samples per rank per DDP step") + specs.training(
+        "timed DDP steps per variant") + (
+        Param("backend", str, "auto", "torch.distributed backend: auto picks hccl on npu, nccl on cuda, gloo on cpu",
+              choices=("auto", "gloo", "nccl", "hccl")),
+        Param("world_size", int, 2, "processes in the process group (one per device on cuda/npu)", minimum=2,
+              maximum=64),
+        Param("min_bytes", int, 8, "smallest allreduce message, bytes", minimum=4, maximum=1 << 30),
+        Param("max_size_mib", int, 256, "largest allreduce message, MiB", minimum=1, maximum=1 << 16),
+        Param("repeats", int, 10, "timed allreduces per message size", minimum=3, maximum=10000),
+        Param("warmup", int, 3, "untimed allreduces per message size", minimum=0, maximum=1000),
+        Param("bucket_cap_mb_list", list, [0.25, 1, 25], "DDP bucket_cap_mb values to sweep (25 is DDP's default)",
+              item_kind=float, minimum=0.01, maximum=4096),
+        Param("compression_hooks", list, ["none", "fp16", "bf16"],
+              "DDP gradient compression hooks to compare (none is plain allreduce)", item_kind=str,
+              choices=("none", "fp16", "bf16")),
+        Param("timeout_s", float, 300.0, "seconds before a collective job counts as hung and is stopped",
+              minimum=5.0, maximum=7200.0),
+        Param("master_port", int, 0, "TCP port of the rendezvous on 127.0.0.1 (0 picks a free one)", minimum=0,
+              maximum=65535),
+    ) + specs.JOB,
+)

@@ -7,7 +7,7 @@ mechanism can do, which also catches a slowdown the guard cannot see (a
 throttled CPU, a noisy neighbour in another VM, a burst between snapshots):
 
 - :func:`untouched_phases`: a phase that no compared optimization acts on
-  (:data:`helpers.checklist.ACTS_ON`) must not change between the two jobs.
+  (:func:`helpers.experiments.registry.acts_on`) must not change between the two jobs.
   Batched decode does not touch the training computation; if the compute
   phase is 11x faster in the optimized job, the machine's speed changed.
 - :func:`same_job`: the same job measured in two notebooks of one run
@@ -41,7 +41,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from helpers.checklist import ACTS_ON, PHASES
+from helpers.checklist import PHASES
+from helpers.experiments import registry
 from helpers.errors import ParameterError
 from helpers.timing import Comparison, Measurement
 from helpers.verdict import Verdict
@@ -93,10 +94,11 @@ class CrossCheck:
 
 def _acted_on(optimizations: Iterable[str]) -> set[str]:
     acted: set[str] = set()
+    acts_on = registry.acts_on()
     for name in optimizations:
-        if name not in ACTS_ON:
-            raise ParameterError(f"unknown optimization {name!r}; valid: {', '.join(ACTS_ON)}")
-        acted.update(ACTS_ON[name])
+        if name not in acts_on:
+            raise ParameterError(f"unknown optimization {name!r}; valid: {', '.join(acts_on)}")
+        acted.update(acts_on[name])
     return acted
 
 
@@ -117,7 +119,7 @@ def untouched_phases(baseline_steps, other_steps, optimizations: Sequence[str], 
         (seconds) and ``step_s`` (:meth:`helpers.experiments.e2e_jobs.JobVariant.steps_frame`).
     optimizations : sequence of str
         The optimizations that differ between the two jobs (names of
-        :data:`helpers.checklist.ACTS_ON`).
+        :func:`helpers.experiments.registry.acts_on`).
     max_drift : float, default :data:`MAX_PHASE_DRIFT`
         The factor a phase may change by; the check fails when the whole 95%
         bootstrap interval of baseline median / other median lies above

@@ -16,21 +16,27 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
+from helpers import specs
+from helpers.checklist import Item
 from helpers.device import get_accelerator
 from helpers.errors import DeviceUnavailableError, ParameterError
+from helpers.experiments import registry
+from helpers.experiments.base import Experiment, Optimization
 from helpers.jobs.ppo import host_to_device
 from helpers.live import LivePoint, Progress, no_progress
+from helpers.params import Param
 from helpers.pipeline.baseline import BaselineDataset, collate_batch
 from helpers.pipeline.decode import DecodeConfig, cuda_decode_support, decode_augment_cuda, psnr, reference_augment
 from helpers.pipeline.fast import BatchedDataset, to_device_batch, torch_from
 from helpers.pipeline.prepare import prepare_data
 from helpers.pipeline.sampler import EpochBatchSampler, check_int
 from helpers.pipeline.text import encode_batch, encode_one
-from helpers.specs import validate_notebook_params
 from helpers.timing import Comparison, Measurement, compare, measure
 from helpers.verdict import Action, Verdict
+
 
 logger = logging.getLogger(__name__)
 
@@ -592,7 +598,7 @@ def try_decode(params: Mapping[str, Any], acc, index, tokenizer, *, threads: int
     """
     if not isinstance(dct_scaling, bool):
         raise ParameterError(f"dct_scaling must be True or False, got {dct_scaling!r}")
-    p = validate_notebook_params(NOTEBOOK, {**params, "threads": threads, "image_size": image_size},
+    p = registry.validate_notebook_params(NOTEBOOK, {**params, "threads": threads, "image_size": image_size},
                                  allow_unknown=True)
     check_int("repeats", repeats, 1)
     check_int("warmup", warmup, 0)
@@ -736,3 +742,37 @@ def verdict(pre: Comparison, eff: Comparison, *, min_psnr_db: float, psnr_min_db
     return Verdict(notebook=NOTEBOOK, metric="speedup", value=pre.ratio, unit="x", recommendation=recommendation,
                    reason=reason, context=context, repeats=pre.b.repeats, action=action,
                    spread={"ci_low": pre.ci_low, "ci_high": pre.ci_high, "confidence": pre.confidence}, extra=extra)
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+EXPERIMENT = Experiment(
+    item=Item("02", "02_batched_decode", "batched decode",
+         "Decode a whole batch at once, on every core",
+         "How much faster is decoding a whole batch on a thread pool than per-image PIL, or once for all epochs?",
+         ("batched_decode", "dataset_cache")),
+    spec=specs.COMMON + specs.DATA + specs.batch("images per batch") + (
+        Param("threads", int, 0, "decode threads of the batched pipeline (0 for all usable cores)",
+              minimum=0, maximum=256),
+        Param("repeats", int, 10, "timed batches per variant", minimum=3, maximum=10000),
+        Param("warmup", int, 2, "untimed batches per variant before timing", minimum=0, maximum=100),
+        Param("psnr_min_db", float, 30.0, "least PSNR of batched vs reference pixels to call them equal",
+              minimum=10.0, maximum=100.0),
+        Param("dataset_cache", bool, True, "also measure the decode-once dataset cache (built on disk on first use)"),
+        Param("max_cache_mib", int, 2048, "largest decode-once cache to build, MiB", minimum=1, maximum=1 << 22),
+    ),
+    optimizations=(
+        Optimization("batched_decode", "02_batched_decode", ("data", "h2d"),
+                     default=lambda acc, native_bf16=None: (
+                         True, "batched decode replaces per-image Pillow work on every device"),
+                     apply=lambda plan, settings, acc: replace(plan, pipeline="batched")),
+        Optimization("dataset_cache", "02_batched_decode", ("data", "h2d"), decision="dataset_cache",
+                     requires="batched_decode",
+                     default=lambda acc, native_bf16=None: (
+                         False, "it writes a decoded copy of the dataset to disk: on only where notebook 02 "
+                                "measured it faster"),
+                     # the cache feeds the batched pipeline (``requires``): it replaces that pipeline's decodes
+                     apply=lambda plan, settings, acc: replace(plan, pipeline="cached")),
+    ),
+    interleaved_repeats="repeats",
+)

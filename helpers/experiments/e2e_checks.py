@@ -18,15 +18,19 @@ import pandas as pd
 
 from helpers import checklist
 from helpers.errors import ParameterError
-from helpers.experiments import e2e_interim as registry
-from helpers.experiments.e2e_jobs import OPTIMIZATIONS, PHASES, JobSummary
+from helpers.experiments import registry
+from helpers.experiments.e2e_jobs import PHASES, JobSummary
 from helpers.jobs.base import Workload
 from helpers.results import verdicts
 from helpers.timing import Comparison, Measurement
 from helpers.units import format_value, is_number
 
-#: The step phases each optimization acts on, where its effect must show (see :func:`attribute`).
-ACTS_ON: dict[str, tuple[str, ...]] = {o.name: tuple(o.acts_on) for o in registry.optimizations()}
+def __getattr__(name: str):
+    """``ACTS_ON``: the registry's, read when asked for (the registry imports this module, so it cannot be read
+    at import time)."""
+    if name == "ACTS_ON":
+        return registry.acts_on()  # where each optimization's effect must show
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def contribution_decision(c) -> str:
@@ -61,7 +65,7 @@ class Attribution:
     ----------
     name : str
     phases : tuple of str
-        The phases it acts on (:data:`ACTS_ON`).
+        The phases it acts on (:func:`helpers.experiments.registry.acts_on`).
     phase : helpers.timing.Comparison or None
         Without it vs with it, on the per-step sum of ``phases`` (None when
         that sum's median is 0 with it, so no ratio exists).
@@ -106,7 +110,7 @@ def _phase_measurement(steps, phases: Sequence[str], name: str):
 def attribute(name: str, optimized_steps, without_steps, *, seed: int = 0) -> Attribution:
     """Decide one optimization on the phases it acts on, and check the whole step against it.
 
-    An optimization can only change the phases it acts on (:data:`ACTS_ON`);
+    An optimization can only change the phases it acts on (:func:`helpers.experiments.registry.acts_on`);
     a step-level difference that shows up in another phase is noise or the
     rotation's side effects, not its doing. The decision therefore follows
     the contribution on its own phases (median per-step sum of those phases
@@ -127,7 +131,7 @@ def attribute(name: str, optimized_steps, without_steps, *, seed: int = 0) -> At
     Parameters
     ----------
     name : str
-        One of :data:`OPTIMIZATIONS`.
+        One of :func:`helpers.experiments.registry.optimization_names`.
     optimized_steps, without_steps : pandas.DataFrame
         :meth:`helpers.experiments.e2e_jobs.JobVariant.steps_frame` of the full optimized job and of the job
         without ``name``: per measured step, the columns ``data``, ``h2d``,
@@ -145,13 +149,14 @@ def attribute(name: str, optimized_steps, without_steps, *, seed: int = 0) -> At
         Unknown ``name``, or a frame lacking a phase column.
     """
 
-    if name not in ACTS_ON:
-        raise ParameterError(f"unknown optimization {name!r}; valid: {', '.join(OPTIMIZATIONS)}")
+    acts_on = registry.acts_on()
+    if name not in acts_on:
+        raise ParameterError(f"unknown optimization {name!r}; valid: {', '.join(acts_on)}")
     for label, df in (("optimized_steps", optimized_steps), ("without_steps", without_steps)):
         absent = [c for c in (*PHASES, "step_s") if c not in df]
         if absent:
             raise ParameterError(f"{label} lacks column(s) {absent}; pass JobVariant.steps_frame()")
-    phases = ACTS_ON[name]
+    phases = acts_on[name]
     step = Comparison.from_measurements(
         Measurement(f"without {name}", tuple(float(x) for x in without_steps["step_s"]), 0),
         Measurement("optimized", tuple(float(x) for x in optimized_steps["step_s"]), 0), seed=seed)

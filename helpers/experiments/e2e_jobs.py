@@ -33,7 +33,7 @@ from helpers import checklist
 from helpers.compute.train import TimedLoop, epochs
 from helpers.device import usable_cores
 from helpers.errors import ParameterError
-from helpers.experiments import e2e_interim as registry
+from helpers.experiments import registry
 from helpers.experiments.base import JobPlan
 from helpers.experiments.training import clone_batch, same_structure, same_values
 from helpers.jobs.base import close_dataset
@@ -42,10 +42,15 @@ from helpers.pipeline.loader import LoaderConfig, close_loader
 from helpers.pipeline.prefetch import DevicePrefetcher, prefetched
 from helpers.timing import Comparison, Measurement
 
-#: The optimizations the optimized job can combine, in checklist order.
-OPTIMIZATIONS: tuple[str, ...] = checklist.optimization_names()
-
 PHASES = checklist.PHASES
+
+
+def __getattr__(name: str):
+    """``OPTIMIZATIONS``: the registry's, read when asked for (the registry imports this module, so it cannot be read
+    at import time)."""
+    if name == "OPTIMIZATIONS":
+        return registry.optimization_names()  # in checklist order
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_optimizations(requested: Iterable[str]) -> tuple[str, ...]:
@@ -54,13 +59,13 @@ def check_optimizations(requested: Iterable[str]) -> tuple[str, ...]:
     Parameters
     ----------
     requested : iterable of str
-        ``["auto"]``, or names from :data:`OPTIMIZATIONS` (an empty list means
+        ``["auto"]``, or names from :func:`helpers.experiments.registry.optimization_names` (an empty list means
         the optimized job equals the baseline).
 
     Returns
     -------
     tuple of str
-        ``("auto",)`` or the distinct names in :data:`OPTIMIZATIONS` order.
+        ``("auto",)`` or the distinct names in :func:`helpers.experiments.registry.optimization_names` order.
 
     Raises
     ------
@@ -70,17 +75,17 @@ def check_optimizations(requested: Iterable[str]) -> tuple[str, ...]:
     if isinstance(requested, str):
         raise ParameterError(f"optimizations must be a list of names, got the string {requested!r}; "
                              f"e.g. ['auto'] or ['batched_decode', 'mixed_precision']")
-    names = [str(n) for n in requested]
+    names, known = [str(n) for n in requested], registry.optimization_names()
     if "auto" in names:
         if len(set(names)) > 1:
             raise ParameterError(f"optimizations={names!r} mixes 'auto' with names; pass ['auto'] alone, or "
-                                 f"a list from: {', '.join(OPTIMIZATIONS)}")
+                                 f"a list from: {', '.join(known)}")
         return ("auto",)
-    unknown = [n for n in names if n not in OPTIMIZATIONS]
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise ParameterError(f"unknown optimization(s) {', '.join(map(repr, unknown))} in optimizations; valid: "
-                             f"auto, {', '.join(OPTIMIZATIONS)}")
-    return tuple(n for n in OPTIMIZATIONS if n in names)
+                             f"auto, {', '.join(known)}")
+    return tuple(n for n in known if n in names)
 
 
 # --------------------------------------------------------------------------- one job
@@ -95,7 +100,7 @@ class JobConfig:
     name : str
         Label in tables and figures.
     optimizations : tuple of str
-        Names from :data:`OPTIMIZATIONS` (empty: the baseline).
+        Names from :func:`helpers.experiments.registry.optimization_names` (empty: the baseline).
     num_workers : int
         DataLoader workers when ``dataloader_workers`` is on (>= 1); its setting ``num_workers``.
     amp_dtype : str

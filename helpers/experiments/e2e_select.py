@@ -16,10 +16,9 @@ import pandas as pd
 
 from helpers.compute.amp import resolve_autocast_dtype
 from helpers.device import usable_cores
-from helpers.diagnose.environment import cpu_bf16_support
 from helpers.errors import ParameterError
-from helpers.experiments import e2e_interim as registry
-from helpers.experiments.e2e_jobs import OPTIMIZATIONS, JobConfig, check_optimizations
+from helpers.experiments import registry
+from helpers.experiments.e2e_jobs import JobConfig, check_optimizations
 from helpers.process import cli_command
 from helpers.results import verdicts
 from helpers.units import format_value, is_number
@@ -27,8 +26,17 @@ from helpers.verdict import Action
 
 log = logging.getLogger(__name__)
 
-#: The notebook whose verdict decides each optimization under ``optimizations=["auto"]``.
-SOURCE_NOTEBOOKS: dict[str, str] = {o.name: o.notebook for o in registry.optimizations()}
+def source_notebooks() -> dict[str, str]:
+    """The notebook whose verdict decides each optimization under ``optimizations=["auto"]``."""
+    return {o.name: o.notebook for o in registry.optimizations()}
+
+
+def __getattr__(name: str):
+    """``SOURCE_NOTEBOOKS``: the registry's, read when asked for (the registry imports this module, so it cannot be read
+    at import time)."""
+    if name == "SOURCE_NOTEBOOKS":
+        return source_notebooks()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,7 @@ class Choice:
     Attributes
     ----------
     name : str
-        One of :data:`helpers.experiments.e2e_jobs.OPTIMIZATIONS`.
+        One of :func:`helpers.experiments.registry.optimization_names`.
     enabled : bool
     source : str
         ``"verdict"`` (this run's verdict of its notebook), ``"not measured"`` (no verdict of this run decides
@@ -66,7 +74,7 @@ class Selection:
     Attributes
     ----------
     optimizations : tuple of str
-        Enabled names, in :data:`helpers.experiments.e2e_jobs.OPTIMIZATIONS` order.
+        Enabled names, in checklist order (:func:`helpers.experiments.registry.optimization_names`).
     choices : tuple of Choice
         One per optimization name.
     missing : tuple of str
@@ -100,7 +108,7 @@ class Selection:
             return []
         numbers = " ".join(nb[:2] for nb in self.missing)
         names = [c.name for c in self.choices if c.source in ("not measured", "device default")
-                 and SOURCE_NOTEBOOKS.get(c.name) in self.missing]
+                 and source_notebooks().get(c.name) in self.missing]
         if any(c.source == "device default" for c in self.choices):
             what = (f"the device's stated default is used for {', '.join(names)} (table below: source "
                     "'device default')")
@@ -163,7 +171,7 @@ def workload_warning(params: Mapping[str, Any] | None, workload, notebook: str, 
     if enabled:
         return f"{head}; the ablation below (section 5) measures it on this job"
     sizes = " and ".join(f"{k} {int(getattr(workload, k))}" for k in differ)
-    names = [n for n in OPTIMIZATIONS if n in set(enabled_names) | ({name} if name else set())]
+    names = [n for n in registry.optimization_names() if n in set(enabled_names) | ({name} if name else set())]
     listed = ", ".join(f'"{n}"' for n in names)
     return (f"{head}; not enabled, so not measured here: rerun notebook {notebook[:2]} at {sizes} before this one, "
             f"or pass optimizations=[{listed}] to measure it in this job")
@@ -180,8 +188,8 @@ def device_defaults(acc, *, native_bf16: bool | None = None) -> dict[str, tuple[
     acc : helpers.device.Accelerator
     native_bf16 : bool, optional
         Whether the CPU has native bf16 arithmetic
-        (:func:`helpers.diagnose.environment.cpu_bf16_support`); read when
-        None and the device is a CPU that autocasts.
+        (:func:`helpers.diagnose.environment.cpu_bf16_support`); None: each hook reads it where it needs it
+        (mixed precision on a CPU).
 
     Returns
     -------
@@ -194,8 +202,6 @@ def device_defaults(acc, *, native_bf16: bool | None = None) -> dict[str, tuple[
         slower, pytorch/pytorch#118499); channels_last on CPU and CUDA, never on NPU
         (fact-check, section 8).
     """
-    if native_bf16 is None and acc.is_cpu and tuple(acc.capabilities.autocast_dtypes):
-        native_bf16 = bool(cpu_bf16_support()["native_bf16"])
     return {o.name: o.default(acc, native_bf16) for o in registry.optimizations()}
 
 
@@ -333,13 +339,13 @@ def select_optimizations(requested: Sequence[str], results, acc, *, native_bf16:
                     for k, (on, why) in device_defaults(acc, native_bf16=native_bf16).items()}
         fallback = "device default"
     else:  # no guessing: what no verdict of this run recommended stays off
-        defaults = {k: (False, "not enabled: not measured in this run") for k in OPTIMIZATIONS}
+        defaults = {k: (False, "not enabled: not measured in this run") for k in registry.optimization_names()}
         fallback = "not measured"
     table = _verdict_table(results)
     workers, dtype = _settings(table, acc, default_workers)
     choices, missing = [], []
     unavailable = dict(unavailable or {})
-    for name in OPTIMIZATIONS:
+    for name in registry.optimization_names():
         if name in unavailable:
             choices.append(Choice(name, False, "job", f"not available for this job: {unavailable[name]}"))
         elif names != ("auto",):
@@ -362,7 +368,7 @@ def _finish(choices: list[Choice], table, workload) -> list[Choice]:
     enabled = tuple(c.name for c in choices if c.enabled)
     for i, c in enumerate(choices):  # now that the enabled set is known (a disabled one is not measured here)
         if c.warning:
-            nb = SOURCE_NOTEBOOKS[c.name]
+            nb = registry.optimization(c.name).notebook
             choices[i] = replace(c, warning=workload_warning(table.loc[nb].get("parameters"), workload, nb,
                                                              enabled=c.enabled, name=c.name, enabled_names=enabled))
     return choices

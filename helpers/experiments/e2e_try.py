@@ -10,8 +10,8 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from helpers.errors import ParameterError
-from helpers.experiments import e2e_interim as registry
-from helpers.experiments.e2e_jobs import (OPTIMIZATIONS, JobConfig, JobSummary, JobVariant, live_settings,
+from helpers.experiments import registry
+from helpers.experiments.e2e_jobs import (JobConfig, JobSummary, JobVariant, live_settings,
                                           run_interleaved, speedup, summarize)
 from helpers.live import LivePoint, Progress, no_progress
 from helpers.timing import Comparison
@@ -67,14 +67,15 @@ def live_point(comparison: Comparison, config: JobConfig, *, baseline: JobSummar
 
 def _switched_on(switches: Mapping[str, Any], unavailable: Mapping[str, str] | None) -> tuple[str, ...]:
     """The optimizations switched on, checked: names, bools, availability, requirements."""
-    unknown = [n for n in switches if n not in OPTIMIZATIONS]
+    known = registry.optimization_names()
+    unknown = [n for n in switches if n not in known]
     if unknown:
         raise ParameterError(f"unknown optimization switch(es) {', '.join(map(repr, unknown))}; valid: "
-                             f"{', '.join(OPTIMIZATIONS)}")
+                             f"{', '.join(known)}")
     bad = {n: v for n, v in switches.items() if not isinstance(v, bool)}
     if bad:
         raise ParameterError(f"optimization switches are True or False, got {bad!r}")
-    enabled = tuple(n for n in OPTIMIZATIONS if switches.get(n, False))
+    enabled = tuple(n for n in known if switches.get(n, False))
     for name in enabled:
         why = (unavailable or {}).get(name)
         if why:

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from helpers import bottleneck, checklist
 from helpers.experiments.e2e_jobs import PHASES, JobConfig, JobSummary
-from helpers.experiments.e2e_select import SOURCE_NOTEBOOKS, action_value
+from helpers.experiments.e2e_select import action_value, source_notebooks
 from helpers.experiments.training import LearningCheck
 from helpers.results import verdicts
 from helpers.verdict import Verdict
@@ -87,7 +87,7 @@ def next_step(summary: JobSummary, *, is_cpu: bool, enabled: Sequence[str], host
 
 
 #: The notebook that decides the batch size (its verdict's action is on ``batch_size``).
-_BATCH_NOTEBOOK = next(i.id for i in checklist.CHECKLIST if i.name == "memory and batch size")
+_BATCH_NOTEBOOK = "09_memory_and_batch_size"
 
 
 def target_sentence(speedup: float, baseline_exposed: float) -> str:
@@ -254,7 +254,7 @@ def _ablation_evidence(ablation) -> dict[str, dict[str, Any]]:
                      "ci_low": num("contribution_low"), "ci_high": num("contribution_high"),
                      "phases": str(row.get("phases") or ""), "phase_contribution": num("phase_contribution"),
                      "phase_low": num("phase_low"), "phase_high": num("phase_high"),
-                     "source": SOURCE_NOTEBOOKS.get(name, "")}
+                     "source": source_notebooks().get(name, "")}
     return out
 
 
@@ -284,7 +284,8 @@ def _decide(comparison, learning: LearningCheck, baseline: JobSummary, optimized
             if variant == "all" or row["decision"] in ("", "keep it"):
                 continue
             name = str(variant).replace("without ", "")
-            who = f"recommended by notebook {SOURCE_NOTEBOOKS.get(name, '??')[:2]}, but " if name in recommended else ""
+            nb = source_notebooks().get(name, "??")
+            who = f"recommended by notebook {nb[:2]}, but " if name in recommended else ""
             where = ""
             if "phase_contribution" in row and isinstance(row.get("phases"), str) and row["phases"] \
                     and math.isfinite(row["phase_contribution"]):

@@ -20,21 +20,23 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from helpers import bottleneck
+from helpers import bottleneck, specs
+from helpers.checklist import Item
 from helpers.experiments import crosscheck
-from helpers.experiments.base import ExperimentResult
+from helpers.experiments.base import Experiment, ExperimentResult
 from helpers.experiments.e2e_checks import (Projection, ablation_frame, attribute, compute_side_lines, cross_checks,
                                             earlier_baseline_phases, project)
 from helpers.experiments.e2e_jobs import (JobConfig, JobSummary, JobVariant, ablation_configs, ceiling_fraction,
                                           check_optimizations, contribution, run_interleaved, same_input_check, speedup,
                                           summarize, summary_frame)
-from helpers.experiments.e2e_select import SOURCE_NOTEBOOKS, Selection, select_optimizations
+from helpers.experiments.e2e_select import Selection, select_optimizations, source_notebooks
 from helpers.experiments.e2e_try import BLOCK, live_point, try_optimizations
 from helpers.experiments.e2e_verdict import batch_size_note, e2e_verdict, next_step
 from helpers.experiments.training import LearningCheck, learning_check
 from helpers.jobs.base import Workload
 from helpers.jobs.check import loop_divergence
 from helpers.live import Knob, Progress, TrySpec
+from helpers.params import Param
 from helpers.results import Records, verdicts
 from helpers.timing import Comparison
 
@@ -593,7 +595,34 @@ def _ablation(jobs: Mapping[str, JobVariant], full: Comparison, setup: EndToEndS
     earlier = {}
     if setup.results is not None and len(setup.results):
         vt = verdicts(setup.results).set_index("notebook")
-        earlier = {o: (vt.loc[nb, "value"], vt.loc[nb, "unit"], nb) for o, nb in SOURCE_NOTEBOOKS.items()
+        earlier = {o: (vt.loc[nb, "value"], vt.loc[nb, "unit"], nb) for o, nb in source_notebooks().items()
                    if nb in vt.index}
     return Ablation(without=without, contributions=contrib, attributions=attrib,
                     frame=ablation_frame(full, without, contrib, attrib), earlier=earlier)
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+EXPERIMENT = Experiment(
+    item=Item("10", "10_end_to_end", "end to end",
+         "Prove the speedup end to end: the same training job before and after",
+         "The baseline job vs the same job with every optimization the earlier verdicts recommend"),
+    spec=specs.COMMON + specs.DATA + specs.batch() + specs.training(
+        "measured training steps per job") + (
+        Param("optimizations", list, ["auto"],
+              "optimizations of the optimized job: auto follows the earlier verdicts of this run; or names "
+              "of the optimizations the earlier notebooks decide (an unknown name is rejected with the list)",
+              item_kind=str),
+        Param("ablation", bool, True, "also run the optimized job with each optimization removed in turn"),
+        Param("curve_steps", int, 30, "training steps of the learning curves of both jobs", minimum=2,
+              maximum=100000),
+        Param("loss_rtol", float, 0.10,
+              "tolerance of optimized vs baseline mean loss over the last steps, as a share of the loss's scale over the run",
+              minimum=0.0, maximum=10.0),
+        Param("projection_steps", int, 100000, "training steps of the projected full job (before vs after)",
+              minimum=1, maximum=10**12),
+        Param("host_bound_threshold", float, 0.10,
+              "exposed input time / step time above which the job is called host-bound", minimum=0.0, maximum=1.0),
+    ) + specs.JOB,
+    interleaved_repeats="steps",
+)

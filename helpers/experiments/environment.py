@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from helpers import specs
+from helpers.checklist import Item
+from helpers.experiments.base import Experiment
+from helpers.params import Param
 from helpers.verdict import Verdict
+
 
 __all__ = ["NOTEBOOK", "missing_capabilities", "verdict"]
 
@@ -51,3 +56,18 @@ def verdict(*, device_kind: str, device_name: str, capabilities: Mapping[str, ob
               + f"{invalid_settings} invalid environment setting(s)")
     return Verdict(notebook=NOTEBOOK, metric="invalid_env_settings", value=invalid_settings, unit="invalid settings",
                    recommendation="not applicable", reason=reason)
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+EXPERIMENT = Experiment(
+    item=Item("00", "00_environment_check", "environment check",
+         "Check what this machine can do before you tune anything",
+         "What device, versions, CPU features and settings does this machine have; is torch_npu/CANN usable?"),
+    spec=specs.COMMON + (
+        Param("npu_probe_timeout_s", float, 120.0, "seconds to wait for the torch_npu probe",
+              minimum=1.0, maximum=3600.0),
+        Param("fallback_to_cpu", bool, True,
+              "if torch_npu is broken, import torch without it (sets TORCH_DEVICE_BACKEND_AUTOLOAD to 0)"),
+    ),
+)

@@ -28,7 +28,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,10 +36,14 @@ import torch
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_convert
 
+from helpers import specs
+from helpers.checklist import Item
 from helpers.errors import DataError, ParameterError
+from helpers.experiments.base import Experiment, Optimization
 from helpers.experiments.training import same_values
 from helpers.live import LivePoint, Progress, no_progress
 from helpers.pipeline.guarded import SkipLog, iterate
+from helpers.params import Param
 from helpers.pipeline.loader import (
     TORCH_DEFAULT_PREFETCH,
     LoaderConfig,
@@ -894,3 +898,35 @@ def verdict(best: LoaderSetting, over_zero: Comparison | None, *, best_rate: flo
                    reason=reason, context=context, action=action, spread=spread, repeats=trials,
                    extra={"best_setting": label, "plausible": not (over_zero is not None and implausible)}
                    | ({"decision_threshold": SPEEDUP_THRESHOLD} if spread else {}))
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+EXPERIMENT = Experiment(
+    item=Item("03", "03_dataloader_tuning", "DataLoader tuning",
+         "Tune the DataLoader's workers for this machine",
+         "Which num_workers / prefetch_factor / persistent_workers is best here?",
+         ("dataloader_workers",)),
+    spec=specs.COMMON + specs.DATA + specs.batch("images per batch") + (
+        Param("num_workers_list", list, [0, 1, 2, 3], "num_workers values to sweep", item_kind=int,
+              minimum=0, maximum=256),
+        Param("prefetch_factor_list", list, [2, 4], "prefetch_factor values to sweep (workers > 0 only)",
+              item_kind=int, minimum=1, maximum=64),
+        Param("batches_per_trial", int, 8, "timed batches per loader setting and trial", minimum=2,
+              maximum=100000),
+        Param("trials", int, 2, "rounds over all settings (rotated order)", minimum=1, maximum=100),
+        Param("first_batch_timeout_s", float, 120.0, "seconds to wait for any worker batch, the first included",
+              minimum=1.0, maximum=3600.0),
+        Param("probe_epochs", int, 2, "epochs drawn by the worker-randomness probe", minimum=1, maximum=20),
+        Param("probe_ranks", int, 2, "simulated distributed ranks in the randomness probe", minimum=1,
+              maximum=64),
+    ) + specs.JOB,
+    optimizations=(
+        Optimization("dataloader_workers", "03_dataloader_tuning", ("data", "h2d"), setting="num_workers",
+                     default=lambda acc, native_bf16=None: (
+                         not acc.is_cpu, "worker processes feed an accelerator" if not acc.is_cpu else
+                         "on a CPU, workers take cores from the training computation"),
+                     apply=lambda plan, settings, acc: replace(plan, num_workers=int(settings["num_workers"]))),
+    ),
+    interleaved_repeats="trials",
+)

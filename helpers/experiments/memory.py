@@ -23,15 +23,17 @@ import json
 import logging
 import math
 import os
+import psutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import pandas as pd
-import psutil
 import torch
 
+from helpers import specs
+from helpers.checklist import Item
 from helpers.compute.memory import (
     GIB,
     MIB,
@@ -47,12 +49,15 @@ from helpers.compute.memory import (
 )
 from helpers.device import Accelerator, get_accelerator
 from helpers.errors import ParameterError
+from helpers.experiments.base import Experiment
 from helpers.jobs.base import Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.live import LivePoint, Progress, no_progress
+from helpers.params import Param
 from helpers.pipeline.prepare import prepare_data
 from helpers.timing import measure
 from helpers.verdict import Action, Verdict
+
 
 logger = logging.getLogger(__name__)
 
@@ -877,3 +882,26 @@ def try_batch_size(make_step: Callable[[int], Callable[[], Any]], acc: "Accelera
         raise ParameterError(f"batch_size={batch_size} ran out of device memory ({row['error']}); the memory was "
                              "released and the kernel keeps running: pick a smaller batch")
     return live_point(row, is_cpu=acc.is_cpu, budget_bytes=int(budget_bytes))
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+EXPERIMENT = Experiment(
+    item=Item("09", "09_memory_and_batch_size", "memory and batch size",
+         "Measure memory per step and find the largest batch that fits",
+         "Allocated, reserved and peak memory per step; the largest batch that fits with a margin"),
+    spec=specs.COMMON + specs.DATA + specs.batch("samples per step of the memory trace") + specs.training(
+        "training steps of the memory trace, and of each side of the current-vs-best batch comparison") + (
+        Param("memory_budget_mib", int, 0,
+              "memory the batch-size finder may use, MiB (0: the device's free memory; on CPU half the available RAM)",
+              minimum=0, maximum=1 << 24),
+        Param("finder_start_batch", int, 8, "first batch size the finder tries", minimum=1, maximum=1 << 20),
+        Param("finder_max_batch", int, 256, "largest batch size the finder tries", minimum=1, maximum=1 << 20),
+        Param("finder_steps", int, 3, "timed training steps per batch size tried", minimum=1, maximum=1000),
+        Param("safety_margin", float, 0.10, "fraction of memory kept free when choosing the batch size",
+              minimum=0.0, maximum=0.9),
+        Param("alloc_conf_list", list, ["", "expandable_segments:True"],
+              "allocator settings to compare on cuda/npu (PYTORCH_CUDA_ALLOC_CONF / PYTORCH_NPU_ALLOC_CONF)",
+              item_kind=str),
+    ) + specs.JOB,
+)

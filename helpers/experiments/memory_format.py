@@ -13,18 +13,24 @@ NCHW in fp32 by the notebook's own interleaved encoder timing
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
 
+from helpers import specs
+from helpers.checklist import Item
 from helpers.compute.memory_format import FORMATS, channels_last_status, conv_step, to_memory_format
 from helpers.errors import ParameterError
+from helpers.experiments.base import Experiment, Optimization
 from helpers.experiments.training import fixed_batches, step_options_comparison
 from helpers.jobs.base import Job, StepOptions
 from helpers.jobs.ppo import PPOJob
 from helpers.live import LivePoint, Progress, no_progress
+from helpers.params import Param
 from helpers.timing import Comparison, ProgressClock, compare
 from helpers.verdict import Action, Verdict
+
 
 __all__ = ["NOTEBOOK", "channels_last_decision", "format_comparison", "live_point", "try_memory_format", "verdict"]
 
@@ -290,3 +296,35 @@ def try_memory_format(job: Job, acc, *, memory_format: str, autocast: str = "off
     label = _variant_label(memory_format, autocast) + (" (vs itself)" if (memory_format, autocast) == ("nchw", "off")
                                                        else "")
     return live_point(cmp, label)
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+def _channels_last_default(acc, native_bf16=None) -> tuple[bool, str]:
+    """channels_last where no verdict decides it: on CPU and CUDA, never on an NPU (fact-check, section 8)."""
+    if acc.kind == "npu":
+        return False, "NPU kernels want NCHW: channels_last must not be used there"
+    if acc.capabilities.channels_last.available:
+        return True, "the conv encoder runs NHWC kernels on this device"
+    return False, f"channels_last unavailable: {acc.capabilities.channels_last.detail}"
+
+
+EXPERIMENT = Experiment(
+    item=Item("07", "07_channels_last", "channels_last",
+         "Test channels_last and operator fusion on the training model",
+         "Does channels_last (NHWC) help the conv encoder here, and what do torch.compile and SDPA give?",
+         ("channels_last",)),
+    spec=specs.COMMON + specs.DATA + specs.batch() + specs.training("timed training steps per variant") + (
+        Param("compile_model", bool, True, "also measure torch.compile of the model (slow to compile)"),
+        Param("attention_seq_len", int, 128, "sequence length of the attention comparison", minimum=1,
+              maximum=65536),
+        Param("attention_heads", int, 4, "heads of the attention comparison", minimum=1, maximum=256),
+        Param("attention_head_dim", int, 32, "width of one head in the attention comparison", minimum=1,
+              maximum=1024),
+    ) + specs.JOB,
+    optimizations=(
+        Optimization("channels_last", "07_channels_last", ("h2d", "compute"), default=_channels_last_default,
+                     apply=lambda plan, settings, acc: replace(plan, options=replace(plan.options, channels_last=True))),
+    ),
+    interleaved_repeats="steps",
+)

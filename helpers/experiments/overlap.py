@@ -34,20 +34,25 @@ import pandas as pd
 import torch
 
 from helpers import checklist
+from helpers import specs
+from helpers.checklist import Item
 from helpers.compute.train import TimedLoop, epochs
 from helpers.device import Accelerator, get_accelerator, usable_cores
 from helpers.errors import DataError, ParameterError
+from helpers.experiments import registry
+from helpers.experiments.base import Experiment, Optimization
 from helpers.experiments.training import fixed_batches
 from helpers.jobs.base import WORKLOAD_PARAMS, Job, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
 from helpers.live import LivePoint, Progress, no_progress
 from helpers.params import coerce
+from helpers.params import Param
 from helpers.pipeline.loader import LoaderConfig, close_loader
 from helpers.pipeline.prefetch import ConsumerStreamSync, DevicePrefetcher, RecordingLoader, prefetched
 from helpers.results import load_results
-from helpers.specs import spec_for
 from helpers.timing import Comparison, Measurement, measure
 from helpers.verdict import Action, Verdict
+
 
 logger = logging.getLogger(__name__)
 
@@ -661,7 +666,7 @@ def baseline_workload(results_path: "str | Path | None" = None) -> tuple[dict[st
         A results file (JSON lines). When it holds records of notebook 01,
         the parameters of its latest record are used (that is the run the
         report shows beside notebook 05's); otherwise notebook 01's defaults
-        (:func:`helpers.specs.spec_for`).
+        (:func:`helpers.experiments.registry.spec_for`).
 
     Returns
     -------
@@ -670,7 +675,7 @@ def baseline_workload(results_path: "str | Path | None" = None) -> tuple[dict[st
         ``"notebook 01's run in this results file"`` or ``"notebook 01's
         defaults"``.
     """
-    values = {p.name: p.default for p in spec_for(BASELINE_NOTEBOOK) if p.name in WORKLOAD_PARAMS}
+    values = {p.name: p.default for p in registry.spec_for(BASELINE_NOTEBOOK) if p.name in WORKLOAD_PARAMS}
     source = "notebook 01's defaults"
     if results_path:
         try:
@@ -1018,7 +1023,7 @@ SPLITS = ("1 core per worker", "all cores to torch")
 
 def _knob(name: str, value: Any) -> Any:
     """A knob value checked against notebook 05's declaration of the parameter of that name (type and range)."""
-    param = next(p for p in spec_for(NOTEBOOK) if p.name == name)
+    param = next(p for p in EXPERIMENT.spec if p.name == name)
     return coerce(param, value)
 
 
@@ -1106,3 +1111,30 @@ def try_overlap(job: Job, acc: Accelerator, *, num_workers: int, model_width: in
     width = f"width {job.workload.model_width}, " if isinstance(job, PPOJob) else ""
     used = split["label"] + ("" if split["label"] == threads else f" ({threads!r} does not apply here)")
     return live_point(run, f"{width}{num_workers} worker(s), {used}")
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+def _prefetcher_default(acc, native_bf16=None) -> tuple[bool, str]:
+    """The side-stream prefetcher where no verdict decides it: on wherever the device has streams."""
+    streams = acc.capabilities.streams
+    if not acc.is_cpu and streams.available:
+        return True, "a side-stream copy hides the transfer"
+    return False, f"no side streams here: {streams.detail or 'no accelerator'}"
+
+
+EXPERIMENT = Experiment(
+    item=Item("05", "05_stream_overlap", "stream overlap",
+         "Hide the input pipeline behind compute",
+         "How much input time hides behind compute with worker processes and a side-stream prefetcher?",
+         ("prefetcher",)),
+    spec=specs.COMMON + specs.DATA + specs.batch() + specs.training("measured training steps per variant") + (
+        Param("num_workers", int, 1, "DataLoader worker processes of the overlapped variant", minimum=0,
+              maximum=256),
+        Param("prefetch_factor", int, 2, "batches each worker prepares ahead", minimum=1, maximum=64),
+    ) + specs.JOB,
+    optimizations=(
+        Optimization("prefetcher", "05_stream_overlap", ("data", "h2d"), default=_prefetcher_default,
+                     apply=lambda plan, settings, acc: replace(plan, prefetcher=True)),
+    ),
+)

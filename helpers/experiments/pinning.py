@@ -33,18 +33,24 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
+from helpers import specs
+from helpers.checklist import Item
 from helpers.diagnose.pcie import GB, LinkInfo, size_regime
 from helpers.errors import DataError, DeviceUnavailableError, ParameterError
+from helpers.experiments.base import Experiment, Optimization
 from helpers.live import LivePoint, Progress, no_progress
+from helpers.params import Param
 from helpers.pipeline.transfer import (BATCH_METHODS, METHODS, Applicability, batch_copy_method, batch_nbytes,
                                       copy_method, pinning_applicability)
 from helpers.timing import Comparison, compare, measure, measure_events
 from helpers.verdict import Action, Verdict
+from helpers.workload import DEFAULT
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from helpers.device import Accelerator
@@ -739,3 +745,37 @@ def try_pinning(acc: "Accelerator", *, size_mib: float, method: str, repeats: in
         progress(len(TRY_METHODS), len(TRY_METHODS))
 
     return each()
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+def _pinned_default(acc, native_bf16=None) -> tuple[bool, str]:
+    """Pinned memory where no verdict decides it: on wherever the device has pinned host memory."""
+    pinned = acc.capabilities.pinned_memory
+    if not acc.is_cpu and pinned.available:
+        return True, "pinned host buffers speed host-to-device copies"
+    return False, f"not available here: {pinned.detail or 'no accelerator'}"
+
+
+EXPERIMENT = Experiment(
+    item=Item("04", "04_pinned_memory", "pinned memory",
+         "Measure what pinned memory buys a host-to-device copy",
+         "Pageable vs pinned vs a reused pinned buffer: host-to-device bandwidth vs size, as a share of the link",
+         ("pinned_memory",)),
+    spec=specs.COMMON + (
+        Param("min_size_kib", int, 4, "smallest transfer, KiB", minimum=1, maximum=1 << 20),
+        Param("max_size_mib", int, 256, "largest transfer, MiB", minimum=1, maximum=1 << 16),
+        Param("repeats", int, 10, "timed copies per size and method", minimum=3, maximum=10000),
+        Param("warmup", int, 2, "untimed copies per size and method", minimum=0, maximum=100),
+        Param("link_gbps", float, 0.0, "host-device link limit, GB/s (0 reads it from sysfs where possible)",
+              minimum=0.0, maximum=10000.0),
+        Param("batch_size", int, DEFAULT.batch_size, "images per batch for the per-batch comparison", minimum=1, maximum=4096),
+        Param("image_size", int, DEFAULT.image_size, "side of the square crop of that batch, px", minimum=16, maximum=1024),
+    ) + specs.JOB,
+    optimizations=(
+        Optimization("pinned_memory", "04_pinned_memory", ("data", "h2d"), default=_pinned_default,
+                     apply=lambda plan, settings, acc: replace(
+                         plan, pin_memory=bool(acc.capabilities.pinned_memory.available))),
+    ),
+    interleaved_repeats="repeats",
+)

@@ -13,20 +13,27 @@ notebook's :class:`helpers.verdict.Verdict`. The notebook's "try it" panel calls
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Sequence
 
 import torch
 
+from helpers import specs
+from helpers.checklist import Item
 from helpers.compute.amp import make_grad_scaler, resolve_autocast_dtype
 from helpers.compute.ppo import PPOTrainer
+from helpers.diagnose.environment import cpu_bf16_support
 from helpers.errors import ParameterError
+from helpers.experiments.base import Experiment, Optimization
 from helpers.experiments.training import fixed_batches, step_options_comparison
 from helpers.jobs.base import Job, StepOptions
 from helpers.jobs.check import Divergence, loss_divergence
 from helpers.jobs.ppo import PPOJob, PPOStep
 from helpers.live import LivePoint, Progress, no_progress
+from helpers.params import Param
 from helpers.timing import Comparison, ProgressClock, compare
 from helpers.verdict import Action, Verdict
+
 
 __all__ = ["NOTEBOOK", "DTYPES", "ProgressClock", "autocast_comparison", "divergence", "live_point", "try_precision",
            "verdict"]
@@ -280,3 +287,49 @@ def try_precision(job: Job, acc, *, dtype: str, batches: Sequence | None = None,
     cmp = autocast_comparison(job, acc, dtype, batches=batches, steps=steps, warmup_steps=warmup_steps,
                               init_scale=init_scale, growth_interval=growth_interval, seed=seed, progress=progress)
     return live_point(cmp, dtype if dtype != "float32" else "float32 (vs itself)")
+
+
+# -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
+
+def _amp_default(acc, native_bf16=None) -> tuple[bool, str]:
+    """Mixed precision where no verdict decides it: where the device autocasts to bf16/fp16 and, on a CPU, only
+    with native bf16 (``native_bf16``; read with :func:`helpers.diagnose.environment.cpu_bf16_support` when None):
+    emulated bf16 is slower than fp32 (pytorch/pytorch#118499)."""
+    dtypes = tuple(acc.capabilities.autocast_dtypes)
+    if not dtypes:
+        return False, f"{acc.kind} has no autocast dtype"
+    if acc.is_cpu:
+        if native_bf16 is None:
+            native_bf16 = bool(cpu_bf16_support()["native_bf16"])
+        return (bool(native_bf16) and "bfloat16" in dtypes,
+                "this CPU has native bf16 (AVX512-BF16/AMX/Arm BF16)" if native_bf16 else
+                "this CPU has no native bf16: emulated bf16 is slower than fp32")
+    return True, f"{acc.kind} autocasts to {', '.join(dtypes)}"
+
+
+EXPERIMENT = Experiment(
+    item=Item("06", "06_mixed_precision", "mixed precision",
+         "Decide whether mixed precision speeds up training here",
+         "Does autocast (bf16/fp16) speed up this training step here, and does it still learn the same?",
+         ("mixed_precision",)),
+    spec=specs.COMMON + specs.DATA + specs.batch() + specs.training("timed training steps per variant") + (
+        Param("autocast_dtype", str, "auto", "low-precision dtype: auto picks what the device supports",
+              choices=("auto", "bfloat16", "float16")),
+        Param("curve_steps", int, 30, "training steps of the fp32 and mixed-precision loss curves",
+              minimum=2, maximum=100000),
+        Param("loss_rtol", float, 0.10,
+              "tolerance of mixed vs fp32 mean loss over the last steps, as a share of the loss's scale over the run",
+              minimum=0.0, maximum=10.0),
+        Param("init_scale", float, 1024.0, "GradScaler initial loss scale (fp16 only)", minimum=1.0,
+              maximum=1e10),
+        Param("growth_interval", int, 200, "GradScaler steps without overflow before the scale grows",
+              minimum=1, maximum=1000000),
+    ) + specs.JOB,
+    optimizations=(
+        Optimization("mixed_precision", "06_mixed_precision", ("compute",), setting="amp_dtype",
+                     default=_amp_default,
+                     apply=lambda plan, settings, acc: replace(plan, options=replace(
+                         plan.options, autocast_dtype=getattr(torch, settings["amp_dtype"])))),
+    ),
+    interleaved_repeats="steps",
+)

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 from helpers.errors import ParameterError
 from helpers.pipeline.images import load_rgb
 from helpers.pipeline.text import encode_one
+from helpers.workload import DEFAULT
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class ImageTransformConfig:
 
     Attributes
     ----------
-    image_size : int, default 128
+    image_size : int, default 64 (:data:`helpers.workload.DEFAULT`)
         Output side S in pixels; images come out (3, S, S).
     crop_scale : (float, float), default (0.6, 1.0)
         Range of the crop's area as a fraction of the image's area.
@@ -63,7 +64,7 @@ class ImageTransformConfig:
         On construction, for any out-of-range value.
     """
 
-    image_size: int = 128
+    image_size: int = DEFAULT.image_size
     crop_scale: tuple[float, float] = (0.6, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip_p: float = 0.5
@@ -209,7 +210,7 @@ class BaselineDataset(Dataset):
         The images, captions and labels.
     tokenizer : tokenizers.Tokenizer
         From :func:`helpers.pipeline.text.load_or_build_tokenizer`.
-    image_size : int, default 128
+    image_size : int, default 64 (:data:`helpers.workload.DEFAULT`)
         Output side S in pixels.
     text_len : int, default 16
         Token ids per caption.
@@ -226,7 +227,7 @@ class BaselineDataset(Dataset):
         disagrees with ``image_size``.
     """
 
-    def __init__(self, index, tokenizer, *, image_size: int = 128, text_len: int = 16, seed: int = 0,
+    def __init__(self, index, tokenizer, *, image_size: int = DEFAULT.image_size, text_len: int = DEFAULT.text_len, seed: int = 0,
                  transform: ImageTransformConfig | None = None) -> None:
         if transform is None:
             transform = ImageTransformConfig(image_size=image_size)

@@ -103,6 +103,7 @@ from helpers.pipeline.decode import (
 from helpers.pipeline.images import BadImage
 from helpers.pipeline.sampler import batch_epoch, check_int
 from helpers.pipeline.text import encode_batch, encode_one
+from helpers.workload import DEFAULT
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
 
@@ -214,7 +215,7 @@ class BatchedDataset:
         Images, captions and labels (kept as NumPy arrays: pytorch/pytorch#13246).
     tokenizer : tokenizers.Tokenizer
         From :func:`helpers.pipeline.text.load_or_build_tokenizer`.
-    image_size : int, default 128
+    image_size : int, default 64 (:data:`helpers.workload.DEFAULT`)
         Output side S in pixels.
     text_len : int, default 16
         Token ids per caption.
@@ -257,7 +258,7 @@ class BatchedDataset:
     (the pool's threads do not survive a fork) and starts a new one.
     """
 
-    def __init__(self, index, tokenizer, *, image_size: int = 128, text_len: int = 16, seed: int = 0,
+    def __init__(self, index, tokenizer, *, image_size: int = DEFAULT.image_size, text_len: int = DEFAULT.text_len, seed: int = 0,
                  threads: int = 0, pin_memory: bool = False, transform: ImageTransformConfig | None = None,
                  decode: DecodeConfig | None = None, buffers: int = 3, max_substitutes: int = 8) -> None:
         if transform is None:

@@ -29,6 +29,7 @@ import numpy as np
 from helpers.errors import DataError, ParameterError
 from helpers.fsutil import write_atomic
 from helpers.pipeline.dataset import default_data_root
+from helpers.workload import DEFAULT
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def configure_length(tokenizer, text_len: int):
     return tokenizer
 
 
-def build_tokenizer(captions: Sequence[str], *, vocab_size: int = 512, text_len: int = 16):
+def build_tokenizer(captions: Sequence[str], *, vocab_size: int = 512, text_len: int = DEFAULT.text_len):
     """Train a BPE tokenizer on captions, deterministically.
 
     Parameters
@@ -136,7 +137,7 @@ def _write_atomic(path: Path, text: str) -> None:
     write_atomic(path, text)
 
 
-def load_or_build_tokenizer(index, path: Path | str | None = None, text_len: int = 16, *, vocab_size: int = 512):
+def load_or_build_tokenizer(index, path: Path | str | None = None, text_len: int = DEFAULT.text_len, *, vocab_size: int = 512):
     """Load the tokenizer of a dataset from its cache, or build and cache it.
 
     Parameters

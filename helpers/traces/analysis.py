@@ -23,7 +23,7 @@ import numpy as np
 
 from helpers import bottleneck, stragglers
 from helpers.bottleneck import Bottleneck
-from helpers.checklist import BASELINE, item, notebook_ref
+from helpers.checklist import BASELINE, COLLECTIVES, notebook_ref
 from helpers.errors import ParameterError
 from helpers.results import Record, ResultsStore
 from helpers.traces.model import DEVICE_PHASES, HOST_PHASES, RankTrace, StepPhases, TraceError
@@ -43,8 +43,8 @@ FEW_STEPS = 3
 #: Top operators kept in the analysis (the readers keep at most 20 per rank, :class:`RankTrace`).
 TOP_OPS = 10
 
-_NOTEBOOK_01 = notebook_ref(item(BASELINE).name)
-_COLLECTIVES = notebook_ref("collectives")
+_NOTEBOOK_01 = notebook_ref(BASELINE)
+_COLLECTIVES = notebook_ref(COLLECTIVES)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from helpers import machine
 from helpers.errors import ParameterError
 from helpers.npu_probe import prepare_torch_import
-from helpers.specs import spec_for, validate_notebook_params
+from helpers.experiments.registry import spec_for, validate_notebook_params
 from helpers.workbook.runner import load_profile
 
 #: Targets for a 2-core CPU, quick profile, embedded data: issue 14's for the decode (6x the per-image

@@ -27,7 +27,8 @@ from helpers import machine
 from helpers.fsutil import ensure_writable_dir
 from helpers.jobspec import FACTORY_DEFAULTS_KEY, JOB_SIZE_PARAMS
 from helpers.npu_probe import prepare_torch_import
-from helpers.specs import INTERLEAVED_REPEATS, injected_parameter_names, spec_for, validate_notebook_params
+from helpers.experiments.registry import interleaved_repeats, spec_for, validate_notebook_params
+from helpers.specs import injected_parameter_names
 from helpers.workbook.paths import interactive_dir
 
 log = logging.getLogger(__name__)
@@ -259,7 +260,7 @@ def guard_verdict(verdict, check):
             state["verdict_stands"] = True
             return replace(verdict, extra=extra, reason=f"{verdict.reason}; {load}; {interval} lies below the "
                                                         f"{threshold:.2f}x threshold, so the verdict stands")
-        param = INTERLEAVED_REPEATS.get(verdict.notebook)
+        param = interleaved_repeats().get(verdict.notebook)
         more = (f"this notebook's {param!r} parameter, or the runner's --patience K for every notebook"
                 if param else "the runner's --patience K")
         why = (f"{check.sentence()}, or measure more repeats ({more}): {interval} does not clear the "

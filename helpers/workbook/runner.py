@@ -53,7 +53,8 @@ from helpers.fsutil import ensure_writable_dir, write_atomic
 from helpers.pipeline.dataset import list_image_files
 from helpers.pipeline.images import IMAGE_SUFFIXES
 from helpers.pipeline.scan_cache import cache_fallback_note, cached_scan
-from helpers.specs import DEVICE_CHOICES, INTERLEAVED_REPEATS, PROFILES, spec_for, validate_notebook_params
+from helpers.experiments.registry import interleaved_repeats, notebook_ids, spec_for, validate_notebook_params
+from helpers.specs import DEVICE_CHOICES, PROFILES
 from helpers.workbook.paths import notebooks_dir, runs_dir
 from helpers.workbook.report import write_report
 
@@ -226,14 +227,14 @@ def load_profile(name: str, folder: Path | None = None) -> dict:
         raise ParameterError(f"--profile: {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ParameterError(f"profile file {path.name} must hold a mapping, got {type(data).__name__}")
-    unknown = [k for k in data if k != "common" and k not in checklist.notebook_ids()]
+    unknown = [k for k in data if k != "common" and k not in notebook_ids()]
     if unknown:
         raise ParameterError(f"profile file {path.name} has section(s) {', '.join(map(repr, unknown))} that name no "
-                             f"notebook; known: common, {', '.join(checklist.notebook_ids())}")
+                             f"notebook; known: common, {', '.join(notebook_ids())}")
     common = data.get("common") or {}
     if not isinstance(common, dict):
         raise ParameterError(f"profile file {path.name}: 'common' must be a mapping of parameter names to values")
-    known = {p.name for nb in checklist.notebook_ids() for p in spec_for(nb)}
+    known = {p.name for nb in notebook_ids() for p in spec_for(nb)}
     typos = sorted(set(common) - known)
     if typos:  # a name no notebook declares would be ignored everywhere: a typo, said before any work
         raise ParameterError(f"profile file {path.name}: 'common' sets {', '.join(map(repr, typos))}, which no "
@@ -331,7 +332,7 @@ MAX_PATIENCE = 100
 
 
 def apply_patience(notebook: str, params: dict, patience: int) -> dict:
-    """``params`` with the notebook's interleaved repeats (:data:`helpers.specs.INTERLEAVED_REPEATS`) multiplied.
+    """``params`` with the notebook's interleaved repeats (:func:`helpers.experiments.registry.interleaved_repeats`) multiplied.
 
     Parameters
     ----------
@@ -356,7 +357,7 @@ def apply_patience(notebook: str, params: dict, patience: int) -> dict:
     if isinstance(patience, bool) or not isinstance(patience, int) or not 1 <= patience <= MAX_PATIENCE:
         raise ParameterError(f"--patience must be an integer from 1 to {MAX_PATIENCE} (how many times as many "
                              f"interleaved repeats to measure), got {patience!r}")
-    name = INTERLEAVED_REPEATS.get(notebook)
+    name = interleaved_repeats().get(notebook)
     if patience == 1 or name is None:
         return dict(params)
     spec = {p.name: p for p in spec_for(notebook)}[name]

@@ -29,14 +29,14 @@ from pathlib import Path
 
 from helpers.fsutil import write_atomic
 
-from helpers.workbook.report.collect import (CHECKLIST, MAX_CAUSE_CHARS, NotebookSection, Report, collect,
+from helpers.workbook.report.collect import (MAX_CAUSE_CHARS, NotebookSection, Report, checklist_items, collect,
                                              error_cause, failed_cell, overall_verdict)
 from helpers.workbook.report.format import WHY_MAX_CHARS, headline, short_reason
 from helpers.workbook.report.html import to_html
 from helpers.workbook.report.markdown import to_markdown
 
 __all__ = [
-    "CHECKLIST",
+    "checklist_items",
     "MAX_CAUSE_CHARS",
     "NotebookSection",
     "Report",

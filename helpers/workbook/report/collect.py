@@ -25,7 +25,8 @@ from helpers.bottleneck import LABELS as BOTTLENECK_LABELS
 from helpers.errors import ParameterError
 from helpers.process import cli_command
 from helpers.results import load_results
-from helpers.specs import spec_for
+from helpers.experiments import registry
+from helpers.experiments.registry import spec_for
 from helpers.verdict import Action
 from helpers.workbook.paths import notebooks_dir, repo_root
 from helpers.workbook.report.format import _fmt, _fmt_value, _is_num, _spread_text, headline, short_reason
@@ -35,12 +36,13 @@ log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
 RESULTS_FILE = "results.jsonl"
 
-#: The workbook's checklist, from the registry: notebook number -> item name, in reading order.
-CHECKLIST: tuple[tuple[str, str], ...] = tuple((i.number, i.name) for i in checklist.CHECKLIST)
-#: Notebook number -> its id, from the registry.
-CHECKLIST_IDS: tuple[tuple[str, str], ...] = tuple((i.number, i.id) for i in checklist.CHECKLIST)
-_BASELINE_NUMBER = checklist.item(checklist.BASELINE).number
-_END_TO_END_NUMBER = checklist.item(checklist.END_TO_END).number
+_BASELINE_NUMBER = checklist.BASELINE[:2]
+_END_TO_END_NUMBER = checklist.END_TO_END[:2]
+
+
+def checklist_items() -> tuple[tuple[str, str], ...]:
+    """The workbook's checklist, from the registry: (notebook number, item name), in reading order."""
+    return tuple((i.number, i.name) for i in registry.items())
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -450,7 +452,7 @@ def _section_ids(state: dict, records: pd.DataFrame) -> dict[str, str]:
     ids: dict[str, str] = {}
     sources = [n.get("id") for n in state.get("notebooks", []) if isinstance(n, dict)]
     sources += list(records["notebook"].unique()) if len(records) else []
-    sources += list(checklist.notebook_ids())
+    sources += list(registry.notebook_ids())
     for nb_id in sources:
         if isinstance(nb_id, str) and nb_id[:2].isdigit():
             ids.setdefault(nb_id[:2], nb_id)
@@ -490,8 +492,8 @@ def collect(run_dir: Path) -> Report:
         notes.append("The run folder has no results.jsonl: no notebook recorded a result yet.")
     by_id = {n.get("id"): n for n in state.get("notebooks", []) if isinstance(n, dict)}
     ids = _section_ids(state, records)
-    names = dict(CHECKLIST)
-    order = [num for num, _ in CHECKLIST]
+    names = dict(checklist_items())
+    order = [num for num, _ in checklist_items()]
     order += sorted(num for num in ids if num not in names)
     extra_ids = [nb for nb in (records["notebook"].unique() if len(records) else [])
                  if not (isinstance(nb, str) and nb[:2].isdigit())]
@@ -596,20 +598,18 @@ def overall_verdict(report: Report) -> str:
     return "no baseline measured yet (notebook 01)" + (f"; run status: {status}" if status else "")
 
 
-_OPTIMIZATION_OF = {o.notebook: o.name for o in checklist.OPTIMIZATIONS if not o.decision}
-
-
 def _decisions(s: "NotebookSection") -> list[tuple[str, str | None, str | None]]:
     """(recommendation, action text, optimization name) of everything a section's verdict decides.
 
     The verdict itself decides its notebook's main optimization (its structured action); an optimization
-    with a ``decision`` key (:class:`helpers.checklist.Optimization`) is decided by the mapping the verdict
+    with a ``decision`` key (:class:`helpers.experiments.base.Optimization`) is decided by the mapping the verdict
     keeps under ``extra[key]`` (notebook 02's decode-once cache), listed after it when present.
     """
     v = s.verdict or {}
-    out = [(str(v.get("recommendation")), _action(s), _OPTIMIZATION_OF.get(s.id))]
+    main = next((o.name for o in registry.optimizations() if o.notebook == s.id and not o.decision), None)
+    out = [(str(v.get("recommendation")), _action(s), main)]
     extra = v.get("extra") if isinstance(v.get("extra"), dict) else {}
-    for o in checklist.OPTIMIZATIONS:
+    for o in registry.optimizations():
         own = extra.get(o.decision) if o.decision and o.notebook == s.id else None
         if isinstance(own, dict) and own.get("recommendation") in ("enable", "leave off"):
             action = Action.from_dict(own.get("action"))
@@ -655,7 +655,7 @@ def _new_run_command(state: dict, numbers) -> str:
     opts = "".join(f" --{k} {shlex.quote(str(state[k]))}" for k in ("profile", "device", "job") if state.get(k))
     if state.get("data_dir"):
         opts += f" --data-dir {shlex.quote(str(state['data_dir']))}"
-    ids, declared = dict(CHECKLIST_IDS), set()
+    ids, declared = {i.number: i.id for i in registry.items()}, set()
     for num in nums:
         if _has_spec(ids.get(num, "")):
             declared |= {p.name for p in spec_for(ids[num])}
@@ -670,7 +670,7 @@ def _not_measured_by_end_to_end(report: Report) -> str | None:
     end = next((s for s in report.sections if s.number == _END_TO_END_NUMBER and s.verdict), None)
     extra = end.verdict.get("extra") if end is not None and isinstance(end.verdict.get("extra"), dict) else {}
     missing = [str(m) for m in extra.get("missing_verdicts") or () if isinstance(m, str)]
-    names = [f"{o.name} ({o.notebook[:2]})" for o in checklist.OPTIMIZATIONS if o.notebook in missing]
+    names = [f"{o.name} ({o.notebook[:2]})" for o in registry.optimizations() if o.notebook in missing]
     if not names:
         return None
     state = report.state or {}
