@@ -12,10 +12,11 @@ import torch
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
 from helpers.experiments import training
+from helpers.experiments.base import JobPlan
 from helpers.experiments.e2e_checks import ablation_frame, attribute, compute_side_lines, contribution_decision, project
 from helpers.experiments.e2e_jobs import (OPTIMIZATIONS, JobConfig, JobSummary, JobVariant, ablation_configs,
-                                          check_optimizations, run_interleaved, same_input_check, speedup, summarize,
-                                          summary_frame)
+                                          check_optimizations, plan_for, run_interleaved, same_input_check, speedup,
+                                          summarize, summary_frame)
 from helpers.experiments.e2e_select import SOURCE_NOTEBOOKS, device_defaults, select_optimizations
 from helpers.experiments.e2e_verdict import batch_size_note, e2e_verdict, next_step, target_sentence
 from helpers.jobs.base import Workload
@@ -524,3 +525,105 @@ def test_the_decode_once_cache_follows_notebook_02s_own_decision_and_needs_batch
     df = _results(tmp_path / "c", [("02_batched_decode", "enable", {}, {})])  # 02 ran without the cache
     by = {c.name: c for c in select_optimizations(["auto"], df, cpu).choices}
     assert not by["dataset_cache"].enabled and "did not measure it" in by["dataset_cache"].detail
+
+
+# ------------------------------------------------------------------ the plan: each optimization's apply hook
+
+
+def _todays_choices(config, acc):
+    """What JobVariant.__init__ chose before the JobPlan (the reference plan_for must keep)."""
+    from helpers.jobs.base import StepOptions
+
+    pipeline = ("cached" if config.has("dataset_cache") else "batched") if config.has("batched_decode") else "baseline"
+    return JobPlan(pipeline=pipeline, num_workers=config.num_workers if config.has("dataloader_workers") else 0,
+                   pin_memory=config.has("pinned_memory") and acc.capabilities.pinned_memory.available,
+                   prefetcher=config.has("prefetcher"),
+                   options=StepOptions(autocast_dtype=getattr(torch, config.amp_dtype)
+                                       if config.has("mixed_precision") else None,
+                                       channels_last=config.has("channels_last")))
+
+
+def _fake_cuda():
+    from types import SimpleNamespace
+
+    from helpers.device import Capabilities, Capability
+
+    yes = Capability(True, "faked")
+    return SimpleNamespace(kind="cuda", name="fake", is_cpu=False,
+                           capabilities=Capabilities(pinned_memory=yes, non_blocking_copy=yes, streams=yes, events=yes,
+                                                     memory_stats=yes, channels_last=yes,
+                                                     autocast_dtypes=("bfloat16", "float16")))
+
+
+@pytest.mark.parametrize("names", [(), *[(n,) for n in OPTIMIZATIONS], ("batched_decode", "dataset_cache"),
+                                   OPTIMIZATIONS])
+def test_plan_for_keeps_todays_choices_for_each_optimization(cpu, names):
+    for acc in (cpu, _fake_cuda()):
+        for settings in ({"num_workers": 3, "amp_dtype": "float16"}, {}):
+            cfg = JobConfig("opt", tuple(names), **settings)
+            assert plan_for(cfg, acc) == _todays_choices(cfg, acc), (acc.kind, names, settings)
+
+
+def test_job_config_settings_and_label_come_from_each_optimizations_setting():
+    cfg = JobConfig("opt", ("dataloader_workers", "mixed_precision", "channels_last"), num_workers=3,
+                    amp_dtype="float16")
+    assert cfg.settings == {"amp_dtype": "float16", "num_workers": 3}
+    assert cfg.label() == "dataloader_workers (3), mixed_precision (float16), channels_last"
+
+
+def test_device_defaults_on_a_cuda_device_switch_the_accelerator_helpers_on():
+    d = device_defaults(_fake_cuda())
+    assert set(d) == set(OPTIMIZATIONS)
+    assert d["dataloader_workers"][0] and d["pinned_memory"][0] and d["prefetcher"][0] and d["mixed_precision"][0]
+    assert not d["dataset_cache"][0] and d["channels_last"][0]
+
+
+# ------------------------------------------------------------------ the experiment's run and its result
+
+
+_PARAMS = {**TINY.as_dict(), "optimizations": ["batched_decode", "channels_last"], "job": "", "ablation": True,
+           "steps": 2, "warmup_steps": 0, "curve_steps": 3, "loss_rtol": 0.5, "projection_steps": 1000,
+           "host_bound_threshold": 0.1, "data_dir": "", "max_images": 0}
+
+
+def test_the_run_records_every_figure_in_the_notebooks_order_and_decides(data, cpu):
+    from helpers.experiments import endtoend
+
+    index, tok = data
+    setup = endtoend.choose(PPOJob(index, tok, TINY), cpu, _PARAMS, None)
+    assert setup.optimized.optimizations == ("batched_decode", "channels_last") and setup.timed_steps() == 10
+    assert "optimized job: batched_decode, channels_last" in setup.selection_text()
+    assert "12 images" in setup.data_sentence()
+    result = endtoend.run(setup)
+    keys = [(c[0], c[1][0], c[1][1] if c[0] != "add_comparison" else "") for c in result.records().calls]
+    assert keys[0] == ("add", "same input", "first batch")
+    assert [k for k in keys if k[1] == "step time"] == [
+        ("add_measurement", "step time", n) for n in ("baseline", "optimized", "without batched_decode",
+                                                       "without channels_last", "input-free ceiling")]
+    experiments = [c[1][0] for c in result.records().calls]
+    order = ["same input", "step time", "exposed input", "throughput", "input-free ceiling", "cross-check",
+             "learning", "ablation", "ablation contribution", "projection"]
+    assert [e for e in dict.fromkeys(experiments) if e != "ablation phase contribution"] == order
+    assert experiments[-2:] == ["projection", "projection"] and experiments.count("cross-check") == len(result.cross)
+    v = result.verdict()
+    assert v.notebook == "10_end_to_end" and v.metric == "speedup" and v.unit == "x"
+    assert v.extra["optimizations"] == ["batched_decode", "channels_last"] and "PPO on a multimodal" in v.context
+    assert v.recommendation in ("enable", "leave off", "inconclusive")
+    assert result.in_short().startswith("In short:\n- speedup ")
+    assert "batched_decode: acts on the input (data+h2d) phase" in result.ablation_text()
+    spec = result.try_it(cpu, _PARAMS)
+    assert set(spec.knobs) == {*OPTIMIZATIONS, "steps"} and spec.knobs["batched_decode"] is True
+    assert spec.knobs["pinned_memory"].options == (("off (nothing to act on here)", False),)  # a CPU: fixed
+    assert spec.knobs["steps"].value == 2 and spec.reference.label == "decode+NHWC"
+
+
+def test_a_result_without_optimizations_is_not_applicable_and_skips_the_ablation(data, cpu):
+    from helpers.experiments import endtoend
+
+    index, tok = data
+    setup = endtoend.choose(PPOJob(index, tok, TINY), cpu, {**_PARAMS, "optimizations": []}, None)
+    result = endtoend.run(setup)
+    assert result.ablation is None and result.ablation_text() == "ablation skipped: the optimized job has 0 " \
+                                                                  "optimization(s)"
+    assert "ablation" not in {c[1][0] for c in result.records().calls}
+    assert result.verdict().recommendation in ("not applicable", "inconclusive")
