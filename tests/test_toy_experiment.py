@@ -55,20 +55,21 @@ import json, sys
 from pathlib import Path
 from helpers.experiments import registry
 from helpers.results import ResultsStore, load_results
+from helpers.verdict import Action
 from helpers.workbook.runner import RunOptions, load_profile, run
 
 assert registry.notebook_ids()[-1] == "11_toy_sum", registry.notebook_ids()
 assert "toy_sum" in registry.optimization_names()
 assert load_profile("smoke")["11_toy_sum"] == {"size": 1000, "repeats": 3}
 
-run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("11",), out=Path("run"), timeout_s=600),
+run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("11",), out=Path("run").resolve(), timeout_s=600),
                      echo=print)
 assert state.status == "ok", {n.id: n.error for n in state.notebooks}
 table = load_results(run_dir / "results.jsonl")
 rows = table[table["notebook"] == "11_toy_sum"]
 assert set(rows["experiment"]) >= {"sum", "verdict", "machine state", "try it"}, sorted(set(rows["experiment"]))
 html = (run_dir / "report.html").read_text()
-assert "toy sum" in html and "Sum a tensor two ways" in html
+assert "11 toy sum" in html and "11_toy_sum.ipynb" in html
 
 from helpers.device import get_accelerator
 from helpers.experiments import e2e_jobs, e2e_select
@@ -76,7 +77,7 @@ from helpers.experiments import e2e_jobs, e2e_select
 cpu = get_accelerator("cpu")
 ResultsStore(Path("fake.jsonl"), notebook="11_toy_sum").verdict(
     metric="speedup", value=1.5, unit="x", recommendation="enable", reason="fake",
-    action={"setting": "toy_sum", "value": True, "text": "toy_sum=True"})
+    action=Action("toy_sum", True, "toy_sum=True"))
 sel = e2e_select.select_optimizations(["auto"], load_results(Path("fake.jsonl")), cpu, native_bf16=False)
 by = {c.name: c for c in sel.choices}
 assert by["toy_sum"].enabled and by["toy_sum"].source == "verdict", by["toy_sum"]
@@ -90,9 +91,9 @@ print("TOY OK")
 @pytest.mark.notebook
 def test_a_new_experiment_from_the_guide_is_picked_up_everywhere(tmp_path):
     repo = tmp_path / "repo"
-    shutil.copy(ROOT / "pyproject.toml", repo / "pyproject.toml")
     for name in ("helpers", "notebooks"):
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+    shutil.copy(ROOT / "pyproject.toml", repo / "pyproject.toml")
     (repo / "data").mkdir()
     for path, text in guide_files().items():
         target = repo / path
