@@ -231,7 +231,7 @@ AROUND_RECORD = ("ctx.store", ".add_verdict(", "store.add", "store.verdict(", "s
 #: notebook from here when it is converted; the tests below then hold it to the shape.
 NOT_YET_THIN = {"01_baseline_profiling", "02_batched_decode", "03_dataloader_tuning", "04_pinned_memory",
                 "05_stream_overlap", "06_mixed_precision", "07_channels_last", "08_collectives",
-                "09_memory_and_batch_size", "10_end_to_end"}
+                "09_memory_and_batch_size"}
 
 
 def code_cells(path: Path) -> list[str]:
