@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from helpers import bottleneck, checklist
-from helpers.experiments import endtoend, registry
+from helpers.experiments import e2e_checks, e2e_jobs, e2e_select, registry
 from helpers.workbook import report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,10 +80,10 @@ def test_profiles_name_only_registered_notebooks():
 
 def test_readers_take_the_registry():
     assert report.checklist_items() == tuple((i.number, i.name) for i in registry.items())
-    assert endtoend.OPTIMIZATIONS == registry.optimization_names()
-    assert endtoend.SOURCE_NOTEBOOKS == {o.name: o.notebook for o in registry.optimizations()}
-    assert endtoend.ACTS_ON == {o.name: o.acts_on for o in registry.optimizations()}
-    assert set(endtoend.device_defaults(_cpu(), native_bf16=False)) == set(registry.optimization_names())
+    assert e2e_jobs.OPTIMIZATIONS == registry.optimization_names()
+    assert e2e_select.SOURCE_NOTEBOOKS == {o.name: o.notebook for o in registry.optimizations()}
+    assert e2e_checks.ACTS_ON == {o.name: o.acts_on for o in registry.optimizations()}
+    assert set(e2e_select.device_defaults(_cpu(), native_bf16=False)) == set(registry.optimization_names())
 
 
 def _cpu():

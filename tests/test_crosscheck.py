@@ -105,7 +105,7 @@ def test_apply_makes_a_verdict_inconclusive_and_keeps_what_it_measured():
 
 
 def test_notebook_10_reads_notebook_01s_phases_only_for_the_same_job(tmp_path):
-    from helpers.experiments.endtoend import earlier_baseline_phases
+    from helpers.experiments.e2e_checks import earlier_baseline_phases
     from helpers.jobs.base import Workload
 
     params = {"batch_size": 32, "image_size": 64, "text_len": 16, "model_width": 16, "d_model": 64, "seed": 0,

@@ -120,19 +120,20 @@ def test_notebook_06_verdict_when_fp32_diverges_too_and_when_only_bf16_does(cpu,
 
 
 def test_notebook_10_verdict_does_not_blame_the_optimizations_when_the_baseline_diverges(cpu):
-    from helpers.experiments import endtoend as e2e
+    from helpers.experiments.e2e_jobs import JobConfig, JobSummary, JobVariant, run_interleaved, speedup, summarize
+    from helpers.experiments.e2e_verdict import e2e_verdict
     from helpers.experiments.training import learning_check
     from helpers.jobs.check import loop_divergence
 
     job = load_job(f"{JOBS}:make_nan_job")
-    base = e2e.JobVariant(e2e.JobConfig("baseline"), job, cpu)
-    opt = e2e.JobVariant(e2e.JobConfig("optimized", ("mixed_precision",)), job, cpu)
+    base = JobVariant(JobConfig("baseline"), job, cpu)
+    opt = JobVariant(JobConfig("optimized", ("mixed_precision",)), job, cpu)
     try:
-        e2e.run_interleaved([base, opt], steps=4, warmup_steps=1)
+        run_interleaved([base, opt], steps=4, warmup_steps=1)
         div = loop_divergence({"the baseline": base, "the optimized job": opt}, baseline="the baseline")
         learned = learning_check(base.steps_frame()["loss"], opt.steps_frame()["loss"], 0.1, loss_name="loss")
-        v = e2e.e2e_verdict(e2e.speedup(base, opt), learned, e2e.summarize(base), opt.config,
-                            host_bound_threshold=0.1, divergence=div)
+        v = e2e_verdict(speedup(base, opt), learned, summarize(base), opt.config,
+                        host_bound_threshold=0.1, divergence=div)
     finally:
         base.close()
         opt.close()
@@ -143,9 +144,9 @@ def test_notebook_10_verdict_does_not_blame_the_optimizations_when_the_baseline_
     only = loss_divergence({"the baseline": [1.0, 0.5], "the optimized job": [1.0, float("nan")]},
                            baseline="the baseline")
     learned = learning_check([1.0] * 4, [1.0] * 4, 0.1)
-    summary = e2e.JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.25, 0.0, 0.05, 100.0, 0.8, 0.2, None, 4)
-    w = e2e.e2e_verdict(_cmp([300, 310, 290, 305], [100, 101, 99, 102]), learned, summary,
-                        e2e.JobConfig("opt", ("mixed_precision",)), host_bound_threshold=0.1, divergence=only)
+    summary = JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.25, 0.0, 0.05, 100.0, 0.8, 0.2, None, 4)
+    w = e2e_verdict(_cmp([300, 310, 290, 305], [100, 101, 99, 102]), learned, summary,
+                    JobConfig("opt", ("mixed_precision",)), host_bound_threshold=0.1, divergence=only)
     assert w.recommendation == "leave off" and "diverges only in the optimized job" in w.reason
 
 

@@ -72,18 +72,18 @@ html = (run_dir / "report.html").read_text()
 assert "11 toy sum" in html and "11_toy_sum.ipynb" in html
 
 from helpers.device import get_accelerator
-from helpers.experiments import endtoend
+from helpers.experiments import e2e_jobs, e2e_select
 
 cpu = get_accelerator("cpu")
 ResultsStore(Path("fake.jsonl"), notebook="11_toy_sum").verdict(
     metric="speedup", value=1.5, unit="x", recommendation="enable", reason="fake",
     action=Action("toy_sum", True, "toy_sum=True"))
-sel = endtoend.select_optimizations(["auto"], load_results(Path("fake.jsonl")), cpu, native_bf16=False)
+sel = e2e_select.select_optimizations(["auto"], load_results(Path("fake.jsonl")), cpu, native_bf16=False)
 by = {c.name: c for c in sel.choices}
 assert by["toy_sum"].enabled and by["toy_sum"].source == "verdict", by["toy_sum"]
 assert "toy_sum" in sel.optimizations
-assert endtoend.device_defaults(cpu, native_bf16=False)["toy_sum"] == (False, "a toy: on only where its verdict says so")
-assert endtoend.check_optimizations(["toy_sum"]) == ("toy_sum",)
+assert e2e_select.device_defaults(cpu, native_bf16=False)["toy_sum"] == (False, "a toy: on only where its verdict says so")
+assert e2e_jobs.check_optimizations(["toy_sum"]) == ("toy_sum",)
 print("TOY OK")
 '''
 

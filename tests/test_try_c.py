@@ -1,5 +1,5 @@
 """The "try it" functions of notebooks 08, 09 and 10: collectives.try_allreduce, memory.try_batch_size,
-endtoend.try_optimizations (and their live_point helpers).
+e2e_try.try_optimizations (and their live_point helpers).
 
 Behaviour only, at tiny sizes: each returns LivePoints with the right metric and unit, the knob values reach the
 mechanism, a bad knob raises ParameterError before any work, a sweep yields one point per setting and calls
@@ -18,7 +18,8 @@ from helpers.comm import allreduce as ar
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
 from helpers.experiments import collectives as coll
-from helpers.experiments import endtoend as e2e
+from helpers.experiments import e2e_try
+from helpers.experiments.e2e_jobs import OPTIMIZATIONS, JobConfig
 from helpers.experiments import memory as mem
 from helpers.jobs.base import Workload
 from helpers.jobs.ppo import PPOJob
@@ -259,7 +260,7 @@ def test_batch_size_on_the_cpu_measures_the_built_in_job_as_the_finder_does(data
 def test_speedup_point_from_the_notebooks_comparison():
     c = Comparison.from_measurements(Measurement("baseline", (0.02, 0.021, 0.019, 0.02), 1, items_per_call=4),
                                      Measurement("optimized", (0.01, 0.011, 0.009, 0.01), 1, items_per_call=4))
-    p = e2e.live_point(c, e2e.JobConfig("optimized", ("batched_decode", "channels_last")))
+    p = e2e_try.live_point(c, JobConfig("optimized", ("batched_decode", "channels_last")))
     assert p.metric == "speedup" and p.unit == "x" and p.value == pytest.approx(c.ratio)
     assert (p.low, p.high) == (pytest.approx(c.ci_low), pytest.approx(c.ci_high))
     assert p.label == "decode+NHWC" and p.extra["optimizations"] == ["batched_decode", "channels_last"]
@@ -274,18 +275,18 @@ def test_speedup_point_from_the_notebooks_comparison():
 def test_the_switches_reach_the_optimized_job(data, cpu, switches, expect):
     index, tok = data
     calls = []
-    p = e2e.try_optimizations(PPOJob(index, tok, TINY), cpu, steps=2, warmup_steps=0, num_workers=1,
-                              progress=lambda d, t: calls.append((d, t)), **switches)
+    p = e2e_try.try_optimizations(PPOJob(index, tok, TINY), cpu, steps=2, warmup_steps=0, num_workers=1,
+                                  progress=lambda d, t: calls.append((d, t)), **switches)
     assert p.metric == "speedup" and p.unit == "x" and p.low <= p.value <= p.high
-    assert p.extra["optimizations"] == [n for n in e2e.OPTIMIZATIONS if switches.get(n)]
+    assert p.extra["optimizations"] == [n for n in OPTIMIZATIONS if switches.get(n)]
     assert {k: p.extra[k] for k in expect} == expect
     assert calls[-1] == (4, 4) and [d for d, _ in calls] == sorted(d for d, _ in calls)  # 2 jobs x 2 steps
 
 
 def test_every_switch_off_is_an_aa_comparison(data, cpu):
     index, tok = data
-    p = e2e.try_optimizations(PPOJob(index, tok, TINY), cpu, steps=2, warmup_steps=0,
-                              **{n: False for n in e2e.OPTIMIZATIONS})
+    p = e2e_try.try_optimizations(PPOJob(index, tok, TINY), cpu, steps=2, warmup_steps=0,
+                                  **{n: False for n in OPTIMIZATIONS})
     assert p.label == "none (A/A)" and p.extra["optimizations"] == [] and p.extra["steps"] == 2
 
 
@@ -299,6 +300,6 @@ def test_every_switch_off_is_an_aa_comparison(data, cpu):
     ({}, {"steps": 0}, "steps"),
 ])
 def test_bad_switches_are_rejected_before_any_job_is_built(monkeypatch, switches, kw, match):
-    monkeypatch.setattr(e2e, "JobVariant", lambda *a, **k: pytest.fail("no job may be built"))
+    monkeypatch.setattr(e2e_try, "JobVariant", lambda *a, **k: pytest.fail("no job may be built"))
     with pytest.raises(ParameterError, match=match):
-        e2e.try_optimizations(object(), object(), **{"steps": 2, "warmup_steps": 0, **kw}, **switches)
+        e2e_try.try_optimizations(object(), object(), **{"steps": 2, "warmup_steps": 0, **kw}, **switches)

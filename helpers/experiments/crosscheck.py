@@ -116,7 +116,7 @@ def untouched_phases(baseline_steps, other_steps, optimizations: Sequence[str], 
     ----------
     baseline_steps, other_steps : pandas.DataFrame
         Per measured step, the phase columns ``data``, ``h2d``, ``compute``
-        (seconds) and ``step_s`` (:meth:`helpers.experiments.endtoend.JobVariant.steps_frame`).
+        (seconds) and ``step_s`` (:meth:`helpers.experiments.e2e_jobs.JobVariant.steps_frame`).
     optimizations : sequence of str
         The optimizations that differ between the two jobs (names of
         :func:`helpers.experiments.registry.acts_on`).

@@ -208,13 +208,13 @@ def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | 
                run: str | None = None) -> dict[str, Any]:
     """Notebook 10's measurement of the built-in job without the notebooks: baseline, optimized, input-free ceiling.
 
-    The optimized job is chosen by :func:`helpers.experiments.endtoend.select_optimizations` as notebook 10
+    The optimized job is chosen by :func:`helpers.experiments.e2e_select.select_optimizations` as notebook 10
     chooses it: from the verdicts of the run folder ``run`` (its ``results.jsonl``: notebook 02's decode and
     cache decisions, 03's workers, ...; only what a verdict recommended), or, without ``run``, the device's stated
     defaults for every optimization (source "device default" in the selection: no dataset cache, no workers); the
     three jobs
     (baseline, optimized, and the optimized step on batches already on the device) are timed in interleaved
-    blocks (:func:`helpers.experiments.endtoend.run_interleaved`), with notebook 10's steps under ``profile``.
+    blocks (:func:`helpers.experiments.e2e_jobs.run_interleaved`), with notebook 10's steps under ``profile``.
 
     Returns
     -------
@@ -243,8 +243,9 @@ def end_to_end(*, profile: str = "quick", device: str = "auto", data_dir: str | 
     from dataclasses import replace
 
     from helpers.device import get_accelerator
-    from helpers.experiments.endtoend import (JobConfig, JobVariant, ceiling_fraction, run_interleaved,
-                                              select_optimizations, speedup, summarize)
+    from helpers.experiments.e2e_jobs import (JobConfig, JobVariant, ceiling_fraction, run_interleaved, speedup,
+                                              summarize)
+    from helpers.experiments.e2e_select import select_optimizations
     from helpers.jobs.base import Workload
     from helpers.jobs.ppo import PPOJob
 

@@ -164,6 +164,21 @@ class NotebookContext:
             if "image_size" in (self.params.get(FACTORY_DEFAULTS_KEY) or ()):
                 self.store.parameters.pop("image_size", None)  # the factory's own: the workbook does not know it
 
+    def earlier_results(self):
+        """This run's records so far (every earlier notebook's, from the results file), e.g. for notebook 10's
+        choice of optimizations from their verdicts.
+
+        Returns
+        -------
+        pandas.DataFrame or None
+            :func:`helpers.results.load_results` of the store's file (empty when it has none yet); None when the
+            store has no file.
+        """
+        from helpers.results import load_results
+
+        path = getattr(self.store, "path", None)
+        return load_results(path) if path else None
+
     @property
     def results_path(self) -> Path | None:
         """The run's results file (earlier notebooks' records are read from it; this one's go through

@@ -71,7 +71,7 @@ def ablation_bars(frame: "pd.DataFrame", *, title: str = ""):
     Parameters
     ----------
     frame : pandas.DataFrame
-        :func:`helpers.workbook.endtoend.ablation_frame`: index = variant
+        :func:`helpers.experiments.e2e_checks.ablation_frame`: index = variant
         ("all", "without <name>", ...), columns ``speedup``, ``ci_low``, ``ci_high`` (x).
     title : str
     """
@@ -109,7 +109,7 @@ def projection_bars(before_s: float, after_s: float, after_range_s: tuple[float,
         Range of the before-duration, seconds (the baseline's step-time quartiles).
     unit : (str, float)
         Unit name and seconds per unit, e.g. ``("hours", 3600.0)``
-        (:func:`helpers.workbook.endtoend.duration_unit`); used for every number.
+        (:func:`helpers.experiments.e2e_checks.duration_unit`); used for every number.
     title : str
     """
     name, div = unit

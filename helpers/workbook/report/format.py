@@ -14,6 +14,11 @@ import re
 
 import pandas as pd
 
+from helpers.units import format_number as _fmt
+from helpers.units import format_percent as _pct
+from helpers.units import format_value as _fmt_value
+from helpers.units import is_number as _is_num
+
 #: Records shown per notebook section; the rest stay in results.jsonl.
 MAX_RECORD_ROWS = 40
 #: An experiment with more records than this (a sweep, e.g. 08's allreduce sizes) is folded to its
@@ -40,59 +45,6 @@ GLOSSARY = (
 
 
 # --------------------------------------------------------------------------- numbers
-
-
-def _fmt(value, digits: int = 3) -> str:
-    """Format a number for a reader: 3 significant digits, thousands separators, "—" for none."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}" if abs(value) >= 10000 else str(value)
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    if v == 0:
-        return "0"
-    if abs(v) >= 1000:
-        return f"{v:,.0f}"
-    if abs(v) < 0.01:
-        return f"{v:.3g}"
-    return f"{v:.{digits}g}"
-
-
-def _is_num(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _pct(fraction: float) -> str:
-    """A fraction as percent, with the digits a small value needs: 77%, 2.5%, 0.1%, 0.05%, <0.001%.
-
-    Whole percents from 10% up; two significant digits below, so that a
-    value the notebook reported as "0.1%" is not shown as "0%".
-    """
-    p = 100 * float(fraction)
-    if p == 0:
-        return "0%"
-    if abs(p) >= 9.95:
-        return f"{p:.0f}%"
-    if abs(p) < 0.001:
-        return ("-" if p < 0 else "") + "<0.001%"
-    return f"{p:.2g}%"
-
-
-def _fmt_value(value, unit: str | None) -> str:
-    """A value with its unit: fractions as percent, ratios as ``1.23x``."""
-    unit = unit or ""
-    if not _is_num(value):
-        return "—"
-    if unit == "fraction":
-        return _pct(value)
-    if unit == "x":
-        return f"{value:.2f}x"
-    if unit == "bool":
-        return "yes" if value else "no"
-    return f"{_fmt(value)} {unit}".strip()
 
 
 def _spread_text(spread, unit: str | None = None) -> str:

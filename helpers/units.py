@@ -1,0 +1,97 @@
+"""Numbers for a reader: significant digits, percents and a value in its own unit.
+
+One formatter for every sentence and table that shows a recorded value: the run report
+(:mod:`helpers.workbook.report.format`) and the experiments that quote an earlier notebook's verdict in their
+own sentences (notebook 10's selection and ablation lines) print the same value the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["NO_VALUE", "format_number", "format_percent", "format_value", "is_number"]
+
+#: What a missing number reads as.
+NO_VALUE = "—"
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a finite int or float (a bool is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def format_number(value: Any, digits: int = 3) -> str:
+    """A number for a reader: ``digits`` significant digits, thousands separators, :data:`NO_VALUE` for none.
+
+    Parameters
+    ----------
+    value : int, float, None or object
+        An int is shown whole (with separators from 10,000 up); a float with ``digits`` significant digits
+        (whole from 1,000 up; 3 significant digits below 0.01); None or NaN as :data:`NO_VALUE`; anything
+        else that is no number as ``str(value)``.
+    digits : int
+        Significant digits between 0.01 and 1,000.
+
+    Returns
+    -------
+    str
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return NO_VALUE
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}" if abs(value) >= 10000 else str(value)
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) < 0.01:
+        return f"{v:.3g}"
+    return f"{v:.{digits}g}"
+
+
+def format_percent(fraction: float) -> str:
+    """A fraction as percent, with the digits a small value needs: 77%, 2.5%, 0.1%, 0.05%, <0.001%.
+
+    Whole percents from 10% up; two significant digits below, so that a value a notebook reported as
+    "0.1%" is not shown as "0%".
+    """
+    p = 100 * float(fraction)
+    if p == 0:
+        return "0%"
+    if abs(p) >= 9.95:
+        return f"{p:.0f}%"
+    if abs(p) < 0.001:
+        return ("-" if p < 0 else "") + "<0.001%"
+    return f"{p:.2g}%"
+
+
+def format_value(value: Any, unit: str | None) -> str:
+    """A value with its unit: fractions as percent, ratios as ``1.23x``, booleans as yes/no.
+
+    Parameters
+    ----------
+    value : float or None
+    unit : str or None
+        ``"fraction"`` -> :func:`format_percent`; ``"x"`` -> ``"1.72x"``; ``"bool"`` -> ``"yes"``/``"no"``;
+        otherwise ``"<format_number(value)> <unit>"``.
+
+    Returns
+    -------
+    str
+        :data:`NO_VALUE` when ``value`` is not a finite number (:func:`is_number`).
+    """
+    unit = unit or ""
+    if not is_number(value):
+        return NO_VALUE
+    if unit == "fraction":
+        return format_percent(value)
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "bool":
+        return "yes" if value else "no"
+    return f"{format_number(value)} {unit}".strip()
