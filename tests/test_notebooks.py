@@ -16,7 +16,7 @@ import pytest
 from helpers.results import load_results, verdicts
 from helpers.verdict import RECOMMENDATIONS
 from helpers.workbook.nbtools import is_check_cell
-from helpers.workbook.runner import RunOptions, discover_notebooks, run
+from helpers.workbook.runner import discover_notebooks
 from helpers.specs import spec_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,11 +72,8 @@ def test_parameters_cell_matches_spec(path):
         assert eval(info["default"]) == spec[name].default, name  # literals only
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke") / "run"
-    run_dir, state = run(RunOptions(profile="smoke", device="cpu", out=out, timeout_s=600), echo=print)
-    return run_dir, state
+# smoke_run (every notebook at the smoke profile, once per session) and baseline_run (notebook 01: the smoke run's
+# own when the session makes it, else 01 alone) are in tests/conftest.py, shared with the other files that read them.
 
 
 @pytest.mark.notebook
@@ -131,25 +128,18 @@ def assert_label_unless_busy(verdict, labels) -> None:
         assert verdict["recommendation"] in labels, (verdict["recommendation"], state)
 
 
-@pytest.fixture(scope="module")
-def baseline_run(tmp_path_factory):
-    """Notebook 01 alone, smoke profile (about a minute on 2 quiet cores): the label test that .ci/run repeats
-    beside busy loops."""
-    out = tmp_path_factory.mktemp("baseline") / "run"
-    return run(RunOptions(profile="smoke", device="cpu", only=("01",), out=out, timeout_s=900), echo=print)
-
-
 @pytest.mark.notebook
 @pytest.mark.busy_safe
 def test_baseline_verdict_is_inconclusive_exactly_when_the_machine_was_busy(baseline_run):
-    run_dir, state = baseline_run
+    run_dir, state = baseline_run  # notebook 01 alone, or the session's smoke run (01 among the others)
     assert state.status == "ok", {n.id: n.error for n in state.notebooks if n.status != "ok"}
     df = load_results(run_dir / "results.jsonl")
-    verdict = df[df["experiment"] == "verdict"].iloc[-1]
+    b = df[df["notebook"] == "01_baseline_profiling"]
+    verdict = b[b["experiment"] == "verdict"].iloc[-1]
     assert verdict["notebook"] == "01_baseline_profiling" and 0 < verdict["value"] < 1
     assert not verdict["extra"]["machine"].get("verdict_stands")  # a share never stands on a busy machine
     assert_label_unless_busy(verdict, BASELINE_LABELS)
-    recorded = df[df["experiment"] == "machine state"].iloc[-1]
+    recorded = b[b["experiment"] == "machine state"].iloc[-1]
     assert bool(recorded["extra"]["busy"]) == bool(verdict["extra"]["machine"]["busy"])
     md = (run_dir / "report.md").read_text()
     assert any(label in md for label in BASELINE_LABELS)  # the measured label is shown, inconclusive or not
