@@ -22,9 +22,9 @@ os.environ.setdefault("WORKBOOK_CACHE_DIR", tempfile.mkdtemp(prefix="workbook-te
 
 
 def pytest_collection_modifyitems(config, items):
-    """nbval's items (``pytest notebooks/...``: one per cell of a committed notebook, default parameters) are marked ``notebook``
-    and ``slow``, so that ``make test-fast`` (the selection in pyproject.toml's comment on its markers) leaves them
-    out."""
+    """nbval's items (``pytest notebooks/...``: one per cell of a committed notebook, default parameters) are
+    marked ``notebook`` and ``slow``, so that ``make test-fast`` (the selection in pyproject.toml's comment on its
+    markers) leaves them out."""
     import pytest
 
     for item in items:
