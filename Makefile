@@ -1,6 +1,7 @@
 # The two commands a new user needs (see README.md):
 #   make workbook   set up .venv if needed, build the embedded dataset, run the workbook, print the report path
 #   make test       the same set-up if needed, then every test
+#   make test-fast  the unit tests only (no notebook, browser, torchrun or other process-heavy test): about a minute
 #
 # Variables: PYTHON (interpreter used to create .venv), ARGS (extra options for `python -m helpers run`,
 # e.g. ARGS="--device cuda --profile full"), PYTEST_ARGS (extra options for pytest), TORCH_INDEX (a pip
@@ -15,11 +16,12 @@ ARGS ?=
 PYTEST_ARGS ?=
 TORCH_INDEX ?=
 
-.PHONY: workbook test lab setup data clean-runs help browser device-check npu-wheel
+.PHONY: workbook test test-fast lab setup data clean-runs help browser device-check npu-wheel
 
 help:
 	@echo "make workbook   run the workbook (quick profile, default device); ARGS='--profile smoke --only 00 01'"
 	@echo "make test       run every test"
+	@echo "make test-fast  the unit tests only (no notebook, browser or subprocess-heavy test), about a minute"
 	@echo "make lab        open a working copy of the notebooks (lab/) in JupyterLab; reset: rm -rf lab"
 	@echo "make browser    install Chromium (system package, needs root) for the report's browser test"
 	@echo "make device-check  on a CUDA/NPU machine: device notebooks + bench, one JSON (DEVICE=cuda|npu)"
@@ -45,6 +47,11 @@ workbook: data
 
 test: data
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The markers are declared in pyproject.toml; tests/conftest.py marks the seconds-long tests that carry no marker.
+FAST := not notebook and not slow and not browser and not subprocess
+test-fast: data
+	$(PY) -m pytest -m "$(FAST)" $(PYTEST_ARGS)
 
 # On a borrowed accelerator: notebooks 02, 04-07 and 10, bench input-pipeline and the link bandwidth, in one JSON
 # summary (runs/device-check-*/device_check.json). DEVICE=cuda by default; ARGS="--profile smoke" for a faster pass.

@@ -19,3 +19,15 @@ import tempfile
 os.environ["WORKBOOK_HEADLESS"] = "1"
 os.environ.setdefault("WORKBOOK_RUNS_DIR", tempfile.mkdtemp(prefix="workbook-test-runs-"))
 os.environ.setdefault("WORKBOOK_CACHE_DIR", tempfile.mkdtemp(prefix="workbook-test-cache-"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """nbval's items (``pytest notebooks/...``: one per cell of a committed notebook, default parameters) are
+    marked ``notebook`` and ``slow``, so that ``make test-fast`` (the selection in pyproject.toml's comment on its
+    markers) leaves them out."""
+    import pytest
+
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.notebook)
+            item.add_marker(pytest.mark.slow)

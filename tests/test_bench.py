@@ -41,16 +41,15 @@ def test_bench_end_to_end_reports_the_ceiling_fraction():
 
 
 @pytest.mark.slow
-def test_bench_end_to_end_selects_the_optimizations_from_a_runs_verdicts(tmp_path):
+@pytest.mark.notebook
+def test_bench_end_to_end_selects_the_optimizations_from_a_runs_verdicts(smoke_run):
     from helpers.results import load_results
     from helpers.workbook.bench import run_benchmark
-    from helpers.workbook.runner import RunOptions, run
 
-    run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("03",), out=tmp_path / "run"),
-                         echo=lambda line: None)
-    assert state.status == "ok"
+    run_dir, state = smoke_run  # the session's smoke run (tests/conftest.py): notebook 03 among the others
+    assert next(n for n in state.notebooks if n.id == "03_dataloader_tuning").status == "ok"
     recs = load_results(run_dir / "results.jsonl")
-    v03 = recs[(recs["experiment"] == "verdict")].iloc[-1]
+    v03 = recs[(recs["experiment"] == "verdict") & (recs["notebook"] == "03_dataloader_tuning")].iloc[-1]
     out = json.loads(run_benchmark("end-to-end", profile="smoke", device="cpu", run=str(run_dir)))
     assert out["run"] == str(run_dir)
     # notebook 10's rule: workers where notebook 03 enabled them (a CPU's default is none)

@@ -1,11 +1,14 @@
-"""The notebooks: well-formed, parameters match their specs, and a smoke run produces the promised records.
+"""The notebooks: well-formed, parameters match their specs, a smoke run produces the promised records, and the cells
+marked NBVAL_CHECK_OUTPUT give their committed outputs with the default parameters (nbval's lax check, tests/
+nbval_sanitize.cfg; `pytest notebooks/NN_....ipynb` runs nbval itself on every cell).
 
-nbval (lax mode, tests/nbval_sanitize.cfg) also runs every committed notebook
-with its default parameters as part of `make test` (see pyproject's addopts).
+Every notebook is executed once per session at the smoke profile (tests/conftest.py's ``smoke_run``) and once, up to
+its last check cell, with its default parameters.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -16,8 +19,8 @@ import pytest
 from helpers.results import load_results, verdicts
 from helpers.verdict import RECOMMENDATIONS
 from helpers.workbook.nbtools import is_check_cell
-from helpers.workbook.runner import RunOptions, discover_notebooks, run
 from helpers.experiments.registry import spec_for
+from helpers.workbook.runner import discover_notebooks
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = discover_notebooks(ROOT / "notebooks")
@@ -72,11 +75,8 @@ def test_parameters_cell_matches_spec(path):
         assert eval(info["default"]) == spec[name].default, name  # literals only
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke") / "run"
-    run_dir, state = run(RunOptions(profile="smoke", device="cpu", out=out, timeout_s=600), echo=print)
-    return run_dir, state
+# smoke_run (every notebook at the smoke profile, once per session) and baseline_run (notebook 01: the smoke run's
+# own when the session makes it, else 01 alone) are in tests/conftest.py, shared with the other files that read them.
 
 
 @pytest.mark.notebook
@@ -131,25 +131,18 @@ def assert_label_unless_busy(verdict, labels) -> None:
         assert verdict["recommendation"] in labels, (verdict["recommendation"], state)
 
 
-@pytest.fixture(scope="module")
-def baseline_run(tmp_path_factory):
-    """Notebook 01 alone, smoke profile (about a minute on 2 quiet cores): the label test that .ci/run repeats
-    beside busy loops."""
-    out = tmp_path_factory.mktemp("baseline") / "run"
-    return run(RunOptions(profile="smoke", device="cpu", only=("01",), out=out, timeout_s=900), echo=print)
-
-
 @pytest.mark.notebook
 @pytest.mark.busy_safe
 def test_baseline_verdict_is_inconclusive_exactly_when_the_machine_was_busy(baseline_run):
-    run_dir, state = baseline_run
+    run_dir, state = baseline_run  # notebook 01 alone, or the session's smoke run (01 among the others)
     assert state.status == "ok", {n.id: n.error for n in state.notebooks if n.status != "ok"}
     df = load_results(run_dir / "results.jsonl")
-    verdict = df[df["experiment"] == "verdict"].iloc[-1]
+    b = df[df["notebook"] == "01_baseline_profiling"]
+    verdict = b[b["experiment"] == "verdict"].iloc[-1]
     assert verdict["notebook"] == "01_baseline_profiling" and 0 < verdict["value"] < 1
     assert not verdict["extra"]["machine"].get("verdict_stands")  # a share never stands on a busy machine
     assert_label_unless_busy(verdict, BASELINE_LABELS)
-    recorded = df[df["experiment"] == "machine state"].iloc[-1]
+    recorded = b[b["experiment"] == "machine state"].iloc[-1]
     assert bool(recorded["extra"]["busy"]) == bool(verdict["extra"]["machine"]["busy"])
     md = (run_dir / "report.md").read_text()
     assert any(label in md for label in BASELINE_LABELS)  # the measured label is shown, inconclusive or not
@@ -221,3 +214,65 @@ def test_smoke_run_notebooks_show_their_figures(smoke_run):
     nb = nbformat.read(run_dir / "01_baseline_profiling.ipynb", as_version=4)
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 3, "figures are drawn inline in the executed notebook"
+
+
+# ---------------------------------------------------------------- the committed outputs (what nbval checked)
+
+#: nbval's keys that are never compared (nbval 0.11's IPyNbFile.skip_compare, images included: no --nbdime).
+SKIP_COMPARE = ("metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
+                "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg")
+
+
+def _comparable(outputs, patterns) -> dict[str, list]:
+    """``outputs`` as nbval lax mode compares them: streams coalesced, every key but :data:`SKIP_COMPARE` (``data``
+    flattened into its MIME types), each value passed through the sanitize ``patterns`` (tests/nbval_sanitize.cfg)."""
+    import re
+    from collections import defaultdict
+
+    from nbval.plugin import coalesce_streams, transform_streams_for_comparison
+
+    def clean(value):
+        if isinstance(value, str):
+            for regex, replace in patterns.items():
+                value = re.sub(regex, replace, value)
+        return value
+
+    out = defaultdict(list)
+    for o in transform_streams_for_comparison(coalesce_streams([nbformat.from_dict(o) for o in outputs])):
+        for key, value in o.items():
+            if key == "data":
+                for mime, v in value.items():
+                    if mime not in SKIP_COMPARE:
+                        out[mime].append(clean(v))
+            elif key not in SKIP_COMPARE:
+                out[key].append(clean(value))
+    return dict(out)
+
+
+@pytest.mark.notebook
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_check_cells_give_their_committed_outputs(path):
+    """What ``pytest --nbval-lax notebooks/`` checks, in one kernel per notebook with its default parameters: every
+    cell up to the last ``NBVAL_CHECK_OUTPUT`` cell runs without an error, and each check cell's outputs equal the
+    committed ones after tests/nbval_sanitize.cfg. The cells after the last check cell (the long measurements) are not
+    run here: the session's smoke run runs every cell of every notebook (test_smoke_run_finishes_every_notebook).
+    ``pytest notebooks/NN_....ipynb`` still runs nbval itself on all cells (pyproject's addopts)."""
+    from nbclient import NotebookClient
+    from nbval.plugin import get_sanitize_patterns
+
+    patterns = dict(get_sanitize_patterns((ROOT / "tests" / "nbval_sanitize.cfg").read_text()))
+    committed = nbformat.read(path, as_version=4)
+    last = max(i for i, c in enumerate(committed.cells) if c.cell_type == "code" and is_check_cell(c))
+    nb = copy.deepcopy(committed)
+    nb.cells = nb.cells[: last + 1]
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+    NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=False,
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    for i, (ref, ran) in enumerate(zip(committed.cells, nb.cells)):
+        if ref.cell_type == "code" and is_check_cell(ref):
+            assert _comparable(ran.outputs, patterns) == _comparable(ref.outputs, patterns), \
+                f"{path.stem} cell {i}: the outputs differ from the committed ones (refresh: python -m " \
+                f"helpers.workbook.nbtools refresh notebooks/{path.name})"
