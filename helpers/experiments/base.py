@@ -22,7 +22,7 @@ from helpers.checklist import PHASES, Item
 from helpers.params import Param
 from helpers.results import Records
 
-__all__ = ["Experiment", "ExperimentResult", "JobPlan", "Optimization"]
+__all__ = ["Experiment", "ExperimentResult", "JobPlan", "Optimization", "no_expected_warnings"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,17 @@ class Optimization:
         bad = [p for p in self.acts_on if p not in PHASES]
         if not self.acts_on or bad:
             raise ValueError(f"Optimization {self.name!r}: acts_on {self.acts_on!r} must name phases from {PHASES}")
+
+
+def no_expected_warnings(why: str, *, match: str | None = None):
+    """The default ``expect`` of an experiment's run: a context that lets warnings through as they are.
+
+    A notebook passes :func:`helpers.workbook.output.expected_warnings` instead (the experiment layer cannot import
+    the workbook), so that a warning a cell raises on purpose shows as output; the arguments are that function's.
+    """
+    import contextlib
+
+    return contextlib.nullcontext([])
 
 
 class ExperimentResult:

@@ -16,7 +16,6 @@ bench input-pipeline``. The mechanisms they time are
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
@@ -29,7 +28,7 @@ from helpers.checklist import Item
 from helpers.device import get_accelerator
 from helpers.errors import DeviceUnavailableError, ParameterError
 from helpers.experiments import registry
-from helpers.experiments.base import Experiment, ExperimentResult, Optimization
+from helpers.experiments.base import Experiment, ExperimentResult, Optimization, no_expected_warnings
 from helpers.jobs.ppo import host_to_device
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
@@ -753,10 +752,6 @@ def verdict(pre: Comparison, eff: Comparison, *, min_psnr_db: float, psnr_min_db
 # --------------------------------------------------------------------------- the notebook's run and its result
 
 
-def _no_expect(why: str, *, match: str | None = None):
-    return contextlib.nullcontext([])
-
-
 @dataclass(frozen=True)
 class CacheOutcome:
     """The decode-once cache as notebook 02 measured it (section 9).
@@ -1224,7 +1219,7 @@ def _measure_cache(bench: DecodeBench, index, tokenizer, p: Mapping[str, Any]) -
                         mib=info.bytes / 2**20, build_s=info.build_s, rebuilt_because=str(info.rebuilt_because))
 
 
-def run(params: Mapping[str, Any], acc, *, expect: Callable[..., Any] = _no_expect) -> DecodeResult:
+def run(params: Mapping[str, Any], acc, *, expect: Callable[..., Any] = no_expected_warnings) -> DecodeResult:
     """Notebook 02's whole measurement: plans, pixel checks, the interleaved comparisons, cache and GPU decode.
 
     Parameters

@@ -44,7 +44,7 @@ from torch.utils.data._utils.collate import default_convert
 from helpers import specs
 from helpers.checklist import Item
 from helpers.errors import DataError, ParameterError
-from helpers.experiments.base import Experiment, ExperimentResult, Optimization
+from helpers.experiments.base import Experiment, ExperimentResult, Optimization, no_expected_warnings
 from helpers.experiments.training import same_values
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
@@ -912,12 +912,6 @@ def verdict(best: LoaderSetting, over_zero: Comparison | None, *, best_rate: flo
 # --------------------------------------------------------------------------- the notebook's run and its result
 
 
-def _no_expect(why: str, *, match: str | None = None):
-    import contextlib
-
-    return contextlib.nullcontext([])
-
-
 class _Datasets:
     """Notebook 03's datasets: the built-in job's batched pipeline with ``cores // num_workers`` decode threads per
     process (one dataset per thread count), or a user's job's own dataset for every setting."""
@@ -1440,7 +1434,7 @@ def fault_demo(first_batch_timeout_s: float) -> str:
     return "\n".join(lines + ["no worker process left behind"])
 
 
-def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., Any] = _no_expect) -> LoaderResult:
+def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., Any] = no_expected_warnings) -> LoaderResult:
     """Notebook 03's whole measurement on ``job``'s dataset: agreement, sweep, probes, memory, bad input, confirmation.
 
     Parameters
