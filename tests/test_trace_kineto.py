@@ -283,6 +283,8 @@ def _ddp_rank(rank: int, world: int, out: str, port: int, slow_rank: int) -> Non
             prof.step()
             if i >= 5:
                 break
+    (Path(out) / f"rank{rank}.done").write_text("traced")  # the trace is on disk: what the test reads
+    dist.barrier()  # neither rank tears gloo down while the other still talks to it
     dist.destroy_process_group()
 
 
@@ -293,7 +295,14 @@ def test_two_gloo_ranks_show_the_wait_for_the_slow_one_as_communication(tmp_path
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_ddp_rank, args=(2, str(tmp_path), port, 1), nprocs=2)
+    try:
+        mp.spawn(_ddp_rank, args=(2, str(tmp_path), port, 1), nprocs=2)
+    except mp.ProcessExitedException as e:
+        # torch's own teardown (profiler thread, gloo) has aborted a rank after its trace was written ("terminate
+        # called without an active exception", seen once in CI): the traces are what this test is about
+        if not all((tmp_path / f"rank{r}.done").exists() for r in range(2)):
+            raise
+        print(f"a rank aborted in torch's teardown after writing its trace: {e}")
     ranks = sorted((read_kineto(p) for p in tmp_path.glob("*.pt.trace.json")), key=lambda r: r.rank)
     assert [(r.rank, r.world_size) for r in ranks] == [(0, 2), (1, 2)]
     assert ranks[0].run_id == ranks[1].run_id and ranks[0].run_id.startswith("gloo-w2-")
