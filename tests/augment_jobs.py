@@ -10,7 +10,10 @@ resized crop and a horizontal flip, drawing from one source of randomness:
   (``RandomResizedCrop.get_params`` uses ``torch.empty(1).uniform_`` and ``torch.randint``;
   ``RandomHorizontalFlip`` uses ``torch.rand(1)``), written here as a torchvision-style transform class
   because torchvision's wheel does not import beside this torch build;
-- ``make_object_rng_job``: a ``numpy.random.Generator`` made in the dataset's ``__init__`` (field case 1).
+- ``make_object_rng_job``: a ``numpy.random.Generator`` made in the dataset's ``__init__`` (field case 1);
+- ``make_mixed_job``: all three global sources in one sample (the crop's scale from ``random``, its aspect ratio
+  from NumPy, its position and the flip from torch), as a job that stacks transforms from several libraries does:
+  one runner pass covers the three seedings at once.
 
 None of them seeds anything: the workbook must make the same sample get the same augmentation in every
 configuration it compares.
@@ -76,6 +79,9 @@ class AugmentedPhotos(torch.utils.data.Dataset):
         if self.source == "numpy":
             return (float(np.random.uniform(0.35, 1.0)), float(np.exp(np.random.uniform(np.log(3 / 4), np.log(4 / 3)))),
                     float(np.random.rand()), float(np.random.rand()), bool(np.random.rand() < 0.5))
+        if self.source == "mixed":
+            return (random.uniform(0.35, 1.0), float(np.exp(np.random.uniform(np.log(3 / 4), np.log(4 / 3)))),
+                    torch.rand(1).item(), torch.rand(1).item(), bool(torch.rand(1).item() < 0.5))
         u = self.rng.random(5)
         return 0.35 + 0.65 * u[0], math.exp(math.log(3 / 4) + u[1] * math.log(16 / 9)), u[2], u[3], bool(u[4] < 0.5)
 
@@ -132,3 +138,7 @@ def make_torch_job(data_dir=None, batch_size: int = 16, max_images: int = 0, see
 
 def make_object_rng_job(data_dir=None, batch_size: int = 16, max_images: int = 0, seed: int = 0):
     return _make("object", data_dir, batch_size, max_images, seed)
+
+
+def make_mixed_job(data_dir=None, batch_size: int = 16, max_images: int = 0, seed: int = 0):
+    return _make("mixed", data_dir, batch_size, max_images, seed)

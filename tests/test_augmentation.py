@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import augment_jobs  # noqa: E402
 
-SOURCES = ("random", "numpy", "torch", "object")
+SOURCES = ("random", "numpy", "torch", "object", "mixed")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_the_same_sample_gets_the_same_augmentation_in_every_configuration(sourc
     assert all(same_values(a, b) for a, b in zip(main, workers))  # main process and two workers
 
 
-@pytest.mark.parametrize("source", ("random", "torch"))
+@pytest.mark.parametrize("source", ("random", "torch", "mixed"))
 def test_without_per_sample_seeds_the_comparison_would_fail(source, cpu):
     # the check above is not vacuous: the same dataset read without the workbook's seeding differs
     job = _job(source)
@@ -127,13 +127,14 @@ def test_user_frame_prefers_the_users_code():
 
 @pytest.mark.slow
 @pytest.mark.notebook
-@pytest.mark.parametrize("source", ("random", "numpy", "torch"))
-def test_notebooks_03_05_10_reach_a_verdict_on_an_augmented_job(source, tmp_path, monkeypatch):
+def test_notebooks_03_05_10_reach_a_verdict_on_an_augmented_job(tmp_path, monkeypatch):
+    """One run on the job that draws from ``random``, NumPy and torch in every sample (each source alone is
+    checked above, without the runner): the three notebooks that compare loaders with and without workers."""
     from helpers.results import load_results, verdicts
     from helpers.workbook.runner import RunOptions, run
 
     monkeypatch.chdir(ROOT)
-    factory = f"make_{source}_job"
+    source, factory = "mixed", "make_mixed_job"
     run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("03", "05", "10"),
                                     job=f"tests/augment_jobs.py:{factory}", out=tmp_path / "run",
                                     timeout_s=600), echo=print)
