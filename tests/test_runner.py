@@ -63,11 +63,13 @@ def nb_folder(tmp_path):
 
 
 @pytest.mark.notebook
-def test_failing_notebook_does_not_stop_the_others(nb_folder, tmp_path):
+def test_failing_notebook_does_not_stop_the_others(nb_folder, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --out relative to where the user stands, not to where the kernels run
     out = tmp_path / "run"
     lines = []
-    run_dir, state = run(RunOptions(profile="smoke", out=out, timeout_s=120), echo=lines.append,
+    run_dir, state = run(RunOptions(profile="smoke", out=Path("run"), timeout_s=120), echo=lines.append,
                          device_checker=_fake_device, notebooks_folder=nb_folder)
+    assert run_dir == out
     statuses = {n.id: n.status for n in state.notebooks}
     assert statuses == {"00_environment_check": "failed", "01_baseline_profiling": "ok"}
     assert state.status == "failed"

@@ -246,7 +246,7 @@ def _resume_run(options: RunOptions, echo, device_checker) -> tuple[Path, RunSta
     ParameterError
         No run to resume, an option that would change its parameters, or another runner holding it.
     """
-    run_dir = options.out or latest_run_dir()
+    run_dir = Path(options.out).resolve() if options.out else latest_run_dir()
     if run_dir is None or not (Path(run_dir) / RUN_FILE).is_file():
         raise ParameterError("--resume: no run to resume" + (f" in {run_dir}" if run_dir else " under runs/")
                              + "; start a run first (python -m helpers run)")
@@ -332,7 +332,7 @@ def _new_run(options: RunOptions, echo, device_checker,
     selected = select_notebooks(discover_notebooks(notebooks_folder), options.only or ())
     if device not in DEVICE_CHOICES:
         raise ParameterError(f"--device: {device!r} is not one of {', '.join(DEVICE_CHOICES)}")
-    run_dir = Path(options.out) if options.out else new_run_dir(profile, device)
+    run_dir = Path(options.out).resolve() if options.out else new_run_dir(profile, device)  # the kernels run elsewhere
     if (run_dir / RUN_FILE).exists():
         raise _already_a_run(run_dir)
     # Validate every notebook's parameters, then the device, before any work.
