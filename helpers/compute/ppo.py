@@ -449,67 +449,22 @@ class PPOTrainer:
             generator is on another device, or ``device_type`` contradicts the
             images' device.
         """
-        cfg = self.cfg
-        batch = images.shape[0]
-        if batch % cfg.horizon != 0:
-            raise ParameterError(
-                f"batch size B={batch} is not a multiple of PPOConfig.horizon={cfg.horizon}; "
-                "use a batch size divisible by horizon, or another horizon."
-            )
-        if labels.shape != (batch,) or labels.is_floating_point() or labels.is_complex():
-            raise ParameterError(
-                f"labels has shape {tuple(labels.shape)} and dtype {labels.dtype}; "
-                f"expected integer labels of shape ({batch},)."
-            )
-        data_device = images.device.type
-        if device_type is None:
-            device_type = data_device
-        elif device_type != data_device:
-            raise ParameterError(
-                f"device_type={device_type!r} but images are on {images.device}; "
-                "pass the device type the data lives on (or leave device_type unset)."
-            )
-        if generator is not None and generator.device.type != data_device:
-            raise ParameterError(
-                f"generator is on {generator.device} but images are on {images.device}; "
-                f"create it with torch.Generator(device={str(images.device)!r})."
-            )
-        horizon = cfg.horizon
-        n_envs = batch // horizon
+        device_type = self._check_step_inputs(images, labels, generator, device_type)
         model = self.model
         model.train()
 
         def autocast() -> torch.amp.autocast:
-            return torch.amp.autocast(device_type, dtype=autocast_dtype,
-                                      enabled=autocast_dtype is not None)
+            return torch.amp.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
 
-        # 1. Rollout.
         with torch.no_grad():
             with autocast():
                 logits, values = model(images, tokens)
-            log_probs_all = F.log_softmax(logits.float(), dim=-1)
-            actions = torch.multinomial(log_probs_all.exp(), 1, generator=generator).squeeze(1)
-            old_log_probs = log_probs_all.gather(1, actions.unsqueeze(1)).squeeze(1)
-            n_actions = logits.shape[-1]
-            rewards = (actions == labels.remainder(n_actions)).float()
-
-            # 2. Advantages. (B,) -> (N, T) -> (T, N): env n owns samples n*T .. n*T+T-1.
-            def to_tn(x: torch.Tensor) -> torch.Tensor:
-                return x.reshape(n_envs, horizon).transpose(0, 1)
-
-            step_index = torch.arange(horizon, device=images.device)
-            dones = (step_index == horizon - 1).unsqueeze(1).expand(horizon, n_envs)
-            last_value = torch.zeros(n_envs, device=images.device, dtype=torch.float32)
-            adv_tn, ret_tn = compute_gae(to_tn(rewards), to_tn(values.float()), dones, last_value,
-                                         gamma=cfg.gamma, lam=cfg.lam)
-            advantages = adv_tn.transpose(0, 1).reshape(batch)
-            returns = ret_tn.transpose(0, 1).reshape(batch)
-
-        # 3. Updates.
+            actions, old_log_probs, rewards, advantages, returns = self._rollout(logits, values, labels, generator)
         params = [p for p in model.parameters() if p.requires_grad]
+        cfg = self.cfg
         stats: dict[str, torch.Tensor] = {}
         loss = grad_norm = None
-        for _ in range(cfg.ppo_epochs):
+        for _ in range(cfg.ppo_epochs):  # 3. updates
             self.optimizer.zero_grad(set_to_none=True)
             with autocast():
                 logits, values = model(images, tokens)
@@ -523,15 +478,58 @@ class PPOTrainer:
             loss.backward()
             grad_norm = nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             self.optimizer.step()
-
-        out = {
-            "loss": loss.detach(),
-            "policy_loss": stats["policy_loss"],
-            "value_loss": stats["value_loss"],
-            "entropy": stats["entropy"],
-            "reward_mean": rewards.mean(),
-            "approx_kl": stats["approx_kl"],
-            "clip_fraction": stats["clip_fraction"],
-            "grad_norm": grad_norm.detach(),
-        }
+        out = {**stats, "loss": loss.detach(), "reward_mean": rewards.mean(), "grad_norm": grad_norm.detach()}
         return {key: out[key] for key in STAT_KEYS}
+
+    def _check_step_inputs(self, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator | None,
+                           device_type: str | None) -> str:
+        """:meth:`step`'s checks of its inputs (its Raises section); returns the autocast device type."""
+        batch = images.shape[0]
+        if batch % self.cfg.horizon != 0:
+            raise ParameterError(
+                f"batch size B={batch} is not a multiple of PPOConfig.horizon={self.cfg.horizon}; "
+                "use a batch size divisible by horizon, or another horizon."
+            )
+        if labels.shape != (batch,) or labels.is_floating_point() or labels.is_complex():
+            raise ParameterError(
+                f"labels has shape {tuple(labels.shape)} and dtype {labels.dtype}; "
+                f"expected integer labels of shape ({batch},)."
+            )
+        data_device = images.device.type
+        if device_type is not None and device_type != data_device:
+            raise ParameterError(
+                f"device_type={device_type!r} but images are on {images.device}; "
+                "pass the device type the data lives on (or leave device_type unset)."
+            )
+        if generator is not None and generator.device.type != data_device:
+            raise ParameterError(
+                f"generator is on {generator.device} but images are on {images.device}; "
+                f"create it with torch.Generator(device={str(images.device)!r})."
+            )
+        return data_device
+
+    def _rollout(self, logits: torch.Tensor, values: torch.Tensor, labels: torch.Tensor,
+                 generator: torch.Generator | None) -> tuple[torch.Tensor, ...]:
+        """:meth:`step`'s steps 1 and 2 from the rollout's forward pass (no gradients; call under ``no_grad``).
+
+        ``logits``: ``(B, n_actions)``, ``values``: ``(B,)``, ``labels``: integer ``(B,)``. Returns the sampled
+        actions (int64), their log-probabilities, the rewards, the advantages and the returns, each ``(B,)``.
+        """
+        horizon = self.cfg.horizon
+        batch = logits.shape[0]
+        n_envs = batch // horizon
+        log_probs_all = F.log_softmax(logits.float(), dim=-1)
+        actions = torch.multinomial(log_probs_all.exp(), 1, generator=generator).squeeze(1)
+        old_log_probs = log_probs_all.gather(1, actions.unsqueeze(1)).squeeze(1)
+        rewards = (actions == labels.remainder(logits.shape[-1])).float()
+
+        def to_tn(x: torch.Tensor) -> torch.Tensor:  # (B,) -> (N, T) -> (T, N): env n owns samples n*T .. n*T+T-1
+            return x.reshape(n_envs, horizon).transpose(0, 1)
+
+        step_index = torch.arange(horizon, device=logits.device)
+        dones = (step_index == horizon - 1).unsqueeze(1).expand(horizon, n_envs)
+        last_value = torch.zeros(n_envs, device=logits.device, dtype=torch.float32)
+        adv_tn, ret_tn = compute_gae(to_tn(rewards), to_tn(values.float()), dones, last_value,
+                                     gamma=self.cfg.gamma, lam=self.cfg.lam)
+        return (actions, old_log_probs, rewards, adv_tn.transpose(0, 1).reshape(batch),
+                ret_tn.transpose(0, 1).reshape(batch))
