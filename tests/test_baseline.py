@@ -168,7 +168,8 @@ def test_run_on_small_data(tmp_path):
     r = baseline.run(ctx, progress=lambda done, total: seen.append(done))
     assert len(seen) == baseline.timed_steps(P)
     assert r.dataset.images == 12 and r.per_image.repeats == 4 and len(r.run.steps) == 3
-    assert r.trace_file and r.trace_file.startswith("artifacts/") and r.profile_text().startswith("trace: <run folder>/")
+    assert r.trace_file and r.trace_file.startswith("artifacts/")
+    assert r.profile_text().startswith("trace: <run folder>/")
     assert r.trace is not None and r.trace_text().startswith("this job's own trace")
     keys = _keys(r.records(), tmp_path)
     assert {k[0] for k in keys} == {"dataset", "preprocess", "baseline step", "input-free ceiling", "your trace"}

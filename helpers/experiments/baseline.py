@@ -1,9 +1,13 @@
 """Notebook 01's experiment: the baseline job's phase breakdown and its host-bound verdict.
 
-The job is timed by the one loop (:func:`helpers.experiments.training.prepare_job`);
-:func:`classify` calls it host-bound, balanced or device-bound (:mod:`helpers.bottleneck`) from the share
-of the step in which the computation waits for input, and :func:`verdict` returns
-that decision as a :class:`helpers.verdict.Verdict` with the figures it rests on.
+:func:`run` measures the whole notebook in one go and returns a :class:`BaselineResult`: the job (the built-in
+job's scanned images, or what a user's job says of itself), one image's preprocessing cost, the steps timed phase
+by phase by the one loop (:func:`helpers.experiments.training.prepare_job`), the profiler's top operators and
+trace, the input-free ceiling (:func:`helpers.experiments.three_run.input_free_ceiling`) and a trace read back
+(``trace_path``, else the profile's own). The result's :meth:`BaselineResult.records` are what the results file
+keeps and its :meth:`BaselineResult.verdict` is :func:`verdict`: :func:`classify` calls the job host-bound,
+balanced or device-bound (:mod:`helpers.bottleneck`) from the share of the step in which the computation waits
+for input, as a :class:`helpers.verdict.Verdict` with the figures it rests on.
 """
 
 from __future__ import annotations
