@@ -175,3 +175,20 @@ def test_run_on_small_data(tmp_path):
     assert {k[0] for k in keys} == {"dataset", "preprocess", "baseline step", "input-free ceiling", "your trace"}
     v = r.verdict()
     assert v.recommendation in ("host-bound", "balanced", "device-bound") and 0 < v.value < 1
+
+
+def test_the_panel_measures_the_baseline_again(tmp_path):
+    """The panel's measure (headless: once at the knobs' first values) reruns the job at the sizes picked."""
+    from helpers.device import get_accelerator
+    from helpers.experiments.registry import validate_notebook_params
+    from helpers.pipeline.dataset import build_embedded
+
+    folder = build_embedded(tmp_path / "d", n_images=12, seed=5)
+    P = validate_notebook_params(NOTEBOOK, {"data_dir": str(folder), "batch_size": 4, "image_size": 16, "text_len": 4,
+                                            "model_width": 4, "d_model": 8, "steps": 3, "warmup_steps": 1})
+    spec = _result().try_it(get_accelerator("cpu"), P)
+    seen = []
+    point = spec.measure(progress=lambda done, total: seen.append((done, total)), batch_size=4, image_size=16)
+    assert point.label == "bs=4, 16px" and point.metric == "exposed_input_fraction" and 0 <= point.value <= 1
+    assert point.repeats == 3 and seen[-1] == (5, 5)  # 2 warm-up steps and min(steps, 10) measured
+    assert point.extra["verdict"] in ("host-bound", "balanced", "device-bound")
