@@ -1,28 +1,38 @@
 """Notebook 01's experiment: the baseline job's phase breakdown and its host-bound verdict.
 
-The job is timed by the one loop (:func:`helpers.experiments.training.prepare_job`);
-:func:`classify` calls it host-bound, balanced or device-bound (:mod:`helpers.bottleneck`) from the share
-of the step in which the computation waits for input, and :func:`verdict` returns
-that decision as a :class:`helpers.verdict.Verdict` with the figures it rests on.
+:func:`run` measures the whole notebook in one go and returns a :class:`BaselineResult`: the job (the built-in
+job's scanned images, or what a user's job says of itself), one image's preprocessing cost, the steps timed phase
+by phase by the one loop (:func:`helpers.experiments.training.prepare_job`), the profiler's top operators and
+trace, the input-free ceiling (:func:`helpers.experiments.three_run.input_free_ceiling`) and a trace read back
+(``trace_path``, else the profile's own). The result's :meth:`BaselineResult.records` are what the results file
+keeps and its :meth:`BaselineResult.verdict` is :func:`verdict`: :func:`classify` calls the job host-bound,
+balanced or device-bound (:mod:`helpers.bottleneck`) from the share of the step in which the computation waits
+for input, as a :class:`helpers.verdict.Verdict` with the figures it rests on.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
+
+import pandas as pd
 
 from helpers import bottleneck
 from helpers import specs
 from helpers.checklist import PHASES
 from helpers.checklist import Item
 from helpers.compute.train import TrainRun
-from helpers.experiments.base import Experiment
-from helpers.live import LivePoint, Progress, no_progress
+from helpers.experiments.base import Experiment, ExperimentResult
+from helpers.experiments.three_run import CeilingResult, spare_cores
+from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
+from helpers.results import Records
 from helpers.timing import Measurement
 from helpers.verdict import Verdict
 
 
-__all__ = ["NOTEBOOK", "classify", "spare_cores", "verdict", "live_point", "try_baseline"]
+__all__ = ["NOTEBOOK", "BaselineResult", "classify", "run", "spare_cores", "timed_steps", "verdict", "live_point",
+           "try_baseline"]
 
 NOTEBOOK = "01_baseline_profiling"
 
@@ -57,15 +67,6 @@ def classify(exposed_fraction: float, threshold: float, *, device_kind: str = ""
     """
     b = bottleneck.classify(exposed_fraction, threshold, device_kind=device_kind)
     return b.label, b.reason
-
-
-def spare_cores(device_kind: str, other_cpu_share: float | None = None) -> int:
-    """Idle cores for DataLoader workers on this machine (:func:`helpers.bottleneck.spare_cores`), with
-    torch's intra-op threads as the computation's on a CPU."""
-    import torch
-
-    return bottleneck.spare_cores(device_kind, compute_threads=torch.get_num_threads() if device_kind == "cpu"
-                                  else None, other_cpu_share=other_cpu_share)
 
 
 def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, device_kind: str,
@@ -226,6 +227,356 @@ def try_baseline(params: Mapping[str, Any], acc, *, batch_size: int, image_size:
     label = f"bs={batch_size}" + (f", {image_size}px" if image_size is not None else "")
     return live_point(run, label, threshold=float(p["host_bound_threshold"]), device_kind=acc.kind,
                       batch_size=int(batch_size))
+
+
+# -- the experiment: one run, one result ----------------------------------------------------------------
+
+#: The columns of the per-step summary table (:meth:`BaselineResult.summary_table`), where the run has them.
+SUMMARY_COLUMNS = ("data", "h2d", "compute", "step_s", "exposed_fraction", "loss", "reward_mean")
+
+
+@dataclass(frozen=True)
+class DatasetSummary:
+    """The built-in job's scanned images, as section 1 reports them.
+
+    Attributes
+    ----------
+    images, classes : int
+        Usable images and their distinct labels.
+    skipped : tuple of (str, str)
+        ``(file name, reason)`` of each file the scan skipped.
+    source : str
+        ``"embedded"`` or ``"user folder"`` (``data_dir`` set).
+    table : pandas.DataFrame
+        :meth:`helpers.pipeline.dataset.DatasetIndex.frame` with each path relative to the folder.
+    """
+
+    images: int
+    classes: int
+    skipped: tuple[tuple[str, str], ...]
+    source: str
+    table: pd.DataFrame
+
+
+@dataclass(frozen=True, eq=False)
+class BaselineResult(ExperimentResult):
+    """Notebook 01's measurement: the job, one image's cost, the phase-timed steps, the profile, the input-free
+    ceiling and a trace read back.
+
+    Attributes
+    ----------
+    device_kind : str
+        ``"cpu"``, ``"cuda"`` or ``"npu"``.
+    description : dict
+        ``job.describe()`` (plus ``skipped``, images skipped, for the built-in job): the verdict's context.
+    job_spec : str
+        The ``job`` parameter (empty: the built-in job).
+    dataset : DatasetSummary or None
+        The built-in job's images; None for a user's job, whose dataset the workbook does not scan.
+    batch_size : int
+        Samples per step (a user's job: its own).
+    per_image : helpers.timing.Measurement or None
+        Per-image preprocessing time, seconds (the built-in job's per-image pipeline); None for a user's job.
+    run : helpers.compute.train.TrainRun
+        The baseline's measured steps (seconds per phase).
+    steps, warmup_steps : int
+        Measured and excluded steps.
+    threshold : float
+        ``host_bound_threshold``.
+    profile : helpers.diagnose.profiler.ProfileResult or None
+        The profiler's run (None: ``profile_steps=0``).
+    trace_file : str or None
+        The profiler's trace, relative to the run folder; None when none was written.
+    ceiling : helpers.experiments.three_run.CeilingResult
+        The job against its input-free ceiling.
+    trace : helpers.traces.analysis.TraceAnalysis or None
+        The trace read back (``trace_path``, else the profile's own); None without one.
+    trace_given : bool
+        Whether ``trace_path`` named the trace (else it is this job's own, from the profile).
+    """
+
+    device_kind: str
+    description: Mapping[str, Any]
+    job_spec: str
+    dataset: DatasetSummary | None
+    batch_size: int
+    per_image: Measurement | None
+    run: TrainRun
+    steps: int
+    warmup_steps: int
+    threshold: float
+    profile: Any
+    trace_file: str | None
+    ceiling: CeilingResult
+    trace: Any
+    trace_given: bool
+
+    # -- what the cells print ----------------------------------------------------------------
+
+    def dataset_text(self) -> str:
+        """Section 1: the images scanned, the files skipped (at most 10) and a note when every label is the same;
+        for a user's job, what it says about itself."""
+        d = self.dataset
+        if d is None:
+            return f"your job: {dict(self.description)}"
+        lines = [f"{d.images} images, {d.classes} class(es), {len(d.skipped)} file(s) skipped"]
+        lines += [f"  skipped {name}: {reason}" for name, reason in d.skipped[:10]]
+        if d.classes < 2:
+            lines.append("note: every image has the same label, so the reward is trivial; the timing is still valid "
+                         "(add class subfolders or a label column to captions.csv for a real task)")
+        return "\n".join(lines)
+
+    def dataset_table(self) -> pd.DataFrame | None:
+        """Section 1: the first rows of the scanned images' table (None for a user's job)."""
+        return None if self.dataset is None else self.dataset.table.head()
+
+    def per_image_ms(self) -> list[float]:
+        """Section 2: each timed image's preprocessing time, ms (empty for a user's job)."""
+        return [] if self.per_image is None else [t * 1e3 for t in self.per_image.times_s]
+
+    def per_image_text(self) -> str:
+        """Section 2: the median per-image cost with its IQR and rate, or why a user's job has none."""
+        m = self.per_image
+        if m is None:
+            return ("your job: its dataset is timed as a whole, as the data phase of each step below "
+                    "(the per-image breakdown is the built-in job's)")
+        return (f"per-image preprocessing: median {m.median_s * 1e3:.1f} ms (IQR {m.p25_s * 1e3:.1f}-"
+                f"{m.p75_s * 1e3:.1f} ms, {m.repeats} images) = {m.rate:.0f} images/s in one process")
+
+    def steps_text(self) -> str:
+        """Section 3: the steps measured and the median of each phase."""
+        med = self.run.phase_medians()
+        return (f"{self.steps} measured steps after {self.warmup_steps} warm-up; median step "
+                f"{med['step_s'] * 1e3:.0f} ms: " + ", ".join(f"{p} {med[p] * 1e3:.0f} ms" for p in PHASES))
+
+    def summary_table(self) -> pd.DataFrame:
+        """Section 3: per column of the steps (phases, step, exposed share, loss, reward), its median, min and max."""
+        summary = self.run.steps[[c for c in SUMMARY_COLUMNS if c in self.run.steps]]
+        return summary.describe().loc[["50%", "min", "max"]].rename(index={"50%": "median"}).round(4)
+
+    def phase_totals(self) -> pd.DataFrame:
+        """Section 3: the median of each phase, seconds, one row ``baseline`` (the phase breakdown's input)."""
+        med = self.run.phase_medians()
+        return pd.DataFrame([{p: med[p] for p in PHASES}], index=["baseline"])
+
+    def consistency_text(self) -> str:
+        """Section 3: the data phase against the per-image cost times the batch size (num_workers=0)."""
+        if self.per_image is None:
+            return "your job: no per-image timing to predict its data phase from"
+        med, m, bs = self.run.phase_medians(), self.per_image, self.batch_size
+        expected = m.median_s * bs
+        return (f"data phase {med['data'] * 1e3:.0f} ms per step vs {bs} x {m.median_s * 1e3:.1f} ms "
+                f"= {expected * 1e3:.0f} ms predicted from the per-image timing ({med['data'] / expected:.2f}x)")
+
+    def profile_text(self) -> str:
+        """Section 4: where the profiler's trace is, or why there is none."""
+        if self.profile is None:
+            return "profiling skipped (profile_steps=0)"
+        return f"trace: <run folder>/{self.trace_file}" if self.trace_file else "no trace file was written"
+
+    def top_ops(self) -> pd.DataFrame | None:
+        """Section 4: the profiler's 12 top operators (device columns dropped where empty, as on a CPU)."""
+        return None if self.profile is None else self.profile.top_ops.head(12).dropna(axis=1, how="all")
+
+    def ceiling_text(self) -> str:
+        """Section 5: each run's median step and phases, then the ceiling's sentence, reconciled with the
+        exposed share."""
+        lines = []
+        for name, df in self.ceiling.steps.items():
+            lines.append(f"{name:9s} step {df['step_s'].median() * 1e3:7.1f} ms (IQR "
+                         f"{df['step_s'].quantile(0.25) * 1e3:.1f}-{df['step_s'].quantile(0.75) * 1e3:.1f}): data "
+                         f"{df['data'].median() * 1e3:.1f}, h2d {df['h2d'].median() * 1e3:.1f}, compute "
+                         f"{df['compute'].median() * 1e3:.1f} ms")
+        lines.append(self.ceiling.sentence(exposed=self.run.exposed_fraction))
+        return "\n".join(lines)
+
+    def verdict_at(self, threshold: float) -> str:
+        """Section 6: the label at another ``threshold`` (printed, and returned), for the slider."""
+        label, _ = classify(self.run.exposed_fraction, threshold)
+        print(f"threshold {threshold:.0%}: {label} (exposed input {self.run.exposed_fraction:.0%} of the step)")
+        return label
+
+    def trace_text(self) -> str:
+        """Section 7: the trace's reading (yours, or this job's own beside section 3's timing) and what it cannot
+        tell."""
+        mine = self.trace
+        if mine is None:
+            return "no trace to read: set trace_path, or profile_steps > 0 so that section 4 writes one"
+        if self.trace_given:
+            lines = [f"your trace: {mine.sentence()}"]
+        else:
+            lines = [f"this job's own trace: exposed input {mine.job.exposed_fraction:.0%} of the step ({mine.label}); "
+                     f"timed in section 3: {self.run.exposed_fraction:.0%} ({self.verdict().recommendation})"]
+        lines += [f"  the trace cannot tell: {limit}" for limit in mine.limits]
+        return "\n".join(lines)
+
+    # -- records, verdict and the panel ----------------------------------------------------------
+
+    def records(self) -> Records:
+        """The dataset (or the user's job), the per-image cost, each phase of the step and the exposed share, the
+        input-free ceiling and, per rank, the trace's exposed share; in that order."""
+        out = Records()
+        d = self.dataset
+        if d is not None:
+            out.add("dataset", "usable images", "images", d.images, "images", skipped=len(d.skipped),
+                    classes=d.classes, source=d.source)
+        else:
+            out.add("dataset", "your job", "batch_size", self.batch_size, "samples", **self.description,
+                    spec=self.job_spec)
+        if self.per_image is not None:
+            out.add_measurement("preprocess", "baseline per-image", self.per_image, metric="time_per_image", unit="s",
+                                rate_metric="throughput", rate_unit="images/s")
+        run = self.run
+        for phase in (*PHASES, "step_s"):
+            m = Measurement(name=phase, times_s=tuple(run.steps[phase]), warmup=self.warmup_steps,
+                            items_per_call=self.batch_size if phase == "step_s" else None)
+            out.add_measurement("baseline step", phase.replace("_s", ""), m, metric="time_per_step", unit="s",
+                                rate_metric="throughput" if phase == "step_s" else None,
+                                rate_unit="samples/s" if phase == "step_s" else None)
+        fractions = Measurement(name="exposed", times_s=tuple(run.steps["exposed_fraction"]), warmup=self.warmup_steps)
+        out.add("baseline step", "exposed input", "exposed_input_fraction", run.exposed_fraction, "fraction",
+                repeats=fractions.repeats, spread={"p25": fractions.p25_s, "p75": fractions.p75_s})
+        out.add_comparison("input-free ceiling", self.ceiling.ceiling, metric="free_input_speedup", unit="x")
+        f, lo, hi = self.ceiling.fraction
+        out.add("input-free ceiling", "real / synthetic", "ceiling_fraction", f, "fraction",
+                repeats=self.ceiling.ceiling.b.repeats, spread={"ci_low": lo, "ci_high": hi})
+        for r in self.trace.ranks if self.trace is not None else ():  # with the trace's provenance
+            out.add("your trace", r.label, "exposed_input_fraction", r.exposed_fraction, "fraction",
+                    verdict=r.label_text, trace=dict(r.provenance))
+        return out
+
+    def verdict(self) -> Verdict:
+        """Notebook 01's verdict (:func:`verdict`): host-bound, balanced or device-bound."""
+        return verdict(self.run, self.per_image, threshold=self.threshold, device_kind=self.device_kind,
+                       steps=self.steps, description=self.description, ceiling=self.ceiling)
+
+    @property
+    def label(self) -> str:
+        """The settings measured, as the panel labels its points: ``"bs=32, 64px"`` (a user's job: ``"bs=64"``)."""
+        size = self.description.get("image_size")
+        return f"bs={self.batch_size}" + (f", {size}px" if self.dataset is not None and size else "")
+
+    def try_it(self, acc: Any, params: Mapping[str, Any]) -> TrySpec:
+        """The "try it" panel: the same baseline at another batch size (and, for the built-in job, crop size),
+        at most 10 measured steps after 2 warm-up, beside this notebook's own point.
+
+        Parameters
+        ----------
+        acc : helpers.device.Accelerator
+        params : mapping
+            The notebook's parameters (a user's job: with its own batch size, as ``ctx.job()`` sets it).
+        """
+        bs = int(params["batch_size"])
+        knobs = {"batch_size": Knob(tuple((str(v), v) for v in sorted({8, 16, 32, 64, 128, bs})), bs, "batch_size")}
+        if self.dataset is not None:  # a user's job takes image_size only where its factory does: the built-in's
+            size = int(params["image_size"])
+            knobs["image_size"] = Knob(tuple((str(v), v) for v in sorted({32, 64, 96, 128, size})), size,
+                                       "image_size")
+        steps = min(int(params["steps"]), 10)
+        return TrySpec("baseline at another batch size and crop size",
+                       lambda progress, **k: try_baseline(params, acc, steps=steps, warmup_steps=2, progress=progress,
+                                                          **k),
+                       knobs, reference=live_point(self.run, self.label, threshold=self.threshold,
+                                                   device_kind=self.device_kind, batch_size=self.batch_size))
+
+
+def timed_steps(params: Mapping[str, Any]) -> int:
+    """The steps :func:`run` reports to its ``progress``: the baseline's warm-up and measured steps, then the
+    ceiling's two runs' (``2 * (warmup_steps + ceiling_steps)``)."""
+    w = int(params["warmup_steps"])
+    return w + int(params["steps"]) + 2 * (w + int(params["ceiling_steps"]))
+
+
+def _dataset_summary(job: Any, data_dir: str) -> DatasetSummary | None:
+    """The built-in job's scanned images (its :meth:`helpers.jobs.base.Job.image_data`), or None for a job
+    whose factory built its own dataset."""
+    from pathlib import Path
+
+    data = job.image_data()
+    if data is None:
+        return None
+    index = data[0]
+    table = index.frame()
+    table["path"] = [Path(p).relative_to(index.root).as_posix() for p in table["path"]]
+    return DatasetSummary(images=len(index), classes=index.n_classes,
+                          skipped=tuple((bad.path.name, bad.reason) for bad in index.skipped),
+                          source="user folder" if data_dir else "embedded", table=table)
+
+
+def _per_image(job: Any, repeats: int) -> Measurement:
+    """The built-in job's per-image preprocessing, one image at a time in the loader's cyclic order."""
+    import itertools
+
+    from helpers.jobs.base import close_dataset
+    from helpers.timing import measure
+
+    batches = job.make_dataset("baseline")
+    try:
+        dataset = batches.dataset  # the per-image dataset behind the baseline's batches
+        order = itertools.cycle(range(len(dataset)))
+        return measure(lambda: dataset[next(order)], repeats=repeats, warmup=2, name="per-image preprocessing",
+                       items_per_call=1)
+    finally:
+        close_dataset(batches)
+
+
+def run(ctx: Any, *, progress: Progress = no_progress) -> BaselineResult:
+    """Notebook 01's experiment, in the notebook's order: the job (and its images), one image's cost, the
+    phase-timed steps, the profile, the input-free ceiling and the trace read back.
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        The notebook's context: its parameters, accelerator, run folder and job (``ctx.job()``: the built-in
+        PPO job, or the user's with ``job`` set).
+    progress : callable
+        ``progress(done, total)`` after every timed step, :func:`timed_steps` calls in all (e.g.
+        :func:`helpers.workbook.progress.progress_bar`'s).
+
+    Returns
+    -------
+    BaselineResult
+
+    Raises
+    ------
+    helpers.errors.DataError
+        If ``trace_path`` holds no trace (before any measuring).
+    """
+    from helpers.diagnose.profiler import profile_steps
+    from helpers.experiments.three_run import input_free_ceiling
+    from helpers.experiments.training import prepare_job
+    from helpers.traces import find_traces, read
+    from helpers.traces.analysis import analyze
+
+    P, acc = ctx.params, ctx.acc
+    if P["trace_path"]:  # a path that holds no trace stops here, before minutes of measuring
+        find_traces([P["trace_path"]])
+    job = ctx.job()  # the built-in job (photos scanned, captions tokenized), or the user's
+    dataset = _dataset_summary(job, P["data_dir"])
+    per_image = _per_image(job, P["preprocess_samples"]) if dataset is not None else None
+    warmup, steps = P["warmup_steps"], P["steps"]
+    base = warmup + steps
+    timed = prepare_job(job, acc)  # the baseline: per-image pipeline, num_workers=0, fp32, NCHW
+    try:
+        loop = timed.loop.run(warmup, measured=False, progress=progress).discard()
+        train = loop.run(steps, progress=lambda d, _t: progress(warmup + d, base)).result()
+        prof = trace_file = None
+        if P["profile_steps"] > 0:
+            prof = profile_steps(lambda: timed.step(job.to_device(next(timed.loop.batches), acc)), kind=acc.kind,
+                                 out_dir=ctx.artifacts_dir / "profile", steps=P["profile_steps"], warmup=1,
+                                 sync=acc.synchronize)
+            trace_file = prof.trace_path.relative_to(ctx.out_dir).as_posix() if prof.trace_path else None
+    finally:
+        timed.close()  # the loader and the dataset are done
+    ceiling = input_free_ceiling(job, acc, steps=P["ceiling_steps"], warmup_steps=warmup,
+                                 progress=lambda d, t: progress(base + d, base + t))
+    source = P["trace_path"] or (prof.trace_path if prof is not None else None)  # yours, or section 4's
+    trace = analyze(read([source]), threshold=P["host_bound_threshold"]) if source else None
+    description = {**job.describe(), **({"skipped": len(dataset.skipped)} if dataset is not None else {})}
+    return BaselineResult(device_kind=acc.kind, description=description, job_spec=P.get("job") or "",
+                          dataset=dataset, batch_size=int(job.workload.batch_size), per_image=per_image, run=train,
+                          steps=steps, warmup_steps=warmup, threshold=float(P["host_bound_threshold"]), profile=prof,
+                          trace_file=trace_file, ceiling=ceiling, trace=trace, trace_given=bool(P["trace_path"]))
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

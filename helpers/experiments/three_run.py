@@ -30,14 +30,23 @@ from typing import Any
 from helpers import bottleneck, machine
 from helpers.compute.train import TimedLoop
 from helpers.errors import ParameterError
-from helpers.experiments.baseline import spare_cores
 from helpers.experiments.training import clone_batch, prepare_job
 from helpers.jobs.base import Job, close_dataset
 from helpers.jobs.check import loop_divergence
 from helpers.timing import Comparison, Measurement
 
 __all__ = ["RUNS", "CeilingResult", "ThreeRunResult", "copy_share", "exposed_ceiling", "free_input_sentence",
-           "input_free_ceiling", "loader_sentence", "three_run"]
+           "input_free_ceiling", "loader_sentence", "spare_cores", "three_run"]
+
+def spare_cores(device_kind: str, other_cpu_share: float | None = None) -> int:
+    """Idle cores for DataLoader workers on this machine (:func:`helpers.bottleneck.spare_cores`), with
+    torch's intra-op threads as the computation's on a CPU (here, not in notebook 01's module, which runs the
+    ceiling of this one: :mod:`helpers.experiments.baseline` re-exports it)."""
+    import torch
+
+    return bottleneck.spare_cores(device_kind, compute_threads=torch.get_num_threads() if device_kind == "cpu"
+                                  else None, other_cpu_share=other_cpu_share)
+
 
 #: The three runs, in the order they are reported.
 RUNS: tuple[str, str, str] = ("real", "cached", "synthetic")

@@ -198,3 +198,25 @@ def live_points(reference, points, *, title: str = ""):
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+# -- notebook 01's figures, from its result (helpers.experiments.baseline.BaselineResult) -------------------
+
+def baseline_per_image_figure(result):
+    """Notebook 01's per-image preprocessing times (:func:`distribution`), or None for a user's job (its dataset
+    is timed only as the data phase)."""
+    if result.per_image is None:
+        return None
+    return distribution(result.per_image_ms(), xlabel="baseline preprocessing time per image (ms)",
+                        title="Per-image cost: decode + crop + resize + normalize + tokenize")
+
+
+def baseline_phase_figure(result):
+    """Notebook 01's median step split into its phases (:func:`phase_breakdown`)."""
+    return phase_breakdown(result.phase_totals(), title=f"Baseline step on {result.device_kind}: median per phase")
+
+
+def baseline_timeline_figure(result, *, max_steps: int = 8):
+    """Notebook 01's first ``max_steps`` measured steps, phase by phase (:func:`step_timeline`)."""
+    return step_timeline(result.run.phases, max_steps=max_steps,
+                         title=f"Baseline: input exposed for {result.run.exposed_fraction:.0%} of each step")

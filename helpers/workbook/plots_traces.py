@@ -89,3 +89,11 @@ def medians_frame(analysis) -> "pd.DataFrame":
     import pandas as pd
 
     return pd.DataFrame([r.medians() for r in analysis.ranks], index=[r.label for r in analysis.ranks])
+
+
+def baseline_trace_figure(result):
+    """Notebook 01's section 7: the median step per rank of the trace it read back (:func:`rank_phases`), or None
+    without a trace (:class:`helpers.experiments.baseline.BaselineResult`)."""
+    if result.trace is None:
+        return None
+    return rank_phases(medians_frame(result.trace), title="Median step per rank, from the trace")
