@@ -629,7 +629,8 @@ def _cycling(module, images, autocast=None):
     return lambda: next(fns)()
 
 
-def _correctness(acc, model, cl_model, images0, cl_images0, low: str | None) -> tuple[tuple[str, float, float, float], ...]:
+def _correctness(acc, model, cl_model, images0, cl_images0,
+                 low: str | None) -> tuple[tuple[str, float, float, float], ...]:
     """The encoder's channels_last output against NCHW, fp32 and (with ``low``) under autocast; asserts each."""
     ref = conv_step(model.image_encoder, images0, backward=False)()
     out = conv_step(cl_model.image_encoder, cl_images0, backward=False)()
