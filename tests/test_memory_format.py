@@ -18,7 +18,7 @@ from helpers.compute.memory_format import (
     trace_memory_format,
 )
 from helpers.compute.model import PolicyConfig, build_policy
-from helpers.device import Capability
+from helpers.device import Capability, get_accelerator
 from helpers.errors import ParameterError
 from helpers.experiments.memory_format import channels_last_decision
 
@@ -170,3 +170,158 @@ def test_channels_last_verdict():
     assert na["recommendation"] == "not applicable" and na["value"] is None and "NPU" in na["reason"]
     with pytest.raises(ParameterError, match="no comparison"):
         channels_last_decision({})
+
+
+# --------------------------------------------------------------------------- the notebook's result
+
+
+def _written(records, tmp_path):
+    from helpers.results import ResultsStore
+
+    store = ResultsStore(tmp_path / "r.jsonl", notebook="07_channels_last")
+    return [(r.experiment, r.variant, r.metric, r.unit) for r in store.write(records)]
+
+
+def _result(comparisons=None, *, builtin=True, convs=None, device_ok=True, compiled=None, low="bfloat16"):
+    from helpers.compute.memory_format import FormatTrace, LayerFormat
+    from helpers.experiments import memory_format as mf
+
+    same = _cmp([1.0, 1.01, 0.99, 1.02, 1.0], [1.0, 1.02, 0.98, 1.01, 1.0])
+    comparisons = {"fp32": same} if comparisons is None else comparisons
+    applicable = device_ok and convs != 0
+    why = "" if device_ok else "not supported on NPU; keep NCHW"
+    if device_ok and convs == 0:
+        why = "your model has no 2-D convolution (nn.Conv2d): channels_last reorders only 4-D tensors"
+    trace = FormatTrace((LayerFormat("stages.0.0", "Conv2d", (2, 8, 16, 16), True),
+                         LayerFormat("head", "Conv2d", (2, 8, 16, 16), False))) if device_ok else None
+    job = types.SimpleNamespace(is_builtin=builtin)
+    return mf.ChannelsLastResult(
+        job=job, device="cpu", device_name="fake cpu", settings={"steps": 5, "warmup_steps": 1, "seed": 0,
+                                                                "job": "" if builtin else "mine.py:make_job"},
+        n_images=12, images=(torch.zeros(2, 3, 32, 32),) * 3, conv_channels=(8, 16),
+        job_description={} if builtin else {"job": "mine"}, user_convs=convs, device_applicable=device_ok,
+        device_why="" if device_ok else why, applicable=applicable, why_not=why, trace=trace,
+        correctness=((("float32", 1e-7, 1e-5, 1e-5),) + (((low, 1e-3, 1e-2, 1e-2),) if low else ()))
+        if device_ok else (),
+        low=low, comparisons=comparisons if applicable else {}, cudnn_benchmark=False,
+        cpu_bf16={"native_bf16": False, "detail": "none"} if builtin else None,
+        attention=mf.AttentionOutcome((2, 2, 16, 8), 6e-7, _pair([1.0] * 5, [0.5] * 5, "manual attention", "SDPA")),
+        compiled=compiled or mf.CompileOutcome("skipped", "compile_model is False"))
+
+
+def _pair(a_times, b_times, a_name, b_name):
+    from helpers.timing import Comparison, Measurement
+
+    return Comparison.from_measurements(Measurement(a_name, tuple(a_times), 0), Measurement(b_name, tuple(b_times), 0))
+
+
+NOTEBOOK_KEYS = [("dataset", "fixed batches", "batches", "batches"),
+                 ("memory_format", "channels_last trace", "layers_kept", "layers"),
+                 ("correctness", "channels_last vs NCHW (fp32)", "max_abs_diff", "1"),
+                 ("correctness", "channels_last vs NCHW (bfloat16 autocast)", "max_abs_diff", "1"),
+                 ("channels_last", "channels_last fp32 vs NCHW fp32", "speedup", "x"),
+                 ("channels_last", "channels_last bfloat16 autocast vs NCHW bfloat16 autocast", "speedup", "x"),
+                 ("correctness", "SDPA vs manual attention", "max_abs_diff", "1"),
+                 ("attention", "SDPA vs manual attention", "speedup", "x"),
+                 ("compile", "torch.compile", "first_call_time", "s")]
+
+
+def _named(a_times, b_times, label):
+    return _pair(a_times, b_times, f"NCHW {label}", f"channels_last {label}")
+
+
+def test_result_records_what_the_notebook_recorded_and_enables_the_faster_layout(tmp_path):
+    comps = {"fp32": _named([1.0, 1.01, 0.99, 1.02, 1.0], [1.0, 1.02, 0.98, 1.01, 1.0], "fp32"),
+             "bfloat16 autocast": _named([1.0, 1.01, 0.99, 1.02, 1.0], [0.5, 0.51, 0.49, 0.5, 0.52],
+                                         "bfloat16 autocast")}
+    r = _result(comps)
+    assert _written(r.records(), tmp_path) == NOTEBOOK_KEYS
+    v = r.verdict()
+    assert (v.notebook, v.recommendation, v.action.value, v.extra["best"]) == (
+        "07_channels_last", "enable", "channels_last", "bfloat16 autocast")
+    assert v.extra["decision_threshold"] == 1.05
+    assert v.reason.startswith("channels_last made the conv encoder's forward+backward 2.00x faster")
+    assert v.reason.endswith("Fusion: SDPA vs manual attention 2.00x (max diff 6.0e-07); torch.compile skipped "
+                             "(compile_model is False)")
+    assert v.context == ("conv encoder (8, 16) forward+backward on 3 fixed batches of (2, 3, 32, 32), 5 timed calls "
+                         "after 1 warm-up per variant; attention (2, 2, 16, 8); on cpu (fake cpu)")
+    assert r.trace_text() == "4-D outputs in the conv encoder: 2; channels_last kept by 1; dropped by: head"
+    assert list(r.trace_table()["layer"]) == ["stages.0.0", "head"]
+    assert r.match_text().endswith("float32, bfloat16")
+    assert "per forward+backward" in r.timing_text() and "CPU native bf16: False" in r.timing_text()
+    assert list(r.speedups()) == ["channels_last vs NCHW (fp32)", "channels_last vs NCHW (bfloat16 autocast)",
+                                  "SDPA vs manual attention"]
+    spec = r.try_it(get_accelerator("cpu"), {"steps": 20, "warmup_steps": 3, "seed": 0})
+    assert not spec.unavailable and spec.reference is not None
+    assert (spec.knobs["memory_format"].value, spec.knobs["autocast"].value) == ("channels_last", "off")
+
+
+def test_result_of_a_users_job_leaves_off_and_names_the_job(tmp_path):
+    r = _result({"fp32": _named([1.0, 1.01, 0.99, 1.02, 1.0], [1.0, 1.02, 0.98, 1.01, 1.0], "fp32")}, convs=3,
+                builtin=False, low=None)
+    keys = _written(r.records(), tmp_path)
+    assert ("channels_last", "channels_last fp32 vs NCHW fp32", "speedup", "x") in keys
+    assert ("add_comparison", {"precision": "fp32", "job": "mine.py:make_job"}) in [
+        (name, kw) for name, _, kw in r.records().calls]
+    v = r.verdict()
+    assert v.recommendation == "leave off" and v.action.value == "contiguous_format"
+    assert "channels_last gave no speedup of at least 1.05x" in v.reason
+    assert v.context.startswith("your job's training step ({'job': 'mine'}) on 4 fixed batches")
+    assert "(built-in job)" in v.context
+    assert "3 nn.Conv2d layer(s)" in r.batches_text() and "training step of your job" in r.timing_text()
+    assert "CPU native bf16" not in r.timing_text() and "no autocast dtype on cpu" in r.correctness_text()
+
+
+def test_result_without_a_convolution_or_on_an_npu_is_not_applicable(tmp_path):
+    from helpers.experiments import memory_format as mf
+
+    r = _result(convs=0, builtin=False)
+    assert _written(r.records(), tmp_path) == NOTEBOOK_KEYS[:4] + NOTEBOOK_KEYS[6:]
+    v = r.verdict()
+    assert (v.recommendation, v.value, v.action.text) == ("not applicable", None, "channels_last: not applicable")
+    assert "no 2-D convolution" in v.reason and "not applicable to your job" in r.timing_text()
+    spec = r.try_it(get_accelerator("cpu"), {"steps": 20, "warmup_steps": 3, "seed": 0})
+    assert "no 2-D convolution" in spec.unavailable and spec.reference is None
+    npu = _result(device_ok=False, compiled=mf.CompileOutcome("failed", "RuntimeError: no compiler"))
+    keys = _written(npu.records(), tmp_path)
+    assert keys == [NOTEBOOK_KEYS[0], NOTEBOOK_KEYS[1]] + NOTEBOOK_KEYS[6:]
+    assert npu.verdict().recommendation == "not applicable" and "NCHW" in npu.verdict().reason
+    assert npu.trace_table().iloc[0]["channels_last"] == "not measured on cpu"
+    assert npu.compile_text() == "torch.compile failed: RuntimeError: no compiler"
+    assert npu.fusion_text().endswith("torch.compile failed (RuntimeError: no compiler)")
+
+
+def test_result_with_torch_compile_records_its_first_call_and_steady_state(tmp_path):
+    from helpers.experiments import memory_format as mf
+
+    k = mf.CompileOutcome("measured", first_call_s=12.0, max_abs_diff=1e-6,
+                          comparison=_pair([1.0, 1.01, 0.99, 1.02, 1.0], [0.5, 0.51, 0.49, 0.5, 0.52], "eager",
+                                           "compiled"))
+    r = _result(compiled=k)
+    assert _written(r.records(), tmp_path)[-3:] == [("correctness", "compiled vs eager", "max_abs_diff", "1"),
+                                                    ("compile", "torch.compile", "first_call_time", "s"),
+                                                    ("compile", "compiled vs eager", "speedup", "x")]
+    assert "pays for itself after about 24 steps" in r.compile_text()
+    assert "torch.compile 2.00x in steady state after a 12 s first call" in r.verdict().reason
+    assert "compiled vs eager (steady state)" in r.speedups()
+
+
+def test_run_measures_the_builtin_job_on_small_data(tmp_path):
+    from helpers.experiments import memory_format as mf
+    from helpers.experiments.registry import spec_for
+    from helpers.jobs.load import notebook_job
+    from helpers.pipeline.dataset import build_embedded
+
+    root = build_embedded(tmp_path / "photos", n_images=12, seed=3)
+    P = {p.name: p.default for p in spec_for("07_channels_last")}
+    P.update(data_dir=str(root), batch_size=4, image_size=32, text_len=8, model_width=4, d_model=16, steps=3,
+             warmup_steps=0, compile_model=False, attention_seq_len=16, attention_heads=2, attention_head_dim=8)
+    ctx = types.SimpleNamespace(params=P, acc=get_accelerator("cpu"), job=lambda: notebook_job(P))
+    r = mf.run(ctx)
+    keys = _written(r.records(), tmp_path)
+    assert [k[0] for k in keys[:4]] == ["dataset", "memory_format", "correctness", "correctness"]
+    assert ("channels_last", "channels_last fp32 vs NCHW fp32", "speedup", "x") in keys
+    assert keys[-1] == ("compile", "torch.compile", "first_call_time", "s")
+    assert r.batch_shape == (4, 3, 32, 32) and r.n_images == 12 and r.trace.all_kept
+    assert r.verdict().recommendation in ("enable", "leave off")
+    assert r.attention_text().startswith("q, k, v of shape (4, 2, 16, 8)")

@@ -126,3 +126,16 @@ def speedup_intervals(names: Sequence[str], ratios: Sequence[float], ci_low: Seq
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def channels_last_speedups(result):
+    """Notebook 07's figure: every speedup it measured with its interval (:func:`speedup_intervals`).
+
+    Parameters
+    ----------
+    result : helpers.experiments.memory_format.ChannelsLastResult
+        Its ``speedups()`` (channels_last per precision, SDPA, torch.compile) and ``speedups_title()``.
+    """
+    shown = result.speedups()
+    return speedup_intervals(list(shown), [c.ratio for c in shown.values()], [c.ci_low for c in shown.values()],
+                             [c.ci_high for c in shown.values()], title=result.speedups_title())
