@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -32,8 +35,26 @@ def test_bandwidth_summary_reads_notebook_04s_records(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.notebook
-def test_device_check_runs_every_step_on_the_cpu(tmp_path):
+def test_device_check_runs_every_step_on_the_cpu(tmp_path, smoke_run, monkeypatch):
+    """Every step on the CPU. The notebooks step is the session's smoke run (the same notebooks, profile and device
+    as device-check asks the runner for, already executed once), copied to where device-check wants its run."""
+    from helpers.workbook import runner
+
+    smoke_dir, smoke_state = smoke_run
+    asked = []
+
+    def the_smoke_run(options, echo=print, **kw):
+        asked.append((options.profile, options.device, tuple(options.only)))
+        out = Path(options.out)
+        shutil.copytree(smoke_dir, out)
+        lines = (out / "results.jsonl").read_text().splitlines()
+        keep = [line for line in lines if json.loads(line)["notebook"][:2] in options.only]
+        (out / "results.jsonl").write_text("".join(line + "\n" for line in keep))
+        return out, replace(smoke_state, notebooks=[n for n in smoke_state.notebooks if n.id[:2] in options.only])
+
+    monkeypatch.setattr(runner, "run", the_smoke_run)
     summary = device_check(device="cpu", out=tmp_path / "dc", profile="smoke", echo=print)
+    assert asked == [("smoke", "cpu", tuple(DEVICE_NOTEBOOKS))]
     written = json.loads((tmp_path / "dc" / "device_check.json").read_text())
     assert written["steps"] == summary["steps"]
     assert summary["steps"]["bandwidth"]["status"] == "not applicable"  # nothing is copied on a CPU
