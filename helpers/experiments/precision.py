@@ -847,8 +847,8 @@ def run(ctx: Any) -> PrecisionResult:
     context = (f"{what} on {acc.kind} ({acc.name}), fp32 vs {dtype_name} autocast"
                f"{' with GradScaler' if use_scaler else ''}, {P['steps']} interleaved steps each after "
                f"{P['warmup_steps']} warm-up")
-    return PrecisionResult(caps=caps, images=len(index), classes=index.n_classes, batch_size=demo_job.workload.batch_size,
-                           image_size=P["image_size"], job_name=None if job.is_builtin else str(job.describe()),
+    return PrecisionResult(caps=caps, images=len(index), classes=index.n_classes,
+                           batch_size=demo_job.workload.batch_size, image_size=P["image_size"], job_name=None if job.is_builtin else str(job.describe()),
                            probe=dict(probe), dtypes=dtypes, demo=demo, curves=curves, cmp=cmp, memory=memory,
                            context=context, steps=P["steps"], warmup_steps=P["warmup_steps"],
                            init_scale=P["init_scale"], growth_interval=P["growth_interval"], seed=P["seed"],
