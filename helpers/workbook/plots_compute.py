@@ -94,6 +94,39 @@ def step_time_bars(names: Sequence[str], medians_ms: Sequence[float], p25_ms: Se
     return fig
 
 
+def precision_scaler_demo_figure(result):
+    """Notebook 06, section 4: the demonstration's loss scale with its injected overflows
+    (:class:`helpers.experiments.precision.PrecisionResult`)."""
+    from helpers.experiments.precision import DEMO_GROWTH_INTERVAL
+
+    return loss_scale_trajectory(result.demo.scales, result.demo.overflow,
+                                 title=f"Loss scale with injected overflows (growth_interval {DEMO_GROWTH_INTERVAL} "
+                                       "for the demo)")
+
+
+def precision_loss_figure(result):
+    """Notebook 06, section 5: the gated loss of fp32 and mixed precision per step, and their difference."""
+    c = result.curves
+    return loss_curves(c.fp32, c.mixed, mixed_label=f"{c.dtype_name} autocast",
+                       title=f"{c.loss_name.capitalize()}, same seed and batches: {c.rel_diff:.2%} apart at the end, "
+                             "on its scale")
+
+
+def precision_loss_scale_figure(result):
+    """Notebook 06, section 5: the fp16 run's loss scale, or None where no scaler ran (bf16, a user's job)."""
+    s = result.curves.scaler
+    return None if s is None else loss_scale_trajectory(s.scales, s.overflow, title="Loss scale of the fp16 run")
+
+
+def precision_step_time_figure(result):
+    """Notebook 06, section 6: the median step time of fp32 and mixed precision with their IQR."""
+    a, b = result.cmp.a, result.cmp.b
+    who = "PPO" if result.builtin else "Your"
+    return step_time_bars([a.name, b.name], [a.median_s * 1e3, b.median_s * 1e3], [a.p25_s * 1e3, b.p25_s * 1e3],
+                          [a.p75_s * 1e3, b.p75_s * 1e3],
+                          title=f"{who} step on {result.caps.kind}: fp32 vs {result.dtype_name} autocast")
+
+
 # --------------------------------------------------------------------------- notebook 07 (engineer C)
 
 
