@@ -12,6 +12,7 @@ import pytest
 
 from helpers import machine
 from helpers.errors import ParameterError
+from helpers.experiments.base import VerdictResult
 from helpers.verdict import Action, Verdict
 from helpers.workbook.nbsetup import NotebookContext, guard_verdict, ratio_decision
 
@@ -129,7 +130,7 @@ def _ctx(tmp_path, notebook, before):
                            store=ResultsStore(tmp_path / "results.jsonl", notebook=notebook), machine_before=before)
 
 
-def test_add_verdict_applies_the_rule_to_the_machine_state_it_recorded(tmp_path, monkeypatch):
+def test_record_applies_the_rule_to_the_machine_state_it_recorded(tmp_path, monkeypatch):
     """Constructed snapshots: 10 s in which other processes used 0.8 of each of 2 cores (80% > 25%)."""
     from helpers.results import load_results, verdicts
 
@@ -138,9 +139,10 @@ def test_add_verdict_applies_the_rule_to_the_machine_state_it_recorded(tmp_path,
     after = machine.MachineState(time_s=110.0, load_1min=3.0, cores=2, busy_cpu_s=1020.0, steal_cpu_s=0.0,
                                  own_cpu_s=14.0)
     monkeypatch.setattr(machine, "snapshot", lambda: after)
-    _ctx(tmp_path, "06_mixed_precision", before).add_verdict(_ratio("enable", 1.6, 1.9))
-    _ctx(tmp_path, "07_channels_last", before).add_verdict(_ratio("enable", 1.01, 1.3, notebook="07_channels_last"))
-    _ctx(tmp_path, "01_baseline_profiling", before).add_verdict(_share())
+    for notebook, v in (("06_mixed_precision", _ratio("enable", 1.6, 1.9)),
+                        ("07_channels_last", _ratio("enable", 1.01, 1.3, notebook="07_channels_last")),
+                        ("01_baseline_profiling", _share())):
+        _ctx(tmp_path, notebook, before).record(VerdictResult(v), show=False)
     df = load_results(tmp_path / "results.jsonl")
     rows = verdicts(df).set_index("notebook")
     assert rows.loc["06_mixed_precision", "recommendation"] == "enable"

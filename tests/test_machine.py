@@ -114,6 +114,7 @@ def _busy_since(seconds: float, other_cpu_s_per_core: float) -> machine.MachineS
 
 
 def test_a_verdict_measured_on_a_busy_machine_is_inconclusive_and_the_report_says_so(tmp_path):
+    from helpers.experiments.base import VerdictResult
     from helpers.results import ResultsStore, load_results, verdicts
     from helpers.verdict import Action, Verdict
     from helpers.workbook.nbsetup import NotebookContext
@@ -126,10 +127,10 @@ def test_a_verdict_measured_on_a_busy_machine_is_inconclusive_and_the_report_say
 
     v = Verdict(notebook="06_mixed_precision", metric="speedup", value=1.3, unit="x", recommendation="enable",
                 reason="bf16 1.30x faster", action=Action("autocast_dtype", "bfloat16", "bf16 autocast: enable"))
-    ctx("06_mixed_precision", _busy_since(10.0, 9.0)).add_verdict(v)
+    ctx("06_mixed_precision", _busy_since(10.0, 9.0)).record(VerdictResult(v), show=False)
     quiet = Verdict(notebook="07_channels_last", metric="speedup", value=1.2, unit="x", recommendation="enable",
                     reason="1.20x", action=Action("memory_format", "channels_last", "channels_last: enable"))
-    ctx("07_channels_last", _busy_since(10.0, 0.0)).add_verdict(quiet)
+    ctx("07_channels_last", _busy_since(10.0, 0.0)).record(VerdictResult(quiet), show=False)
     rows = verdicts(load_results(tmp_path / "results.jsonl")).set_index("notebook")
     busy = rows.loc["06_mixed_precision"]
     assert busy["recommendation"] == "inconclusive" and "action" not in busy["extra"]

@@ -22,7 +22,7 @@ from helpers.checklist import PHASES, Item
 from helpers.params import Param
 from helpers.results import Records
 
-__all__ = ["Experiment", "ExperimentResult", "JobPlan", "Optimization", "no_expected_warnings"]
+__all__ = ["Experiment", "ExperimentResult", "JobPlan", "Optimization", "VerdictResult", "no_expected_warnings"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,20 @@ class ExperimentResult:
     def verdict(self) -> Any:
         """The verdict (:class:`helpers.verdict.Verdict`) this result decides, or None (the default)."""
         return None
+
+
+@dataclass(frozen=True)
+class VerdictResult(ExperimentResult):
+    """A result that is a verdict decided elsewhere and nothing more (records: none).
+
+    For a verdict built outside an experiment's run (a test's constructed verdict, a command that decides from
+    records already written) that must still go through ``ctx.record`` and its busy-machine check.
+    """
+
+    decided: Any  # a helpers.verdict.Verdict
+
+    def verdict(self) -> Any:
+        return self.decided
 
 
 @dataclass(frozen=True)
