@@ -229,7 +229,7 @@ NOTEBOOKS = sorted((HELPERS.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 AROUND_RECORD = ("ctx.store", ".add_verdict(", "store.add", "store.verdict(", "store.write(", "ResultsStore(")
 #: The notebooks not yet in the one-Experiment shape (issue 22): they still write records by hand. Remove a
 #: notebook from here when it is converted; the tests below then hold it to the shape.
-NOT_YET_THIN = {"01_baseline_profiling", "06_mixed_precision", "07_channels_last", "08_collectives"}
+NOT_YET_THIN = {"01_baseline_profiling", "06_mixed_precision", "07_channels_last"}
 
 
 def code_cells(path: Path) -> list[str]:
