@@ -126,3 +126,69 @@ def test_hook_comparison():
     slow = dict(fp16, time_s=0.09, time_p25_s=0.08, time_p75_s=0.1)
     out = collectives.hook_comparison([none, slow])
     assert out["best"] == "none measurable" and out["slower"] == ["fp16"]
+
+
+# ---------------------------------------------------------------- the notebook's experiment: one CollectivesResult
+
+def _bench(world_size=2):
+    from helpers.comm.allreduce import algbw_gbps, busbw_gbps
+
+    rows = []
+    for k in range(3, 21):
+        n = 2**k
+        t = 1e-4 + n / 1e9
+        rows.append({"bytes": n, "repeats": 5, "time_s": t, "time_p25_s": 0.95 * t, "time_p75_s": 1.05 * t,
+                     "algbw_gbps": algbw_gbps(n, t), "busbw_gbps": busbw_gbps(n, t, world_size)})
+    bare = {"bytes": 2**20, "chunks": 5, "chunk_calls": 2, "busbw_gbps": 1.0, "bench_busbw_gbps": 0.95}
+    return {"sizes": rows, "bare": bare, "overhead_vs_bare": 1.05, "overhead_statistic": "median chunk mean",
+            "met": {"overhead_vs_bare": True}, "overhead_note": "met", "device": "cpu"}
+
+
+def _params(**kw):
+    P = {p.name: p.default for p in collectives.EXPERIMENT.spec}
+    P.update(kw)
+    return P
+
+
+def test_a_result_that_could_not_run_records_not_applicable(tmp_path):
+    plan = collectives.BackendPlan("nccl", None, 2, False, "needs 2 devices", "needs 2 devices", 1, "no devices")
+    env = collectives.env_check(tmp_path)
+    res = collectives.CollectivesResult(plan=plan, device_kind="cpu", bench=None, ddp=None, env=env,
+                                        params=_params(backend="nccl"))
+    keys = [args[:3] for _, args, _ in res.records().calls]
+    assert keys[:2] == [("allreduce", "benchmark", "busbw"), ("ddp_buckets", "sweep", "step_time")]
+    assert all(k[0] == "env_check" for k in keys[2:]) and keys[-1][1] == "validated env file"
+    v = res.verdict()
+    assert v.recommendation == "not applicable" and v.reason == "needs 2 devices"
+    assert v.context == "backend nccl, world_size 2 on cpu"
+    assert res.ddp_text() == "DDP not run: needs 2 devices" and res.allreduce_table() is None
+    assert res.env.written_text().startswith("rejected: ASCEND_COMPRESS_LEVEL, HCCL_ALGO")
+    assert res.try_it(__import__("helpers.device", fromlist=["x"]).get_accelerator("cpu"), res.params).unavailable
+
+
+def test_a_result_records_the_sweep_ddp_and_the_env_check_in_order(result, tmp_path):
+    ddp_res = {k: v for k, v in result.items() if k != "_stray"}
+    plan = collectives.plan_backend("gloo", 2, "cpu")
+    res = collectives.CollectivesResult(plan=plan, device_kind="cpu", bench=_bench(), ddp=ddp_res,
+                                        env=collectives.env_check(tmp_path), params=_params(steps=3))
+    experiments = [args[0] for _, args, _ in res.records().calls]
+    order = [e for i, e in enumerate(experiments) if i == 0 or experiments[i - 1] != e]
+    assert order == ["allreduce", "ddp_buckets", "ddp_compression", "ddp_overlap", "env_check"]
+    assert experiments.count("ddp_buckets") == len(ddp_res["buckets"])
+    v = res.verdict()
+    assert v.metric == "busbw_at_largest_size" and v.action.setting == "comm_hook"
+    assert v.context.startswith("gloo, 2 ranks on cpu; allreduce 8 B to 256 MiB, 10 repeats; PPO DDP 32 samples")
+    assert "every gradient byte is in a bucket: True" in res.ddp_check_text()
+    assert res.overlap_text().startswith("overlap at bucket_cap_mb")
+    knobs = res.try_it(__import__("helpers.device", fromlist=["x"]).get_accelerator("cpu"), res.params).knobs
+    assert knobs["min_mib"].value == 1.0 and knobs["max_mib"].value == 4.0
+
+
+def test_ddp_config_survives_the_ranks_json():
+    import json
+
+    cfg = collectives.DDPConfig.from_params(_params(job="examples/image_classifier.py:make_job", steps=2))
+    assert cfg.job.spec.endswith("examples/image_classifier.py:make_job") and cfg.steps == 2
+    assert collectives.DDPConfig.from_dict(json.loads(json.dumps(cfg.as_dict()))) == cfg
+    with pytest.raises(ParameterError):
+        collectives.DDPConfig.from_params(_params(compression_hooks=["int8"]))

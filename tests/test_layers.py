@@ -227,9 +227,6 @@ def test_the_command_line_and_runner_import_no_torch():
 NOTEBOOKS = sorted((HELPERS.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 #: Writing to a results store from a notebook or an experiment, around ``ctx.record(result)``.
 AROUND_RECORD = ("ctx.store", ".add_verdict(", "store.add", "store.verdict(", "store.write(", "ResultsStore(")
-#: The notebooks not yet in the one-Experiment shape (issue 22): they still write records by hand. Remove a
-#: notebook from here when it is converted; the tests below then hold it to the shape.
-NOT_YET_THIN = {"08_collectives", "09_memory_and_batch_size"}
 
 
 def code_cells(path: Path) -> list[str]:
@@ -245,17 +242,15 @@ def code_lines(source: str) -> int:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_a_notebook_writes_results_only_through_ctx_record(path):
-    if path.stem in NOT_YET_THIN:
-        pytest.skip("not yet converted to the one-Experiment shape (issue 22)")
     found = [(i, s) for i, c in enumerate(code_cells(path)) for s in AROUND_RECORD if s in c]
     assert not found, f"{path.name} writes results around ctx.record(result): {found}"
+    calls = sum(c.count("ctx.record(") for c in code_cells(path))
+    assert calls == 1, f"{path.name} calls ctx.record {calls} times: one result per notebook, recorded once"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_a_notebook_cell_is_a_call_a_plot_or_a_print(path):
     """HTA's and numpy-tutorials' habit: the interpretation lives behind the call, so a cell stays short."""
-    if path.stem in NOT_YET_THIN:
-        pytest.skip("not yet converted to the one-Experiment shape (issue 22)")
     sizes = sorted(code_lines(c) for c in code_cells(path)[1:])  # the parameters cell aside
     assert max(sizes) <= 15, f"{path.name}: a code cell of {max(sizes)} lines (at most 15)"
     assert sizes[len(sizes) // 2] <= 4 or sizes[(len(sizes) - 1) // 2] <= 4, (

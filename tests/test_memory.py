@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -436,3 +437,56 @@ def test_a_demonstration_budget_is_shown_as_such_and_is_never_an_action(monkeypa
     assert "Enable on this machine" not in advice and not any("batch size" in x for x in advice.values())
     first_screen = to_markdown(collect(tmp_path)).split("## Checklist")[0]
     assert "→" not in first_screen and "batch size 128" not in first_screen
+
+
+# ---------------------------------------------------------------- the notebook's experiment: one MemoryResult
+
+def _ctx(cpu, **params):
+    """A notebook context without a store: the spec's defaults, small sizes, and ``ctx.job()``."""
+    from types import SimpleNamespace
+
+    from helpers.jobs.load import notebook_job
+
+    P = {p.name: p.default for p in E.EXPERIMENT.spec}
+    P.update(max_images=8, batch_size=4, image_size=32, text_len=8, model_width=4, d_model=16, steps=3,
+             warmup_steps=1, finder_start_batch=4, finder_max_batch=8, finder_steps=1, **params)
+    ctx = SimpleNamespace(params=P, acc=cpu)
+    ctx.job = lambda: notebook_job(P)
+    return ctx
+
+
+def test_run_gives_one_result_with_its_records_verdict_and_panel(cpu):
+    ctx = _ctx(cpu)
+    plan = E.plan(ctx)
+    assert plan.text() == ("allocator settings to compare: ['(defaults)', 'expandable_segments:True'], all valid\n"
+                           "batch sizes are multiples of the PPO horizon (4)")
+    result = E.run(ctx, plan)
+    recs = result.records()
+    keys = [(args[0], args[1], args[2], args[4]) for call, args, _ in recs.calls]
+    assert keys[:5] == [("memory_trace", "batch 4", "rss", "MiB"), ("memory_trace", "batch 4", "uss", "MiB"),
+                        ("memory_trace", "batch 4", "peak_rss_sampled", "MiB"),
+                        ("allocator", "alloc_conf", "peak_reserved", "MiB"),
+                        ("allocator", "empty_cache", "empty_cache_time", "ms")]
+    finder = [k for k in keys[5:] if k[2] == "throughput"]
+    assert finder == [("batch_size_finder", f"batch {b}", "throughput", "samples/s") for b in result.found.frame.batch]
+    assert len(keys) == 5 + len(finder) + (result.comparison is not None)
+    v = result.verdict()
+    assert v.metric == "max_batch_size" and v.action.setting == "batch_size" and v.action.current == 4
+    assert v.context.startswith("PPO step (rollout + 2 updates) of a 4-channel conv + d_model 16 policy, 32 px")
+    assert "memory per size = sampled process RSS growth" in v.context
+    assert result.trace_text().startswith("CPU: no device allocator")
+    assert result.allocator_text().startswith("not applicable on CPU") and result.allocator_table() is None
+    assert "largest batch that fits:" in result.finder_text()
+    spec = result.try_it(cpu, ctx.params)
+    knob = spec.knobs["batch_size"]
+    assert knob.value == 4 and [v for _, v in knob.options] == [4, 8]
+    point = spec.measure(lambda *a: None, batch_size=4)
+    assert point.metric == "peak_rss_growth" and point.extra["batch"] == 4
+
+
+def test_a_user_job_is_sized_by_its_own_batch_and_takes_any_batch_size(cpu):
+    job = str(Path(__file__).resolve().parent.parent / "examples" / "image_classifier.py") + ":make_job"
+    ctx = _ctx(cpu, job=job, factory_defaults=["image_size"])
+    plan = E.plan(ctx)
+    assert plan.job.batch_multiple == 1 and plan.text().endswith(f"your job ({job}): any batch size")
+    assert not plan.job.is_builtin

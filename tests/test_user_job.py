@@ -426,3 +426,22 @@ def test_every_notebook_loads_the_job_through_its_context():
         source = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
         assert "notebook_job(P)" not in source, path.name
         assert "exp.trace_job(cfg)" not in source or "ctx.job()" in source, path.name
+
+
+def test_a_job_request_resolves_the_users_job_or_the_builtin_one(tmp_path):
+    """JobRequest: the one flat form of "the user's job or the built-in one" that a child process builds."""
+    from helpers.jobs.load import JobRequest
+
+    params = {"job": "examples/image_classifier.py:make_job", "factory_defaults": ["image_size"], "batch_size": 8,
+              "max_images": 16, "image_size": 48, "seed": 0, "data_dir": ""}
+    req = JobRequest.from_params(params)
+    assert req.spec == str((ROOT / "examples" / "image_classifier.py").resolve()) + ":make_job" or \
+        req.spec.endswith("examples/image_classifier.py:make_job")
+    assert JobRequest.from_dict(json.loads(json.dumps(req.as_dict()))) == req  # survives a child's JSON
+    job = req.job()
+    assert not job.is_builtin and job.workload.batch_size == 8 and job.batch_multiple == 1
+    assert job.backward_passes is None
+    builtin = JobRequest.from_params({"batch_size": 4, "max_images": 8, "image_size": 32, "model_width": 4,
+                                      "d_model": 16, "text_len": 8}).job()
+    assert builtin.is_builtin and builtin.batch_multiple == builtin.ppo.horizon
+    assert builtin.backward_passes == builtin.ppo.ppo_epochs

@@ -32,6 +32,11 @@ one job: one step of each per round, the order reversed every other round
 difference exceeds the noise (the spread between caps that made the same
 buckets, and the quartile ranges).
 
+:func:`run` (the notebook's one call) resolves the backend (:func:`plan_backend`), runs the allreduce sweep and
+:func:`ddp_benchmark` on the job (:class:`DDPConfig`: the user's job or the built-in one, as a
+:class:`helpers.jobs.load.JobRequest` every rank resolves) and the environment check (:func:`env_check`), and
+returns one :class:`CollectivesResult`: the text the cells print, the records, the verdict and the "try it" panel.
+
 The "try it" panel of notebook 08 calls :func:`try_allreduce`: the allreduce benchmark over a range of message
 sizes and a world size, in a new job started by the same launcher, whose rank task :func:`run_allreduce_sweep`
 times each size with :func:`helpers.comm.allreduce.run_allreduce` and hands it to the notebook as it finishes.
@@ -46,6 +51,7 @@ import json
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -62,20 +68,21 @@ from helpers.comm.launch import check_backend, check_world_size, resolve_backend
 from helpers.compute.model import count_parameters
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
-from helpers.experiments.base import Experiment
+from helpers.experiments.base import Experiment, ExperimentResult
 from helpers.experiments.training import fixed_batches
 from helpers.fsutil import write_atomic
-from helpers.jobs.base import Workload, close_dataset
-from helpers.jobs.ppo import PPOJob
-from helpers.jobspec import FACTORY_DEFAULTS_KEY, absolute_job_spec
-from helpers.live import LivePoint, Progress, no_progress
+from helpers.jobs.load import JobRequest
+from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
+from helpers.results import Records
 from helpers.params import Param
 from helpers.timing import timed_call
 from helpers.verdict import Action, Verdict
 
 
-__all__ = ["DDP_KEYS", "DDP_TASK", "SWEEP_TASK", "bucket_comparison", "ddp_benchmark", "ddp_in_launched_job",
-           "hook_comparison", "live_point", "run_allreduce_sweep", "run_ddp", "try_allreduce", "verdict"]
+__all__ = ["BackendPlan", "CollectivesResult", "DDPConfig", "DDP_KEYS", "DDP_TASK", "EnvCheck", "PROPOSED_ENV",
+           "SWEEP_TASK", "bucket_comparison", "ddp_benchmark", "ddp_in_launched_job", "env_check",
+           "hccl_options_text", "hook_comparison", "live_point", "plan_backend", "run", "run_allreduce_sweep",
+           "run_ddp", "try_allreduce", "verdict"]
 
 #: The rank task of :func:`run_ddp`, as :func:`helpers.comm.launch.run_job` names it.
 DDP_TASK = "helpers.experiments.collectives:run_ddp"
@@ -233,27 +240,212 @@ def _count_backward_passes(model, step) -> int:
     return max(1, len(calls))
 
 
-def _rank_job(cfg: Mapping[str, Any], workload: Workload):
-    """The job this rank trains: the user's (``cfg["job"]``, loaded in every rank) or the built-in PPO job."""
-    spec = str(cfg.get("job") or "")
-    if spec:
-        from helpers.jobs.load import load_job
-        from helpers.jobspec import factory_params
+@dataclass(frozen=True)
+class DDPConfig:
+    """What each DDP rank runs (:func:`run_ddp`): the job and the variants, as JSON-able fields.
 
-        return load_job(spec, factory_params(cfg))
-    return PPOJob.from_data(workload, cfg.get("data_dir") or None, max_images=int(cfg.get("max_images", 0)))
+    Attributes
+    ----------
+    job : helpers.jobs.load.JobRequest
+        The user's job (every rank loads it) or the built-in PPO job.
+    steps : int
+        Timed steps per variant (>= 1).
+    warmup_steps : int
+        Untimed steps per variant (>= 0; the cap models get at least 2: DDP rebuilds its buckets after the first).
+    bucket_cap_mb_list : tuple of float
+        The ``bucket_cap_mb`` values swept.
+    compression_hooks : tuple of str
+        The hooks compared (``"none"``, ``"fp16"``, ``"bf16"``).
+    """
+
+    job: JobRequest
+    steps: int
+    warmup_steps: int
+    bucket_cap_mb_list: tuple
+    compression_hooks: tuple
+
+    def __post_init__(self) -> None:
+        for h in self.compression_hooks:
+            hook_function(h)  # an unknown hook fails here, before any rank builds a model
+        if not self.bucket_cap_mb_list:
+            raise ParameterError("bucket_cap_mb_list is empty: give at least one bucket_cap_mb")
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "DDPConfig":
+        """The config of notebook 08's parameters (:data:`DDP_KEYS`, and ``job`` / ``factory_defaults``).
+
+        Raises
+        ------
+        ParameterError
+            A key of :data:`DDP_KEYS` is missing.
+        """
+        missing = [k for k in DDP_KEYS if k not in params]
+        if missing:
+            raise ParameterError(f"the DDP experiment needs {', '.join(missing)} in params; pass notebook 08's "
+                                 "parameters.")
+        return cls(job=JobRequest.from_params(params), steps=int(params["steps"]),
+                   warmup_steps=int(params["warmup_steps"]),
+                   bucket_cap_mb_list=tuple(float(c) for c in params["bucket_cap_mb_list"]),
+                   compression_hooks=tuple(params["compression_hooks"]))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DDPConfig":
+        """The config back from :meth:`as_dict` (the rank's JSON)."""
+        return cls(job=JobRequest.from_dict(data["job"]), steps=int(data["steps"]),
+                   warmup_steps=int(data["warmup_steps"]),
+                   bucket_cap_mb_list=tuple(float(c) for c in data["bucket_cap_mb_list"]),
+                   compression_hooks=tuple(data["compression_hooks"]))
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able fields (what :func:`helpers.comm.launch.run_job` hands each rank)."""
+        return {"job": self.job.as_dict(), "steps": self.steps, "warmup_steps": self.warmup_steps,
+                "bucket_cap_mb_list": list(self.bucket_cap_mb_list),
+                "compression_hooks": list(self.compression_hooks)}
 
 
-def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
+#: bf16 under gloo: DDP's own check (torch/nn/parallel/distributed.py, _check_comm_hook) accepts the bf16 hook only
+#: with CUDA + NCCL >= 2.10 or XPU + XCCL; asked before building a DDP model that would be torn down half-made.
+_BF16_GLOO = ("TypeError: BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ or XPU and XCCL (DDP's "
+              "check; not available with gloo)")
+
+
+class _Rank:
+    """One rank's DDP experiment (:func:`run_ddp`): the job, its fixed batches and the DDP models of the variants."""
+
+    def __init__(self, cfg: DDPConfig, rc) -> None:
+        self.cfg, self.rc = cfg, rc
+        self.acc = get_accelerator(rc.device.type, index=rc.device.index or 0)
+        self.job = cfg.job.job()
+        self.batches = fixed_batches(self.job, self.acc, 2, epoch=rc.rank)  # rank r: the epoch-r order
+        self.n_samples = self.job.item_count()
+        self.base = self.job.make_model(self.acc)
+        self.base_state = copy.deepcopy(self.base.state_dict())
+        self.grad_bytes = sum(p.numel() * 4 for p in self.base.parameters() if p.requires_grad)
+        caps = list(cfg.bucket_cap_mb_list)
+        self.default_cap = 25.0 if 25.0 in caps else caps[-1]
+        self.passes = self.job.backward_passes  # None: a user's step, counted on its last warm-up step
+
+    def fresh(self, cap: float, hook: str = "none"):
+        """A DDP model with the base weights, ``bucket_cap_mb=cap`` and the compression ``hook``."""
+        m = self.job.make_model(self.acc)
+        m.load_state_dict(self.base_state)
+        d = DDP(m, bucket_cap_mb=cap, broadcast_buffers=False)
+        fn = hook_function(hook)
+        if fn is not None:
+            d.register_comm_hook(state=None, hook=fn)
+        return d
+
+    def stepper(self, ddp, *, no_sync: bool = False):
+        """One training step of the job on ``ddp``, cycling through the rank's batches (``no_sync``: no
+        communication)."""
+        if self.job.is_builtin:  # its actions are sampled: each rank its own stream
+            gen = torch.Generator(device=self.rc.device).manual_seed(self.job.workload.seed + self.rc.rank)
+            train_step = self.job.make_step(ddp, self.acc, generator=gen)
+        else:
+            train_step = self.job.make_step(ddp, self.acc)
+        it = itertools.cycle(self.batches)
+
+        def step():
+            if no_sync:
+                with ddp.no_sync():
+                    train_step(next(it))
+            else:
+                train_step(next(it))
+        return step
+
+    def warm(self, fn, n: int) -> None:
+        for _ in range(n):
+            fn()
+
+    def variants(self) -> tuple[list[tuple[str, Any]], dict[float, Any], dict[str, str], float, list[int]]:
+        """Every variant built and warmed up: the caps, the hooks (at the default cap), no_sync and the allreduce
+        alone (on DDP's buckets at the overlap cap). Returns (variants, cap models, unsupported hooks, overlap
+        cap, its bucket sizes)."""
+        n_warm, models, variants = self.cfg.warmup_steps, {}, []
+        for cap in self.cfg.bucket_cap_mb_list:
+            d = self.fresh(cap)
+            fn = self.stepper(d)
+            self.warm(fn, max(2, n_warm) - (self.passes is None))
+            if self.passes is None:
+                self.passes = _count_backward_passes(d, fn)
+            models[cap] = d
+            variants.append((f"cap:{cap}", fn))
+        # overlap needs several buckets: the smallest cap that made more than one (else the default cap)
+        multi = sorted(c for c in self.cfg.bucket_cap_mb_list if len(bucket_sizes(models[c])) > 1)
+        overlap_cap = multi[0] if multi else self.default_cap
+        unsupported: dict[str, str] = {}
+        for h in self.cfg.compression_hooks:
+            if h == "none":
+                continue
+            if h == "bf16" and self.rc.backend == "gloo":
+                unsupported[h] = _BF16_GLOO
+                continue
+            try:
+                fn = self.stepper(self.fresh(self.default_cap, h))
+                self.warm(fn, n_warm)
+            except (TypeError, RuntimeError) as exc:  # e.g. bf16 hook: "required CUDA 11+ and NCCL 2.10+"
+                unsupported[h] = f"{type(exc).__name__}: {exc}"
+                continue
+            variants.append((f"hook:{h}", fn))
+        # overlap: the same step without communication (a model of its own, so the DDP model's ranks stay in
+        # step), and the allreduce alone on DDP's buckets
+        fn = self.stepper(self.fresh(overlap_cap), no_sync=True)
+        self.warm(fn, n_warm)
+        variants.append(("nosync", fn))
+        sizes = bucket_sizes(models[overlap_cap]) or [self.grad_bytes]
+        bufs = [torch.zeros(max(1, s // 4), dtype=torch.float32, device=self.rc.device) for s in sizes]
+
+        def allreduce_alone():
+            for _ in range(self.passes):
+                for t in bufs:
+                    dist.all_reduce(t)
+
+        self.warm(allreduce_alone, n_warm)
+        variants.append(("ar", allreduce_alone))
+        return variants, models, unsupported, overlap_cap, sizes
+
+    def grad_errors(self, unsupported: Mapping[str, str]) -> tuple[dict[str, Any], str]:
+        """Each hook's averaged gradients against the fp32 reference (the local gradients over the world size,
+        summed in float32), and how the gradients were taken."""
+        plain = self.job.make_model(self.acc)
+        plain.load_state_dict(self.base_state)
+        plain.train()
+        ref = _backward_gradients(self.job, plain, self.acc, self.batches[0]) / self.rc.world_size
+        dist.all_reduce(ref)
+        grad_check = ("one PPO loss's backward pass on the rank's first batch" if self.job.is_builtin else
+                      "one call of the job's own step on the rank's first batch (the gradients it leaves in the "
+                      "parameters; a step that clips them before the optimizer clips local and averaged gradients "
+                      "differently, so even plain DDP then differs from the reference)")
+        if ref.numel() == 0:
+            return {}, ("not measured: the job's step leaves no gradients in the parameters after it returns "
+                        "(zero_grad at its end?), so there is nothing to compare")
+        errors = {}
+        for h in self.cfg.compression_hooks:
+            if h not in unsupported:
+                d = self.fresh(self.default_cap, h)
+                d.train()
+                errors[h] = grad_error(_backward_gradients(self.job, d, self.acc, self.batches[0], module=d.module),
+                                       ref)
+        return errors, grad_check
+
+
+def _time_interleaved(variants: Sequence[tuple[str, Any]], steps: int, sync) -> dict[str, list[float]]:
+    """Every variant timed interleaved, one step each per round, the order reversed every other round (ABBA), so
+    that a slow phase of the machine hits every variant alike."""
+    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    for r in range(steps):
+        for name, fn in (variants if r % 2 == 0 else variants[::-1]):
+            times[name].append(timed_call(fn, sync, time.perf_counter))
+    return times
+
+
+def run_ddp(cfg: "DDPConfig | Mapping[str, Any]", rc) -> dict[str, Any] | None:
     """The DDP experiments on this rank (inside an initialized default process group); rank 0 returns the result.
 
     Parameters
     ----------
-    cfg : mapping
-        ``data_dir``, ``max_images``, ``seed``, ``batch_size`` (per rank),
-        ``image_size``, ``text_len``, ``model_width``, ``d_model``, ``steps``,
-        ``warmup_steps``, ``bucket_cap_mb_list``, ``compression_hooks``; optional ``job`` (a user's job spec,
-        an absolute path or a module: every rank loads it; empty: the built-in PPO job).
+    cfg : DDPConfig or mapping
+        The config, or its :meth:`DDPConfig.as_dict` (what the launcher hands the rank).
     rc : helpers.comm.rank.RankContext
 
     Returns
@@ -270,163 +462,43 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
         A user's job's gradient errors come from one call of its own step (see :func:`_backward_gradients`);
         ``grad_check`` says how they were taken.
     """
-    caps = [float(c) for c in cfg["bucket_cap_mb_list"]]
-    hooks = list(cfg["compression_hooks"])
-    for h in hooks:
-        hook_function(h)
-    acc = get_accelerator(rc.device.type, index=rc.device.index or 0)
-    workload = Workload.from_params(cfg)
-    job = _rank_job(cfg, workload)
-    builtin = job.is_builtin
-    seed, bs = job.workload.seed, job.workload.batch_size
-    batches = fixed_batches(job, acc, 2, epoch=rc.rank)  # rank r draws the epoch-r order: different samples
-    n_samples = job.item_count()
-    base = job.make_model(acc)
-    base_state = copy.deepcopy(base.state_dict())
-    grad_bytes = sum(p.numel() * 4 for p in base.parameters() if p.requires_grad)
-
-    def fresh(cap: float, hook: str = "none"):
-        m = job.make_model(acc)
-        m.load_state_dict(base_state)
-        d = DDP(m, bucket_cap_mb=cap, broadcast_buffers=False)
-        fn = hook_function(hook)
-        if fn is not None:
-            d.register_comm_hook(state=None, hook=fn)
-        return d
-
-    default_cap = 25.0 if 25.0 in caps else caps[-1]
-    local: dict[str, Any] = {"buckets": [], "hooks": [], "errors": {}}
-    n_warm = int(cfg["warmup_steps"])
-
-    def stepper(ddp, *, no_sync: bool = False):
-        if builtin:  # its actions are sampled: each rank its own stream
-            train_step = job.make_step(ddp, acc, generator=torch.Generator(device=rc.device).manual_seed(seed + rc.rank))
-        else:
-            train_step = job.make_step(ddp, acc)
-        it = itertools.cycle(batches)
-
-        def step():
-            if no_sync:
-                with ddp.no_sync():
-                    train_step(next(it))
-            else:
-                train_step(next(it))
-        return step
-
-    # every variant is built and warmed up first (>= 2 steps for the cap models: DDP rebuilds its buckets after
-    # the first iteration), then all are timed INTERLEAVED, one step each per round, the order reversed every
-    # other round (ABBA), so that a slow phase of the machine hits every variant alike
-    models: dict[float, Any] = {}
-    variants: list[tuple[str, Any]] = []
-    passes = job.ppo.ppo_epochs if builtin else None
-    for cap in caps:
-        d = fresh(cap)
-        fn = stepper(d)
-        for _ in range(max(2, n_warm) - (passes is None)):
-            fn()
-        if passes is None:  # a user's step: count its backward passes on its last warm-up step
-            passes = _count_backward_passes(d, fn)
-        models[cap] = d
-        variants.append((f"cap:{cap}", fn))
-    # overlap needs several buckets: the smallest cap that made more than one (else the default cap)
-    multi = sorted(c for c in caps if len(bucket_sizes(models[c])) > 1)
-    overlap_cap = multi[0] if multi else default_cap
-    unsupported: dict[str, str] = {}
-    hook_models = []
-    for h in hooks:
-        if h == "none":
-            continue
-        if h == "bf16" and rc.backend == "gloo":
-            # DDP's own check (torch/nn/parallel/distributed.py, _check_comm_hook) accepts the bf16 hook only with
-            # CUDA + NCCL >= 2.10 or XPU + XCCL; ask before building a DDP model that would be torn down half-made
-            unsupported[h] = ("TypeError: BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ "
-                              "or XPU and XCCL (DDP's check; not available with gloo)")
-            continue
-        try:
-            d = fresh(default_cap, h)
-            fn = stepper(d)
-            for _ in range(n_warm):
-                fn()
-        except (TypeError, RuntimeError) as exc:  # e.g. bf16 hook: "required CUDA 11+ and NCCL 2.10+"
-            unsupported[h] = f"{type(exc).__name__}: {exc}"
-            continue
-        hook_models.append(d)
-        variants.append((f"hook:{h}", fn))
-    # overlap: the same step without communication (a model of its own, so the DDP model's ranks stay in step),
-    # and the allreduce alone on DDP's buckets
-    nosync_model = fresh(overlap_cap)
-    fn = stepper(nosync_model, no_sync=True)
-    for _ in range(n_warm):
-        fn()
-    variants.append(("nosync", fn))
-    sizes = bucket_sizes(models[overlap_cap]) or [grad_bytes]
-    bufs = [torch.zeros(max(1, s // 4), dtype=torch.float32, device=rc.device) for s in sizes]
-
-    def allreduce_alone():
-        for _ in range(passes):
-            for t in bufs:
-                dist.all_reduce(t)
-
-    for _ in range(n_warm):
-        allreduce_alone()
-    variants.append(("ar", allreduce_alone))
-    times: dict[str, list[float]] = {name: [] for name, _ in variants}
-    for r in range(int(cfg["steps"])):
-        for name, fn in (variants if r % 2 == 0 else variants[::-1]):
-            times[name].append(timed_call(fn, rc.sync, time.perf_counter))
-    for cap in caps:
-        d = models[cap]
-        local["buckets"].append({"cap_mb": cap, "bucket_sizes": bucket_sizes(d),
-                                 "rebuilt": int(d._get_ddp_logging_data().get("has_rebuilt_buckets", 0)),
-                                 "times": times[f"cap:{cap}"]})
-    for h in hooks:
-        if h == "none":
-            local["hooks"].append({"hook": h, "times": times[f"cap:{default_cap}"]})
-        elif f"hook:{h}" in times:
-            local["hooks"].append({"hook": h, "times": times[f"hook:{h}"]})
-    t_nosync, t_ar = times["nosync"], times["ar"]
-    del models, hook_models, nosync_model, variants
-    # gradient error of each hook against the fp32 reference
-    plain = job.make_model(acc)
-    plain.load_state_dict(base_state)
-    plain.train()
-    ref = _backward_gradients(job, plain, acc, batches[0]) / rc.world_size
-    dist.all_reduce(ref)
-    grad_check = ("one PPO loss's backward pass on the rank's first batch" if builtin else
-                  "one call of the job's own step on the rank's first batch (the gradients it leaves in the "
-                  "parameters; a step that clips them before the optimizer clips local and averaged gradients "
-                  "differently, so even plain DDP then differs from the reference)")
-    if ref.numel() == 0:
-        grad_check = ("not measured: the job's step leaves no gradients in the parameters after it returns "
-                      "(zero_grad at its end?), so there is nothing to compare")
-    for h in hooks:
-        if h in unsupported or ref.numel() == 0:
-            continue
-        d = fresh(default_cap, h)
-        d.train()
-        local["errors"][h] = grad_error(_backward_gradients(job, d, acc, batches[0], module=d.module), ref)
+    cfg = cfg if isinstance(cfg, DDPConfig) else DDPConfig.from_dict(cfg)
+    rank = _Rank(cfg, rc)
+    variants, models, unsupported, overlap_cap, sizes = rank.variants()
+    times = _time_interleaved(variants, cfg.steps, rc.sync)
+    caps = list(cfg.bucket_cap_mb_list)
+    layouts = [(bucket_sizes(models[c]), int(models[c]._get_ddp_logging_data().get("has_rebuilt_buckets", 0)))
+               for c in caps]
+    hooks = [h for h in cfg.compression_hooks if h == "none" or f"hook:{h}" in times]
+    hook_times = [times[f"cap:{rank.default_cap}"] if h == "none" else times[f"hook:{h}"] for h in hooks]
+    del models, variants
+    errors, grad_check = rank.grad_errors(unsupported)
     gathered: list = [None] * rc.world_size
-    dist.all_gather_object(gathered, {"buckets": [b["times"] for b in local["buckets"]],
-                                      "hooks": [h["times"] for h in local["hooks"]],
-                                      "nosync": t_nosync, "ar": t_ar, "errors": local["errors"]})
+    dist.all_gather_object(gathered, {"buckets": [times[f"cap:{c}"] for c in caps], "hooks": hook_times,
+                                      "nosync": times["nosync"], "ar": times["ar"], "errors": errors})
     # release every DDP model (and its reducer) while the process group is alive: a reducer torn down after
     # destroy_process_group() can abort the rank at exit ("terminate called without an active exception")
-    del d, plain
     gc.collect()
     dist.barrier()
     if rc.rank != 0:
         return None
-    buckets = []
-    for i, b in enumerate(local["buckets"]):
-        buckets.append({"cap_mb": b["cap_mb"], "bucket_sizes": b["bucket_sizes"], "n_buckets": len(b["bucket_sizes"]),
-                        "rebuilt": b["rebuilt"], **_stats([g["buckets"][i] for g in gathered])})
-    hook_rows = []
+    return _summary(rank, gathered, caps=caps, layouts=layouts, hooks=hooks, unsupported=unsupported,
+                    overlap_cap=overlap_cap, sizes=sizes, grad_check=grad_check)
+
+
+def _summary(rank: _Rank, gathered: Sequence[Mapping[str, Any]], *, caps: list, layouts: list, hooks: list,
+             unsupported: Mapping[str, str], overlap_cap: float, sizes: list, grad_check: str) -> dict[str, Any]:
+    """Rank 0's result of :func:`run_ddp` from every rank's times and errors (the slowest rank's per step)."""
+    buckets = [{"cap_mb": cap, "bucket_sizes": layout, "n_buckets": len(layout), "rebuilt": rebuilt,
+                **_stats([g["buckets"][i] for g in gathered])} for i, (cap, (layout, rebuilt)) in
+               enumerate(zip(caps, layouts))]
     nan = float("nan")
     no_err = {"max_abs_err": nan, "rel_err": nan, "mismatched": nan}
-    for i, h in enumerate(local["hooks"]):
-        errs = [g["errors"].get(h["hook"], no_err) for g in gathered]
-        hook_rows.append({"hook": h["hook"], "cap_mb": default_cap,
-                          "bytes_per_step": grad_bytes // 4 * HOOK_BYTES[h["hook"]] * passes,
+    hook_rows = []
+    for i, h in enumerate(hooks):
+        errs = [g["errors"].get(h, no_err) for g in gathered]
+        hook_rows.append({"hook": h, "cap_mb": rank.default_cap,
+                          "bytes_per_step": rank.grad_bytes // 4 * HOOK_BYTES[h] * rank.passes,
                           **_stats([g["hooks"][i] for g in gathered]),
                           "max_abs_err": max(e["max_abs_err"] for e in errs),
                           "rel_err": max(e["rel_err"] for e in errs),
@@ -434,12 +506,15 @@ def run_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
     t_d = _stats([g["buckets"][caps.index(overlap_cap)] for g in gathered])["time_s"]
     t_n = _stats([g["nosync"] for g in gathered])["time_s"]
     t_a = _stats([g["ar"] for g in gathered])["time_s"]
+    job = rank.job
     return {"buckets": buckets, "hooks": hook_rows,
-            "overlap": {"cap_mb": overlap_cap, "n_buckets": len(sizes), "steps": int(cfg["steps"]), "t_ddp_s": t_d, "t_nosync_s": t_n,
-                        "t_allreduce_s": t_a, **overlap_figures(t_d, t_n, t_a)},
-            "unsupported_hooks": unsupported, "grad_bytes": grad_bytes, "params": count_parameters(base), "world_size": rc.world_size,
-            "batch_per_rank": bs, "backward_passes": passes, "job": job.describe().get("job", job.name),
-            "samples": n_samples, "grad_check": grad_check,
+            "overlap": {"cap_mb": overlap_cap, "n_buckets": len(sizes), "steps": rank.cfg.steps, "t_ddp_s": t_d,
+                        "t_nosync_s": t_n, "t_allreduce_s": t_a, **overlap_figures(t_d, t_n, t_a)},
+            "unsupported_hooks": dict(unsupported), "grad_bytes": rank.grad_bytes,
+            "params": count_parameters(rank.base), "world_size": rank.rc.world_size,
+            "batch_per_rank": job.workload.batch_size, "backward_passes": rank.passes,
+            "job": job.describe().get("job", job.name), "builtin": job.is_builtin, "samples": rank.n_samples,
+            "grad_check": grad_check,
             "timing": ("median over steps of the max over ranks (each rank synced its device after every step); "
                        "all variants timed interleaved, one step each per round, the order reversed every other "
                        "round")}
@@ -467,14 +542,8 @@ def ddp_benchmark(params: Mapping[str, Any], *, world_size: int = 2, backend: st
     ParameterError
         A key is missing, or the job rejected its input.
     """
-    missing = [k for k in DDP_KEYS if k not in params]
-    if missing:
-        raise ParameterError(f"ddp_benchmark needs {', '.join(missing)} in params; pass notebook 08's parameters.")
-    cfg = {k: params[k] for k in DDP_KEYS}
-    if params.get("job"):  # every rank loads the user's job: a path relative to here would not be theirs
-        cfg["job"] = absolute_job_spec(str(params["job"]))
-        cfg[FACTORY_DEFAULTS_KEY] = list(params.get(FACTORY_DEFAULTS_KEY) or ())  # sizes its factory keeps
-    launched = run_job(DDP_TASK, cfg, world_size=world_size, backend=backend, device_kind=device_kind,
+    cfg = DDPConfig.from_params(params)
+    launched = run_job(DDP_TASK, cfg.as_dict(), world_size=world_size, backend=backend, device_kind=device_kind,
                        timeout_s=timeout_s, master_port=master_port, log_dir=log_dir)
     out = dict(launched.data)
     out["wall_s"] = round(launched.wall_s, 2)
@@ -493,16 +562,9 @@ def ddp_in_launched_job(params: Mapping[str, Any], *, backend: str = "auto") -> 
     ParameterError
         A key of :data:`DDP_KEYS` is missing.
     """
-    missing = [k for k in DDP_KEYS if k not in params]
-    if missing:
-        raise ParameterError(f"ddp_in_launched_job needs {', '.join(missing)} in params; pass notebook 08's parameters.")
-    from helpers.comm.launch import resolve_backend
     from helpers.comm.rank import init_rank
 
-    cfg = {k: params[k] for k in DDP_KEYS}
-    if params.get("job"):
-        cfg["job"] = absolute_job_spec(str(params["job"]))
-        cfg[FACTORY_DEFAULTS_KEY] = list(params.get(FACTORY_DEFAULTS_KEY) or ())
+    cfg = DDPConfig.from_params(params)
     if backend == "auto":
         backend = resolve_backend("auto", get_accelerator("auto").kind)
     rc = init_rank(backend)
@@ -806,6 +868,506 @@ def _sweep_points(sizes: Sequence[int], *, world_size: int, backend: str, device
                 waiter.join()
         if "error" in box:
             raise box["error"]
+
+
+# --------------------------------------------------------------------------- the notebook's experiment: one result
+
+def _label(nbytes: float) -> str:
+    """``"1 GiB"``, ``"4 MiB"``, ``"64 KiB"``, ``"8 B"``: a size as the notebook's sentences write it."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+@dataclass(frozen=True)
+class BackendPlan:
+    """The collective backend notebook 08 runs on, and whether it can run here.
+
+    Attributes
+    ----------
+    requested : str
+        The ``backend`` parameter (``"auto"``, ``"gloo"``, ``"nccl"``, ``"hccl"``).
+    backend : str or None
+        The one resolved (auto falls back to gloo on the CPU where the device's library cannot run); None when
+        none can run.
+    world_size : int
+    runnable : bool
+    why_not : str
+        Why the collectives cannot run (empty when they can).
+    note : str
+        What was tried and failed on the way (empty when the first choice ran).
+    limit : int
+        The largest world size this machine allows with the backend, and ``limit_why`` why.
+    limit_why : str
+    """
+
+    requested: str
+    backend: str | None
+    world_size: int
+    runnable: bool
+    why_not: str
+    note: str
+    limit: int
+    limit_why: str
+
+    def text(self) -> str:
+        """The backend, the world size and this machine's limit (and the note)."""
+        line = (f"backend: {self.backend or 'none'}; world_size {self.world_size} (this machine allows at most "
+                f"{self.limit}: {self.limit_why})")
+        return line + (f"\nnote: {self.note}" if self.note else "")
+
+
+def plan_backend(requested: str, world_size: int, kind: str) -> BackendPlan:
+    """Resolve the backend for device ``kind`` and check it and the world size, falling back to gloo on the CPU
+    for ``"auto"`` on a device whose library cannot run here."""
+    from helpers.comm.launch import max_world_size
+    from helpers.errors import DeviceUnavailableError
+
+    def checked(req: str, k: str) -> str:
+        be = resolve_backend(req, k)
+        check_backend(be)
+        check_world_size(world_size, be)
+        return be
+
+    why_not, note = "", ""
+    try:
+        backend = checked(requested, kind)
+    except (DeviceUnavailableError, ParameterError) as exc:
+        backend, note = None, str(exc)
+        if requested == "auto" and kind != "cpu":
+            try:
+                backend = checked("gloo", "cpu")
+                note = f"{note} -> falling back to gloo on the CPU"
+            except (DeviceUnavailableError, ParameterError) as exc2:
+                note = f"{note}; gloo: {exc2}"
+        if backend is None:
+            why_not = note
+    limit, limit_why = max_world_size(backend or "gloo")
+    return BackendPlan(requested, backend, world_size, backend is not None, why_not, note, limit, limit_why)
+
+
+#: Notebook 08's proposed environment: (name, value, what it is); invented names, a bad value and a rejected pair
+#: among real ones, so that the catalog's check shows each kind of finding.
+PROPOSED_ENV = (
+    ("HCCL_OP_BLOCK_LIST", "AllReduce", "invented"),
+    ("PT_DEBUG", "1", "invented"),
+    ("ASCEND_COMPRESS_LEVEL", "3", "invented"),
+    ("HCCL_ALGO", "tree", "real name, invalid value"),
+    ("HCCL_BUFFSIZE", "400", "real: MB per communicator buffer"),
+    ("HCCL_CONNECT_TIMEOUT", "1200", "real: seconds, 120-7200"),
+    ("HCCL_EXEC_TIMEOUT", "1836", "real: seconds"),
+    ("NCCL_DEBUG", "WARN", "real"),
+    ("HCCL_INTRA_ROCE_ENABLE", "1", "real, but not together with the next one"),
+    ("HCCL_INTRA_PCIE_ENABLE", "1", "real; both set to 1 is rejected by the catalog's cross-checks"),
+)
+
+_LEVEL = {"ok": 0, "warning": 1, "error": 2}
+
+
+@dataclass(frozen=True)
+class EnvCheck:
+    """The environment catalog's findings on this process's environment and on :data:`PROPOSED_ENV`, and the
+    validated env file written from the latter (``path``)."""
+
+    current: tuple
+    found: tuple
+    path: Path
+
+    def current_text(self) -> str:
+        """The watched settings in this process's environment, one finding a line."""
+        from helpers.diagnose.envcatalog import format_finding
+
+        return "\n".join([f"current environment: {len(self.current)} watched setting(s) found"]
+                         + [format_finding(f) for f in self.current])
+
+    def proposed_text(self) -> str:
+        """The findings on the proposed settings, errors first."""
+        from helpers.diagnose.envcatalog import format_finding
+
+        order = sorted(self.found, key=lambda f: (-_LEVEL[f.severity], f.name))
+        return "\n".join(["proposed settings (one finding per line):"] + [format_finding(f) for f in order])
+
+    def written_text(self) -> str:
+        """The rejected names and the settings the validated env file holds."""
+        written = [line for line in self.path.read_text().splitlines() if line.startswith("export ")]
+        bad = sorted({f.name for f in self.found if f.severity == "error"})
+        return "\n".join([f"rejected: {', '.join(bad)}", f"written to {self.path.name}:"] + written)
+
+    def add_records(self, out: Records) -> None:
+        for f in self.found:
+            out.add("env_check", f.name, "severity", _LEVEL[f.severity], "level", value_seen=f.value,
+                    severity=f.severity, message=f.message, fix=f.fix)
+        out.add("env_check", "validated env file", "settings_written",
+                sum(line.startswith("export ") for line in self.path.read_text().splitlines()), "settings",
+                path=self.path.name)
+
+
+def env_check(out_dir: "str | Path") -> EnvCheck:
+    """Check this process's environment and :data:`PROPOSED_ENV` against the catalog (as on an NPU), and write the
+    valid proposed settings to ``out_dir/08_collectives_validated.env``."""
+    import logging
+    import os
+
+    from helpers.diagnose.envcatalog import check_env, write_env_file
+
+    current = check_env(os.environ)
+    proposed = {n: v for n, v, _ in PROPOSED_ENV}
+    found = check_env(proposed, npu=True)
+    envlog = logging.getLogger("helpers.diagnose.envcatalog")
+    level = envlog.level
+    envlog.setLevel(logging.ERROR)  # the rejected names are printed by written_text, without the folder's path
+    try:
+        path, _ = write_env_file(proposed, Path(out_dir) / "08_collectives_validated.env", npu=True, skip_invalid=True)
+    finally:
+        envlog.setLevel(level)
+    return EnvCheck(tuple(current), tuple(found), Path(path))
+
+
+def hccl_options_text(kind: str) -> str:
+    """Per-process-group HCCL options on an NPU (torch_npu's ``ProcessGroupHCCL.Options``), or why not here."""
+    if kind != "npu":
+        return f"per-group HCCL options: not applicable on {kind} (needs torch_npu and an NPU)"
+    from helpers.comm.hccl_options import hccl_process_group_options
+
+    opts = hccl_process_group_options(buffer_size_mb=400, op_expansion_mode=None)
+    return (f"hccl_config: {getattr(opts, 'hccl_config', None)}\n"
+            "use: dist.init_process_group('hccl', pg_options=opts) or dist.new_group(ranks, pg_options=opts)")
+
+
+@dataclass(frozen=True, eq=False)
+class CollectivesResult(ExperimentResult):
+    """Notebook 08's measurement: the backend, the allreduce sweep, DDP's buckets, hooks and overlap on the job,
+    and the environment check.
+
+    Attributes
+    ----------
+    plan : BackendPlan
+    device_kind : str
+        ``acc.kind`` of the notebook.
+    bench : dict or None
+        :func:`helpers.comm.allreduce.allreduce_benchmark`'s result; None when the collectives cannot run here.
+    ddp : dict or None
+        :func:`ddp_benchmark`'s result; None when they cannot.
+    env : EnvCheck
+    params : mapping
+        The notebook's parameters (``world_size``, ``min_bytes``, ``max_size_mib``, ``repeats``, ``warmup``,
+        ``steps``, ``batch_size``, ``image_size``, ``model_width``, ``timeout_s``, ``master_port``, ``backend``).
+    log_dir : str
+        Where a failed collective job keeps its logs (the notebook's artifacts folder).
+    """
+
+    plan: BackendPlan
+    device_kind: str
+    bench: Mapping[str, Any] | None
+    ddp: Mapping[str, Any] | None
+    env: EnvCheck
+    params: Mapping[str, Any] = field(repr=False)
+    log_dir: str = ""
+
+    # -- derived figures -----------------------------------------------------------------------
+
+    @property
+    def regimes(self) -> dict[str, Any] | None:
+        """:func:`helpers.comm.allreduce.regimes` of the sweep (None without one)."""
+        from helpers.comm.allreduce import regimes
+
+        return regimes(self.bench["sizes"]) if self.bench is not None else None
+
+    @property
+    def flags(self) -> list[dict[str, Any]]:
+        """The sweep's sizes that look noisy (:func:`helpers.comm.allreduce.flag_outliers`)."""
+        from helpers.comm.allreduce import flag_outliers
+
+        if self.bench is None:
+            return []
+        return flag_outliers(self.bench["sizes"], growth_from_bytes=self.regimes["crossover_bytes"])
+
+    @property
+    def buckets(self) -> dict[str, Any] | None:
+        """:func:`bucket_comparison` of DDP's bucket sweep (None without DDP)."""
+        return None if self.ddp is None else bucket_comparison(self.ddp["buckets"], self.ddp["backward_passes"])
+
+    # -- what the cells print ----------------------------------------------------------------
+
+    def allreduce_table(self):
+        """Section 2: per size, its calls, times (us, median and quartiles) and bandwidths (None without a run)."""
+        import pandas as pd
+
+        if self.bench is None:
+            return None
+        df = pd.DataFrame(self.bench["sizes"])
+        show = df.assign(size=[f"{b / 2**20:g} MiB" if b >= 2**20 else f"{b} B" for b in df["bytes"]],
+                         median_us=df["time_s"] * 1e6, p25_us=df["time_p25_s"] * 1e6, p75_us=df["time_p75_s"] * 1e6)
+        return show[["size", "repeats", "median_us", "p25_us", "p75_us", "algbw_gbps", "busbw_gbps"]].round(4)
+
+    def allreduce_text(self) -> str:
+        """Section 2: the small-message time, the noisy sizes, the plateau, the largest size and the bare loop."""
+        if self.bench is None:
+            return f"allreduce benchmark not run: {self.plan.why_not}"
+        bench, reg, flags = self.bench, self.regimes, self.flags
+        small = [r for r in bench["sizes"] if r["bytes"] in reg["small_sizes"]]
+        lines = [f"median small-message time: {reg['small_time_s'] * 1e6:.0f} us per allreduce (median of the "
+                 f"per-size medians of the {len(small)} smallest sizes, {small[0]['bytes']} to {small[-1]['bytes']} "
+                 "B; a typical value, single sizes lie above and below it)"]
+        if flags:
+            lines.append(f"flagged: {len(flags)} of {len(bench['sizes'])} sizes look noisy (ringed in the plot; a "
+                         "loaded machine gives millisecond scheduler pauses: rerun on an idle machine or raise "
+                         "repeats):")
+            lines += [f"  {_label(f['bytes'])}: {'; '.join(f['reasons'])}" for f in flags]
+        else:
+            lines.append("steady: no size has a 75th percentile above 5x its median, a median off its neighbours' "
+                         "trend, or (in the bandwidth-bound part) a time that does not grow with size")
+        lines.append(f"plateau: {reg['plateau_busbw_gbps']:.2f} GB/s busbw (median of the {len(reg['plateau_bytes'])} "
+                     f"largest sizes, {reg['plateau_bytes'][0] / 2**20:g} MiB and up); from "
+                     f"{reg['crossover_bytes']:,} bytes on, every size reaches at least half of it (highest single "
+                     f"point: {reg['peak_busbw_gbps']:.2f} GB/s at {reg['peak_bytes'] / 2**20:g} MiB)")
+        largest, b = bench["sizes"][-1], bench["bare"]
+        row = next((r for r in bench["sizes"] if r["bytes"] == b["bytes"]), None)
+        lines.append(f"largest size {largest['bytes'] / 2**20:g} MiB: busbw {largest['busbw_gbps']:.2f} GB/s. At "
+                     f"{b['bytes'] / 2**20:g} MiB, {b['chunks']} interleaved rounds of {b['chunk_calls']} calls: bare "
+                     f"loop {b['busbw_gbps']:.2f} GB/s, benchmark {b['bench_busbw_gbps']:.2f} GB/s (both the median "
+                     f"chunk mean, slowest rank); the sweep's own {b['bytes'] / 2**20:g} MiB point above: "
+                     f"{row['busbw_gbps'] if row else float('nan'):.2f} GB/s")
+        lines.append(f"overhead_vs_bare {bench['overhead_vs_bare']:.3f}: {bench['overhead_note']}")
+        return "\n".join(lines)
+
+    def references_text(self) -> str:
+        """Section 2: published figures beside this run's (empty without a run)."""
+        if self.bench is None:
+            return ""
+        bench, reg = self.bench, self.regimes
+        at40 = min(bench["sizes"], key=lambda r: abs(r["bytes"] - 40e6))
+        refs = [
+            ("localhost gloo allreduce latency (tiny messages)", "about 0.2 ms",
+             f"median small-message time {reg['small_time_s'] * 1e3:.3f} ms",
+             "https://github.com/meta-pytorch/torchft/pull/199"),
+            ("localhost gloo allreduce at 40 MB", "about 2.4 GB/s",
+             f"{at40['algbw_gbps']:.2f} GB/s algbw at {_label(at40['bytes'])}",
+             "https://github.com/meta-pytorch/torchft/pull/199"),
+            ("8x H100 nccl allreduce busbw, NVLink SHARP (ring: about 370 GB/s)", "about 480 GB/s",
+             f"plateau busbw {reg['plateau_busbw_gbps']:.2f} GB/s ({self.plan.backend}, {self.plan.world_size} ranks "
+             f"on {bench['device']})", "https://github.com/NVIDIA/nccl-tests/issues/212"),
+        ]
+        return "\n".join(f"{what}: published {published}; this run: {here}\n    source: {url}"
+                         for what, published, here, url in refs)
+
+    def ddp_text(self) -> str:
+        """Section 3: the job under DDP, each bucket layout and the bucket comparison's note."""
+        d, cmp_ = self.ddp, self.buckets
+        if d is None:
+            return f"DDP not run: {self.plan.why_not}"
+        lines = [f"{d['job']}: {d['params']:,} parameters, {d['grad_bytes'] / 2**20:.2f} MiB of fp32 gradients per "
+                 f"backward, {d['backward_passes']} backward pass(es) per step; {d['world_size']} ranks x "
+                 f"{d['batch_per_rank']} samples; {d['samples']} samples in the data"]
+        for g in cmp_["groups"]:
+            caps = ", ".join(f"{c:g}" for c in g["caps"])
+            lines.append(f"bucket layout {g['n_buckets']} bucket(s) from cap(s) {caps}: {g['time_s'] * 1e3:.1f} ms "
+                         "per step"
+                         + (f", the caps' medians {g['spread_s'] * 1e3:.1f} ms apart (same work: noise)"
+                            if len(g["caps"]) > 1 else ""))
+        return "\n".join(lines + [f"buckets: {cmp_['note']}"])
+
+    def buckets_table(self):
+        """Section 3: per ``bucket_cap_mb``, the buckets DDP made and the step time (None without DDP)."""
+        import pandas as pd
+
+        if self.ddp is None:
+            return None
+        return pd.DataFrame([{"bucket_cap_mb": b["cap_mb"], "buckets made": b["n_buckets"],
+                              "bucket sizes (KiB)": ", ".join(f"{s / 1024:.0f}" for s in b["bucket_sizes"]),
+                              "step ms": b["time_s"] * 1e3, "p25 ms": b["time_p25_s"] * 1e3,
+                              "p75 ms": b["time_p75_s"] * 1e3} for b in self.ddp["buckets"]]).round(2)
+
+    def hooks_text(self) -> str:
+        """Section 3: the hooks not supported here, and where the hooks were measured."""
+        d = self.ddp
+        if d is None:
+            return f"DDP not run: {self.plan.why_not}"
+        lines = [f"{name}: not supported with {self.plan.backend} here ({why})"
+                 for name, why in d["unsupported_hooks"].items()]
+        cap = d["hooks"][0]["cap_mb"] if d["hooks"] else float("nan")
+        lines.append(f"hooks measured at bucket_cap_mb {cap:g}; the 'none' row is the same run as the bucket_cap_mb "
+                     f"{cap:g} row of the table above; gradient error from {d['grad_check']}")
+        return "\n".join(lines)
+
+    def hooks_table(self):
+        """Section 3: per hook, the bytes sent, the step time and the gradient error (None without DDP)."""
+        import pandas as pd
+
+        if self.ddp is None:
+            return None
+        return pd.DataFrame([{"hook": h["hook"], "MiB per step": h["bytes_per_step"] / 2**20,
+                              "step ms": h["time_s"] * 1e3, "p25 ms": h["time_p25_s"] * 1e3,
+                              "p75 ms": h["time_p75_s"] * 1e3, "max abs err": h["max_abs_err"],
+                              "rel err": h["rel_err"], "elements differing": h["mismatched"]}
+                             for h in self.ddp["hooks"]])
+
+    def ddp_check_text(self) -> str:
+        """Section 3's checks: plain DDP equals the fp32 reference, every gradient byte is in a bucket."""
+        d = self.ddp
+        if d is None:
+            return f"DDP not run: {self.plan.why_not}"
+        ref_ok = all(h["max_abs_err"] == 0.0 for h in d["hooks"] if h["hook"] == "none")
+        in_buckets = all(sum(b["bucket_sizes"]) == d["grad_bytes"] for b in d["buckets"])
+        return (f"plain DDP allreduce equals the fp32 reference exactly: {ref_ok}\n"
+                f"every gradient byte is in a bucket: {in_buckets}")
+
+    def overlap_text(self) -> str:
+        """Section 3: communication hidden behind the backward pass, and the cost per bucket where measurable."""
+        d, cmp_ = self.ddp, self.buckets
+        if d is None:
+            return f"DDP not run: {self.plan.why_not}"
+        ov = d["overlap"]
+        line = (f"overlap at bucket_cap_mb {ov['cap_mb']:g} ({ov['n_buckets']} buckets, {ov['steps']} interleaved "
+                f"steps each): step with DDP {ov['t_ddp_s'] * 1e3:.1f} ms, without communication (no_sync) "
+                f"{ov['t_nosync_s'] * 1e3:.1f} ms, the allreduces alone {ov['t_allreduce_s'] * 1e3:.1f} ms: "
+                f"communication adds {ov['exposed_s'] * 1e3:.1f} ms to the step; {ov['note']}.")
+        if cmp_["measurable"]:
+            extra = cmp_["per_bucket_s"]
+            return line + (f"\n{'fewer' if extra > 0 else 'more'} buckets were measurably faster here: "
+                           f"{extra * 1e3:+.2f} ms per extra bucket per backward pass ({d['backward_passes']} "
+                           "backward passes per step)"
+                           + (f"; the allreduce curve above puts one small allreduce at about "
+                              f"{self.regimes['small_time_s'] * 1e3:.2f} ms" if self.bench is not None else ""))
+        return line + (f"\nbucket size: no measurable difference between the layouts (noise "
+                       f"{(cmp_['noise_s'] or 0) * 1e3:.1f} ms between caps with the same buckets), so no per-bucket "
+                       "cost is computed")
+
+    # -- records, verdict and the panel ----------------------------------------------------------
+
+    def records(self) -> Records:
+        """The allreduce sweep, DDP's buckets, hooks and overlap, and the environment check; in that order."""
+        out, why = Records(), self.plan.why_not
+        self._allreduce_records(out)
+        if self.ddp is None:
+            out.add("ddp_buckets", "sweep", "step_time", None, "s", recommendation="not applicable", reason=why)
+        else:
+            self._ddp_records(out)
+        self.env.add_records(out)
+        return out
+
+    def _allreduce_records(self, out: Records) -> None:
+        bench = self.bench
+        if bench is None:
+            out.add("allreduce", "benchmark", "busbw", None, "GB/s", recommendation="not applicable",
+                    reason=self.plan.why_not)
+            return
+        for r in bench["sizes"]:
+            out.add("allreduce", f"{r['bytes']} B", "busbw", r["busbw_gbps"], "GB/s", repeats=r["repeats"],
+                    spread={"time_s": r["time_s"], "time_p25_s": r["time_p25_s"], "time_p75_s": r["time_p75_s"]},
+                    algbw_gbps=r["algbw_gbps"], backend=self.plan.backend, world_size=self.plan.world_size)
+        b = bench["bare"]
+        out.add("allreduce", "bare loop", "overhead_vs_bare", bench["overhead_vs_bare"], "x",
+                bare_busbw_gbps=b["busbw_gbps"], bench_busbw_gbps=b["bench_busbw_gbps"], bytes=b["bytes"],
+                statistic=bench["overhead_statistic"], target="<= 1.10", met=bench["met"]["overhead_vs_bare"],
+                note=bench["overhead_note"])
+
+    def _ddp_records(self, out: Records) -> None:
+        d, steps = self.ddp, self.params["steps"]
+        for b in d["buckets"]:
+            out.add("ddp_buckets", f"bucket_cap_mb={b['cap_mb']:g}", "step_time", b["time_s"], "s", repeats=steps,
+                    spread={"p25": b["time_p25_s"], "p75": b["time_p75_s"]}, bucket_sizes=b["bucket_sizes"],
+                    n_buckets=b["n_buckets"])
+        for h in d["hooks"]:
+            out.add("ddp_compression", h["hook"], "step_time", h["time_s"], "s", repeats=steps,
+                    spread={"p25": h["time_p25_s"], "p75": h["time_p75_s"]}, bytes_per_step=h["bytes_per_step"])
+            out.add("ddp_compression", h["hook"], "grad_rel_err", h["rel_err"], "1", max_abs_err=h["max_abs_err"],
+                    mismatched=h["mismatched"])
+        for name, why in d["unsupported_hooks"].items():
+            out.add("ddp_compression", name, "step_time", None, "s", recommendation="not applicable", reason=why)
+        ov = d["overlap"]
+        out.add("ddp_overlap", f"bucket_cap_mb={ov['cap_mb']:g}", "hidden_fraction", ov["hidden_fraction"], "1",
+                t_ddp_s=ov["t_ddp_s"], t_nosync_s=ov["t_nosync_s"], t_allreduce_s=ov["t_allreduce_s"],
+                n_buckets=ov["n_buckets"], consistent=ov["consistent"], note=ov["note"])
+
+    @property
+    def context(self) -> str:
+        """What was measured, in the verdict's one sentence."""
+        P, plan, d = self.params, self.plan, self.ddp
+        if self.bench is None or d is None:
+            return f"backend {P['backend']}, world_size {P['world_size']} on {self.device_kind}"
+        trained = (f"PPO DDP {P['batch_size']} samples per rank, image {P['image_size']} px, width {P['model_width']}"
+                   if d.get("builtin", True) else
+                   f"your job {d['job']!r} under DDP, {d['batch_per_rank']} samples per rank")
+        return (f"{plan.backend}, {P['world_size']} ranks on {self.bench['device']}; allreduce {P['min_bytes']} B to "
+                f"{P['max_size_mib']} MiB, {P['repeats']} repeats; {trained}, {P['steps']} steps per variant, "
+                "interleaved")
+
+    def verdict(self) -> Verdict:
+        """Notebook 08's verdict (:func:`verdict`) with :attr:`context`."""
+        ran = self.bench is not None and self.ddp is not None
+        return verdict(self.bench, self.ddp, self.buckets if ran else None, why_not=self.plan.why_not,
+                       context=self.context)
+
+    def try_it(self, acc: Any, params: Mapping[str, Any]) -> TrySpec:
+        """The "try it" panel: the allreduce benchmark over another size range and world size
+        (:func:`try_allreduce`), beside this notebook's own point at the panel's largest starting size.
+
+        Knobs: ``min_mib`` and ``max_mib`` (1 KiB up to the larger of ``max_size_mib`` and 256 MiB, powers of two;
+        starting at 1 MiB and the smaller of 4 MiB and ``max_size_mib``, a cheap range for the headless point) and
+        ``world_size`` (1 up to this machine's cores with gloo, its devices otherwise).
+        """
+        import math
+
+        from helpers.comm.launch import max_world_size
+        from helpers.device import usable_cores
+
+        P, plan = params, self.plan
+        be = plan.backend or "gloo"
+        most = usable_cores() if be == "gloo" else max(1, max_world_size(be)[0])  # processes on this machine
+        top = int(math.log2(max(P["max_size_mib"], 256)))
+        sizes = tuple((f"{2.0**k * 1024:g} KiB" if k < 0 else f"{2**k} MiB", 2.0**k) for k in range(-10, top + 1))
+        lo, hi = 1.0, float(min(4, P["max_size_mib"]))
+        reference = None
+        if self.bench is not None:  # the notebook's own size at the panel's largest starting size
+            row = min(self.bench["sizes"], key=lambda r: abs(r["bytes"] - hi * 2**20))
+            reference = live_point(row, world_size=P["world_size"], backend=plan.backend)
+        kind, log_dir = acc.kind, self.log_dir
+        knobs = {"min_mib": Knob(sizes, lo, "smallest"), "max_mib": Knob(sizes, hi, "largest"),
+                 "world_size": Knob(tuple((str(n), n) for n in range(1, most + 1)), min(P["world_size"], most),
+                                    "world_size")}
+        return TrySpec("allreduce bus bandwidth against message size",
+                       lambda progress, min_mib, max_mib, world_size: try_allreduce(
+                           min_mib=min_mib, max_mib=max_mib, world_size=world_size, backend=be, device_kind=kind,
+                           repeats=P["repeats"], warmup=P["warmup"], timeout_s=P["timeout_s"],
+                           master_port=P["master_port"], log_dir=log_dir, progress=progress),
+                       knobs, reference=reference,
+                       unavailable="" if plan.runnable else f"the collectives cannot run here: {plan.why_not}")
+
+
+def run(ctx: Any) -> CollectivesResult:
+    """Notebook 08's experiment, in the notebook's order: the backend, the allreduce sweep, DDP on the job (the
+    user's, ``params["job"]``, loaded by every rank; else the built-in PPO job) and the environment check.
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        The notebook's parameters, accelerator, artifacts folder (a failed job's logs) and out folder (the
+        validated env file). For a user's job, ``params["batch_size"]`` is set to the batch its ranks trained
+        (``ctx.use_job_batch``).
+
+    Returns
+    -------
+    CollectivesResult
+    """
+    from helpers.comm.allreduce import allreduce_benchmark
+
+    P, acc = ctx.params, ctx.acc
+    plan = plan_backend(P["backend"], P["world_size"], acc.kind)
+    log_dir = str(ctx.artifacts_dir)
+    bench = ddp_res = None
+    if plan.runnable:
+        common = dict(world_size=P["world_size"], backend=plan.backend, timeout_s=P["timeout_s"],
+                      master_port=P["master_port"], device_kind=acc.kind, log_dir=log_dir)
+        bench = allreduce_benchmark(min_bytes=P["min_bytes"], max_size_mib=P["max_size_mib"], repeats=P["repeats"],
+                                    warmup=P["warmup"], **common)
+        ddp_res = ddp_benchmark(P, **common)
+        if not ddp_res.get("builtin", True):  # a user's job trained at its own batch per rank: the records say it
+            ctx.use_job_batch(ddp_res["batch_per_rank"])
+    return CollectivesResult(plan=plan, device_kind=acc.kind, bench=bench, ddp=ddp_res, env=env_check(ctx.out_dir),
+                             params=dict(P), log_dir=log_dir)
+
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

@@ -1,5 +1,9 @@
 """Notebook 09's experiment: memory per step of a Job, allocator settings in child processes, the batch-size finder.
 
+:func:`plan` checks the allocator settings and loads the job (the user's, or the built-in one) before any work;
+:func:`run` measures everything and returns one :class:`MemoryResult`, whose text methods the notebook prints and
+whose records and verdict ``ctx.record(result)`` writes. The parts:
+
 - :func:`job_step_factory` decodes the job's images once and returns
   ``make_step(batch_size) -> step`` for any batch size.
 - :func:`run_alloc_conf_child` runs the memory trace in a **child process**
@@ -27,7 +31,7 @@ import psutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 import torch
@@ -41,6 +45,7 @@ from helpers.compute.memory import (
     RssPeakSampler,
     alloc_conf_var,
     check_alloc_conf,
+    check_alloc_conf_list,
     is_oom,
     measure_empty_cache,
     release_memory,
@@ -49,20 +54,21 @@ from helpers.compute.memory import (
 )
 from helpers.device import Accelerator, get_accelerator
 from helpers.errors import ParameterError
-from helpers.experiments.base import Experiment
+from helpers.experiments.base import Experiment, ExperimentResult
 from helpers.jobs.base import Workload, close_dataset
-from helpers.jobs.ppo import PPOJob
-from helpers.live import LivePoint, Progress, no_progress
+from helpers.jobs.load import JobRequest
+from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
-from helpers.pipeline.prepare import prepare_data
-from helpers.timing import measure
+from helpers.results import Records
+from helpers.timing import Comparison, compare, measure
 from helpers.verdict import Action, Verdict
 
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TraceConfig", "POOL_IMAGES", "job_step_factory", "run_alloc_conf_child", "FinderConfig", "FinderResult",
-           "resolve_budget_bytes", "find_batch_size", "live_point", "try_batch_size"]
+           "resolve_budget_bytes", "find_batch_size", "live_point", "try_batch_size", "verdict", "MemoryPlan",
+           "MemoryResult", "plan", "run"]
 
 #: Variables removed from a child's environment so that only the setting under
 #: test is in effect (torch 2.13 gives ``PYTORCH_ALLOC_CONF`` priority over
@@ -120,6 +126,21 @@ class TraceConfig:
         """The job's workload (this config is its flat JSON form for the child process)."""
         return Workload(batch_size=self.batch_size, image_size=self.image_size, text_len=self.text_len,
                         model_width=self.model_width, d_model=self.d_model, seed=self.seed)
+
+    @property
+    def request(self) -> JobRequest:
+        """The job this config names (the built-in one at any batch size: its images are decoded once)."""
+        return JobRequest(spec=self.job, factory_defaults=tuple(self.factory_defaults), data_dir=self.data_dir,
+                          max_images=self.max_images, seed=self.seed, batch_size=self.batch_size,
+                          image_size=self.image_size, text_len=self.text_len, model_width=self.model_width,
+                          d_model=self.d_model, any_batch_size=True)
+
+    @classmethod
+    def of(cls, device: str, request: JobRequest, **kwargs: Any) -> "TraceConfig":
+        """The config of ``request``'s job on ``device`` (``kwargs``: ``steps``, ``warmup_steps``, ...)."""
+        job = {k: v for k, v in request.as_dict().items() if k not in ("spec", "any_batch_size")}
+        return cls(device=device, job=request.spec, **{**job, "factory_defaults": tuple(request.factory_defaults)},
+                   **kwargs)
 
 
 POOL_IMAGES = 256
@@ -207,15 +228,8 @@ def _step_factory(job, acc: Accelerator, n_items: int, take: Callable[[torch.Ten
 
 def trace_job(cfg: "TraceConfig"):
     """The job of a :class:`TraceConfig`: the user's (``cfg.job``), or the built-in one (any batch size: the
-    images are only decoded once)."""
-    if cfg.job:
-        from helpers.jobs.load import load_job
-        from helpers.jobspec import factory_params
-
-        return load_job(cfg.job, factory_params(asdict(cfg)))
-    index, tokenizer = prepare_data(cfg.data_dir, max_images=cfg.max_images, seed=cfg.seed, batch_size=1,
-                                    text_len=cfg.text_len)
-    return PPOJob(index, tokenizer, cfg.workload)
+    images are only decoded once); :meth:`TraceConfig.request`'s."""
+    return cfg.request.job()
 
 
 def _child_main(cfg: TraceConfig) -> dict[str, Any]:
@@ -505,115 +519,131 @@ def find_batch_size(make_step: Callable[[int], Callable[[], Any]], acc: "Acceler
         raise ParameterError(f"cfg must be a FinderConfig, got {type(cfg).__name__}")
     if not callable(make_step):
         raise ParameterError(f"make_step must be callable, got {type(make_step).__name__}")
-    nan = float("nan")
     release_memory(acc)
     base_rss = rss_bytes() if acc.is_cpu else 0
     rows: list[dict[str, Any]] = []
-    sync = None if acc.is_cpu else acc.synchronize
+    tried: set[int] = set()
 
     def attempt(batch: int, phase: str) -> dict[str, Any]:
-        row = {"batch": batch, "phase": phase, "status": "", "peak_mib": nan, "step_ms": nan,
-               "throughput": nan, "throughput_p25": nan, "throughput_p75": nan, "error": ""}
-        if acc.is_cpu and rows:
-            prev = [r for r in rows if r["status"] in ("fits", "over margin") and r["batch"] < batch]
-            if prev:
-                import psutil
-
-                p = max(prev, key=lambda r: r["batch"])
-                predicted = p["peak_mib"] * MIB * batch / p["batch"]
-                avail = int(psutil.virtual_memory().available)
-                if predicted > 0.8 * avail:
-                    row["status"] = "skipped"
-                    row["error"] = (f"predicted peak {predicted / MIB:.0f} MiB (linear in batch size) exceeds 80% "
-                                    f"of the available RAM ({avail / MIB:.0f} MiB): not run, to protect the kernel")
-                    return row
-        step = None
-        try:
-            step = make_step(batch)
-            for _ in range(cfg.warmup):
-                step()
-            if acc.is_cpu:
-                with RssPeakSampler(sample_interval_s) as sampler:
-                    m = measure(step, repeats=cfg.steps, warmup=0, sync=None, name=f"batch {batch}",
-                                items_per_call=batch)
-                used = max(0, sampler.peak_bytes - base_rss)
-            else:
-                acc.synchronize()
-                acc.reset_peak_memory_stats()
-                m = measure(step, repeats=cfg.steps, warmup=0, sync=sync, name=f"batch {batch}",
-                            items_per_call=batch)
-                used = int(acc.memory_stats()["peak_allocated_bytes"])
-            row["peak_mib"] = used / MIB
-            row["step_ms"] = m.median_s * 1e3
-            row["throughput"] = m.rate if m.rate is not None else nan
-            row["throughput_p25"] = m.rate_p25 if m.rate_p25 is not None else nan
-            row["throughput_p75"] = m.rate_p75 if m.rate_p75 is not None else nan
-            if used > cfg.budget_bytes:
-                raise MemoryBudgetExceeded(batch, used, cfg.budget_bytes,
-                                           what="RSS growth" if acc.is_cpu else "peak")
-            row["status"] = "fits" if used <= cfg.limit_bytes else "over margin"
-        except Exception as exc:  # noqa: BLE001 - only OOMs are handled, the rest re-raised
-            if not is_oom(exc):
-                raise
-            row["status"] = "over budget" if isinstance(exc, MemoryBudgetExceeded) else "oom"
-            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-            logger.info("batch %d: %s", batch, row["error"])
-        finally:
-            step = None  # drop the model, optimizer state and batches before the next size
-            release_memory(acc)
-        return row
-
-    def record(row: dict[str, Any]) -> None:
+        tried.add(batch)
+        row = _skipped_row(batch, phase, rows) if acc.is_cpu else None
+        row = row or _attempt(make_step, acc, cfg, batch, phase, base_rss=base_rss,
+                              sample_interval_s=sample_interval_s)
         rows.append(row)
         if on_result is not None:
             on_result(dict(row))
+        return row
 
+    stop_reason, reached_max = _grow(attempt, cfg, tried)
+    _refine(attempt, cfg, rows, tried)
+    fits = [r["batch"] for r in rows if r["status"] == "fits"]
+    frame = pd.DataFrame(rows, columns=list(_empty_row(0, "")))
+    return FinderResult(chosen=max(fits) if fits else None, frame=frame, stop_reason=stop_reason,
+                        budget_bytes=cfg.budget_bytes, limit_bytes=cfg.limit_bytes,
+                        reached_max=reached_max and bool(fits), max_batch=cfg.max_batch)
+
+
+def _empty_row(batch: int, phase: str) -> dict[str, Any]:
+    """A finder row before its size is measured (the frame's columns, in order)."""
+    nan = float("nan")
+    return {"batch": batch, "phase": phase, "status": "", "peak_mib": nan, "step_ms": nan,
+            "throughput": nan, "throughput_p25": nan, "throughput_p75": nan, "error": ""}
+
+
+def _skipped_row(batch: int, phase: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """On a CPU: the row of a size not run because its peak, linear in the batch from the largest smaller size
+    that ran, would pass 80% of the RAM available now (the OS's OOM killer would end the kernel); else None."""
+    prev = [r for r in rows if r["status"] in ("fits", "over margin") and r["batch"] < batch]
+    if not prev:
+        return None
+    p = max(prev, key=lambda r: r["batch"])
+    predicted = p["peak_mib"] * MIB * batch / p["batch"]
+    avail = int(psutil.virtual_memory().available)
+    if predicted <= 0.8 * avail:
+        return None
+    row = _empty_row(batch, phase)
+    row["status"] = "skipped"
+    row["error"] = (f"predicted peak {predicted / MIB:.0f} MiB (linear in batch size) exceeds 80% "
+                    f"of the available RAM ({avail / MIB:.0f} MiB): not run, to protect the kernel")
+    return row
+
+
+def _attempt(make_step: Callable[[int], Callable[[], Any]], acc: "Accelerator", cfg: FinderConfig, batch: int,
+             phase: str, *, base_rss: int, sample_interval_s: float) -> dict[str, Any]:
+    """One size of the finder: build, warm up, time ``cfg.steps`` steps while tracking the peak; an OOM (or the
+    budget exceeded) is caught, recorded and the memory released (see :func:`find_batch_size`)."""
+    nan = float("nan")
+    row = _empty_row(batch, phase)
+    step = None
+    try:
+        step = make_step(batch)
+        for _ in range(cfg.warmup):
+            step()
+        if acc.is_cpu:
+            with RssPeakSampler(sample_interval_s) as sampler:
+                m = measure(step, repeats=cfg.steps, warmup=0, sync=None, name=f"batch {batch}", items_per_call=batch)
+            used = max(0, sampler.peak_bytes - base_rss)
+        else:
+            acc.synchronize()
+            acc.reset_peak_memory_stats()
+            m = measure(step, repeats=cfg.steps, warmup=0, sync=acc.synchronize, name=f"batch {batch}",
+                        items_per_call=batch)
+            used = int(acc.memory_stats()["peak_allocated_bytes"])
+        row.update(peak_mib=used / MIB, step_ms=m.median_s * 1e3,
+                   throughput=m.rate if m.rate is not None else nan,
+                   throughput_p25=m.rate_p25 if m.rate_p25 is not None else nan,
+                   throughput_p75=m.rate_p75 if m.rate_p75 is not None else nan)
+        if used > cfg.budget_bytes:
+            raise MemoryBudgetExceeded(batch, used, cfg.budget_bytes, what="RSS growth" if acc.is_cpu else "peak")
+        row["status"] = "fits" if used <= cfg.limit_bytes else "over margin"
+    except Exception as exc:  # noqa: BLE001 - only OOMs are handled, the rest re-raised
+        if not is_oom(exc):
+            raise
+        row["status"] = "over budget" if isinstance(exc, MemoryBudgetExceeded) else "oom"
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        logger.info("batch %d: %s", batch, row["error"])
+    finally:
+        step = None  # drop the model, optimizer state and batches before the next size
+        release_memory(acc)
+    return row
+
+
+#: Why growing stopped, by the status of the size that stopped it.
+_STOPPED = {"oom": "out of memory at batch {}", "over budget": "batch {} exceeded the memory budget",
+            "over margin": "batch {} left less than the safety margin free",
+            "skipped": "batch {} was predicted not to fit in the available RAM"}
+
+
+def _grow(attempt: Callable[[int, str], dict[str, Any]], cfg: FinderConfig, tried: set[int]) -> tuple[str, bool]:
+    """Double from ``start_batch`` (multiples of ``multiple_of``, the last capped at ``max_batch``) until a size
+    does not fit; returns why growing stopped and whether every size up to ``max_batch`` fitted."""
     m = cfg.multiple_of
     size = _round_up(cfg.start_batch, m)
-    stop_reason = f"reached finder_max_batch={cfg.max_batch} with every size fitting: no memory limit found"
-    reached_max = True
-    tried: set[int] = set()
     while size <= cfg.max_batch and size not in tried:
-        tried.add(size)
         row = attempt(size, "grow")
-        record(row)
         if row["status"] != "fits":
-            stop_reason = {"oom": f"out of memory at batch {size}",
-                           "over budget": f"batch {size} exceeded the memory budget",
-                           "over margin": f"batch {size} left less than the safety margin free",
-                           "skipped": f"batch {size} was predicted not to fit in the available RAM"}[row["status"]]
-            reached_max = False
-            break
+            return _STOPPED[row["status"]].format(size), False
         nxt = size * 2
         if nxt > cfg.max_batch and size < cfg.max_batch:
             nxt = (cfg.max_batch // m) * m
         size = nxt
+    return f"reached finder_max_batch={cfg.max_batch} with every size fitting: no memory limit found", True
 
-    def fitting() -> list[int]:
-        return [r["batch"] for r in rows if r["status"] == "fits"]
 
+def _refine(attempt: Callable[[int, str], dict[str, Any]], cfg: FinderConfig, rows: list[dict[str, Any]],
+            tried: set[int]) -> None:
+    """Up to ``refine_steps`` bisection rounds between the largest fitting size and the smallest failing one."""
+    m = cfg.multiple_of
     for _ in range(cfg.refine_steps):
-        fits = fitting()
-        fails = [r["batch"] for r in rows if r["status"] != "fits"]
-        if not fits or not fails:
-            break
-        lo = max(fits)
-        above = [b for b in fails if b > lo]
+        fits = [r["batch"] for r in rows if r["status"] == "fits"]
+        above = [r["batch"] for r in rows if r["status"] != "fits" and fits and r["batch"] > max(fits)]
         if not above:
             break
-        hi = min(above)
+        lo, hi = max(fits), min(above)
         mid = ((lo + hi) // 2 // m) * m
         if mid <= lo or mid >= hi or mid in tried:
             break
-        tried.add(mid)
-        record(attempt(mid, "refine"))
-
-    fits = fitting()
-    frame = pd.DataFrame(rows, columns=["batch", "phase", "status", "peak_mib", "step_ms", "throughput",
-                                        "throughput_p25", "throughput_p75", "error"])
-    return FinderResult(chosen=max(fits) if fits else None, frame=frame, stop_reason=stop_reason,
-                        budget_bytes=cfg.budget_bytes, limit_bytes=cfg.limit_bytes,
-                        reached_max=reached_max and bool(fits), max_batch=cfg.max_batch)
+        attempt(mid, "refine")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -690,66 +720,64 @@ def verdict(found: FinderResult, *, current: int, best: int | None, gain: tuple[
         reason starting "demonstration budget N MiB: " with what the finder found within it, and ``extra``
         adding ``demonstration`` (True), ``measured_recommendation`` and ``demonstration_batch_size``.
     """
-    chosen, cur = found.chosen, current
-    budget_mib, limit_mib = found.budget_bytes / MIB, found.limit_bytes / MIB
-    target = cur
-    if chosen is None:
-        recommendation, value, unit = "leave off", None, "samples"
+    cur, budget_mib = current, found.budget_bytes / MIB
+    if found.chosen is None:
+        recommendation, value, unit, target = "leave off", None, "samples", cur
         reason = (f"lower the batch below {start_batch} or raise memory_budget_mib: no batch size from {start_batch} "
-                  f"fitted within {limit_mib:.0f} MiB (budget {budget_mib:.0f} MiB, {safety_margin:.0%} margin); "
-                  f"{found.stop_reason}")
+                  f"fitted within {found.limit_bytes / MIB:.0f} MiB (budget {budget_mib:.0f} MiB, "
+                  f"{safety_margin:.0%} margin); {found.stop_reason}")
     else:
-        ch = found.frame[found.frame.batch == chosen].iloc[0]
-        mem_txt = (f"largest batch that fits: {found.largest_fit_text()}, {used_name} {ch.peak_mib:.0f} MiB of the "
-                   f"{budget_mib:,.0f} MiB budget ({safety_margin:.0%} kept free)")
-        value = float(chosen)
+        value = float(found.chosen)
         unit = "samples or more (no limit found up to finder_max_batch)" if found.reached_max else "samples"
-        measured_gain = gain is not None and gain[1] > 1.0 and gain[0] >= GAIN_THRESHOLD
-        if cur > chosen and not found.reached_max:
-            target = best if best is not None and best <= chosen else chosen
-            recommendation = "enable"
-            reason = (f"lower the batch to {target}: the current {cur} does not fit the budget with the margin; "
-                      f"{mem_txt}")
-        elif measured_gain:
-            recommendation, target = "enable", best
-            verb = "raise" if best > cur else "lower"
-            reason = (f"{verb} the batch to {best}: {gain[0]:.2f}x the throughput of the current {cur} "
-                      f"(95% CI {gain[1]:.2f}-{gain[2]:.2f}, {steps} interleaved steps each); {mem_txt}")
-        else:
-            recommendation = "leave off"
-            if best is None or best == cur:
-                why = f"it had the highest throughput of the sizes tried ({finder_steps} steps each, no interval)"
-            elif gain is None:
-                why = (f"it is above the largest size tried ({chosen}), so it was not compared with batch {best}, "
-                       f"the best of those ({finder_throughput[best]:.1f} samples/s, {finder_steps} steps, no "
-                       "interval)")
-            else:
-                why = (f"batch {best} had the highest finder throughput ({finder_throughput[best]:.1f} vs "
-                       f"{finder_throughput.get(cur, float('nan')):.1f} samples/s, {finder_steps} steps each, no "
-                       f"interval), but interleaved it gives {gain[0]:.2f}x (95% CI {gain[1]:.2f}-{gain[2]:.2f}, "
-                       f"{steps} steps each): not a measured gain")
-            reason = f"keep batch {cur}: {why}; {mem_txt}"
+        recommendation, target, reason = _batch_decision(
+            found, current=cur, best=best, gain=gain, finder_throughput=finder_throughput,
+            safety_margin=safety_margin, used_name=used_name, steps=steps, finder_steps=finder_steps)
+    extra = {"best_throughput_batch": best, "reached_max": found.reached_max, "budget_set_by_parameter": budget_set}
     if budget_set:
         # a budget given as a parameter (a profile's demonstration budget) is not this machine's memory: what the
         # finder found within it is a demonstration of the back-off, never an action for this machine
-        measured = recommendation
         reason = (f"demonstration budget {budget_mib:,.0f} MiB: {reason}; budget {budget_why}; a demonstration, not "
                   f"a batch size for this machine: run with memory_budget_mib=0 (the default) to size the batch "
                   f"from its free memory")
+        extra.update(demonstration=True, measured_recommendation=recommendation,
+                     demonstration_batch_size=int(target) if recommendation == "enable" else cur)
         return Verdict(notebook=NOTEBOOK, metric="max_batch_size", value=value, unit=unit,
-                       recommendation="not applicable", reason=reason, context=context, action=None,
-                       extra={"best_throughput_batch": best, "reached_max": found.reached_max,
-                              "budget_set_by_parameter": True, "demonstration": True,
-                              "measured_recommendation": measured,
-                              "demonstration_batch_size": int(target) if measured == "enable" else cur})
+                       recommendation="not applicable", reason=reason, context=context, action=None, extra=extra)
     if recommendation == "enable":
         action = Action("batch_size", int(target), f"batch size {cur} → {int(target)}", current=cur)
     else:
         action = Action("batch_size", cur, f"batch size: keep {cur}", current=cur)
     return Verdict(notebook=NOTEBOOK, metric="max_batch_size", value=value, unit=unit, recommendation=recommendation,
-                   reason=reason, context=context, action=action,
-                   extra={"best_throughput_batch": best, "reached_max": found.reached_max,
-                          "budget_set_by_parameter": False})
+                   reason=reason, context=context, action=action, extra=extra)
+
+
+def _batch_decision(found: FinderResult, *, current: int, best: int | None,
+                    gain: tuple[float, float, float] | None, finder_throughput: dict, safety_margin: float,
+                    used_name: str, steps: int, finder_steps: int) -> tuple[str, int, str]:
+    """:func:`verdict`'s decision where a size fitted: (recommendation, target batch, reason)."""
+    chosen, cur = found.chosen, current
+    ch = found.frame[found.frame.batch == chosen].iloc[0]
+    mem_txt = (f"largest batch that fits: {found.largest_fit_text()}, {used_name} {ch.peak_mib:.0f} MiB of the "
+               f"{found.budget_bytes / MIB:,.0f} MiB budget ({safety_margin:.0%} kept free)")
+    if cur > chosen and not found.reached_max:
+        target = best if best is not None and best <= chosen else chosen
+        return "enable", target, (f"lower the batch to {target}: the current {cur} does not fit the budget with the "
+                                  f"margin; {mem_txt}")
+    if gain is not None and gain[1] > 1.0 and gain[0] >= GAIN_THRESHOLD:
+        verb = "raise" if best > cur else "lower"
+        return "enable", best, (f"{verb} the batch to {best}: {gain[0]:.2f}x the throughput of the current {cur} "
+                                f"(95% CI {gain[1]:.2f}-{gain[2]:.2f}, {steps} interleaved steps each); {mem_txt}")
+    if best is None or best == cur:
+        why = f"it had the highest throughput of the sizes tried ({finder_steps} steps each, no interval)"
+    elif gain is None:
+        why = (f"it is above the largest size tried ({chosen}), so it was not compared with batch {best}, "
+               f"the best of those ({finder_throughput[best]:.1f} samples/s, {finder_steps} steps, no interval)")
+    else:
+        why = (f"batch {best} had the highest finder throughput ({finder_throughput[best]:.1f} vs "
+               f"{finder_throughput.get(cur, float('nan')):.1f} samples/s, {finder_steps} steps each, no "
+               f"interval), but interleaved it gives {gain[0]:.2f}x (95% CI {gain[1]:.2f}-{gain[2]:.2f}, "
+               f"{steps} steps each): not a measured gain")
+    return "leave off", cur, f"keep batch {cur}: {why}; {mem_txt}"
 
 
 # --------------------------------------------------------------------------- the "try it" panel: one batch size
@@ -882,6 +910,389 @@ def try_batch_size(make_step: Callable[[int], Callable[[], Any]], acc: "Accelera
         raise ParameterError(f"batch_size={batch_size} ran out of device memory ({row['error']}); the memory was "
                              "released and the kernel keeps running: pick a smaller batch")
     return live_point(row, is_cpu=acc.is_cpu, budget_bytes=int(budget_bytes))
+
+
+# --------------------------------------------------------------------------- the notebook's experiment: one result
+
+#: Why the allocator section does not apply on a CPU.
+CPU_ALLOCATOR_WHY = ("the CPU allocator has no caching allocator settings (PYTORCH_*_ALLOC_CONF configure the CUDA "
+                     "and NPU caching allocators) and no cache to empty: empty_cache does not exist for the CPU")
+
+
+def _allocator_row(res: Mapping[str, Any]) -> dict[str, Any]:
+    """One allocator setting's child result (:func:`run_alloc_conf_child`, ``ok``) as a table row: its peaks and
+    fragmentation, and what ``empty_cache`` freed and cost (the medians of its rounds) where it was measured."""
+    tr = pd.DataFrame(res["trace"])
+    row = {"setting": res["alloc_conf"] or "(defaults)", "peak_mib": tr.peak_mib.max(),
+           "reserved_mib": tr.reserved_mib.max(), "fragmentation": tr.fragmentation.mean()}
+    ec = pd.DataFrame(res["empty_cache"]) if res["empty_cache"] else None
+    if ec is not None:
+        row.update(reserved_freed_mib=(ec.reserved_before_mib - ec.reserved_after_mib).median(),
+                   allocated_change_mib=(ec.allocated_after_mib - ec.allocated_before_mib).median(),
+                   empty_cache_ms=ec.empty_cache_ms.median(),
+                   next_step_extra_ms=(ec.next_step_ms - ec.steady_step_ms).median())
+    return row
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryResult(ExperimentResult):
+    """Notebook 09's measurement: memory per step, the allocator settings, the batch-size finder and the
+    current-vs-best comparison.
+
+    Attributes
+    ----------
+    device_kind, device_name : str
+        The accelerator (``acc.kind``, ``acc.name``).
+    is_cpu : bool
+        Measured on a CPU (process memory, no allocator settings).
+    what : str
+        The training step measured, in words (the verdict's context).
+    batch_note : str
+        The batch sizes this job can take (a PPO batch is a whole number of rollouts).
+    multiple_of : int
+        Every size tried is a multiple of this (:attr:`helpers.jobs.base.Job.batch_multiple`).
+    batch_size, steps, finder_steps : int
+        The batch in use, the trace's and the comparison's steps, the finder's timed steps per size.
+    safety_margin : float
+    budget_set : bool
+        The budget was set by ``memory_budget_mib`` (a demonstration, not this machine's memory).
+    alloc_confs : tuple of str
+        The validated allocator settings.
+    alloc_conf_var : str or None
+        Their variable on this device (None on a CPU).
+    trace : pandas.DataFrame
+        :func:`helpers.compute.memory.trace_memory` of the batch in use.
+    allocator : tuple of dict
+        :func:`run_alloc_conf_child`'s result per setting (empty on a CPU).
+    budget_bytes : int
+    budget_why : str
+    finder : FinderConfig
+    found : FinderResult
+    best : int or None
+        The finder's highest-throughput size that fits.
+    comparison : helpers.timing.Comparison or None
+        ``batch_size`` (A) against ``best`` (B), interleaved; None when not compared (:attr:`compare_note` says
+        why).
+    compare_note : str
+    make_step : callable
+        ``make_step(batch_size) -> step`` (:func:`job_step_factory`), for the "try it" panel.
+    """
+
+    device_kind: str
+    device_name: str
+    is_cpu: bool
+    what: str
+    batch_note: str
+    multiple_of: int
+    batch_size: int
+    steps: int
+    finder_steps: int
+    safety_margin: float
+    budget_set: bool
+    alloc_confs: tuple
+    alloc_conf_var: str | None
+    trace: pd.DataFrame
+    allocator: tuple
+    budget_bytes: int
+    budget_why: str
+    finder: FinderConfig
+    found: FinderResult
+    best: int | None
+    comparison: Comparison | None
+    compare_note: str
+    make_step: Callable[[int], Callable[[], Any]] = field(repr=False)
+
+    # -- what the cells print ----------------------------------------------------------------
+
+    @property
+    def used_name(self) -> str:
+        """What the finder measures per size: ``"RSS growth"`` (CPU) or ``"peak"``."""
+        return "RSS growth" if self.is_cpu else "peak"
+
+    @property
+    def gain(self) -> tuple[float, float, float] | None:
+        """Throughput of :attr:`best` over the current batch (ratio, ci_low, ci_high), None when not compared."""
+        c = self.comparison
+        if c is None:
+            return None
+        scale = self.best / self.batch_size  # time ratio per step -> throughput ratio (samples per step differ)
+        return c.ratio * scale, c.ci_low * scale, c.ci_high * scale
+
+    @property
+    def finder_throughput(self) -> dict:
+        """Batch size -> samples/s measured by the finder (no interval)."""
+        return dict(zip(self.found.frame.batch, self.found.frame.throughput))
+
+    def trace_text(self) -> str:
+        """Section 1: memory after the traced steps."""
+        trace, last = self.trace, self.trace.iloc[-1]
+        if trace["source"].iloc[0] == "device":
+            return (f"after {len(trace)} steps: allocated {last.allocated_mib:.1f} MiB, reserved "
+                    f"{last.reserved_mib:.1f} MiB, peak per step up to {trace.peak_mib.max():.1f} MiB, "
+                    f"fragmentation {last.fragmentation:.1%}")
+        return (f"CPU: no device allocator; process memory instead. After {len(trace)} steps: RSS "
+                f"{last.rss_mib:.0f} MiB, USS {last.uss_mib:.0f} MiB; largest RSS seen in a step "
+                f"{trace.peak_mib.max():.0f} MiB (sampled: a lower bound)")
+
+    def allocator_text(self) -> str:
+        """Section 2: why it does not apply (CPU), or each setting that failed in its child."""
+        if self.is_cpu:
+            return f"not applicable on CPU: {CPU_ALLOCATOR_WHY}"
+        failed = [f"{self.alloc_conf_var}={r['alloc_conf'] or '(defaults)'}: the child failed: {r['error']}"
+                  for r in self.allocator if not r["ok"]]
+        ran = sum(bool(r["ok"]) for r in self.allocator)
+        return "\n".join(failed + [f"{ran} of {len(self.allocator)} setting(s) traced in a child process each"])
+
+    def allocator_table(self) -> pd.DataFrame | None:
+        """Section 2: one row per setting whose child ran (None when none did, or on a CPU)."""
+        rows = [_allocator_row(r) for r in self.allocator if r["ok"]]
+        return pd.DataFrame(rows).round(2) if rows else None
+
+    def finder_text(self) -> str:
+        """Section 3: the budget, each size tried, why growing stopped and the largest size that fits."""
+        lines = [f"budget: {self.budget_bytes / MIB:,.0f} MiB, {self.budget_why}; a size fits below "
+                 f"{self.finder.limit_bytes / MIB:,.0f} MiB ({self.safety_margin:.0%} margin)"]
+        if self.is_cpu:
+            lines.append("CPU: the figure per size is the process's RSS growth over the finder's start, sampled (a "
+                         "lower bound of the true peak)")
+        for row in self.found.frame.to_dict("records"):
+            lines.append(f"  batch {row['batch']:>5} ({row['phase']}): {row['status']:<11} {self.used_name} "
+                         f"{row['peak_mib']:8.1f} MiB  {row['throughput']:8.1f} samples/s"
+                         + (f"  [{row['error'][:90]}]" if row["error"] else ""))
+        return "\n".join(lines + [f"stopped: {self.found.stop_reason}",
+                                  f"largest batch that fits: {self.found.largest_fit_text()}"])
+
+    def comparison_text(self) -> str:
+        """Section 3: the throughput-best size against the current one, interleaved (or why not compared)."""
+        c, gain = self.comparison, self.gain
+        if c is None:
+            return self.compare_note
+        tp, cur, best = self.finder_throughput, self.batch_size, self.best
+        return (f"finder ({self.finder_steps} steps, no interval): batch {best} {tp[best]:.1f} samples/s vs "
+                f"{tp.get(cur, float('nan')):.1f} at the current {cur}\n"
+                f"interleaved, {self.steps} steps each: batch {best} {c.b.rate:.1f} vs batch {cur} {c.a.rate:.1f} "
+                f"samples/s = {gain[0]:.2f}x (95% CI {gain[1]:.2f}-{gain[2]:.2f})")
+
+    # -- records, verdict and the panel ----------------------------------------------------------
+
+    def records(self) -> Records:
+        """The memory trace, the allocator settings, each finder size and the current-vs-best ratio; in order."""
+        out = Records()
+        self._trace_records(out)
+        self._allocator_records(out)
+        for row in self.found.frame.to_dict("records"):
+            out.add("batch_size_finder", f"batch {row['batch']}", "throughput", _finite(row["throughput"]),
+                    "samples/s", repeats=self.finder_steps, batch=int(row["batch"]), status=row["status"],
+                    phase=row["phase"], peak_mib=_finite(row["peak_mib"]), error=row["error"])
+        c, gain = self.comparison, self.gain
+        if c is not None:
+            out.add("batch_size_finder", f"batch {self.best} vs batch {self.batch_size}", "throughput_ratio", gain[0],
+                    "x", repeats=self.steps, spread={"ci_low": gain[1], "ci_high": gain[2], "confidence": c.confidence},
+                    current_rate=c.a.rate, best_rate=c.b.rate, interleaved=True)
+        return out
+
+    def _trace_records(self, out: Records) -> None:
+        trace, variant = self.trace, f"batch {self.batch_size}"
+        if trace["source"].iloc[0] == "device":
+            for metric, col in (("allocated", "allocated_mib"), ("reserved", "reserved_mib"), ("peak", "peak_mib")):
+                out.add("memory_trace", variant, metric, float(trace[col].max()), "MiB", repeats=len(trace),
+                        source="device allocator")
+            out.add("memory_trace", variant, "fragmentation", float(trace.iloc[-1].fragmentation), "fraction",
+                    source="device allocator")
+            return
+        for metric, col in (("rss", "rss_mib"), ("uss", "uss_mib"), ("peak_rss_sampled", "peak_mib")):
+            out.add("memory_trace", variant, metric, float(trace[col].max()), "MiB", repeats=len(trace),
+                    source="process (CPU)")
+
+    def _allocator_records(self, out: Records) -> None:
+        if self.is_cpu:
+            out.add("allocator", "alloc_conf", "peak_reserved", None, "MiB", recommendation="not applicable",
+                    reason=CPU_ALLOCATOR_WHY)
+            out.add("allocator", "empty_cache", "empty_cache_time", None, "ms", recommendation="not applicable",
+                    reason=CPU_ALLOCATOR_WHY)
+            return
+        for res in self.allocator:
+            label = res["alloc_conf"] or "(defaults)"
+            if not res["ok"]:
+                out.add("allocator", label, "peak_reserved", None, "MiB", reason=f"child failed: {res['error']}")
+                continue
+            row = _allocator_row(res)
+            out.add("allocator", label, "peak_reserved", float(row["reserved_mib"]), "MiB",
+                    variable=self.alloc_conf_var, fragmentation=float(row["fragmentation"]))
+            if "empty_cache_ms" in row:
+                out.add("allocator", label, "empty_cache_time", float(row["empty_cache_ms"]), "ms",
+                        reserved_freed_mib=float(row["reserved_freed_mib"]),
+                        next_step_extra_ms=float(row["next_step_extra_ms"]))
+
+    @property
+    def context(self) -> str:
+        """What was measured, in the verdict's one sentence."""
+        frame = self.found.frame
+        return (f"{self.what}, on {self.device_kind} ({self.device_name}); batch sizes "
+                f"{', '.join(str(b) for b in frame.batch)} tried, {self.finder_steps} timed steps each"
+                + (f"; throughput-best {self.best} vs current {self.batch_size} interleaved, {self.steps} steps each"
+                   if self.gain else "")
+                + f"; budget {self.budget_bytes / MIB:,.0f} MiB, "
+                + ("set by memory_budget_mib" if self.budget_set else self.budget_why)
+                + f", safety margin {self.safety_margin:.0%}; memory per size = "
+                + ("sampled process RSS growth" if self.is_cpu else "device max_memory_allocated"))
+
+    def verdict(self) -> Verdict:
+        """Notebook 09's verdict (:func:`verdict`) with :attr:`context`."""
+        return verdict(self.found, current=self.batch_size, best=self.best, gain=self.gain,
+                       finder_throughput=self.finder_throughput, budget_why=self.budget_why,
+                       budget_set=self.budget_set, safety_margin=self.safety_margin, used_name=self.used_name,
+                       steps=self.steps, finder_steps=self.finder_steps, start_batch=self.finder.start_batch,
+                       context=self.context)
+
+    def try_it(self, acc: "Accelerator", params: Mapping[str, Any]) -> TrySpec:
+        """The "try it" panel: one batch size measured as the finder measured each (:func:`try_batch_size`),
+        beside the finder's own row at the batch in use.
+
+        The knob offers the multiples of :attr:`multiple_of` up to the finder's largest size that are powers of
+        two times it, the sizes the finder tried and the batch in use; it starts at the batch in use.
+        """
+        cfg, h, frame = self.finder, self.multiple_of, self.found.frame
+        start = min(self.batch_size, cfg.max_batch)
+        sizes = {h << k for k in range(32) if h << k <= cfg.max_batch} | {cfg.max_batch // h * h, start}
+        sizes |= {int(b) for b in frame.batch if b <= cfg.max_batch and b % h == 0}
+        here = frame[(frame.batch == self.batch_size) & frame.peak_mib.notna()]  # the finder's row at the batch in use
+        reference = live_point(here.iloc[0], is_cpu=self.is_cpu, budget_bytes=self.budget_bytes) if len(here) else None
+        make_step, budget, margin, steps, warmup = (self.make_step, self.budget_bytes, self.safety_margin,
+                                                    self.finder_steps, cfg.warmup)
+        return TrySpec(f"{self.used_name} and throughput at one batch size",
+                       lambda progress, batch_size: try_batch_size(
+                           make_step, acc, batch_size=batch_size, budget_bytes=budget, safety_margin=margin,
+                           steps=steps, warmup=warmup, multiple_of=h, max_batch=cfg.max_batch, progress=progress),
+                       {"batch_size": Knob(tuple((str(b), b) for b in sorted(sizes)), start, "batch_size")},
+                       reference=reference)
+
+
+def _gain_comparison(make_step: Callable[[int], Callable[[], Any]], acc: "Accelerator", found: FinderResult, *,
+                     current: int, steps: int, finder_steps: int) -> tuple[int | None, Comparison | None, str]:
+    """The finder's highest-throughput fitting size, and it against ``current`` interleaved over ``steps`` steps
+    each (or why they were not compared: none fitted, the current one is above the largest that did, or it is the
+    best one)."""
+    frame = found.frame
+    fitting = frame[(frame.status == "fits") & frame.throughput.notna()]
+    best = int(fitting.loc[fitting.throughput.idxmax(), "batch"]) if len(fitting) else None
+    tp = dict(zip(frame.batch, frame.throughput))
+    if best is None:
+        return None, None, "no size fitted: nothing to compare"
+    if found.chosen is None or current > found.chosen:
+        return best, None, (f"the current batch {current} is above the largest size that fitted or was tried "
+                            f"({found.chosen}): not run again (it could run out of memory)")
+    if best == current:
+        return best, None, (f"the current batch {current} had the highest finder throughput ({tp[current]:.1f} "
+                            f"samples/s, {finder_steps} steps, no interval): nothing to compare")
+    step_cur, step_best = make_step(current), make_step(best)
+    c = compare(step_cur, step_best, repeats=steps, warmup=1, sync=None if acc.is_cpu else acc.synchronize,
+                names=(f"batch {current}", f"batch {best}"), items_per_call=(current, best))
+    return best, c, ""
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryPlan:
+    """What notebook 09 checks before any work: the allocator settings (all valid) and the job it measures.
+
+    Attributes
+    ----------
+    alloc_confs : tuple of str
+        The settings, validated (:func:`helpers.compute.memory.check_alloc_conf_list`).
+    job : helpers.jobs.base.Job
+        The user's job (at its own batch size) or the built-in one (at any batch size).
+    job_spec : str
+        The user's job spec as given ("" for the built-in job).
+    """
+
+    alloc_confs: tuple
+    job: Any = field(repr=False)
+    job_spec: str = ""
+
+    @property
+    def batch_note(self) -> str:
+        """The batch sizes the job takes, in words."""
+        if self.job.is_builtin:
+            return f"batch sizes are multiples of the PPO horizon ({self.job.batch_multiple})"
+        return f"your job ({self.job_spec}): any batch size"
+
+    def text(self) -> str:
+        """The allocator settings to compare (all valid) and the batch sizes the job takes."""
+        return (f"allocator settings to compare: {[c or '(defaults)' for c in self.alloc_confs]}, all valid\n"
+                f"{self.batch_note}")
+
+
+def plan(ctx: Any) -> MemoryPlan:
+    """Check the allocator settings and load the job, before any work.
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        With ``job`` set, the user's job (``ctx.job()``: ``params["batch_size"]`` then says its own batch), else
+        the built-in PPO job at any batch size (its images are decoded once into a pool).
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        An invalid allocator setting (an unknown key, a bad value), before the job is loaded.
+    """
+    P, acc = ctx.params, ctx.acc
+    alloc_confs = tuple(check_alloc_conf_list(P["alloc_conf_list"], acc.kind))
+    request = JobRequest.from_params(P, any_batch_size=True)
+    return MemoryPlan(alloc_confs, ctx.job() if request.spec else request.job(), str(P.get("job") or ""))
+
+
+def run(ctx: Any, plan_: MemoryPlan | None = None) -> MemoryResult:
+    """Notebook 09's experiment, in the notebook's order: memory per step of the batch in use, each allocator
+    setting in a child process (not on a CPU), the batch-size finder and the throughput-best size against the
+    current one.
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        The notebook's parameters and accelerator.
+    plan_ : MemoryPlan, optional
+        :func:`plan`'s (made here when not given).
+
+    Returns
+    -------
+    MemoryResult
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        As :func:`plan`, or finder sizes out of range.
+    """
+    plan_ = plan_ if plan_ is not None else plan(ctx)
+    P, acc, job, alloc_confs = ctx.params, ctx.acc, plan_.job, plan_.alloc_confs
+    cur, horizon = int(P["batch_size"]), job.batch_multiple
+    make_step = job_step_factory(job, acc)  # at most POOL_IMAGES images, decoded once
+    step = make_step(cur)
+    for _ in range(P["warmup_steps"]):
+        step()
+    trace = trace_memory(step, acc, P["steps"])
+    del step
+    cfg = TraceConfig.of(acc.kind, JobRequest.from_params(P, any_batch_size=True), steps=P["steps"],
+                         warmup_steps=P["warmup_steps"])
+    allocator = () if acc.is_cpu else tuple(run_alloc_conf_child(c, cfg, timeout_s=300) for c in alloc_confs)
+    budget_bytes, budget_why = resolve_budget_bytes(P["memory_budget_mib"], acc)
+    start_b = max(min(P["finder_start_batch"], cur), horizon)  # the range holds the batch in use
+    fcfg = FinderConfig(start_batch=start_b, max_batch=max(P["finder_max_batch"], start_b, cur),
+                        steps=P["finder_steps"], budget_bytes=budget_bytes, safety_margin=P["safety_margin"],
+                        warmup=1, multiple_of=horizon, refine_steps=2)
+    found = find_batch_size(make_step, acc, fcfg)
+    best, comparison, note = _gain_comparison(make_step, acc, found, current=cur, steps=P["steps"],
+                                              finder_steps=P["finder_steps"])
+    w = job.workload
+    what = (f"PPO step (rollout + {job.backward_passes} updates) of a {w.model_width}-channel conv + d_model "
+            f"{w.d_model} policy, {w.image_size} px" if job.is_builtin else f"your job's training step ({P['job']})")
+    return MemoryResult(device_kind=acc.kind, device_name=acc.name, is_cpu=acc.is_cpu, what=what,
+                        batch_note=plan_.batch_note, multiple_of=horizon, batch_size=cur, steps=P["steps"],
+                        finder_steps=P["finder_steps"],
+                        safety_margin=P["safety_margin"], budget_set=P["memory_budget_mib"] > 0,
+                        alloc_confs=tuple(alloc_confs), alloc_conf_var=alloc_conf_var(acc.kind), trace=trace,
+                        allocator=allocator, budget_bytes=budget_bytes, budget_why=budget_why, finder=fcfg,
+                        found=found, best=best, comparison=comparison, compare_note=note, make_step=make_step)
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

@@ -241,6 +241,18 @@ class Job(abc.ABC):
         builds its own model."""
         return None
 
+    @property
+    def batch_multiple(self) -> int:
+        """Every batch size this job can train is a multiple of this (the built-in job's PPO horizon: a batch is a
+        whole number of rollouts); 1 for any batch size."""
+        return 1
+
+    @property
+    def backward_passes(self) -> int | None:
+        """Backward passes (so gradient allreduces under DDP) one training step makes, where the workbook knows it
+        (the built-in job's ``ppo_epochs``); None for a job's own step (count them, as notebook 08 does)."""
+        return None
+
     def with_model_width(self, model_width: int) -> "Job":
         """This job with its model built ``model_width`` wide.
 

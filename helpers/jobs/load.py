@@ -12,15 +12,18 @@ import importlib.util
 import inspect
 import sys
 import traceback
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from helpers.errors import ParameterError
 from helpers.jobs.base import Job
 from helpers.jobs.supervised import JobError, SupervisedJob
-from helpers.jobspec import DEFAULT_FACTORY, FACTORY_PARAMS, factory_params, parse_job_spec
+from helpers.jobspec import (DEFAULT_FACTORY, FACTORY_DEFAULTS_KEY, FACTORY_PARAMS, absolute_job_spec, factory_params,
+                             parse_job_spec)
+from helpers.workload import Workload
 
-__all__ = ["DEFAULT_FACTORY", "FACTORY_PARAMS", "load_job", "notebook_job", "parse_job_spec"]
+__all__ = ["DEFAULT_FACTORY", "FACTORY_PARAMS", "JobRequest", "load_job", "notebook_job", "parse_job_spec"]
 
 
 _OURS = (str(Path(__file__).resolve().parent.parent), "<frozen importlib", "importlib/__init__.py")
@@ -160,3 +163,93 @@ def notebook_job(params: Mapping[str, Any]) -> Job:
 
         return PPOJob.from_params(params)
     return load_job(spec, factory_params(params))
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """The job a child process builds (an allocator-settings child of notebook 09, a DDP rank of notebook 08): the
+    user's or the built-in one, as flat JSON-able fields, resolved by :meth:`job` in the child.
+
+    Attributes
+    ----------
+    spec : str
+        The user's job spec, made absolute (:func:`helpers.jobspec.absolute_job_spec`: the child may run
+        elsewhere); "" for the built-in PPO job.
+    factory_defaults : tuple of str
+        The sizes the user's factory keeps at its own defaults (:data:`helpers.jobspec.FACTORY_DEFAULTS_KEY`).
+    data_dir : str
+        Image folder; "" for the embedded photos.
+    max_images, seed, batch_size, image_size, text_len, model_width, d_model : int
+        As the notebooks' parameters of the same names (the built-in job's workload).
+    any_batch_size : bool
+        The built-in job's data need not hold one batch (notebook 09 draws its batches from a decoded pool, with
+        repetition); False checks that it does, as every loader of the job needs.
+    """
+
+    spec: str = ""
+    factory_defaults: tuple = ()
+    data_dir: str = ""
+    max_images: int = 0
+    seed: int = 0
+    batch_size: int = 32
+    image_size: int = 128
+    text_len: int = 16
+    model_width: int = 16
+    d_model: int = 64
+    any_batch_size: bool = False
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], *, any_batch_size: bool = False) -> "JobRequest":
+        """The request of a notebook's parameters (``job``, ``factory_defaults``, ``data_dir``, ``max_images`` and
+        the workload's names; missing ones default)."""
+        names = {f.name for f in fields(cls)} - {"spec", "factory_defaults", "any_batch_size"}
+        spec = str(params.get("job") or "").strip()
+        return cls(spec=absolute_job_spec(spec) if spec else "",
+                   factory_defaults=tuple(params.get(FACTORY_DEFAULTS_KEY) or ()),
+                   any_batch_size=any_batch_size,
+                   **{k: (str(params[k] or "") if k == "data_dir" else int(params[k] or 0))
+                      for k in names if k in params})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "JobRequest":
+        """The request back from :meth:`as_dict` (a child's JSON).
+
+        Raises
+        ------
+        TypeError
+            For a key that is not a field.
+        """
+        data = dict(data)
+        data["factory_defaults"] = tuple(data.get("factory_defaults") or ())
+        return cls(**data)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-able dict."""
+        out = asdict(self)
+        out["factory_defaults"] = list(self.factory_defaults)
+        return out
+
+    @property
+    def workload(self) -> Workload:
+        """The built-in job's workload."""
+        return Workload(batch_size=self.batch_size, image_size=self.image_size, text_len=self.text_len,
+                        model_width=self.model_width, d_model=self.d_model, seed=self.seed)
+
+    def job(self) -> Job:
+        """The job: the user's (:func:`load_job` of :attr:`spec` with the factory's parameters but those it keeps
+        at its defaults) or the built-in PPO job on :attr:`data_dir`.
+
+        Raises
+        ------
+        JobError, helpers.errors.DataError
+            As :func:`load_job` and the built-in job's data loading.
+        """
+        if self.spec:
+            return load_job(self.spec, factory_params({**asdict(self), FACTORY_DEFAULTS_KEY: self.factory_defaults}))
+        from helpers.jobs.ppo import PPOJob
+        from helpers.pipeline.prepare import prepare_data
+
+        w = self.workload
+        index, tokenizer = prepare_data(self.data_dir or None, max_images=self.max_images, seed=w.seed,
+                                        batch_size=1 if self.any_batch_size else w.batch_size, text_len=w.text_len)
+        return PPOJob(index, tokenizer, w)

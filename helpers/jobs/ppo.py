@@ -224,6 +224,16 @@ class PPOJob(Job):
         """The policy's conv width (``workload.model_width``)."""
         return self.workload.model_width
 
+    @property
+    def batch_multiple(self) -> int:
+        """The PPO horizon: a batch is a whole number of rollouts of ``ppo.horizon`` samples."""
+        return self.ppo.horizon
+
+    @property
+    def backward_passes(self) -> int:
+        """``ppo.ppo_epochs``: each PPO step's updates, each with a backward pass."""
+        return self.ppo.ppo_epochs
+
     def with_model_width(self, model_width: int) -> "PPOJob":
         """The same job with the policy ``model_width`` wide (the same data, tokenizer and PPO settings)."""
         if model_width == self.workload.model_width:

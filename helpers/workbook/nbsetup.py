@@ -71,7 +71,10 @@ class NotebookContext:
         ----------
         result : helpers.experiments.base.ExperimentResult
             What the experiment returned; its ``records()`` are written in order, and its ``verdict()`` (when
-            not None) with the machine's state since ``start`` (:meth:`add_verdict`'s check).
+            not None) through the busy-machine guard: the check (:func:`helpers.machine.check`, threshold:
+            the ``busy_cpu_share`` parameter) since ``start`` is recorded as an ``experiment="machine state"``
+            record and in the verdict's ``extra["machine"]``; what a busy machine does to the verdict is
+            :func:`guard_verdict`'s rule.
         show : bool, default True
             Print the recorded verdict's sentence (the guarded one: "inconclusive" when the machine was busy).
 
@@ -109,20 +112,6 @@ class NotebookContext:
         guarded = guard_verdict(verdict, c)
         self.store.add_verdict(guarded)
         return guarded
-
-    def add_verdict(self, verdict):
-        """Record the notebook's verdict with the machine's state since ``start``, through the busy-machine guard.
-
-        The check (:func:`helpers.machine.check`, threshold: the ``busy_cpu_share`` parameter) is recorded as
-        an ``experiment="machine state"`` record and in the verdict's ``extra["machine"]``; what a busy machine
-        does to the verdict is :func:`guard_verdict`'s rule.
-
-        Returns
-        -------
-        helpers.results.Record
-        """
-        self._guarded_verdict(verdict)
-        return self.store.records[-1]
 
     def job(self):
         """The job this notebook measures (:func:`helpers.jobs.load.notebook_job` of :attr:`params`).

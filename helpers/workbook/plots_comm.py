@@ -106,3 +106,22 @@ def ddp_variants(buckets: Sequence[Mapping[str, Any]], hooks: Sequence[Mapping[s
     b.set_title("gradient compression hook", fontsize=9)
     fig.suptitle(title or "DDP step time on the PPO workload (bars: 25th-75th percentile)")
     return fig
+
+
+def allreduce_figure(result):
+    """Notebook 08's allreduce curve (:func:`allreduce_bandwidth`) of a
+    :class:`helpers.experiments.collectives.CollectivesResult`, its noisy sizes ringed; None without a sweep."""
+    bench = result.bench
+    if bench is None:
+        return None
+    plan = result.plan
+    return allreduce_bandwidth(bench["sizes"], result.regimes,
+                               title=f"Allreduce, {plan.backend}, {plan.world_size} ranks on {bench['device']} "
+                                     "(rings: flagged sizes)",
+                               flagged=[f["bytes"] for f in result.flags])
+
+
+def ddp_figure(result):
+    """Notebook 08's DDP step time per bucket cap and per hook (:func:`ddp_variants`) of a
+    :class:`helpers.experiments.collectives.CollectivesResult`; None without DDP."""
+    return None if result.ddp is None else ddp_variants(result.ddp["buckets"], result.ddp["hooks"])

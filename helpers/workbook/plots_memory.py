@@ -136,3 +136,18 @@ def finder_curve(frame: "pd.DataFrame", *, budget_mib: float, limit_mib: float, 
     ax2.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.set_title(title or f"batch-size finder: throughput and {memory_label} per size tried", fontsize=10)
     return fig
+
+
+def trace_figure(result):
+    """Notebook 09's memory per step (:func:`memory_per_step`) of a :class:`helpers.experiments.memory.MemoryResult`."""
+    return memory_per_step(result.trace)
+
+
+def finder_figure(result):
+    """Notebook 09's batch-size finder (:func:`finder_curve`) of a :class:`helpers.experiments.memory.MemoryResult`:
+    its sizes against the budget, with the chosen, current and throughput-best sizes."""
+    found = result.found
+    return finder_curve(found.frame, budget_mib=result.budget_bytes / 2**20, limit_mib=found.limit_bytes / 2**20,
+                        chosen=found.chosen, current=result.batch_size, best=result.best,
+                        reached_max=found.reached_max,
+                        memory_label="RSS growth" if result.is_cpu else "peak memory")
