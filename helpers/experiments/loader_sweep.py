@@ -844,18 +844,9 @@ def try_loader(make_dataset: Callable[[LoaderSetting], Any], n_items: int, *, ba
         raise ParameterError(f"persistent_workers must be True or False, got {persistent_workers!r}")
     setting = LoaderSetting(num_workers, prefetch_factor, persistent_workers)
     setting.config(base)  # LoaderConfig refuses what torch's DataLoader refuses, before any work
-    if not _is_int(trials) or trials < 1:
-        raise ParameterError(f"trials={trials!r}: allowed: an int >= 1")
-    if not _is_int(batches_per_trial) or batches_per_trial < 1:
-        raise ParameterError(f"batches_per_trial={batches_per_trial!r}: allowed: an int >= 1")
-    built = [0]
-
-    def dataset_and_progress(s: LoaderSetting):
-        progress(min(built[0], trials), trials)  # a new loader: the trials before it are done (outside the timing)
-        built[0] += 1
-        return make_dataset(s)
-
-    result = run_sweep(dataset_and_progress, n_items, (setting,), base=base,
+    _require_count("trials", trials)
+    _require_count("batches_per_trial", batches_per_trial)
+    result = run_sweep(_progress_per_loader(make_dataset, progress, trials), n_items, (setting,), base=base,
                        batches_per_trial=max(int(batches_per_trial), setting.min_timed_batches), trials=trials,
                        acc=acc, name="try it")
     progress(trials, trials)
@@ -864,6 +855,19 @@ def try_loader(make_dataset: Callable[[LoaderSetting], Any], n_items: int, *, ba
                                              "prefetch_factor": prefetch_factor,
                                              "persistent_workers": persistent_workers,
                                              "in_flight": setting.in_flight})
+
+
+def _progress_per_loader(make_dataset: Callable[[LoaderSetting], Any], progress: Progress,
+                         trials: int) -> Callable[[LoaderSetting], Any]:
+    """``make_dataset`` that first calls ``progress(trials done, trials)``: once per new loader, outside the timing."""
+    built = [0]
+
+    def dataset_and_progress(s: LoaderSetting):
+        progress(min(built[0], trials), trials)  # a new loader: the trials before it are done (outside the timing)
+        built[0] += 1
+        return make_dataset(s)
+
+    return dataset_and_progress
 
 
 # --------------------------------------------------------------------------- the verdict
