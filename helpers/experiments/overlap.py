@@ -917,6 +917,11 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
            else PPOJob.from_data(workload, data_dir, max_images=max_images))
     result = run_overlap(job, acc, steps=steps, warmup_steps=warmup_steps, num_workers=num_workers,
                          prefetch_factor=prefetch_factor)
+    return _bench_figures(result, num_workers=num_workers, steps=steps, device=acc.kind)
+
+
+def _bench_figures(result: OverlapResult, *, num_workers: int, steps: int, device: str) -> dict:
+    """:func:`overlap_bench`'s figures from notebook 05's comparison (seconds, and fractions of the step)."""
     before, candidates, after, verdict = result.before, result.candidates, result.after, result.verdict
     return {
         "exposed_input_fraction": after.stats.exposed_fraction,
@@ -939,7 +944,7 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
         "exposed_reduction": {"ratio": verdict["exposed"].ratio, "ci_low": verdict["exposed"].ci_low,
                               "ci_high": verdict["exposed"].ci_high, "confidence": verdict["exposed"].confidence},
         "note": "; ".join(verdict["notes"]) or None,
-        "device": acc.kind,
+        "device": device,
     }
 
 
