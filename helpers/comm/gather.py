@@ -282,62 +282,81 @@ def gather_to_root(payload: Mapping[str, Any], identity: RankIdentity, *, name: 
     stopped: list[str] = []
     store = _group_store()
     if store is not None:
-        prefix = f"helpers-gather/{name}/"
-        store.set(f"{prefix}{me}", body)
-        if me != 0:
-            return None
-        got: dict[int, Mapping[str, Any]] = {0: dict(payload)}
-        with _sigterm_stops(stopped):
-            while True:
-                for r in range(1, world):
-                    if r not in got and store.check([f"{prefix}{r}"]):
-                        got[r] = json.loads(store.get(f"{prefix}{r}"))["payload"]
-                if len(got) == world or time.monotonic() - t0 >= timeout_s or stopped:
-                    break
-                time.sleep(poll_s)
-        for r in got:
-            try:
-                store.delete_key(f"{prefix}{r}")
-            except (RuntimeError, AttributeError):  # a store without delete (FileStore on old torch): left there
-                pass
-        transport = "process group"
+        gathered = _gather_by_store(store, body, payload, name=name, me=me, world=world, t0=t0,
+                                    timeout_s=timeout_s, poll_s=poll_s, stopped=stopped)
     else:
-        if folder is None:
-            raise ParameterError("gather: no process group is initialized and no rendezvous folder was named; "
-                                 "name a folder every rank can write (gather_dir=...)")
-        folder = check_folder(Path(folder))
-        path = folder / f"{name}.rank{me}.json"
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        try:
-            tmp.write_text(body)
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise ParameterError(f"rendezvous folder {folder}: cannot write {path.name} ({exc.strerror or exc}); "
-                                 "name a writable folder shared by every rank") from None
-        if me != 0:
-            return None
-        got = {0: dict(payload)}
-        with _sigterm_stops(stopped):
-            while True:
-                for r in range(1, world):
-                    if r in got:
-                        continue
-                    p = folder / f"{name}.rank{r}.json"
-                    try:
-                        rec = json.loads(p.read_text())
-                    except (OSError, ValueError):  # not there yet (a rename is atomic: never half a file)
-                        continue
-                    if abs(float(rec.get("started_at", 0.0)) - started) <= STALE_S:
-                        got[r] = rec["payload"]
-                if len(got) == world or time.monotonic() - t0 >= timeout_s or stopped:
-                    break
-                time.sleep(poll_s)
-        for r in got:
-            try:
-                (folder / f"{name}.rank{r}.json").unlink()
-            except OSError:
-                pass
-        transport = f"folder {folder}"
+        gathered = _gather_by_folder(folder, body, payload, name=name, me=me, started=started, world=world, t0=t0,
+                                     timeout_s=timeout_s, poll_s=poll_s, stopped=stopped)
+    if gathered is None:  # not rank 0: its payload is sent, it does not wait
+        return None
+    got, transport = gathered
     missing = tuple(r for r in range(world) if r not in got)
     return Gathered(payloads=got, missing=missing, world_size=world, transport=transport,
                     waited_s=time.monotonic() - t0, stopped_by=stopped[0] if stopped else "")
+
+
+def _gather_by_store(store: Any, body: str, payload: Mapping[str, Any], *, name: str, me: int, world: int,
+                     t0: float, timeout_s: float, poll_s: float,
+                     stopped: list[str]) -> tuple[dict[int, Mapping[str, Any]], str] | None:
+    """:func:`gather_to_root` through the process group's store: None off rank 0, else (payloads, transport)."""
+    prefix = f"helpers-gather/{name}/"
+    store.set(f"{prefix}{me}", body)
+    if me != 0:
+        return None
+    got: dict[int, Mapping[str, Any]] = {0: dict(payload)}
+    with _sigterm_stops(stopped):
+        while True:
+            for r in range(1, world):
+                if r not in got and store.check([f"{prefix}{r}"]):
+                    got[r] = json.loads(store.get(f"{prefix}{r}"))["payload"]
+            if len(got) == world or time.monotonic() - t0 >= timeout_s or stopped:
+                break
+            time.sleep(poll_s)
+    for r in got:
+        try:
+            store.delete_key(f"{prefix}{r}")
+        except (RuntimeError, AttributeError):  # a store without delete (FileStore on old torch): left there
+            pass
+    return got, "process group"
+
+
+def _gather_by_folder(folder: Path | None, body: str, payload: Mapping[str, Any], *, name: str, me: int,
+                      started: float, world: int, t0: float, timeout_s: float, poll_s: float,
+                      stopped: list[str]) -> tuple[dict[int, Mapping[str, Any]], str] | None:
+    """:func:`gather_to_root` through files in ``folder``: None off rank 0, else (payloads, transport)."""
+    if folder is None:
+        raise ParameterError("gather: no process group is initialized and no rendezvous folder was named; "
+                             "name a folder every rank can write (gather_dir=...)")
+    folder = check_folder(Path(folder))
+    path = folder / f"{name}.rank{me}.json"
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    try:
+        tmp.write_text(body)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ParameterError(f"rendezvous folder {folder}: cannot write {path.name} ({exc.strerror or exc}); "
+                             "name a writable folder shared by every rank") from None
+    if me != 0:
+        return None
+    got: dict[int, Mapping[str, Any]] = {0: dict(payload)}
+    with _sigterm_stops(stopped):
+        while True:
+            for r in range(1, world):
+                if r in got:
+                    continue
+                p = folder / f"{name}.rank{r}.json"
+                try:
+                    rec = json.loads(p.read_text())
+                except (OSError, ValueError):  # not there yet (a rename is atomic: never half a file)
+                    continue
+                if abs(float(rec.get("started_at", 0.0)) - started) <= STALE_S:
+                    got[r] = rec["payload"]
+            if len(got) == world or time.monotonic() - t0 >= timeout_s or stopped:
+                break
+            time.sleep(poll_s)
+    for r in got:
+        try:
+            (folder / f"{name}.rank{r}.json").unlink()
+        except OSError:
+            pass
+    return got, f"folder {folder}"

@@ -643,10 +643,8 @@ def run_sweep(make_dataset: Callable[[LoaderSetting], Any], n_items: int, settin
     """
     import pandas as pd  # not at module level: see the module docstring (spawned workers import this module)
 
-    if not _is_int(batches_per_trial) or batches_per_trial < 1:
-        raise ParameterError(f"batches_per_trial={batches_per_trial!r}: allowed: an int >= 1")
-    if not _is_int(trials) or trials < 1:
-        raise ParameterError(f"trials={trials!r}: allowed: an int >= 1")
+    _require_count("batches_per_trial", batches_per_trial)
+    _require_count("trials", trials)
     settings = tuple(settings)
     if not settings:
         raise ParameterError("run_sweep: no settings to time")
@@ -659,56 +657,90 @@ def run_sweep(make_dataset: Callable[[LoaderSetting], Any], n_items: int, settin
             k = t % len(settings)
             order = settings[k:] + settings[:k]
             for position, s in enumerate(order):
-                cfg = s.config(base)
-                drain, tail = max(1, s.in_flight), s.in_flight + 1
-                loader = keep.get(s)
-                if loader is None:
-                    sampler = make_batch_sampler(n_items, cfg, num_batches=drain + batches_per_trial + tail)
-                    loader = make_loader(make_dataset(s), cfg, acc, batch_sampler=sampler, collate_fn=stamped)
-                    if s.persistent_workers:
-                        keep[s] = loader
-                label = f"{name} [{s.label}]"
-                n_skipped = 0
-                completed: list[float] = []
-                arrived: list[float] = []
-                with iterate(loader, name=label) as it:
-                    for batch, _done in it.take(drain):
-                        n_skipped += skipped.add(batch)
-                    t0 = time.perf_counter()
-                    for batch, done in it:
-                        arrived.append(time.perf_counter())
-                        completed.append(done)
-                        n_skipped += skipped.add(batch)
-                    first_s = it.first_batch_s
-                if len(completed) != batches_per_trial + tail:
-                    raise DataError(f"{label}: expected {batches_per_trial + tail} batches after the drain, got "
-                                    f"{len(completed)}; the loader's sampler was changed or ran out")
-                late = max(c - a for c, a in zip(completed, arrived))
-                if late <= _CLOCK_SLACK_S:
-                    start, end, ahead = completion_window(t0, completed, batches_per_trial)
-                    clock = "completion"
-                else:
-                    logger.warning("%s: a batch was stamped %.3f s after it arrived: the worker and main-process "
-                                   "clocks disagree; timing this trial by arrival instead", label, late)
-                    start, end, ahead, clock = arrived[0], arrived[batches_per_trial], 0, "arrival"
-                elapsed = end - start
-                images = batches_per_trial * base.batch_size
-                rows.append({
-                    "setting": s.label, "num_workers": s.num_workers,
-                    "prefetch_factor": float("nan") if s.prefetch_factor is None else float(s.prefetch_factor),
-                    "persistent_workers": s.persistent_workers, "trial": t, "position": position,
-                    "first_batch_s": first_s, "elapsed_s": elapsed, "images": images,
-                    "images_per_s": images / elapsed if elapsed > 0 else float("nan"),
-                    "in_flight": s.in_flight, "drained": drain, "prepared_ahead": ahead, "clock": clock,
-                    "skipped": n_skipped,
-                })
-                logger.info("%s trial %d: %.0f images/s, first batch %.3f s, %d batch(es) ready before the clock "
-                            "(not counted)", label, t, rows[-1]["images_per_s"], first_s, ahead)
+                loader = _trial_loader(make_dataset, n_items, s, keep, base=base,
+                                       batches_per_trial=batches_per_trial, acc=acc, collate_fn=stamped)
+                rows.append(_time_trial(loader, s, f"{name} [{s.label}]", base=base,
+                                        batches_per_trial=batches_per_trial, skipped=skipped, trial=t,
+                                        position=position))
     finally:
         for loader in keep.values():
             close_loader(loader)
     return SweepResult(trials=pd.DataFrame(rows), settings=settings, batch_size=base.batch_size,
                        batches_per_trial=batches_per_trial, skipped=skipped.entries())
+
+
+def _require_count(name: str, value: Any) -> None:
+    """Raise a ParameterError unless ``value`` (the parameter ``name``) is an int >= 1."""
+    if not _is_int(value) or value < 1:
+        raise ParameterError(f"{name}={value!r}: allowed: an int >= 1")
+
+
+def _drain_and_tail(s: LoaderSetting) -> tuple[int, int]:
+    """Batches of one trial delivered untimed before the window and after it: ``(max(1, in_flight), in_flight + 1)``."""
+    return max(1, s.in_flight), s.in_flight + 1
+
+
+def _trial_loader(make_dataset: Callable[[LoaderSetting], Any], n_items: int, s: LoaderSetting,
+                  keep: dict[LoaderSetting, Any], *, base: LoaderConfig, batches_per_trial: int, acc: Any,
+                  collate_fn: Callable) -> Any:
+    """The loader for one trial of ``s``: the one kept in ``keep`` for persistent workers, else a new one."""
+    cfg = s.config(base)
+    drain, tail = _drain_and_tail(s)
+    loader = keep.get(s)
+    if loader is None:
+        sampler = make_batch_sampler(n_items, cfg, num_batches=drain + batches_per_trial + tail)
+        loader = make_loader(make_dataset(s), cfg, acc, batch_sampler=sampler, collate_fn=collate_fn)
+        if s.persistent_workers:
+            keep[s] = loader
+    return loader
+
+
+def _time_trial(loader: Any, s: LoaderSetting, label: str, *, base: LoaderConfig, batches_per_trial: int,
+                skipped: SkipLog, trial: int, position: int) -> dict[str, Any]:
+    """One trial of ``s`` (drain, window, tail: see :func:`run_sweep`): its row of :attr:`SweepResult.trials`."""
+    drain, tail = _drain_and_tail(s)
+    n_skipped = 0
+    completed: list[float] = []
+    arrived: list[float] = []
+    with iterate(loader, name=label) as it:
+        for batch, _done in it.take(drain):
+            n_skipped += skipped.add(batch)
+        t0 = time.perf_counter()
+        for batch, done in it:
+            arrived.append(time.perf_counter())
+            completed.append(done)
+            n_skipped += skipped.add(batch)
+        first_s = it.first_batch_s
+    if len(completed) != batches_per_trial + tail:
+        raise DataError(f"{label}: expected {batches_per_trial + tail} batches after the drain, got "
+                        f"{len(completed)}; the loader's sampler was changed or ran out")
+    start, end, ahead, clock = _trial_window(label, t0, completed, arrived, batches_per_trial)
+    elapsed = end - start
+    images = batches_per_trial * base.batch_size
+    row = {
+        "setting": s.label, "num_workers": s.num_workers,
+        "prefetch_factor": float("nan") if s.prefetch_factor is None else float(s.prefetch_factor),
+        "persistent_workers": s.persistent_workers, "trial": trial, "position": position,
+        "first_batch_s": first_s, "elapsed_s": elapsed, "images": images,
+        "images_per_s": images / elapsed if elapsed > 0 else float("nan"),
+        "in_flight": s.in_flight, "drained": drain, "prepared_ahead": ahead, "clock": clock,
+        "skipped": n_skipped,
+    }
+    logger.info("%s trial %d: %.0f images/s, first batch %.3f s, %d batch(es) ready before the clock "
+                "(not counted)", label, trial, row["images_per_s"], first_s, ahead)
+    return row
+
+
+def _trial_window(label: str, t0: float, completed: Sequence[float], arrived: Sequence[float],
+                  batches_per_trial: int) -> tuple[float, float, int, str]:
+    """A trial's window ``(start, end, prepared_ahead, clock)``, seconds; by arrival if the clocks disagree."""
+    late = max(c - a for c, a in zip(completed, arrived))
+    if late <= _CLOCK_SLACK_S:
+        start, end, ahead = completion_window(t0, completed, batches_per_trial)
+        return start, end, ahead, "completion"
+    logger.warning("%s: a batch was stamped %.3f s after it arrived: the worker and main-process "
+                   "clocks disagree; timing this trial by arrival instead", label, late)
+    return arrived[0], arrived[batches_per_trial], 0, "arrival"
 
 
 # --------------------------------------------------------------------------- try it
@@ -812,18 +844,9 @@ def try_loader(make_dataset: Callable[[LoaderSetting], Any], n_items: int, *, ba
         raise ParameterError(f"persistent_workers must be True or False, got {persistent_workers!r}")
     setting = LoaderSetting(num_workers, prefetch_factor, persistent_workers)
     setting.config(base)  # LoaderConfig refuses what torch's DataLoader refuses, before any work
-    if not _is_int(trials) or trials < 1:
-        raise ParameterError(f"trials={trials!r}: allowed: an int >= 1")
-    if not _is_int(batches_per_trial) or batches_per_trial < 1:
-        raise ParameterError(f"batches_per_trial={batches_per_trial!r}: allowed: an int >= 1")
-    built = [0]
-
-    def dataset_and_progress(s: LoaderSetting):
-        progress(min(built[0], trials), trials)  # a new loader: the trials before it are done (outside the timing)
-        built[0] += 1
-        return make_dataset(s)
-
-    result = run_sweep(dataset_and_progress, n_items, (setting,), base=base,
+    _require_count("trials", trials)
+    _require_count("batches_per_trial", batches_per_trial)
+    result = run_sweep(_progress_per_loader(make_dataset, progress, trials), n_items, (setting,), base=base,
                        batches_per_trial=max(int(batches_per_trial), setting.min_timed_batches), trials=trials,
                        acc=acc, name="try it")
     progress(trials, trials)
@@ -832,6 +855,19 @@ def try_loader(make_dataset: Callable[[LoaderSetting], Any], n_items: int, *, ba
                                              "prefetch_factor": prefetch_factor,
                                              "persistent_workers": persistent_workers,
                                              "in_flight": setting.in_flight})
+
+
+def _progress_per_loader(make_dataset: Callable[[LoaderSetting], Any], progress: Progress,
+                         trials: int) -> Callable[[LoaderSetting], Any]:
+    """``make_dataset`` that first calls ``progress(trials done, trials)``: once per new loader, outside the timing."""
+    built = [0]
+
+    def dataset_and_progress(s: LoaderSetting):
+        progress(min(built[0], trials), trials)  # a new loader: the trials before it are done (outside the timing)
+        built[0] += 1
+        return make_dataset(s)
+
+    return dataset_and_progress
 
 
 # --------------------------------------------------------------------------- the verdict

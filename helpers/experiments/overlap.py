@@ -516,6 +516,42 @@ def run_overlap_variant(job: Job, acc: Accelerator, *, label: str, steps: int, w
     torch_threads = int(torch_threads or split["torch_threads"])
     decode_threads = int(decode_threads or split["decode_threads"])
     pin = bool(acc.capabilities.pinned_memory.available)
+    dataset, decode_threads, sampler, loader = _variant_loader(
+        job, acc, num_workers=num_workers, prefetch_factor=prefetch_factor, decode_threads=decode_threads, pin=pin,
+        timeout_s=timeout_s)
+    move = lambda batch, acc, non_blocking=False: job.to_device(batch, acc, non_blocking=non_blocking)  # noqa: E731
+    source = DevicePrefetcher(loader, acc, transfer=move) if prefetcher else None
+    recorder = RecordingLoader(source if source is not None else loader)
+    to_device = prefetched if source is not None else move
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
+    try:
+        run = _timed_run(job, acc, recorder, [dataset, sampler], to_device, pin=pin, steps=steps,
+                         warmup_steps=warmup_steps, progress=progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+        close_loader(loader)
+        close_dataset(dataset)
+    batches = recorder.frame()
+    copies = source.copy_frame() if source is not None else None
+    work, work_from = _input_work(label, batches, run, copies, steps=steps, warmup_steps=warmup_steps,
+                                  input_work_s=input_work_s, synchronous=num_workers == 0 and not prefetcher)
+    stats = overlap_stats(run.steps, work)
+    settings = {"num_workers": num_workers, "prefetch_factor": prefetch_factor if num_workers > 0 else None,
+                "prefetcher": bool(prefetcher), "side_stream": bool(source is not None and source.uses_side_stream),
+                "pin_memory": pin, "torch_threads": torch_threads, "decode_threads": decode_threads,
+                "batch_size": w.batch_size, "steps": steps, "warmup_steps": warmup_steps,
+                "batches_per_epoch": len(dataset) // w.batch_size, "cores": split["cores"],
+                "step_on_cpu": acc.is_cpu, "input_work_from": work_from}
+    logger.info("%s: exposed %.1f%% of the step, %.0f%% of the input hidden", label,
+                100 * stats.exposed_fraction, 100 * stats.hidden_fraction)
+    return OverlapRun(label=label, run=run, batches=batches, copies=copies, stats=stats, settings=settings)
+
+
+def _variant_loader(job: Job, acc: Accelerator, *, num_workers: int, prefetch_factor: int, decode_threads: int,
+                    pin: bool, timeout_s: float) -> tuple[Any, int, Any, Any]:
+    """The job's dataset and its DataLoader for one variant: ``(dataset, decode_threads, sampler, loader)``."""
+    w = job.workload
     if "batched" in job.pipelines:
         dataset = job.make_dataset("batched", threads=decode_threads, pin_memory=pin and num_workers == 0)
     else:  # a user's dataset: it decodes in its own way, with no thread pool of the workbook's
@@ -525,55 +561,40 @@ def run_overlap_variant(job: Job, acc: Accelerator, *, label: str, steps: int, w
                           persistent_workers=num_workers > 0, pin_memory=pin and num_workers > 0,
                           timeout_s=timeout_s, seed=w.seed)
     sampler = job.batch_sampler(len(dataset))
-    loader = job.make_loader(dataset, config, acc, batch_sampler=sampler)
-    move = lambda batch, acc, non_blocking=False: job.to_device(batch, acc, non_blocking=non_blocking)  # noqa: E731
-    source = DevicePrefetcher(loader, acc, transfer=move) if prefetcher else None
-    recorder = RecordingLoader(source if source is not None else loader)
-    to_device = prefetched if source is not None else move
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(torch_threads)
-    try:
-        step = job.make_step(job.make_model(acc), acc)
-        loop = TimedLoop(epochs(recorder, datasets=[dataset, sampler]),
-                         lambda batch: to_device(batch, acc, non_blocking=pin), step,
-                         ConsumerStreamSync(acc).synchronize)
-        total = int(warmup_steps) + int(steps)
+    return dataset, decode_threads, sampler, job.make_loader(dataset, config, acc, batch_sampler=sampler)
 
-        def tick(offset: int):  # TimedLoop.run counts each block from 1; the caller sees one count over both
-            return None if progress is None else (lambda done, _block: progress(offset + done, total))
 
-        run = (loop.run(warmup_steps, measured=False, progress=tick(0)).discard()
-               .run(steps, progress=tick(int(warmup_steps))).result())
-    finally:
-        torch.set_num_threads(previous_threads)
-        close_loader(loader)
-        close_dataset(dataset)
-    batches = recorder.frame()
-    copies = source.copy_frame() if source is not None else None
+def _timed_run(job: Job, acc: Accelerator, recorder: RecordingLoader, datasets: list, to_device: Any, *, pin: bool,
+               steps: int, warmup_steps: int, progress: Progress | None) -> Any:
+    """``warmup_steps`` untimed then ``steps`` timed steps on ``recorder``'s batches: the TrainRun (seconds)."""
+    step = job.make_step(job.make_model(acc), acc)
+    loop = TimedLoop(epochs(recorder, datasets=datasets),
+                     lambda batch: to_device(batch, acc, non_blocking=pin), step,
+                     ConsumerStreamSync(acc).synchronize)
+    total = int(warmup_steps) + int(steps)
+
+    def tick(offset: int):  # TimedLoop.run counts each block from 1; the caller sees one count over both
+        return None if progress is None else (lambda done, _block: progress(offset + done, total))
+
+    return (loop.run(warmup_steps, measured=False, progress=tick(0)).discard()
+            .run(steps, progress=tick(int(warmup_steps))).result())
+
+
+def _input_work(label: str, batches: pd.DataFrame, run: Any, copies: pd.DataFrame | None, *, steps: int,
+                warmup_steps: int, input_work_s: Sequence[float] | None, synchronous: bool) -> tuple[list, str]:
+    """Input work per measured step (seconds), and where it came from (the settings' ``input_work_from``)."""
     copy_s = copies["duration_s"].tolist() if copies is not None else run.steps["h2d"].tolist()
     if "prep_s" in batches:
-        work, work_source = input_work_per_step(batches, skip=warmup_steps, steps=steps, copy_s=copy_s), "prep_s"
-    elif input_work_s is not None:
-        work, work_source = list(input_work_s)[:steps], "synchronous run"
-    elif num_workers == 0 and not prefetcher:
-        work = (run.steps["data"] + run.steps["h2d"]).tolist()
-        work_source = "synchronous run"
-    else:
-        raise ParameterError(f"{label}: the job's batches carry no prep_s, so the input work of an overlapped run "
-                             "cannot be read from it; pass input_work_s (the synchronous run's data + h2d)")
-    stats = overlap_stats(run.steps, work)
-    settings = {"num_workers": num_workers, "prefetch_factor": prefetch_factor if num_workers > 0 else None,
-                "prefetcher": bool(prefetcher), "side_stream": bool(source is not None and source.uses_side_stream),
-                "pin_memory": pin, "torch_threads": torch_threads, "decode_threads": decode_threads,
-                "batch_size": w.batch_size, "steps": steps, "warmup_steps": warmup_steps,
-                "batches_per_epoch": len(dataset) // w.batch_size, "cores": split["cores"],
-                "step_on_cpu": acc.is_cpu,
-                "input_work_from": ("each batch's preparation time (prep_s) plus its copy" if work_source == "prep_s"
-                                    else "the synchronous run's exposed input per step (data + h2d): the job's "
-                                         "batches do not time their own preparation")}
-    logger.info("%s: exposed %.1f%% of the step, %.0f%% of the input hidden", label,
-                100 * stats.exposed_fraction, 100 * stats.hidden_fraction)
-    return OverlapRun(label=label, run=run, batches=batches, copies=copies, stats=stats, settings=settings)
+        return (input_work_per_step(batches, skip=warmup_steps, steps=steps, copy_s=copy_s),
+                "each batch's preparation time (prep_s) plus its copy")
+    from_synchronous = ("the synchronous run's exposed input per step (data + h2d): the job's "
+                        "batches do not time their own preparation")
+    if input_work_s is not None:
+        return list(input_work_s)[:steps], from_synchronous
+    if synchronous:
+        return (run.steps["data"] + run.steps["h2d"]).tolist(), from_synchronous
+    raise ParameterError(f"{label}: the job's batches carry no prep_s, so the input work of an overlapped run "
+                         "cannot be read from it; pass input_work_s (the synchronous run's data + h2d)")
 
 
 @dataclass(frozen=True)
@@ -896,6 +917,11 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
            else PPOJob.from_data(workload, data_dir, max_images=max_images))
     result = run_overlap(job, acc, steps=steps, warmup_steps=warmup_steps, num_workers=num_workers,
                          prefetch_factor=prefetch_factor)
+    return _bench_figures(result, num_workers=num_workers, steps=steps, device=acc.kind)
+
+
+def _bench_figures(result: OverlapResult, *, num_workers: int, steps: int, device: str) -> dict:
+    """:func:`overlap_bench`'s figures from notebook 05's comparison (seconds, and fractions of the step)."""
     before, candidates, after, verdict = result.before, result.candidates, result.after, result.verdict
     return {
         "exposed_input_fraction": after.stats.exposed_fraction,
@@ -918,7 +944,7 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
         "exposed_reduction": {"ratio": verdict["exposed"].ratio, "ci_low": verdict["exposed"].ci_low,
                               "ci_high": verdict["exposed"].ci_high, "confidence": verdict["exposed"].confidence},
         "note": "; ".join(verdict["notes"]) or None,
-        "device": acc.kind,
+        "device": device,
     }
 
 

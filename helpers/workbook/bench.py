@@ -417,11 +417,9 @@ def dataset_index(*, n_images: int = 20_000, data_dir: str | None = None, touch_
     import os
     import resource
     import tempfile
-    import tracemalloc
 
     from helpers.errors import ParameterError
     from helpers.pipeline import scan_cache
-    from helpers.pipeline.dataset import list_image_files, load_dataset
 
     if isinstance(n_images, bool) or not isinstance(n_images, int) or n_images < 1:
         raise ParameterError(f"n_images must be an int >= 1, got {n_images!r}")
@@ -438,39 +436,12 @@ def dataset_index(*, n_images: int = 20_000, data_dir: str | None = None, touch_
         out: dict[str, Any] = {"data_dir": str(root) if data_dir else None}
         try:
             os.environ[scan_cache.CACHE_DIR_ENV] = str(tmp_p / "cache")
-            t0 = time.perf_counter()
-            files = list_image_files(root)
-            out["list_s"] = round(time.perf_counter() - t0, 3)
-            t0 = time.perf_counter()
-            index = load_dataset(root, progress=False)
-            cold = time.perf_counter() - t0
-            out.update(images=index.found, usable=len(index), skipped=len(index.skipped),
-                       cold_index_s=round(cold, 3), cold_images_per_s=round(index.found / cold, 1))
-            t0 = time.perf_counter()
-            again = load_dataset(root, progress=False)
-            out["cached_index_s"] = round(time.perf_counter() - t0, 3)
-            tracemalloc.start()  # a second cached index, traced (tracing slows Python several-fold)
-            load_dataset(root, progress=False)
-            out["cached_index_python_peak_mib"] = round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
-            tracemalloc.stop()
-            if list(again.paths) != list(index.paths):
-                raise RuntimeError("the cached index differs from the cold one")
+            files, index = _time_full_index(root, out)
             if not data_dir and touch_share > 0:
-                step = max(1, round(1 / touch_share))
-                touched = files[::step]
-                for f in touched:
-                    st = f.stat()
-                    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-                t0 = time.perf_counter()
-                _, stats = scan_cache.cached_scan(root, files, progress=False)
-                out["incremental_index_s"] = round(time.perf_counter() - t0, 3)
-                out["incremental_checked"] = stats.checked
+                _time_incremental_index(root, files, touch_share, out)
             out["cache_file_mib"] = round(scan_cache.cache_path(root).stat().st_size / 2**20, 2)
             os.environ[scan_cache.CACHE_DIR_ENV] = str(tmp_p / "cache-sample")
-            t0 = time.perf_counter()
-            sampled = load_dataset(root, max_images=min(sample, index.found), sample_seed=0, progress=False)
-            out["sample_index_s"] = round(time.perf_counter() - t0, 3)
-            out["sample_checked"] = len(sampled) + len(sampled.skipped)
+            _time_sample_index(root, min(sample, index.found), out)
         finally:
             if old_env is None:
                 os.environ.pop(scan_cache.CACHE_DIR_ENV, None)
@@ -483,6 +454,59 @@ def dataset_index(*, n_images: int = 20_000, data_dir: str | None = None, touch_
     out["duration_s"] = round(time.perf_counter() - t_all, 2)
     out.update(_machine_keys(before))
     return out
+
+
+def _time_full_index(root: Path, out: dict[str, Any]) -> tuple[list[Path], Any]:
+    """Time listing ``root``, a cold index, a cached one and a traced cached one into ``out``; (files, cold index)."""
+    import tracemalloc
+
+    from helpers.pipeline.dataset import list_image_files, load_dataset
+
+    t0 = time.perf_counter()
+    files = list_image_files(root)
+    out["list_s"] = round(time.perf_counter() - t0, 3)
+    t0 = time.perf_counter()
+    index = load_dataset(root, progress=False)
+    cold = time.perf_counter() - t0
+    out.update(images=index.found, usable=len(index), skipped=len(index.skipped),
+               cold_index_s=round(cold, 3), cold_images_per_s=round(index.found / cold, 1))
+    t0 = time.perf_counter()
+    again = load_dataset(root, progress=False)
+    out["cached_index_s"] = round(time.perf_counter() - t0, 3)
+    tracemalloc.start()  # a second cached index, traced (tracing slows Python several-fold)
+    load_dataset(root, progress=False)
+    out["cached_index_python_peak_mib"] = round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
+    tracemalloc.stop()
+    if list(again.paths) != list(index.paths):
+        raise RuntimeError("the cached index differs from the cold one")
+    return files, index
+
+
+def _time_incremental_index(root: Path, files: list[Path], touch_share: float, out: dict[str, Any]) -> None:
+    """Touch ``touch_share`` of ``files`` (mtime + 1 s) and time the incremental check of ``root`` into ``out``."""
+    import os
+
+    from helpers.pipeline import scan_cache
+
+    step = max(1, round(1 / touch_share))
+    touched = files[::step]
+    for f in touched:
+        st = f.stat()
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    t0 = time.perf_counter()
+    _, stats = scan_cache.cached_scan(root, files, progress=False)
+    out["incremental_index_s"] = round(time.perf_counter() - t0, 3)
+    out["incremental_checked"] = stats.checked
+
+
+def _time_sample_index(root: Path, max_images: int, out: dict[str, Any]) -> None:
+    """Time an index of a bounded sample of ``root`` (``max_images``, seed 0) into ``out``."""
+    from helpers.pipeline.dataset import load_dataset
+
+    t0 = time.perf_counter()
+    sampled = load_dataset(root, max_images=max_images, sample_seed=0, progress=False)
+    out["sample_index_s"] = round(time.perf_counter() - t0, 3)
+    out["sample_checked"] = len(sampled) + len(sampled.skipped)
 
 
 #: Target of issue 12: the instrument's step time over the plain loop's, measured interleaved.

@@ -527,6 +527,42 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
     ParameterError
         No rank measured 3 steps after its warm-up.
     """
+    rows, frames = _rank_tables(payloads)
+    few = sorted(set(payloads) - set(frames))
+    if not frames:
+        raise ParameterError(f"no rank measured 3 steps after its warm-up (ranks {sorted(payloads)} reported); run "
+                             "more steps before report()")
+    table = pd.DataFrame(rows)
+    ddps = {r: payloads[r].get("ddp") for r in frames}
+    synchronous = any(payloads[r].get("synchronous") for r in frames)
+    notes = _reporting_notes(rows, few, payloads=payloads, world_size=world_size, missing=missing,
+                             stopped_by=stopped_by, synchronous=synchronous, have_ddp=all(ddps.values()))
+    # the slow-rank rule on the per-step phases (the compute phase of a synchronizing job holds its wait)
+    slow = _slow_ranks(frames, payloads, synchronous=synchronous,
+                       marked=any(payloads[r].get("copy_marked") for r in frames))
+    communication = _communication(frames, payloads, ddps, synchronous=synchronous)
+    # the job's verdict: the largest exposed share bounds a synchronous job
+    exposed = {r: float(df["exposed_fraction"].median()) for r, df in frames.items()}
+    top = max(exposed, key=exposed.get)
+    x = exposed[top]
+    check = _job_machine({r: payloads[r] for r in frames}, busy_cpu_share)
+    kind = str(payloads[top].get("device_kind", "cpu"))
+    data, copy = float(frames[top]["data"].median()), float(frames[top]["copy"].median())
+    b = bottleneck.classify(min(1.0, max(0.0, x)), threshold, device_kind=kind,
+                            spare_cores=spare_cores(kind, getattr(check, "other_cpu_share", None)),
+                            copy_share=copy / (data + copy) if data + copy > 0 else None)
+    who, line = _job_verdict_line(b, slow, exposed, top, payloads=payloads, threshold=threshold, check=check)
+    return JobReport(table=table, exposed_fraction=x, bound_by=who,
+                     recommendation="inconclusive" if check is not None and check.busy else b.label,
+                     measured_recommendation=b.label, reason=b.reason,
+                     next_notebook=b.next_text() + (_DIAGNOSE if b.label != bottleneck.DEVICE_BOUND else ""),
+                     slow=slow, missing=tuple(missing), world_size=int(world_size), notes=tuple(notes),
+                     communication=communication, machine=check, bottleneck=b, transport=transport,
+                     waited_s=float(waited_s), verdict_line=line)
+
+
+def _rank_tables(payloads: Mapping[int, Mapping[str, Any]]) -> tuple[list[dict], dict[int, pd.DataFrame]]:
+    """Each rank of >= 3 steps: its table row (medians, ms and %) and its per-step frame (seconds), by rank."""
     rows, frames = [], {}
     for r in sorted(payloads):
         p = payloads[r]
@@ -542,11 +578,12 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
                      "exposed_pct": 100.0 * df["exposed_fraction"].median(),
                      "allreduce_ms": 1e3 * ddp["backward_comm_s"] if ddp else float("nan"),
                      "allreduce_hidden_pct": 100.0 * ddp["hidden_fraction"] if ddp else float("nan")})
-    few = sorted(set(payloads) - set(frames))
-    if not frames:
-        raise ParameterError(f"no rank measured 3 steps after its warm-up (ranks {sorted(payloads)} reported); run "
-                             "more steps before report()")
-    table = pd.DataFrame(rows)
+    return rows, frames
+
+
+def _reporting_notes(rows: list[dict], few: Sequence[int], *, payloads: Mapping[int, Any], world_size: int,
+                     missing: Sequence[int], stopped_by: str, synchronous: bool, have_ddp: bool) -> list[str]:
+    """The report's notes: ranks missing, with too few or uneven steps, and what synchronizing ranks' phases hold."""
     notes = []
     if missing and stopped_by:
         notes.append(f"rank(s) {', '.join(map(str, missing))} of {world_size} did not report: the launcher stopped "
@@ -563,11 +600,20 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
         notes.append("the ranks measured different numbers of steps (" + ", ".join(
             f"rank {r}: {n}" for r, n in counts.items()) + "): each rank's medians are over its own steps; the "
             "ranks of a synchronous job take the same steps, so check that every rank iterates as many batches")
-    # the slow-rank rule on the per-step phases (the compute phase of a synchronizing job holds its wait)
-    ddps = {r: payloads[r].get("ddp") for r in frames}
-    have_ddp = all(ddps.values())
-    synchronous = any(payloads[r].get("synchronous") for r in frames)
-    marked = any(payloads[r].get("copy_marked") for r in frames)
+    if synchronous:
+        notes.append("the ranks synchronize (a process group is initialized), so each rank's compute column holds "
+                     "its wait for the others in the collectives: the slow-rank rule compares it as waiting, and a "
+                     "rank slow in its own compute cannot be told from the ranks that wait for it by the loop's "
+                     "phases" + ("; DDP's own forward + backward compute per rank is on the communication line "
+                                 "(averages over its sampled iterations, without a per-step spread to judge a "
+                                 "difference by)" if have_ddp else
+                                 "; pass your DDP model (instrument(loader, model=ddp_model)) for DDP's own timers"))
+    return notes
+
+
+def _slow_ranks(frames: Mapping[int, pd.DataFrame], payloads: Mapping[int, Mapping[str, Any]], *,
+                synchronous: bool, marked: bool) -> stragglers.SlowRanks | None:
+    """:func:`helpers.stragglers.find` on the ranks' per-step phases (seconds); None with fewer than 2 ranks."""
     ranks = []
     for r, df in frames.items():
         ph = {"step_s": list(df["step_s"]), "data": list(df["data"])}
@@ -580,37 +626,29 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
         p = payloads[r]
         ranks.append(stragglers.RankPhases(label=f"rank {r}", phases=ph, rank=r,
                                            node=str(p["node"]) if p.get("node") else None))
-    slow = stragglers.find(ranks) if len(ranks) >= 2 else None
-    if synchronous:
-        notes.append("the ranks synchronize (a process group is initialized), so each rank's compute column holds "
-                     "its wait for the others in the collectives: the slow-rank rule compares it as waiting, and a "
-                     "rank slow in its own compute cannot be told from the ranks that wait for it by the loop's "
-                     "phases" + ("; DDP's own forward + backward compute per rank is on the communication line "
-                                 "(averages over its sampled iterations, without a per-step spread to judge a "
-                                 "difference by)" if have_ddp else
-                                 "; pass your DDP model (instrument(loader, model=ddp_model)) for DDP's own timers"))
-    # communication
-    if have_ddp:
-        communication = "allreduce hidden behind backward (DDP's own timers, its sampled iterations): " + "; ".join(
+    return stragglers.find(ranks) if len(ranks) >= 2 else None
+
+
+def _communication(frames: Mapping[int, Any], payloads: Mapping[int, Mapping[str, Any]],
+                   ddps: Mapping[int, Any], *, synchronous: bool) -> str:
+    """The report's communication sentence: DDP's own timers per rank, or why there are none."""
+    if all(ddps.values()):
+        return "allreduce hidden behind backward (DDP's own timers, its sampled iterations): " + "; ".join(
             f"rank {r} {100 * ddps[r]['hidden_fraction']:.0f}% of {1e3 * ddps[r]['backward_comm_s']:.1f} ms "
             f"(forward + backward compute {1e3 * (ddps[r]['forward_s'] + ddps[r]['backward_compute_s']):.1f} ms)"
             for r in frames)
-    elif synchronous:
+    if synchronous:
         why = sorted({payloads[r].get("ddp_note") or "" for r in frames} - {""})
-        communication = why[0] if why else "not measured"
-    else:
-        communication = ("none through torch.distributed: no process group was initialized at report(), the ranks "
-                         "did not communicate through one")
-    # the job's verdict: the largest exposed share bounds a synchronous job
-    exposed = {r: float(df["exposed_fraction"].median()) for r, df in frames.items()}
-    top = max(exposed, key=exposed.get)
+        return why[0] if why else "not measured"
+    return ("none through torch.distributed: no process group was initialized at report(), the ranks "
+            "did not communicate through one")
+
+
+def _job_verdict_line(b: bottleneck.Bottleneck, slow: stragglers.SlowRanks | None, exposed: Mapping[int, float],
+                      top: int, *, payloads: Mapping[int, Mapping[str, Any]], threshold: float,
+                      check: Any) -> tuple[str, str]:
+    """``(bound_by, verdict_line)``: who bounds the job (``top``: the most exposed rank) and the job's sentence."""
     x = exposed[top]
-    check = _job_machine({r: payloads[r] for r in frames}, busy_cpu_share)
-    kind = str(payloads[top].get("device_kind", "cpu"))
-    data, copy = float(frames[top]["data"].median()), float(frames[top]["copy"].median())
-    b = bottleneck.classify(min(1.0, max(0.0, x)), threshold, device_kind=kind,
-                            spare_cores=spare_cores(kind, getattr(check, "other_cpu_share", None)),
-                            copy_share=copy / (data + copy) if data + copy > 0 else None)
     input_culprit = slow is not None and slow.findings and slow.phase in ("data", "h2d")
     if input_culprit:
         found = sorted((f for f in slow.findings if f.phase in ("data", "h2d")), key=lambda f: f.rank)
@@ -635,13 +673,7 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
         line = (f"job: {head}{b.label}, set by {who}: its input is exposed {x:.0%} of the step, the others' down "
                 f"to {low:.0%} (the slowest rank bounds a synchronous job; no rank is named slow above the noise); "
                 f"{b.reason}")
-    return JobReport(table=table, exposed_fraction=x, bound_by=who,
-                     recommendation="inconclusive" if check is not None and check.busy else b.label,
-                     measured_recommendation=b.label, reason=b.reason,
-                     next_notebook=b.next_text() + (_DIAGNOSE if b.label != bottleneck.DEVICE_BOUND else ""),
-                     slow=slow, missing=tuple(missing), world_size=int(world_size), notes=tuple(notes),
-                     communication=communication, machine=check, bottleneck=b, transport=transport,
-                     waited_s=float(waited_s), verdict_line=line)
+    return who, line
 
 
 def _synchronizer(device: Any):
