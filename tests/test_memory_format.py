@@ -266,7 +266,7 @@ def test_result_of_a_users_job_leaves_off_and_names_the_job(tmp_path):
     v = r.verdict()
     assert v.recommendation == "leave off" and v.action.value == "contiguous_format"
     assert "channels_last gave no speedup of at least 1.05x" in v.reason
-    assert v.context.startswith("your job's training step ({'job': 'mine'}) on 4 fixed batches")
+    assert v.context.startswith("your job's training step (mine) on 4 fixed batches")
     assert "(built-in job)" in v.context
     assert "3 nn.Conv2d layer(s)" in r.batches_text() and "training step of your job" in r.timing_text()
     assert "CPU native bf16" not in r.timing_text() and "no autocast dtype on cpu" in r.correctness_text()

@@ -124,7 +124,7 @@ def test_a_diverging_loss_gives_its_verdict_and_records_where(data_dir, tmp_path
     assert v.recommendation == recommendation and v.reason.startswith(starts), v.reason
     assert v.extra["divergence"]["first"]["bf16 autocast"]["step"] == 3
     assert r.curves.text() == r.curves.divergence.sentence()
-    assert r.batches_text().splitlines()[1].startswith("your job: {'job': ")
+    assert r.batches_text().splitlines()[1].startswith(f"your job: {r.job.name} (batch_size ")
     assert r.memory_text() == "peak memory per variant is measured on the built-in job only"
     assert "your job's training step (" in v.context
     store = ResultsStore(tmp_path / "v.jsonl", notebook=precision.NOTEBOOK)

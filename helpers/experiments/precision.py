@@ -543,7 +543,7 @@ class PrecisionResult(ExperimentResult):
     images, classes, batch_size, image_size : int
         The built-in job's data and batches (the demonstrations' job).
     job_name : str or None
-        A user's job's ``describe()`` (sections 5-7 measure it); None for the built-in job.
+        A user's job's :meth:`~helpers.jobs.base.Job.summary` (sections 5-7 measure it); None for the built-in job.
     probe : dict
         ``{op: output dtype}`` of :func:`helpers.compute.amp.probe_autocast_ops`.
     dtypes : pandas.DataFrame
@@ -843,12 +843,12 @@ def run(ctx: Any) -> PrecisionResult:
         cmp = step_options_comparison(job, acc, StepOptions(), StepOptions(autocast_dtype=amp_dtype),
                                       steps=P["steps"], warmup_steps=P["warmup_steps"], seed=P["seed"], names=names)
         memory = None
-        what = f"your job's training step ({job.describe()}), 4 fixed batches"
+        what = f"your job's training step ({job.summary()}), 4 fixed batches"
     context = (f"{what} on {acc.kind} ({acc.name}), fp32 vs {dtype_name} autocast"
                f"{' with GradScaler' if use_scaler else ''}, {P['steps']} interleaved steps each after "
                f"{P['warmup_steps']} warm-up")
     return PrecisionResult(caps=caps, images=len(index), classes=index.n_classes,
-                           batch_size=demo_job.workload.batch_size, image_size=P["image_size"], job_name=None if job.is_builtin else str(job.describe()),
+                           batch_size=demo_job.workload.batch_size, image_size=P["image_size"], job_name=None if job.is_builtin else job.summary(),
                            probe=dict(probe), dtypes=dtypes, demo=demo, curves=curves, cmp=cmp, memory=memory,
                            context=context, steps=P["steps"], warmup_steps=P["warmup_steps"],
                            init_scale=P["init_scale"], growth_interval=P["growth_interval"], seed=P["seed"],
