@@ -74,6 +74,11 @@ def test_the_built_in_jobs_result_says_each_section(builtin):
     assert r.curves.scaler is None and r.curves.scaler_text().startswith("bfloat16: no loss scaler needed")
     assert r.timing_text().splitlines()[1].startswith("  fp32: median ")
     assert r.memory_text().endswith("(process RSS, not separable per variant on a CPU)")
+    assert r.memory_text().startswith("fp32 ") and ", bfloat16 " in r.memory_text()
+    demo = r.demo.text().splitlines()
+    assert demo[1].startswith("this demonstration's own scaler: init_scale 1024, growth_interval "
+                              f"{precision.DEMO_GROWTH_INTERVAL} ")
+    assert demo[2] == "scale after each update: " + " → ".join(f"{s:g}" for s in r.demo.scales)
 
 
 def test_the_try_it_panel_offers_the_devices_precisions(builtin):
@@ -125,7 +130,7 @@ def test_a_diverging_loss_gives_its_verdict_and_records_where(data_dir, tmp_path
     assert v.extra["divergence"]["first"]["bf16 autocast"]["step"] == 3
     assert r.curves.text() == r.curves.divergence.sentence()
     assert r.batches_text().splitlines()[1].startswith(f"your job: {r.job.name} (batch_size ")
-    assert r.memory_text() == "peak memory per variant is measured on the built-in job only"
+    assert r.memory_text().startswith("peak memory: not measured for your job")
     assert "your job's training step (" in v.context
     store = ResultsStore(tmp_path / "v.jsonl", notebook=precision.NOTEBOOK)
     store.add_verdict(v)

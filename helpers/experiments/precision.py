@@ -378,6 +378,10 @@ class ScalerDemo:
         Per update, whether the scale backed off (:func:`helpers.compute.amp.overflow_flags`).
     finite : bool
         Whether every weight was finite afterwards.
+    init_scale : float
+        The demonstration scaler's initial scale (the ``init_scale`` parameter).
+    growth_interval : int
+        Its growth interval (:data:`DEMO_GROWTH_INTERVAL`, not the ``growth_interval`` parameter).
     """
 
     inject_at: tuple[int, ...]
@@ -385,6 +389,8 @@ class ScalerDemo:
     scales: tuple[float, ...]
     overflow: tuple[bool, ...]
     finite: bool
+    init_scale: float
+    growth_interval: int
 
     @property
     def ok(self) -> bool:
@@ -392,11 +398,14 @@ class ScalerDemo:
         return self.skipped == len(self.inject_at) == sum(self.overflow) and self.finite
 
     def text(self) -> str:
-        """What was injected, skipped and counted, and the scale after each update."""
+        """What was injected, skipped and counted, the demonstration scaler's settings and the scale after each
+        update."""
         return "\n".join([
             f"injected infs at updates {sorted(self.inject_at)}: {self.skipped} update(s) skipped and counted; "
             f"weights finite afterwards: {self.finite}",
-            "scale after each update: " + str([f"{s:g}" for s in self.scales]),
+            f"this demonstration's own scaler: init_scale {self.init_scale:g}, growth_interval {self.growth_interval} "
+            "(short, so that the scale visibly grows; the growth_interval parameter sets the float16 run's scaler)",
+            "scale after each update: " + " → ".join(f"{s:g}" for s in self.scales),
             "overflowed updates read from the scale history: " + str([i + 1 for i, o in enumerate(self.overflow)
                                                                        if o])])
 
@@ -521,7 +530,7 @@ class PeakMemory:
     on_cpu: bool
 
     def text(self) -> str:
-        peaks = {name: f"{v / 2**20:.0f} MiB" if v else "n/a" for name, _, v, _ in self.rows}
+        peaks = ", ".join(f"{name} {v / 2**20:.0f} MiB" if v else f"{name} n/a" for name, _, v, _ in self.rows)
         return (f"{peaks} " + ("(process RSS, not separable per variant on a CPU)" if self.on_cpu
                                else "(device peak per variant)"))
 
@@ -634,7 +643,7 @@ class PrecisionResult(ExperimentResult):
     def memory_text(self) -> str:
         """Section 6: the peak memory per variant (the built-in job only)."""
         if self.memory is None:
-            return "peak memory per variant is measured on the built-in job only"
+            return "peak memory: not measured for your job (measured only when the built-in job is the job measured)"
         return self.memory.text()
 
     # -- records, verdict and the panel ----------------------------------------------------------
@@ -705,7 +714,8 @@ def _scaler_demo(job, acc, batches: Sequence, amp_dtype: torch.dtype, P: Mapping
     scales = tuple(demo.stepper.scale_history)
     out = ScalerDemo(inject_at=DEMO_INJECT_AT, skipped=int(demo.stepper.overflow_steps), scales=scales,
                      overflow=tuple(overflow_flags(scales, P["init_scale"])),
-                     finite=all(torch.isfinite(p).all().item() for p in demo.model.parameters()))
+                     finite=all(torch.isfinite(p).all().item() for p in demo.model.parameters()),
+                     init_scale=P["init_scale"], growth_interval=DEMO_GROWTH_INTERVAL)
     if not out.ok:
         raise DataError(f"the loss scaler did not skip exactly the injected overflows: {out.text()}")
     return out
