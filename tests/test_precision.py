@@ -99,6 +99,9 @@ def test_the_figures_draw_from_the_result(builtin):
         assert fig.axes
         plt.close(fig)
     assert plots_compute.precision_loss_scale_figure(builtin) is None  # bf16: no scaler ran
+    fig = plots_compute.precision_loss_figure(builtin)
+    assert fig.axes[0].get_ylabel() == "value loss" and "apart at the end" in fig.axes[0].get_title()
+    plt.close(fig)
 
 
 def test_float16_on_the_built_in_job_records_its_scaler(data_dir, tmp_path):
@@ -139,4 +142,7 @@ def test_a_diverging_loss_gives_its_verdict_and_records_where(data_dir, tmp_path
 
     from helpers.workbook import plots_compute
 
-    plt.close(plots_compute.precision_loss_figure(r))  # NaN points are not drawn; the figure still is
+    fig = plots_compute.precision_loss_figure(r)  # NaN points are not drawn; the figure still is
+    title, ylabel = fig.axes[0].get_title(), fig.axes[0].get_ylabel()
+    plt.close(fig)
+    assert ylabel == "loss" and "inf%" not in title and "diverged: " in title and "at step 3 in bf16 autocast" in title
