@@ -72,7 +72,7 @@ def test_the_built_in_jobs_result_says_each_section(builtin):
     assert r.curves.loss_name == "value loss" and r.curves.no_nan and r.curves.steps == 4
     assert r.curves.text().startswith("mean value loss of the last 1 of 4 steps: fp32 ")
     assert r.curves.scaler is None and r.curves.scaler_text().startswith("bfloat16: no loss scaler needed")
-    assert r.timing_text().splitlines()[1].startswith("  fp32: median ")
+    assert r.timing_text().splitlines()[1].startswith("  fp32: median ")  # no divergence note
     assert r.memory_text().endswith("(process RSS, not separable per variant on a CPU)")
     assert r.memory_text().startswith("fp32 ") and ", bfloat16 " in r.memory_text()
     demo = r.demo.text().splitlines()
@@ -132,6 +132,9 @@ def test_a_diverging_loss_gives_its_verdict_and_records_where(data_dir, tmp_path
     assert v.recommendation == recommendation and v.reason.startswith(starts), v.reason
     assert v.extra["divergence"]["first"]["bf16 autocast"]["step"] == 3
     assert r.curves.text() == r.curves.divergence.sentence()
+    timing = r.timing_text().splitlines()
+    assert timing[0].startswith("NOTE: the loss diverged (") and "not meaningful" in timing[0]
+    assert timing[1] == r.cmp.verdict_text()
     assert r.batches_text().splitlines()[1].startswith(f"your job: {r.job.name} (batch_size ")
     assert r.memory_text().startswith("peak memory: not measured for your job")
     assert "your job's training step (" in v.context

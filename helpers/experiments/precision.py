@@ -633,8 +633,15 @@ class PrecisionResult(ExperimentResult):
                 f"passed their input dtype through: {', '.join(passes) or 'none'}")
 
     def timing_text(self) -> str:
-        """Section 6: the comparison's sentence and each variant's median step time with its IQR."""
+        """Section 6: the comparison's sentence and each variant's median step time with its IQR; first, where a
+        loss diverged, a note that these times are not meaningful."""
         lines = [self.cmp.verdict_text()]
+        d = self.curves.divergence
+        if d.diverged:
+            where = "; ".join(f"{stat} {value:g} at step {step} in {name}"
+                              for name, (step, stat, value) in ((n, f) for n, f in d.first.items() if f is not None))
+            lines.insert(0, f"NOTE: the loss diverged ({where}), so these step times are not meaningful: a step on "
+                            "NaN or infinite numbers is no speed figure (see section 5 and the verdict)")
         for m in (self.cmp.a, self.cmp.b):
             lines.append(f"  {m.name}: median {m.median_s * 1e3:.1f} ms (IQR {m.p25_s * 1e3:.1f}-"
                          f"{m.p75_s * 1e3:.1f} ms, {m.repeats} steps)")
