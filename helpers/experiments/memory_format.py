@@ -100,8 +100,14 @@ def channels_last_decision(comparisons: dict[str, Any], *, applicable: bool = Tr
     rec = "enable" if outcome == "b_faster" else "leave off"
     if rec == "enable":
         head = f"channels_last made {what} {c.ratio:.2f}x faster ({best})"
-    elif outcome == "a_faster":
-        head = f"channels_last was slower than NCHW at every precision (best {best}: {c.ratio:.2f}x)"
+    elif outcome == "a_faster":  # the best is measurably slower; each other precision as measured
+        by = {o: [k for k, m in comparisons.items() if m.outcome(threshold) == o]
+              for o in ("a_faster", "below_threshold", "no_difference")}
+        head = (f"channels_last was slower than NCHW in {' and '.join(by['a_faster'])}"
+                + (f"; slower by less than {threshold:.2f}x in {' and '.join(by['below_threshold'])}"
+                   if by["below_threshold"] else "")
+                + (f"; no measurable difference in {' and '.join(by['no_difference'])}" if by["no_difference"] else "")
+                + f" (best {best}: {c.ratio:.2f}x)")
     else:
         head = (f"channels_last gave no speedup of at least {threshold:.2f}x with a {c.confidence:.0%} interval "
                 f"above 1 (best {best}: {c.ratio:.2f}x)")
