@@ -44,6 +44,7 @@ def loss_curves(fp32: Sequence[float], mixed: Sequence[float], *, mixed_label: s
     ax2.set_ylabel("mixed - fp32")
     ax2.set_xlabel("training step")
     ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax2.set_xlim(1, max(len(fp32), 2))  # every step, also those after a loss stopped being finite (not drawn)
     fig.tight_layout()
     return fig
 
@@ -113,13 +114,13 @@ def precision_loss_figure(result):
     """Notebook 06, section 5: the gated loss of fp32 and mixed precision per step, and their difference."""
     c = result.curves
     if c.no_nan:
-        how = f"{c.rel_diff:.2%} apart at the end, on its scale"
+        how = f" {c.rel_diff:.2%} apart at the end, on its scale"
     else:  # where each run's loss first became NaN or infinite (those points are not drawn)
-        how = "diverged: " + "; ".join(f"{stat} {value:g} at step {step} in {name}"
-                                       for name, (step, stat, value) in
-                                       ((n, f) for n, f in c.divergence.first.items() if f is not None))
+        how = "\ndiverged: " + "; ".join(f"{stat} {value:g} at step {step} in {name}"
+                                         for name, (step, stat, value) in
+                                         ((n, f) for n, f in c.divergence.first.items() if f is not None))
     return loss_curves(c.fp32, c.mixed, mixed_label=f"{c.dtype_name} autocast", ylabel=c.loss_name,
-                       title=f"{c.loss_name.capitalize()}, same seed and batches: {how}")
+                       title=f"{c.loss_name.capitalize()}, same seed and batches:{how}")
 
 
 def precision_loss_scale_figure(result):
