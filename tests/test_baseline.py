@@ -129,7 +129,7 @@ def test_a_users_job_has_no_per_image_cost_and_no_image_size_knob(tmp_path):
     keys = _keys(r.records(), tmp_path)
     assert keys[0] == ("dataset", "your job", "batch_size", "samples")
     assert not any(k[0] == "preprocess" for k in keys)
-    assert r.dataset_text().startswith("your job: {") and r.dataset_table() is None
+    assert r.dataset_text() == "your job: mine (batch_size 8, image_size 32)" and r.dataset_table() is None
     assert r.per_image_text().startswith("your job: its dataset is timed as a whole")
     assert r.consistency_text().startswith("your job:")
     assert "its own loader as given" in r.verdict().context and "ms/image" not in r.verdict().reason

@@ -165,7 +165,15 @@ def test_channels_last_verdict():
     v = channels_last_decision({"fp32": same})
     assert v["recommendation"] == "leave off" and v["spread"]["ci_low"] <= 1.0
     slow = _cmp([0.5, 0.51, 0.49, 0.5, 0.52], [1.0, 1.01, 0.99, 1.02, 1.0])
-    assert "slower" in channels_last_decision({"fp32": slow})["reason"]
+    assert channels_last_decision({"fp32": slow})["reason"].startswith("channels_last was slower than NCHW in fp32 (")
+    noisy = _cmp([0.5, 0.51, 0.49, 0.5, 0.52], [0.3, 1.2, 0.4, 1.3, 1.25])  # slower still, its interval spans 1
+    assert noisy.ratio < slow.ratio and noisy.outcome() == "no_difference"
+    v = channels_last_decision({"fp32": slow, "bfloat16 autocast": noisy})
+    assert v["recommendation"] == "leave off" and v["best"] == "fp32"
+    assert v["reason"].startswith("channels_last was slower than NCHW in fp32; no measurable difference in "
+                                  "bfloat16 autocast (best fp32: 0.50x)")
+    assert "slower than NCHW in fp32 and bfloat16 autocast (" in channels_last_decision(
+        {"fp32": slow, "bfloat16 autocast": slow})["reason"]
     na = channels_last_decision({}, applicable=False, why_not="not supported on NPU")
     assert na["recommendation"] == "not applicable" and na["value"] is None and "NPU" in na["reason"]
     with pytest.raises(ParameterError, match="no comparison"):
@@ -266,7 +274,7 @@ def test_result_of_a_users_job_leaves_off_and_names_the_job(tmp_path):
     v = r.verdict()
     assert v.recommendation == "leave off" and v.action.value == "contiguous_format"
     assert "channels_last gave no speedup of at least 1.05x" in v.reason
-    assert v.context.startswith("your job's training step ({'job': 'mine'}) on 4 fixed batches")
+    assert v.context.startswith("your job's training step (mine) on 4 fixed batches")
     assert "(built-in job)" in v.context
     assert "3 nn.Conv2d layer(s)" in r.batches_text() and "training step of your job" in r.timing_text()
     assert "CPU native bf16" not in r.timing_text() and "no autocast dtype on cpu" in r.correctness_text()

@@ -72,8 +72,13 @@ def test_the_built_in_jobs_result_says_each_section(builtin):
     assert r.curves.loss_name == "value loss" and r.curves.no_nan and r.curves.steps == 4
     assert r.curves.text().startswith("mean value loss of the last 1 of 4 steps: fp32 ")
     assert r.curves.scaler is None and r.curves.scaler_text().startswith("bfloat16: no loss scaler needed")
-    assert r.timing_text().splitlines()[1].startswith("  fp32: median ")
+    assert r.timing_text().splitlines()[1].startswith("  fp32: median ")  # no divergence note
     assert r.memory_text().endswith("(process RSS, not separable per variant on a CPU)")
+    assert r.memory_text().startswith("fp32 ") and ", bfloat16 " in r.memory_text()
+    demo = r.demo.text().splitlines()
+    assert demo[1].startswith("this demonstration's own scaler: init_scale 1024, growth_interval "
+                              f"{precision.DEMO_GROWTH_INTERVAL} ")
+    assert demo[2] == "scale after each update: " + " → ".join(f"{s:g}" for s in r.demo.scales)
 
 
 def test_the_try_it_panel_offers_the_devices_precisions(builtin):
@@ -94,6 +99,9 @@ def test_the_figures_draw_from_the_result(builtin):
         assert fig.axes
         plt.close(fig)
     assert plots_compute.precision_loss_scale_figure(builtin) is None  # bf16: no scaler ran
+    fig = plots_compute.precision_loss_figure(builtin)
+    assert fig.axes[0].get_ylabel() == "value loss" and "apart at the end" in fig.axes[0].get_title()
+    plt.close(fig)
 
 
 def test_float16_on_the_built_in_job_records_its_scaler(data_dir, tmp_path):
@@ -124,8 +132,11 @@ def test_a_diverging_loss_gives_its_verdict_and_records_where(data_dir, tmp_path
     assert v.recommendation == recommendation and v.reason.startswith(starts), v.reason
     assert v.extra["divergence"]["first"]["bf16 autocast"]["step"] == 3
     assert r.curves.text() == r.curves.divergence.sentence()
-    assert r.batches_text().splitlines()[1].startswith("your job: {'job': ")
-    assert r.memory_text() == "peak memory per variant is measured on the built-in job only"
+    timing = r.timing_text().splitlines()
+    assert timing[0].startswith("NOTE: the loss diverged (") and "not meaningful" in timing[0]
+    assert timing[1] == r.cmp.verdict_text()
+    assert r.batches_text().splitlines()[1].startswith(f"your job: {r.job.name} (batch_size ")
+    assert r.memory_text().startswith("peak memory: not measured for your job")
     assert "your job's training step (" in v.context
     store = ResultsStore(tmp_path / "v.jsonl", notebook=precision.NOTEBOOK)
     store.add_verdict(v)
@@ -134,4 +145,7 @@ def test_a_diverging_loss_gives_its_verdict_and_records_where(data_dir, tmp_path
 
     from helpers.workbook import plots_compute
 
-    plt.close(plots_compute.precision_loss_figure(r))  # NaN points are not drawn; the figure still is
+    fig = plots_compute.precision_loss_figure(r)  # NaN points are not drawn; the figure still is
+    title, ylabel = fig.axes[0].get_title(), fig.axes[0].get_ylabel()
+    plt.close(fig)
+    assert ylabel == "loss" and "inf%" not in title and "diverged: " in title and "at step 3 in bf16 autocast" in title

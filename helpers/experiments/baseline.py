@@ -24,6 +24,7 @@ from helpers.checklist import Item
 from helpers.compute.train import TrainRun
 from helpers.experiments.base import Experiment, ExperimentResult
 from helpers.experiments.three_run import CeilingResult, spare_cores
+from helpers.jobs.base import description_text
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
 from helpers.results import Records
@@ -125,8 +126,7 @@ def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, d
                    f"{d['images']} images ({d.get('skipped', 0)} skipped), baseline loader (num_workers=0, per-image "
                    f"PIL decode), {steps} measured steps on {device_kind}")
     else:  # a user's job: what it says about itself
-        what = ", ".join(f"{k} {v}" for k, v in d.items() if k != "job")
-        context = (f"{d.get('job', 'job')} ({what}), its own loader as given (num_workers=0), {steps} measured steps "
+        context = (f"{description_text(d)}, its own loader as given (num_workers=0), {steps} measured steps "
                    f"on {device_kind}")
     reason += f"; next: {b.next_text()}"
     context += "; exposed input = time the step waits for data and the host-to-device copy"
@@ -318,7 +318,7 @@ class BaselineResult(ExperimentResult):
         for a user's job, what it says about itself."""
         d = self.dataset
         if d is None:
-            return f"your job: {dict(self.description)}"
+            return f"your job: {description_text(self.description)}"
         lines = [f"{d.images} images, {d.classes} class(es), {len(d.skipped)} file(s) skipped"]
         lines += [f"  skipped {name}: {reason}" for name, reason in d.skipped[:10]]
         if d.classes < 2:

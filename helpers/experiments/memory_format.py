@@ -34,7 +34,7 @@ from helpers.compute.memory_format import (FORMATS, FormatTrace, channels_last_s
 from helpers.errors import ParameterError
 from helpers.experiments.base import Experiment, ExperimentResult, Optimization
 from helpers.experiments.training import fixed_batches, step_options_comparison
-from helpers.jobs.base import Job, StepOptions
+from helpers.jobs.base import Job, StepOptions, description_text
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
 from helpers.results import Records
@@ -100,8 +100,14 @@ def channels_last_decision(comparisons: dict[str, Any], *, applicable: bool = Tr
     rec = "enable" if outcome == "b_faster" else "leave off"
     if rec == "enable":
         head = f"channels_last made {what} {c.ratio:.2f}x faster ({best})"
-    elif outcome == "a_faster":
-        head = f"channels_last was slower than NCHW at every precision (best {best}: {c.ratio:.2f}x)"
+    elif outcome == "a_faster":  # the best is measurably slower; each other precision as measured
+        by = {o: [k for k, m in comparisons.items() if m.outcome(threshold) == o]
+              for o in ("a_faster", "below_threshold", "no_difference")}
+        head = (f"channels_last was slower than NCHW in {' and '.join(by['a_faster'])}"
+                + (f"; slower by less than {threshold:.2f}x in {' and '.join(by['below_threshold'])}"
+                   if by["below_threshold"] else "")
+                + (f"; no measurable difference in {' and '.join(by['no_difference'])}" if by["no_difference"] else "")
+                + f" (best {best}: {c.ratio:.2f}x)")
     else:
         head = (f"channels_last gave no speedup of at least {threshold:.2f}x with a {c.confidence:.0%} interval "
                 f"above 1 (best {best}: {c.ratio:.2f}x)")
@@ -445,7 +451,7 @@ class ChannelsLastResult(ExperimentResult):
         lines = [f"{self.n_images} images; {len(self.images)} fixed batch(es) of shape {self.batch_shape} "
                  f"(float32, NCHW) kept on {self.device}"]
         if self.user_convs is not None:
-            lines.append(f"your job: {self.job_description}; {self.user_convs} nn.Conv2d layer(s) in its model "
+            lines.append(f"your job: {description_text(self.job_description)}; {self.user_convs} nn.Conv2d layer(s) in its model "
                          "(the demonstrations of sections 2, 4 and 5 use the built-in job above)")
         return "\n".join(lines)
 
@@ -584,7 +590,7 @@ class ChannelsLastResult(ExperimentResult):
             measured = (f"conv encoder {self.conv_channels} forward+backward on {len(self.images)} fixed batches of "
                         f"{self.batch_shape}")
         else:
-            measured = f"your job's training step ({self.job_description}) on 4 fixed batches"
+            measured = f"your job's training step ({description_text(self.job_description)}) on 4 fixed batches"
         return (f"{measured}, {s['steps']} timed calls after {s['warmup_steps']} warm-up per variant; attention "
                 f"{self.attention.shape}{'' if self.job.is_builtin else ' (built-in job)'}; on {self.device} "
                 f"({self.device_name})")

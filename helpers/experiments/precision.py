@@ -378,6 +378,10 @@ class ScalerDemo:
         Per update, whether the scale backed off (:func:`helpers.compute.amp.overflow_flags`).
     finite : bool
         Whether every weight was finite afterwards.
+    init_scale : float
+        The demonstration scaler's initial scale (the ``init_scale`` parameter).
+    growth_interval : int
+        Its growth interval (:data:`DEMO_GROWTH_INTERVAL`, not the ``growth_interval`` parameter).
     """
 
     inject_at: tuple[int, ...]
@@ -385,6 +389,8 @@ class ScalerDemo:
     scales: tuple[float, ...]
     overflow: tuple[bool, ...]
     finite: bool
+    init_scale: float
+    growth_interval: int
 
     @property
     def ok(self) -> bool:
@@ -392,11 +398,14 @@ class ScalerDemo:
         return self.skipped == len(self.inject_at) == sum(self.overflow) and self.finite
 
     def text(self) -> str:
-        """What was injected, skipped and counted, and the scale after each update."""
+        """What was injected, skipped and counted, the demonstration scaler's settings and the scale after each
+        update."""
         return "\n".join([
             f"injected infs at updates {sorted(self.inject_at)}: {self.skipped} update(s) skipped and counted; "
             f"weights finite afterwards: {self.finite}",
-            "scale after each update: " + str([f"{s:g}" for s in self.scales]),
+            f"this demonstration's own scaler: init_scale {self.init_scale:g}, growth_interval {self.growth_interval} "
+            "(short, so that the scale visibly grows; the growth_interval parameter sets the float16 run's scaler)",
+            "scale after each update: " + " → ".join(f"{s:g}" for s in self.scales),
             "overflowed updates read from the scale history: " + str([i + 1 for i, o in enumerate(self.overflow)
                                                                        if o])])
 
@@ -521,7 +530,7 @@ class PeakMemory:
     on_cpu: bool
 
     def text(self) -> str:
-        peaks = {name: f"{v / 2**20:.0f} MiB" if v else "n/a" for name, _, v, _ in self.rows}
+        peaks = ", ".join(f"{name} {v / 2**20:.0f} MiB" if v else f"{name} n/a" for name, _, v, _ in self.rows)
         return (f"{peaks} " + ("(process RSS, not separable per variant on a CPU)" if self.on_cpu
                                else "(device peak per variant)"))
 
@@ -543,7 +552,7 @@ class PrecisionResult(ExperimentResult):
     images, classes, batch_size, image_size : int
         The built-in job's data and batches (the demonstrations' job).
     job_name : str or None
-        A user's job's ``describe()`` (sections 5-7 measure it); None for the built-in job.
+        A user's job's :meth:`~helpers.jobs.base.Job.summary` (sections 5-7 measure it); None for the built-in job.
     probe : dict
         ``{op: output dtype}`` of :func:`helpers.compute.amp.probe_autocast_ops`.
     dtypes : pandas.DataFrame
@@ -624,8 +633,15 @@ class PrecisionResult(ExperimentResult):
                 f"passed their input dtype through: {', '.join(passes) or 'none'}")
 
     def timing_text(self) -> str:
-        """Section 6: the comparison's sentence and each variant's median step time with its IQR."""
+        """Section 6: the comparison's sentence and each variant's median step time with its IQR; first, where a
+        loss diverged, a note that these times are not meaningful."""
         lines = [self.cmp.verdict_text()]
+        d = self.curves.divergence
+        if d.diverged:
+            where = "; ".join(f"{stat} {value:g} at step {step} in {name}"
+                              for name, (step, stat, value) in ((n, f) for n, f in d.first.items() if f is not None))
+            lines.insert(0, f"NOTE: the loss diverged ({where}), so these step times are not meaningful: a step on "
+                            "NaN or infinite numbers is no speed figure (see section 5 and the verdict)")
         for m in (self.cmp.a, self.cmp.b):
             lines.append(f"  {m.name}: median {m.median_s * 1e3:.1f} ms (IQR {m.p25_s * 1e3:.1f}-"
                          f"{m.p75_s * 1e3:.1f} ms, {m.repeats} steps)")
@@ -634,7 +650,7 @@ class PrecisionResult(ExperimentResult):
     def memory_text(self) -> str:
         """Section 6: the peak memory per variant (the built-in job only)."""
         if self.memory is None:
-            return "peak memory per variant is measured on the built-in job only"
+            return "peak memory: not measured for your job (measured only when the built-in job is the job measured)"
         return self.memory.text()
 
     # -- records, verdict and the panel ----------------------------------------------------------
@@ -705,7 +721,8 @@ def _scaler_demo(job, acc, batches: Sequence, amp_dtype: torch.dtype, P: Mapping
     scales = tuple(demo.stepper.scale_history)
     out = ScalerDemo(inject_at=DEMO_INJECT_AT, skipped=int(demo.stepper.overflow_steps), scales=scales,
                      overflow=tuple(overflow_flags(scales, P["init_scale"])),
-                     finite=all(torch.isfinite(p).all().item() for p in demo.model.parameters()))
+                     finite=all(torch.isfinite(p).all().item() for p in demo.model.parameters()),
+                     init_scale=P["init_scale"], growth_interval=DEMO_GROWTH_INTERVAL)
     if not out.ok:
         raise DataError(f"the loss scaler did not skip exactly the injected overflows: {out.text()}")
     return out
@@ -843,12 +860,12 @@ def run(ctx: Any) -> PrecisionResult:
         cmp = step_options_comparison(job, acc, StepOptions(), StepOptions(autocast_dtype=amp_dtype),
                                       steps=P["steps"], warmup_steps=P["warmup_steps"], seed=P["seed"], names=names)
         memory = None
-        what = f"your job's training step ({job.describe()}), 4 fixed batches"
+        what = f"your job's training step ({job.summary()}), 4 fixed batches"
     context = (f"{what} on {acc.kind} ({acc.name}), fp32 vs {dtype_name} autocast"
                f"{' with GradScaler' if use_scaler else ''}, {P['steps']} interleaved steps each after "
                f"{P['warmup_steps']} warm-up")
     return PrecisionResult(caps=caps, images=len(index), classes=index.n_classes,
-                           batch_size=demo_job.workload.batch_size, image_size=P["image_size"], job_name=None if job.is_builtin else str(job.describe()),
+                           batch_size=demo_job.workload.batch_size, image_size=P["image_size"], job_name=None if job.is_builtin else job.summary(),
                            probe=dict(probe), dtypes=dtypes, demo=demo, curves=curves, cmp=cmp, memory=memory,
                            context=context, steps=P["steps"], warmup_steps=P["warmup_steps"],
                            init_scale=P["init_scale"], growth_interval=P["growth_interval"], seed=P["seed"],

@@ -25,7 +25,8 @@ from helpers.pipeline.loader import LoaderConfig, make_loader
 from helpers.pipeline.seeding import SampleSeeder
 from helpers.workload import WORKLOAD_PARAMS, Workload
 
-__all__ = ["Job", "PerItemBatches", "StepOptions", "Workload", "WORKLOAD_PARAMS", "close_dataset"]
+__all__ = ["Job", "PerItemBatches", "StepOptions", "Workload", "WORKLOAD_PARAMS", "close_dataset",
+           "description_text"]
 
 
 
@@ -52,6 +53,13 @@ class StepOptions:
     def uses_scaler(self) -> bool:
         """Whether the step scales its loss (fp16 needs it; bf16 and fp32 do not)."""
         return self.autocast_dtype is torch.float16 if self.grad_scaler is None else bool(self.grad_scaler)
+
+
+def description_text(description: Mapping[str, Any]) -> str:
+    """A job's ``describe()`` as text: its name, then its other entries, ``"mnist (batch_size 64, seed 0)"``."""
+    rest = ", ".join(f"{k} {v}" for k, v in description.items() if k != "job")
+    name = str(description.get("job", "job"))
+    return f"{name} ({rest})" if rest else name
 
 
 def close_dataset(dataset: Any) -> None:
@@ -221,6 +229,10 @@ class Job(abc.ABC):
     def sentence(self) -> str:
         """The job in a few words, for a notebook's or a verdict's sentence: ``"your job 'mnist' (batch 64)"``."""
         return f"your job {self.name!r} (batch {self.workload.batch_size})"
+
+    def summary(self) -> str:
+        """:meth:`describe` as text (:func:`description_text`): ``"mnist (batch_size 64, seed 0)"``."""
+        return description_text(self.describe())
 
     def item_count(self) -> int:
         """Samples in one epoch of the job's dataset (its first pipeline's), >= 1."""

@@ -10,13 +10,15 @@ from __future__ import annotations
 from typing import Sequence
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 FP32_COLOR = "#7570b3"
 MIXED_COLOR = "#1b9e77"
 SKIP_COLOR = "#d95f02"
 
 
-def loss_curves(fp32: Sequence[float], mixed: Sequence[float], *, mixed_label: str, title: str = ""):
+def loss_curves(fp32: Sequence[float], mixed: Sequence[float], *, mixed_label: str, title: str = "",
+                ylabel: str = "loss"):
     """Overlay the per-step training loss of fp32 and mixed precision.
 
     Parameters
@@ -26,19 +28,23 @@ def loss_curves(fp32: Sequence[float], mixed: Sequence[float], *, mixed_label: s
     mixed_label : str
         Legend entry of the mixed-precision run, e.g. "bf16 autocast".
     title : str
+    ylabel : str
+        The loss's name, e.g. "value loss".
     """
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.5, 4.2), sharex=True,
                                   gridspec_kw={"height_ratios": [2, 1]})
     steps = range(1, len(fp32) + 1)
     ax.plot(steps, list(fp32), color=FP32_COLOR, label="fp32", linewidth=1.8)
     ax.plot(steps, list(mixed), color=MIXED_COLOR, label=mixed_label, linewidth=1.2, linestyle="--")
-    ax.set_ylabel("PPO loss")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     ax.set_title(title)
     ax2.plot(steps, [m - f for f, m in zip(fp32, mixed)], color=SKIP_COLOR)
     ax2.axhline(0.0, color="black", linewidth=0.6)
     ax2.set_ylabel("mixed - fp32")
     ax2.set_xlabel("training step")
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax2.set_xlim(1, max(len(fp32), 2))  # every step, also those after a loss stopped being finite (not drawn)
     fig.tight_layout()
     return fig
 
@@ -107,9 +113,14 @@ def precision_scaler_demo_figure(result):
 def precision_loss_figure(result):
     """Notebook 06, section 5: the gated loss of fp32 and mixed precision per step, and their difference."""
     c = result.curves
-    return loss_curves(c.fp32, c.mixed, mixed_label=f"{c.dtype_name} autocast",
-                       title=f"{c.loss_name.capitalize()}, same seed and batches: {c.rel_diff:.2%} apart at the end, "
-                             "on its scale")
+    if c.no_nan:
+        how = f" {c.rel_diff:.2%} apart at the end, on its scale"
+    else:  # where each run's loss first became NaN or infinite (those points are not drawn)
+        how = "\ndiverged: " + "; ".join(f"{stat} {value:g} at step {step} in {name}"
+                                         for name, (step, stat, value) in
+                                         ((n, f) for n, f in c.divergence.first.items() if f is not None))
+    return loss_curves(c.fp32, c.mixed, mixed_label=f"{c.dtype_name} autocast", ylabel=c.loss_name,
+                       title=f"{c.loss_name.capitalize()}, same seed and batches:{how}")
 
 
 def precision_loss_scale_figure(result):
