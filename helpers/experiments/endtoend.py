@@ -141,7 +141,7 @@ class EndToEndSetup:
         """The dataset in one line: images, classes, skipped files, batches per epoch (a user's job: its
         description)."""
         if not self.job.is_builtin:
-            return f"your job: {self.job.describe()}"
+            return f"your job: {self.job.summary()}"
         index, bs = self.job.index, self.params["batch_size"]
         return (f"{len(index)} images, {index.n_classes} class(es), {len(index.skipped)} file(s) skipped; "
                 f"{len(index) // bs} batches of {bs} per epoch")
@@ -387,7 +387,7 @@ class EndToEndResult(ExperimentResult):
         what = (f"PPO on a multimodal policy ({P['model_width']}-channel conv stem, d_model {P['d_model']}), batch "
                 f"{P['batch_size']} of {P['image_size']} px crops from {job.item_count()} images, seed {P['seed']}; "
                 f"baseline = notebook 01's loader (per-image Pillow decode, no workers, fp32 NCHW)" if job.is_builtin
-                else f"your job {job.describe()}; baseline = its own loader (no workers, fp32)")
+                else f"your job {job.summary()}; baseline = its own loader (no workers, fp32)")
         return (f"{what}; optimized = {self.setup.optimized.label()}"
                 f"; {P['steps']} measured steps per job after {P['warmup_steps']} warm-up, interleaved in blocks of "
                 f"{BLOCK} on {acc.kind} ({acc.name}); learning over {P['curve_steps']} steps; projection "

@@ -1203,7 +1203,7 @@ class StreamOverlapResult(ExperimentResult):
             lines = [f"{self.n_items} images, {self.dataset['classes']} class(es), {self.dataset['skipped']} file(s) "
                      f"skipped, {self.per_epoch} batch(es) of {self.batch_size} per epoch"]
         else:
-            lines = [f"your job: {self.job.describe()}; {self.per_epoch} batch(es) of {self.batch_size} per epoch"]
+            lines = [f"your job: {self.job.summary()}; {self.per_epoch} batch(es) of {self.batch_size} per epoch"]
         if self.per_epoch <= 1:
             lines.append("only 1 batch per epoch: there is nothing to prefetch (a loader starts every epoch empty), "
                          "so no overlap can hide this input; lower batch_size or add images to see one work")
