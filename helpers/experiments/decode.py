@@ -41,6 +41,7 @@ from helpers.pipeline.text import encode_batch, encode_one
 from helpers.results import Records
 from helpers.timing import Comparison, Measurement, compare, measure
 from helpers.verdict import Action, Verdict
+from helpers.workload import DEFAULT
 
 logger = logging.getLogger(__name__)
 
@@ -391,8 +392,9 @@ class DecodeBench:
 # --------------------------------------------------------------------------- benchmark
 
 
-def input_decode_bench(*, data_dir: str | None = None, max_images: int = 0, batch_size: int = 32,
-                       image_size: int = 128, text_len: int = 16, threads: int = 0, repeats: int = 10,
+def input_decode_bench(*, data_dir: str | None = None, max_images: int = 0, batch_size: int = DEFAULT.batch_size,
+                       image_size: int = DEFAULT.image_size, text_len: int = DEFAULT.text_len, threads: int = 0,
+                       repeats: int = 10,
                        warmup: int = 2, seed: int = 0, device: str = "cpu", prepared: tuple | None = None) -> dict:
     """Measure the batched pipeline against the per-image baseline: the figures of ``bench input-pipeline``.
 

@@ -62,6 +62,7 @@ from helpers.params import Param
 from helpers.results import Records
 from helpers.timing import Comparison, compare, measure
 from helpers.verdict import Action, Verdict
+from helpers.workload import DEFAULT
 
 
 logger = logging.getLogger(__name__)
@@ -110,11 +111,11 @@ class TraceConfig:
     data_dir: str = ""
     max_images: int = 0
     seed: int = 0
-    batch_size: int = 32
-    image_size: int = 128
-    text_len: int = 16
-    model_width: int = 16
-    d_model: int = 64
+    batch_size: int = DEFAULT.batch_size
+    image_size: int = DEFAULT.image_size
+    text_len: int = DEFAULT.text_len
+    model_width: int = DEFAULT.model_width
+    d_model: int = DEFAULT.d_model
     steps: int = 8
     warmup_steps: int = 1
     empty_cache_repeats: int = 2

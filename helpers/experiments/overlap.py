@@ -52,6 +52,7 @@ from helpers.pipeline.prefetch import ConsumerStreamSync, DevicePrefetcher, Reco
 from helpers.results import Records, load_results
 from helpers.timing import Comparison, Measurement, measure
 from helpers.verdict import Action, Verdict
+from helpers.workload import DEFAULT
 
 logger = logging.getLogger(__name__)
 
@@ -859,8 +860,9 @@ def overlap_decision(before: OverlapRun, after: OverlapRun, *, seed: int = 0) ->
 # --------------------------------------------------------------------------- the benchmark
 
 
-def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_size: int = 32, image_size: int = 128,
-                  text_len: int = 16, model_width: int = 32, d_model: int = 64, steps: int = 20,
+def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_size: int = DEFAULT.batch_size,
+                  image_size: int = DEFAULT.image_size, text_len: int = DEFAULT.text_len, model_width: int = 32,
+                  d_model: int = DEFAULT.d_model, steps: int = 20,
                   warmup_steps: int = 3, num_workers: int = 1, prefetch_factor: int = 2, seed: int = 0,
                   device: str = "cpu", prepared: tuple | None = None) -> dict:
     """The ``exposed_input_fraction`` of ``python -m helpers bench input-pipeline``.

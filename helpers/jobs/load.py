@@ -21,7 +21,7 @@ from helpers.jobs.base import Job
 from helpers.jobs.supervised import JobError, SupervisedJob
 from helpers.jobspec import (DEFAULT_FACTORY, FACTORY_DEFAULTS_KEY, FACTORY_PARAMS, absolute_job_spec, factory_params,
                              parse_job_spec)
-from helpers.workload import Workload
+from helpers.workload import DEFAULT, Workload
 
 __all__ = ["DEFAULT_FACTORY", "FACTORY_PARAMS", "JobRequest", "load_job", "notebook_job", "parse_job_spec"]
 
@@ -191,11 +191,11 @@ class JobRequest:
     data_dir: str = ""
     max_images: int = 0
     seed: int = 0
-    batch_size: int = 32
-    image_size: int = 128
-    text_len: int = 16
-    model_width: int = 16
-    d_model: int = 64
+    batch_size: int = DEFAULT.batch_size
+    image_size: int = DEFAULT.image_size
+    text_len: int = DEFAULT.text_len
+    model_width: int = DEFAULT.model_width
+    d_model: int = DEFAULT.d_model
     any_batch_size: bool = False
 
     @classmethod
