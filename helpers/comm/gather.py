@@ -37,7 +37,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from helpers.errors import ParameterError
 
@@ -295,6 +295,22 @@ def gather_to_root(payload: Mapping[str, Any], identity: RankIdentity, *, name: 
                     waited_s=time.monotonic() - t0, stopped_by=stopped[0] if stopped else "")
 
 
+def _poll(payload: Mapping[str, Any], read: Callable[[int], Mapping[str, Any] | None], *, world: int, t0: float,
+          timeout_s: float, poll_s: float, stopped: list[str]) -> dict[int, Mapping[str, Any]]:
+    """Rank 0's wait: ``read(r)`` every ``poll_s`` s for each rank not yet in, until all ``world`` are, the
+    ``timeout_s`` since ``t0`` (monotonic s) has passed, or a SIGTERM came (``stopped``); rank 0's own ``payload``
+    is in from the start."""
+    got: dict[int, Mapping[str, Any]] = {0: dict(payload)}
+    with _sigterm_stops(stopped):
+        while True:
+            for r in range(1, world):
+                if r not in got and (body := read(r)) is not None:
+                    got[r] = body
+            if len(got) == world or time.monotonic() - t0 >= timeout_s or stopped:
+                return got
+            time.sleep(poll_s)
+
+
 def _gather_by_store(store: Any, body: str, payload: Mapping[str, Any], *, name: str, me: int, world: int,
                      t0: float, timeout_s: float, poll_s: float,
                      stopped: list[str]) -> tuple[dict[int, Mapping[str, Any]], str] | None:
@@ -303,15 +319,10 @@ def _gather_by_store(store: Any, body: str, payload: Mapping[str, Any], *, name:
     store.set(f"{prefix}{me}", body)
     if me != 0:
         return None
-    got: dict[int, Mapping[str, Any]] = {0: dict(payload)}
-    with _sigterm_stops(stopped):
-        while True:
-            for r in range(1, world):
-                if r not in got and store.check([f"{prefix}{r}"]):
-                    got[r] = json.loads(store.get(f"{prefix}{r}"))["payload"]
-            if len(got) == world or time.monotonic() - t0 >= timeout_s or stopped:
-                break
-            time.sleep(poll_s)
+    def read(r: int) -> Mapping[str, Any] | None:
+        return json.loads(store.get(f"{prefix}{r}"))["payload"] if store.check([f"{prefix}{r}"]) else None
+
+    got = _poll(payload, read, world=world, t0=t0, timeout_s=timeout_s, poll_s=poll_s, stopped=stopped)
     for r in got:
         try:
             store.delete_key(f"{prefix}{r}")
@@ -338,22 +349,14 @@ def _gather_by_folder(folder: Path | None, body: str, payload: Mapping[str, Any]
                              "name a writable folder shared by every rank") from None
     if me != 0:
         return None
-    got: dict[int, Mapping[str, Any]] = {0: dict(payload)}
-    with _sigterm_stops(stopped):
-        while True:
-            for r in range(1, world):
-                if r in got:
-                    continue
-                p = folder / f"{name}.rank{r}.json"
-                try:
-                    rec = json.loads(p.read_text())
-                except (OSError, ValueError):  # not there yet (a rename is atomic: never half a file)
-                    continue
-                if abs(float(rec.get("started_at", 0.0)) - started) <= STALE_S:
-                    got[r] = rec["payload"]
-            if len(got) == world or time.monotonic() - t0 >= timeout_s or stopped:
-                break
-            time.sleep(poll_s)
+    def read(r: int) -> Mapping[str, Any] | None:
+        try:
+            rec = json.loads((folder / f"{name}.rank{r}.json").read_text())
+        except (OSError, ValueError):  # not there yet (a rename is atomic: never half a file)
+            return None
+        return rec["payload"] if abs(float(rec.get("started_at", 0.0)) - started) <= STALE_S else None
+
+    got = _poll(payload, read, world=world, t0=t0, timeout_s=timeout_s, poll_s=poll_s, stopped=stopped)
     for r in got:
         try:
             (folder / f"{name}.rank{r}.json").unlink()
