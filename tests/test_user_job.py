@@ -418,6 +418,21 @@ def test_sizes_the_user_did_not_set_are_left_to_the_factory(tmp_path):
     assert given["batch_size"] == 16 and "image_size" not in given and given["seed"] == 0
 
 
+def test_the_parameters_cell_marks_the_sizes_a_users_job_keeps():
+    """The second cell shows ctx.shown_params(): no notebook default where the user's factory keeps its own size."""
+    from helpers.jobspec import FACTORY_DEFAULTS_KEY
+    from helpers.workbook.nbsetup import NotebookContext
+
+    params = {"results_path": "r.jsonl", "out_dir": "o", "batch_size": 32, "image_size": 64, "seed": 0,
+              "job": "x.py:make_job", FACTORY_DEFAULTS_KEY: ["batch_size"]}
+    ctx = NotebookContext(notebook="01_baseline_profiling", params=params, acc=None, store=None, out_dir=Path("."))
+    assert ctx.shown_params() == {"batch_size": "your job's own default", "image_size": 64, "seed": 0,
+                                  "job": "x.py:make_job"}
+    builtin = NotebookContext(notebook="01_baseline_profiling", params={"out_dir": "o", "batch_size": 32}, acc=None,
+                              store=None, out_dir=Path("."))
+    assert builtin.shown_params() == {"batch_size": 32}
+
+
 def test_every_notebook_loads_the_job_through_its_context():
     """ctx.job() makes the parameters (and every record after it) say the batch the user's job really has."""
     import nbformat

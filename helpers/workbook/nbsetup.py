@@ -138,6 +138,20 @@ class NotebookContext:
             self.use_job_batch(job.workload.batch_size)
         return job
 
+    def shown_params(self) -> dict:
+        """The parameters as a notebook's second cell shows them: without the output paths, and each size that a
+        user's job keeps at its factory's own default marked so (the workbook reads its value from the job when
+        the experiment loads it, e.g. the batch size: :meth:`job`), instead of the notebook's default.
+
+        Returns
+        -------
+        dict
+            Parameter name -> value, in the parameters cell's order.
+        """
+        own = set(self.params.get(FACTORY_DEFAULTS_KEY) or ())
+        hidden = {"results_path", "out_dir", FACTORY_DEFAULTS_KEY}
+        return {k: ("your job's own default" if k in own else v) for k, v in self.params.items() if k not in hidden}
+
     def use_job_batch(self, batch_size: int) -> None:
         """Make ``params["batch_size"]`` and the parameters stored with every later record say the batch a user's
         job really has (read from the job, e.g. by :meth:`job`, or from what its ranks trained, notebook 08).
