@@ -455,7 +455,7 @@ def run_ddp(cfg: "DDPConfig | Mapping[str, Any]", rc) -> dict[str, Any] | None:
         ``hooks`` (rows: hook, bytes_per_step, step time stats, errors),
         ``overlap`` ({cap_mb, n_buckets, t_ddp_s, t_nosync_s, t_allreduce_s}
         and the keys of :func:`overlap_figures`; hidden_fraction is None when
-        the measurement is inconsistent), hook rows carry ``cap_mb`` (the
+        the measurement is inconsistent or there is a single bucket), hook rows carry ``cap_mb`` (the
         default cap, 25 when swept),
         ``grad_bytes``, ``params``, ``world_size``, ``batch_per_rank``, ``backward_passes`` (per step: the
         PPO step's ``ppo_epochs``; a user's step's, counted), ``job`` (its name), ``samples`` (in its data).
@@ -509,7 +509,7 @@ def _summary(rank: _Rank, gathered: Sequence[Mapping[str, Any]], *, caps: list, 
     job = rank.job
     return {"buckets": buckets, "hooks": hook_rows,
             "overlap": {"cap_mb": overlap_cap, "n_buckets": len(sizes), "steps": rank.cfg.steps, "t_ddp_s": t_d,
-                        "t_nosync_s": t_n, "t_allreduce_s": t_a, **overlap_figures(t_d, t_n, t_a)},
+                        "t_nosync_s": t_n, "t_allreduce_s": t_a, **overlap_figures(t_d, t_n, t_a, len(sizes))},
             "unsupported_hooks": dict(unsupported), "grad_bytes": rank.grad_bytes,
             "params": count_parameters(rank.base), "world_size": rank.rc.world_size,
             "batch_per_rank": job.workload.batch_size, "backward_passes": rank.passes,
@@ -1279,7 +1279,8 @@ class CollectivesResult(ExperimentResult):
         ov = d["overlap"]
         out.add("ddp_overlap", f"bucket_cap_mb={ov['cap_mb']:g}", "hidden_fraction", ov["hidden_fraction"], "1",
                 t_ddp_s=ov["t_ddp_s"], t_nosync_s=ov["t_nosync_s"], t_allreduce_s=ov["t_allreduce_s"],
-                n_buckets=ov["n_buckets"], consistent=ov["consistent"], note=ov["note"])
+                n_buckets=ov["n_buckets"], consistent=ov["consistent"], note=ov["note"],
+                raw_hidden_fraction=ov["raw_hidden_fraction"], single_bucket=ov.get("single_bucket", False))
 
     @property
     def context(self) -> str:
