@@ -150,6 +150,15 @@ def test_the_verdict_claims_no_hidden_share_with_a_single_bucket():
     assert "67% of the allreduce time hidden behind computation" in _verdict(3).reason
 
 
+def test_the_verdict_says_none_measurable_only_without_a_measurable_difference():
+    same = _verdict(3)
+    assert "no measurable difference: fp16" in same.reason and "so none measurable;" in same.reason
+    slow = _verdict(3, fp16=(0.09, 0.08, 0.1))
+    assert "fp16 measurably slower" in slow.reason and "so leave compression off;" in slow.reason
+    assert "none measurable;" not in slow.reason.split("best bucket_cap_mb")[0]
+    assert same.recommendation == slow.recommendation == "leave off"
+
+
 # ---------------------------------------------------------------- the notebook's experiment: one CollectivesResult
 
 def _bench(world_size=2):

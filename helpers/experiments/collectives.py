@@ -621,7 +621,8 @@ def verdict(bench: Mapping[str, Any] | None, ddp_res: Mapping[str, Any] | None, 
         why = f"{hcmp['note']} per step, for a relative gradient error of {best_comp['rel_err']:.1e}"
     else:
         rec = "leave off"
-        why = (f"compression: {hcmp['note']} per step (median [25th-75th percentile]), so none measurable; "
+        so = "so leave compression off" if best_comp["hook"] in hcmp["slower"] else "so none measurable"
+        why = (f"compression: {hcmp['note']} per step (median [25th-75th percentile]), {so}; "
                f"{best_comp['hook']} costs a relative gradient error of {best_comp['rel_err']:.1e}")
     best_cap = buckets["best"]
     cap_txt = "none measurable" if best_cap == "none measurable" else "cap " + "/".join(f"{c:g}" for c in best_cap)
