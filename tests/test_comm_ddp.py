@@ -147,6 +147,7 @@ def test_the_verdict_claims_no_hidden_share_with_a_single_bucket():
     one = _verdict(1)
     assert "every cap made a single bucket: overlap not measurable by construction" in one.reason
     assert "hidden behind computation" not in one.reason
+    assert "(1 bucket):" in one.reason and "(3 buckets):" in _verdict(3).reason
     assert "67% of the allreduce time hidden behind computation" in _verdict(3).reason
 
 

@@ -584,6 +584,11 @@ def ddp_in_launched_job(params: Mapping[str, Any], *, backend: str = "auto") -> 
 NOTEBOOK = "08_collectives"
 
 
+def _n_buckets(n: int) -> str:
+    """``"1 bucket"``, ``"3 buckets"``."""
+    return f"{n} bucket" + ("" if n == 1 else "s")
+
+
 def verdict(bench: Mapping[str, Any] | None, ddp_res: Mapping[str, Any] | None, buckets: Mapping[str, Any] | None, *,
             why_not: str, context: str) -> Verdict:
     """Notebook 08's verdict: whether a gradient-compression hook is measurably faster, with the bucket and overlap figures.
@@ -628,7 +633,7 @@ def verdict(bench: Mapping[str, Any] | None, ddp_res: Mapping[str, Any] | None, 
     cap_txt = "none measurable" if best_cap == "none measurable" else "cap " + "/".join(f"{c:g}" for c in best_cap)
     ov = ddp_res["overlap"]
     reason = (f"{why}; best bucket_cap_mb: {cap_txt} ({buckets['note']}); overlap at bucket_cap_mb {ov['cap_mb']:g} "
-              f"({ov['n_buckets']} buckets): {ov['note']}; busbw {largest['busbw_gbps']:.2f} GB/s at "
+              f"({_n_buckets(ov['n_buckets'])}): {ov['note']}; busbw {largest['busbw_gbps']:.2f} GB/s at "
               f"{largest['bytes'] / 2**20:g} MiB")
     hook = hcmp["best"] if hcmp["best"] in ("fp16", "bf16") else (best_comp or {}).get("hook", "")
     hook = hook if hook in ("fp16", "bf16") else ""
@@ -1220,7 +1225,7 @@ class CollectivesResult(ExperimentResult):
         if d is None:
             return f"DDP not run: {self.plan.why_not}"
         ov = d["overlap"]
-        line = (f"overlap at bucket_cap_mb {ov['cap_mb']:g} ({ov['n_buckets']} buckets, {ov['steps']} interleaved "
+        line = (f"overlap at bucket_cap_mb {ov['cap_mb']:g} ({_n_buckets(ov['n_buckets'])}, {ov['steps']} interleaved "
                 f"steps each): step with DDP {ov['t_ddp_s'] * 1e3:.1f} ms, without communication (no_sync) "
                 f"{ov['t_nosync_s'] * 1e3:.1f} ms, the allreduces alone {ov['t_allreduce_s'] * 1e3:.1f} ms: "
                 f"communication adds {ov['exposed_s'] * 1e3:.1f} ms to the step; {ov['note']}.")
