@@ -1126,8 +1126,8 @@ class CollectivesResult(ExperimentResult):
                          "trend, or (in the bandwidth-bound part) a time that does not grow with size")
         lines.append(f"plateau: {reg['plateau_busbw_gbps']:.2f} GB/s busbw (median of the {len(reg['plateau_bytes'])} "
                      f"largest sizes, {reg['plateau_bytes'][0] / 2**20:g} MiB and up); from "
-                     f"{reg['crossover_bytes']:,} bytes on, every size reaches at least half of it (highest single "
-                     f"point: {reg['peak_busbw_gbps']:.2f} GB/s at {reg['peak_bytes'] / 2**20:g} MiB)")
+                     f"{reg['crossover_bytes']:,} bytes on (the crossover), every size reaches at least half of it "
+                     f"(highest single point: {reg['peak_busbw_gbps']:.2f} GB/s at {reg['peak_bytes'] / 2**20:g} MiB)")
         largest, b = bench["sizes"][-1], bench["bare"]
         row = next((r for r in bench["sizes"] if r["bytes"] == b["bytes"]), None)
         lines.append(f"largest size {largest['bytes'] / 2**20:g} MiB: busbw {largest['busbw_gbps']:.2f} GB/s. At "
