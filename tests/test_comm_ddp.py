@@ -212,6 +212,8 @@ def test_a_result_records_the_sweep_ddp_and_the_env_check_in_order(result, tmp_p
     assert v.context.startswith("gloo, 2 ranks on cpu; allreduce 8 B to 256 MiB, 10 repeats; PPO DDP 32 samples")
     assert "every gradient byte is in a bucket: True" in res.ddp_check_text()
     assert res.overlap_text().startswith("overlap at bucket_cap_mb")
+    hooks = res.hooks_table()  # rounded like the bucket table, errors to two significant digits
+    assert (hooks["step ms"] == hooks["step ms"].round(2)).all() and hooks.loc[0, "max abs err"] == "0"
     knobs = res.try_it(__import__("helpers.device", fromlist=["x"]).get_accelerator("cpu"), res.params).knobs
     assert knobs["min_mib"].value == 1.0 and knobs["max_mib"].value == 4.0
 

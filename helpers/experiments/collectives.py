@@ -1198,16 +1198,19 @@ class CollectivesResult(ExperimentResult):
         return "\n".join(lines)
 
     def hooks_table(self):
-        """Section 3: per hook, the bytes sent, the step time and the gradient error (None without DDP)."""
+        """Section 3: per hook, the bytes sent (three significant digits: a small model sends a few KiB), the step
+        time (rounded like :meth:`buckets_table`) and the gradient error (two significant digits, "0" when exact)
+        (None without DDP)."""
         import pandas as pd
 
         if self.ddp is None:
             return None
-        return pd.DataFrame([{"hook": h["hook"], "MiB per step": h["bytes_per_step"] / 2**20,
+        err = lambda x: f"{x:.1e}" if x else "0"  # noqa: E731  (errors span decades: two significant digits)
+        return pd.DataFrame([{"hook": h["hook"], "MiB per step": float(f"{h['bytes_per_step'] / 2**20:.3g}"),
                               "step ms": h["time_s"] * 1e3, "p25 ms": h["time_p25_s"] * 1e3,
-                              "p75 ms": h["time_p75_s"] * 1e3, "max abs err": h["max_abs_err"],
-                              "rel err": h["rel_err"], "elements differing": h["mismatched"]}
-                             for h in self.ddp["hooks"]])
+                              "p75 ms": h["time_p75_s"] * 1e3, "max abs err": err(h["max_abs_err"]),
+                              "rel err": err(h["rel_err"]), "elements differing": h["mismatched"]}
+                             for h in self.ddp["hooks"]]).round({"step ms": 2, "p25 ms": 2, "p75 ms": 2})
 
     def ddp_check_text(self) -> str:
         """Section 3's checks: plain DDP equals the fp32 reference, every gradient byte is in a bucket."""
