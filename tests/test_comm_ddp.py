@@ -78,6 +78,10 @@ def test_overlap_arithmetic_flags_inconsistent_medians():
     assert not neg["consistent"] and neg["hidden_fraction"] is None
     with pytest.raises(ParameterError):
         ddp.overlap_figures(1.0, 1.0, 0.0)
+    one = ddp.overlap_figures(1.0, 0.8, 0.4, n_buckets=1)  # one bucket: nothing can overlap, whatever the times say
+    assert one["single_bucket"] and one["hidden_fraction"] is None and one["raw_hidden_fraction"] == pytest.approx(0.5)
+    assert one["note"] == "every cap made a single bucket: overlap not measurable by construction"
+    assert "%" not in one["note"] and not ok["single_bucket"]
 
 
 def test_overlap_figures(result):
@@ -126,6 +130,34 @@ def test_hook_comparison():
     slow = dict(fp16, time_s=0.09, time_p25_s=0.08, time_p75_s=0.1)
     out = collectives.hook_comparison([none, slow])
     assert out["best"] == "none measurable" and out["slower"] == ["fp16"]
+
+
+def _verdict(n_buckets, fp16=(0.048, 0.044, 0.052)):
+    """Notebook 08's verdict on made-up rows: plain allreduce 50 ms, fp16 as given, a 1 MiB sweep point."""
+    none = {"hook": "none", "time_s": 0.05, "time_p25_s": 0.045, "time_p75_s": 0.055, "rel_err": 0.0}
+    comp = {"hook": "fp16", "time_s": fp16[0], "time_p25_s": fp16[1], "time_p75_s": fp16[2], "rel_err": 2e-4}
+    sizes = [945] * n_buckets
+    ov = {"cap_mb": 25.0, "n_buckets": n_buckets, **ddp.overlap_figures(0.05, 0.04, 0.03, n_buckets)}
+    bench = {"sizes": [{"bytes": 2**20, "busbw_gbps": 1.5}]}
+    buckets = collectives.bucket_comparison([_b(25.0, sizes, 0.05, 0.045, 0.055)])
+    return collectives.verdict(bench, {"hooks": [none, comp], "overlap": ov}, buckets, why_not="", context="c")
+
+
+def test_the_verdict_claims_no_hidden_share_with_a_single_bucket():
+    one = _verdict(1)
+    assert "every cap made a single bucket: overlap not measurable by construction" in one.reason
+    assert "hidden behind computation" not in one.reason
+    assert "(1 bucket):" in one.reason and "(3 buckets):" in _verdict(3).reason
+    assert "67% of the allreduce time hidden behind computation" in _verdict(3).reason
+
+
+def test_the_verdict_says_none_measurable_only_without_a_measurable_difference():
+    same = _verdict(3)
+    assert "no measurable difference: fp16" in same.reason and "so none measurable;" in same.reason
+    slow = _verdict(3, fp16=(0.09, 0.08, 0.1))
+    assert "fp16 measurably slower" in slow.reason and "so leave compression off;" in slow.reason
+    assert "none measurable;" not in slow.reason.split("best bucket_cap_mb")[0]
+    assert same.recommendation == slow.recommendation == "leave off"
 
 
 # ---------------------------------------------------------------- the notebook's experiment: one CollectivesResult
@@ -180,6 +212,8 @@ def test_a_result_records_the_sweep_ddp_and_the_env_check_in_order(result, tmp_p
     assert v.context.startswith("gloo, 2 ranks on cpu; allreduce 8 B to 256 MiB, 10 repeats; PPO DDP 32 samples")
     assert "every gradient byte is in a bucket: True" in res.ddp_check_text()
     assert res.overlap_text().startswith("overlap at bucket_cap_mb")
+    hooks = res.hooks_table()  # rounded like the bucket table, errors to two significant digits
+    assert (hooks["step ms"] == hooks["step ms"].round(2)).all() and hooks.loc[0, "max abs err"] == "0"
     knobs = res.try_it(__import__("helpers.device", fromlist=["x"]).get_accelerator("cpu"), res.params).knobs
     assert knobs["min_mib"].value == 1.0 and knobs["max_mib"].value == 4.0
 

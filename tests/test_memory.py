@@ -490,3 +490,21 @@ def test_a_user_job_is_sized_by_its_own_batch_and_takes_any_batch_size(cpu):
     plan = E.plan(ctx)
     assert plan.job.batch_multiple == 1 and plan.text().endswith(f"your job ({job}): any batch size")
     assert not plan.job.is_builtin
+
+
+def test_the_memory_per_step_figure_has_whole_step_ticks():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from helpers.workbook import plots_memory
+
+    frame = pd.DataFrame({"step": [1, 2, 3], "source": "process", "rss_mib": [400.0] * 3, "uss_mib": [315.0] * 3,
+                          "peak_mib": [401.0] * 3})
+    fig = plots_memory.memory_per_step(frame)
+    fig.canvas.draw()
+    ticks = fig.axes[0].get_xticks()
+    assert len(ticks) and all(float(t).is_integer() for t in ticks)
+    plt.close(fig)

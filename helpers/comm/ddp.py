@@ -74,7 +74,8 @@ def hidden_fraction(t_ddp: float, t_nosync: float, t_allreduce: float) -> float:
     return float(min(1.0, max(0.0, 1.0 - (t_ddp - t_nosync) / t_allreduce)))
 
 
-def overlap_figures(t_ddp: float, t_nosync: float, t_allreduce: float) -> dict[str, Any]:
+def overlap_figures(t_ddp: float, t_nosync: float, t_allreduce: float,
+                    n_buckets: int | None = None) -> dict[str, Any]:
     """The overlap figures of one cap, with a check that the three medians fit together.
 
     Parameters
@@ -82,6 +83,11 @@ def overlap_figures(t_ddp: float, t_nosync: float, t_allreduce: float) -> dict[s
     t_ddp, t_nosync, t_allreduce : float
         Seconds: DDP step, the same step under ``no_sync()``, the step's
         allreduces alone.
+    n_buckets : int or None
+        Buckets DDP made at this cap. With 1, nothing can overlap by
+        construction (the one allreduce starts when backward ends): the
+        arithmetic is kept in ``raw_hidden_fraction`` but ``hidden_fraction``
+        is None and the note says so. None: not known (judged from the times).
 
     Returns
     -------
@@ -90,15 +96,20 @@ def overlap_figures(t_ddp: float, t_nosync: float, t_allreduce: float) -> dict[s
         exposed / t_allreduce``, unclipped), ``consistent`` (0 <= exposed <=
         t_allreduce), ``hidden_fraction`` (the raw value when consistent; 0.0
         when DDP adds at least as much as the allreduces take alone: no
-        measurable overlap; None when DDP was faster than no_sync, i.e. noise)
-        and ``note`` (a sentence).
+        measurable overlap; None when DDP was faster than no_sync, i.e. noise,
+        or with a single bucket), ``single_bucket`` (n_buckets == 1: overlap
+        not measurable by construction) and ``note`` (a sentence).
     """
     if t_allreduce <= 0:
         raise ParameterError(f"t_allreduce={t_allreduce} must be > 0.")
     exposed = t_ddp - t_nosync
     raw = 1.0 - exposed / t_allreduce
     ok = 0.0 <= exposed <= t_allreduce
-    if exposed >= t_allreduce:
+    single = n_buckets == 1
+    if single:
+        hidden = None
+        note = "every cap made a single bucket: overlap not measurable by construction"
+    elif exposed >= t_allreduce:
         hidden = 0.0
         note = (f"no measurable overlap (hidden ~ 0; DDP adds {exposed * 1e3:.1f} ms >= "
                 f"{t_allreduce * 1e3:.1f} ms the allreduces take alone)")
@@ -110,7 +121,7 @@ def overlap_figures(t_ddp: float, t_nosync: float, t_allreduce: float) -> dict[s
         hidden = raw
         note = f"{100 * raw:.0f}% of the allreduce time hidden behind computation"
     return {"exposed_s": exposed, "raw_hidden_fraction": raw, "consistent": ok,
-            "hidden_fraction": hidden, "note": note}
+            "hidden_fraction": hidden, "single_bucket": single, "note": note}
 
 
 def iqr_overlap(a: Mapping[str, float], b: Mapping[str, float]) -> bool:

@@ -455,7 +455,7 @@ def run_ddp(cfg: "DDPConfig | Mapping[str, Any]", rc) -> dict[str, Any] | None:
         ``hooks`` (rows: hook, bytes_per_step, step time stats, errors),
         ``overlap`` ({cap_mb, n_buckets, t_ddp_s, t_nosync_s, t_allreduce_s}
         and the keys of :func:`overlap_figures`; hidden_fraction is None when
-        the measurement is inconsistent), hook rows carry ``cap_mb`` (the
+        the measurement is inconsistent or there is a single bucket), hook rows carry ``cap_mb`` (the
         default cap, 25 when swept),
         ``grad_bytes``, ``params``, ``world_size``, ``batch_per_rank``, ``backward_passes`` (per step: the
         PPO step's ``ppo_epochs``; a user's step's, counted), ``job`` (its name), ``samples`` (in its data).
@@ -509,7 +509,7 @@ def _summary(rank: _Rank, gathered: Sequence[Mapping[str, Any]], *, caps: list, 
     job = rank.job
     return {"buckets": buckets, "hooks": hook_rows,
             "overlap": {"cap_mb": overlap_cap, "n_buckets": len(sizes), "steps": rank.cfg.steps, "t_ddp_s": t_d,
-                        "t_nosync_s": t_n, "t_allreduce_s": t_a, **overlap_figures(t_d, t_n, t_a)},
+                        "t_nosync_s": t_n, "t_allreduce_s": t_a, **overlap_figures(t_d, t_n, t_a, len(sizes))},
             "unsupported_hooks": dict(unsupported), "grad_bytes": rank.grad_bytes,
             "params": count_parameters(rank.base), "world_size": rank.rc.world_size,
             "batch_per_rank": job.workload.batch_size, "backward_passes": rank.passes,
@@ -584,6 +584,11 @@ def ddp_in_launched_job(params: Mapping[str, Any], *, backend: str = "auto") -> 
 NOTEBOOK = "08_collectives"
 
 
+def _n_buckets(n: int) -> str:
+    """``"1 bucket"``, ``"3 buckets"``."""
+    return f"{n} bucket" + ("" if n == 1 else "s")
+
+
 def verdict(bench: Mapping[str, Any] | None, ddp_res: Mapping[str, Any] | None, buckets: Mapping[str, Any] | None, *,
             why_not: str, context: str) -> Verdict:
     """Notebook 08's verdict: whether a gradient-compression hook is measurably faster, with the bucket and overlap figures.
@@ -621,13 +626,14 @@ def verdict(bench: Mapping[str, Any] | None, ddp_res: Mapping[str, Any] | None, 
         why = f"{hcmp['note']} per step, for a relative gradient error of {best_comp['rel_err']:.1e}"
     else:
         rec = "leave off"
-        why = (f"compression: {hcmp['note']} per step (median [25th-75th percentile]), so none measurable; "
+        so = "so leave compression off" if best_comp["hook"] in hcmp["slower"] else "so none measurable"
+        why = (f"compression: {hcmp['note']} per step (median [25th-75th percentile]), {so}; "
                f"{best_comp['hook']} costs a relative gradient error of {best_comp['rel_err']:.1e}")
     best_cap = buckets["best"]
     cap_txt = "none measurable" if best_cap == "none measurable" else "cap " + "/".join(f"{c:g}" for c in best_cap)
     ov = ddp_res["overlap"]
     reason = (f"{why}; best bucket_cap_mb: {cap_txt} ({buckets['note']}); overlap at bucket_cap_mb {ov['cap_mb']:g} "
-              f"({ov['n_buckets']} buckets): {ov['note']}; busbw {largest['busbw_gbps']:.2f} GB/s at "
+              f"({_n_buckets(ov['n_buckets'])}): {ov['note']}; busbw {largest['busbw_gbps']:.2f} GB/s at "
               f"{largest['bytes'] / 2**20:g} MiB")
     hook = hcmp["best"] if hcmp["best"] in ("fp16", "bf16") else (best_comp or {}).get("hook", "")
     hook = hook if hook in ("fp16", "bf16") else ""
@@ -1120,8 +1126,8 @@ class CollectivesResult(ExperimentResult):
                          "trend, or (in the bandwidth-bound part) a time that does not grow with size")
         lines.append(f"plateau: {reg['plateau_busbw_gbps']:.2f} GB/s busbw (median of the {len(reg['plateau_bytes'])} "
                      f"largest sizes, {reg['plateau_bytes'][0] / 2**20:g} MiB and up); from "
-                     f"{reg['crossover_bytes']:,} bytes on, every size reaches at least half of it (highest single "
-                     f"point: {reg['peak_busbw_gbps']:.2f} GB/s at {reg['peak_bytes'] / 2**20:g} MiB)")
+                     f"{reg['crossover_bytes']:,} bytes on (the crossover), every size reaches at least half of it "
+                     f"(highest single point: {reg['peak_busbw_gbps']:.2f} GB/s at {reg['peak_bytes'] / 2**20:g} MiB)")
         largest, b = bench["sizes"][-1], bench["bare"]
         row = next((r for r in bench["sizes"] if r["bytes"] == b["bytes"]), None)
         lines.append(f"largest size {largest['bytes'] / 2**20:g} MiB: busbw {largest['busbw_gbps']:.2f} GB/s. At "
@@ -1192,16 +1198,19 @@ class CollectivesResult(ExperimentResult):
         return "\n".join(lines)
 
     def hooks_table(self):
-        """Section 3: per hook, the bytes sent, the step time and the gradient error (None without DDP)."""
+        """Section 3: per hook, the bytes sent (three significant digits: a small model sends a few KiB), the step
+        time (rounded like :meth:`buckets_table`) and the gradient error (two significant digits, "0" when exact)
+        (None without DDP)."""
         import pandas as pd
 
         if self.ddp is None:
             return None
-        return pd.DataFrame([{"hook": h["hook"], "MiB per step": h["bytes_per_step"] / 2**20,
+        err = lambda x: f"{x:.1e}" if x else "0"  # noqa: E731  (errors span decades: two significant digits)
+        return pd.DataFrame([{"hook": h["hook"], "MiB per step": float(f"{h['bytes_per_step'] / 2**20:.3g}"),
                               "step ms": h["time_s"] * 1e3, "p25 ms": h["time_p25_s"] * 1e3,
-                              "p75 ms": h["time_p75_s"] * 1e3, "max abs err": h["max_abs_err"],
-                              "rel err": h["rel_err"], "elements differing": h["mismatched"]}
-                             for h in self.ddp["hooks"]])
+                              "p75 ms": h["time_p75_s"] * 1e3, "max abs err": err(h["max_abs_err"]),
+                              "rel err": err(h["rel_err"]), "elements differing": h["mismatched"]}
+                             for h in self.ddp["hooks"]]).round({"step ms": 2, "p25 ms": 2, "p75 ms": 2})
 
     def ddp_check_text(self) -> str:
         """Section 3's checks: plain DDP equals the fp32 reference, every gradient byte is in a bucket."""
@@ -1219,7 +1228,7 @@ class CollectivesResult(ExperimentResult):
         if d is None:
             return f"DDP not run: {self.plan.why_not}"
         ov = d["overlap"]
-        line = (f"overlap at bucket_cap_mb {ov['cap_mb']:g} ({ov['n_buckets']} buckets, {ov['steps']} interleaved "
+        line = (f"overlap at bucket_cap_mb {ov['cap_mb']:g} ({_n_buckets(ov['n_buckets'])}, {ov['steps']} interleaved "
                 f"steps each): step with DDP {ov['t_ddp_s'] * 1e3:.1f} ms, without communication (no_sync) "
                 f"{ov['t_nosync_s'] * 1e3:.1f} ms, the allreduces alone {ov['t_allreduce_s'] * 1e3:.1f} ms: "
                 f"communication adds {ov['exposed_s'] * 1e3:.1f} ms to the step; {ov['note']}.")
@@ -1279,7 +1288,8 @@ class CollectivesResult(ExperimentResult):
         ov = d["overlap"]
         out.add("ddp_overlap", f"bucket_cap_mb={ov['cap_mb']:g}", "hidden_fraction", ov["hidden_fraction"], "1",
                 t_ddp_s=ov["t_ddp_s"], t_nosync_s=ov["t_nosync_s"], t_allreduce_s=ov["t_allreduce_s"],
-                n_buckets=ov["n_buckets"], consistent=ov["consistent"], note=ov["note"])
+                n_buckets=ov["n_buckets"], consistent=ov["consistent"], note=ov["note"],
+                raw_hidden_fraction=ov["raw_hidden_fraction"], single_bucket=ov.get("single_bucket", False))
 
     @property
     def context(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -49,6 +50,7 @@ def memory_per_step(frame: "pd.DataFrame", *, title: str = ""):
         ax.plot(steps, frame["uss_mib"], color=ALLOC_COLOR, marker=".", label="process USS")
         ax.plot(steps, frame["peak_mib"], color=PEAK_COLOR, linestyle="--", label="peak RSS seen in step")
     ax.set_xlabel("training step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers: no 1.25, 1.5 ticks
     ax.set_ylabel("MiB")
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title(title or ("device allocator memory per step" if device else "process memory per step (CPU)"))
