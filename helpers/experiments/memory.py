@@ -55,14 +55,13 @@ from helpers.compute.memory import (
 from helpers.device import Accelerator, get_accelerator
 from helpers.errors import ParameterError
 from helpers.experiments.base import Experiment, ExperimentResult
-from helpers.jobs.base import Workload, close_dataset
+from helpers.jobs.base import close_dataset
 from helpers.jobs.load import JobRequest
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
 from helpers.results import Records
 from helpers.timing import Comparison, compare, measure
 from helpers.verdict import Action, Verdict
-from helpers.workload import DEFAULT
 
 
 logger = logging.getLogger(__name__)
@@ -82,66 +81,36 @@ _CONFLICTING_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_N
 _RESULT_MARK = "@@MEMORY_RESULT@@"
 
 
-@dataclass(frozen=True)
-class TraceConfig:
-    """What the allocator-settings child runs: the built-in job of notebook 09, as flat JSON-able fields.
+@dataclass(frozen=True, kw_only=True)
+class TraceConfig(JobRequest):
+    """What the allocator-settings child runs: a :class:`helpers.jobs.load.JobRequest` (the user's job, or the
+    built-in one at any batch size: its images are decoded once) with the device and the trace's lengths, as flat
+    JSON-able fields.
 
     Attributes
     ----------
     device : str
         "cpu", "cuda" or "npu".
-    data_dir : str
-        Image folder; "" for the embedded photos.
-    max_images, seed, batch_size, image_size, text_len, model_width, d_model : int
-        As the notebook's parameters of the same names.
     steps : int
         Traced steps.
     warmup_steps : int
         Steps before the trace.
     empty_cache_repeats : int
         Rounds of :func:`measure_empty_cache` (0: skip).
-    job : str
-        The user's job spec (:func:`helpers.jobs.load.load_job`); "" for the built-in job.
-    factory_defaults : tuple of str
-        The sizes the user's job keeps at its factory's own defaults (not passed to it; see
-        :data:`helpers.jobspec.FACTORY_DEFAULTS_KEY`).
+    spec, factory_defaults, data_dir, max_images, seed, batch_size, image_size, text_len, model_width, d_model
+        The job, as :class:`helpers.jobs.load.JobRequest`'s.
     """
 
     device: str
-    data_dir: str = ""
-    max_images: int = 0
-    seed: int = 0
-    batch_size: int = DEFAULT.batch_size
-    image_size: int = DEFAULT.image_size
-    text_len: int = DEFAULT.text_len
-    model_width: int = DEFAULT.model_width
-    d_model: int = DEFAULT.d_model
     steps: int = 8
     warmup_steps: int = 1
     empty_cache_repeats: int = 2
-    job: str = ""
-    factory_defaults: tuple = ()
-
-    @property
-    def workload(self) -> Workload:
-        """The job's workload (this config is its flat JSON form for the child process)."""
-        return Workload(batch_size=self.batch_size, image_size=self.image_size, text_len=self.text_len,
-                        model_width=self.model_width, d_model=self.d_model, seed=self.seed)
-
-    @property
-    def request(self) -> JobRequest:
-        """The job this config names (the built-in one at any batch size: its images are decoded once)."""
-        return JobRequest(spec=self.job, factory_defaults=tuple(self.factory_defaults), data_dir=self.data_dir,
-                          max_images=self.max_images, seed=self.seed, batch_size=self.batch_size,
-                          image_size=self.image_size, text_len=self.text_len, model_width=self.model_width,
-                          d_model=self.d_model, any_batch_size=True)
+    any_batch_size: bool = True
 
     @classmethod
     def of(cls, device: str, request: JobRequest, **kwargs: Any) -> "TraceConfig":
         """The config of ``request``'s job on ``device`` (``kwargs``: ``steps``, ``warmup_steps``, ...)."""
-        job = {k: v for k, v in request.as_dict().items() if k not in ("spec", "any_batch_size")}
-        return cls(device=device, job=request.spec, **{**job, "factory_defaults": tuple(request.factory_defaults)},
-                   **kwargs)
+        return cls(**{**asdict(request), "any_batch_size": True}, device=device, **kwargs)
 
 
 POOL_IMAGES = 256
@@ -228,9 +197,9 @@ def _step_factory(job, acc: Accelerator, n_items: int, take: Callable[[torch.Ten
 
 
 def trace_job(cfg: "TraceConfig"):
-    """The job of a :class:`TraceConfig`: the user's (``cfg.job``), or the built-in one (any batch size: the
-    images are only decoded once); :meth:`TraceConfig.request`'s."""
-    return cfg.request.job()
+    """The job of a :class:`TraceConfig`: the user's (``cfg.spec``), or the built-in one (any batch size: the
+    images are only decoded once)."""
+    return cfg.job()
 
 
 def _child_main(cfg: TraceConfig) -> dict[str, Any]:
@@ -658,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("usage: python -m helpers.experiments.memory '<TraceConfig as JSON>'\n")
         return 2
     try:
-        cfg = TraceConfig(**json.loads(argv[0]))
+        cfg = TraceConfig.from_dict(json.loads(argv[0]))
     except (TypeError, ValueError) as exc:
         sys.stderr.write(f"bad TraceConfig JSON: {exc}\n")
         return 2

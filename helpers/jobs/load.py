@@ -232,8 +232,7 @@ class JobRequest:
     @property
     def workload(self) -> Workload:
         """The built-in job's workload."""
-        return Workload(batch_size=self.batch_size, image_size=self.image_size, text_len=self.text_len,
-                        model_width=self.model_width, d_model=self.d_model, seed=self.seed)
+        return Workload.from_params(asdict(self))
 
     def job(self) -> Job:
         """The job: the user's (:func:`load_job` of :attr:`spec` with the factory's parameters but those it keeps
@@ -247,9 +246,6 @@ class JobRequest:
         if self.spec:
             return load_job(self.spec, factory_params({**asdict(self), FACTORY_DEFAULTS_KEY: self.factory_defaults}))
         from helpers.jobs.ppo import PPOJob
-        from helpers.pipeline.prepare import prepare_data
 
-        w = self.workload
-        index, tokenizer = prepare_data(self.data_dir or None, max_images=self.max_images, seed=w.seed,
-                                        batch_size=1 if self.any_batch_size else w.batch_size, text_len=w.text_len)
-        return PPOJob(index, tokenizer, w)
+        return PPOJob.from_data(self.workload, self.data_dir, max_images=self.max_images,
+                                any_batch_size=self.any_batch_size)

@@ -85,16 +85,20 @@ class PPOJob(Job):
 
     @classmethod
     def from_data(cls, workload: Workload, data_dir: str | None = None, *, max_images: int = 0,
-                  **kwargs: Any) -> "PPOJob":
+                  any_batch_size: bool = False, **kwargs: Any) -> "PPOJob":
         """Load the images (embedded photos when ``data_dir`` is empty) and build the job.
+
+        ``any_batch_size``: the data need not hold one batch (a caller that draws its batches from a decoded pool,
+        with repetition, as notebook 09 does); by default it must, as every loader of the job needs.
 
         Raises
         ------
         helpers.errors.DataError
-            Missing, empty or undecodable folder, or fewer images than one batch.
+            Missing, empty or undecodable folder, or fewer images than one batch (unless ``any_batch_size``).
         """
         index, tokenizer = prepare_data(data_dir or None, max_images=max_images, seed=workload.seed,
-                                        batch_size=workload.batch_size, text_len=workload.text_len)
+                                        batch_size=1 if any_batch_size else workload.batch_size,
+                                        text_len=workload.text_len)
         return cls(index, tokenizer, workload, **kwargs)
 
     @classmethod
