@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["NO_VALUE", "format_number", "format_percent", "format_value", "is_number"]
+__all__ = ["NO_VALUE", "format_bytes", "format_number", "format_percent", "format_value", "is_number"]
 
 #: What a missing number reads as.
 NO_VALUE = "—"
@@ -95,3 +95,12 @@ def format_value(value: Any, unit: str | None) -> str:
     if unit == "bool":
         return "yes" if value else "no"
     return f"{format_number(value)} {unit}".strip()
+
+
+def format_bytes(nbytes: float) -> str:
+    """A size in binary units as sentences, tables and axis ticks write it: ``"1 GiB"``, ``"4 MiB"``, ``"64 KiB"``,
+    ``"8 B"`` (the largest unit it is at least one of, ``%g`` digits)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"

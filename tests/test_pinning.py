@@ -322,3 +322,10 @@ def test_result_with_comparisons_records_each_batch_and_names_the_users_job(tmp_
     assert v.recommendation == "enable" and v.extra["method"] == "pinned_buffer" and "% of the link" in v.reason
     assert v.context.startswith("your job 'mine''s batch (image float32 (2, 3)) = 0.375 KiB")
     assert r.try_it(get_accelerator("cpu"), {"repeats": 3, "warmup": 1}).knobs["method"].value == "pinned_buffer"
+
+
+def test_sizes_read_in_binary_units_in_every_sentence_and_tick():
+    from helpers.units import format_bytes
+
+    assert [format_bytes(n) for n in (8, 1536, 4 * 2**20, 2**30, 2.5 * 2**30)] == [
+        "8 B", "1.5 KiB", "4 MiB", "1 GiB", "2.5 GiB"]

@@ -76,6 +76,7 @@ from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.results import Records
 from helpers.params import Param
 from helpers.timing import timed_call
+from helpers.units import format_bytes
 from helpers.verdict import Action, Verdict
 
 
@@ -878,13 +879,6 @@ def _sweep_points(sizes: Sequence[int], *, world_size: int, backend: str, device
 
 # --------------------------------------------------------------------------- the notebook's experiment: one result
 
-def _label(nbytes: float) -> str:
-    """``"1 GiB"``, ``"4 MiB"``, ``"64 KiB"``, ``"8 B"``: a size as the notebook's sentences write it."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes:g} B"
-
 
 @dataclass(frozen=True)
 class BackendPlan:
@@ -1120,7 +1114,7 @@ class CollectivesResult(ExperimentResult):
             lines.append(f"flagged: {len(flags)} of {len(bench['sizes'])} sizes look noisy (ringed in the plot; a "
                          "loaded machine gives millisecond scheduler pauses: rerun on an idle machine or raise "
                          "repeats):")
-            lines += [f"  {_label(f['bytes'])}: {'; '.join(f['reasons'])}" for f in flags]
+            lines += [f"  {format_bytes(f['bytes'])}: {'; '.join(f['reasons'])}" for f in flags]
         else:
             lines.append("steady: no size has a 75th percentile above 5x its median, a median off its neighbours' "
                          "trend, or (in the bandwidth-bound part) a time that does not grow with size")
@@ -1149,7 +1143,7 @@ class CollectivesResult(ExperimentResult):
              f"median small-message time {reg['small_time_s'] * 1e3:.3f} ms",
              "https://github.com/meta-pytorch/torchft/pull/199"),
             ("localhost gloo allreduce at 40 MB", "about 2.4 GB/s",
-             f"{at40['algbw_gbps']:.2f} GB/s algbw at {_label(at40['bytes'])}",
+             f"{at40['algbw_gbps']:.2f} GB/s algbw at {format_bytes(at40['bytes'])}",
              "https://github.com/meta-pytorch/torchft/pull/199"),
             ("8x H100 nccl allreduce busbw, NVLink SHARP (ring: about 370 GB/s)", "about 480 GB/s",
              f"plateau busbw {reg['plateau_busbw_gbps']:.2f} GB/s ({self.plan.backend}, {self.plan.world_size} ranks "
@@ -1377,7 +1371,6 @@ def run(ctx: Any) -> CollectivesResult:
             ctx.use_job_batch(ddp_res["batch_per_rank"])
     return CollectivesResult(plan=plan, device_kind=acc.kind, bench=bench, ddp=ddp_res, env=env_check(ctx.out_dir),
                              params=dict(P), log_dir=log_dir)
-
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

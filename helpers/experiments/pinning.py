@@ -53,6 +53,7 @@ from helpers.pipeline.transfer import (BATCH_METHODS, METHODS, Applicability, ba
                                       copy_method, pinning_applicability)
 from helpers.results import Records
 from helpers.timing import Comparison, compare, measure, measure_events
+from helpers.units import format_bytes
 from helpers.verdict import Action, Verdict
 from helpers.workload import DEFAULT
 
@@ -384,20 +385,13 @@ def bandwidth_summary(table: "pd.DataFrame", *, cache_bytes: int | None = None) 
     return pd.DataFrame(rows)
 
 
-def _size_text(nbytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes:g} B"
-
-
 def _largest_label(size: int, regime: str, cache_bytes: int | None) -> str:
     if regime == "memory":
-        return f"main-memory rate ({_size_text(size)} copies; last-level cache {_size_text(cache_bytes)})"
+        return f"main-memory rate ({format_bytes(size)} copies; last-level cache {format_bytes(cache_bytes)})"
     if regime == "unknown":
-        return f"rate at the largest size ({_size_text(size)} copies; cache size unknown)"
+        return f"rate at the largest size ({format_bytes(size)} copies; cache size unknown)"
     where = "in" if regime == "cache" else "partly in"
-    return (f"rate at the largest size ({_size_text(size)} copies, {where} the {_size_text(cache_bytes)} cache: "
+    return (f"rate at the largest size ({format_bytes(size)} copies, {where} the {format_bytes(cache_bytes)} cache: "
             "not main memory)")
 
 
@@ -491,7 +485,7 @@ def bandwidth_records(summary: "pd.DataFrame", *, cache_bytes: int | None = None
                               reference=True))
             if int(row["peak_size_bytes"]) != int(row["largest_size_bytes"]):
                 kind = "cache-sized peak" if row["peak_regime"] == "cache" else "peak"
-                out.append(record("host memcpy bandwidth", f"{kind} ({_size_text(row['peak_size_bytes'])} copies)",
+                out.append(record("host memcpy bandwidth", f"{kind} ({format_bytes(row['peak_size_bytes'])} copies)",
                                   "memcpy_peak_bandwidth", row, "peak", reference=False))
             continue
         for which, metric in (("largest", "bandwidth_at_largest_size"), ("peak", "peak_bandwidth")):
@@ -546,7 +540,7 @@ def _pinning_decision(comparisons: dict[str, "Comparison"], *, threshold: float 
             if reference["peak_size_bytes"] != reference["size_bytes"]:
                 kind = "cache-sized peak" if reference["peak_regime"] == "cache" else "peak"
                 reason += (f"; its {kind} is {reference['peak_gbps']:.1f} GB/s at "
-                           f"{_size_text(reference['peak_size_bytes'])}")
+                           f"{format_bytes(reference['peak_size_bytes'])}")
         return {"recommendation": "not applicable", "value": None, "method": None, "spread": None,
                 "reason": reason}
     if not comparisons:
@@ -662,7 +656,7 @@ def live_point(row: Mapping[str, Any], *, link_gbps: float | None = None) -> Liv
         raise ParameterError(f"live_point: the row for {row.get('method')!r} has no rate ({row.get('reason', '')}); "
                              "take a row of a device where pinning applies")
     method, size = str(row["method"]), int(row["size_bytes"])
-    label = f"{_size_text(size)}, {method}"
+    label = f"{format_bytes(size)}, {method}"
     frac = gbps / link_gbps if link_gbps else None
     link = f", {frac:.0%} of the {link_gbps:g} GB/s link" if frac is not None else ""
     low, high = sorted((float(row["gbps_p25"]), float(row["gbps_p75"])))

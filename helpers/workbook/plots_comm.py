@@ -11,15 +11,10 @@ from typing import Any, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 
+from helpers.units import format_bytes
+
 #: ColorBrewer Dark2, as plots.PHASE_COLORS.
 COLORS = {"busbw": "#1b9e77", "algbw": "#d95f02", "regime": "#7570b3", "bar": "#66a61e"}
-
-
-def _size_label(nbytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes:g} B"
 
 
 def allreduce_bandwidth(rows: Sequence[Mapping[str, Any]], regimes: Mapping[str, Any], *, title: str = "",
@@ -49,7 +44,7 @@ def allreduce_bandwidth(rows: Sequence[Mapping[str, Any]], regimes: Mapping[str,
     ax.loglog(x, [r["algbw_gbps"] for r in rows], "s--", color=COLORS["algbw"], label="algbw", alpha=0.7)
     cross = regimes["crossover_bytes"]
     ax.axvline(cross, color=COLORS["regime"], lw=1, ls=":")
-    ax.text(cross, ax.get_ylim()[0] * 1.5, f"  >= half of plateau\n  from {_size_label(cross)}", fontsize=8,
+    ax.text(cross, ax.get_ylim()[0] * 1.5, f"  >= half of plateau\n  from {format_bytes(cross)}", fontsize=8,
             color=COLORS["regime"])
     ax.axhline(regimes["plateau_busbw_gbps"], color="#999999", lw=0.8, ls=":",
                label=f"plateau {regimes['plateau_busbw_gbps']:.2f} GB/s")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import matplotlib.pyplot as plt
 
+from helpers.units import format_bytes
 from helpers.workbook.plots import PHASE_COLORS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,13 +36,6 @@ SPAN_COLORS = {
     "data": PHASE_COLORS["data"],
     "compute": PHASE_COLORS["compute"],
 }
-
-
-def _size_label(nbytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes:g} B"
 
 
 def bandwidth_vs_size(sweep: "pd.DataFrame", *, link: "LinkInfo | None" = None, title: str = ""):
@@ -76,7 +70,7 @@ def bandwidth_vs_size(sweep: "pd.DataFrame", *, link: "LinkInfo | None" = None, 
     ticks = sorted(set(data["size_bytes"]))
     if ticks:
         shown = ticks[:: max(1, len(ticks) // 8)]
-        ax.set_xticks(shown, [_size_label(t) for t in shown], rotation=30, fontsize=8)
+        ax.set_xticks(shown, [format_bytes(t) for t in shown], rotation=30, fontsize=8)
     ax.set_xlabel("transfer size")
     ax.set_ylabel("bandwidth (GB/s, 1e9 bytes/s)")
     ax.set_ylim(bottom=0)
