@@ -6,6 +6,8 @@ A notebook executed by the runner is the slow part of ``make test``; a test that
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -14,14 +16,37 @@ def session_uses(request: pytest.FixtureRequest, fixture: str) -> bool:
     return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
 
 
+def shared_run(tmp_path_factory, name: str, options):
+    """``(run_dir, state)`` of the runner's run ``options(out)`` (a callable giving RunOptions for the folder
+    ``out``), made once per test session. Under pytest-xdist (`make test`: two workers) it is made once for all the
+    workers: the first to ask runs it holding a file lock, the others wait for the lock and read what it left
+    (run.json through :meth:`helpers.workbook.rundir.RunState.load`), as pytest-xdist's guide does for session
+    fixtures (https://pytest-xdist.readthedocs.io/en/stable/how-to.html#making-session-scoped-fixtures-execute-only-once)."""
+    from filelock import FileLock
+
+    from helpers.workbook.rundir import RunState
+    from helpers.workbook.runner import run
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return run(options(tmp_path_factory.mktemp(name) / "run"), echo=print)
+    root = tmp_path_factory.getbasetemp().parent  # the folder of this session shared by its workers
+    out, done = root / name / "run", root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if done.exists():
+            return out, RunState.load(out)
+        made = run(options(out), echo=print)
+        done.write_text(str(made[0]))
+        return made
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
     """Every notebook, smoke profile, on the CPU, in one run folder: ``(run_dir, state)`` as
     :func:`helpers.workbook.runner.run` returns them. Read it; never write into it (other tests read it too)."""
-    from helpers.workbook.runner import RunOptions, run
+    from helpers.workbook.runner import RunOptions
 
-    out = tmp_path_factory.mktemp("smoke") / "run"
-    return run(RunOptions(profile="smoke", device="cpu", out=out, timeout_s=600), echo=print)
+    return shared_run(tmp_path_factory, "smoke",
+                      lambda out: RunOptions(profile="smoke", device="cpu", out=out, timeout_s=600))
 
 
 @pytest.fixture(scope="session")
@@ -31,10 +56,10 @@ def baseline_run(request, tmp_path_factory):
     loops). ``(run_dir, state)``; read notebook 01's rows by their ``notebook`` column."""
     if session_uses(request, "smoke_run"):
         return request.getfixturevalue("smoke_run")
-    from helpers.workbook.runner import RunOptions, run
+    from helpers.workbook.runner import RunOptions
 
-    out = tmp_path_factory.mktemp("baseline") / "run"
-    return run(RunOptions(profile="smoke", device="cpu", only=("01",), out=out, timeout_s=900), echo=print)
+    return shared_run(tmp_path_factory, "baseline",
+                      lambda out: RunOptions(profile="smoke", device="cpu", only=("01",), out=out, timeout_s=900))
 
 
 #: Tests of tests/ that take seconds because they start processes (torchrun, ranks, a Python that imports torch, the
@@ -89,8 +114,19 @@ SECONDS_LONG = {
 }
 
 
+#: The files that take longest in `make test`, run first (in this order, the others after them in theirs): the
+#: pytest-xdist workers then share out the many short files at the end instead of one worker finishing a long file
+#: alone (the Makefile passes --no-loadscope-reorder so that pytest-xdist keeps this order). Worker seconds of
+#: each, measured with two workers on the 2-core developer machine: 279 (the smoke run and the check cells), 273,
+#: 306 (the example jobs' runs), 71, 125, 94.
+LONGEST_FIRST = ("test_notebooks.py", "test_solutions.py", "test_user_job.py", "test_job_faults.py", "test_wheel.py",
+                 "test_instrument_ranks.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Marks the tests of :data:`SECONDS_LONG`, and the browser tests ``browser``."""
+    """Marks the tests of :data:`SECONDS_LONG`, and the browser tests ``browser``; runs :data:`LONGEST_FIRST` first."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items[:] = sorted(items, key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
     marks = {name: mark for mark, names in SECONDS_LONG.items() for name in names}
     for item in items:
         if item.path.parent.name != "tests":

@@ -32,6 +32,49 @@ def cpu():
     return get_accelerator("cpu")
 
 
+# ---------------------------------------------------------------- the two hangs that run in the background
+
+#: The arguments of the diagnose command that hangs in item 37 (its --timeout 45 s is what the test waits for).
+DIAGNOSE_HANG = ["-m", "helpers", "diagnose", "--job", f"{JOBS}:make_hang_job", "--device", "cpu", "--steps", "4",
+                 "--warmup-steps", "1", "--timeout", "45"]
+
+
+@pytest.fixture(scope="module")
+def hangs():
+    """Two of this file's hangs, started together and left to wait out their timeouts while the file's other tests
+    run (a hang waits on the clock, not on a core): ``diagnose`` on the job that hangs in item 37 (a process), and the
+    runner's first-step check of the job that hangs in item 16 (its child process, driven from a thread). Yields
+    ``{"diagnose": Popen, "first_step": (thread, {"error": exception or None})}``; whatever still runs at the end of
+    the file is killed."""
+    from helpers.workbook.preflight import check_job
+
+    diagnose = subprocess.Popen([sys.executable, *DIAGNOSE_HANG], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT)
+    first_step: dict = {"error": None}
+
+    def check():
+        try:
+            check_job(f"{JOBS}:make_hang_job", {"hang": 16}, device="cpu", timeout_s=50)
+        except Exception as exc:  # noqa: BLE001 - the test asserts which
+            first_step["error"] = exc
+
+    thread = threading.Thread(target=check, daemon=True)
+    thread.start()
+    yield {"diagnose": diagnose, "first_step": (thread, first_step)}
+    if diagnose.poll() is None:
+        diagnose.kill()
+        diagnose.communicate()
+    thread.join(timeout=60)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _hangs_start_with_the_file(request):
+    """Starts :func:`hangs` with this file's first test when a test that reads it is selected, so that the waits
+    overlap the other tests instead of following them."""
+    if any("hangs" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("hangs")
+
+
 def _cmp(a_ms, b_ms):
     return Comparison.from_measurements(Measurement("fp32", tuple(t / 1e3 for t in a_ms), 0, 8),
                                         Measurement("bf16", tuple(t / 1e3 for t in b_ms), 0, 8))
@@ -244,18 +287,6 @@ def test_a_cell_timeout_says_where_it_was_stuck_and_reads_the_cell_as_text(tmp_p
     assert "stuck" not in plain["message"] and "`x0 = 0`" in plain["message"]
 
 
-@pytest.mark.slow
-def test_diagnose_times_out_naming_the_stuck_getitem():
-    p = subprocess.run([sys.executable, "-m", "helpers", "diagnose", "--job", f"{JOBS}:make_hang_job", "--device",
-                        "cpu", "--steps", "4", "--warmup-steps", "1", "--timeout", "45"],
-                       capture_output=True, text=True, timeout=240, cwd=ROOT)
-    assert p.returncode == 1, p.stderr[-3000:]
-    last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: diagnose ran past --timeout 45 s, stuck in Squares.__getitem__(37) at "
-                           "fault_jobs.py:"), p.stderr[-3000:]
-    assert "Traceback" not in p.stderr and 'File "' in p.stderr  # the stacks, not a Python traceback
-
-
 # ---------------------------------------------------------------- a sample that raises
 
 
@@ -343,11 +374,26 @@ def test_a_cell_timeout_names_the_stuck_getitem(tmp_path, monkeypatch):
     assert "__getitem__" in (run_dir / "logs" / "01_baseline_profiling.stacks.txt").read_text()
 
 
-@pytest.mark.slow
-def test_the_runners_first_step_check_names_a_hang_in_the_first_batch():
-    from helpers.errors import ParameterError
-    from helpers.workbook.preflight import check_job
+# ---------------------------------------------------------------- the hangs started with the file (hangs), last
 
-    with pytest.raises(ParameterError) as e:
-        check_job(f"{JOBS}:make_hang_job", {"hang": 16}, device="cpu", timeout_s=50)
-    assert "did not finish in 40 s, stuck in Squares.__getitem__(16) at fault_jobs.py:" in str(e.value)
+
+@pytest.mark.slow
+def test_diagnose_times_out_naming_the_stuck_getitem(hangs):
+    p = hangs["diagnose"]  # DIAGNOSE_HANG, started with the file
+    _, stderr = p.communicate(timeout=240)
+    assert p.returncode == 1, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: diagnose ran past --timeout 45 s, stuck in Squares.__getitem__(37) at "
+                           "fault_jobs.py:"), stderr[-3000:]
+    assert "Traceback" not in stderr and 'File "' in stderr  # the stacks, not a Python traceback
+
+
+@pytest.mark.slow
+def test_the_runners_first_step_check_names_a_hang_in_the_first_batch(hangs):
+    from helpers.errors import ParameterError
+
+    thread, outcome = hangs["first_step"]  # check_job(make_hang_job, hang=16, timeout_s=50), started with the file
+    thread.join(timeout=240)
+    assert not thread.is_alive(), "check_job did not return within its own timeout"
+    assert isinstance(outcome["error"], ParameterError), outcome["error"]
+    assert "did not finish in 40 s, stuck in Squares.__getitem__(16) at fault_jobs.py:" in str(outcome["error"])

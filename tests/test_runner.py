@@ -206,6 +206,25 @@ def test_cli_unusable_device_says_why(tmp_path):
     assert "npu" in p.stderr.lower() and "torch_npu" in p.stderr
 
 
+def test_a_device_resolved_once_is_not_probed_again_and_a_failure_is(monkeypatch):
+    from helpers.errors import DeviceUnavailableError
+    from helpers.workbook import preflight
+
+    answers = iter(['{"error": "RuntimeError: no device"}', '{"device": "cuda:H200"}', "never asked"])
+    children = []
+
+    def child(cmd, **kw):
+        children.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout=next(answers) + "\n", stderr="")
+
+    monkeypatch.setattr(preflight, "_RESOLVED", {})
+    monkeypatch.setattr(preflight.subprocess, "run", child)
+    with pytest.raises(DeviceUnavailableError, match="no device"):
+        preflight.check_device("cuda")
+    assert preflight.check_device("cuda") == "cuda:H200"  # the failure was not kept: a second child asked
+    assert preflight.check_device("cuda") == "cuda:H200" and len(children) == 2  # the success was
+
+
 def test_resume_refuses_options_that_differ_from_the_run(tmp_path):
     out = tmp_path / "run"
     run(RunOptions(profile="smoke", out=out, only=("00",)), echo=lambda s: None,

@@ -23,11 +23,18 @@ from helpers.pipeline.scan_cache import cached_scan
 from helpers.specs import DEVICE_CHOICES
 from helpers.workbook.rundir import NotebookRun
 
+#: Devices this process has resolved, ``{device asked: "kind:name"}``: a device that one child process found usable
+#: is not probed again by the same process (a second run from one Python session, as docs/solutions.md's reruns and
+#: the tests make, skips the child's torch import, about 1.3 s on the 2-core developer machine). Failures are not kept.
+_RESOLVED: dict[str, str] = {}
+
+
 def check_device(device: str, *, timeout_s: float = 300.0) -> str:
     """Resolve ``device`` in a child process and return "kind:name".
 
     The child imports torch (and torch_npu where usable), so a broken install
-    cannot take the runner down with it.
+    cannot take the runner down with it. A device resolved once is remembered for the rest of the process
+    (:data:`_RESOLVED`); one that failed is checked again on the next call.
 
     Raises
     ------
@@ -38,6 +45,8 @@ def check_device(device: str, *, timeout_s: float = 300.0) -> str:
     """
     if device not in DEVICE_CHOICES:
         raise ParameterError(f"--device: {device!r} is not one of {', '.join(DEVICE_CHOICES)}")
+    if device in _RESOLVED:
+        return _RESOLVED[device]
     code = (
         "import json,sys\n"
         "from helpers.npu_probe import prepare_torch_import\n"
@@ -60,6 +69,7 @@ def check_device(device: str, *, timeout_s: float = 300.0) -> str:
     out = json.loads(lines[-1])
     if "error" in out:
         raise DeviceUnavailableError(out["error"])
+    _RESOLVED[device] = out["device"]
     return out["device"]
 
 
