@@ -16,10 +16,11 @@ ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the tests in this many pytest-xdist worker processes, a test file per worker at a time (1: one
 # process, no xdist). Two on the 2-core developer machine: `make test` took 13-15 min there with two, 21.7 min in
-# one process and 13.9 min with three (more workers than cores only add contention). tests/conftest.py makes the session's
-# shared notebook runs once for all the workers and starts the longest files first; conftest.py gives each worker
-# one torch thread.
+# one process and 13.9 min with three (more workers than cores only add contention). tests/conftest.py makes the
+# session's shared notebook runs once for all the workers and starts the longest files first; conftest.py gives
+# each worker one torch thread.
 TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 TORCH_INDEX ?=
 
 .PHONY: workbook test test-fast lab setup data clean-runs help browser device-check npu-wheel
@@ -52,7 +53,7 @@ workbook: data
 	$(PY) -m helpers run $(ARGS)
 
 test: data
-	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The markers are declared in pyproject.toml; tests/conftest.py marks the seconds-long tests that carry no marker.
 FAST := not notebook and not slow and not browser and not subprocess

@@ -9,11 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-
-
-def session_uses(request: pytest.FixtureRequest, fixture: str) -> bool:
-    """Whether any test selected in this session asks for ``fixture`` (so that it is made anyway)."""
-    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+from session_support import session_uses
 
 
 def shared_run(tmp_path_factory, name: str, options):

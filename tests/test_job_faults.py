@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from helpers.device import get_accelerator
 from helpers.jobs.check import loss_divergence
 from helpers.jobs.load import load_job
 from helpers.timing import Comparison, Measurement
+from session_support import session_uses
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = Path(__file__).resolve().parent / "fault_jobs.py"
@@ -44,34 +46,24 @@ def hangs():
     """Two of this file's hangs, started together and left to wait out their timeouts while the file's other tests
     run (a hang waits on the clock, not on a core): ``diagnose`` on the job that hangs in item 37 (a process), and the
     runner's first-step check of the job that hangs in item 16 (its child process, driven from a thread). Yields
-    ``{"diagnose": Popen, "first_step": (thread, {"error": exception or None})}``; whatever still runs at the end of
-    the file is killed."""
+    ``{"diagnose": Popen, "first_step": Future of check_job}``; whatever still runs at the end of the file is killed."""
     from helpers.workbook.preflight import check_job
 
     diagnose = subprocess.Popen([sys.executable, *DIAGNOSE_HANG], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, cwd=ROOT)
-    first_step: dict = {"error": None}
-
-    def check():
-        try:
-            check_job(f"{JOBS}:make_hang_job", {"hang": 16}, device="cpu", timeout_s=50)
-        except Exception as exc:  # noqa: BLE001 - the test asserts which
-            first_step["error"] = exc
-
-    thread = threading.Thread(target=check, daemon=True)
-    thread.start()
-    yield {"diagnose": diagnose, "first_step": (thread, first_step)}
-    if diagnose.poll() is None:
-        diagnose.kill()
-        diagnose.communicate()
-    thread.join(timeout=60)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first_step = pool.submit(check_job, f"{JOBS}:make_hang_job", {"hang": 16}, device="cpu", timeout_s=50)
+        yield {"diagnose": diagnose, "first_step": first_step}
+        if diagnose.poll() is None:
+            diagnose.kill()
+            diagnose.communicate()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _hangs_start_with_the_file(request):
     """Starts :func:`hangs` with this file's first test when a test that reads it is selected, so that the waits
     overlap the other tests instead of following them."""
-    if any("hangs" in getattr(item, "fixturenames", ()) for item in request.session.items):
+    if session_uses(request, "hangs"):
         request.getfixturevalue("hangs")
 
 
@@ -392,8 +384,6 @@ def test_diagnose_times_out_naming_the_stuck_getitem(hangs):
 def test_the_runners_first_step_check_names_a_hang_in_the_first_batch(hangs):
     from helpers.errors import ParameterError
 
-    thread, outcome = hangs["first_step"]  # check_job(make_hang_job, hang=16, timeout_s=50), started with the file
-    thread.join(timeout=240)
-    assert not thread.is_alive(), "check_job did not return within its own timeout"
-    assert isinstance(outcome["error"], ParameterError), outcome["error"]
-    assert "did not finish in 40 s, stuck in Squares.__getitem__(16) at fault_jobs.py:" in str(outcome["error"])
+    with pytest.raises(ParameterError) as e:  # check_job(make_hang_job, hang=16, timeout_s=50), started with the file
+        hangs["first_step"].result(timeout=240)
+    assert "did not finish in 40 s, stuck in Squares.__getitem__(16) at fault_jobs.py:" in str(e.value)

@@ -58,8 +58,8 @@ def test_the_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=env)
     py = venv / "bin" / "python"
     # a fresh environment: every dependency from the package indexes (torch==2.13.0 from the wheel on disk)
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-compile", str(wheel)], check=True, timeout=1800, env=env,
-                   cwd=tmp_path)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-compile", str(wheel)], check=True, timeout=1800,
+                   env=env, cwd=tmp_path)
     site = Path(subprocess.run([str(py), "-c", "import helpers, pathlib; print(pathlib.Path(helpers.__file__).parent)"],
                                capture_output=True, text=True, check=True, env=env, cwd=tmp_path).stdout.strip())
     assert str(site).startswith(str(venv)), site  # the installed copy, not the checkout
