@@ -15,7 +15,7 @@ STAMP := $(VENV)/.workbook-installed
 ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the tests in this many pytest-xdist worker processes, a test file per worker at a time (1: one
-# process, no xdist). Two on the 2-core developer machine: `make test` took 13-15 min there with two, 21.7 min in
+# process, no xdist). Two on the 2-core developer machine: `make test` took 13-16 min there with two, 21.7 min in
 # one process and 13.9 min with three (more workers than cores only add contention). tests/conftest.py makes the
 # session's shared notebook runs once for all the workers and starts the longest files first; conftest.py gives
 # each worker one torch thread.
