@@ -52,12 +52,20 @@ data: setup
 workbook: data
 	$(PY) -m helpers run $(ARGS)
 
+# Where the environment sets PYTHONDONTWRITEBYTECODE=1 (this project's developer machines and CI do), every Python
+# process a test starts (notebook kernels, torchrun ranks, DataLoader workers, the command line) would compile the
+# project's modules again; compileall writes their bytecode once (whatever that variable says) and recompiles only
+# what changed since, and Python checks each file's source stamp before it trusts it.
+BYTECODE = $(PY) -m compileall -q helpers tests examples
+
 test: data
+	$(BYTECODE)
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The markers are declared in pyproject.toml; tests/conftest.py marks the seconds-long tests that carry no marker.
 FAST := not notebook and not slow and not browser and not subprocess
 test-fast: data
+	$(BYTECODE)
 	$(PY) -m pytest -m "$(FAST)" $(PYTEST_ARGS)
 
 # On a borrowed accelerator: notebooks 02, 04-07 and 10, bench input-pipeline and the link bandwidth, in one JSON

@@ -36,27 +36,39 @@ def cpu():
 
 # ---------------------------------------------------------------- the two hangs that run in the background
 
-#: The arguments of the diagnose command that hangs in item 37 (its --timeout 45 s is what the test waits for).
+#: The arguments of the diagnose command that hangs in item 37 (its --timeout 30 s is what the test waits for).
 DIAGNOSE_HANG = ["-m", "helpers", "diagnose", "--job", f"{JOBS}:make_hang_job", "--device", "cpu", "--steps", "4",
-                 "--warmup-steps", "1", "--timeout", "45"]
+                 "--warmup-steps", "1", "--timeout", "30"]
+
+
+def _run_hang(out: Path) -> list[str]:
+    """The arguments of the runner's command line on notebook 01 with the job that hangs in item 37, each cell
+    limited to 30 s (the limit is what the test waits for), into the run folder ``out``."""
+    return ["-m", "helpers", "run", "--profile", "smoke", "--device", "cpu", "--only", "01", "--job",
+            f"{JOBS}:make_hang_job", "--timeout", "30", "--out", str(out)]
 
 
 @pytest.fixture(scope="module")
-def hangs():
-    """Two of this file's hangs, started together and left to wait out their timeouts while the file's other tests
-    run (a hang waits on the clock, not on a core): ``diagnose`` on the job that hangs in item 37 (a process), and the
-    runner's first-step check of the job that hangs in item 16 (its child process, driven from a thread). Yields
-    ``{"diagnose": Popen, "first_step": Future of check_job}``; whatever still runs at the end of the file is killed."""
+def hangs(tmp_path_factory):
+    """Three of this file's hangs, started together and left to wait out their timeouts while the file's other tests
+    run (a hang waits on the clock, not on a core): ``diagnose`` on the job that hangs in item 37 (a process), the
+    runner's command line on notebook 01 with that job (a process, its run folder ``run_dir``) and the runner's
+    first-step check of the job that hangs in item 16 (its child process, driven from a thread). Yields
+    ``{"diagnose": Popen, "run": Popen, "run_dir": Path, "first_step": Future of check_job}``; whatever still runs
+    at the end of the file is killed."""
     from helpers.workbook.preflight import check_job
 
-    diagnose = subprocess.Popen([sys.executable, *DIAGNOSE_HANG], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, cwd=ROOT)
+    run_dir = tmp_path_factory.mktemp("cell-timeout") / "run"
+    procs = {name: subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, cwd=ROOT)
+             for name, args in (("diagnose", DIAGNOSE_HANG), ("run", _run_hang(run_dir)))}
     with ThreadPoolExecutor(max_workers=1) as pool:
-        first_step = pool.submit(check_job, f"{JOBS}:make_hang_job", {"hang": 16}, device="cpu", timeout_s=50)
-        yield {"diagnose": diagnose, "first_step": first_step}
-        if diagnose.poll() is None:
-            diagnose.kill()
-            diagnose.communicate()
+        first_step = pool.submit(check_job, f"{JOBS}:make_hang_job", {"hang": 16}, device="cpu", timeout_s=35)
+        yield {**procs, "run_dir": run_dir, "first_step": first_step}
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -349,24 +361,24 @@ def test_notebooks_06_and_10_say_the_job_diverges(tmp_path, monkeypatch):
     assert "your job diverges" in (run_dir / "report.md").read_text().split("\n\n")[1]
 
 
+# ---------------------------------------------------------------- the hangs started with the file (hangs), last
+
+
 @pytest.mark.slow
 @pytest.mark.notebook
-def test_a_cell_timeout_names_the_stuck_getitem(tmp_path, monkeypatch):
-    from helpers.workbook.runner import RunOptions, run
+def test_a_cell_timeout_names_the_stuck_getitem(hangs):
+    from helpers.workbook.rundir import RunState
 
-    monkeypatch.chdir(ROOT)
-    lines = []
-    run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("01",), job=f"{JOBS}:make_hang_job",
-                                    out=tmp_path / "run", timeout_s=45), echo=lines.append)
-    nb = state.notebooks[0]
-    assert nb.status == "failed" and nb.error["type"] == "CellTimeoutError"
+    p, run_dir = hangs["run"], hangs["run_dir"]  # _run_hang: notebook 01, cells limited to 30 s, started with the file
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode != 0, stdout[-2000:]
+    nb = RunState.load(run_dir).notebooks[0]
+    assert nb.status == "failed" and nb.error["type"] == "CellTimeoutError", (nb.error, stderr[-2000:])
     assert nb.error["stuck"].startswith("stuck in Squares.__getitem__(37) at fault_jobs.py:"), nb.error
-    assert "stuck in Squares.__getitem__(37)" in next(ln for ln in lines if "01_baseline_profiling: failed" in ln)
+    assert "stuck in Squares.__getitem__(37)" in next(ln for ln in stdout.splitlines()
+                                                      if "01_baseline_profiling: failed" in ln)
     assert "Squares" not in nb.error.get("cell_source", "") and "['" not in nb.error["message"]
     assert "__getitem__" in (run_dir / "logs" / "01_baseline_profiling.stacks.txt").read_text()
-
-
-# ---------------------------------------------------------------- the hangs started with the file (hangs), last
 
 
 @pytest.mark.slow
@@ -375,7 +387,7 @@ def test_diagnose_times_out_naming_the_stuck_getitem(hangs):
     _, stderr = p.communicate(timeout=240)
     assert p.returncode == 1, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("error: diagnose ran past --timeout 45 s, stuck in Squares.__getitem__(37) at "
+    assert last.startswith("error: diagnose ran past --timeout 30 s, stuck in Squares.__getitem__(37) at "
                            "fault_jobs.py:"), stderr[-3000:]
     assert "Traceback" not in stderr and 'File "' in stderr  # the stacks, not a Python traceback
 
@@ -384,6 +396,6 @@ def test_diagnose_times_out_naming_the_stuck_getitem(hangs):
 def test_the_runners_first_step_check_names_a_hang_in_the_first_batch(hangs):
     from helpers.errors import ParameterError
 
-    with pytest.raises(ParameterError) as e:  # check_job(make_hang_job, hang=16, timeout_s=50), started with the file
+    with pytest.raises(ParameterError) as e:  # check_job(make_hang_job, hang=16, timeout_s=35), started with the file
         hangs["first_step"].result(timeout=240)
-    assert "did not finish in 40 s, stuck in Squares.__getitem__(16) at fault_jobs.py:" in str(e.value)
+    assert "did not finish in 25 s, stuck in Squares.__getitem__(16) at fault_jobs.py:" in str(e.value)

@@ -32,8 +32,8 @@ from helpers.timing import Measurement
 from helpers.verdict import Verdict
 
 
-__all__ = ["NOTEBOOK", "BaselineResult", "classify", "run", "spare_cores", "timed_steps", "verdict", "live_point",
-           "try_baseline"]
+__all__ = ["NOTEBOOK", "BaselineData", "BaselineResult", "classify", "run", "scan", "spare_cores", "timed_steps",
+           "verdict", "live_point", "try_baseline"]
 
 NOTEBOOK = "01_baseline_profiling"
 
@@ -314,20 +314,11 @@ class BaselineResult(ExperimentResult):
     # -- what the cells print ----------------------------------------------------------------
 
     def dataset_text(self) -> str:
-        """Section 1: the images scanned, the files skipped (at most 10) and a note when every label is the same;
-        for a user's job, what it says about itself."""
-        d = self.dataset
-        if d is None:
-            return f"your job: {description_text(self.description)}"
-        lines = [f"{d.images} images, {d.classes} class(es), {len(d.skipped)} file(s) skipped"]
-        lines += [f"  skipped {name}: {reason}" for name, reason in d.skipped[:10]]
-        if d.classes < 2:
-            lines.append("note: every image has the same label, so the reward is trivial; the timing is still valid "
-                         "(add class subfolders or a label column to captions.csv for a real task)")
-        return "\n".join(lines)
+        """Section 1: as :meth:`BaselineData.dataset_text`."""
+        return _dataset_text(self.dataset, self.description)
 
     def dataset_table(self) -> pd.DataFrame | None:
-        """Section 1: the first rows of the scanned images' table (None for a user's job)."""
+        """Section 1: as :meth:`BaselineData.dataset_table`."""
         return None if self.dataset is None else self.dataset.table.head()
 
     def per_image_ms(self) -> list[float]:
@@ -487,6 +478,77 @@ def timed_steps(params: Mapping[str, Any]) -> int:
     return w + int(params["steps"]) + 2 * (w + int(params["ceiling_steps"]))
 
 
+def _dataset_text(d: DatasetSummary | None, description: Mapping[str, Any]) -> str:
+    """Section 1: the images scanned, the files skipped (at most 10) and a note when every label is the same; for a
+    user's job, what it says about itself."""
+    if d is None:
+        return f"your job: {description_text(description)}"
+    lines = [f"{d.images} images, {d.classes} class(es), {len(d.skipped)} file(s) skipped"]
+    lines += [f"  skipped {name}: {reason}" for name, reason in d.skipped[:10]]
+    if d.classes < 2:
+        lines.append("note: every image has the same label, so the reward is trivial; the timing is still valid "
+                     "(add class subfolders or a label column to captions.csv for a real task)")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class BaselineData:
+    """Section 1 of notebook 01, before any timing (:func:`scan`): the job, its scanned images and its description.
+
+    Attributes
+    ----------
+    job : helpers.jobs.base.Job
+        The built-in PPO job, or the user's (``params["job"]``).
+    dataset : DatasetSummary or None
+        The built-in job's scanned images; None for a job whose factory built its own dataset.
+    description : Mapping
+        ``job.describe()``, with the number of skipped files where images were scanned.
+    """
+
+    job: Any
+    dataset: DatasetSummary | None
+    description: Mapping[str, Any]
+
+    def dataset_text(self) -> str:
+        """Section 1: the images scanned, the files skipped (at most 10) and a note when every label is the same;
+        for a user's job, what it says about itself."""
+        return _dataset_text(self.dataset, self.description)
+
+    def dataset_table(self) -> pd.DataFrame | None:
+        """Section 1: the first rows of the scanned images' table (None for a user's job)."""
+        return None if self.dataset is None else self.dataset.table.head()
+
+
+def scan(ctx: Any) -> BaselineData:
+    """Notebook 01's section 1, before any timing: a ``trace_path`` that holds no trace is refused, the job is
+    built (``ctx.job()``) and the built-in job's images are scanned.
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        The notebook's context: its parameters (``trace_path``, ``data_dir``, ``job``) and job.
+
+    Returns
+    -------
+    BaselineData
+        What :func:`run` measures next.
+
+    Raises
+    ------
+    helpers.errors.DataError
+        If ``trace_path`` holds no trace, or the images cannot be read.
+    """
+    from helpers.traces import find_traces
+
+    P = ctx.params
+    if P["trace_path"]:  # a path that holds no trace stops here, before minutes of measuring
+        find_traces([P["trace_path"]])
+    job = ctx.job()  # the built-in job (photos scanned, captions tokenized), or the user's
+    dataset = _dataset_summary(job, P["data_dir"])
+    description = {**job.describe(), **({"skipped": len(dataset.skipped)} if dataset is not None else {})}
+    return BaselineData(job=job, dataset=dataset, description=description)
+
+
 def _dataset_summary(job: Any, data_dir: str) -> DatasetSummary | None:
     """The built-in job's scanned images (its :meth:`helpers.jobs.base.Job.image_data`), or None for a job
     whose factory built its own dataset."""
@@ -520,15 +582,17 @@ def _per_image(job: Any, repeats: int) -> Measurement:
         close_dataset(batches)
 
 
-def run(ctx: Any, *, progress: Progress = no_progress) -> BaselineResult:
-    """Notebook 01's experiment, in the notebook's order: the job (and its images), one image's cost, the
-    phase-timed steps, the profile, the input-free ceiling and the trace read back.
+def run(ctx: Any, data: BaselineData | None = None, *, progress: Progress = no_progress) -> BaselineResult:
+    """Notebook 01's experiment, in the notebook's order: the job (and its images: ``data``), one image's cost,
+    the phase-timed steps, the profile, the input-free ceiling and the trace read back.
 
     Parameters
     ----------
     ctx : helpers.workbook.nbsetup.NotebookContext
         The notebook's context: its parameters, accelerator, run folder and job (``ctx.job()``: the built-in
         PPO job, or the user's with ``job`` set).
+    data : BaselineData, optional
+        Section 1 as :func:`scan` returned it (the notebook shows it before the timing starts); None scans here.
     progress : callable
         ``progress(done, total)`` after every timed step, :func:`timed_steps` calls in all (e.g.
         :func:`helpers.workbook.progress.progress_bar`'s).
@@ -545,14 +609,12 @@ def run(ctx: Any, *, progress: Progress = no_progress) -> BaselineResult:
     from helpers.diagnose.profiler import profile_steps
     from helpers.experiments.three_run import input_free_ceiling
     from helpers.experiments.training import prepare_job
-    from helpers.traces import find_traces, read
+    from helpers.traces import read
     from helpers.traces.analysis import analyze
 
     P, acc = ctx.params, ctx.acc
-    if P["trace_path"]:  # a path that holds no trace stops here, before minutes of measuring
-        find_traces([P["trace_path"]])
-    job = ctx.job()  # the built-in job (photos scanned, captions tokenized), or the user's
-    dataset = _dataset_summary(job, P["data_dir"])
+    data = data if data is not None else scan(ctx)
+    job, dataset = data.job, data.dataset
     per_image = _per_image(job, P["preprocess_samples"]) if dataset is not None else None
     warmup, steps = P["warmup_steps"], P["steps"]
     base = warmup + steps
@@ -572,8 +634,7 @@ def run(ctx: Any, *, progress: Progress = no_progress) -> BaselineResult:
                                  progress=lambda d, t: progress(base + d, base + t))
     source = P["trace_path"] or (prof.trace_path if prof is not None else None)  # yours, or section 4's
     trace = analyze(read([source]), threshold=P["host_bound_threshold"]) if source else None
-    description = {**job.describe(), **({"skipped": len(dataset.skipped)} if dataset is not None else {})}
-    return BaselineResult(device_kind=acc.kind, description=description, job_spec=P.get("job") or "",
+    return BaselineResult(device_kind=acc.kind, description=dict(data.description), job_spec=P.get("job") or "",
                           dataset=dataset, batch_size=int(job.workload.batch_size), per_image=per_image, run=train,
                           steps=steps, warmup_steps=warmup, threshold=float(P["host_bound_threshold"]), profile=prof,
                           trace_file=trace_file, ceiling=ceiling, trace=trace, trace_given=bool(P["trace_path"]))

@@ -42,8 +42,8 @@ from helpers.timing import Comparison, ProgressClock, compare
 from helpers.verdict import Action, Verdict
 
 
-__all__ = ["NOTEBOOK", "AttentionOutcome", "ChannelsLastResult", "CompileOutcome", "channels_last_decision",
-           "format_comparison", "live_point", "run", "try_memory_format", "verdict"]
+__all__ = ["NOTEBOOK", "AttentionOutcome", "ChannelsLastChecks", "ChannelsLastResult", "CompileOutcome",
+           "channels_last_decision", "check", "format_comparison", "live_point", "run", "try_memory_format", "verdict"]
 
 #: Notebook whose verdict :func:`verdict` gives.
 NOTEBOOK = "07_channels_last"
@@ -369,6 +369,93 @@ class CompileOutcome:
 
 
 @dataclass(frozen=True, eq=False)
+class ChannelsLastChecks:
+    """Notebook 07 before any timing (:func:`check`): the fixed batches, the layout trace, channels_last's outputs
+    against NCHW and SDPA's against the hand-written attention, each asserted.
+
+    Attributes
+    ----------
+    job, device, device_name, n_images, images, conv_channels, job_description, user_convs, device_applicable,
+    device_why, applicable, why_not, trace, correctness, low
+        As :class:`ChannelsLastResult`'s.
+    sdpa_max_abs_diff : float
+        Largest ``|SDPA - manual|`` over the masked attention's output (asserted within 1e-4).
+    builtin, batches, model, cl_model, attention_inputs
+        What :func:`run` times next: the built-in job, its fixed ``(images, tokens)`` batches on the device, its
+        policy in NCHW and in channels_last (None where not applicable), and the attention's ``(q, k, v, mask)``.
+    """
+
+    job: Job = field(repr=False)
+    device: str
+    device_name: str
+    n_images: int
+    images: tuple[torch.Tensor, ...] = field(repr=False)
+    conv_channels: tuple[int, ...]
+    job_description: Mapping[str, Any]
+    user_convs: int | None
+    device_applicable: bool
+    device_why: str
+    applicable: bool
+    why_not: str
+    trace: FormatTrace | None
+    correctness: tuple[tuple[str, float, float, float], ...]
+    low: str | None
+    sdpa_max_abs_diff: float
+    builtin: Job = field(repr=False)
+    batches: tuple[tuple[torch.Tensor, torch.Tensor], ...] = field(repr=False)
+    model: Any = field(repr=False)
+    cl_model: Any = field(repr=False)
+    attention_inputs: tuple[torch.Tensor, ...] = field(repr=False)
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """The built-in job's fixed batch, ``(N, C, H, W)``."""
+        return tuple(self.images[0].shape)
+
+    def batches_text(self) -> str:
+        """Section 1: the images, the fixed batches on the device and, with a user's job, its model's convs."""
+        lines = [f"{self.n_images} images; {len(self.images)} fixed batch(es) of shape {self.batch_shape} "
+                 f"(float32, NCHW) kept on {self.device}"]
+        if self.user_convs is not None:
+            lines.append(f"your job: {description_text(self.job_description)}; {self.user_convs} nn.Conv2d layer(s) in its model "
+                         "(the demonstrations of sections 2, 4 and 5 use the built-in job above)")
+        return "\n".join(lines)
+
+    def trace_table(self) -> pd.DataFrame:
+        """Section 2: each 4-D output of the channels_last conv encoder (layer, kind, shape, channels_last); where
+        channels_last does not apply, one row that says why."""
+        if self.trace is None:
+            return pd.DataFrame([{"channels_last": f"not measured on {self.device}", "why": self.device_why}])
+        return pd.DataFrame(self.trace.rows())
+
+    def trace_text(self) -> str:
+        """Section 2: how many 4-D outputs kept channels_last, and which dropped it."""
+        if self.trace is None:
+            return "channels_last: not applicable on this device"
+        return (f"4-D outputs in the conv encoder: {len(self.trace.layers)}; channels_last kept by "
+                f"{len(self.trace.kept)}; dropped by: {', '.join(self.trace.dropped) or 'none'}")
+
+    def correctness_text(self) -> str:
+        """Section 2: the largest difference of the channels_last output from NCHW, per precision."""
+        if not self.correctness:
+            return f"channels_last not measured on {self.device}: {self.device_why}"
+        fp32 = f"max |channels_last - NCHW|: fp32 {self.correctness[0][1]:.2e}"
+        if len(self.correctness) > 1:
+            return fp32 + f", {self.low} autocast {self.correctness[1][1]:.2e}"
+        return fp32 + f" (no autocast dtype on {self.device})"
+
+    def match_text(self) -> str:
+        """Section 2: the precisions whose outputs matched NCHW within their tolerance (:func:`check` asserts it)."""
+        if not self.correctness:
+            return "channels_last: not applicable on this device"
+        return "channels_last outputs equal NCHW within the tolerance of: " + ", ".join(d for d, *_ in self.correctness)
+
+    def sdpa_text(self) -> str:
+        """Section 4: SDPA equals the hand-written attention (:func:`check` asserts it)."""
+        return "SDPA equals the hand-written attention (with a padding mask) within 1e-4: True"
+
+
+@dataclass(frozen=True, eq=False)
 class ChannelsLastResult(ExperimentResult):
     """Notebook 07's measurement: the fixed batches, the layout trace, the outputs, NCHW against channels_last at
     each precision, fused attention and ``torch.compile``.
@@ -441,48 +528,14 @@ class ChannelsLastResult(ExperimentResult):
 
     # -- what the cells print ----------------------------------------------------------------
 
-    @property
-    def batch_shape(self) -> tuple[int, ...]:
-        """The built-in job's fixed batch, ``(N, C, H, W)``."""
-        return tuple(self.images[0].shape)
-
-    def batches_text(self) -> str:
-        """Section 1: the images, the fixed batches on the device and, with a user's job, its model's convs."""
-        lines = [f"{self.n_images} images; {len(self.images)} fixed batch(es) of shape {self.batch_shape} "
-                 f"(float32, NCHW) kept on {self.device}"]
-        if self.user_convs is not None:
-            lines.append(f"your job: {description_text(self.job_description)}; {self.user_convs} nn.Conv2d layer(s) in its model "
-                         "(the demonstrations of sections 2, 4 and 5 use the built-in job above)")
-        return "\n".join(lines)
-
-    def trace_table(self) -> pd.DataFrame:
-        """Section 2: each 4-D output of the channels_last conv encoder (layer, kind, shape, channels_last); where
-        channels_last does not apply, one row that says why."""
-        if self.trace is None:
-            return pd.DataFrame([{"channels_last": f"not measured on {self.device}", "why": self.device_why}])
-        return pd.DataFrame(self.trace.rows())
-
-    def trace_text(self) -> str:
-        """Section 2: how many 4-D outputs kept channels_last, and which dropped it."""
-        if self.trace is None:
-            return "channels_last: not applicable on this device"
-        return (f"4-D outputs in the conv encoder: {len(self.trace.layers)}; channels_last kept by "
-                f"{len(self.trace.kept)}; dropped by: {', '.join(self.trace.dropped) or 'none'}")
-
-    def correctness_text(self) -> str:
-        """Section 2: the largest difference of the channels_last output from NCHW, per precision."""
-        if not self.correctness:
-            return f"channels_last not measured on {self.device}: {self.device_why}"
-        fp32 = f"max |channels_last - NCHW|: fp32 {self.correctness[0][1]:.2e}"
-        if len(self.correctness) > 1:
-            return fp32 + f", {self.low} autocast {self.correctness[1][1]:.2e}"
-        return fp32 + f" (no autocast dtype on {self.device})"
-
-    def match_text(self) -> str:
-        """Section 2: the precisions whose outputs matched NCHW within their tolerance (the run asserts it)."""
-        if not self.correctness:
-            return "channels_last: not applicable on this device"
-        return "channels_last outputs equal NCHW within the tolerance of: " + ", ".join(d for d, *_ in self.correctness)
+    # Sections 1 and 2 and the SDPA check print as before the timing: the same fields as ChannelsLastChecks
+    batch_shape = ChannelsLastChecks.batch_shape
+    batches_text = ChannelsLastChecks.batches_text
+    trace_table = ChannelsLastChecks.trace_table
+    trace_text = ChannelsLastChecks.trace_text
+    correctness_text = ChannelsLastChecks.correctness_text
+    match_text = ChannelsLastChecks.match_text
+    sdpa_text = ChannelsLastChecks.sdpa_text
 
     def timing_text(self) -> str:
         """Section 3: NCHW against channels_last per precision; for the built-in job, cuDNN's benchmark flag and a
@@ -507,10 +560,6 @@ class ChannelsLastResult(ExperimentResult):
         return "\n".join([f"q, k, v of shape {a.shape}, float32, 25% padded keys in every other sample; "
                           f"max |SDPA - manual| = {a.max_abs_diff:.2e}",
                           f"manual {c.a.median_s * 1e3:.2f} ms, SDPA {c.b.median_s * 1e3:.2f} ms; {c.verdict_text()}"])
-
-    def sdpa_text(self) -> str:
-        """Section 4: SDPA equals the hand-written attention (the run asserts it)."""
-        return "SDPA equals the hand-written attention (with a padding mask) within 1e-4: True"
 
     def compile_text(self) -> str:
         """Section 5: the first call and the steady state, or why torch.compile was not measured."""
@@ -682,19 +731,28 @@ def _precision_comparisons(job: Job, acc, model, cl_model, images: Sequence[torc
     return out
 
 
-def _attention(acc, P: Mapping[str, Any]) -> AttentionOutcome:
-    """Section 4: SDPA against attention written out, with a key-padding mask; asserts they agree within 1e-4."""
+def _attention_check(acc, P: Mapping[str, Any]) -> tuple[tuple[torch.Tensor, ...], float]:
+    """Section 4's check: SDPA against attention written out, with a key-padding mask, asserted within 1e-4;
+    returns ``((q, k, v, mask), max |SDPA - manual|)``."""
     from helpers.compute.fusion import attention_inputs, fused_attention, manual_attention
 
     q, k, v, mask = attention_inputs(P["batch_size"], P["attention_heads"], P["attention_seq_len"],
                                      P["attention_head_dim"], pad_fraction=0.25, device=acc.device, seed=P["seed"])
     diff = max_abs_diff(fused_attention(q, k, v, mask), manual_attention(q, k, v, mask))
     torch.testing.assert_close(fused_attention(q, k, v, mask), manual_attention(q, k, v, mask), rtol=1e-4, atol=1e-4)
+    return (q, k, v, mask), diff
+
+
+def _attention(acc, P: Mapping[str, Any], checks: "ChannelsLastChecks") -> AttentionOutcome:
+    """Section 4: SDPA against attention written out on :func:`check`'s masked input, timed interleaved."""
+    from helpers.compute.fusion import fused_attention, manual_attention
+
+    q, k, v, mask = checks.attention_inputs
     with torch.no_grad():
         cmp = compare(lambda: manual_attention(q, k, v, mask), lambda: fused_attention(q, k, v, mask),
                       repeats=P["steps"], warmup=P["warmup_steps"], sync=acc.synchronize,
                       names=("manual attention", "SDPA"), seed=P["seed"])
-    return AttentionOutcome(tuple(q.shape), diff, cmp)
+    return AttentionOutcome(tuple(q.shape), checks.sdpa_max_abs_diff, cmp)
 
 
 def _compile(acc, model, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], P: Mapping[str, Any]) -> CompileOutcome:
@@ -732,37 +790,35 @@ def _conv2d_count(model: torch.nn.Module) -> int:
     return sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
 
 
-def run(ctx: Any) -> ChannelsLastResult:
-    """Notebook 07's experiment, in the notebook's order: the fixed batches, the layout trace and the outputs
-    (the built-in policy), NCHW against channels_last at each precision (the job: the built-in encoder or a user's
-    whole step), fused attention and torch.compile (the built-in policy).
+def check(ctx: Any) -> ChannelsLastChecks:
+    """Notebook 07 before any timing, in the notebook's order: the fixed batches, the layout trace and the outputs
+    (the built-in policy), and SDPA against the hand-written attention; seconds where :func:`run` takes minutes.
 
     Parameters
     ----------
     ctx : helpers.workbook.nbsetup.NotebookContext
-        The notebook's context: its parameters (the workload, ``steps``, ``warmup_steps``, ``seed``,
-        ``compile_model``, ``attention_*``, ``job``), accelerator and job (``ctx.job()``).
+        The notebook's context: its parameters (the workload, ``seed``, ``attention_*``, ``job``), accelerator and
+        job (``ctx.job()``).
 
     Returns
     -------
-    ChannelsLastResult
+    ChannelsLastChecks
 
     Raises
     ------
     AssertionError
-        If channels_last's output, SDPA's or the compiled model's differs from its reference beyond tolerance.
+        If channels_last's output or SDPA's differs from its reference beyond tolerance.
     """
-    from helpers.diagnose.environment import cpu_bf16_support
     from helpers.jobs.ppo import PPOJob
 
     P, acc = ctx.params, ctx.acc
     builtin = PPOJob.from_params(dict(P))  # the built-in job at this notebook's workload (sections 2, 4 and 5)
-    batches = [(images, tokens) for images, tokens, _ in fixed_batches(builtin, acc, 3)]  # on the device, NCHW
+    batches = tuple((images, tokens) for images, tokens, _ in fixed_batches(builtin, acc, 3))  # on the device, NCHW
     job = ctx.job() if P.get("job") else builtin  # a user's job sets P["batch_size"] to its own
     convs = None if job.is_builtin else _conv2d_count(job.make_model(acc))
     device_ok, device_why = channels_last_status(acc)
     model = builtin.make_model(acc)  # NCHW, seeded from the workload
-    images0, tokens0 = batches[0]
+    images0, _ = batches[0]
     trace, correctness, cl_model = None, (), None
     ac_dtypes = acc.capabilities.autocast_dtypes
     low = "bfloat16" if "bfloat16" in ac_dtypes else ("float16" if "float16" in ac_dtypes else None)
@@ -774,19 +830,55 @@ def run(ctx: Any) -> ChannelsLastResult:
     if applicable and convs == 0:
         applicable, why_not = False, ("your model has no 2-D convolution (nn.Conv2d): channels_last reorders only "
                                       "4-D tensors, for convolution kernels that read NHWC")
-    comparisons = (_precision_comparisons(job, acc, model, cl_model, [x for x, _ in batches], low,
-                                          steps=P["steps"], warmup_steps=P["warmup_steps"], seed=P["seed"],
-                                          batch_size=P["batch_size"]) if applicable else {})
-    attention = _attention(acc, P)
-    compiled = _compile(acc, model, batches, P)
-    return ChannelsLastResult(
-        job=job, device=acc.kind, device_name=acc.name,
-        settings={k: P.get(k) for k in ("steps", "warmup_steps", "seed", "job")}, n_images=builtin.item_count(),
+    attention_inputs, sdpa_diff = _attention_check(acc, P)
+    return ChannelsLastChecks(
+        job=job, device=acc.kind, device_name=acc.name, n_images=builtin.item_count(),
         images=tuple(x for x, _ in batches), conv_channels=tuple(builtin.policy_config().conv_channels),
         job_description={} if job.is_builtin else job.describe(), user_convs=convs, device_applicable=device_ok,
         device_why=device_why, applicable=applicable, why_not=why_not, trace=trace, correctness=correctness, low=low,
-        comparisons=comparisons, cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
-        cpu_bf16=cpu_bf16_support() if acc.is_cpu and applicable and job.is_builtin else None,
+        sdpa_max_abs_diff=sdpa_diff, builtin=builtin, batches=batches, model=model, cl_model=cl_model,
+        attention_inputs=attention_inputs)
+
+
+def run(ctx: Any, checks: ChannelsLastChecks | None = None) -> ChannelsLastResult:
+    """Notebook 07's experiment, in the notebook's order: :func:`check` (the fixed batches, the layout trace, the
+    outputs), NCHW against channels_last at each precision (the job: the built-in encoder or a user's whole step),
+    fused attention and torch.compile (the built-in policy).
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        The notebook's context: its parameters (the workload, ``steps``, ``warmup_steps``, ``seed``,
+        ``compile_model``, ``attention_*``, ``job``), accelerator and job (``ctx.job()``).
+    checks : ChannelsLastChecks, optional
+        :func:`check`'s result (the notebook shows it before the timing starts); None checks here.
+
+    Returns
+    -------
+    ChannelsLastResult
+
+    Raises
+    ------
+    AssertionError
+        If channels_last's output, SDPA's or the compiled model's differs from its reference beyond tolerance.
+    """
+    from helpers.diagnose.environment import cpu_bf16_support
+
+    P, acc = ctx.params, ctx.acc
+    c = checks if checks is not None else check(ctx)
+    comparisons = (_precision_comparisons(c.job, acc, c.model, c.cl_model, list(c.images), c.low,
+                                          steps=P["steps"], warmup_steps=P["warmup_steps"], seed=P["seed"],
+                                          batch_size=P["batch_size"]) if c.applicable else {})
+    attention = _attention(acc, P, c)
+    compiled = _compile(acc, c.model, list(c.batches), P)
+    return ChannelsLastResult(
+        job=c.job, device=c.device, device_name=c.device_name,
+        settings={k: P.get(k) for k in ("steps", "warmup_steps", "seed", "job")}, n_images=c.n_images,
+        images=c.images, conv_channels=c.conv_channels, job_description=c.job_description, user_convs=c.user_convs,
+        device_applicable=c.device_applicable, device_why=c.device_why, applicable=c.applicable, why_not=c.why_not,
+        trace=c.trace, correctness=c.correctness, low=c.low, comparisons=comparisons,
+        cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+        cpu_bf16=cpu_bf16_support() if acc.is_cpu and c.applicable and c.job.is_builtin else None,
         attention=attention, compiled=compiled)
 
 

@@ -42,9 +42,9 @@ from helpers.timing import Comparison, ProgressClock, compare
 from helpers.verdict import Action, Verdict
 
 
-__all__ = ["NOTEBOOK", "DTYPES", "Capabilities", "LossCurves", "PeakMemory", "PrecisionResult", "ProgressClock",
-           "ScalerDemo", "ScalerRun", "autocast_comparison", "divergence", "live_point", "run", "try_precision",
-           "verdict"]
+__all__ = ["NOTEBOOK", "DTYPES", "Capabilities", "LossCurves", "PeakMemory", "PrecisionChecks", "PrecisionResult",
+           "ProgressClock", "ScalerDemo", "ScalerRun", "autocast_comparison", "check", "divergence", "live_point",
+           "run", "try_precision", "verdict"]
 
 #: Notebook whose verdict :func:`verdict` gives.
 NOTEBOOK = "06_mixed_precision"
@@ -542,6 +542,64 @@ class PeakMemory:
 
 
 @dataclass(frozen=True, eq=False)
+class PrecisionChecks:
+    """Notebook 06 before any timing (:func:`check`): the device's capabilities, the fixed batches, the autocast op
+    probe and dtype hooks and the loss-scaler demonstration, all on the built-in job.
+
+    Attributes
+    ----------
+    caps, images, classes, batch_size, image_size, job_name, probe, dtypes, demo, job, batches
+        As :class:`PrecisionResult`'s.
+    amp_dtype : torch.dtype
+        The autocast dtype resolved from ``autocast_dtype`` on this device.
+    """
+
+    caps: Capabilities
+    images: int
+    classes: int
+    batch_size: int
+    image_size: int
+    job_name: str | None
+    probe: Mapping[str, str]
+    dtypes: pd.DataFrame
+    demo: ScalerDemo
+    job: Any = field(repr=False)
+    batches: tuple = field(repr=False)
+    amp_dtype: Any = field(repr=False)
+
+    @property
+    def dtype_name(self) -> str:
+        return self.caps.dtype_name
+
+    def batches_text(self) -> str:
+        """Section 2: the images and the fixed batches (and the user's job measured in sections 5-7)."""
+        lines = [f"{self.images} images, {self.classes} class(es); {len(self.batches)} fixed batches of "
+                 f"{self.batch_size} ({self.image_size} px) kept on the device"]
+        if self.job_name is not None:
+            lines.append(f"your job: {self.job_name} (the demonstrations of sections 2-4 use the built-in job above)")
+        return "\n".join(lines)
+
+    def probe_text(self) -> str:
+        """Section 3: the ops this device's autocast upcasts to float32, passes through or casts down."""
+        d, kind = self.dtype_name, self.caps.kind
+        upcast = [op for op, t in self.probe.items() if t == "float32"]
+        passthrough = [op for op, t in self.probe.items() if t == d and op != "linear"]
+        return "\n".join([f"{kind}, {d} input under {d} autocast:",
+                          f"  upcast to float32 on this device: {', '.join(upcast) or 'none'}",
+                          f"  pass-through (stay {d}): {', '.join(passthrough) or 'none'}",
+                          f"  cast down (control): linear -> {self.probe['linear']}"])
+
+    def casts_text(self) -> str:
+        """Section 3: the layers autocast cast, and those that passed their input dtype through."""
+        t = self.dtypes
+        casts = sorted({f"{k} ({i} -> {o})" for k, i, o, e in zip(t.kind, t.input_dtype, t.output_dtype, t.effect)
+                        if e.startswith("cast")})
+        passes = sorted({f"{k} ({i})" for k, i, e in zip(t.kind, t.input_dtype, t.effect) if e == "pass-through"})
+        return (f"cast by autocast ({self.dtype_name} autocast on {self.caps.kind}): {', '.join(casts) or 'none'}\n"
+                f"passed their input dtype through: {', '.join(passes) or 'none'}")
+
+
+@dataclass(frozen=True, eq=False)
 class PrecisionResult(ExperimentResult):
     """Notebook 06's measurement: the device's capabilities, the autocast op probe and dtype hooks, the loss-scaler
     demonstration, the learning gate, the interleaved step times and the peak memory per variant.
@@ -605,32 +663,10 @@ class PrecisionResult(ExperimentResult):
 
     # -- what the cells print ----------------------------------------------------------------
 
-    def batches_text(self) -> str:
-        """Section 2: the images and the fixed batches (and the user's job measured in sections 5-7)."""
-        lines = [f"{self.images} images, {self.classes} class(es); {len(self.batches)} fixed batches of "
-                 f"{self.batch_size} ({self.image_size} px) kept on the device"]
-        if self.job_name is not None:
-            lines.append(f"your job: {self.job_name} (the demonstrations of sections 2-4 use the built-in job above)")
-        return "\n".join(lines)
-
-    def probe_text(self) -> str:
-        """Section 3: the ops this device's autocast upcasts to float32, passes through or casts down."""
-        d, kind = self.dtype_name, self.caps.kind
-        upcast = [op for op, t in self.probe.items() if t == "float32"]
-        passthrough = [op for op, t in self.probe.items() if t == d and op != "linear"]
-        return "\n".join([f"{kind}, {d} input under {d} autocast:",
-                          f"  upcast to float32 on this device: {', '.join(upcast) or 'none'}",
-                          f"  pass-through (stay {d}): {', '.join(passthrough) or 'none'}",
-                          f"  cast down (control): linear -> {self.probe['linear']}"])
-
-    def casts_text(self) -> str:
-        """Section 3: the layers autocast cast, and those that passed their input dtype through."""
-        t = self.dtypes
-        casts = sorted({f"{k} ({i} -> {o})" for k, i, o, e in zip(t.kind, t.input_dtype, t.output_dtype, t.effect)
-                        if e.startswith("cast")})
-        passes = sorted({f"{k} ({i})" for k, i, e in zip(t.kind, t.input_dtype, t.effect) if e == "pass-through"})
-        return (f"cast by autocast ({self.dtype_name} autocast on {self.caps.kind}): {', '.join(casts) or 'none'}\n"
-                f"passed their input dtype through: {', '.join(passes) or 'none'}")
+    # Sections 2 and 3 print as before the timing: the same fields as PrecisionChecks
+    batches_text = PrecisionChecks.batches_text
+    probe_text = PrecisionChecks.probe_text
+    casts_text = PrecisionChecks.casts_text
 
     def timing_text(self) -> str:
         """Section 6: the comparison's sentence and each variant's median step time with its IQR; first, where a
@@ -807,11 +843,9 @@ def _builtin_timing(job, acc, batches: Sequence, amp_dtype: torch.dtype, dtype_n
     return cmp, PeakMemory(tuple(rows), on_cpu=acc.is_cpu)
 
 
-def run(ctx: Any) -> PrecisionResult:
-    """Notebook 06's experiment, in the notebook's order: capabilities, fixed batches, the autocast op probe and
-    dtype hooks, the loss-scaler demonstration (all on the built-in job), then on the job measured (the user's,
-    where ``job`` is set) the loss curves and their gate, the interleaved step times and (the built-in job) the
-    peak memory per variant.
+def check(ctx: Any) -> PrecisionChecks:
+    """Notebook 06 before any timing, in the notebook's order (sections 1-4): capabilities, fixed batches, the
+    autocast op probe and dtype hooks and the loss-scaler demonstration, all on the built-in job.
 
     Parameters
     ----------
@@ -821,8 +855,7 @@ def run(ctx: Any) -> PrecisionResult:
 
     Returns
     -------
-    PrecisionResult
-        Its verdict stands also when a loss became NaN or infinite (:func:`verdict`'s divergence).
+    PrecisionChecks
 
     Raises
     ------
@@ -846,6 +879,41 @@ def run(ctx: Any) -> PrecisionResult:
     probe = probe_autocast_ops(acc.device, amp_dtype)
     dtypes = _dtype_table(demo_job, acc, batches, amp_dtype)
     demo = _scaler_demo(demo_job, acc, batches, amp_dtype, P)
+    return PrecisionChecks(caps=caps, images=len(index), classes=index.n_classes,
+                           batch_size=demo_job.workload.batch_size, image_size=P["image_size"],
+                           job_name=None if job.is_builtin else job.summary(), probe=dict(probe), dtypes=dtypes,
+                           demo=demo, job=job, batches=tuple(batches), amp_dtype=amp_dtype)
+
+
+def run(ctx: Any, checks: PrecisionChecks | None = None) -> PrecisionResult:
+    """Notebook 06's experiment, in the notebook's order: :func:`check` (capabilities, fixed batches, the autocast op
+    probe and dtype hooks, the loss-scaler demonstration, all on the built-in job), then on the job measured (the
+    user's, where ``job`` is set) the loss curves and their gate, the interleaved step times and (the built-in job)
+    the peak memory per variant.
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        The notebook's context: its parameters (the spec of :data:`EXPERIMENT`) and accelerator; ``ctx.job()``
+        is the job sections 5-7 measure.
+    checks : PrecisionChecks, optional
+        :func:`check`'s result (the notebook shows it before the timing starts); None checks here.
+
+    Returns
+    -------
+    PrecisionResult
+        Its verdict stands also when a loss became NaN or infinite (:func:`verdict`'s divergence).
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For an autocast dtype the device does not support.
+    helpers.errors.DataError
+        If the loss scaler did not skip exactly the injected overflows.
+    """
+    P, acc = ctx.params, ctx.acc
+    c = checks if checks is not None else check(ctx)
+    amp_dtype, dtype_name, job, batches = c.amp_dtype, c.dtype_name, c.job, list(c.batches)
     use_scaler = amp_dtype == torch.float16
     scaler = (make_grad_scaler(acc.kind, amp_dtype, init_scale=P["init_scale"], growth_interval=P["growth_interval"])
               if use_scaler and job.is_builtin else None)
@@ -864,12 +932,11 @@ def run(ctx: Any) -> PrecisionResult:
     context = (f"{what} on {acc.kind} ({acc.name}), fp32 vs {dtype_name} autocast"
                f"{' with GradScaler' if use_scaler else ''}, {P['steps']} interleaved steps each after "
                f"{P['warmup_steps']} warm-up")
-    return PrecisionResult(caps=caps, images=len(index), classes=index.n_classes,
-                           batch_size=demo_job.workload.batch_size, image_size=P["image_size"], job_name=None if job.is_builtin else job.summary(),
-                           probe=dict(probe), dtypes=dtypes, demo=demo, curves=curves, cmp=cmp, memory=memory,
-                           context=context, steps=P["steps"], warmup_steps=P["warmup_steps"],
-                           init_scale=P["init_scale"], growth_interval=P["growth_interval"], seed=P["seed"],
-                           job=job, batches=tuple(batches))
+    return PrecisionResult(caps=c.caps, images=c.images, classes=c.classes, batch_size=c.batch_size,
+                           image_size=c.image_size, job_name=c.job_name, probe=dict(c.probe), dtypes=c.dtypes,
+                           demo=c.demo, curves=curves, cmp=cmp, memory=memory, context=context, steps=P["steps"],
+                           warmup_steps=P["warmup_steps"], init_scale=P["init_scale"],
+                           growth_interval=P["growth_interval"], seed=P["seed"], job=job, batches=c.batches)
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

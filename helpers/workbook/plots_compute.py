@@ -101,8 +101,8 @@ def step_time_bars(names: Sequence[str], medians_ms: Sequence[float], p25_ms: Se
 
 
 def precision_scaler_demo_figure(result):
-    """Notebook 06, section 4: the demonstration's loss scale with its injected overflows
-    (:class:`helpers.experiments.precision.PrecisionResult`)."""
+    """Notebook 06, section 4: the demonstration's loss scale with its injected overflows (``result.demo`` of a
+    :class:`helpers.experiments.precision.PrecisionChecks` or :class:`~helpers.experiments.precision.PrecisionResult`)."""
     from helpers.experiments.precision import DEMO_GROWTH_INTERVAL
 
     return loss_scale_trajectory(result.demo.scales, result.demo.overflow,
