@@ -82,11 +82,12 @@ def test_a_busy_machine_makes_the_verdict_inconclusive(monkeypatch):
 
 @pytest.mark.slow
 def test_bench_instrument_reports_the_overhead_ratio():
-    p = subprocess.run([sys.executable, "-m", "helpers", "bench", "instrument", "--device", "cpu"],
+    # the fewest rounds the benchmark takes (--repeats 3): this test reads the figures' shape, not their value
+    p = subprocess.run([sys.executable, "-m", "helpers", "bench", "instrument", "--device", "cpu", "--repeats", "3"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout)
-    assert out["ci_low"] <= out["overhead"] <= out["ci_high"] and out["blocks"] >= 3
+    assert out["ci_low"] <= out["overhead"] <= out["ci_high"] and out["blocks"] == 3
     assert isinstance(out["targets"]["overhead"]["met"], bool) and out["machine_note"]
 
 

@@ -972,6 +972,64 @@ class _Datasets:
 
 
 @dataclass(frozen=True, eq=False)
+class LoaderChecks:
+    """Notebook 03 before any timing (:func:`check`): the machine, the data, the workers-vs-main-process batch
+    comparison and the randomness probes, each asserted.
+
+    Attributes
+    ----------
+    params, device_kind, cores, method, builtin, job_spec, job_describe, n_items, batch_size, data, agreement, probe,
+    epoch_result, base, make_dataset
+        As :class:`LoaderResult`'s.
+    job : helpers.jobs.base.Job
+        The job whose dataset :func:`run` sweeps next.
+    """
+
+    params: Mapping[str, Any]
+    device_kind: str
+    cores: int
+    method: Any
+    builtin: bool
+    job_spec: str
+    job_describe: Mapping[str, Any]
+    n_items: int
+    batch_size: int
+    data: Mapping[str, Any]
+    agreement: str
+    probe: Any
+    epoch_result: Any
+    base: LoaderConfig = dataclasses.field(repr=False)
+    make_dataset: Any = dataclasses.field(repr=False)
+    job: Any = dataclasses.field(repr=False)
+
+    @property
+    def machine_text(self) -> str:
+        """Cores and start method (section 1)."""
+        m = self.method
+        return (f"{self.cores} usable CPU core(s); workers start with {m.method!r} ({m.source})\n"
+                f"what that means: {m.explanation}")
+
+    @property
+    def data_text(self) -> str:
+        """The dataset swept (section 2)."""
+        if not self.builtin:
+            return f"your job: {dict(self.job_describe)}; {self.n_items} items in batches of {self.batch_size}"
+        d = self.data
+        lines = [f"{d['images']} images, {d['classes']} class(es), {len(d['skipped'])} file(s) skipped"]
+        lines += [f"  skipped {name}: {reason}" for name, reason in d["skipped"][:10]]
+        return "\n".join(lines)
+
+    @property
+    def probe_text(self) -> str:
+        """Repeated draws before and after worker_init_fn (section 5)."""
+        from helpers.pipeline.randomness import VARIANTS
+
+        r = self.probe
+        return (f"{r.items} items x {r.epochs} epochs x {r.ranks} ranks, 2 workers: {r.duplicates(VARIANTS[0])} "
+                f"repeated draws before the fix, {r.duplicates(VARIANTS[1])} after")
+
+
+@dataclass(frozen=True, eq=False)
 class LoaderResult(ExperimentResult):
     """Everything notebook 03 measured (see :func:`run`); ``records()`` and ``verdict()`` in the notebook's order.
 
@@ -1099,26 +1157,14 @@ class LoaderResult(ExperimentResult):
         return g[g["role"] != "main"].groupby("loader", sort=False)["growth_mib"].median()
 
     # -- what the cells print -----------------------------------------------------------------------------------
-    @property
-    def machine_text(self) -> str:
-        """Cores and start method (section 1)."""
-        m = self.method
-        return (f"{self.cores} usable CPU core(s); workers start with {m.method!r} ({m.source})\n"
-                f"what that means: {m.explanation}")
-
-    @property
-    def data_text(self) -> str:
-        """The dataset swept (section 2)."""
-        if not self.builtin:
-            return f"your job: {dict(self.job_describe)}; {self.n_items} items in batches of {self.batch_size}"
-        d = self.data
-        lines = [f"{d['images']} images, {d['classes']} class(es), {len(d['skipped'])} file(s) skipped"]
-        lines += [f"  skipped {name}: {reason}" for name, reason in d["skipped"][:10]]
-        return "\n".join(lines)
+    # Sections 1, 2 and 5 print as before the timing: the same fields as LoaderChecks
+    machine_text = LoaderChecks.machine_text
+    data_text = LoaderChecks.data_text
+    probe_text = LoaderChecks.probe_text
 
     @property
     def sweep_text(self) -> str:
-        """How the sweep timed, and which settings had short windows (section 5)."""
+        """How the sweep timed, and which settings had short windows (section 6)."""
         p, settings, summary = self.params, self.settings, self.summary
         lines = []
         if 0 not in p["num_workers_list"]:
@@ -1175,15 +1221,6 @@ class LoaderResult(ExperimentResult):
             lines.append(f"num_workers=0 was the fastest setting: worker processes did not pay for themselves on "
                          f"{cores} core(s)")
         return "\n".join(lines)
-
-    @property
-    def probe_text(self) -> str:
-        """Repeated draws before and after worker_init_fn (section 6)."""
-        from helpers.pipeline.randomness import VARIANTS
-
-        r = self.probe
-        return (f"{r.items} items x {r.epochs} epochs x {r.ranks} ranks, 2 workers: {r.duplicates(VARIANTS[0])} "
-                f"repeated draws before the fix, {r.duplicates(VARIANTS[1])} after")
 
     @property
     def memory_text(self) -> str:
@@ -1361,7 +1398,7 @@ def _agreement(make: _Datasets, n_items: int, base: LoaderConfig, acc: Any, buil
 
 
 def _probes(p: Mapping[str, Any]):
-    """The worker-randomness probe and the epoch-in-workers probe, asserted (section 6)."""
+    """The worker-randomness probe and the epoch-in-workers probe, asserted (section 5)."""
     from helpers.pipeline.randomness import EPOCH_VARIANTS, VARIANTS, epoch_probe, probe
 
     probe_result = probe(epochs=p["probe_epochs"], ranks=p["probe_ranks"], num_workers=2, seed=p["seed"],
@@ -1470,24 +1507,21 @@ def fault_demo(first_batch_timeout_s: float) -> str:
     return "\n".join(lines + ["no worker process left behind"])
 
 
-def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., Any] = no_expected_warnings) -> LoaderResult:
-    """Notebook 03's whole measurement on ``job``'s dataset: agreement, sweep, probes, memory, bad input, confirmation.
+def check(job: Any, acc: Any, params: Mapping[str, Any]) -> LoaderChecks:
+    """Notebook 03 before any timing, on ``job``'s dataset: the machine, the data, the workers-vs-main-process batch
+    comparison and the worker-randomness and epoch probes (sections 1-5).
 
     Parameters
     ----------
     job : helpers.jobs.base.Job
-        The notebook's job (``ctx.job()``): the built-in one sweeps its batched pipeline with ``cores //
-        num_workers`` decode threads per process; a user's job sweeps its own dataset.
+        The notebook's job (``ctx.job()``).
     acc : helpers.device.Accelerator
     params : mapping
         Notebook 03's validated parameters.
-    expect : callable, optional
-        ``expect(why, match=None)``: a context manager around work that warns on purpose
-        (:func:`helpers.workbook.output.expected_warnings`); default: none.
 
     Returns
     -------
-    LoaderResult
+    LoaderChecks
 
     Raises
     ------
@@ -1505,12 +1539,57 @@ def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., 
     base = LoaderConfig(batch_size=job.workload.batch_size, pin_memory=True, timeout_s=p["first_batch_timeout_s"],
                         seed=p["seed"])
     agreement = _agreement(make, n_items, base, acc, job.is_builtin)
+    probe_result, epoch_result = _probes(p)
+    index = data[0] if data is not None else None
+    return LoaderChecks(
+        params=dict(p), device_kind=acc.kind, cores=cores, method=method, builtin=job.is_builtin,
+        job_spec=str(p.get("job") or ""), job_describe=job.describe(), n_items=n_items,
+        batch_size=job.workload.batch_size,
+        data={} if index is None else {"images": len(index), "classes": index.n_classes,
+                                       "skipped": [(b.path.name, b.reason) for b in index.skipped]},
+        agreement=agreement, probe=probe_result, epoch_result=epoch_result, base=base, make_dataset=make, job=job)
+
+
+def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., Any] = no_expected_warnings,
+        checks: LoaderChecks | None = None) -> LoaderResult:
+    """Notebook 03's whole measurement on ``job``'s dataset: :func:`check` (agreement, probes), then the sweep,
+    worker memory, bad input and the confirmation.
+
+    Parameters
+    ----------
+    job : helpers.jobs.base.Job
+        The notebook's job (``ctx.job()``): the built-in one sweeps its batched pipeline with ``cores //
+        num_workers`` decode threads per process; a user's job sweeps its own dataset.
+    acc : helpers.device.Accelerator
+    params : mapping
+        Notebook 03's validated parameters.
+    expect : callable, optional
+        ``expect(why, match=None)``: a context manager around work that warns on purpose
+        (:func:`helpers.workbook.output.expected_warnings`); default: none.
+    checks : LoaderChecks, optional
+        :func:`check`'s result for the same job and parameters (the notebook shows it before the timing starts);
+        None checks here.
+
+    Returns
+    -------
+    LoaderResult
+
+    Raises
+    ------
+    AssertionError
+        If workers deliver other batches than the main process, or a probe finds what its fix must remove.
+    helpers.errors.DataError
+        On a loader failure (a worker that hangs or dies).
+    """
+    p = params
+    c = checks if checks is not None else check(job, acc, p)
+    make, n_items, base = c.make_dataset, c.n_items, c.base
+    data = job.image_data()
     settings = sweep_settings(p["num_workers_list"], p["prefetch_factor_list"])
     with expect("the sweep tries more workers than cores on purpose, to show where they stop paying",
                 match=r"more than the \d+ usable CPU core"):
         sweep = run_sweep(lambda s: make(s.num_workers), n_items, settings, base=base,
                           batches_per_trial=p["batches_per_trial"], trials=p["trials"], acc=acc, name="sweep")
-    probe_result, epoch_result = _probes(p)
     memory, growth = _worker_memory(make, n_items, base, acc, job.is_builtin, p["seed"])
     bad = _bad_input(*data, p, expect) if data is not None else None
     best = next(s for s in settings if s.label == sweep.ranking()[0])
@@ -1518,14 +1597,10 @@ def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., 
     confirmation = None if best.num_workers == 0 else run_sweep(
         lambda s: make(s.num_workers), n_items, (LoaderSetting(0), best), base=base,
         batches_per_trial=confirm_batches, trials=p["trials"], acc=acc, name="confirmation")
-    index = data[0] if data is not None else None
     return LoaderResult(
-        params=dict(p), device_kind=acc.kind, cores=cores, method=method, builtin=job.is_builtin,
-        job_spec=str(p.get("job") or ""), job_describe=job.describe(), n_items=n_items,
-        batch_size=job.workload.batch_size,
-        data={} if index is None else {"images": len(index), "classes": index.n_classes,
-                                       "skipped": [(b.path.name, b.reason) for b in index.skipped]},
-        agreement=agreement, settings=settings, sweep=sweep, probe=probe_result, epoch_result=epoch_result,
+        params=dict(p), device_kind=c.device_kind, cores=c.cores, method=c.method, builtin=c.builtin,
+        job_spec=c.job_spec, job_describe=c.job_describe, n_items=n_items, batch_size=c.batch_size, data=c.data,
+        agreement=c.agreement, settings=settings, sweep=sweep, probe=c.probe, epoch_result=c.epoch_result,
         memory=memory, growth=growth, bad_input=bad, confirmation=confirmation, confirm_batches=confirm_batches,
         base=base, make_dataset=make)
 

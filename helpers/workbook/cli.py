@@ -121,7 +121,9 @@ def _add_bench(sub) -> None:
     be.add_argument("--world-size", type=int, default=2, metavar="N", help="allreduce, ddp: ranks on this machine")
     be.add_argument("--min-bytes", type=int, default=8, metavar="B", help="allreduce: smallest message, bytes")
     be.add_argument("--max-size-mib", type=float, default=256, metavar="M", help="allreduce: largest message, MiB")
-    be.add_argument("--repeats", type=int, default=10, metavar="R", help="allreduce: timed calls per size")
+    be.add_argument("--repeats", type=int, default=10, metavar="R",
+                    help="allreduce: timed calls per size; instrument: rounds of one plain and one instrumented "
+                         "block (at least 3)")
     be.add_argument("--warmup", type=int, default=3, metavar="W", help="allreduce: untimed calls per size")
     be.add_argument("--timeout", type=float, default=600.0, metavar="S",
                     help="allreduce: seconds before the job counts as hung and is stopped")
@@ -255,7 +257,7 @@ def _bench(args) -> int:
         return 0
     kwargs = {"dataset-index": dict(n_images=args.images, data_dir=args.data_dir),
               "dataset-cache": dict(profile=args.profile, data_dir=args.data_dir),
-              "instrument": dict(device=args.device),
+              "instrument": dict(device=args.device, blocks=args.repeats),
               "end-to-end": dict(profile=args.profile, device=args.device, data_dir=args.data_dir, run=args.run),
               }.get(args.name, dict(profile=args.profile, device=args.device, data_dir=args.data_dir))
     print(run_benchmark(args.name, **kwargs))
