@@ -1123,6 +1123,57 @@ def try_overlap(job: Job, acc: Accelerator, *, num_workers: int, model_width: in
 
 
 @dataclass(frozen=True, eq=False)
+class OverlapChecks:
+    """Notebook 05 before any timing (:func:`check`): the data and the prefetcher's check against synchronous copies.
+
+    Attributes
+    ----------
+    job, device, n_items, per_epoch, dataset, check
+        As :class:`StreamOverlapResult`'s.
+    """
+
+    job: Job = field(repr=False)
+    device: str
+    n_items: int
+    per_epoch: int
+    dataset: Mapping[str, Any]
+    check: Mapping[str, Any]
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch of the job measured."""
+        return int(self.job.workload.batch_size)
+
+    def dataset_text(self) -> str:
+        """Section 1: the data, its batches per epoch, and a note where they are too few to prefetch."""
+        if self.job.is_builtin:
+            lines = [f"{self.n_items} images, {self.dataset['classes']} class(es), {self.dataset['skipped']} file(s) "
+                     f"skipped, {self.per_epoch} batch(es) of {self.batch_size} per epoch"]
+        else:
+            lines = [f"your job: {self.job.summary()}; {self.per_epoch} batch(es) of {self.batch_size} per epoch"]
+        if self.per_epoch <= 1:
+            lines.append("only 1 batch per epoch: there is nothing to prefetch (a loader starts every epoch empty), "
+                         "so no overlap can hide this input; lower batch_size or add images to see one work")
+        elif self.per_epoch < FEW_BATCHES_PER_EPOCH:
+            lines.append(f"few batches per epoch: the first batch of every epoch (1 step in {self.per_epoch}) cannot "
+                         "be prefetched")
+        return "\n".join(lines)
+
+    def correctness_text(self) -> str:
+        """Section 2: the side stream, and what was compared where the dataset cannot be read twice alike."""
+        c = self.check
+        lines = [f"side stream: {'yes, 1 stream for all epochs' if c['side_stream'] else 'none on ' + self.device + ' (synchronous copies)'}"]
+        if c["identical"] != c["batches"] and not c["reproducible"]:
+            lines.append("your dataset gives different values when the same batch is read twice (its randomness "
+                         "comes from a source the workbook cannot seed): compared shapes, dtypes and labels instead")
+        return "\n".join(lines)
+
+    def identical_text(self) -> str:
+        """Section 2: how many prefetched batches equal the synchronous copy."""
+        return (f"{self.check['identical']} of {self.check['batches']} prefetched batches are bit-identical to the "
+                "synchronous copy")
+
+@dataclass(frozen=True, eq=False)
 class StreamOverlapResult(ExperimentResult):
     """Notebook 05's measurement: the data, the prefetcher's check, the compute per thread count and the overlap.
 
@@ -1199,34 +1250,10 @@ class StreamOverlapResult(ExperimentResult):
         """The label of the thread split kept as *after*."""
         return next(s["label"] for s, c in zip(self.splits, self.overlap.candidates) if c is self.overlap.after)
 
-    def dataset_text(self) -> str:
-        """Section 1: the data, its batches per epoch, and a note where they are too few to prefetch."""
-        if self.job.is_builtin:
-            lines = [f"{self.n_items} images, {self.dataset['classes']} class(es), {self.dataset['skipped']} file(s) "
-                     f"skipped, {self.per_epoch} batch(es) of {self.batch_size} per epoch"]
-        else:
-            lines = [f"your job: {self.job.summary()}; {self.per_epoch} batch(es) of {self.batch_size} per epoch"]
-        if self.per_epoch <= 1:
-            lines.append("only 1 batch per epoch: there is nothing to prefetch (a loader starts every epoch empty), "
-                         "so no overlap can hide this input; lower batch_size or add images to see one work")
-        elif self.per_epoch < FEW_BATCHES_PER_EPOCH:
-            lines.append(f"few batches per epoch: the first batch of every epoch (1 step in {self.per_epoch}) cannot "
-                         "be prefetched")
-        return "\n".join(lines)
-
-    def correctness_text(self) -> str:
-        """Section 2: the side stream, and what was compared where the dataset cannot be read twice alike."""
-        c = self.check
-        lines = [f"side stream: {'yes, 1 stream for all epochs' if c['side_stream'] else 'none on ' + self.device + ' (synchronous copies)'}"]
-        if c["identical"] != c["batches"] and not c["reproducible"]:
-            lines.append("your dataset gives different values when the same batch is read twice (its randomness "
-                         "comes from a source the workbook cannot seed): compared shapes, dtypes and labels instead")
-        return "\n".join(lines)
-
-    def identical_text(self) -> str:
-        """Section 2: how many prefetched batches equal the synchronous copy."""
-        return (f"{self.check['identical']} of {self.check['batches']} prefetched batches are bit-identical to the "
-                "synchronous copy")
+    # Sections 1 and 2 print as before the timing: the same fields as OverlapChecks
+    dataset_text = OverlapChecks.dataset_text
+    correctness_text = OverlapChecks.correctness_text
+    identical_text = OverlapChecks.identical_text
 
     def splits_text(self) -> str:
         """Section 3: the cores and the splits tried, each with its reason."""
@@ -1428,7 +1455,33 @@ def _check_prefetcher(job: Job, acc: Accelerator) -> dict[str, Any]:
     return check
 
 
-def run(ctx: Any) -> StreamOverlapResult:
+def check(ctx: Any) -> OverlapChecks:
+    """Notebook 05 before any timing (sections 1 and 2): the data and the prefetcher's batches against synchronous
+    copies.
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        The notebook's context: its parameters, accelerator and job (``ctx.job()``: the built-in job or the user's).
+
+    Returns
+    -------
+    OverlapChecks
+
+    Raises
+    ------
+    helpers.errors.DataError
+        If a prefetched batch differs from the synchronous copy.
+    """
+    acc = ctx.acc
+    job = ctx.job()  # the built-in job at this notebook's workload, or the user's (parameter job)
+    n_items = job.item_count()
+    dataset = ({"skipped": len(job.index.skipped), "classes": job.index.n_classes} if job.is_builtin else {})
+    return OverlapChecks(job=job, device=acc.kind, n_items=n_items, per_epoch=n_items // job.workload.batch_size,
+                         dataset=dataset, check=_check_prefetcher(job, acc))
+
+
+def run(ctx: Any, checks: "OverlapChecks | None" = None) -> StreamOverlapResult:
     """Notebook 05's experiment, in the notebook's order: the data, the prefetcher's check, the compute per thread
     count (and at notebook 01's width), then *before* and *after* (:func:`run_overlap`).
 
@@ -1437,6 +1490,9 @@ def run(ctx: Any) -> StreamOverlapResult:
     ctx : helpers.workbook.nbsetup.NotebookContext
         The notebook's context: its parameters, accelerator and job (``ctx.job()``: the built-in job or the
         user's); the path of its results file is read to find notebook 01's workload (:func:`baseline_workload`).
+
+    checks : OverlapChecks, optional
+        :func:`check`'s result (the notebook shows it before the timing starts); None checks here.
 
     Returns
     -------
@@ -1448,10 +1504,8 @@ def run(ctx: Any) -> StreamOverlapResult:
         If a prefetched batch differs from the synchronous copy.
     """
     P, acc = ctx.params, ctx.acc
-    job = ctx.job()  # the built-in job at this notebook's workload, or the user's (parameter job)
-    n_items = job.item_count()
-    dataset = ({"skipped": len(job.index.skipped), "classes": job.index.n_classes} if job.is_builtin else {})
-    check = _check_prefetcher(job, acc)
+    c = checks if checks is not None else check(ctx)
+    job, n_items, dataset, check_ = c.job, c.n_items, c.dataset, c.check
     cores = usable_cores()
     splits = thread_splits(P["num_workers"], cores, is_cpu=acc.is_cpu)
     scaling = compute_thread_scaling(job, acc, threads=sorted({1, cores, *(s["torch_threads"] for s in splits)}))
@@ -1466,7 +1520,7 @@ def run(ctx: Any) -> StreamOverlapResult:
     names = ("model_width", "d_model", "image_size", "text_len", "steps", "warmup_steps", "num_workers",
              "prefetch_factor", "data_dir", "job")
     return StreamOverlapResult(job=job, device=acc.kind, settings={k: P.get(k) for k in names}, n_items=n_items,
-                               per_epoch=n_items // job.workload.batch_size, dataset=dataset, check=check,
+                               per_epoch=c.per_epoch, dataset=dataset, check=check_,
                                cores=cores, splits=tuple(splits), scaling=scaling, base=base, base_source=source,
                                compute_01=at_01, overlap=result)
 
