@@ -15,14 +15,15 @@ records or verdicts (``tests/test_layers.py`` keeps it so).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from helpers.checklist import PHASES, Item
 from helpers.params import Param
 from helpers.results import Records
 
-__all__ = ["Experiment", "ExperimentResult", "JobPlan", "Optimization", "VerdictResult", "no_expected_warnings"]
+__all__ = ["Experiment", "ExperimentResult", "JobPlan", "Optimization", "VerdictResult", "checked_fields",
+           "no_expected_warnings"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,19 @@ class ExperimentResult:
     def verdict(self) -> Any:
         """The verdict (:class:`helpers.verdict.Verdict`) this result decides, or None (the default)."""
         return None
+
+
+def checked_fields(checks: Any) -> dict[str, Any]:
+    """``{name: value}`` of a dataclass instance's fields, not copied (``dataclasses.asdict`` deep-copies tensors
+    and models): what an experiment's ``check(...)`` found, handed on to its result class, which extends the checks'
+    class with the measurement (``Result(**checked_fields(checks), ...)``).
+
+    Raises
+    ------
+    TypeError
+        If ``checks`` is not a dataclass instance.
+    """
+    return {f.name: getattr(checks, f.name) for f in fields(checks)}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ for input, as a :class:`helpers.verdict.Verdict` with the figures it rests on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import pandas as pd
@@ -22,7 +22,7 @@ from helpers import specs
 from helpers.checklist import PHASES
 from helpers.checklist import Item
 from helpers.compute.train import TrainRun
-from helpers.experiments.base import Experiment, ExperimentResult
+from helpers.experiments.base import Experiment, ExperimentResult, checked_fields
 from helpers.experiments.three_run import CeilingResult, spare_cores
 from helpers.jobs.base import description_text
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
@@ -259,7 +259,45 @@ class DatasetSummary:
 
 
 @dataclass(frozen=True, eq=False)
-class BaselineResult(ExperimentResult):
+class BaselineData:
+    """Section 1 of notebook 01, before any timing (:func:`scan`): the job's scanned images and its description.
+    :class:`BaselineResult` extends it with the measurement.
+
+    Attributes
+    ----------
+    dataset : DatasetSummary or None
+        The built-in job's images; None for a user's job, whose dataset the workbook does not scan.
+    description : dict
+        ``job.describe()`` (plus ``skipped``, images skipped, for the built-in job): the verdict's context.
+    job : helpers.jobs.base.Job or None
+        The built-in PPO job, or the user's (``params["job"]``), that :func:`run` measures next (keyword-only; None
+        in a result built by hand).
+    """
+
+    dataset: DatasetSummary | None
+    description: Mapping[str, Any]
+    job: Any = field(default=None, repr=False, kw_only=True)
+
+    def dataset_text(self) -> str:
+        """Section 1: the images scanned, the files skipped (at most 10) and a note when every label is the same;
+        for a user's job, what it says about itself."""
+        d = self.dataset
+        if d is None:
+            return f"your job: {description_text(self.description)}"
+        lines = [f"{d.images} images, {d.classes} class(es), {len(d.skipped)} file(s) skipped"]
+        lines += [f"  skipped {name}: {reason}" for name, reason in d.skipped[:10]]
+        if d.classes < 2:
+            lines.append("note: every image has the same label, so the reward is trivial; the timing is still valid "
+                         "(add class subfolders or a label column to captions.csv for a real task)")
+        return "\n".join(lines)
+
+    def dataset_table(self) -> pd.DataFrame | None:
+        """Section 1: the first rows of the scanned images' table (None for a user's job)."""
+        return None if self.dataset is None else self.dataset.table.head()
+
+
+@dataclass(frozen=True, eq=False)
+class BaselineResult(BaselineData, ExperimentResult):
     """Notebook 01's measurement: the job, one image's cost, the phase-timed steps, the profile, the input-free
     ceiling and a trace read back.
 
@@ -267,12 +305,10 @@ class BaselineResult(ExperimentResult):
     ----------
     device_kind : str
         ``"cpu"``, ``"cuda"`` or ``"npu"``.
-    description : dict
-        ``job.describe()`` (plus ``skipped``, images skipped, for the built-in job): the verdict's context.
+    dataset, description, job
+        As :class:`BaselineData`'s (section 1, with its texts).
     job_spec : str
         The ``job`` parameter (empty: the built-in job).
-    dataset : DatasetSummary or None
-        The built-in job's images; None for a user's job, whose dataset the workbook does not scan.
     batch_size : int
         Samples per step (a user's job: its own).
     per_image : helpers.timing.Measurement or None
@@ -296,9 +332,7 @@ class BaselineResult(ExperimentResult):
     """
 
     device_kind: str
-    description: Mapping[str, Any]
     job_spec: str
-    dataset: DatasetSummary | None
     batch_size: int
     per_image: Measurement | None
     run: TrainRun
@@ -312,14 +346,6 @@ class BaselineResult(ExperimentResult):
     trace_given: bool
 
     # -- what the cells print ----------------------------------------------------------------
-
-    def dataset_text(self) -> str:
-        """Section 1: as :meth:`BaselineData.dataset_text`."""
-        return _dataset_text(self.dataset, self.description)
-
-    def dataset_table(self) -> pd.DataFrame | None:
-        """Section 1: as :meth:`BaselineData.dataset_table`."""
-        return None if self.dataset is None else self.dataset.table.head()
 
     def per_image_ms(self) -> list[float]:
         """Section 2: each timed image's preprocessing time, ms (empty for a user's job)."""
@@ -478,47 +504,6 @@ def timed_steps(params: Mapping[str, Any]) -> int:
     return w + int(params["steps"]) + 2 * (w + int(params["ceiling_steps"]))
 
 
-def _dataset_text(d: DatasetSummary | None, description: Mapping[str, Any]) -> str:
-    """Section 1: the images scanned, the files skipped (at most 10) and a note when every label is the same; for a
-    user's job, what it says about itself."""
-    if d is None:
-        return f"your job: {description_text(description)}"
-    lines = [f"{d.images} images, {d.classes} class(es), {len(d.skipped)} file(s) skipped"]
-    lines += [f"  skipped {name}: {reason}" for name, reason in d.skipped[:10]]
-    if d.classes < 2:
-        lines.append("note: every image has the same label, so the reward is trivial; the timing is still valid "
-                     "(add class subfolders or a label column to captions.csv for a real task)")
-    return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class BaselineData:
-    """Section 1 of notebook 01, before any timing (:func:`scan`): the job, its scanned images and its description.
-
-    Attributes
-    ----------
-    job : helpers.jobs.base.Job
-        The built-in PPO job, or the user's (``params["job"]``).
-    dataset : DatasetSummary or None
-        The built-in job's scanned images; None for a job whose factory built its own dataset.
-    description : Mapping
-        ``job.describe()``, with the number of skipped files where images were scanned.
-    """
-
-    job: Any
-    dataset: DatasetSummary | None
-    description: Mapping[str, Any]
-
-    def dataset_text(self) -> str:
-        """Section 1: the images scanned, the files skipped (at most 10) and a note when every label is the same;
-        for a user's job, what it says about itself."""
-        return _dataset_text(self.dataset, self.description)
-
-    def dataset_table(self) -> pd.DataFrame | None:
-        """Section 1: the first rows of the scanned images' table (None for a user's job)."""
-        return None if self.dataset is None else self.dataset.table.head()
-
-
 def scan(ctx: Any) -> BaselineData:
     """Notebook 01's section 1, before any timing: a ``trace_path`` that holds no trace is refused, the job is
     built (``ctx.job()``) and the built-in job's images are scanned.
@@ -634,8 +619,8 @@ def run(ctx: Any, data: BaselineData | None = None, *, progress: Progress = no_p
                                  progress=lambda d, t: progress(base + d, base + t))
     source = P["trace_path"] or (prof.trace_path if prof is not None else None)  # yours, or section 4's
     trace = analyze(read([source]), threshold=P["host_bound_threshold"]) if source else None
-    return BaselineResult(device_kind=acc.kind, description=dict(data.description), job_spec=P.get("job") or "",
-                          dataset=dataset, batch_size=int(job.workload.batch_size), per_image=per_image, run=train,
+    return BaselineResult(**checked_fields(data), device_kind=acc.kind, job_spec=P.get("job") or "",
+                          batch_size=int(job.workload.batch_size), per_image=per_image, run=train,
                           steps=steps, warmup_steps=warmup, threshold=float(P["host_bound_threshold"]), profile=prof,
                           trace_file=trace_file, ceiling=ceiling, trace=trace, trace_given=bool(P["trace_path"]))
 

@@ -44,7 +44,7 @@ from torch.utils.data._utils.collate import default_convert
 from helpers import specs
 from helpers.checklist import Item
 from helpers.errors import DataError, ParameterError
-from helpers.experiments.base import Experiment, ExperimentResult, Optimization, no_expected_warnings
+from helpers.experiments.base import Experiment, ExperimentResult, Optimization, checked_fields, no_expected_warnings
 from helpers.experiments.training import same_values
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
@@ -974,15 +974,35 @@ class _Datasets:
 @dataclass(frozen=True, eq=False)
 class LoaderChecks:
     """Notebook 03 before any timing (:func:`check`): the machine, the data, the workers-vs-main-process batch
-    comparison and the randomness probes, each asserted.
+    comparison and the randomness probes, each asserted. :class:`LoaderResult` extends it with the measurement.
 
     Attributes
     ----------
-    params, device_kind, cores, method, builtin, job_spec, job_describe, n_items, batch_size, data, agreement, probe,
-    epoch_result, base, make_dataset
-        As :class:`LoaderResult`'s.
+    params : mapping
+        The notebook's validated parameters.
+    device_kind : str
+    cores : int
+        Usable CPU cores.
+    method : helpers.pipeline.loader.StartMethod
+        The workers' start method (``method``, ``source``, ``explanation``).
+    builtin : bool
+        The built-in job (its images) or a user's job (its samples).
+    job_spec, job_describe : str, dict
+        The user's job spec and ``describe()`` (a built-in job: its ``describe()``).
+    n_items, batch_size : int
+    data : dict
+        Built-in: ``images``, ``classes``, ``skipped`` (list of (name, reason)).
+    agreement : str
+        The workers-vs-main-process batch comparison, in a sentence.
+    probe : helpers.pipeline.randomness.ProbeResult
+    epoch_result : pandas.DataFrame
+    base : helpers.pipeline.loader.LoaderConfig
+        The loader configuration every setting starts from (keyword-only).
+    make_dataset : callable
+        ``make_dataset(num_workers)`` for the sweep and the try-it panel (closed datasets reopen their pool lazily;
+        keyword-only).
     job : helpers.jobs.base.Job
-        The job whose dataset :func:`run` sweeps next.
+        The job whose dataset :func:`run` sweeps next (keyword-only; None in a result built by hand).
     """
 
     params: Mapping[str, Any]
@@ -998,9 +1018,9 @@ class LoaderChecks:
     agreement: str
     probe: Any
     epoch_result: Any
-    base: LoaderConfig = dataclasses.field(repr=False)
-    make_dataset: Any = dataclasses.field(repr=False)
-    job: Any = dataclasses.field(repr=False)
+    base: LoaderConfig = dataclasses.field(compare=False, repr=False, default=None, kw_only=True)
+    make_dataset: Any = dataclasses.field(compare=False, repr=False, default=None, kw_only=True)
+    job: Any = dataclasses.field(compare=False, repr=False, default=None, kw_only=True)
 
     @property
     def machine_text(self) -> str:
@@ -1030,31 +1050,16 @@ class LoaderChecks:
 
 
 @dataclass(frozen=True, eq=False)
-class LoaderResult(ExperimentResult):
+class LoaderResult(LoaderChecks, ExperimentResult):
     """Everything notebook 03 measured (see :func:`run`); ``records()`` and ``verdict()`` in the notebook's order.
 
     Attributes
     ----------
-    params : mapping
-        The notebook's validated parameters.
-    device_kind : str
-    cores : int
-        Usable CPU cores.
-    method : helpers.pipeline.loader.StartMethod
-        The workers' start method (``method``, ``source``, ``explanation``).
-    builtin : bool
-        The built-in job (its images) or a user's job (its samples).
-    job_spec, job_describe : str, dict
-        The user's job spec and ``describe()`` (a built-in job: its ``describe()``).
-    n_items, batch_size : int
-    data : dict
-        Built-in: ``images``, ``classes``, ``skipped`` (list of (name, reason)).
-    agreement : str
-        The workers-vs-main-process batch comparison, in a sentence.
+    params, device_kind, cores, method, builtin, job_spec, job_describe, n_items, batch_size, data, agreement, probe,
+    epoch_result, base, make_dataset, job
+        As :class:`LoaderChecks`'s (sections 1-5, with their texts).
     settings : tuple of LoaderSetting
     sweep : SweepResult
-    probe : helpers.pipeline.randomness.ProbeResult
-    epoch_result : pandas.DataFrame
     memory, growth : pandas.DataFrame
         USS samples, and start/end/growth per (loader, role).
     bad_input : object or None
@@ -1062,32 +1067,15 @@ class LoaderResult(ExperimentResult):
     confirmation : SweepResult or None
         Held-out trials of the best setting against num_workers=0 (None when num_workers=0 won).
     confirm_batches : int
-    make_dataset : callable
-        ``make_dataset(num_workers)`` for the try-it panel (closed datasets reopen their pool lazily).
     """
 
-    params: Mapping[str, Any]
-    device_kind: str
-    cores: int
-    method: Any
-    builtin: bool
-    job_spec: str
-    job_describe: Mapping[str, Any]
-    n_items: int
-    batch_size: int
-    data: Mapping[str, Any]
-    agreement: str
     settings: tuple
     sweep: SweepResult
-    probe: Any
-    epoch_result: Any
     memory: Any
     growth: Any
     bad_input: Any
     confirmation: SweepResult | None
     confirm_batches: int
-    base: LoaderConfig = dataclasses.field(compare=False, repr=False, default=None)
-    make_dataset: Any = dataclasses.field(compare=False, repr=False, default=None)
 
     # -- derived figures ----------------------------------------------------------------------------------------
     @property
@@ -1156,12 +1144,7 @@ class LoaderResult(ExperimentResult):
         g = self.growth.reset_index()
         return g[g["role"] != "main"].groupby("loader", sort=False)["growth_mib"].median()
 
-    # -- what the cells print -----------------------------------------------------------------------------------
-    # Sections 1, 2 and 5 print as before the timing: the same fields as LoaderChecks
-    machine_text = LoaderChecks.machine_text
-    data_text = LoaderChecks.data_text
-    probe_text = LoaderChecks.probe_text
-
+    # -- what the cells print (sections 1, 2 and 5: LoaderChecks) ----------------------------------------------------
     @property
     def sweep_text(self) -> str:
         """How the sweep timed, and which settings had short windows (section 6)."""
@@ -1597,12 +1580,8 @@ def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., 
     confirmation = None if best.num_workers == 0 else run_sweep(
         lambda s: make(s.num_workers), n_items, (LoaderSetting(0), best), base=base,
         batches_per_trial=confirm_batches, trials=p["trials"], acc=acc, name="confirmation")
-    return LoaderResult(
-        params=dict(p), device_kind=c.device_kind, cores=c.cores, method=c.method, builtin=c.builtin,
-        job_spec=c.job_spec, job_describe=c.job_describe, n_items=n_items, batch_size=c.batch_size, data=c.data,
-        agreement=c.agreement, settings=settings, sweep=sweep, probe=c.probe, epoch_result=c.epoch_result,
-        memory=memory, growth=growth, bad_input=bad, confirmation=confirmation, confirm_batches=confirm_batches,
-        base=base, make_dataset=make)
+    return LoaderResult(**checked_fields(c), settings=settings, sweep=sweep, memory=memory, growth=growth,
+                        bad_input=bad, confirmation=confirmation, confirm_batches=confirm_batches)
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

@@ -32,7 +32,7 @@ from helpers.checklist import Item
 from helpers.compute.memory_format import (FORMATS, FormatTrace, channels_last_status, conv_step, max_abs_diff,
                                            output_tolerance, to_memory_format, trace_memory_format)
 from helpers.errors import ParameterError
-from helpers.experiments.base import Experiment, ExperimentResult, Optimization
+from helpers.experiments.base import Experiment, ExperimentResult, Optimization, checked_fields
 from helpers.experiments.training import fixed_batches, step_options_comparison
 from helpers.jobs.base import Job, StepOptions, description_text
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
@@ -371,18 +371,43 @@ class CompileOutcome:
 @dataclass(frozen=True, eq=False)
 class ChannelsLastChecks:
     """Notebook 07 before any timing (:func:`check`): the fixed batches, the layout trace, channels_last's outputs
-    against NCHW and SDPA's against the hand-written attention, each asserted.
+    against NCHW and SDPA's against the hand-written attention, each asserted. :class:`ChannelsLastResult` extends it
+    with the measurement.
 
     Attributes
     ----------
-    job, device, device_name, n_images, images, conv_channels, job_description, user_convs, device_applicable,
-    device_why, applicable, why_not, trace, correctness, low
-        As :class:`ChannelsLastResult`'s.
-    sdpa_max_abs_diff : float
+    job : helpers.jobs.base.Job
+        The job section 3 timed (the built-in one or the user's); the "try it" panel times it again.
+    device, device_name : str
+        The accelerator's kind and name.
+    n_images : int
+        Images of the built-in job's dataset.
+    images : tuple of torch.Tensor
+        The built-in job's fixed NCHW image batches on the device (the panel's, for the built-in job).
+    conv_channels : tuple of int
+        The built-in policy's conv stages.
+    job_description : dict
+        ``job.describe()`` of a user's job (empty for the built-in job).
+    user_convs : int or None
+        ``nn.Conv2d`` layers in a user's model; None for the built-in job.
+    device_applicable, device_why : bool, str
+        Whether the device runs channels_last (:func:`helpers.compute.memory_format.channels_last_status`).
+    applicable, why_not : bool, str
+        Whether section 3 measured channels_last, and why not (the device's reason, or a user's model without a
+        2-D convolution).
+    trace : helpers.compute.memory_format.FormatTrace or None
+        The layout of every 4-D output of the built-in conv encoder in channels_last (None where not applicable).
+    correctness : tuple of (str, float, float, float)
+        Per precision (``"float32"``, then the autocast dtype), ``(dtype, max_abs_diff, rtol, atol)`` of the
+        encoder's channels_last output against NCHW; empty where not applicable.
+    low : str or None
+        The autocast dtype measured besides fp32 (``"bfloat16"``, ``"float16"``), None without one.
+    sdpa_max_abs_diff : float or None
         Largest ``|SDPA - manual|`` over the masked attention's output (asserted within 1e-4).
     builtin, batches, model, cl_model, attention_inputs
         What :func:`run` times next: the built-in job, its fixed ``(images, tokens)`` batches on the device, its
-        policy in NCHW and in channels_last (None where not applicable), and the attention's ``(q, k, v, mask)``.
+        policy in NCHW and in channels_last (None where not applicable), and the attention's ``(q, k, v, mask)``
+        (keyword-only, None in a result built by hand).
     """
 
     job: Job = field(repr=False)
@@ -400,12 +425,12 @@ class ChannelsLastChecks:
     trace: FormatTrace | None
     correctness: tuple[tuple[str, float, float, float], ...]
     low: str | None
-    sdpa_max_abs_diff: float
-    builtin: Job = field(repr=False)
-    batches: tuple[tuple[torch.Tensor, torch.Tensor], ...] = field(repr=False)
-    model: Any = field(repr=False)
-    cl_model: Any = field(repr=False)
-    attention_inputs: tuple[torch.Tensor, ...] = field(repr=False)
+    sdpa_max_abs_diff: float | None = field(default=None, kw_only=True)
+    builtin: Job | None = field(default=None, repr=False, kw_only=True)
+    batches: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = field(default=None, repr=False, kw_only=True)
+    model: Any = field(default=None, repr=False, kw_only=True)
+    cl_model: Any = field(default=None, repr=False, kw_only=True)
+    attention_inputs: tuple[torch.Tensor, ...] | None = field(default=None, repr=False, kw_only=True)
 
     @property
     def batch_shape(self) -> tuple[int, ...]:
@@ -456,7 +481,7 @@ class ChannelsLastChecks:
 
 
 @dataclass(frozen=True, eq=False)
-class ChannelsLastResult(ExperimentResult):
+class ChannelsLastResult(ChannelsLastChecks, ExperimentResult):
     """Notebook 07's measurement: the fixed batches, the layout trace, the outputs, NCHW against channels_last at
     each precision, fused attention and ``torch.compile``.
 
@@ -465,35 +490,12 @@ class ChannelsLastResult(ExperimentResult):
 
     Attributes
     ----------
-    job : helpers.jobs.base.Job
-        The job section 3 timed (the built-in one or the user's); the "try it" panel times it again.
-    device, device_name : str
-        The accelerator's kind and name.
+    job, device, device_name, n_images, images, conv_channels, job_description, user_convs, device_applicable,
+    device_why, applicable, why_not, trace, correctness, low
+        As :class:`ChannelsLastChecks`'s (sections 1, 2 and the SDPA check, with their texts).
     settings : dict
         The parameters the sentences name: ``steps``, ``warmup_steps``, ``seed``, ``job`` (the user's job's spec,
         empty for the built-in job).
-    n_images : int
-        Images of the built-in job's dataset.
-    images : tuple of torch.Tensor
-        The built-in job's fixed NCHW image batches on the device (the panel's, for the built-in job).
-    conv_channels : tuple of int
-        The built-in policy's conv stages.
-    job_description : dict
-        ``job.describe()`` of a user's job (empty for the built-in job).
-    user_convs : int or None
-        ``nn.Conv2d`` layers in a user's model; None for the built-in job.
-    device_applicable, device_why : bool, str
-        Whether the device runs channels_last (:func:`helpers.compute.memory_format.channels_last_status`).
-    applicable, why_not : bool, str
-        Whether section 3 measured channels_last, and why not (the device's reason, or a user's model without a
-        2-D convolution).
-    trace : helpers.compute.memory_format.FormatTrace or None
-        The layout of every 4-D output of the built-in conv encoder in channels_last (None where not applicable).
-    correctness : tuple of (str, float, float, float)
-        Per precision (``"float32"``, then the autocast dtype), ``(dtype, max_abs_diff, rtol, atol)`` of the
-        encoder's channels_last output against NCHW; empty where not applicable.
-    low : str or None
-        The autocast dtype measured besides fp32 (``"bfloat16"``, ``"float16"``), None without one.
     comparisons : dict of str to helpers.timing.Comparison
         Section 3: per precision label (``"fp32"``, ``"bfloat16 autocast"``) NCHW (A) against channels_last (B).
     cudnn_benchmark : bool
@@ -504,38 +506,14 @@ class ChannelsLastResult(ExperimentResult):
     compiled : CompileOutcome
     """
 
-    job: Job = field(repr=False)
-    device: str
-    device_name: str
     settings: Mapping[str, Any]
-    n_images: int
-    images: tuple[torch.Tensor, ...] = field(repr=False)
-    conv_channels: tuple[int, ...]
-    job_description: Mapping[str, Any]
-    user_convs: int | None
-    device_applicable: bool
-    device_why: str
-    applicable: bool
-    why_not: str
-    trace: FormatTrace | None
-    correctness: tuple[tuple[str, float, float, float], ...]
-    low: str | None
     comparisons: Mapping[str, Comparison]
     cudnn_benchmark: bool
     cpu_bf16: Mapping[str, Any] | None
     attention: AttentionOutcome
     compiled: CompileOutcome
 
-    # -- what the cells print ----------------------------------------------------------------
-
-    # Sections 1 and 2 and the SDPA check print as before the timing: the same fields as ChannelsLastChecks
-    batch_shape = ChannelsLastChecks.batch_shape
-    batches_text = ChannelsLastChecks.batches_text
-    trace_table = ChannelsLastChecks.trace_table
-    trace_text = ChannelsLastChecks.trace_text
-    correctness_text = ChannelsLastChecks.correctness_text
-    match_text = ChannelsLastChecks.match_text
-    sdpa_text = ChannelsLastChecks.sdpa_text
+    # -- what the cells print (sections 1 and 2: ChannelsLastChecks) ---------------------------------------------
 
     def timing_text(self) -> str:
         """Section 3: NCHW against channels_last per precision; for the built-in job, cuDNN's benchmark flag and a
@@ -872,12 +850,8 @@ def run(ctx: Any, checks: ChannelsLastChecks | None = None) -> ChannelsLastResul
     attention = _attention(acc, P, c)
     compiled = _compile(acc, c.model, list(c.batches), P)
     return ChannelsLastResult(
-        job=c.job, device=c.device, device_name=c.device_name,
-        settings={k: P.get(k) for k in ("steps", "warmup_steps", "seed", "job")}, n_images=c.n_images,
-        images=c.images, conv_channels=c.conv_channels, job_description=c.job_description, user_convs=c.user_convs,
-        device_applicable=c.device_applicable, device_why=c.device_why, applicable=c.applicable, why_not=c.why_not,
-        trace=c.trace, correctness=c.correctness, low=c.low, comparisons=comparisons,
-        cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+        **checked_fields(c), settings={k: P.get(k) for k in ("steps", "warmup_steps", "seed", "job")},
+        comparisons=comparisons, cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
         cpu_bf16=cpu_bf16_support() if acc.is_cpu and c.applicable and c.job.is_builtin else None,
         attention=attention, compiled=compiled)
 

@@ -41,7 +41,7 @@ from helpers.compute.train import TimedLoop, epochs
 from helpers.device import Accelerator, get_accelerator, usable_cores
 from helpers.errors import DataError, ParameterError
 from helpers.experiments import registry
-from helpers.experiments.base import Experiment, ExperimentResult, Optimization
+from helpers.experiments.base import Experiment, ExperimentResult, Optimization, checked_fields
 from helpers.experiments.training import fixed_batches
 from helpers.jobs.base import WORKLOAD_PARAMS, Job, Workload, close_dataset
 from helpers.jobs.ppo import PPOJob
@@ -1125,11 +1125,20 @@ def try_overlap(job: Job, acc: Accelerator, *, num_workers: int, model_width: in
 @dataclass(frozen=True, eq=False)
 class OverlapChecks:
     """Notebook 05 before any timing (:func:`check`): the data and the prefetcher's check against synchronous copies.
+    :class:`StreamOverlapResult` extends it with the measurement.
 
     Attributes
     ----------
-    job, device, n_items, per_epoch, dataset, check
-        As :class:`StreamOverlapResult`'s.
+    job : helpers.jobs.base.Job
+        The job measured (the built-in one or the user's); the "try it" panel runs it again.
+    device : str
+        The accelerator's kind, e.g. ``"cpu"``.
+    n_items, per_epoch : int
+        Items of one epoch and the full batches it gives.
+    dataset : dict
+        The built-in job's ``skipped`` files and ``classes``; empty for a user's job.
+    check : dict
+        :func:`helpers.pipeline.prefetch.verify_prefetcher` of one epoch.
     """
 
     job: Job = field(repr=False)
@@ -1141,8 +1150,8 @@ class OverlapChecks:
 
     @property
     def batch_size(self) -> int:
-        """Samples per batch of the job measured."""
-        return int(self.job.workload.batch_size)
+        """Samples per step, the job's own."""
+        return self.job.workload.batch_size
 
     def dataset_text(self) -> str:
         """Section 1: the data, its batches per epoch, and a note where they are too few to prefetch."""
@@ -1174,25 +1183,17 @@ class OverlapChecks:
                 "synchronous copy")
 
 @dataclass(frozen=True, eq=False)
-class StreamOverlapResult(ExperimentResult):
+class StreamOverlapResult(OverlapChecks, ExperimentResult):
     """Notebook 05's measurement: the data, the prefetcher's check, the compute per thread count and the overlap.
 
     Attributes
     ----------
-    job : helpers.jobs.base.Job
-        The job measured (the built-in one or the user's); the "try it" panel runs it again.
-    device : str
-        The accelerator's kind, e.g. ``"cpu"``.
+    job, device, n_items, per_epoch, dataset, check
+        As :class:`OverlapChecks`'s (sections 1 and 2, with their texts).
     settings : dict
         The notebook's parameters the sentences name: ``model_width``, ``d_model``, ``image_size``, ``steps``,
         ``num_workers``, ``prefetch_factor``, ``warmup_steps``, ``data_dir``, ``job`` (the job's spec, empty for
         the built-in job).
-    n_items, per_epoch : int
-        Items of one epoch and the full batches it gives.
-    dataset : dict
-        The built-in job's ``skipped`` files and ``classes``; empty for a user's job.
-    check : dict
-        :func:`helpers.pipeline.prefetch.verify_prefetcher` of one epoch.
     cores : int
         Usable CPU cores.
     splits : tuple of dict
@@ -1208,13 +1209,7 @@ class StreamOverlapResult(ExperimentResult):
         :func:`run_overlap`'s comparison.
     """
 
-    job: Job = field(repr=False)
-    device: str
     settings: Mapping[str, Any]
-    n_items: int
-    per_epoch: int
-    dataset: Mapping[str, Any]
-    check: Mapping[str, Any]
     cores: int
     splits: tuple[Mapping[str, Any], ...]
     scaling: pd.DataFrame
@@ -1223,12 +1218,7 @@ class StreamOverlapResult(ExperimentResult):
     compute_01: pd.DataFrame | None
     overlap: OverlapResult
 
-    # -- figures the cells print -------------------------------------------------------------
-
-    @property
-    def batch_size(self) -> int:
-        """Samples per step, the job's own."""
-        return self.job.workload.batch_size
+    # -- figures the cells print (sections 1 and 2: OverlapChecks) ------------------------------
 
     @property
     def compute_here_s(self) -> float:
@@ -1249,11 +1239,6 @@ class StreamOverlapResult(ExperimentResult):
     def kept_split(self) -> str:
         """The label of the thread split kept as *after*."""
         return next(s["label"] for s, c in zip(self.splits, self.overlap.candidates) if c is self.overlap.after)
-
-    # Sections 1 and 2 print as before the timing: the same fields as OverlapChecks
-    dataset_text = OverlapChecks.dataset_text
-    correctness_text = OverlapChecks.correctness_text
-    identical_text = OverlapChecks.identical_text
 
     def splits_text(self) -> str:
         """Section 3: the cores and the splits tried, each with its reason."""
@@ -1505,7 +1490,7 @@ def run(ctx: Any, checks: "OverlapChecks | None" = None) -> StreamOverlapResult:
     """
     P, acc = ctx.params, ctx.acc
     c = checks if checks is not None else check(ctx)
-    job, n_items, dataset, check_ = c.job, c.n_items, c.dataset, c.check
+    job = c.job
     cores = usable_cores()
     splits = thread_splits(P["num_workers"], cores, is_cpu=acc.is_cpu)
     scaling = compute_thread_scaling(job, acc, threads=sorted({1, cores, *(s["torch_threads"] for s in splits)}))
@@ -1519,9 +1504,8 @@ def run(ctx: Any, checks: "OverlapChecks | None" = None) -> StreamOverlapResult:
                          prefetch_factor=P["prefetch_factor"], cores=cores)
     names = ("model_width", "d_model", "image_size", "text_len", "steps", "warmup_steps", "num_workers",
              "prefetch_factor", "data_dir", "job")
-    return StreamOverlapResult(job=job, device=acc.kind, settings={k: P.get(k) for k in names}, n_items=n_items,
-                               per_epoch=c.per_epoch, dataset=dataset, check=check_,
-                               cores=cores, splits=tuple(splits), scaling=scaling, base=base, base_source=source,
+    return StreamOverlapResult(**checked_fields(c), settings={k: P.get(k) for k in names}, cores=cores,
+                               splits=tuple(splits), scaling=scaling, base=base, base_source=source,
                                compute_01=at_01, overlap=result)
 
 

@@ -29,7 +29,7 @@ from helpers.compute.amp import (make_grad_scaler, overflow_flags, probe_autocas
 from helpers.compute.ppo import PPOTrainer
 from helpers.diagnose.environment import cpu_bf16_support
 from helpers.errors import DataError, ParameterError
-from helpers.experiments.base import Experiment, ExperimentResult, Optimization
+from helpers.experiments.base import Experiment, ExperimentResult, Optimization, checked_fields
 from helpers.experiments.training import (LearningCheck, fixed_batches, learning_check, loss_curve,
                                           step_options_comparison)
 from helpers.jobs.base import Job, StepOptions
@@ -545,13 +545,26 @@ class PeakMemory:
 class PrecisionChecks:
     """Notebook 06 before any timing (:func:`check`): the device's capabilities, the fixed batches, the autocast op
     probe and dtype hooks and the loss-scaler demonstration, all on the built-in job.
+    :class:`PrecisionResult` extends it with the measurement.
 
     Attributes
     ----------
-    caps, images, classes, batch_size, image_size, job_name, probe, dtypes, demo, job, batches
-        As :class:`PrecisionResult`'s.
-    amp_dtype : torch.dtype
-        The autocast dtype resolved from ``autocast_dtype`` on this device.
+    caps : Capabilities
+    images, classes, batch_size, image_size : int
+        The built-in job's data and batches (the demonstrations' job).
+    job_name : str or None
+        A user's job's :meth:`~helpers.jobs.base.Job.summary` (sections 5-7 measure it); None for the built-in job.
+    probe : dict
+        ``{op: output dtype}`` of :func:`helpers.compute.amp.probe_autocast_ops`.
+    dtypes : pandas.DataFrame
+        Calls per layer kind, input dtype, output dtype and effect (:func:`helpers.compute.amp.record_output_dtypes`
+        on one forward of the built-in model).
+    demo : ScalerDemo
+    job, batches
+        The job measured and (the built-in job) its fixed device batches, for the "try it" panel (keyword-only).
+    amp_dtype : torch.dtype or None
+        The autocast dtype resolved from ``autocast_dtype`` on this device (keyword-only; None in a result built by
+        hand).
     """
 
     caps: Capabilities
@@ -563,9 +576,9 @@ class PrecisionChecks:
     probe: Mapping[str, str]
     dtypes: pd.DataFrame
     demo: ScalerDemo
-    job: Any = field(repr=False)
-    batches: tuple = field(repr=False)
-    amp_dtype: Any = field(repr=False)
+    job: Any = field(default=None, repr=False, kw_only=True)
+    batches: tuple = field(default=(), repr=False, kw_only=True)
+    amp_dtype: Any = field(default=None, repr=False, kw_only=True)
 
     @property
     def dtype_name(self) -> str:
@@ -600,23 +613,14 @@ class PrecisionChecks:
 
 
 @dataclass(frozen=True, eq=False)
-class PrecisionResult(ExperimentResult):
+class PrecisionResult(PrecisionChecks, ExperimentResult):
     """Notebook 06's measurement: the device's capabilities, the autocast op probe and dtype hooks, the loss-scaler
     demonstration, the learning gate, the interleaved step times and the peak memory per variant.
 
     Attributes
     ----------
-    caps : Capabilities
-    images, classes, batch_size, image_size : int
-        The built-in job's data and batches (the demonstrations' job).
-    job_name : str or None
-        A user's job's :meth:`~helpers.jobs.base.Job.summary` (sections 5-7 measure it); None for the built-in job.
-    probe : dict
-        ``{op: output dtype}`` of :func:`helpers.compute.amp.probe_autocast_ops`.
-    dtypes : pandas.DataFrame
-        Calls per layer kind, input dtype, output dtype and effect (:func:`helpers.compute.amp.record_output_dtypes`
-        on one forward of the built-in model).
-    demo : ScalerDemo
+    caps, images, classes, batch_size, image_size, job_name, probe, dtypes, demo, job, batches
+        As :class:`PrecisionChecks`'s (sections 1-4, with their texts).
     curves : LossCurves
     cmp : helpers.timing.Comparison
         fp32 steps as A, mixed-precision steps as B.
@@ -627,19 +631,8 @@ class PrecisionResult(ExperimentResult):
     steps, warmup_steps : int
     init_scale : float
     growth_interval, seed : int
-    job, batches
-        The job measured and (the built-in job) its fixed device batches, for the "try it" panel.
     """
 
-    caps: Capabilities
-    images: int
-    classes: int
-    batch_size: int
-    image_size: int
-    job_name: str | None
-    probe: Mapping[str, str]
-    dtypes: pd.DataFrame
-    demo: ScalerDemo
     curves: LossCurves
     cmp: Comparison
     memory: PeakMemory | None
@@ -649,12 +642,6 @@ class PrecisionResult(ExperimentResult):
     init_scale: float
     growth_interval: int
     seed: int
-    job: Any = field(default=None, repr=False)
-    batches: tuple = field(default=(), repr=False)
-
-    @property
-    def dtype_name(self) -> str:
-        return self.caps.dtype_name
 
     @property
     def builtin(self) -> bool:
@@ -662,11 +649,6 @@ class PrecisionResult(ExperimentResult):
         return self.job_name is None
 
     # -- what the cells print ----------------------------------------------------------------
-
-    # Sections 2 and 3 print as before the timing: the same fields as PrecisionChecks
-    batches_text = PrecisionChecks.batches_text
-    probe_text = PrecisionChecks.probe_text
-    casts_text = PrecisionChecks.casts_text
 
     def timing_text(self) -> str:
         """Section 6: the comparison's sentence and each variant's median step time with its IQR; first, where a
@@ -932,11 +914,9 @@ def run(ctx: Any, checks: PrecisionChecks | None = None) -> PrecisionResult:
     context = (f"{what} on {acc.kind} ({acc.name}), fp32 vs {dtype_name} autocast"
                f"{' with GradScaler' if use_scaler else ''}, {P['steps']} interleaved steps each after "
                f"{P['warmup_steps']} warm-up")
-    return PrecisionResult(caps=c.caps, images=c.images, classes=c.classes, batch_size=c.batch_size,
-                           image_size=c.image_size, job_name=c.job_name, probe=dict(c.probe), dtypes=c.dtypes,
-                           demo=c.demo, curves=curves, cmp=cmp, memory=memory, context=context, steps=P["steps"],
-                           warmup_steps=P["warmup_steps"], init_scale=P["init_scale"],
-                           growth_interval=P["growth_interval"], seed=P["seed"], job=job, batches=c.batches)
+    return PrecisionResult(**checked_fields(c), curves=curves, cmp=cmp, memory=memory, context=context,
+                           steps=P["steps"], warmup_steps=P["warmup_steps"], init_scale=P["init_scale"],
+                           growth_interval=P["growth_interval"], seed=P["seed"])
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
