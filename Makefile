@@ -15,11 +15,11 @@ STAMP := $(VENV)/.workbook-installed
 ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the tests in this many pytest-xdist worker processes, a test file per worker at a time (1: one
-# process, no xdist). Two on the 2-core developer machine: `make test` took 11.8-13.2 min there on a fresh clone with
-# two (1,965 tests, Chromium installed, three runs; 13-16 min before the notebooks showed their check cells ahead of the long
-# measurements), 21.7 min in one process and 13.9 min with three (more workers than cores only add contention),
-# measured before that change. tests/conftest.py makes the session's shared notebook runs once for all the workers
-# and starts the longest files first; conftest.py gives each worker one torch thread.
+# process, no xdist). Two on the 2-core developer machine: `make test` took 11.8-13.2 min there on a fresh clone
+# with two (1,965 tests, Chromium installed, three runs; 13-16 min before the notebooks showed their check cells
+# ahead of the long measurements), 21.7 min in one process and 13.9 min with three (more workers than cores only add
+# contention), measured before that change. tests/conftest.py makes the session's shared notebook runs once for all
+# the workers and starts the longest files first; conftest.py gives each worker one torch thread.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 TORCH_INDEX ?=
