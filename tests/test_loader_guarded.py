@@ -47,7 +47,15 @@ def test_asking_for_more_batches_than_an_epoch_makes_is_a_data_error_that_says_w
 
 
 @pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
-def test_a_hung_worker_becomes_an_error_within_the_timeout(no_stray_workers):
+def test_a_hung_worker_becomes_an_error_within_the_timeout(monkeypatch, no_stray_workers):
+    terminated = []
+    terminate = G.LoaderIterator._terminate_workers
+
+    def spy(self):
+        terminated.extend(self.worker_pids)
+        terminate(self)
+
+    monkeypatch.setattr(G.LoaderIterator, "_terminate_workers", spy)
     loader = make_loader(FaultyDataset(8, "hang"), LoaderConfig(batch_size=2, num_workers=1, timeout_s=1.0))
     t0 = time.perf_counter()
     with pytest.raises(DataError) as exc:
@@ -56,6 +64,7 @@ def test_a_hung_worker_becomes_an_error_within_the_timeout(no_stray_workers):
     msg = str(exc.value)
     assert "hang test" in msg and "timeout=1 s" in msg and "num_workers=1" in msg and "__getitem__" in msg
     assert elapsed < 1.0 + G._TORCH_WORKER_JOIN_S + 5  # the timeout, plus stopping the stuck worker
+    assert len(terminated) == 1  # stopped at once, not after torch's 5 s join (no_stray_workers: and it is gone)
 
 
 @pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
