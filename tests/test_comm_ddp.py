@@ -32,13 +32,15 @@ def test_grad_error_and_hooks():
         collectives.ddp_benchmark({"seed": 0})
 
 
+PARAMS = dict(data_dir="", max_images=32, seed=0, batch_size=8, image_size=32, text_len=8, model_width=16,
+              d_model=16, steps=3, warmup_steps=1, bucket_cap_mb_list=[0.01, 25.0],
+              compression_hooks=["none", "fp16", "bf16"])
+
+
 @pytest.fixture(scope="module")
 def result():
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    params = dict(data_dir="", max_images=32, seed=0, batch_size=8, image_size=32, text_len=8, model_width=16,
-                  d_model=16, steps=3, warmup_steps=1, bucket_cap_mb_list=[0.01, 25.0],
-                  compression_hooks=["none", "fp16", "bf16"])
-    out = collectives.ddp_benchmark(params, world_size=2, backend="gloo", timeout_s=150)
+    out = collectives.ddp_benchmark(PARAMS, world_size=2, backend="gloo", timeout_s=150)
     after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
     out["_stray"] = after - before
     return out
@@ -53,6 +55,28 @@ def test_bucket_sizes_are_reported_and_cover_the_gradients(result):
         assert b["time_p25_s"] <= b["time_s"] <= b["time_p75_s"]
     # a tiny cap gives more buckets than the default one
     assert result["buckets"][0]["n_buckets"] > result["buckets"][1]["n_buckets"]
+
+
+def test_the_check_before_timing_finds_the_buckets_the_timed_job_made(result):
+    from helpers.comm.launch import run_job
+
+    cfg = collectives.DDPConfig.from_params(PARAMS).as_dict()
+    checked = run_job(collectives.DDP_CHECK_TASK, cfg, world_size=2, backend="gloo", timeout_s=150).data
+    assert checked["bucket_sizes"] == [b["bucket_sizes"] for b in result["buckets"]]  # the same job, rebuilt alike
+    assert checked["grad_bytes"] == result["grad_bytes"] and checked["in_buckets"] is True
+    assert checked["plain"] == {"max_abs_err": 0.0, "rel_err": 0.0, "mismatched": 0}
+    assert checked["grad_check"] == result["grad_check"] and checked["world_size"] == 2
+    plan = collectives.plan_backend("gloo", 2, "cpu")
+    env = collectives.EnvCheck((), (), __import__("pathlib").Path("x.env"))
+    text = collectives.CollectivesChecks(plan=plan, device_kind="cpu", env=env, params={},
+                                         ddp_check=checked).ddp_check_text()
+    assert text == ("plain DDP allreduce equals the fp32 reference exactly: True\n"
+                    "every gradient byte is in a bucket: True")
+    broken = dict(checked, in_buckets=False, plain=None, grad_check="not measured: no gradients")
+    assert collectives.CollectivesChecks(plan=plan, device_kind="cpu", env=env, params={}, ddp_check=broken
+                                         ).ddp_check_text().splitlines() == [
+        "plain DDP allreduce equals the fp32 reference exactly: not measured: no gradients",
+        "every gradient byte is in a bucket: False"]
 
 
 def test_fp32_reference_is_exact_and_fp16_error_small(result):
@@ -201,7 +225,10 @@ def test_a_result_that_could_not_run_records_not_applicable(tmp_path):
 def test_a_result_records_the_sweep_ddp_and_the_env_check_in_order(result, tmp_path):
     ddp_res = {k: v for k, v in result.items() if k != "_stray"}
     plan = collectives.plan_backend("gloo", 2, "cpu")
-    res = collectives.CollectivesResult(plan=plan, device_kind="cpu", bench=_bench(), ddp=ddp_res,
+    checked = {"bucket_sizes": [b["bucket_sizes"] for b in ddp_res["buckets"]], "grad_bytes": ddp_res["grad_bytes"],
+               "in_buckets": True, "plain": {"max_abs_err": 0.0, "rel_err": 0.0, "mismatched": 0},
+               "grad_check": ddp_res["grad_check"], "job": ddp_res["job"], "world_size": 2}
+    res = collectives.CollectivesResult(plan=plan, device_kind="cpu", bench=_bench(), ddp=ddp_res, ddp_check=checked,
                                         env=collectives.env_check(tmp_path), params=_params(steps=3))
     experiments = [args[0] for _, args, _ in res.records().calls]
     order = [e for i, e in enumerate(experiments) if i == 0 or experiments[i - 1] != e]

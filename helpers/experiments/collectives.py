@@ -32,10 +32,12 @@ one job: one step of each per round, the order reversed every other round
 difference exceeds the noise (the spread between caps that made the same
 buckets, and the quartile ranges).
 
-:func:`run` (the notebook's one call) resolves the backend (:func:`plan_backend`), runs the allreduce sweep and
-:func:`ddp_benchmark` on the job (:class:`DDPConfig`: the user's job or the built-in one, as a
-:class:`helpers.jobs.load.JobRequest` every rank resolves) and the environment check (:func:`env_check`), and
-returns one :class:`CollectivesResult`: the text the cells print, the records, the verdict and the "try it" panel.
+:func:`check` (the notebook's first call, before any timing) resolves the backend (:func:`plan_backend`), checks
+the environment (:func:`env_check`) and DDP's correctness on the job (:func:`run_ddp_check` in a short collective
+job: every cap's buckets hold every gradient byte, plain DDP equals the fp32 reference); :func:`run` then runs the
+allreduce sweep and :func:`ddp_benchmark` on the job (:class:`DDPConfig`: the user's job or the built-in one, as a
+:class:`helpers.jobs.load.JobRequest` every rank resolves) and returns one :class:`CollectivesResult` (which extends
+the checks' :class:`CollectivesChecks`): the text the cells print, the records, the verdict and the "try it" panel.
 
 The "try it" panel of notebook 08 calls :func:`try_allreduce`: the allreduce benchmark over a range of message
 sizes and a world size, in a new job started by the same launcher, whose rank task :func:`run_allreduce_sweep`
@@ -68,7 +70,7 @@ from helpers.comm.launch import check_backend, check_world_size, resolve_backend
 from helpers.compute.model import count_parameters
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
-from helpers.experiments.base import Experiment, ExperimentResult
+from helpers.experiments.base import Experiment, ExperimentResult, checked_fields
 from helpers.experiments.training import fixed_batches
 from helpers.fsutil import write_atomic
 from helpers.jobs.load import JobRequest
@@ -80,10 +82,10 @@ from helpers.units import format_bytes
 from helpers.verdict import Action, Verdict
 
 
-__all__ = ["BackendPlan", "CollectivesResult", "DDPConfig", "DDP_KEYS", "DDP_TASK", "EnvCheck", "PROPOSED_ENV",
-           "SWEEP_TASK", "bucket_comparison", "ddp_benchmark", "ddp_in_launched_job", "env_check",
-           "hccl_options_text", "hook_comparison", "live_point", "plan_backend", "run", "run_allreduce_sweep",
-           "run_ddp", "try_allreduce", "verdict"]
+__all__ = ["BackendPlan", "CollectivesChecks", "CollectivesResult", "DDPConfig", "DDP_CHECK_TASK", "DDP_KEYS",
+           "DDP_TASK", "EnvCheck", "PROPOSED_ENV", "SWEEP_TASK", "bucket_comparison", "check", "ddp_benchmark",
+           "ddp_in_launched_job", "env_check", "hccl_options_text", "hook_comparison", "live_point", "plan_backend",
+           "run", "run_allreduce_sweep", "run_ddp", "run_ddp_check", "try_allreduce", "verdict"]
 
 #: The rank task of :func:`run_ddp`, as :func:`helpers.comm.launch.run_job` names it.
 DDP_TASK = "helpers.experiments.collectives:run_ddp"
@@ -405,29 +407,37 @@ class _Rank:
         variants.append(("ar", allreduce_alone))
         return variants, models, unsupported, overlap_cap, sizes
 
-    def grad_errors(self, unsupported: Mapping[str, str]) -> tuple[dict[str, Any], str]:
-        """Each hook's averaged gradients against the fp32 reference (the local gradients over the world size,
-        summed in float32), and how the gradients were taken."""
+    def reference(self) -> tuple[Any, str]:
+        """The fp32 reference of the averaged gradients (the local gradients over the world size, summed in float32
+        with ``all_reduce``; a collective: every rank calls it) and how the gradients were taken. The reference is
+        None when the job's step leaves no gradients (the text then says so)."""
         plain = self.job.make_model(self.acc)
         plain.load_state_dict(self.base_state)
         plain.train()
         ref = _backward_gradients(self.job, plain, self.acc, self.batches[0]) / self.rc.world_size
         dist.all_reduce(ref)
-        grad_check = ("one PPO loss's backward pass on the rank's first batch" if self.job.is_builtin else
-                      "one call of the job's own step on the rank's first batch (the gradients it leaves in the "
-                      "parameters; a step that clips them before the optimizer clips local and averaged gradients "
-                      "differently, so even plain DDP then differs from the reference)")
         if ref.numel() == 0:
-            return {}, ("not measured: the job's step leaves no gradients in the parameters after it returns "
-                        "(zero_grad at its end?), so there is nothing to compare")
-        errors = {}
-        for h in self.cfg.compression_hooks:
-            if h not in unsupported:
-                d = self.fresh(self.default_cap, h)
-                d.train()
-                errors[h] = grad_error(_backward_gradients(self.job, d, self.acc, self.batches[0], module=d.module),
-                                       ref)
-        return errors, grad_check
+            return None, ("not measured: the job's step leaves no gradients in the parameters after it returns "
+                          "(zero_grad at its end?), so there is nothing to compare")
+        return ref, ("one PPO loss's backward pass on the rank's first batch" if self.job.is_builtin else
+                     "one call of the job's own step on the rank's first batch (the gradients it leaves in the "
+                     "parameters; a step that clips them before the optimizer clips local and averaged gradients "
+                     "differently, so even plain DDP then differs from the reference)")
+
+    def hook_error(self, hook: str, ref: Any) -> dict[str, float]:
+        """:func:`helpers.comm.ddp.grad_error` of the gradients DDP averaged with ``hook`` (at the default cap, on
+        the rank's first batch) against the reference ``ref`` (:meth:`reference`)."""
+        d = self.fresh(self.default_cap, hook)
+        d.train()
+        return grad_error(_backward_gradients(self.job, d, self.acc, self.batches[0], module=d.module), ref)
+
+    def grad_errors(self, unsupported: Mapping[str, str]) -> tuple[dict[str, Any], str]:
+        """Each supported hook's averaged gradients against the fp32 reference (:meth:`hook_error`), and how the
+        gradients were taken."""
+        ref, grad_check = self.reference()
+        if ref is None:
+            return {}, grad_check
+        return {h: self.hook_error(h, ref) for h in self.cfg.compression_hooks if h not in unsupported}, grad_check
 
 
 def _time_interleaved(variants: Sequence[tuple[str, Any]], steps: int, sync) -> dict[str, list[float]]:
@@ -519,6 +529,59 @@ def _summary(rank: _Rank, gathered: Sequence[Mapping[str, Any]], *, caps: list, 
             "timing": ("median over steps of the max over ranks (each rank synced its device after every step); "
                        "all variants timed interleaved, one step each per round, the order reversed every other "
                        "round")}
+
+
+def run_ddp_check(cfg: "DDPConfig | Mapping[str, Any]", rc) -> dict[str, Any] | None:
+    """Notebook 08's DDP check before any timing, on this rank (inside an initialized default process group): each
+    ``bucket_cap_mb``'s DDP model takes steps of the job until DDP has rebuilt its buckets (one step of the built-in
+    job, whose PPO updates make several backward passes; two of a step with one backward pass), and plain
+    DDP's averaged gradients are compared with the fp32 reference (:meth:`_Rank.reference`). Rank 0 returns the
+    result; :func:`run_ddp` times the same variants afterwards, in a job of its own.
+
+    Parameters
+    ----------
+    cfg : DDPConfig or mapping
+        The config, or its :meth:`DDPConfig.as_dict` (what the launcher hands the rank).
+    rc : helpers.comm.rank.RankContext
+
+    Returns
+    -------
+    dict or None
+        On rank 0: ``bucket_sizes`` (per cap, in the order of ``bucket_cap_mb_list``, the bytes of each bucket DDP
+        made on rank 0), ``grad_bytes`` (fp32 gradient bytes), ``in_buckets`` (True when, on every rank and under
+        every cap, the buckets hold exactly ``grad_bytes``), ``plain`` (:func:`helpers.comm.ddp.grad_error` of plain
+        DDP, the largest over the ranks; None when the step leaves no gradients), ``grad_check`` (how the
+        gradients were taken), ``job`` and ``world_size``; None on the other ranks.
+    """
+    cfg = cfg if isinstance(cfg, DDPConfig) else DDPConfig.from_dict(cfg)
+    rank = _Rank(cfg, rc)
+    layouts = []
+    for cap in cfg.bucket_cap_mb_list:
+        d = rank.fresh(cap)
+        step = rank.stepper(d)
+        step()  # the first backward pass uses one bucket; DDP rebuilds them in the next forward
+        if not d._get_ddp_logging_data().get("has_rebuilt_buckets", 0):  # one backward pass per step: a second
+            step()
+        layouts.append(bucket_sizes(d))
+        del d
+    ref, grad_check = rank.reference()
+    plain = rank.hook_error("none", ref) if ref is not None else None
+    gathered: list = [None] * rc.world_size
+    dist.all_gather_object(gathered, {"layouts": layouts, "plain": plain})
+    gc.collect()  # every DDP model released while the process group is alive (see run_ddp)
+    dist.barrier()
+    if rc.rank != 0:
+        return None
+    plains = [g["plain"] for g in gathered]
+    return {"bucket_sizes": layouts, "grad_bytes": rank.grad_bytes,
+            "in_buckets": all(sum(sizes) == rank.grad_bytes for g in gathered for sizes in g["layouts"]),
+            "plain": None if None in plains else {k: max(p[k] for p in plains) for k in plains[0]},
+            "grad_check": grad_check, "job": rank.job.describe().get("job", rank.job.name),
+            "world_size": rc.world_size}
+
+
+#: The rank task of :func:`run_ddp_check`, as :func:`helpers.comm.launch.run_job` names it.
+DDP_CHECK_TASK = "helpers.experiments.collectives:run_ddp_check"
 
 
 DDP_KEYS = ("data_dir", "max_images", "seed", "batch_size", "image_size", "text_len", "model_width", "d_model",
@@ -1036,34 +1099,61 @@ def hccl_options_text(kind: str) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class CollectivesResult(ExperimentResult):
-    """Notebook 08's measurement: the backend, the allreduce sweep, DDP's buckets, hooks and overlap on the job,
-    and the environment check.
+class CollectivesChecks:
+    """Notebook 08 before any timing (:func:`check`): the backend, the environment check and DDP's correctness on
+    the job. :class:`CollectivesResult` extends it with the measurement.
 
     Attributes
     ----------
     plan : BackendPlan
     device_kind : str
         ``acc.kind`` of the notebook.
-    bench : dict or None
-        :func:`helpers.comm.allreduce.allreduce_benchmark`'s result; None when the collectives cannot run here.
-    ddp : dict or None
-        :func:`ddp_benchmark`'s result; None when they cannot.
     env : EnvCheck
     params : mapping
         The notebook's parameters (``world_size``, ``min_bytes``, ``max_size_mib``, ``repeats``, ``warmup``,
         ``steps``, ``batch_size``, ``image_size``, ``model_width``, ``timeout_s``, ``master_port``, ``backend``).
+    ddp_check : dict or None
+        :func:`run_ddp_check`'s result (the buckets of every cap, plain DDP against the fp32 reference); None when
+        the collectives cannot run here.
     log_dir : str
         Where a failed collective job keeps its logs (the notebook's artifacts folder).
     """
 
     plan: BackendPlan
     device_kind: str
-    bench: Mapping[str, Any] | None
-    ddp: Mapping[str, Any] | None
     env: EnvCheck
     params: Mapping[str, Any] = field(repr=False)
+    ddp_check: Mapping[str, Any] | None = None
     log_dir: str = ""
+
+    def ddp_check_text(self) -> str:
+        """Section 3: plain DDP equals the fp32 reference, every gradient byte is in a bucket."""
+        c = self.ddp_check
+        if c is None:
+            return f"DDP not run: {self.plan.why_not}"
+        plain = c["plain"]
+        exact = str(plain["max_abs_err"] == 0.0) if plain is not None else c["grad_check"]
+        return (f"plain DDP allreduce equals the fp32 reference exactly: {exact}\n"
+                f"every gradient byte is in a bucket: {c['in_buckets']}")
+
+
+@dataclass(frozen=True, eq=False)
+class CollectivesResult(CollectivesChecks, ExperimentResult):
+    """Notebook 08's measurement: the backend, the allreduce sweep, DDP's buckets, hooks and overlap on the job,
+    and the environment check.
+
+    Attributes
+    ----------
+    plan, device_kind, env, params, ddp_check, log_dir
+        As :class:`CollectivesChecks`'s (sections 1-3, with their texts).
+    bench : dict or None
+        :func:`helpers.comm.allreduce.allreduce_benchmark`'s result; None when the collectives cannot run here.
+    ddp : dict or None
+        :func:`ddp_benchmark`'s result; None when they cannot.
+    """
+
+    bench: Mapping[str, Any] | None = field(default=None, kw_only=True)
+    ddp: Mapping[str, Any] | None = field(default=None, kw_only=True)
 
     # -- derived figures -----------------------------------------------------------------------
 
@@ -1091,7 +1181,7 @@ class CollectivesResult(ExperimentResult):
     # -- what the cells print ----------------------------------------------------------------
 
     def allreduce_table(self):
-        """Section 2: per size, its calls, times (us, median and quartiles) and bandwidths (None without a run)."""
+        """Section 4: per size, its calls, times (us, median and quartiles) and bandwidths (None without a run)."""
         import pandas as pd
 
         if self.bench is None:
@@ -1102,7 +1192,7 @@ class CollectivesResult(ExperimentResult):
         return show[["size", "repeats", "median_us", "p25_us", "p75_us", "algbw_gbps", "busbw_gbps"]].round(4)
 
     def allreduce_text(self) -> str:
-        """Section 2: the small-message time, the noisy sizes, the plateau, the largest size and the bare loop."""
+        """Section 4: the small-message time, the noisy sizes, the plateau, the largest size and the bare loop."""
         if self.bench is None:
             return f"allreduce benchmark not run: {self.plan.why_not}"
         bench, reg, flags = self.bench, self.regimes, self.flags
@@ -1133,7 +1223,7 @@ class CollectivesResult(ExperimentResult):
         return "\n".join(lines)
 
     def references_text(self) -> str:
-        """Section 2: published figures beside this run's (empty without a run)."""
+        """Section 4: published figures beside this run's (empty without a run)."""
         if self.bench is None:
             return ""
         bench, reg = self.bench, self.regimes
@@ -1153,7 +1243,7 @@ class CollectivesResult(ExperimentResult):
                          for what, published, here, url in refs)
 
     def ddp_text(self) -> str:
-        """Section 3: the job under DDP, each bucket layout and the bucket comparison's note."""
+        """Section 5: the job under DDP, each bucket layout and the bucket comparison's note."""
         d, cmp_ = self.ddp, self.buckets
         if d is None:
             return f"DDP not run: {self.plan.why_not}"
@@ -1169,7 +1259,7 @@ class CollectivesResult(ExperimentResult):
         return "\n".join(lines + [f"buckets: {cmp_['note']}"])
 
     def buckets_table(self):
-        """Section 3: per ``bucket_cap_mb``, the buckets DDP made and the step time (None without DDP)."""
+        """Section 5: per ``bucket_cap_mb``, the buckets DDP made and the step time (None without DDP)."""
         import pandas as pd
 
         if self.ddp is None:
@@ -1180,7 +1270,7 @@ class CollectivesResult(ExperimentResult):
                               "p75 ms": b["time_p75_s"] * 1e3} for b in self.ddp["buckets"]]).round(2)
 
     def hooks_text(self) -> str:
-        """Section 3: the hooks not supported here, and where the hooks were measured."""
+        """Section 5: the hooks not supported here, and where the hooks were measured."""
         d = self.ddp
         if d is None:
             return f"DDP not run: {self.plan.why_not}"
@@ -1192,7 +1282,7 @@ class CollectivesResult(ExperimentResult):
         return "\n".join(lines)
 
     def hooks_table(self):
-        """Section 3: per hook, the bytes sent (three significant digits: a small model sends a few KiB), the step
+        """Section 5: per hook, the bytes sent (three significant digits: a small model sends a few KiB), the step
         time (rounded like :meth:`buckets_table`) and the gradient error (two significant digits, "0" when exact)
         (None without DDP)."""
         import pandas as pd
@@ -1206,18 +1296,8 @@ class CollectivesResult(ExperimentResult):
                               "rel err": err(h["rel_err"]), "elements differing": h["mismatched"]}
                              for h in self.ddp["hooks"]]).round({"step ms": 2, "p25 ms": 2, "p75 ms": 2})
 
-    def ddp_check_text(self) -> str:
-        """Section 3's checks: plain DDP equals the fp32 reference, every gradient byte is in a bucket."""
-        d = self.ddp
-        if d is None:
-            return f"DDP not run: {self.plan.why_not}"
-        ref_ok = all(h["max_abs_err"] == 0.0 for h in d["hooks"] if h["hook"] == "none")
-        in_buckets = all(sum(b["bucket_sizes"]) == d["grad_bytes"] for b in d["buckets"])
-        return (f"plain DDP allreduce equals the fp32 reference exactly: {ref_ok}\n"
-                f"every gradient byte is in a bucket: {in_buckets}")
-
     def overlap_text(self) -> str:
-        """Section 3: communication hidden behind the backward pass, and the cost per bucket where measurable."""
+        """Section 5: communication hidden behind the backward pass, and the cost per bucket where measurable."""
         d, cmp_ = self.ddp, self.buckets
         if d is None:
             return f"DDP not run: {self.plan.why_not}"
@@ -1340,9 +1420,46 @@ class CollectivesResult(ExperimentResult):
                        unavailable="" if plan.runnable else f"the collectives cannot run here: {plan.why_not}")
 
 
-def run(ctx: Any) -> CollectivesResult:
-    """Notebook 08's experiment, in the notebook's order: the backend, the allreduce sweep, DDP on the job (the
-    user's, ``params["job"]``, loaded by every rank; else the built-in PPO job) and the environment check.
+def _launch_options(ctx: Any, plan: BackendPlan) -> dict[str, Any]:
+    """The launcher's keywords (:func:`helpers.comm.launch.run_job`) of notebook 08's collective jobs."""
+    P = ctx.params
+    return dict(world_size=P["world_size"], backend=plan.backend, timeout_s=P["timeout_s"],
+                master_port=P["master_port"], device_kind=ctx.acc.kind, log_dir=str(ctx.artifacts_dir))
+
+
+def check(ctx: Any) -> CollectivesChecks:
+    """Notebook 08 before any timing, in the notebook's order: the backend, the environment check and DDP's
+    correctness on the job (:func:`run_ddp_check` in a short collective job: seconds where :func:`run` takes
+    minutes at the default sizes).
+
+    Parameters
+    ----------
+    ctx : helpers.workbook.nbsetup.NotebookContext
+        The notebook's parameters, accelerator, artifacts folder (a failed job's logs) and out folder (the
+        validated env file).
+
+    Returns
+    -------
+    CollectivesChecks
+
+    Raises
+    ------
+    ParameterError, DataError, TimeoutError, RuntimeError
+        The collective job's (:func:`helpers.comm.launch.run_job`).
+    """
+    P, acc = ctx.params, ctx.acc
+    plan = plan_backend(P["backend"], P["world_size"], acc.kind)
+    ddp_check = None
+    if plan.runnable:
+        ddp_check = run_job(DDP_CHECK_TASK, DDPConfig.from_params(P).as_dict(), **_launch_options(ctx, plan)).data
+    return CollectivesChecks(plan=plan, device_kind=acc.kind, env=env_check(ctx.out_dir), params=dict(P),
+                             ddp_check=ddp_check, log_dir=str(ctx.artifacts_dir))
+
+
+def run(ctx: Any, checks: CollectivesChecks | None = None) -> CollectivesResult:
+    """Notebook 08's experiment, in the notebook's order: :func:`check` (the backend, the environment, DDP's
+    correctness), the allreduce sweep and DDP timed on the job (the user's, ``params["job"]``, loaded by every rank;
+    else the built-in PPO job).
 
     Parameters
     ----------
@@ -1350,27 +1467,31 @@ def run(ctx: Any) -> CollectivesResult:
         The notebook's parameters, accelerator, artifacts folder (a failed job's logs) and out folder (the
         validated env file). For a user's job, ``params["batch_size"]`` is set to the batch its ranks trained
         (``ctx.use_job_batch``).
+    checks : CollectivesChecks, optional
+        :func:`check`'s result (the notebook shows it before the timing starts); None checks here.
 
     Returns
     -------
     CollectivesResult
+
+    Raises
+    ------
+    ParameterError, DataError, TimeoutError, RuntimeError
+        A collective job's (:func:`helpers.comm.launch.run_job`).
     """
     from helpers.comm.allreduce import allreduce_benchmark
 
-    P, acc = ctx.params, ctx.acc
-    plan = plan_backend(P["backend"], P["world_size"], acc.kind)
-    log_dir = str(ctx.artifacts_dir)
+    P = ctx.params
+    c = checks if checks is not None else check(ctx)
     bench = ddp_res = None
-    if plan.runnable:
-        common = dict(world_size=P["world_size"], backend=plan.backend, timeout_s=P["timeout_s"],
-                      master_port=P["master_port"], device_kind=acc.kind, log_dir=log_dir)
+    if c.plan.runnable:
+        common = _launch_options(ctx, c.plan)
         bench = allreduce_benchmark(min_bytes=P["min_bytes"], max_size_mib=P["max_size_mib"], repeats=P["repeats"],
                                     warmup=P["warmup"], **common)
         ddp_res = ddp_benchmark(P, **common)
         if not ddp_res.get("builtin", True):  # a user's job trained at its own batch per rank: the records say it
             ctx.use_job_batch(ddp_res["batch_per_rank"])
-    return CollectivesResult(plan=plan, device_kind=acc.kind, bench=bench, ddp=ddp_res, env=env_check(ctx.out_dir),
-                             params=dict(P), log_dir=log_dir)
+    return CollectivesResult(**checked_fields(c), bench=bench, ddp=ddp_res)
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
