@@ -4,6 +4,7 @@ facts their answers rest on (a finding is an error, busbw = algbw x 2(n-1)/n, ea
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -40,12 +41,36 @@ def test_every_notebook_has_a_section_and_every_exercise_an_entry():
             assert re.search(rf"^### {nn}\.{k} ", text, flags=re.M), f"{stem}: exercise {k} has no solution entry"
 
 
+#: The sections whose code reruns a notebook at the smoke profile's own parameters (e.g. ``rerun("07")``): the
+#: session's smoke run already made those runs, and :func:`_reuse_smoke_run` hands their records to ``rerun``. These
+#: sections run last, so that under pytest-xdist the other worker has finished the smoke run by then.
+REUSE_SMOKE_RUN = ("02", "06", "07", "01")
+
+
+def _reuse_smoke_run(namespace: dict, smoke) -> None:
+    """Seed the solutions' ``rerun`` cache with each notebook's records of the session's smoke run (the smoke profile
+    on the CPU, unchanged parameters): what ``rerun(nn)`` would measure again."""
+    from helpers.results import load_results
+
+    run_dir, state = smoke
+    records = load_results(run_dir / "results.jsonl")
+    for nb in state.notebooks:
+        if nb.status == "ok":
+            own = records[records["notebook"] == nb.id].reset_index(drop=True)
+            namespace["_reruns"][(nb.id[:2], json.dumps({}))] = own
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("section", [s[:2] for s in NOTEBOOKS])
-def test_solution_code_runs(section, monkeypatch, tmp_path):
+@pytest.mark.parametrize("section", sorted((s[:2] for s in NOTEBOOKS), key=lambda s: s in REUSE_SMOKE_RUN))
+def test_solution_code_runs(section, monkeypatch, tmp_path, request, tmp_path_factory):
+    from session_support import smoke_run_if_made
+
     blocks = sections()
     monkeypatch.chdir(REPO)
     namespace: dict = {"__name__": f"solutions_{section}"}
     exec(compile("\n".join(blocks["Setup"]), "docs/solutions.md (setup)", "exec"), namespace)
+    smoke = smoke_run_if_made(request, tmp_path_factory) if section in REUSE_SMOKE_RUN else None
+    if smoke is not None:
+        _reuse_smoke_run(namespace, smoke)
     for i, code in enumerate(blocks.get(section, [])):
         exec(compile(code, f"docs/solutions.md ({section}, block {i + 1})", "exec"), namespace)
