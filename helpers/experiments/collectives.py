@@ -35,9 +35,10 @@ buckets, and the quartile ranges).
 :func:`check` (the notebook's first call, before any timing) resolves the backend (:func:`plan_backend`), checks
 the environment (:func:`env_check`) and DDP's correctness on the job (:func:`run_ddp_check` in a short collective
 job: every cap's buckets hold every gradient byte, plain DDP equals the fp32 reference); :func:`run` then runs the
-allreduce sweep and :func:`ddp_benchmark` on the job (:class:`DDPConfig`: the user's job or the built-in one, as a
-:class:`helpers.jobs.load.JobRequest` every rank resolves) and returns one :class:`CollectivesResult` (which extends
-the checks' :class:`CollectivesChecks`): the text the cells print, the records, the verdict and the "try it" panel.
+allreduce sweep and :func:`run_ddp` on the job (:class:`DDPConfig`: the user's job or the built-in one, as a
+:class:`helpers.jobs.load.JobRequest` every rank resolves) in one collective job (:func:`run_sweep_and_ddp`) and
+returns one :class:`CollectivesResult` (which extends the checks' :class:`CollectivesChecks`): the text the cells
+print, the records, the verdict and the "try it" panel.
 
 The "try it" panel of notebook 08 calls :func:`try_allreduce`: the allreduce benchmark over a range of message
 sizes and a world size, in a new job started by the same launcher, whose rank task :func:`run_allreduce_sweep`
@@ -66,7 +67,7 @@ from helpers import specs
 from helpers.checklist import Item
 from helpers.comm.allreduce import MIB, algbw_gbps, bus_factor, busbw_gbps, message_sizes, run_allreduce
 from helpers.comm.ddp import HOOK_BYTES, bucket_sizes, grad_error, hook_function, iqr_overlap, overlap_figures
-from helpers.comm.launch import check_backend, check_world_size, resolve_backend, run_job
+from helpers.comm.launch import backend_device_kind, check_backend, check_world_size, resolve_backend, run_job
 from helpers.compute.model import count_parameters
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
@@ -83,9 +84,9 @@ from helpers.verdict import Action, Verdict
 
 
 __all__ = ["BackendPlan", "CollectivesChecks", "CollectivesResult", "DDPConfig", "DDP_CHECK_TASK", "DDP_KEYS",
-           "DDP_TASK", "EnvCheck", "PROPOSED_ENV", "SWEEP_TASK", "bucket_comparison", "check", "ddp_benchmark",
+           "DDP_TASK", "EnvCheck", "MEASURE_TASK", "PROPOSED_ENV", "SWEEP_TASK", "bucket_comparison", "check", "ddp_benchmark",
            "ddp_in_launched_job", "env_check", "hccl_options_text", "hook_comparison", "live_point", "plan_backend",
-           "run", "run_allreduce_sweep", "run_ddp", "run_ddp_check", "try_allreduce", "verdict"]
+           "run", "run_allreduce_sweep", "run_ddp", "run_ddp_check", "run_sweep_and_ddp", "try_allreduce", "verdict"]
 
 #: The rank task of :func:`run_ddp`, as :func:`helpers.comm.launch.run_job` names it.
 DDP_TASK = "helpers.experiments.collectives:run_ddp"
@@ -582,6 +583,40 @@ def run_ddp_check(cfg: "DDPConfig | Mapping[str, Any]", rc) -> dict[str, Any] | 
 
 #: The rank task of :func:`run_ddp_check`, as :func:`helpers.comm.launch.run_job` names it.
 DDP_CHECK_TASK = "helpers.experiments.collectives:run_ddp_check"
+
+
+def run_sweep_and_ddp(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
+    """Notebook 08's measurement in one collective job, on this rank: the allreduce sweep
+    (:func:`helpers.comm.allreduce.run_allreduce`: its correctness check, the timed sizes and the bare loop), then
+    the DDP experiment (:func:`run_ddp`). One job instead of two saves a start of ``world_size`` processes.
+
+    Parameters
+    ----------
+    cfg : mapping
+        ``allreduce`` (:func:`helpers.comm.allreduce.bench_config`'s ``sizes``, ``repeats``, ``warmup``,
+        ``bare_bytes``) and ``ddp`` (:meth:`DDPConfig.as_dict`).
+    rc : helpers.comm.rank.RankContext
+
+    Returns
+    -------
+    dict or None
+        On rank 0: ``allreduce`` (run_allreduce's result), ``ddp`` (run_ddp's) and ``allreduce_s``, ``ddp_s`` (the
+        seconds of each part on rank 0); None on the other ranks.
+    """
+    sweep = cfg["allreduce"]
+    t0 = time.perf_counter()
+    bench = run_allreduce(rank=rc.rank, world_size=rc.world_size, device=rc.device, sizes=sweep["sizes"],
+                          repeats=sweep["repeats"], warmup=sweep["warmup"], sync=rc.sync,
+                          bare_bytes=sweep.get("bare_bytes"))
+    t1 = time.perf_counter()
+    ddp_res = run_ddp(cfg["ddp"], rc)
+    if rc.rank != 0:
+        return None
+    return {"allreduce": bench, "ddp": ddp_res, "allreduce_s": t1 - t0, "ddp_s": time.perf_counter() - t1}
+
+
+#: The rank task of :func:`run_sweep_and_ddp`, as :func:`helpers.comm.launch.run_job` names it.
+MEASURE_TASK = "helpers.experiments.collectives:run_sweep_and_ddp"
 
 
 DDP_KEYS = ("data_dir", "max_images", "seed", "batch_size", "image_size", "text_len", "model_width", "d_model",
@@ -1458,8 +1493,8 @@ def check(ctx: Any) -> CollectivesChecks:
 
 def run(ctx: Any, checks: CollectivesChecks | None = None) -> CollectivesResult:
     """Notebook 08's experiment, in the notebook's order: :func:`check` (the backend, the environment, DDP's
-    correctness), the allreduce sweep and DDP timed on the job (the user's, ``params["job"]``, loaded by every rank;
-    else the built-in PPO job).
+    correctness), then the allreduce sweep and DDP timed on the job (the user's, ``params["job"]``, loaded by every
+    rank; else the built-in PPO job), both in one collective job (:func:`run_sweep_and_ddp`).
 
     Parameters
     ----------
@@ -1479,16 +1514,21 @@ def run(ctx: Any, checks: CollectivesChecks | None = None) -> CollectivesResult:
     ParameterError, DataError, TimeoutError, RuntimeError
         A collective job's (:func:`helpers.comm.launch.run_job`).
     """
-    from helpers.comm.allreduce import allreduce_benchmark
+    from helpers.comm.allreduce import bench_config, finish_result
 
     P = ctx.params
     c = checks if checks is not None else check(ctx)
     bench = ddp_res = None
     if c.plan.runnable:
-        common = _launch_options(ctx, c.plan)
-        bench = allreduce_benchmark(min_bytes=P["min_bytes"], max_size_mib=P["max_size_mib"], repeats=P["repeats"],
-                                    warmup=P["warmup"], **common)
-        ddp_res = ddp_benchmark(P, **common)
+        sweep = bench_config(min_bytes=P["min_bytes"], max_size_mib=P["max_size_mib"], repeats=P["repeats"],
+                             warmup=P["warmup"])
+        launched = run_job(MEASURE_TASK, {"allreduce": sweep, "ddp": DDPConfig.from_params(P).as_dict()},
+                           bytes_per_rank=2 * sweep["sizes"][-1], **_launch_options(ctx, c.plan))
+        data, be = launched.data, launched.backend
+        # the fields allreduce_benchmark and ddp_benchmark add, each part timed inside the job
+        bench = finish_result({**data["allreduce"], "backend": be, "world_size": launched.world_size,
+                               "device": backend_device_kind(be)}, wall_s=data["allreduce_s"])
+        ddp_res = {**data["ddp"], "wall_s": round(data["ddp_s"], 2), "backend": be}
         if not ddp_res.get("builtin", True):  # a user's job trained at its own batch per rank: the records say it
             ctx.use_job_batch(ddp_res["batch_per_rank"])
     return CollectivesResult(**checked_fields(c), bench=bench, ddp=ddp_res)
