@@ -42,7 +42,7 @@ $(PY):
 # the pin (e.g. 2.13.0+cu128 installed by hand for CUDA) is kept.
 $(STAMP): pyproject.toml | $(PY)
 	$(if $(TORCH_INDEX),$(PY) -m pip install --disable-pip-version-check -q torch==2.13.0 --index-url $(TORCH_INDEX))
-	$(PY) -m pip install --disable-pip-version-check -q -e .
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -16,7 +16,9 @@ def _pyproject():
 
 
 def test_environment_yml_pins_match_pyproject():
-    deps = _pyproject()["project"]["dependencies"]
+    # environment.yml is the developer's environment: the workbook's dependencies and the tests' extra
+    project = _pyproject()["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["test"]
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
     conda_pins = sorted(p for p in pip_section if not p.startswith("-e"))
@@ -25,8 +27,16 @@ def test_environment_yml_pins_match_pyproject():
 
 
 def test_every_dependency_is_pinned():
-    for dep in _pyproject()["project"]["dependencies"]:
+    project = _pyproject()["project"]
+    for dep in project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]:
         assert re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[0-9][0-9A-Za-z.]*", dep), f"not pinned exactly: {dep}"
+
+
+def test_the_tests_own_tools_stay_out_of_a_users_install():
+    project = _pyproject()["project"]
+    names = {re.split(r"[=<>\[]", d)[0].lower() for d in project["dependencies"]}
+    assert not names & {"playwright", "pytest-xdist", "filelock"}  # the test extra: `pip install -e '.[test]'`
+    assert "'.[test]'" in (ROOT / "Makefile").read_text()
 
 
 def test_npu_extra_matches_torch_version():
