@@ -36,16 +36,16 @@ def cpu():
 
 # ---------------------------------------------------------------- the two hangs that run in the background
 
-#: The arguments of the diagnose command that hangs in item 37 (its --timeout 30 s is what the test waits for).
+#: The arguments of the diagnose command that hangs in item 37 (its --timeout 20 s is what the test waits for).
 DIAGNOSE_HANG = ["-m", "helpers", "diagnose", "--job", f"{JOBS}:make_hang_job", "--device", "cpu", "--steps", "4",
-                 "--warmup-steps", "1", "--timeout", "30"]
+                 "--warmup-steps", "1", "--timeout", "20"]
 
 
 def _run_hang(out: Path) -> list[str]:
     """The arguments of the runner's command line on notebook 01 with the job that hangs in item 37, each cell
-    limited to 30 s (the limit is what the test waits for), into the run folder ``out``."""
+    limited to 20 s (the limit is what the test waits for), into the run folder ``out``."""
     return ["-m", "helpers", "run", "--profile", "smoke", "--device", "cpu", "--only", "01", "--job",
-            f"{JOBS}:make_hang_job", "--timeout", "30", "--out", str(out)]
+            f"{JOBS}:make_hang_job", "--timeout", "20", "--out", str(out)]
 
 
 @pytest.fixture(scope="module")
@@ -369,7 +369,7 @@ def test_notebooks_06_and_10_say_the_job_diverges(tmp_path, monkeypatch):
 def test_a_cell_timeout_names_the_stuck_getitem(hangs):
     from helpers.workbook.rundir import RunState
 
-    p, run_dir = hangs["run"], hangs["run_dir"]  # _run_hang: notebook 01, cells limited to 30 s, started with the file
+    p, run_dir = hangs["run"], hangs["run_dir"]  # _run_hang: notebook 01, cells limited to 20 s, started with the file
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode != 0, stdout[-2000:]
     nb = RunState.load(run_dir).notebooks[0]
@@ -387,7 +387,7 @@ def test_diagnose_times_out_naming_the_stuck_getitem(hangs):
     _, stderr = p.communicate(timeout=240)
     assert p.returncode == 1, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("error: diagnose ran past --timeout 30 s, stuck in Squares.__getitem__(37) at "
+    assert last.startswith("error: diagnose ran past --timeout 20 s, stuck in Squares.__getitem__(37) at "
                            "fault_jobs.py:"), stderr[-3000:]
     assert "Traceback" not in stderr and 'File "' in stderr  # the stacks, not a Python traceback
 
