@@ -20,7 +20,7 @@ import itertools
 import logging
 import math
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from helpers import specs
@@ -28,7 +28,7 @@ from helpers.checklist import Item
 from helpers.device import get_accelerator
 from helpers.errors import DeviceUnavailableError, ParameterError
 from helpers.experiments import registry
-from helpers.experiments.base import Experiment, ExperimentResult, Optimization, no_expected_warnings
+from helpers.experiments.base import Experiment, ExperimentResult, Optimization, checked_fields, no_expected_warnings
 from helpers.jobs.ppo import host_to_device
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["BASELINE_LABEL", "BATCHED_DEVICE_LABEL", "BATCHED_HOST_LABEL", "RAW_DECODE_LABEL", "DecodeBench", "verdict",
            "input_decode_bench", "decoded_pixel_fraction", "live_point", "try_decode", "CacheOutcome",
-           "DecodeResult", "run"]
+           "DecodeChecks", "DecodeResult", "check", "run"]
 
 #: Names of the measured variants, used alike by the comparisons, the records, the figures and the bench,
 #: so that each number carries the name of what was timed:
@@ -787,8 +787,10 @@ class CacheOutcome:
 
 
 @dataclass(frozen=True, eq=False)
-class DecodeResult(ExperimentResult):
-    """Everything notebook 02 measured: plans, pixel checks, the interleaved comparisons, the cache, GPU decode.
+class DecodeChecks:
+    """Notebook 02 before any timing (:func:`check`, sections 1-3): the data, the decode plans, the pixels against
+    the per-image reference, the fixtures and the mid-epoch probe. :class:`DecodeResult` extends it with the
+    measurement.
 
     Attributes
     ----------
@@ -821,21 +823,11 @@ class DecodeResult(ExperimentResult):
         :func:`helpers.pipeline.decode.compare_routes` of the fixtures, with ``same picture``.
     mid_epoch : str
         What the truncated-file probe's batch reported.
-    gil : Comparison or None
-        1 thread vs the pool (None with one decode thread).
-    flags : Comparison
-        Default decoder vs fastdct + fastupsample; ``flag_psnr``: their worst PSNR, dB.
-    pre, eff, tok : Comparison
-        Preprocessing speedup, decode efficiency, tokenization.
-    share : dict
-        :meth:`DecodeBench.tokenize_share`.
-    cache : CacheOutcome
-    gpu : Comparison or None
-        GPU decode (``gpu_psnr``: its PSNRs; ``gpu_why``: why not measured).
-    npu_note : str
-        :func:`helpers.pipeline.decode.npu_decode_note`.
     index, tokenizer
         The images and tokenizer (for the try-it panel).
+    dataset, bench
+        What :func:`run` times next: the batched dataset (its decode threads; :func:`run` closes it) and the
+        :class:`DecodeBench` over it (keyword-only, None in a result).
     """
 
     params: Mapping[str, Any]
@@ -857,20 +849,10 @@ class DecodeResult(ExperimentResult):
     model_input: str
     routes: Any
     mid_epoch: str
-    gil: Comparison | None
-    flags: Comparison
-    flag_psnr: float
-    pre: Comparison
-    eff: Comparison
-    tok: Comparison
-    share: Mapping[str, float]
-    cache: CacheOutcome
-    gpu: Comparison | None
-    gpu_psnr: tuple[float, ...]
-    gpu_why: str
-    npu_note: str
     index: Any = field(default=None, compare=False, repr=False)
     tokenizer: Any = field(default=None, compare=False, repr=False)
+    dataset: Any = field(default=None, compare=False, repr=False, kw_only=True)
+    bench: Any = field(default=None, compare=False, repr=False, kw_only=True)
 
     # -- what the cells print ---------------------------------------------------------------------------------
     @property
@@ -944,6 +926,46 @@ class DecodeResult(ExperimentResult):
         """How many fixture files the fixtures record counts as handled alike."""
         return (f"recorded: {int(self.routes['agree'].sum()):.0f} of {len(self.routes)} fixture files handled alike "
                 "on both paths")
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeResult(DecodeChecks, ExperimentResult):
+    """Everything notebook 02 measured: :class:`DecodeChecks` (sections 1-3), then the interleaved comparisons, the
+    cache and GPU decode.
+
+    Attributes
+    ----------
+    params, device_kind, images, skipped, classes, source, threads, cores, pinned, pinned_note, dct_scaling, n_plans
+        As :class:`DecodeChecks`'s, and so are ``scales``, ``full_px``, ``decoded_px``, ``check``, ``model_input``,
+        ``routes``, ``mid_epoch``, ``index`` and ``tokenizer`` (with their texts).
+    gil : Comparison or None
+        1 thread vs the pool (None with one decode thread).
+    flags : Comparison
+        Default decoder vs fastdct + fastupsample; ``flag_psnr``: their worst PSNR, dB.
+    pre, eff, tok : Comparison
+        Preprocessing speedup, decode efficiency, tokenization.
+    share : dict
+        :meth:`DecodeBench.tokenize_share`.
+    cache : CacheOutcome
+    gpu : Comparison or None
+        GPU decode (``gpu_psnr``: its PSNRs; ``gpu_why``: why not measured).
+    npu_note : str
+        :func:`helpers.pipeline.decode.npu_decode_note`.
+    """
+
+    _: KW_ONLY
+    gil: Comparison | None
+    flags: Comparison
+    flag_psnr: float
+    pre: Comparison
+    eff: Comparison
+    tok: Comparison
+    share: Mapping[str, float]
+    cache: CacheOutcome
+    gpu: Comparison | None
+    gpu_psnr: tuple[float, ...]
+    gpu_why: str
+    npu_note: str
 
     @property
     def gil_text(self) -> str:
@@ -1221,14 +1243,81 @@ def _measure_cache(bench: DecodeBench, index, tokenizer, p: Mapping[str, Any]) -
                         mib=info.bytes / 2**20, build_s=info.build_s, rebuilt_because=str(info.rebuilt_because))
 
 
-def run(params: Mapping[str, Any], acc, *, expect: Callable[..., Any] = no_expected_warnings) -> DecodeResult:
-    """Notebook 02's whole measurement: plans, pixel checks, the interleaved comparisons, cache and GPU decode.
+def check(params: Mapping[str, Any], acc, *, expect: Callable[..., Any] = no_expected_warnings) -> DecodeChecks:
+    """Notebook 02 before any timing (sections 1-3): the data, the decode plans, the pixels against the per-image
+    reference, the fixtures and the mid-epoch probe; seconds where :func:`run` times for a minute.
 
     Parameters
     ----------
     params : mapping
         Notebook 02's validated parameters.
     acc : helpers.device.Accelerator
+    expect : callable, optional
+        ``expect(why, match=None)``: a context manager around work that warns on purpose (the notebook passes
+        :func:`helpers.workbook.output.expected_warnings`); default: none.
+
+    Returns
+    -------
+    DecodeChecks
+        With the open batched dataset and its :class:`DecodeBench`, which :func:`run` times and then closes.
+
+    Raises
+    ------
+    helpers.errors.DataError
+        If the images do not fill one batch.
+    AssertionError
+        If a check of the pixels, the fixtures or the truncated-file probe fails.
+    FileNotFoundError
+        Without ``data/fixtures`` (not a checkout of the workbook).
+    """
+    from helpers.pipeline.decode import usable_cores
+    from helpers.pipeline.fast import reference_check
+
+    p = params
+    index, tokenizer = prepare_data(p["data_dir"] or None, max_images=p["max_images"], seed=p["seed"],
+                                    batch_size=p["batch_size"], text_len=p["text_len"])
+    pin = acc.capabilities.pinned_memory
+    dataset = BatchedDataset(index, tokenizer, image_size=p["image_size"], text_len=p["text_len"], seed=p["seed"],
+                             threads=p["threads"], pin_memory=pin.available)
+    try:
+        bench = DecodeBench(dataset, acc, batch_size=p["batch_size"], repeats=p["repeats"], warmup=p["warmup"],
+                            seed=p["seed"])
+        plans = dataset.decode_plan(range(len(dataset)))
+        turbo = [q for q in plans if q.route == "turbo"]
+        import pandas as pd
+
+        pixels = pd.concat([reference_check(dataset, b) for b in bench.batches[:2]], ignore_index=True)
+        model_input = _model_input(bench, acc)
+        routes, fixtures = _check_fixtures(dataset, p["psnr_min_db"])
+        mid_epoch = _mid_epoch(index, tokenizer, fixtures, p, expect)
+    except BaseException:
+        dataset.close()
+        raise
+    return DecodeChecks(
+        params=dict(p), device_kind=acc.kind, images=len(index), skipped=len(index.skipped), classes=index.n_classes,
+        source=p["data_dir"] and "user folder" or "embedded", threads=dataset.threads, cores=usable_cores(),
+        pinned=dataset.pinned, pinned_note="" if pin.available else str(pin), dct_scaling=dataset.decode.dct_scaling,
+        n_plans=len(plans), scales=dict(Counter(q.denominator for q in turbo)),
+        full_px=sum(q.header.stored_height * q.header.stored_width for q in turbo),
+        decoded_px=sum(math.ceil(q.header.stored_height / q.denominator)
+                       * math.ceil(q.header.stored_width / q.denominator) for q in turbo),
+        check=pixels, model_input=model_input, routes=routes, mid_epoch=mid_epoch, index=index, tokenizer=tokenizer,
+        dataset=dataset, bench=bench)
+
+
+def run(params: Mapping[str, Any], acc, checks: DecodeChecks | None = None, *,
+        expect: Callable[..., Any] = no_expected_warnings) -> DecodeResult:
+    """Notebook 02's whole measurement: :func:`check` (plans, pixel checks), then the interleaved comparisons, the
+    cache and GPU decode.
+
+    Parameters
+    ----------
+    params : mapping
+        Notebook 02's validated parameters.
+    acc : helpers.device.Accelerator
+    checks : DecodeChecks, optional
+        :func:`check`'s result (the notebook shows it before the timing starts); None checks here. Its dataset is
+        closed on the way out.
     expect : callable, optional
         ``expect(why, match=None)``: a context manager around work that warns on purpose (the notebook passes
         :func:`helpers.workbook.output.expected_warnings`); default: none.
@@ -1246,26 +1335,13 @@ def run(params: Mapping[str, Any], acc, *, expect: Callable[..., Any] = no_expec
     FileNotFoundError
         Without ``data/fixtures`` (not a checkout of the workbook).
     """
-    from helpers.pipeline.decode import npu_decode_note, usable_cores
+    from helpers.pipeline.decode import npu_decode_note
     from helpers.pipeline.fast import reference_check
 
     p = params
-    index, tokenizer = prepare_data(p["data_dir"] or None, max_images=p["max_images"], seed=p["seed"],
-                                    batch_size=p["batch_size"], text_len=p["text_len"])
-    pin = acc.capabilities.pinned_memory
-    dataset = BatchedDataset(index, tokenizer, image_size=p["image_size"], text_len=p["text_len"], seed=p["seed"],
-                             threads=p["threads"], pin_memory=pin.available)
+    c = checks if checks is not None else check(params, acc, expect=expect)
+    dataset, bench, index, tokenizer = c.dataset, c.bench, c.index, c.tokenizer
     try:
-        bench = DecodeBench(dataset, acc, batch_size=p["batch_size"], repeats=p["repeats"], warmup=p["warmup"],
-                            seed=p["seed"])
-        plans = dataset.decode_plan(range(len(dataset)))
-        turbo = [q for q in plans if q.route == "turbo"]
-        import pandas as pd
-
-        check = pd.concat([reference_check(dataset, b) for b in bench.batches[:2]], ignore_index=True)
-        model_input = _model_input(bench, acc)
-        routes, fixtures = _check_fixtures(dataset, p["psnr_min_db"])
-        mid_epoch = _mid_epoch(index, tokenizer, fixtures, p, expect)
         gil = bench.compare_threads(1) if dataset.threads > 1 else None
         flags = DecodeConfig(fastdct=True, fastupsample=True)
         flag_dataset = BatchedDataset(index, tokenizer, image_size=p["image_size"], text_len=p["text_len"],
@@ -1281,19 +1357,9 @@ def run(params: Mapping[str, Any], acc, *, expect: Callable[..., Any] = no_expec
         cache = _measure_cache(bench, index, tokenizer, p)
         gpu_ok, gpu_why = cuda_decode_support(acc)
         gpu, gpu_psnr = bench.compare_gpu_decode() if gpu_ok else (None, ())
-        return DecodeResult(
-            params=dict(p), device_kind=acc.kind, images=len(index), skipped=len(index.skipped),
-            classes=index.n_classes, source=p["data_dir"] and "user folder" or "embedded", threads=dataset.threads,
-            cores=usable_cores(), pinned=dataset.pinned, pinned_note="" if pin.available else str(pin),
-            dct_scaling=dataset.decode.dct_scaling, n_plans=len(plans),
-            scales=dict(Counter(q.denominator for q in turbo)),
-            full_px=sum(q.header.stored_height * q.header.stored_width for q in turbo),
-            decoded_px=sum(math.ceil(q.header.stored_height / q.denominator)
-                           * math.ceil(q.header.stored_width / q.denominator) for q in turbo),
-            check=check, model_input=model_input, routes=routes, mid_epoch=mid_epoch, gil=gil, flags=flag_cmp,
-            flag_psnr=flag_psnr, pre=pre, eff=eff, tok=tok, share=share, cache=cache, gpu=gpu,
-            gpu_psnr=tuple(gpu_psnr), gpu_why="" if gpu_ok else gpu_why, npu_note=npu_decode_note(),
-            index=index, tokenizer=tokenizer)
+        return DecodeResult(**{**checked_fields(c), "dataset": None, "bench": None}, gil=gil, flags=flag_cmp,
+                            flag_psnr=flag_psnr, pre=pre, eff=eff, tok=tok, share=share, cache=cache, gpu=gpu,
+                            gpu_psnr=tuple(gpu_psnr), gpu_why="" if gpu_ok else gpu_why, npu_note=npu_decode_note())
     finally:
         dataset.close()
 
