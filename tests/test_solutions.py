@@ -43,8 +43,9 @@ def test_every_notebook_has_a_section_and_every_exercise_an_entry():
 
 #: The sections whose code reruns a notebook at the smoke profile's own parameters (e.g. ``rerun("07")``): the
 #: session's smoke run already made those runs, and :func:`_reuse_smoke_run` hands their records to ``rerun``. These
-#: sections run last, so that under pytest-xdist the other worker has finished the smoke run by then.
-REUSE_SMOKE_RUN = ("02", "06", "07", "01")
+#: sections run last, in this order (the longest last), so that under pytest-xdist the other worker has finished the
+#: smoke run by then.
+REUSE_SMOKE_RUN = ("07", "06", "02", "05", "01")
 
 
 def _reuse_smoke_run(namespace: dict, smoke) -> None:
@@ -61,7 +62,8 @@ def _reuse_smoke_run(namespace: dict, smoke) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("section", sorted((s[:2] for s in NOTEBOOKS), key=lambda s: s in REUSE_SMOKE_RUN))
+@pytest.mark.parametrize("section", sorted((s[:2] for s in NOTEBOOKS),
+                                            key=lambda s: REUSE_SMOKE_RUN.index(s) + 1 if s in REUSE_SMOKE_RUN else 0))
 def test_solution_code_runs(section, monkeypatch, tmp_path, request, tmp_path_factory):
     from session_support import smoke_run_if_made
 
