@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -390,13 +390,15 @@ def allreduce_benchmark(*, backend: str = "auto", world_size: int = 2, min_bytes
     job = run_job("allreduce", cfg, world_size=world_size, backend=backend, device_kind=device_kind,
                   timeout_s=timeout_s, master_port=master_port, bytes_per_rank=2 * cfg["sizes"][-1],
                   log_dir=log_dir)
-    data = dict(job.data)
-    data.update(backend=job.backend, world_size=job.world_size, device=backend_device_kind(job.backend))
-    return finish_result(data, wall_s=job.wall_s)
+    return finish_result(job.data, backend=job.backend, world_size=job.world_size, wall_s=job.wall_s)
 
 
-def finish_result(data: dict[str, Any], *, wall_s: float | None = None) -> dict[str, Any]:
-    """Add the target fields to rank 0's raw result (shared by the launcher and the torchrun path)."""
+def finish_result(data: Mapping[str, Any], *, backend: str | None = None, world_size: int | None = None,
+                  wall_s: float | None = None) -> dict[str, Any]:
+    """Rank 0's raw result (:func:`run_allreduce`) with the job's ``backend``, ``world_size`` and ``device`` (when
+    ``backend`` is given) and the target fields (shared by the launcher, the torchrun path and notebook 08)."""
+    if backend is not None:
+        data = {**data, "backend": backend, "world_size": world_size, "device": backend_device_kind(backend)}
     lead = ("backend", "world_size", "device")
     out = {k: data[k] for k in lead if k in data}
     out.update({k: v for k, v in data.items() if k not in lead})
@@ -440,8 +442,7 @@ def allreduce_in_launched_job(*, backend: str = "auto", min_bytes: int = 8, max_
         dist.destroy_process_group()
     if data is None:
         return None
-    data.update(backend=backend, world_size=rc.world_size, device=backend_device_kind(backend))
-    return finish_result(data, wall_s=time.perf_counter() - t0)
+    return finish_result(data, backend=backend, world_size=rc.world_size, wall_s=time.perf_counter() - t0)
 
 
 def launched_by_torchrun(environ: "dict[str, str] | None" = None) -> bool:

@@ -67,7 +67,7 @@ from helpers import specs
 from helpers.checklist import Item
 from helpers.comm.allreduce import MIB, algbw_gbps, bus_factor, busbw_gbps, message_sizes, run_allreduce
 from helpers.comm.ddp import HOOK_BYTES, bucket_sizes, grad_error, hook_function, iqr_overlap, overlap_figures
-from helpers.comm.launch import backend_device_kind, check_backend, check_world_size, resolve_backend, run_job
+from helpers.comm.launch import check_backend, check_world_size, resolve_backend, run_job
 from helpers.compute.model import count_parameters
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
@@ -1525,9 +1525,9 @@ def run(ctx: Any, checks: CollectivesChecks | None = None) -> CollectivesResult:
         launched = run_job(MEASURE_TASK, {"allreduce": sweep, "ddp": DDPConfig.from_params(P).as_dict()},
                            bytes_per_rank=2 * sweep["sizes"][-1], **_launch_options(ctx, c.plan))
         data, be = launched.data, launched.backend
-        # the fields allreduce_benchmark and ddp_benchmark add, each part timed inside the job
-        bench = finish_result({**data["allreduce"], "backend": be, "world_size": launched.world_size,
-                               "device": backend_device_kind(be)}, wall_s=data["allreduce_s"])
+        # as allreduce_benchmark and ddp_benchmark return them, each part timed inside the job
+        bench = finish_result(data["allreduce"], backend=be, world_size=launched.world_size,
+                              wall_s=data["allreduce_s"])
         ddp_res = {**data["ddp"], "wall_s": round(data["ddp_s"], 2), "backend": be}
         if not ddp_res.get("builtin", True):  # a user's job trained at its own batch per rank: the records say it
             ctx.use_job_batch(ddp_res["batch_per_rank"])

@@ -1328,12 +1328,8 @@ def run(params: Mapping[str, Any], acc, checks: DecodeChecks | None = None, *,
 
     Raises
     ------
-    helpers.errors.DataError
-        If the images do not fill one batch.
-    AssertionError
-        If a check of the pixels, the fixtures or the truncated-file probe fails.
-    FileNotFoundError
-        Without ``data/fixtures`` (not a checkout of the workbook).
+    helpers.errors.DataError, AssertionError, FileNotFoundError
+        As :func:`check` (called here when ``checks`` is None).
     """
     from helpers.pipeline.decode import npu_decode_note
     from helpers.pipeline.fast import reference_check

@@ -1559,10 +1559,8 @@ def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., 
 
     Raises
     ------
-    AssertionError
-        If workers deliver other batches than the main process, or a probe finds what its fix must remove.
-    helpers.errors.DataError
-        On a loader failure (a worker that hangs or dies).
+    AssertionError, helpers.errors.DataError
+        As :func:`check` (called here when ``checks`` is None), and a loader failure while timing.
     """
     p = params
     c = checks if checks is not None else check(job, acc, p)
