@@ -4,18 +4,42 @@ One classification, computed here and read by every place that names a job's bot
 verdict (:mod:`helpers.experiments.baseline`), ``diagnose`` (:mod:`helpers.experiments.three_run`), the
 three-line instrument (:mod:`helpers.workbook.instrument`), the report, and the trace reader.
 
-The rule compares the two levers of a serial step whose exposed input is X of the step time:
+The step model: every caller measures, per step, the shares of the step time that go to
+
+- ``input``: the host waiting for the next batch;
+- ``copy``: the host-to-device copy the step waits for (on a device, the device's own copy time not hidden
+  behind its work; never the host's wait in a synchronize call, which waits for whatever the device was doing);
+- ``compute``: the computation, as measured (on a device, its computing kernels; on a CPU, the training
+  thread's operators; in notebook 01's timed loop, the synchronized forward, backward and optimizer);
+- ``comm_exposed``: communication not hidden behind computation;
+- ``idle``: the device doing nothing (an accelerator only);
+
+and passes them to :func:`classify`. The label and the lever come from those measured shares; none is derived
+as "1 - input". Where the computation was not measured (``compute_fraction`` None), the sentences speak of "the
+rest of the step", not of the device.
+
+The rule compares the levers of a step whose exposed input (input + copy) is X of the step time:
 
 - making the input free saves X of the step;
-- making the computation twice as fast saves (1 - X) / 2.
+- making the computation twice as fast saves compute / 2 (at most (1 - X) / 2 when not measured);
+- hiding the exposed communication saves comm_exposed.
 
-A job whose exposed input is at most the threshold (notebook 01's ``host_bound_threshold``, 0.10 by
-default) is **device-bound**. Above it, the job is **host-bound** when the input is the larger lever
-(X >= (1 - X) / 2, i.e. X >= 1/3), else **balanced**: the input is worth fixing, but a 2x faster
-computation would save more. The notebook to open next follows the label and what the machine allows:
-DataLoader workers hide input only on cores the step leaves idle (:func:`spare_cores`); with none (on a CPU
-the computation itself uses the cores), the advice points at the levers that can pay there, a cheaper sample
-and a cheaper computation, instead of the workers.
+A device busy computing for :data:`DEVICE_BUSY` (90%) or more of the step is **device-bound**, whatever else.
+Exposed communication above the threshold that is the largest lever makes the step **communication-bound**
+(notebook 08, and in a job of many ranks: the rank the others wait for). A job whose exposed input is at most
+the threshold (notebook 01's ``host_bound_threshold``, 0.10 by default) is **device-bound**, unless the device
+sits idle for more than the threshold beyond the input wait: then the host's own work (kernel launches, Python,
+synchronizations) starves it, and it is **host-bound** with that cause named. Above the threshold, the job is
+**host-bound** when the input is the larger lever (X >= compute / 2; with compute = 1 - X that is X >= 1/3),
+else **balanced**: the input is worth fixing, but a 2x faster computation would save more. The notebook to
+open next follows the label and what the machine allows: DataLoader workers hide input only on cores the step
+leaves idle (:func:`spare_cores`); with none (on a CPU the computation itself uses the cores), the advice points
+at the levers that can pay there, a cheaper sample and a cheaper computation, instead of the workers.
+
+:func:`judge` applies the same rule to a :class:`StepShares` whose input was not measured (a profiler trace
+without DataLoader spans): the device timeline still decides where it can (busy computing 90% or more:
+device-bound; idle at most the threshold: the input, which shows as idle, cannot be a lever; communication the
+largest lever: communication-bound), and otherwise it gives no label and says why.
 
 Part of the foundation: imports only :mod:`helpers.checklist`, :mod:`helpers.device` (no torch at import)
 and :mod:`helpers.errors`.
@@ -31,18 +55,25 @@ from helpers.checklist import notebook_ref
 from helpers.device import usable_cores
 from helpers.errors import ParameterError
 
-__all__ = ["BALANCED", "Bottleneck", "DEVICE_BOUND", "HOST_BOUND", "LABELS", "classify", "spare_cores"]
+__all__ = ["BALANCED", "Bottleneck", "COMM_BOUND", "DEVICE_BOUND", "DEVICE_BUSY", "HOST_BOUND", "LABELS",
+           "StepShares", "classify", "judge", "spare_cores"]
 
 HOST_BOUND = "host-bound"
 BALANCED = "balanced"
 DEVICE_BOUND = "device-bound"
-#: The three labels, from the input side to the compute side.
-LABELS: tuple[str, str, str] = (HOST_BOUND, BALANCED, DEVICE_BOUND)
+COMM_BOUND = "communication-bound"
+#: The labels, from the input side to the compute side, then communication.
+LABELS: tuple[str, ...] = (HOST_BOUND, BALANCED, DEVICE_BOUND, COMM_BOUND)
+#: A device busy computing for this share of the step or more is device-bound whatever the other shares: the
+#: issue's rule for traces without DataLoader spans, and the point where any input or communication lever is
+#: below the 10% threshold's reach.
+DEVICE_BUSY = 0.90
 
 #: The notebooks the advice names, by id (tests/test_checklist.py checks each is a notebook of the registry).
 _DECODE, _WORKERS, _PINNED, _OVERLAP, _AMP, _NHWC = ("02_batched_decode", "03_dataloader_tuning", "04_pinned_memory",
                                                      "05_stream_overlap", "06_mixed_precision", "07_channels_last")
-_NUMBER = {nb: nb[:2] for nb in (_DECODE, _WORKERS, _PINNED, _OVERLAP, _AMP, _NHWC)}
+_COMM, _MEMORY = "08_collectives", "09_memory_and_batch_size"
+_NUMBER = {nb: nb[:2] for nb in (_DECODE, _WORKERS, _PINNED, _OVERLAP, _AMP, _NHWC, _COMM, _MEMORY)}
 #: Share of the exposed input above which the copy, not the loader, is the input's cost.
 COPY_MAJORITY = 0.5
 
@@ -113,6 +144,9 @@ class Bottleneck:
         The classification in one sentence, with its figures.
     spare_cores : int or None
         Idle cores for DataLoader workers (:func:`spare_cores`); None when not known.
+    compute_fraction, comm_fraction, idle_fraction : float or None
+        The measured shares of computation, exposed communication and device idle it was classified with
+        (None: not measured).
     """
 
     label: str
@@ -124,6 +158,9 @@ class Bottleneck:
     next_reason: str
     reason: str
     spare_cores: int | None = None
+    compute_fraction: float | None = None
+    comm_fraction: float | None = None
+    idle_fraction: float | None = None
 
     @property
     def workers_can_hide_input(self) -> bool | None:
@@ -151,26 +188,104 @@ def _check_share(name: str, v: Any) -> float:
     return min(1.0, float(v))
 
 
+def _opt_share(name: str, v: Any) -> float | None:
+    return None if v is None else _check_share(name, v)
+
+
+@dataclass(frozen=True)
+class StepShares:
+    """The step model: the measured shares of a (median) step, each 0..1 of the step time, None where unmeasured.
+
+    Attributes
+    ----------
+    input : float or None
+        The host waiting for the next batch.
+    copy : float or None
+        The host-to-device copy the step waits for (device copy time not hidden; on a CPU the host's copy).
+    compute : float or None
+        The computation, as measured (never derived as the rest of the step).
+    comm_exposed : float or None
+        Communication not hidden behind computation.
+    idle : float or None
+        The device doing nothing (accelerators only; None on a CPU).
+    other : float or None
+        Step time attributed to no phase (a CPU trace's gaps between operators).
+    sync : mapping of str to float
+        Host time in synchronize calls, as shares, by what the device did meanwhile ("communication", "compute",
+        "copy", "idle").
+    device_kind : str
+        "cpu", "cuda", "rocm", "mtia", "xpu", "npu", ... ("" for an unnamed accelerator).
+    """
+
+    input: float | None = None
+    copy: float | None = None
+    compute: float | None = None
+    comm_exposed: float | None = None
+    idle: float | None = None
+    other: float | None = None
+    sync: Any = None
+    device_kind: str = ""
+
+    @property
+    def exposed_input(self) -> float | None:
+        """input + copy (0..1), None when neither was measured."""
+        if self.input is None and self.copy is None:
+            return None
+        return min(1.0, (self.input or 0.0) + (self.copy or 0.0))
+
+    @property
+    def copy_share(self) -> float | None:
+        """The copy's part of the exposed input (0..1); None when not measured or nothing is exposed."""
+        x = self.exposed_input
+        if self.copy is None or not x:
+            return None
+        return min(1.0, self.copy / x)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The shares as JSON types."""
+        d = asdict(self)
+        d["sync"] = dict(self.sync or {})
+        d["exposed_input"] = self.exposed_input
+        return d
+
+    def text(self) -> str:
+        """The measured shares in words: ``"input 31%, copy 0%, compute 52%, idle 12%"`` (unmeasured left out)."""
+        parts = [f"{name} {v:.0%}" for name, v in (("input", self.input), ("copy", self.copy),
+                                                   ("compute", self.compute), ("exposed communication",
+                                                                               self.comm_exposed),
+                                                   ("device idle", self.idle), ("unattributed", self.other))
+                 if v is not None]
+        return ", ".join(parts)
+
+
 def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: str = "",
-             spare_cores: int | None = None, copy_share: float | None = None) -> Bottleneck:
-    """Classify a step from its exposed input share: host-bound, balanced or device-bound, and what next.
+             spare_cores: int | None = None, copy_share: float | None = None,
+             compute_fraction: float | None = None, comm_fraction: float | None = None,
+             idle_fraction: float | None = None) -> Bottleneck:
+    """Classify a step from its measured shares: host-bound, balanced, device-bound or communication-bound.
 
     Parameters
     ----------
     exposed_fraction : float
         Exposed input time (waiting for data + host-to-device copy) / step time, 0..1.
     threshold : float, default 0.10
-        Share at or below which the job is device-bound (notebook 01's ``host_bound_threshold``), 0..1.
+        Share at or below which a lever is not worth a notebook (notebook 01's ``host_bound_threshold``), 0..1.
     device_kind : str
-        "cpu", "cuda" or "npu"; on "cpu" the sentence says that the "device" is the same processor that
-        prepares the input, and the copy levers (pinned memory, a side stream) are not advised.
+        "cpu" or an accelerator's name ("cuda", "rocm", "npu", ...; "" an unnamed one); on "cpu" the sentence says
+        that the "device" is the same processor that prepares the input, and the copy levers are not advised.
     spare_cores : int, optional
         Idle cores for DataLoader workers (:func:`spare_cores`); 0 makes the advice say that workers cannot
-        hide the input here and point at a cheaper sample and a cheaper computation. None: not known (the
-        workers are advised, as notebook 03 measures whether they pay).
+        hide the input here and point at a cheaper sample and a cheaper computation. None: not known.
     copy_share : float, optional
         Share of the exposed input that is the host-to-device copy, 0..1; above 0.5 on an accelerator the
         input advice is pinned memory and stream overlap instead of the loader.
+    compute_fraction : float, optional
+        The computation's measured share of the step, 0..1. None: not measured; the compute lever is then at most
+        (1 - exposed) / 2 and the sentence speaks of "the rest of the step".
+    comm_fraction : float, optional
+        Exposed communication / step time, 0..1 (None: not measured, no communication lever).
+    idle_fraction : float, optional
+        Device idle / step time, 0..1, on an accelerator (None: not measured).
 
     Returns
     -------
@@ -183,47 +298,139 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
     """
     x = _check_share("exposed_fraction", exposed_fraction)
     thr = _check_share("threshold", threshold)
-    if copy_share is not None:
-        copy_share = _check_share("copy_share", copy_share)
+    copy_share = _opt_share("copy_share", copy_share)
+    c = _opt_share("compute_fraction", compute_fraction)
+    m = _opt_share("comm_fraction", comm_fraction)
+    idle = _opt_share("idle_fraction", idle_fraction)
     if spare_cores is not None and (isinstance(spare_cores, bool) or not isinstance(spare_cores, int)
                                     or spare_cores < 0):
         raise ParameterError(f"classify: spare_cores must be an int >= 0 or None, got {spare_cores!r}")
-    compute = 1.0 - x
-    input_saving, compute_saving = x, compute / 2
-    if x <= thr:
+    accel = device_kind != "cpu"
+    compute_saving = (c if c is not None else max(0.0, 1.0 - x)) / 2
+    comm_saving = m or 0.0
+    input_saving = x
+    starved = idle - x if (accel and idle is not None) else 0.0  # device idle the input wait does not explain
+    if accel and c is not None and c >= DEVICE_BUSY - 1e-12:
         label = DEVICE_BOUND
-    elif 3 * x >= 1 - 1e-12:  # x >= (1 - x) / 2, written so that x = 1/3 lands on host-bound exactly
+    elif comm_saving > thr and comm_saving >= max(x, compute_saving):
+        label = COMM_BOUND
+    elif x <= thr:
+        label = HOST_BOUND if starved > thr else DEVICE_BOUND
+    elif 2 * x >= (c if c is not None else max(0.0, 1.0 - x)) - 1e-12:  # x >= compute / 2
         label = HOST_BOUND
     else:
         label = BALANCED
 
     pct, thr_pct = 100 * x, 100 * thr
-    cpct = 100 - pct
-    busy = "the training computation, on the same CPU, runs" if device_kind == "cpu" else "the device computes"
-    if label == DEVICE_BOUND:
-        reason = (f"input is exposed for only {pct:.0f}% of each step (threshold {thr_pct:.0f}%) and {busy} for "
-                  f"{cpct:.0f}%: device-side optimizations (mixed precision, memory format, fusion) pay off first")
+    if c is not None:
+        busy = ("the training computation, on the same CPU, runs" if device_kind == "cpu"
+                else "the device computes") + f" for {100 * c:.0f}%"
+        lever = f"a 2x faster compute {100 * compute_saving:.0f}%"
+    else:
+        busy = f"the rest of the step ({100 - pct:.0f}%: computation and anything else, not split here)"
+        lever = f"a 2x faster compute at most {100 * compute_saving:.0f}%"
+    comm_txt = f", communication not hidden behind compute {100 * m:.0f}%" if m else ""
+    idle_txt = f", the device idle {100 * idle:.0f}%" if idle is not None and accel else ""
+    if label == DEVICE_BOUND and c is not None and c >= DEVICE_BUSY - 1e-12 and accel:
+        reason = (f"the device computes for {100 * c:.0f}% of each step (input exposed {pct:.0f}%{comm_txt}): "
+                  "device-side optimizations (mixed precision, memory format, fusion) pay off first")
+    elif label == COMM_BOUND:
+        reason = (f"communication not hidden behind compute takes {100 * m:.0f}% of each step, the largest lever "
+                  f"(input exposed {pct:.0f}%, {lever}{idle_txt}): in a job of many ranks this is mostly time "
+                  "spent waiting for the rank that arrives last at the collectives; then the collectives themselves")
+    elif label == HOST_BOUND and x <= thr:
+        reason = (f"the device is idle for {100 * idle:.0f}% of each step while the input is exposed for only "
+                  f"{pct:.0f}%: the host's own work (kernel launches, Python, synchronizations) keeps the device "
+                  f"waiting; {busy}{comm_txt}")
+    elif label == DEVICE_BOUND:
+        reason = (f"input is exposed for only {pct:.0f}% of each step (threshold {thr_pct:.0f}%) and {busy}"
+                  f"{comm_txt}{idle_txt}: device-side optimizations (mixed precision, memory format, fusion) pay "
+                  "off first")
     else:
         head = (f"input preparation and copy are exposed for {pct:.0f}% of each step (threshold {thr_pct:.0f}%), "
-                f"{busy} for {cpct:.0f}%: removing the exposed input would save {pct:.0f}% of the step, "
-                f"a 2x faster compute {cpct / 2:.0f}%")
+                f"{busy}{comm_txt}{idle_txt}: removing the exposed input would save {pct:.0f}% of the step, "
+                f"{lever}")
         reason = (f"{head}; the input is the larger lever" if label == HOST_BOUND
                   else f"{head}; the compute is the larger lever, the input the next one")
 
     nxt, why = _next(label, device_kind=device_kind, spare=spare_cores, copy_share=copy_share,
-                     input_saving=input_saving, compute_saving=compute_saving, threshold=thr)
+                     input_saving=input_saving, compute_saving=compute_saving, threshold=thr,
+                     launch_bound=(label == HOST_BOUND and x <= thr))
     return Bottleneck(label=label, exposed_fraction=x, threshold=thr, input_saving=input_saving,
                       compute_saving=compute_saving, next_notebooks=nxt, next_reason=why, reason=reason,
-                      spare_cores=spare_cores)
+                      spare_cores=spare_cores, compute_fraction=c, comm_fraction=m, idle_fraction=idle)
+
+
+def judge(shares: StepShares, threshold: float = 0.10, *,
+          spare_cores: int | None = None) -> tuple[Bottleneck | None, str]:
+    """The label from a :class:`StepShares`, or no label and why the evidence cannot decide.
+
+    Where the exposed input was measured this is :func:`classify` with every measured share. Where it was not
+    (a trace without DataLoader spans), the device timeline decides when it can: busy computing for
+    :data:`DEVICE_BUSY` or more, device-bound; exposed communication the largest lever and above the threshold,
+    communication-bound; idle at most the threshold (the input, which shows as idle, cannot be a lever),
+    device-bound. Otherwise no label.
+
+    Parameters
+    ----------
+    shares : StepShares
+    threshold : float, default 0.10
+    spare_cores : int, optional
+
+    Returns
+    -------
+    (Bottleneck or None, str)
+        The classification (None when the evidence cannot decide) and, when None, the reason in one sentence.
+
+    Raises
+    ------
+    ParameterError
+        For a share outside [0, 1], as :func:`classify`.
+    """
+    thr = _check_share("threshold", threshold)
+    kind = shares.device_kind
+    x = shares.exposed_input
+    kw = dict(device_kind=kind, spare_cores=spare_cores, compute_fraction=shares.compute,
+              comm_fraction=shares.comm_exposed, idle_fraction=shares.idle)
+    if x is not None and shares.input is not None:
+        return classify(x, thr, copy_share=shares.copy_share, **kw), ""
+    c, m, idle = shares.compute, shares.comm_exposed or 0.0, shares.idle
+    accel = kind != "cpu"
+    if c is not None and c >= DEVICE_BUSY - 1e-12:
+        return classify(0.0, thr, **kw), ""
+    if m > thr and m >= (c or 0.0) / 2 and (idle is None or m >= idle):
+        return classify(0.0, thr, **kw), ""
+    if accel and idle is not None and c is not None and idle <= thr:
+        return classify(0.0, thr, **kw), ""
+    if accel and idle is not None:
+        why = (f"the device is idle for {idle:.0%} of the step (computing {c or 0:.0%}), and the trace records "
+               "no wait for data, so whether the device waits for input or for the host's own work (kernel "
+               "launches, Python, synchronizations) cannot be told")
+    elif accel:
+        why = ("the trace records no wait for data and no device idle time, so the share of the step spent "
+               "waiting for input cannot be told")
+    else:
+        why = ("the trace records no wait for data, and on a CPU the input and the computation share the same "
+               "cores, so the share of the step spent waiting for input cannot be told")
+    return None, why
 
 
 def _next(label: str, *, device_kind: str, spare: int | None, copy_share: float | None,
-          input_saving: float, compute_saving: float, threshold: float) -> tuple[tuple[str, ...], str]:
+          input_saving: float, compute_saving: float, threshold: float,
+          launch_bound: bool = False) -> tuple[tuple[str, ...], str]:
     """(notebook numbers, why) for a label on this machine."""
     compute = (_NUMBER[_AMP], _NUMBER[_NHWC])
     if label == DEVICE_BOUND:
         return compute, (f"the step is the computation: a 2x faster compute would save {compute_saving:.0%} of the "
                          f"step, free input {input_saving:.0%}")
+    if label == COMM_BOUND:
+        return (_NUMBER[_COMM],), ("find the rank the others wait for (the slow-rank finding names it), then "
+                                   "measure the collectives and DDP's buckets")
+    if launch_bound:
+        return (_NUMBER[_MEMORY],) + compute, (
+            "the host cannot launch the device's work fast enough: a larger batch does more work per launch "
+            "(notebook 09 finds the largest that fits); fewer, larger kernels (torch.compile, CUDA graphs) do the "
+            "same but are outside this checklist")
     copy_bound = copy_share is not None and copy_share > COPY_MAJORITY and device_kind != "cpu"
     if copy_bound:  # pinned memory and a side stream need no idle cores
         inputs, in_why = (_NUMBER[_PINNED], _NUMBER[_OVERLAP]), ("the copy is most of the exposed input: pinned "

@@ -20,11 +20,11 @@ from helpers.errors import ParameterError
 __all__ = ["Action", "RECOMMENDATIONS", "Verdict"]
 
 #: The recommendations a verdict may make. "enable" / "leave off" decide a setting; "not applicable" says the
-#: machine cannot do it; notebook 01 calls the job "host-bound", "balanced" or "device-bound"
-#: (helpers.bottleneck.LABELS); "inconclusive" replaces any of them when the machine was too busy while
+#: machine cannot do it; notebook 01 calls the job "host-bound", "balanced", "device-bound"
+#: or "communication-bound" (helpers.bottleneck.LABELS); "inconclusive" replaces any of them when the machine was too busy while
 #: measuring for the figures to be trusted (helpers.machine).
 RECOMMENDATIONS: tuple[str, ...] = ("enable", "leave off", "not applicable", "host-bound", "balanced",
-                                    "device-bound", "inconclusive")
+                                    "device-bound", "communication-bound", "inconclusive")
 
 
 def _scalar(value: Any) -> bool:

@@ -21,7 +21,8 @@ COMPUTE = {"06", "07"}
 
 
 def test_labels_are_verdict_recommendations():
-    assert set(LABELS) <= set(RECOMMENDATIONS) and LABELS == ("host-bound", "balanced", "device-bound")
+    assert set(LABELS) <= set(RECOMMENDATIONS)
+    assert LABELS == ("host-bound", "balanced", "device-bound", "communication-bound")
 
 
 @pytest.mark.parametrize("exposed, threshold, label", [

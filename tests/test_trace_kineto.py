@@ -72,7 +72,11 @@ def test_a_real_cpu_trace_gives_its_steps_data_and_optimizer(cpu_trace):
         assert got.data == pytest.approx(_inside(span, events, lambda n: n == DATA_SPAN), abs=1e-9)
         assert got.optimizer == pytest.approx(_inside(span, events, lambda n: n.startswith("Optimizer.")), abs=1e-9)
         assert 0 <= got.h2d < got.data  # the x.to("cpu") after the batch: a no-op of microseconds
-        assert got.compute is got.idle is got.comm is got.comm_exposed is None
+        assert got.idle is got.comm is got.comm_exposed is got.sync_wait is None  # no device, no process group
+        # the computation is measured (the thread's operators outside data and copy), never "1 - input", and the
+        # phases with the unattributed gaps add up to the step
+        assert 0 < got.compute < got.step_s
+        assert got.data + got.h2d + got.compute + got.other == pytest.approx(got.step_s, abs=2e-6)
         assert 0 < got.exposed_fraction < 1
     assert rt.format == "kineto" and rt.device_kind == "cpu" and rt.rank is None and rt.run_id is None
     assert rt.node == socket.gethostname()
@@ -146,6 +150,7 @@ def test_hand_built_cuda_step_idle_compute_and_exposed_comm(tmp_path):
         _x("aten::mm", 95, 10), _x("gemm_kernel", 100, 200, cat="kernel", pid=0, tid=7),
         _x("relu_kernel", 250, 150, cat="kernel", pid=0, tid=8),
         _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 350, 250, cat="kernel", pid=0, tid=20),
+        _x("cudaStreamSynchronize", 380, 240, cat="cuda_runtime"),  # waits [380, 620]
     ]
     rt = read_kineto(_write(tmp_path / "t.json", events, deviceProperties=[{"id": 0}]))
     (s,) = rt.steps
@@ -154,7 +159,12 @@ def test_hand_built_cuda_step_idle_compute_and_exposed_comm(tmp_path):
     assert s.comm == pytest.approx(250e-6)
     assert s.comm_exposed == pytest.approx(200e-6)  # [400, 600]: no compute kernel under it
     assert s.idle == pytest.approx(470e-6)  # 1000 - |[50, 80] + [100, 600]|
-    assert s.h2d == pytest.approx(70e-6)  # the aten::to that issued the HtoD copy
+    # the copy is the device's 30 us, not the host's 70 us in aten::to
+    assert s.h2d == pytest.approx(30e-6)
+    # the host's synchronize, attributed to what the device did meanwhile: [380, 600] NCCL, [600, 620] nothing
+    assert s.sync_wait == pytest.approx(240e-6)
+    assert s.sync_on == {"communication": pytest.approx(220e-6), "idle": pytest.approx(20e-6)}
+    assert rt.collectives == ((7, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", pytest.approx(250e-6)),)
     assert s.data is None and any("data phase unknown" in line for line in rt.limits)
     top = {o["name"]: o for o in rt.top_ops}
     assert top["gemm_kernel"]["self_ms"] == pytest.approx(0.2) and top["gemm_kernel"]["where"] == "device"
@@ -178,7 +188,11 @@ def test_hand_built_cpu_step_data_copy_and_gloo_wait(tmp_path):
     assert s.optimizer == pytest.approx(100e-6)
     assert s.comm == pytest.approx(555e-6)
     assert s.comm_exposed == pytest.approx(495e-6)  # [305, 800]: the training thread runs nothing
-    assert s.compute is s.idle is None and rt.device_kind == "cpu" and (rt.rank, rt.world_size) == (1, 2)
+    assert s.idle is None and rt.device_kind == "cpu" and (rt.rank, rt.world_size) == (1, 2)
+    # the thread's ops [10, 210] [215, 225] [226, 305] [800, 900] = 389 us, less data and copy; the rest of the
+    # step outside the exposed gloo wait is unattributed
+    assert s.compute == pytest.approx(175e-6) and s.other == pytest.approx(116e-6)
+    assert rt.collectives == ((3, "gloo:all_reduce", pytest.approx(555e-6)),)
 
 
 @pytest.mark.parametrize("content,needle", [
@@ -344,8 +358,8 @@ def test_the_node_comes_from_the_handlers_file_name_without_host_name(tmp_path):
     assert any("optimizer phase unknown" in line for line in rt.limits)
 
 
-def test_a_copy_is_linked_to_its_device_memcpy_across_chunks(tmp_path, monkeypatch):
-    # Kineto writes the host events first and the device events after them: the link spans chunks
+def test_the_copy_is_the_devices_memcpy_even_across_chunks(tmp_path, monkeypatch):
+    # Kineto writes the host events first and the device events after them: the copy lies chunks away
     host = [_x("ProfilerStep#1", 0, 5000, cat="user_annotation"), _x("aten::to", 10, 300),
             _x("aten::_to_copy", 11, 298), _x("aten::copy_", 12, 296),
             _x("cudaMemcpyAsync", 13, 294, cat="cuda_runtime", correlation=99)]
@@ -355,7 +369,8 @@ def test_a_copy_is_linked_to_its_device_memcpy_across_chunks(tmp_path, monkeypat
     monkeypatch.setattr(kineto, "CHUNK_CHARS", 8192)
     rt = read_kineto(path)
     assert rt.provenance["parse"]["fast_chunks"] > 5
-    assert rt.steps[0].h2d == pytest.approx(300e-6) and rt.device_kind == "cuda"
+    # the device's 280 us copy, not the host's 300 us in aten::to
+    assert rt.steps[0].h2d == pytest.approx(280e-6) and rt.device_kind == "cuda"
 
 
 def test_a_trace_too_large_for_the_memory_available_is_refused_before_the_read(cpu_trace, tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.bottleneck import BALANCED, DEVICE_BOUND, HOST_BOUND
+from helpers.bottleneck import BALANCED, COMM_BOUND, DEVICE_BOUND, HOST_BOUND
 from helpers.errors import ParameterError
 from helpers.traces.model import RankTrace, StepPhases, TraceError
 
@@ -20,7 +20,8 @@ from helpers.traces.analysis import analyze
 
 
 def _trace(data=0.040, h2d=0.005, step=0.100, *, n=8, rank=None, node=None, device="cuda", compute=None,
-           idle=None, comm_exposed=None, name="trace.json", top_ops=(), limits=()) -> RankTrace:
+           idle=None, comm_exposed=None, name="trace.json", top_ops=(), limits=(), collectives=(),
+           world=4) -> RankTrace:
     """A rank whose steps all have the same phases (seconds), with a small spread so quartiles are not all equal."""
     steps = []
     for i in range(n):
@@ -29,7 +30,8 @@ def _trace(data=0.040, h2d=0.005, step=0.100, *, n=8, rank=None, node=None, devi
                                 h2d=None if h2d is None else h2d * wobble,
                                 compute=compute, idle=idle, comm_exposed=comm_exposed))
     return RankTrace(source=Path(f"/traces/{name}"), format="kineto", device_kind=device, steps=tuple(steps),
-                     rank=rank, world_size=None if rank is None else 4, node=node, top_ops=tuple(top_ops),
+                     rank=rank, world_size=None if rank is None else world, node=node, top_ops=tuple(top_ops),
+                     collectives=tuple(collectives),
                      limits=tuple(limits), provenance={"path": f"/traces/{name}", "bytes": 1234,
                                                        "mtime": "2025-01-31T12:00:00+00:00", "reader": "kineto"})
 
@@ -74,9 +76,76 @@ def test_no_data_annotation_gives_no_confident_label():
     v = a.verdict()
     assert a.bottleneck is None and v.recommendation == "inconclusive" and v.value is None and v.spread is None
     assert not any(lab in v.reason for lab in (HOST_BOUND, DEVICE_BOUND, BALANCED))
-    assert "not measurable" in v.reason and "idle for 40%" in v.reason
+    assert "cannot be told" in v.reason and "idle for 40%" in v.reason and "DataLoader" in v.reason
     assert any("not measurable" in lim for lim in a.limits)
     assert "notebook 01" in a.next_text() and a.job.label_text == "not measurable"
+
+
+@pytest.mark.parametrize("compute, comm, idle, label", [
+    (0.95, None, 0.03, DEVICE_BOUND),   # busy computing 90% or more: device-bound whatever else
+    (0.70, None, 0.05, DEVICE_BOUND),   # idle at most the threshold: the input, which shows as idle, is no lever
+    (0.40, 0.45, 0.10, COMM_BOUND),     # the exposed communication is the largest lever
+])
+def test_without_dataloader_spans_the_device_timeline_decides(compute, comm, idle, label):
+    a = analyze([_trace(data=None, h2d=None, compute=compute * 0.1, comm_exposed=None if comm is None else comm * 0.1,
+                        idle=idle * 0.1)])
+    assert a.label == label and a.verdict().value is None  # the input's share itself is not measured
+    assert any("device timeline decides" in lim for lim in a.limits)
+
+
+def test_compute_is_the_measured_share_never_one_minus_the_input():
+    # input 5%, the device computes 40% and is idle 55%: not "device-bound, computes 95%"
+    a = analyze([_trace(data=0.005, h2d=0.0, step=0.100, compute=0.040, idle=0.055)])
+    assert a.label == HOST_BOUND and a.bottleneck.compute_fraction == pytest.approx(0.40, abs=0.01)
+    assert "idle for 55%" in a.verdict().reason and "95%" not in a.verdict().reason
+    assert a.bottleneck.next_notebooks[0] == "09"  # a larger batch amortizes the host's launches
+
+
+def _ranks_with_a_late_one(late: int, *, ranks=(0, 1, 2, 3), world=4):
+    """Ranks whose own work is equal; at each of 3 collectives per step every rank waits 20 ms for ``late``,
+    which waits 1 ms; the waiting ranks' exposed communication is 20% of their step."""
+    out = []
+    for r in ranks:
+        wait = 0.001 if r == late else 0.020
+        coll = [(i, "ncclDevKernel_AllReduce", wait + 0.001 * (r % 2)) for i in range(8) for _ in range(3)]
+        out.append(_trace(data=0.005, h2d=0.001, step=0.100, compute=0.060, idle=0.01,
+                          comm_exposed=0.020 if r != late else 0.002, rank=r, world=world,
+                          name=f"rank{r}.json", collectives=coll))
+    return out
+
+
+def test_the_rank_that_arrives_last_is_the_straggler_and_the_waiters_are_not_slow():
+    a = analyze(_ranks_with_a_late_one(2))
+    assert a.arrival.straggler == "rank 2" and a.job.label == "rank 2"
+    assert a.arrival.last_counts["rank 2"] == a.arrival.late == 24
+    assert set(a.arrival.waits_s) == {"rank 0", "rank 1", "rank 3"}
+    assert all(w == pytest.approx(0.019, abs=0.0015) for w in a.arrival.waits_s.values())
+    sentence = a.slow_rank_sentence()
+    assert "rank 2 arrives last" in sentence and "wait for it" in sentence
+    assert a.evidence.startswith("all 4 ranks") and not a.withheld and a.label != "inconclusive"
+
+
+def test_missing_ranks_withhold_a_lever_the_evidence_does_not_support():
+    a = analyze(_ranks_with_a_late_one(3, ranks=(0, 1)))  # rank 3, the late one, has no trace
+    assert a.missing_ranks == 2 and a.label == "inconclusive"
+    v = a.verdict()
+    assert "2 of 4 ranks" in v.reason and "may be the slow one" in v.reason
+    assert "may be one of the 2 without a trace" in v.reason
+    assert "profile every rank" in a.next_text()
+    assert v.extra["withheld"] and v.extra["world_size"] == 4 and v.extra["ranks_present"] == 2
+
+
+def test_a_lone_rank_of_a_multi_rank_job_says_so():
+    a = analyze([_trace(data=0.002, h2d=0.001, compute=0.060, comm_exposed=0.030, idle=0.005, rank=0, world=2)])
+    assert a.label == "inconclusive" and "one rank (rank 0) of a 2-rank job" in a.verdict().reason
+    from helpers.traces.cluster import check
+    (warning,) = check([_trace(rank=0, world=2)])
+    assert "only rank 0 of the 2 ranks" in warning
+
+
+def test_too_few_steps_lead_the_headline():
+    a = analyze([_trace(n=2)])
+    assert a.headline().split(": ", 1)[1].startswith("only 2 steps recorded")
 
 
 def test_partly_annotated_steps_are_said_and_the_rest_measured():
@@ -86,7 +155,7 @@ def test_partly_annotated_steps_are_said_and_the_rest_measured():
     a = analyze([t])
     assert a.job.exposed_steps == 4 and a.label == HOST_BOUND
     assert any("1 of 5 steps have no data-loading annotation" in lim for lim in a.limits)
-    assert any("no host-to-device copy is annotated" in lim for lim in a.limits)
+    assert any("no host-to-device copy is measured" in lim for lim in a.limits)
 
 
 def test_the_readers_limits_are_merged_once_each():
@@ -130,7 +199,8 @@ def test_in_ddp_the_jobs_verdict_is_the_slow_ranks_not_the_longest_step():
     a = analyze(ranks)
     assert a.stragglers.ranks == (2,) and a.stragglers.phase == "data"
     assert a.job.rank == 2 and a.label == HOST_BOUND  # not rank 3, whose step is the longest by a millisecond
-    assert [r.label_text for r in a.ranks] == [DEVICE_BOUND, DEVICE_BOUND, HOST_BOUND, DEVICE_BOUND]
+    # the fast ranks' own steps are their wait in the collectives, not their computation
+    assert [r.label_text for r in a.ranks] == [COMM_BOUND, COMM_BOUND, HOST_BOUND, COMM_BOUND]
     assert "the slow rank" in a.verdict().reason and "waiting for it" in a.verdict().reason
 
 
@@ -242,7 +312,7 @@ def test_report_of_an_unmeasurable_trace_says_so_first(tmp_path):
     rep = write_trace_report(analyze([_trace(data=None, h2d=None, compute=0.05)]), tmp_path / "r")
     page = rep.html.read_text()
     verdict = page[page.index("id='verdict'"):page.index("</p>", page.index("id='verdict'"))]
-    assert "INCONCLUSIVE" in verdict and "not measurable" in verdict
+    assert "INCONCLUSIVE" in verdict and "cannot be told" in verdict
     assert "host-bound" not in verdict and "device-bound" not in verdict
 
 
@@ -301,7 +371,9 @@ def test_cli_prints_verdict_ranks_slow_ranks_next_and_report(tmp_path, fake_read
     out = capsys.readouterr().out
     assert calls == [[Path("a.json"), Path("b.json")]]
     lines = out.splitlines()
-    assert lines[0].startswith("HOST-BOUND: the job's verdict is rank 1") and lines[1].startswith("Next: notebook 03")
+    assert lines[0].startswith("HOST-BOUND: 2 of 4 ranks (8 steps each): the verdict covers these; the missing 2 "
+                               "ranks may be the slow one")
+    assert "the job's verdict is rank 1" in lines[0] and lines[1].startswith("Next: notebook 03")
     assert any(line.startswith("rank 1 (<b>node-b</b>) *") for line in lines)
     assert "Slow ranks:" in out and f"Report: {tmp_path / 'o' / 'report.html'}" in out
     assert (tmp_path / "o" / "report.md").is_file()

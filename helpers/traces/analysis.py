@@ -22,11 +22,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from helpers import bottleneck, stragglers
-from helpers.bottleneck import Bottleneck
+from helpers.bottleneck import Bottleneck, StepShares
 from helpers.checklist import BASELINE, COLLECTIVES, notebook_ref
 from helpers.errors import ParameterError
 from helpers.results import Record, ResultsStore
-from helpers.traces.model import DEVICE_PHASES, HOST_PHASES, RankTrace, StepPhases, TraceError
+from helpers.traces.arrival import Arrival, find_last
+from helpers.traces.model import DEVICE_PHASES, HOST_PHASES, SYNC_TARGETS, RankTrace, StepPhases, TraceError
 from helpers.verdict import Verdict
 
 __all__ = ["NOTEBOOK", "PHASES", "PhaseStat", "RankSummary", "TraceAnalysis", "analyze"]
@@ -34,7 +35,7 @@ __all__ = ["NOTEBOOK", "PHASES", "PhaseStat", "RankSummary", "TraceAnalysis", "a
 #: The verdict's notebook: a trace answers notebook 01's question (where a step's time goes, and which side bounds it).
 NOTEBOOK = BASELINE
 #: Phases summarized per rank, host side then device side (:mod:`helpers.traces.model`), then all communication.
-PHASES: tuple[str, ...] = (*HOST_PHASES, *DEVICE_PHASES, "comm")
+PHASES: tuple[str, ...] = (*HOST_PHASES, *DEVICE_PHASES, "comm", "other", "sync_wait")
 #: Exposed communication above this share of the step is named as a further lever (notebook 08): the same default
 #: as notebook 01's ``host_bound_threshold``, the share of a step below which a lever is not worth a notebook.
 COMM_NOTE_SHARE = 0.10
@@ -102,13 +103,17 @@ class RankSummary:
         Median h2d / (median data + median h2d), 0..1: the copy's part of the exposed input; None when the copy is
         not annotated or nothing is exposed.
     bottleneck : helpers.bottleneck.Bottleneck or None
-        :func:`helpers.bottleneck.classify` of ``exposed_fraction``; None when it is not measurable.
+        :func:`helpers.bottleneck.judge` of the rank's measured shares; None when the evidence cannot decide.
     limits : tuple of str
         What this rank's trace cannot tell: the reader's :attr:`RankTrace.limits`, then the analysis's own.
     top_ops : tuple of dict
         :attr:`RankTrace.top_ops`, the first :data:`TOP_OPS`.
     provenance : dict
         :attr:`RankTrace.provenance`, with ``source`` (the path read) and ``format``.
+    shares : helpers.bottleneck.StepShares or None
+        The step model: the median over steps of each measured phase's share of the step.
+    undecided : str
+        Why the evidence gives no label ("" when it gives one).
     """
 
     label: str
@@ -127,6 +132,8 @@ class RankSummary:
     limits: tuple[str, ...] = ()
     top_ops: tuple[dict[str, Any], ...] = ()
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    shares: StepShares | None = None
+    undecided: str = ""
 
     @property
     def step_s(self) -> float:
@@ -140,8 +147,14 @@ class RankSummary:
 
     @property
     def label_text(self) -> str:
-        """The bottleneck label, or "not measurable" where the trace has no data annotation."""
+        """The bottleneck label, or "not measurable" where the evidence cannot decide."""
         return self.bottleneck.label if self.bottleneck is not None else "not measurable"
+
+    def wait_share(self) -> float:
+        """Share of the median step this rank spends in exposed communication (0..1; 0 when not measured): in a
+        synchronous job mostly its wait for the others."""
+        sh = self.shares
+        return (sh.comm_exposed or 0.0) if sh is not None else 0.0
 
     def medians(self) -> dict[str, float | None]:
         """Median seconds of ``step_s`` and each phase (None where unmeasured)."""
@@ -156,6 +169,7 @@ class RankSummary:
                 "exposed_p75": self.exposed_p75, "exposed_steps": self.exposed_steps, "copy_share": self.copy_share,
                 "verdict": self.label_text,
                 "bottleneck": self.bottleneck.as_dict() if self.bottleneck is not None else None,
+                "shares": self.shares.as_dict() if self.shares is not None else None, "undecided": self.undecided,
                 "limits": list(self.limits), "top_ops": [dict(o) for o in self.top_ops],
                 "provenance": dict(self.provenance)}
 
@@ -175,34 +189,67 @@ def _summarize(trace: RankTrace, threshold: float) -> RankSummary:
     with_data = [s for s in steps if s.data is not None]
     fractions = [f for f in (s.exposed_fraction for s in with_data) if f is not None]
     exposed = _stat(fractions)
-    copy_share = b = None
+    copy_share = None
+    shares = _shares(steps, trace.device_kind)
+    # spare cores: the trace does not say how many cores the machine left idle (None: the workers are advised,
+    # as notebook 03 measures whether they pay)
+    if exposed is not None:  # notebook 01's figure: the median over steps of (data + h2d) / step
+        b, undecided = bottleneck.classify(
+            exposed.median_s, threshold, device_kind=trace.device_kind, spare_cores=None,
+            copy_share=shares.copy_share, compute_fraction=shares.compute, comm_fraction=shares.comm_exposed,
+            idle_fraction=shares.idle), ""
+    else:
+        b, undecided = bottleneck.judge(shares, threshold, spare_cores=None)
     if exposed is None:
-        limits.append(f"{trace.label}: no step has a data-loading annotation (the DataLoader's __next__ inside the "
-                      "profiler step), so the share of the step spent waiting for input is not measurable and no "
-                      "bottleneck label is given; put the loop's `next(batch)` inside each profiled step, or run "
-                      f"{_NOTEBOOK_01}, which times the job's data, copy and compute phases itself")
+        if b is not None:
+            limits.append(f"{trace.label}: no step has a data-loading annotation (the DataLoader's __next__ inside "
+                          "the profiler step), so the input's own share is not measured; the device timeline "
+                          f"decides the label ({shares.text()})")
+        else:
+            limits.append(f"{trace.label}: no step has a data-loading annotation (the DataLoader's __next__ inside "
+                          "the profiler step), so the share of the step spent waiting for input is not measurable "
+                          "and no bottleneck label is given; iterate a torch.utils.data.DataLoader inside the "
+                          "profiled steps (torch.profiler records its __next__), or run "
+                          f"{_NOTEBOOK_01}, which times the job's data, copy and compute phases itself")
     else:
         if len(fractions) < len(steps):
             limits.append(f"{trace.label}: {len(steps) - len(fractions)} of {len(steps)} steps have no data-loading "
                           f"annotation; the exposed input share is the median over the other {len(fractions)}")
-        med_data = phases["data"].median_s if phases["data"] is not None else 0.0
-        med_h2d = phases["h2d"].median_s if phases["h2d"] is not None else None
-        if med_h2d is None:
-            limits.append(f"{trace.label}: no host-to-device copy is annotated: the exposed input counts the wait "
+        if phases["h2d"] is None:
+            limits.append(f"{trace.label}: no host-to-device copy is measured: the exposed input counts the wait "
                           "for data only, and whether the copy or the loader costs more is not known")
-        elif med_data + med_h2d > 0:
-            copy_share = med_h2d / (med_data + med_h2d)
-        # spare cores: the trace does not say how many cores the machine left idle (None: the workers are advised,
-        # as notebook 03 measures whether they pay)
-        b = bottleneck.classify(exposed.median_s, threshold, device_kind=trace.device_kind, spare_cores=None,
-                                copy_share=copy_share)
+        copy_share = shares.copy_share
     return RankSummary(label=trace.label, rank=trace.rank, node=trace.node, format=trace.format,
                        device_kind=trace.device_kind, steps=len(steps), phases=phases,
                        exposed_fraction=exposed.median_s if exposed else None,
                        exposed_p25=exposed.p25_s if exposed else None, exposed_p75=exposed.p75_s if exposed else None,
                        exposed_steps=exposed.steps if exposed else 0, copy_share=copy_share, bottleneck=b,
                        limits=tuple(limits), top_ops=tuple(dict(o) for o in trace.top_ops[:TOP_OPS]),
-                       provenance={"source": str(trace.source), "format": trace.format, **dict(trace.provenance)})
+                       provenance={"source": str(trace.source), "format": trace.format, **dict(trace.provenance)},
+                       shares=shares, undecided=undecided)
+
+
+def _median_share(steps: Sequence[StepPhases], get) -> float | None:
+    v = [get(s) / s.step_s for s in steps if s.step_s > 0 and get(s) is not None]
+    return min(1.0, float(np.median(v))) if v else None
+
+
+def _shares(steps: Sequence[StepPhases], device_kind: str) -> StepShares:
+    """The step model of one rank: the median over its steps of each measured phase's share of the step."""
+    sync = {}
+    if any(s.sync_on for s in steps):
+        for key in SYNC_TARGETS:
+            v = _median_share(steps, lambda s, k=key: (s.sync_on or {}).get(k, 0.0) if s.sync_wait is not None
+                              else None)
+            if v:
+                sync[key] = v
+    with_data = [s for s in steps if s.data is not None]
+    return StepShares(input=_median_share(with_data, lambda s: s.data),
+                      copy=_median_share(with_data or steps, lambda s: s.h2d),
+                      compute=_median_share(steps, lambda s: s.compute),
+                      comm_exposed=_median_share(steps, lambda s: s.comm_exposed),
+                      idle=_median_share(steps, lambda s: s.idle),
+                      other=_median_share(steps, lambda s: s.other), sync=sync, device_kind=device_kind)
 
 
 def _unique(items) -> tuple[str, ...]:
@@ -220,14 +267,24 @@ class TraceAnalysis:
     threshold : float
         The host-bound threshold (notebook 01's ``host_bound_threshold``), 0..1.
     bounding : int
-        Index in ``ranks`` of the rank the job's verdict is read from: the slow rank named by
-        :func:`helpers.stragglers.find` where there is one (the others wait for it in the allreduce, so their own
-        traces understate the input's share), else the one with the longest median step (a synchronous job steps at
-        the pace of its slowest rank); 0 for a single trace.
+        Index in ``ranks`` of the rank the job's verdict is read from: the rank that arrives last at the
+        collectives (:func:`helpers.traces.arrival.find_last`), else the slow rank named by
+        :func:`helpers.stragglers.find` from its own work phases (the others wait for it in the allreduce, so their
+        own traces understate its cause), else the one with the longest median step (a synchronous job steps at the
+        pace of its slowest rank); 0 for a single trace.
     stragglers : object or None
         :func:`helpers.stragglers.find`'s result for two or more ranks (``sentence()``, ``as_dict()``); None for one.
     limits : tuple of str
         What the traces cannot tell, every rank's merged (each said once), then the job's.
+    arrival : helpers.traces.arrival.Arrival or None
+        Which rank arrives last at the collectives (two or more ranks with collectives), else None.
+    world_size : int or None
+        The job's world size from the traces' metadata (None for a single process).
+    evidence : str
+        What the verdict stands on, in one sentence ("2 of 8 ranks, 5 steps each, ...").
+    withheld : str
+        Why the job's label is withheld although a rank has one ("" when it is not): the evidence that would
+        decide it is missing (e.g. the ranks present wait for a rank that has no trace here).
     """
 
     ranks: tuple[RankSummary, ...]
@@ -235,6 +292,18 @@ class TraceAnalysis:
     bounding: int
     stragglers: Any = None
     limits: tuple[str, ...] = ()
+    arrival: Arrival | None = None
+    world_size: int | None = None
+    evidence: str = ""
+    withheld: str = ""
+
+    @property
+    def missing_ranks(self) -> int:
+        """Ranks of the world size with no trace here (0 for a single process or a complete job)."""
+        if not self.world_size:
+            return 0
+        present = {r.rank for r in self.ranks if r.rank is not None}
+        return max(0, self.world_size - len(present))
 
     @property
     def job(self) -> RankSummary:
@@ -248,8 +317,11 @@ class TraceAnalysis:
 
     @property
     def label(self) -> str:
-        """The job's verdict: host-bound, balanced, device-bound, or "inconclusive" when not measurable."""
-        return self.bottleneck.label if self.bottleneck is not None else "inconclusive"
+        """The job's verdict: host-bound, balanced, device-bound, communication-bound, or "inconclusive" when the
+        evidence cannot decide (no label for the job's rank, or the label withheld: see ``withheld``)."""
+        if self.withheld or self.bottleneck is None:
+            return "inconclusive"
+        return self.bottleneck.label
 
     @property
     def top_ops(self) -> tuple[dict[str, Any], ...]:
@@ -262,20 +334,39 @@ class TraceAnalysis:
         return tuple(dict(r.provenance) for r in self.ranks)
 
     def next_text(self) -> str:
-        """The notebook(s) to open next and why (:meth:`helpers.bottleneck.Bottleneck.next_text`), or notebook 01
-        when the exposed input is not measurable."""
+        """The notebook(s) to open next and why (:meth:`helpers.bottleneck.Bottleneck.next_text`); where the label
+        is withheld, what evidence to bring; notebook 01 when the exposed input is not measurable."""
+        if self.withheld:
+            return ("profile every rank of the job (one trace per rank: see docs) and pass them all, so that the rank "
+                    "the others wait for is among them")
         if self.bottleneck is not None:
             return self.bottleneck.next_text()
         return (f"{_NOTEBOOK_01}: it times the job's data, copy and compute phases itself, which this trace does not "
                 "annotate (or `python -m helpers diagnose --job your_job.py:make_job`)")
 
     def slow_rank_sentence(self) -> str | None:
-        """:func:`helpers.stragglers.find`'s sentence for two or more ranks; None for one."""
-        return self.stragglers.sentence() if self.stragglers is not None else None
+        """The arrival finding (:meth:`helpers.traces.arrival.Arrival.sentence`) and the slow-rank finding of
+        :func:`helpers.stragglers.find`, for two or more ranks; None for one."""
+        if self.stragglers is None and self.arrival is None:
+            return None
+        if self.arrival is None:
+            return self.stragglers.sentence()
+        parts = []
+        if self.arrival is not None:
+            among = " among the ranks present" if self.missing_ranks else ""
+            parts.append(f"at the collectives{among}: {self.arrival.sentence()}")
+        if self.stragglers is not None:
+            parts.append(f"by each rank's own work: {self.stragglers.sentence()}")
+        return "; ".join(parts)
 
     def _job_prefix(self) -> str:
         if len(self.ranks) < 2:
             return ""
+        last = self.arrival.straggler if self.arrival is not None else None
+        if last is not None and last == self.job.label:
+            return (f"the job's verdict is {self.job.label}'s, the rank the others wait for at the collectives: a "
+                    "synchronous job steps at the pace of its last rank, and the other ranks' communication time is "
+                    "their wait for it; ")
         primary = getattr(self.stragglers, "primary", None)
         if primary is not None and primary.label == self.job.label:
             return (f"the job's verdict is {self.job.label}'s, the slow rank: a synchronous job steps at the pace of "
@@ -291,22 +382,32 @@ class TraceAnalysis:
         exposed communication when it is a lever, and (not ``brief``) the "next" advice."""
         r = self.job
         med = r.medians()
-        if self.bottleneck is not None:
+        if self.withheld:
+            head = self.withheld
+        elif self.bottleneck is not None:
             head = self.bottleneck.reason
         else:
-            head = ("the trace annotates no wait for data inside its steps, so the share of the step spent waiting "
-                    "for input is not measurable and the trace cannot say which side of the step bounds the job")
-            if med.get("idle") is not None and r.step_s > 0:
-                head += (f" (the device was idle for {med['idle'] / r.step_s:.0%} of the median step: the host - "
-                         "input, kernel launches or the optimizer - may be what it waits for)")
-        parts = [f"{self._job_prefix()}{head}"]
+            head = (f"{r.undecided}; to tell, record the DataLoader inside the profiled steps (iterate a "
+                    "torch.utils.data.DataLoader between prof.step() calls: torch.profiler records its __next__)")
+        parts = [f"{self.evidence}: " if self.evidence and not brief else "",
+                 f"{self._job_prefix() if not self.withheld else ''}{head}"]
+        parts = ["".join(parts)]
+        sync = (r.shares.sync if r.shares is not None else None) or {}
+        if sync and not brief:
+            total = sum(sync.values())
+            if total > self.threshold:
+                on = max(sync, key=sync.get)
+                parts.append(f"the host waits in synchronize calls for {total:.0%} of the step, mostly while the "
+                             f"device does {on} ({sync[on]:.0%})")
         if not brief:
             shown = ", ".join(f"{p} {med[p] * 1e3:.0f}" for p in ("data", "h2d", "optimizer", "compute",
-                                                                    "comm_exposed", "idle") if med.get(p) is not None)
+                                                                    "comm_exposed", "idle", "other", "sync_wait")
+                              if med.get(p) is not None)
             parts.append(f"median step {r.step_s * 1e3:.0f} ms"
                          + (f" (phase medians: {shown} ms; medians need not add up)" if shown else ""))
         comm = med.get("comm_exposed")
-        if comm is not None and r.step_s > 0 and comm / r.step_s > COMM_NOTE_SHARE:
+        if comm is not None and r.step_s > 0 and comm / r.step_s > COMM_NOTE_SHARE and not self.withheld \
+                and self.label != bottleneck.COMM_BOUND:
             parts.append(f"communication not hidden behind compute takes {comm / r.step_s:.0%} of the step: "
                          f"{_COLLECTIVES} measures the collectives and DDP's buckets")
         if not brief:
@@ -345,7 +446,11 @@ class TraceAnalysis:
                  "bottleneck": self.bottleneck.as_dict() if self.bottleneck is not None else None,
                  "bounding_rank": r.label, "ranks": [x.as_dict() for x in self.ranks],
                  "stragglers": self.stragglers.as_dict() if self.stragglers is not None else None,
-                 "limits": list(self.limits), "trace": list(self.provenance)}
+                 "limits": list(self.limits), "trace": list(self.provenance),
+                 "arrival": self.arrival.as_dict() if self.arrival is not None else None,
+                 "shares": r.shares.as_dict() if r.shares is not None else None,
+                 "evidence": self.evidence, "withheld": self.withheld or None,
+                 "world_size": self.world_size, "ranks_present": len(self.ranks)}
         return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=r.exposed_fraction, unit="fraction",
                        recommendation=self.label, reason=self._reason(), spread=spread,
                        repeats=r.exposed_steps or None, context=self._context(), extra=extra)
@@ -358,7 +463,11 @@ class TraceAnalysis:
         """The verdict in one sentence for a first screen, without the phase medians (the rank table shows them)
         and the "next" advice (shown on a line of its own): ``"HOST-BOUND: input preparation and copy are exposed
         for 45% of each step ..."``."""
-        return f"{self.label.upper()}: {self._reason(brief=True)}"
+        few = min(r.steps for r in self.ranks)
+        lead = (f"only {few} step{'' if few == 1 else 's'} recorded: one slow step moves the figures; "
+                if few < FEW_STEPS else "")
+        ev = f"{self.evidence}: " if self.evidence else ""
+        return f"{self.label.upper()}: {lead}{ev}{self._reason(brief=True)}"
 
     def records(self) -> tuple[Record, ...]:
         """The analysis as results.jsonl records (:class:`helpers.results.Record`), each with its trace's provenance.
@@ -411,6 +520,9 @@ class TraceAnalysis:
                 "bounding_rank": self.job.label,
                 "slow_ranks": self.stragglers.as_dict() if self.stragglers is not None else None,
                 "slow_rank_sentence": self.slow_rank_sentence(),
+                "arrival": self.arrival.as_dict() if self.arrival is not None else None,
+                "evidence": self.evidence, "withheld": self.withheld or None, "world_size": self.world_size,
+                "shares": self.job.shares.as_dict() if self.job.shares is not None else None,
                 "ranks": [r.as_dict() for r in self.ranks], "top_ops": [dict(o) for o in self.top_ops],
                 "limits": list(self.limits), "provenance": list(self.provenance), "context": v.context}
 
@@ -481,16 +593,54 @@ def analyze(traces: Sequence[RankTrace], *, threshold: float = 0.10) -> TraceAna
                          "traces of one run (a trace of a single process has no rank: analyze it on its own)")
     rows = tuple(_summarize(t, float(threshold)) for t in traces)
     slow = stragglers.find(traces) if len(traces) > 1 else None
+    arrival = find_last(traces) if len(traces) > 1 else None
     primary = getattr(slow, "primary", None)
-    culprit = primary.label if primary is not None else None
-    # In a synchronous job every rank's step lasts as long as the slowest one's (the others wait in the allreduce,
-    # where their own trace shows a device-bound step): the job's verdict is the slow rank's, else the longest step's.
+    last = arrival.straggler if arrival is not None else None
+    culprit = last if last is not None else (primary.label if primary is not None else None)
+    # In a synchronous job every rank's step lasts as long as the slowest one's (the others wait in the
+    # collectives, where their own trace shows communication): the job's verdict is the rank that arrives last,
+    # else the rank slow in its own work, else the longest step's.
     by_label = {r.label: i for i, r in enumerate(rows)}
     bounding = by_label[culprit] if culprit in by_label else max(range(len(rows)), key=lambda i: rows[i].step_s)
     limits = _merge_limits(rows)
     if len(rows) > 1 and any(r.measurable for r in rows) and not rows[bounding].measurable:
         why = "the slow rank" if culprit is not None else "the slowest rank"
-        limits.append(f"{why}, {rows[bounding].label}, has no data-loading annotation: the job's verdict "
-                      "is not measurable although other ranks' are")
+        limits.append(f"{why}, {rows[bounding].label}, has no data-loading annotation: its input's share is "
+                      "not measured although other ranks' are")
+    worlds = [t.world_size for t in traces if t.world_size]
+    world = max(worlds) if worlds else None
+    evidence, withheld = _evidence(rows, rows[bounding], world, float(threshold), culprit is not None)
     return TraceAnalysis(ranks=rows, threshold=float(threshold), bounding=bounding, stragglers=slow,
-                         limits=tuple(limits))
+                         limits=tuple(limits), arrival=arrival, world_size=world, evidence=evidence,
+                         withheld=withheld)
+
+
+def _evidence(rows: Sequence[RankSummary], job: RankSummary, world: int | None, threshold: float,
+              named: bool) -> tuple[str, str]:
+    """(what the verdict stands on, why the job's label is withheld or ""): ranks present of the world size and
+    steps; the label is withheld when ranks are missing and the ranks present mostly wait in communication (the
+    rank they wait for may be missing), since no lever then follows from the evidence."""
+    present = sorted({r.rank for r in rows if r.rank is not None})
+    steps = sorted({r.steps for r in rows})
+    per = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
+    if not world or world <= 1:
+        return "", ""
+    n = len(present)
+    missing = world - n
+    head = (f"{n} of {world} ranks ({per} steps each)" if n > 1 else f"one rank ({job.label}) of a {world}-rank "
+            f"job ({per} steps)")
+    if missing <= 0:
+        return f"all {world} ranks ({per} steps each)", ""
+    evidence = (f"{head}: the verdict covers {'these' if n > 1 else 'this rank'}; the missing {missing} "
+                f"rank{'s' if missing > 1 else ''} may be the slow one")
+    wait = job.wait_share()
+    label = job.bottleneck.label if job.bottleneck is not None else None
+    if label == bottleneck.COMM_BOUND or wait > threshold:
+        who = "this rank" if n == 1 else "the ranks present"
+        withheld = (f"{who} spend{'s' if n == 1 else ''} {wait:.0%} of the step in communication not hidden behind "
+                    "compute, which in a synchronous job is mostly waiting for a slower rank; "
+                    + ("the last to arrive among them is named below, but " if named else "")
+                    + f"the rank they wait for may be one of the {missing} without a trace, so neither the slow "
+                    "rank nor the lever can be named from this evidence")
+        return evidence, withheld
+    return evidence, ""

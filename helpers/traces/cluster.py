@@ -189,7 +189,14 @@ def check(items: Sequence[Any]) -> tuple[str, ...]:
         As listed in the module; the message names the files involved and what to do.
     """
     items = list(items)
-    if len(items) < 2:
+    if len(items) == 1:
+        one = items[0]
+        w = getattr(one, "world_size", None)
+        if one.rank is not None and w is not None and w > 1:
+            return (f"only rank {one.rank} of the {w} ranks has a trace here: a lone rank of a multi-rank job shows "
+                    "its own steps, and its wait for the others, but not which rank it waits for",)
+        return ()
+    if not items:
         return ()
     no_rank = [i for i in items if i.rank is None]
     if no_rank:

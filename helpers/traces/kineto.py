@@ -50,14 +50,21 @@ step: on the thread that holds most of those annotations; the step number is N):
 
 - ``data``: the DataLoader's ``__next__`` spans (torch names them ``enumerate(DataLoader)#<iterator class>.__next__``,
   e.g. ``_SingleProcessDataLoaderIter`` or ``_MultiProcessingDataLoaderIter``) inside the step, as a union.
-- ``h2d``: the time the training thread spends copying the batch, as notebook 01's ``job.to_device`` does
-  (helpers/experiments/training.py ``prepare_job``): the copy ops (``aten::to``, ``aten::_to_copy``,
-  ``aten::copy_``) the step calls right after its batch arrives, and, on CUDA, the outermost copy op on the step
-  thread that issued a ``Memcpy HtoD`` (linked through the runtime call's ``correlation``), minus what ``data``
-  already counts. It is host time: a pageable copy blocks the thread and counts; a pinned ``non_blocking`` copy
-  returns at once and does not (that is what pinning buys). On a CPU-only trace there is no device: the
-  ``.to("cpu")`` of such a loop returns the same tensor (``aten::to`` of about a microsecond), so ``h2d`` is the
-  time of any real conversion there (a dtype change), usually near 0.
+- ``h2d``: on a trace that records a device, the device's own host-to-device copy time (``Memcpy HtoD`` events)
+  not overlapped by its kernels: the copy the step waits for. The host's wait for a copy (a pageable
+  ``cudaMemcpyAsync`` that blocks, a ``cudaStreamSynchronize`` after it) is not the copy: on a real 8-rank NCCL
+  job the "copy" the host waited 6.6 ms in was a ``cudaStreamSynchronize`` behind a SendRecv kernel, for a 1 us
+  copy. On a CPU-only trace, the copy ops (``aten::to``, ``aten::_to_copy``, ``aten::copy_``) that are the step's
+  direct children right after its last DataLoader span (notebook 01's ``job.to_device``); a ``.to("cpu")`` of
+  such a loop returns the same tensor, so ``h2d`` there is the time of any real conversion, usually near 0.
+- ``sync_wait``, ``sync_on``: the training thread's time in blocking runtime calls (``cudaStreamSynchronize``,
+  ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, a synchronous ``cudaMemcpy``, their HIP twins), split by
+  what the device did meanwhile: communication kernels, computing kernels, copies, or nothing.
+- ``compute`` on a CPU trace: the training thread's recorded operators outside data and copy (measured, never
+  "the rest of the step"); ``other``: the step's remaining time that is not exposed communication (the thread's
+  gaps between operators: Python, the framework).
+- categories: PyTorch 1.8-1.9 wrote ``Operator``, ``Kernel``, ``Runtime``, ``Memcpy``, ``Memset`` (the TensorBoard
+  plugin's samples), read as ``cpu_op``, ``kernel``, ``cuda_runtime``, ``gpu_memcpy``, ``gpu_memset``.
 - ``optimizer``: ``Optimizer.step#...`` and ``Optimizer.zero_grad#...`` spans (torch's optimizer hooks), union.
 - ``compute``, ``idle``, ``comm``, ``comm_exposed`` (CUDA): as HolisticTraceAnalysis defines its temporal
   breakdown (facebookresearch/HolisticTraceAnalysis, ``hta/analyzers/breakdown_analysis.py``,
@@ -82,16 +89,21 @@ step: on the thread that holds most of those annotations; the step number is N):
   ~0.9 ms on the slow one). Caveat seen in that trace: a ``gloo:all_reduce`` span can end late, when the next
   collective is queued (1.6-2.2 ms after the training thread went on), so ``comm`` can run over by that much,
   and ``comm_exposed`` by the gaps between the thread's ops in that time.
-- ``device_kind``: "cuda" when the trace holds device events (kernels, memcpy, memset), else "cpu" (also when
+- ``device_kind``: the device named as it is: "mtia" (``mtia_*`` categories), "xpu" (``xpu_runtime``), "npu" or
+  "privateuse1" (``privateuse1_*``), "rocm" (an AMD device in ``deviceProperties`` or ``hip*`` runtime calls), else
+  "cuda" when the trace holds device events (kernels, memcpy, memset), else "cpu" (also when
   ``deviceProperties`` lists a GPU but ``ProfilerActivity.CUDA`` was not recorded, which ``limits`` says).
+- ``collectives``: each NCCL/RCCL kernel (a CPU trace: each ``gloo:*`` span) starting inside a step, with its
+  duration: the input of :mod:`helpers.traces.arrival`.
 - ``rank``, ``world_size``: ``distributedInfo``. ``run_id``: the backend, world size and a digest of
   ``pg_config`` (equal on every rank of a run). Two runs of the same configuration share it; they are told apart
   by their start times (``provenance``'s ``start_unix_s``, the UTC start of the first profiled step:
   ``baseTimeNanoseconds`` + its ``ts``), which :mod:`helpers.traces.cluster` compares with a tolerance (ranks of
   one run start their profiled steps within milliseconds of one another). ``trace_id`` is not used: it differs on
   every rank.
-- ``node``: the trace's ``host_name``, else the worker name of the tensorboard handler's file name
-  (``{hostname}_{pid}.{time}.pt.trace.json``).
+- ``node``: the trace's ``host_name``, else the host of the tensorboard handler's default file name
+  (``{hostname}_{pid}.{time}.pt.trace.json``) where the name follows that pattern, else unknown (None): a name
+  like ``rank-3.json`` says nothing about the host, and 8 ranks on one host are not 8 nodes.
 - ``top_ops``: the 20 largest by self time: host ops (``cpu_op``, ``user_annotation``, ``python_function``, CUDA
   runtime calls; self = duration minus the direct children's, nesting per thread) and device events (kernels,
   memcpy, memset; self = duration), within the profiled steps.
@@ -139,10 +151,25 @@ MEMORY_SHARE = 0.8
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 _COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 _HOST_CATS = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver",
-                        "privateuse1_runtime", "privateuse1_driver"})
+                        "privateuse1_runtime", "privateuse1_driver", "xpu_runtime", "mtia_runtime"})
 #: Host categories the phases read (python_function spans of with_stack=True enclose whole steps).
-_PHASE_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"})
-_DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_PHASE_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "privateuse1_runtime",
+                         "privateuse1_driver", "xpu_runtime", "mtia_runtime"})
+#: Device activity: CUDA/ROCm/XPU kernels and copies, and MTIA's command-processor events.
+_DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_events"})
+#: PyTorch 1.8-1.9 (Kineto schema of the TensorBoard plugin's samples) named the categories otherwise; read as
+#: today's names (``Operator`` also holds the ``ProfilerStep#N`` and DataLoader spans then).
+_OLD_CATS = {"Operator": "cpu_op", "Kernel": "kernel", "Runtime": "cuda_runtime", "Driver": "cuda_driver",
+             "Memcpy": "gpu_memcpy", "Memset": "gpu_memset", "Python": "python_function"}
+#: Host calls that block until the device has done its work (CUDA and HIP runtime names): the host's wait in
+#: them is ``sync_wait``, attributed to what the device did meanwhile.
+_SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                         "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
+                         "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy",
+                         "hipMemcpyWithStream"})
+#: Communication kernels: HTA's rule (``nccl`` in the name, ``hta/utils/utils.py``) with ROCm's RCCL, which
+#: names its kernels ``ncclDevKernel...`` as well, and Ascend's HCCL.
+_COMM_WORDS = ("nccl", "rccl", "hccl")
 
 # One complete event as Kineto writes it (any whitespace between the keys).
 _X = re.compile(r'"ph": "X",\s*"cat": "([^"\\]*)",\s*"name": "([^"\\]*(?:\\.[^"\\]*)*)",\s*"pid": ([^,]*,'
@@ -664,7 +691,8 @@ def _is_optimizer(name: str) -> bool:
 
 
 def _is_nccl(name: str) -> bool:
-    return "nccl" in name.lower()
+    low = name.lower()
+    return any(w in low for w in _COMM_WORDS)
 
 
 def read_kineto(path, *, progress: Progress | None = None) -> RankTrace:
@@ -696,7 +724,8 @@ def read_kineto(path, *, progress: Progress | None = None) -> RankTrace:
     parser = _parse(p, progress)
     cols = parser.cols
     ts, dur, name, cat, thread = cols.arrays()
-    ev = _Events(ts, dur, ts + dur, name, cat, thread, list(cols.names), list(cols.cats), list(cols.threads))
+    cats = [_OLD_CATS.get(c, c) for c in cols.cats]
+    ev = _Events(ts, dur, ts + dur, name, cat, thread, list(cols.names), cats, list(cols.threads))
     if not cols.saw_step:
         raise _no_steps(p)
     return _analyse(p, parser, ev)
@@ -704,7 +733,7 @@ def read_kineto(path, *, progress: Progress | None = None) -> RankTrace:
 
 def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
     meta = parser.meta
-    step_mask = ev.name_mask(lambda n: _STEP.fullmatch(n) is not None) & ev.cat_mask({"user_annotation"})
+    step_mask = ev.name_mask(lambda n: _STEP.fullmatch(n) is not None) & ev.cat_mask({"user_annotation", "cpu_op"})
     if not step_mask.any():
         raise _no_steps(path)
     step_thread = int(np.bincount(ev.thread[step_mask]).argmax())
@@ -715,42 +744,128 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
     length = hi - lo
 
     device = ev.cat_mask(_DEVICE_CATS)
-    device_kind = "cuda" if device.any() else "cpu"
+    device_kind = _device_kind(ev, meta, bool(device.any()))
     limits: list[str] = []
     data, h2d, optimizer = _host_phases(ev, parser.cols, step_thread, sidx, limits)
     if device_kind == "cpu":
-        limits.append("a CPU-only trace records no device: compute, idle and device communication are unknown; "
-                      "h2d is the host copy after the batch (on a CPU .to('cpu') returns the same tensor)")
+        limits.append("a CPU-only trace records no device: device idle time is unknown; compute is the training "
+                      "thread's time in recorded operators outside data and copy, and the step's remaining time "
+                      "(its gaps between operators: Python, the framework) is unattributed")
         if meta.get("deviceProperties"):
-            limits.append("the trace lists GPUs in deviceProperties but recorded no device activity: profile with "
-                          "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] to see the device")
+            limits.append("the trace lists devices in deviceProperties but recorded no device activity: profile "
+                          "with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] to see the device")
 
-    compute = idle = comm = comm_exposed = None
-    if device_kind == "cuda":
-        compute, idle, comm, comm_exposed = _device_phases(ev, device, lo, hi, length)
+    compute = idle = comm = comm_exposed = other = sync = None
+    sync_on: dict[str, np.ndarray] = {}
+    collectives: list[tuple[int, str, float]] = []
+    if device_kind != "cpu":
+        compute, idle, comm, comm_exposed, dev_h2d, unions = _device_phases(ev, device, lo, hi, length)
+        if dev_h2d is not None:
+            h2d = dev_h2d  # the device's own copy time, not the host's wait for it (that is sync_wait)
+        elif h2d is not None:
+            h2d = None
+            limits.append("h2d unknown: the trace records no host-to-device copy on the device")
+        sync, sync_on = _sync_waits(ev, step_thread, lo, hi, unions)
         if len({ev.threads[t][0] for t in np.unique(ev.thread[device])}) > 1:
             limits.append("the trace holds several devices: device times are the union over all of them")
         limits.append("device times are those of the work that ran during the host's step span (device work "
                       "lags the host by its launch queue)")
+        comm_mask = device & ev.cat_mask({"kernel"}) & ev.name_mask(_is_nccl)
+        collectives = _collectives(ev, comm_mask, lo, hi, numbers)
     else:
         comm, comm_exposed = _host_comm(ev, step_thread, sidx, lo, hi, limits)
+        compute, other = _cpu_compute(ev, step_thread, sidx, lo, hi, length, data, h2d, comm_exposed)
+        gloo = ev.name_mask(lambda n: n.startswith("gloo:")) & ev.cat_mask({"user_annotation", "cpu_op"})
+        collectives = _collectives(ev, gloo, lo, hi, numbers)
 
     steps = []
     for k, n in enumerate(numbers):
         def s(a):
             return None if a is None else float(a[k]) / 1e9
+        on = {key: float(v[k]) / 1e9 for key, v in sync_on.items() if v[k] > 0}
         steps.append(StepPhases(step=n, step_s=float(length[k]) / 1e9, data=s(data), h2d=s(h2d),
                                 optimizer=s(optimizer), compute=s(compute), comm_exposed=s(comm_exposed),
-                                idle=s(idle), comm=s(comm)))
+                                idle=s(idle), comm=s(comm), other=s(other), sync_wait=s(sync),
+                                sync_on=on or None))
 
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
     world = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
     start_unix = _start_unix(meta, int(lo[0]))
+    prov = _provenance(path, parser, ev, start_unix, step_thread)
+    prov["pid"] = ev.threads[step_thread][0]
     return RankTrace(
         source=path, format="kineto", device_kind=device_kind, steps=tuple(steps), rank=rank, world_size=world,
         node=_node(path, meta), run_id=_run_id(dist), top_ops=_top_ops(ev, lo[0], hi[-1]),
-        limits=tuple(limits), provenance=_provenance(path, parser, ev, start_unix, step_thread))
+        limits=tuple(limits), provenance=prov, collectives=tuple(collectives))
+
+
+def _device_kind(ev: _Events, meta: dict, has_device: bool) -> str:
+    """The device the trace recorded, named as it is: "cuda", "rocm", "mtia", "xpu", "npu", "privateuse1", or
+    "cpu" when it recorded none."""
+    cats = set(ev.cats)
+    if cats & {"mtia_ccp_events", "mtia_runtime"}:
+        return "mtia"
+    if not has_device:
+        return "cpu"
+    if "xpu_runtime" in cats:
+        return "xpu"
+    if cats & {"privateuse1_runtime", "privateuse1_driver"}:
+        names = " ".join(n for n in ev.names[:5000]).lower()
+        return "npu" if ("acl" in names or "npu" in names) else "privateuse1"
+    props = meta.get("deviceProperties")
+    text = json.dumps(props, default=str).lower() if props else ""
+    if any(w in text for w in ("amd", "radeon", "instinct", "gfx9")) or any(n.startswith("hip") for n in ev.names):
+        return "rocm"
+    return "cuda"
+
+
+def _sync_waits(ev: _Events, step_thread: int, lo, hi, unions: dict) -> tuple[np.ndarray | None, dict]:
+    """Host time in synchronize calls per step (ns) and its split by what the device did meanwhile, in order of
+    precedence: communication kernels, computing kernels, copies and memsets, nothing (idle)."""
+    mask = (ev.thread == step_thread) & ev.cat_mask(_HOST_CATS) & ev.name_mask(lambda n: n in _SYNC_CALLS)
+    if not mask.any():
+        return None, {}
+    sync_u = _union(ev.ts[mask], ev.end[mask])
+    total = _covered(sync_u, lo, hi)
+
+    def inter(u):  # |sync ∩ u| per step
+        return total + _covered(u, lo, hi) - _covered(_merge(sync_u, u), lo, hi)
+
+    comm_u, comp_u, busy_u = unions["comm"], unions["compute"], unions["busy"]
+    on_comm = inter(comm_u)
+    on_kernels = inter(_merge(comm_u, comp_u))
+    on_busy = inter(busy_u)
+    out = {"communication": on_comm, "compute": np.maximum(on_kernels - on_comm, 0),
+           "copy": np.maximum(on_busy - on_kernels, 0), "idle": np.maximum(total - on_busy, 0)}
+    return total, out
+
+
+def _collectives(ev: _Events, mask: np.ndarray, lo, hi, numbers) -> list[tuple[int, str, float]]:
+    """(step number, name, duration in s) of each collective that starts inside a step, in order: the input of
+    the arrival rule (:mod:`helpers.traces.arrival`)."""
+    idx = np.flatnonzero(mask)
+    if not len(idx):
+        return []
+    idx = idx[np.argsort(ev.ts[idx], kind="stable")]
+    where = np.searchsorted(lo, ev.ts[idx], side="right") - 1
+    out = []
+    for i, k in zip(idx, where):
+        if k >= 0 and ev.ts[i] < hi[k]:
+            out.append((numbers[k], ev.names[ev.name[i]], float(ev.dur[i]) / 1e9))
+    return out
+
+
+def _cpu_compute(ev: _Events, step_thread: int, sidx: np.ndarray, lo, hi, length, data, h2d, comm_exposed):
+    """compute and other per step (ns) of a CPU trace: the training thread's recorded operators outside data and
+    copy, and the rest of the step that is not exposed communication."""
+    ops = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
+    ops[sidx] = False
+    busy = _covered(_union(ev.ts[ops], ev.end[ops]), lo, hi)
+    spent = (data if data is not None else 0) + (h2d if h2d is not None else 0)
+    compute = np.maximum(busy - spent, 0)
+    other = np.maximum(length - busy - (comm_exposed if comm_exposed is not None else 0), 0)
+    return compute, other
 
 
 def _host_phases(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, limits: list):
@@ -828,17 +943,27 @@ def _h2d_spans(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, 
 
 
 def _device_phases(ev: _Events, device: np.ndarray, lo, hi, length):
-    kernel = ev.cat_mask({"kernel"})
+    """compute, idle, comm, comm_exposed, h2d per step (ns; h2d None where no HtoD copy is recorded) and the
+    unions they come from."""
+    kernel = ev.cat_mask({"kernel", "mtia_ccp_events"}) & device
     nccl = kernel & ev.name_mask(_is_nccl)
     comp = kernel & ~nccl
+    htod = device & ev.cat_mask({"gpu_memcpy"}) & ev.name_mask(lambda n: "HtoD" in n or "H2D" in n)
     all_u = _union(ev.ts[device], ev.end[device])
     comp_u = _union(ev.ts[comp], ev.end[comp])
     comm_u = _union(ev.ts[nccl], ev.end[nccl])
     busy = _covered(all_u, lo, hi)
     compute = _covered(comp_u, lo, hi)
     comm = _covered(comm_u, lo, hi)
-    exposed = _covered(_merge(comm_u, comp_u), lo, hi) - compute
-    return compute, np.maximum(length - busy, 0), comm, exposed
+    work = _merge(comm_u, comp_u)
+    covered_work = _covered(work, lo, hi)
+    exposed = covered_work - compute
+    h2d = None
+    if htod.any():
+        copy_u = _union(ev.ts[htod], ev.end[htod])
+        h2d = np.maximum(_covered(_merge(copy_u, work), lo, hi) - covered_work, 0)
+    unions = {"comm": comm_u, "compute": comp_u, "busy": all_u}
+    return compute, np.maximum(length - busy, 0), comm, exposed, h2d, unions
 
 
 def _host_comm(ev: _Events, step_thread: int, sidx: np.ndarray, lo, hi, limits: list):
@@ -903,17 +1028,20 @@ def _run_id(dist: dict) -> str | None:
     return f"{dist.get('backend', '?')}-w{dist.get('world_size', '?')}-{digest}"
 
 
+#: tensorboard_trace_handler's file names: ``{worker}.{time in ms}.pt.trace.json[.gz]`` with the default worker name
+#: ``{hostname}_{pid}`` (torch/profiler/profiler.py, ``tensorboard_trace_handler``).
+_HANDLER_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<time>\d+)\.pt\.trace\.json(?:\.gz)?$")
+
+
 def _node(path: Path, meta: dict) -> str | None:
+    """The host the rank ran on: the trace's ``host_name``, else the host of tensorboard_trace_handler's default
+    file name (``{hostname}_{pid}.{time}.pt.trace.json``) where the name follows that pattern; else None (a
+    file name that is not the handler's says nothing about the host)."""
     host = meta.get("host_name")
     if isinstance(host, str) and host:
         return host
-    name = path.name
-    for suffix in (".pt.trace.json.gz", ".pt.trace.json"):
-        if name.endswith(suffix):
-            worker = name[: -len(suffix)].rsplit(".", 1)[0]
-            head, _, pid = worker.rpartition("_")
-            return head if head and pid.isdigit() else (worker or None)
-    return None
+    m = _HANDLER_NAME.match(path.name)
+    return m.group("host") if m else None
 
 
 def _provenance(path: Path, parser: _Parser, ev: _Events, start_unix, step_thread: int) -> dict[str, Any]:

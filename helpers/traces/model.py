@@ -18,7 +18,7 @@ from typing import Any
 
 from helpers.errors import DataError
 
-__all__ = ["TraceError", "StepPhases", "RankTrace", "HOST_PHASES", "DEVICE_PHASES", "EXPOSED_PHASES"]
+__all__ = ["TraceError", "StepPhases", "RankTrace", "HOST_PHASES", "DEVICE_PHASES", "EXPOSED_PHASES", "SYNC_TARGETS"]
 
 #: Host-side phases of a step, in seconds of wall time on the training thread.
 HOST_PHASES: tuple[str, ...] = ("data", "h2d", "optimizer")
@@ -27,6 +27,9 @@ HOST_PHASES: tuple[str, ...] = ("data", "h2d", "optimizer")
 DEVICE_PHASES: tuple[str, ...] = ("compute", "comm_exposed", "idle")
 #: The phases whose sum is the exposed input of notebook 01: the step waits for the next batch and its copy.
 EXPOSED_PHASES: tuple[str, ...] = ("data", "h2d")
+#: What a host-side synchronize call (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, a synchronous
+#: ``cudaMemcpy``, their HIP twins) can wait for: the device work that ran while the host waited, or nothing.
+SYNC_TARGETS: tuple[str, ...] = ("communication", "compute", "copy", "idle")
 
 
 class TraceError(DataError):
@@ -44,14 +47,28 @@ class StepPhases:
     step_s : float
         The step's wall time: the host's ``ProfilerStep#N`` span, seconds (Ascend, where trace_view.json lacks
         it: ``Preparing + Stage + Bubble`` of step_trace_time.csv, see :mod:`helpers.traces.ascend`).
-    data, h2d, optimizer : float or None
-        Host time inside the step: waiting for the next batch (the DataLoader's ``__next__``), copying it to the
-        device, the optimizer's step; None where the trace has no such annotation.
+    data, optimizer : float or None
+        Host time inside the step: waiting for the next batch (the DataLoader's ``__next__``), the optimizer's
+        step; None where the trace has no such annotation.
+    h2d : float or None
+        The host-to-device copy the step waits for. On a trace that records a device: the device's own copy time
+        (``Memcpy HtoD``) not overlapped by its computation or communication, never the host's wait for it (that
+        wait is ``sync_wait``, attributed to what the device was doing). On a CPU trace: the host's copy after
+        the batch. None where the trace cannot tell.
     compute, comm_exposed, idle : float or None
         Device time inside the step: busy computing, communication not overlapped with computation, idle;
-        None where the trace records no device (a CPU-only trace) or the format does not say.
+        None where the trace records no device (a CPU-only trace) or the format does not say. On a CPU trace
+        ``compute`` is what the training thread spends in recorded operators outside data and copy (the
+        computation, measured, never derived as the rest of the step) and ``idle`` is None.
     comm : float or None
         All communication time (overlapped or not), seconds.
+    other : float or None
+        Step time the trace attributes to no phase: on a CPU trace, the training thread's gaps between recorded
+        operators (Python, the framework) that are not communication; None where not computed.
+    sync_wait : float or None
+        Host time in synchronize calls inside the step (seconds); None where the trace records no such calls.
+    sync_on : mapping of str to float, optional
+        ``sync_wait`` split by what the device did meanwhile (keys of :data:`SYNC_TARGETS`), seconds.
     """
 
     step: int
@@ -63,12 +80,19 @@ class StepPhases:
     comm_exposed: float | None = None
     idle: float | None = None
     comm: float | None = None
+    other: float | None = None
+    sync_wait: float | None = None
+    sync_on: Any = None
 
     def __post_init__(self) -> None:
-        for name in ("step_s", *HOST_PHASES, *DEVICE_PHASES, "comm"):
+        for name in ("step_s", *HOST_PHASES, *DEVICE_PHASES, "comm", "other", "sync_wait"):
             v = getattr(self, name)
             if v is not None and (not math.isfinite(v) or v < 0):
                 raise TraceError(f"step {self.step}: {name} = {v!r} s; a phase time must be finite and >= 0")
+        for key, v in dict(self.sync_on or {}).items():
+            if key not in SYNC_TARGETS or not math.isfinite(v) or v < 0:
+                raise TraceError(f"step {self.step}: sync_on[{key!r}] = {v!r} s; keys are {SYNC_TARGETS}, times "
+                                 "finite and >= 0")
 
     @property
     def exposed_s(self) -> float | None:
@@ -98,7 +122,8 @@ class RankTrace:
     format : str
         "kineto" or "ascend".
     device_kind : str
-        "cpu", "cuda" or "npu": the device activity the trace recorded ("cpu" when it recorded only the host).
+        "cpu", "cuda", "rocm", "mtia", "xpu", "npu" or "privateuse1": the device activity the trace recorded, named
+        as it is ("cpu" when it recorded only the host).
     steps : tuple of StepPhases
         The annotated steps, in order.
     rank, world_size : int or None
@@ -117,6 +142,11 @@ class RankTrace:
     provenance : dict
         JSON-ready facts about the input: ``path``, ``bytes``, ``mtime`` (ISO 8601), ``reader``, the profiler's
         version where the file says it.
+    collectives : tuple of (int, str, float)
+        Each collective that starts inside a step, in order: (step number, name, duration in seconds): NCCL/RCCL
+        kernels on a device, gloo's ``gloo:*`` spans on a CPU. A collective ends on every rank at about the
+        same time, so the rank that arrives last has the shortest one: the input of
+        :mod:`helpers.traces.arrival`. Empty where the trace records none.
     """
 
     source: Path
@@ -130,6 +160,7 @@ class RankTrace:
     top_ops: tuple[dict[str, Any], ...] = ()
     limits: tuple[str, ...] = ()
     provenance: dict[str, Any] = field(default_factory=dict)
+    collectives: tuple[tuple[int, str, float], ...] = ()
 
     @property
     def label(self) -> str:

@@ -297,10 +297,12 @@ def _step(w: _Writer, number: int, t0: int, t: StepTiming, units: int, device: s
     hp = (host_end - f0) // units
     dp = (dev_hi - dev_lo) // units
     corr += 20
+    host_ops: list[tuple[int, int]] = []
     for i in range(units):
         ks = dev_lo + i * dp
         kd = int(dp * t.kernel_busy)
         _unit(w, device, pid, tid, f0 + i * hp, max(hp - 1_000, 3_000), ks, kd, corr)
+        host_ops.append((f0 + i * hp, f0 + i * hp + max(hp - 1_000, 3_000)))
         comp.append((ks, ks + kd))
         corr += 1
     c0, c1 = t0 + int(t.comm_start * T), t0 + int(t.comm_end * T)
@@ -333,6 +335,13 @@ def _step(w: _Writer, number: int, t0: int, t: StepTiming, units: int, device: s
     if cuda:
         busy = _length(dev + comp + comm, lo, hi)
         c = _length(comp, lo, hi)
-        exp.update(compute=c / 1e9, comm=_length(comm, lo, hi) / 1e9,
-                   comm_exposed=(_length(comm + comp, lo, hi) - c) / 1e9, idle=(T - busy) / 1e9)
+        work = _length(comm + comp, lo, hi)
+        # h2d: the device's copy time not under a kernel (the host's wait in the copy is not the copy)
+        exp.update(compute=c / 1e9, comm=_length(comm, lo, hi) / 1e9, h2d=(busy - work) / 1e9,
+                   comm_exposed=(work - c) / 1e9, idle=(T - busy) / 1e9)
+    else:
+        # a CPU trace: compute is the thread's operators outside data and copy, the rest of the step unattributed
+        work = host_ops + [(o0, o1), (z0, z0 + 40_000)]
+        busy = _length(work + [(d0, d0 + D), (a0, a0 + H)], lo, hi)
+        exp.update(compute=_length(work, lo, hi) / 1e9, other=(T - busy) / 1e9)
     return corr, exp
