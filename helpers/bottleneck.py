@@ -330,7 +330,7 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
         busy = f"the rest of the step ({100 - pct:.0f}%: computation and anything else, not split here)"
         lever = f"a 2x faster compute at most {100 * compute_saving:.0f}%"
     comm_txt = f", communication not hidden behind compute {100 * m:.0f}%" if m else ""
-    idle_txt = f", the device idle {100 * idle:.0f}%" if idle is not None and accel else ""
+    idle_txt = f", the device is idle for {100 * idle:.0f}%" if idle is not None and accel else ""
     if label == DEVICE_BOUND and c is not None and c >= DEVICE_BUSY - 1e-12 and accel:
         reason = (f"the device computes for {100 * c:.0f}% of each step (input exposed {pct:.0f}%{comm_txt}): "
                   "device-side optimizations (mixed precision, memory format, fusion) pay off first")

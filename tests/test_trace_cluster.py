@@ -261,3 +261,48 @@ def test_the_unslowed_job_has_no_slow_rank(ddp_traces):
     print(_medians(res), res.sentence(), sep="\n")
     assert res.findings == ()
     assert res.sentence().startswith("No rank is slower than the others: across 4 ranks")
+
+
+def test_a_folder_is_searched_by_content_not_by_name(tmp_path, fake_readers):
+    kineto(tmp_path / "run" / "rank-0.json.gz", 0, world=2)
+    kineto(tmp_path / "run" / "rank-1.json", 1, world=2)
+    (tmp_path / "run" / "config.json").write_text('{"lr": 0.1, "epochs": 3}')  # a JSON that is no trace
+    ranks = cluster.read([tmp_path])
+    assert [t.rank for t in ranks] == [0, 1] and not ranks.warnings
+    assert sorted(p.name for p in fake_readers) == ["rank-0.json.gz", "rank-1.json"]
+
+
+def _two_cycles(path_of, *, ranks=(0, 1)):
+    for r in ranks:
+        for c, start in enumerate((0.0, 30.0)):
+            kineto(path_of(r, c), r, world=len(ranks), start_s=start)
+
+
+def test_profiler_cycles_of_each_rank_are_read_together_as_windows(tmp_path, monkeypatch):
+    _two_cycles(lambda r, c: tmp_path / f"r{r}_c{c}.pt.trace.json")
+
+    def read(path, **_):  # each cycle's file holds its own steps
+        h = peek.header(path, "kineto")
+        first = 1 if path.name.endswith("c0.pt.trace.json") else 11
+        steps = tuple(StepPhases(step=first + i, step_s=0.1) for i in range(3))
+        return RankTrace(source=Path(path), format="kineto", device_kind="cpu", steps=steps, rank=h.rank,
+                         world_size=h.world_size, run_id=h.run_id, provenance={"start_unix_s": h.start_ns / 1e9})
+
+    real = cluster._reader
+    monkeypatch.setattr(cluster, "_reader", lambda fmt, attr: read if attr == "read" else real(fmt, attr))
+    ranks = cluster.read([tmp_path])
+    assert [t.rank for t in ranks] == [0, 1]
+    assert [s.step for s in ranks[0].steps] == [1, 2, 3, 11, 12, 13]
+    assert "2 profiler cycles per rank" in ranks.warnings[0]
+    assert any("2 profiler cycles read as windows: steps 1-3" in lim for lim in ranks[0].limits)
+
+
+def test_one_processs_cycles_are_windows_but_two_processes_are_refused(tmp_path, fake_readers):
+    for c, start in enumerate((0.0, 20.0)):
+        kineto(tmp_path / "one" / f"host-a_4242.{1000 + c}.pt.trace.json", None, None, start_s=start)
+    assert "2 profiler cycles of one process (host-a_4242" in cluster.check(
+        [peek.header(p, "kineto") for p, _ in cluster.find_traces([tmp_path / "one"])])[0]
+    kineto(tmp_path / "two" / "host-a_1.1000.pt.trace.json", None, None)
+    kineto(tmp_path / "two" / "host-a_2.1000.pt.trace.json", None, None, start_s=5.0)
+    with pytest.raises(TraceError, match="single-process runs"):
+        cluster.read([tmp_path / "two"])

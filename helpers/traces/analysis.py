@@ -628,7 +628,7 @@ def _evidence(rows: Sequence[RankSummary], job: RankSummary, world: int | None, 
     n = len(present)
     missing = world - n
     head = (f"{n} of {world} ranks ({per} steps each)" if n > 1 else f"one rank ({job.label}) of a {world}-rank "
-            f"job ({per} steps)")
+            f"job ({per} step{'' if per == '1' else 's'})")
     if missing <= 0:
         return f"all {world} ranks ({per} steps each)", ""
     evidence = (f"{head}: the verdict covers {'these' if n > 1 else 'this rank'}; the missing {missing} "

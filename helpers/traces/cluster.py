@@ -1,8 +1,9 @@
 """Find the ranks of a job among the paths a user gives, check they belong together, and read them.
 
-Each PATH is a Kineto file (``*.pt.trace.json``, ``*.pt.trace.json.gz``), a torch_npu folder (``*_ascend_pt``), or
-a folder holding those, one per rank, at any depth up to :data:`MAX_DEPTH` (hidden folders and symbolic links
-are not followed; an ``*_ascend_pt`` folder is not searched inside). A rank is what the file's own metadata says
+Each PATH is a Kineto file (``*.pt.trace.json``, ``*.pt.trace.json.gz``, or any ``.json``/``.json.gz`` whose first
+bytes are a Kineto trace's), a torch_npu folder (``*_ascend_pt``, or one that holds the profiler's files), or a
+folder holding those, one per rank, at any depth up to :data:`MAX_DEPTH`, found by content, not by name (hidden
+folders and symbolic links are not followed; an Ascend folder is not searched inside). A rank is what the file's own metadata says
 (:mod:`helpers.traces.peek`: Kineto's ``distributedInfo``, Ascend's ``profiler_info_<rank>.json``), never its
 name: torch's ``tensorboard_trace_handler`` names files ``<host>_<pid>.<time>.pt.trace.json``.
 
@@ -10,8 +11,9 @@ Checked from the headers before any big file is read, each a :class:`TraceError`
 
 * nothing trace-like found (the message says which names are looked for);
 * single-process traces mixed with ranks, or several single-process traces (they are not ranks of one job);
-* two traces claiming one rank (two runs in one folder, or several profiling cycles of one run:
-  ``schedule(repeat=...)`` writes one file per cycle);
+* two traces claiming one rank that are not profiler cycles (two runs in one folder, or copies). Several
+  profiling cycles of one run (``schedule(repeat=...)`` writes one file per cycle: every rank then has the same
+  number of files, starting at different times) are read together, one window per cycle;
 * world sizes that disagree, a rank outside its world size, run identities that differ (backend and world size),
   or start times further apart than :data:`RUN_START_SPREAD_S` (two runs of the same job).
 
@@ -30,6 +32,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -58,8 +61,9 @@ RUN_START_SPREAD_S = 60.0
 
 _READERS = {"kineto": ("helpers.traces.kineto", "read_kineto", "looks_like_kineto"),
             "ascend": ("helpers.traces.ascend", "read_ascend", "looks_like_ascend")}
-_LOOKED_FOR = (f"files named *{KINETO_SUFFIXES[0]} or *{KINETO_SUFFIXES[1]} (torch.profiler) and folders named "
-               f"*{ASCEND_SUFFIX} (torch_npu's profiler)")
+_LOOKED_FOR = (f"torch.profiler's Chrome traces (*{KINETO_SUFFIXES[0]}, *{KINETO_SUFFIXES[1]}, or any .json/.json.gz "
+               f"whose content is one) and torch_npu's profiler folders (*{ASCEND_SUFFIX}, or a folder holding "
+               "ASCEND_PROFILER_OUTPUT)")
 
 
 class TraceSet(list):
@@ -100,21 +104,30 @@ def _kind(path: Path) -> str | None:
 
 
 def _search(folder: Path) -> list[tuple[Path, str]]:
+    """The traces below ``folder``, found by content: Kineto files by name (``*.pt.trace.json[.gz]``) or, for any
+    other ``.json``/``.json.gz``, by their first bytes (:func:`helpers.traces.kineto.looks_like_kineto`); Ascend
+    folders by name or by what they hold (:func:`helpers.traces.ascend.looks_like_ascend`)."""
     found: list[tuple[Path, str]] = []
     root_depth = len(folder.parts)
+    looks_kineto = _reader("kineto", "looks")
+    looks_ascend = _reader("ascend", "looks")
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
         here = Path(dirpath)
         keep = []
         for d in sorted(dirnames):
             if d.startswith("."):
                 continue
-            if d.endswith(ASCEND_SUFFIX):
+            if d.endswith(ASCEND_SUFFIX) or (looks_ascend is not None and looks_ascend(here / d)):
                 found.append((here / d, "ascend"))
             elif len(here.parts) - root_depth < MAX_DEPTH:
                 keep.append(d)
         dirnames[:] = keep
-        found += [(here / f, "kineto") for f in sorted(filenames) if f.endswith(KINETO_SUFFIXES)
-                  and not f.startswith(".")]
+        for f in sorted(filenames):
+            if f.startswith("."):
+                continue
+            if f.endswith(KINETO_SUFFIXES) or (f.endswith((".json", ".json.gz")) and looks_kineto is not None
+                                               and looks_kineto(here / f)):
+                found.append((here / f, "kineto"))
     return found
 
 
@@ -201,15 +214,28 @@ def check(items: Sequence[Any]) -> tuple[str, ...]:
     no_rank = [i for i in items if i.rank is None]
     if no_rank:
         if len(no_rank) == len(items):
+            if _worker(items[0]) is not None and len({_worker(i) for i in items}) == 1 and _distinct_starts(items):
+                return (f"{len(items)} profiler cycles of one process ({_worker(items[0])}; schedule(repeat=...) "
+                        "writes one file per cycle): their steps are read together, each cycle a window of its own",)
             raise TraceError(f"{len(items)} traces of single-process runs (no distributed rank in their metadata): "
                              f"{_names(items)}; they are not ranks of one job - read them one at a time")
         raise TraceError(f"{_names(no_rank)}: no distributed rank in the trace's metadata, unlike the other traces "
                          f"({_names(i for i in items if i.rank is not None)}); remove the single-process traces")
-    world = _same_run(items)
     by_rank: dict[int, list[Any]] = {}
     for i in items:
         by_rank.setdefault(i.rank, []).append(i)
     dups = {r: v for r, v in sorted(by_rank.items()) if len(v) > 1}
+    counts = {len(v) for v in by_rank.values()}
+    cycles = (len(counts) == 1 and next(iter(counts)) > 1
+              and all(_distinct_starts(v) for v in by_rank.values()))
+    if cycles:  # schedule(repeat=k): every rank wrote k files, one per cycle; check each cycle as a run
+        k = next(iter(counts))
+        ordered = {r: sorted(v, key=lambda i: getattr(i, "start_ns", 0) or 0) for r, v in by_rank.items()}
+        for c in range(k):
+            world = _same_run([v[c] for v in ordered.values()])
+        dups = {}
+    else:
+        world = _same_run(items)
     if dups:
         said = "; ".join(f"rank {r}: {_names(v)}" for r, v in list(dups.items())[:3])
         if len(dups) > 3:
@@ -223,11 +249,65 @@ def check(items: Sequence[Any]) -> tuple[str, ...]:
     if outside:
         raise TraceError(f"rank(s) {outside} outside world size {world} ({_names(by_rank[r][0] for r in outside)}): "
                          "the trace's metadata is inconsistent; profile again")
+    said = ((f"{next(iter(counts))} profiler cycles per rank (schedule(repeat=...) writes one file per cycle): "
+             "each rank's steps are read together, each cycle a window of its own"),) if cycles else ()
     missing = [r for r in range(world) if r not in by_rank]
     if not missing:
-        return ()
-    return (f"only {len(by_rank)} of the {world} ranks have a trace here (missing: {_ranges(missing)}): the ranks "
-            "are compared among those present, and the slow rank may be one of the missing",)
+        return said
+    return said + (f"only {len(by_rank)} of the {world} ranks have a trace here (missing: {_ranges(missing)}): the "
+                   "ranks are compared among those present, and the slow rank may be one of the missing",)
+
+
+def _distinct_starts(items: Sequence[Any]) -> bool:
+    """Whether the items start at different known times (profiler cycles of one process do; a copy does not)."""
+    starts = [getattr(i, "start_ns", None) for i in items]
+    if any(t is None for t in starts):
+        starts = [_start_of(i) for i in items]
+    return None not in starts and len(set(starts)) == len(starts)
+
+
+def _start_of(item: Any) -> int | None:
+    t = (getattr(item, "provenance", None) or {}).get("start_unix_s")
+    return None if t is None else int(t * 1e9)
+
+
+#: tensorboard_trace_handler's default file name: ``{hostname}_{pid}.{time in ms}.pt.trace.json[.gz]``.
+_HANDLER_NAME = re.compile(r"^(?P<worker>.+_\d+)\.\d{10,}\.pt\.trace\.json(?:\.gz)?$")
+
+
+def _worker(item: Any) -> str | None:
+    """The process a single-process trace came from: the ``{hostname}_{pid}`` of the handler's file name."""
+    path = Path(getattr(item, "path", None) or getattr(item, "source", ""))
+    m = _HANDLER_NAME.match(path.name)
+    return m.group("worker") if m else None
+
+
+def _merge_cycles(traces: Sequence[RankTrace]) -> list[RankTrace]:
+    """One RankTrace per rank (or per process): the profiler cycles of one rank joined, steps in order, each
+    cycle named in ``limits`` and ``provenance["cycles"]``."""
+    groups: dict[Any, list[RankTrace]] = {}
+    for t in traces:
+        key = ("rank", t.rank) if t.rank is not None else ("worker", _worker(t) or str(t.source))
+        groups.setdefault(key, []).append(t)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        group.sort(key=lambda t: t.steps[0].step if t.steps else 0)
+        numbers = [s.step for t in group for s in t.steps]
+        if len(set(numbers)) != len(numbers):
+            raise TraceError(f"{_names(group)}: the profiler cycles of {group[0].label} repeat step numbers; pass "
+                             "one cycle's files")
+        windows = [f"steps {t.steps[0].step}-{t.steps[-1].step} ({t.source.name})" for t in group if t.steps]
+        first = group[0]
+        out.append(dataclasses.replace(
+            first, steps=tuple(s for t in group for s in t.steps),
+            collectives=tuple(c for t in group for c in t.collectives),
+            limits=tuple(dict.fromkeys(x for t in group for x in t.limits))
+            + (f"{first.label}: {len(group)} profiler cycles read as windows: {'; '.join(windows)}",),
+            provenance={**first.provenance, "cycles": [str(t.source) for t in group]}))
+    return out
 
 
 def _same_run(items: Sequence[Any]) -> int | None:
@@ -328,6 +408,7 @@ def read(paths: Sequence[str | os.PathLike] | str | os.PathLike, *,
         if h.rank is not None and t.rank is not None and h.rank != t.rank:
             raise TraceError(f"{h.path}: its metadata says rank {h.rank} but the reader found rank {t.rank}; "
                              "report this file")
+    traces = _merge_cycles(traces)
     for w in warnings:
         log.warning(w)
     if warnings:
