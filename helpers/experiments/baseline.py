@@ -104,9 +104,13 @@ def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, d
     """
     med = run.phase_medians()
     exposed_s = med["data"] + med["h2d"]
+    # the computation is timed on its own (synchronized forward, backward and optimizer), so its share is passed
+    # as measured, never taken as the rest of the step
+    compute_fraction = float((run.steps["compute"] / run.steps["step_s"]).median())
     b = bottleneck.classify(run.exposed_fraction, threshold, device_kind=device_kind,
                             spare_cores=spare_cores(device_kind),
-                            copy_share=med["h2d"] / exposed_s if exposed_s > 0 else None)
+                            copy_share=med["h2d"] / exposed_s if exposed_s > 0 else None,
+                            compute_fraction=min(1.0, max(0.0, compute_fraction)))
     recommendation, reason = b.label, b.reason
     reason += (f"; median step {med['step_s'] * 1e3:.0f} ms (phase medians: data {med['data'] * 1e3:.0f}, h2d "
                f"{med['h2d'] * 1e3:.0f}, compute {med['compute'] * 1e3:.0f} ms; medians need not add up)")

@@ -402,9 +402,12 @@ def three_run(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: i
     loader = Comparison.from_measurements(meas["real"], meas["cached"])
     exposed = float(frames["real"]["exposed_fraction"].median())
     med = {name: float(frames[name]["step_s"].median()) for name in RUNS}
+    real = frames["real"]
+    compute = (float((real["compute"] / real["step_s"]).median()) if "compute" in real else None)  # measured
     b = bottleneck.classify(exposed, threshold, device_kind=acc.kind,
                             spare_cores=spare_cores(acc.kind, check.other_cpu_share),
-                            copy_share=copy_share(med["real"], med["cached"], med["synthetic"]))
+                            copy_share=copy_share(med["real"], med["cached"], med["synthetic"]),
+                            compute_fraction=None if compute is None else min(1.0, max(0.0, compute)))
     return ThreeRunResult(job=job.describe().get("job", job.name), steps=frames, exposed_fraction=exposed,
                           recommendation=b.label, reason=b.reason, ceiling=ceiling, loader=loader, machine=check,
                           next_notebook=b.next_text(), bottleneck=b, divergence=divergence)
