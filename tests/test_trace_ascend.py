@@ -10,11 +10,11 @@ from datetime import datetime
 import pytest
 
 from helpers.traces.ascend import (
-    OFFLINE_PARSE, OPERATOR_DETAILS_FILE, OUTPUT_DIR, STEP_TRACE_FILE, TRACE_VIEW_FILE, looks_like_ascend,
-    read_ascend,
+    COMMUNICATION_FILE, COMMUNICATION_MATRIX_FILE, KERNEL_DETAILS_FILE, OFFLINE_PARSE, OPERATOR_DETAILS_FILE,
+    OUTPUT_DIR, STEP_TRACE_FILE, TRACE_VIEW_FILE, looks_like_ascend, read_ascend,
 )
 from helpers.traces.model import TraceError
-from tests.ascend_fixtures import Step, build_ascend_folder, build_cluster
+from tests.ascend_fixtures import HcclOp, Step, build_ascend_folder, build_cluster, copy_outputs
 
 HOST_BOUND = [Step(n, host_s=0.100, data_s=0.060, optimizer_s=0.004, compute_s=0.025, comm_s=0.010,
                    comm_exposed_s=0.003, free_s=0.012, prepare_s=0.061, bubble_s=0.0) for n in (5, 6, 7)]
@@ -175,11 +175,26 @@ def test_not_a_folder(tmp_path, make, words):
     assert all(w in str(e.value) for w in words)
 
 
-def test_missing_step_trace(tmp_path):
+def test_missing_step_trace_reads_trace_view(tmp_path):
     folder = build_ascend_folder(tmp_path, HOST_BOUND)
+    with_csv = read_ascend(folder)
     (folder / OUTPUT_DIR / STEP_TRACE_FILE).unlink()
-    with pytest.raises(TraceError, match="ProfilerActivity.NPU"):
+    t = read_ascend(folder)
+    assert t.steps == with_csv.steps  # the device timeline sums to the csv's columns
+    assert _limits(t, f"no {STEP_TRACE_FILE}", TRACE_VIEW_FILE)
+
+
+def test_nothing_per_step_names_the_files_looked_for(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND, hccl={n: [HcclOp()] for n in (5, 6, 7)})
+    for name in (STEP_TRACE_FILE, TRACE_VIEW_FILE, KERNEL_DETAILS_FILE):
+        (folder / OUTPUT_DIR / name).unlink()
+    with pytest.raises(TraceError) as e:
         read_ascend(folder)
+    msg = str(e.value)
+    assert "nothing per step" in msg and "ProfilerActivity.NPU" in msg
+    assert all(f"{name} (missing)" in msg for name in (STEP_TRACE_FILE, TRACE_VIEW_FILE, KERNEL_DETAILS_FILE))
+    assert f"{COMMUNICATION_FILE} (present, but HCCL times only" in msg
+    assert f"Copy the profiler folder's {OUTPUT_DIR}/{STEP_TRACE_FILE}" in msg
     (folder / OUTPUT_DIR / "ascend_pytorch_profiler_0.db").write_bytes(b"")
     with pytest.raises(TraceError, match="export_type='text'"):
         read_ascend(folder)
@@ -233,3 +248,177 @@ def test_operator_details_without_device_time_falls_back_to_kernels(tmp_path):
         csv.writer(f).writerows([rows[0]] + [r[:5] + ["0", "0", "0", "0"] for r in rows[1:]])
     t = read_ascend(folder)
     assert t.top_ops[0]["name"] == "MatMulV2"
+
+
+# --- partial folders ---------------------------------------------------------------------------------------
+
+
+def _phases(s):
+    return s.step_s, s.data, s.optimizer, s.compute, s.comm, s.comm_exposed, s.idle
+
+
+def test_trace_view_only(tmp_path):
+    """A user's copy of trace_view.json alone, under ASCEND_PROFILER_OUTPUT/ in a folder of another name."""
+    full = build_ascend_folder(tmp_path / "full", HOST_BOUND, rank=2, world_size=4)
+    copy = copy_outputs(full, tmp_path / "rank2_copy", [TRACE_VIEW_FILE])
+    assert looks_like_ascend(copy)
+    t = read_ascend(copy)
+    assert t.source == copy and [s.step for s in t.steps] == [5, 6, 7]
+    for s in t.steps:
+        assert _phases(s) == pytest.approx((0.100, 0.060, 0.004, 0.025, 0.010, 0.003, 0.012), abs=1e-9)
+        assert s.exposed_fraction == pytest.approx(0.6, abs=1e-6)
+    assert t.provenance["files"] == [f"{OUTPUT_DIR}/{TRACE_VIEW_FILE}"] and t.provenance["device_id"] == 2
+    assert (t.rank, t.world_size, t.top_ops) == (None, None, ())
+    assert _limits(t, f"no {STEP_TRACE_FILE}", f"read from {TRACE_VIEW_FILE}")
+    assert _limits(t, "summed per step", "Computing", "torch_to_npu flows")
+    assert _limits(t, "no profiler_info") and _limits(t, "top_ops empty")
+
+
+def test_partial_copy_is_found_by_content(tmp_path):
+    from helpers.traces.cluster import find_traces
+    from helpers.traces.peek import header
+
+    full = build_ascend_folder(tmp_path / "full", HOST_BOUND, rank=1, world_size=2)
+    flat = copy_outputs(full, tmp_path / "from_rank1", [TRACE_VIEW_FILE, KERNEL_DETAILS_FILE], flat=True,
+                        metadata=True)
+    assert looks_like_ascend(flat) and looks_like_ascend(full / OUTPUT_DIR)
+    t = read_ascend(flat)
+    assert (t.source, t.rank, t.world_size) == (flat, 1, 2)
+    assert t.provenance["files"][0] == TRACE_VIEW_FILE
+    assert find_traces([flat]) == [(flat, "ascend")]
+    assert header(full / OUTPUT_DIR, "ascend").rank == 1  # the output folder's identity is its parent's
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.csv").write_text("step,time\n")
+    assert not looks_like_ascend(other)
+
+
+def test_trace_view_without_flows_splits_the_device_by_host_steps(tmp_path):
+    t = read_ascend(build_ascend_folder(tmp_path, HOST_BOUND, step_trace=False, flows=False))
+    assert [_phases(s) for s in t.steps] == [pytest.approx((0.1, 0.06, 0.004, 0.025, 0.01, 0.003, 0.012))] * 3
+    assert _limits(t, "no torch_to_npu flow events", "next step")
+
+
+def test_trace_view_without_step_marks_is_one_step(tmp_path):
+    t = read_ascend(build_ascend_folder(tmp_path, HOST_BOUND, step_trace=False, step_marks=False))
+    (s,) = t.steps
+    assert s.step == 0 and s.data is None
+    assert (s.compute, s.comm, s.comm_exposed, s.idle) == pytest.approx((0.075, 0.030, 0.009, 0.036))
+    # Preparing (first host operator to first device task) + Stage + Bubble: 0.061 - 1 µs + 0.2 + 0.04
+    assert s.step_s == pytest.approx(0.300999, abs=1e-9)
+    assert _limits(t, "marks no step", "numbered 0")
+
+
+def test_level_none_folder_has_host_phases_only(tmp_path):
+    """Level_none writes trace_view.json (host only) and operator_details.csv, no step files (the writer's own
+    partial folder)."""
+    folder = build_ascend_folder(tmp_path, HOST_BOUND, step_trace=False, kernel_details=False,
+                                 device_timeline=False, level="Level_none")
+    t = read_ascend(folder)
+    for s in t.steps:
+        assert (s.step_s, s.data, s.exposed_fraction) == pytest.approx((0.1, 0.06, 0.6))
+        assert (s.compute, s.comm, s.comm_exposed, s.idle) == (None, None, None, None)
+    assert _limits(t, "no device timeline", "Level_none", "unknown")
+    assert t.top_ops[0]["name"] == "aten::addmm"
+
+
+def test_kernel_details_only(tmp_path):
+    full = build_ascend_folder(tmp_path / "full", HOST_BOUND)
+    t = read_ascend(copy_outputs(full, tmp_path / "kernels", [KERNEL_DETAILS_FILE]))
+    assert [s.step for s in t.steps] == [5, 6, 7]
+    # 2 x 300 + 40 + 3 x 10 µs of kernels per step, back to back
+    assert [s.compute for s in t.steps] == pytest.approx([670e-6] * 3)
+    # the device's step period to the next step; the last step, with none, its kernels' span (a lower bound)
+    assert [s.step_s for s in t.steps] == pytest.approx([0.1, 0.1, 670e-6])
+    assert all(s.data is None and s.idle is None and s.exposed_fraction is None for s in t.steps)
+    assert _limits(t, "wall time is NOT known", "no per-step share", "for step 7", STEP_TRACE_FILE)
+    assert _limits(t, f"{KERNEL_DETAILS_FILE} alone")
+    assert [o["name"] for o in t.top_ops] == ["MatMulV2", "Relu", "Add"]
+
+
+def test_kernel_details_without_step_id_is_an_error(tmp_path):
+    full = build_ascend_folder(tmp_path / "full", HOST_BOUND, step_marks=False)
+    copy = copy_outputs(full, tmp_path / "kernels", [KERNEL_DETAILS_FILE, OPERATOR_DETAILS_FILE])
+    with pytest.raises(TraceError) as e:
+        read_ascend(copy)
+    msg = str(e.value)
+    assert "'Step Id' column" in msg and f"{TRACE_VIEW_FILE} (missing)" in msg and STEP_TRACE_FILE in msg
+
+
+def test_host_only_trace_view_takes_compute_from_kernel_details(tmp_path):
+    """trace_view.json as torch_npu leaves it when parsing fails after its host part, with kernel_details.csv."""
+    t = read_ascend(build_ascend_folder(tmp_path, HOST_BOUND, trace_view="truncated", step_trace=False))
+    for s in t.steps:
+        assert (s.step_s, s.data, s.compute) == pytest.approx((0.1, 0.06, 670e-6))
+        assert (s.comm, s.comm_exposed, s.idle) == (None, None, None)
+    assert _limits(t, "ends right after its host events")
+    assert _limits(t, "compute of steps 5, 6, 7", KERNEL_DETAILS_FILE)
+    assert f"{OUTPUT_DIR}/{KERNEL_DETAILS_FILE}" in t.provenance["files"]
+
+
+def _hccl(send_wait_ms):
+    """Per step an allReduce over HCCS and RDMA (RDMA far slower; the pair 0-3 slow among the HCCS ones) and a
+    send whose wait varies."""
+    return {n: [HcclOp(links={"HCCS": (40.0, 1.0), "RDMA": (2.0, 1.0)},
+                       pairs={"0-1": ("HCCS", 40.0, 1.0), "0-2": ("HCCS", 38.0, 1.0), "0-3": ("HCCS", 4.0, 1.0),
+                              "0-8": ("RDMA", 2.0, 1.0)}),
+                HcclOp(name="hcom_send", elapse_ms=0.5, transit_ms=0.2, wait_ms=w, sync_ms=0.1,
+                       links={"RDMA": (0.4, 0.2)}, pairs={"0-8": ("RDMA", 0.4, 0.2)})]
+            for n, w in zip((5, 6, 7), send_wait_ms)}
+
+
+def test_communication_summary(tmp_path):
+    t = read_ascend(build_ascend_folder(tmp_path, HOST_BOUND, rank=0, world_size=16, hccl=_hccl((0.1, 0.2, 0.9))))
+    h = t.provenance["hccl"]
+    json.dumps(h)  # JSON-ready
+    assert [s["step"] for s in h["steps"]] == [5, 6, 7] and [s["ops"] for s in h["steps"]] == [2, 2, 2]
+    assert [s["wait_ms"] for s in h["steps"]] == pytest.approx([0.9, 1.0, 1.7])
+    assert (h["wait_ms"], h["transit_ms"], h["sync_ms"], h["elapse_ms"]) == pytest.approx((1.0, 1.2, 0.6, 2.5))
+    assert h["slow_link"]["type"] == "RDMA"
+    assert h["slow_link"]["bandwidth_gb_s"] == pytest.approx(7.2 / 3.6)  # (3 x 2.4 MB) / (3 x 1.2 ms)
+    assert h["links"]["HCCS"]["bandwidth_gb_s"] == pytest.approx(40.0)
+    assert (h["slow_pair"]["link"], h["slow_pair"]["type"]) == ("0-3", "HCCS")
+    assert (h["slow_pair"]["bandwidth_gb_s"], h["slow_pair"]["peer_median_gb_s"]) == pytest.approx((4.0, 39.0))
+    assert _limits(t, "slow link is RDMA", "2.00 GB/s", "far below HCCS", COMMUNICATION_FILE)
+    assert _limits(t, "link 0-3 (HCCS)", COMMUNICATION_MATRIX_FILE)
+    assert [s.comm for s in t.steps] == pytest.approx([0.010] * 3)  # step_trace_time.csv's, not replaced
+    files = t.provenance["files"]
+    assert f"{OUTPUT_DIR}/{COMMUNICATION_FILE}" in files and f"{OUTPUT_DIR}/{COMMUNICATION_MATRIX_FILE}" in files
+
+
+def test_communication_without_a_slow_link(tmp_path):
+    hccl = {n: [HcclOp(links={"HCCS": (40.0, 1.0), "RDMA": (20.0, 1.0)})] for n in (5, 6, 7)}
+    t = read_ascend(build_ascend_folder(tmp_path, HOST_BOUND, hccl=hccl))
+    h = t.provenance["hccl"]
+    assert h["slow_link"]["type"] == "RDMA" and "slow_pair" not in h  # no pairs: no matrix file
+    assert not _limits(t, "slow link")
+
+
+def test_communication_gives_comm_without_a_device_timeline(tmp_path):
+    full = build_ascend_folder(tmp_path / "full", HOST_BOUND, hccl=_hccl((0.1, 0.2, 0.9)))
+    t = read_ascend(copy_outputs(full, tmp_path / "copy", [KERNEL_DETAILS_FILE, COMMUNICATION_FILE]))
+    assert [s.comm for s in t.steps] == pytest.approx([0.0025] * 3)  # 2.0 + 0.5 ms of Elapse per step
+    assert all(s.comm_exposed is None for s in t.steps)
+    assert _limits(t, "comm of steps 5, 6, 7", "Elapse Time(ms)", "comm_exposed is unknown")
+    assert t.provenance["hccl"]["wait_ms"] == pytest.approx(1.0)
+
+
+def test_broken_communication_json_is_a_limit(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND, hccl=_hccl((0.1, 0.2, 0.9)))
+    (folder / OUTPUT_DIR / COMMUNICATION_FILE).write_text("{\"step5\": ")
+    t = read_ascend(folder)
+    assert "hccl" not in t.provenance and _limits(t, f"{COMMUNICATION_FILE} could not be read")
+
+
+def test_device_timeline_without_step_sums(tmp_path):
+    """Kernels but no Computing/Communication/Free rows: the device phases are unknown, not 0; kernel_details.csv
+    gives compute."""
+    folder = build_ascend_folder(tmp_path, HOST_BOUND, step_trace=False)
+    path = folder / OUTPUT_DIR / TRACE_VIEW_FILE
+    events = [e for e in json.loads(path.read_text())
+              if e.get("name") not in ("Computing", "Communication", "Communication(Not Overlapped)", "Free")]
+    path.write_text(json.dumps(events))
+    t = read_ascend(folder)
+    assert [s.compute for s in t.steps] == pytest.approx([670e-6] * 3)
+    assert all(s.idle is None and s.comm is None for s in t.steps)
+    assert _limits(t, "has device events but none of the step sums'")

@@ -299,10 +299,10 @@ def test_profiler_cycles_of_each_rank_are_read_together_as_windows(tmp_path, mon
 
 def test_one_processs_cycles_are_windows_but_two_processes_are_refused(tmp_path, fake_readers):
     for c, start in enumerate((0.0, 20.0)):
-        kineto(tmp_path / "one" / f"host-a_4242.{1000 + c}.pt.trace.json", None, None, start_s=start)
+        kineto(tmp_path / "one" / f"host-a_4242.{1796184176582 + c}.pt.trace.json", None, None, start_s=start)
     assert "2 profiler cycles of one process (host-a_4242" in cluster.check(
         [peek.header(p, "kineto") for p, _ in cluster.find_traces([tmp_path / "one"])])[0]
-    kineto(tmp_path / "two" / "host-a_1.1000.pt.trace.json", None, None)
-    kineto(tmp_path / "two" / "host-a_2.1000.pt.trace.json", None, None, start_s=5.0)
+    kineto(tmp_path / "two" / "host-a_1.1796184176582.pt.trace.json", None, None)
+    kineto(tmp_path / "two" / "host-a_2.1796184176582.pt.trace.json", None, None, start_s=5.0)
     with pytest.raises(TraceError, match="single-process runs"):
         cluster.read([tmp_path / "two"])

@@ -175,7 +175,8 @@ def ascend_header(path: str | Path) -> Header:
     Parameters
     ----------
     path : str or Path
-        A ``*_ascend_pt`` folder.
+        A ``*_ascend_pt`` folder, its ``ASCEND_PROFILER_OUTPUT`` folder (read from its parent), or a partial copy
+        of it (:func:`helpers.traces.ascend.looks_like_ascend`).
 
     Returns
     -------
@@ -189,7 +190,8 @@ def ascend_header(path: str | Path) -> Header:
         the file.
     """
     path = Path(path)
-    infos = sorted(path.glob("profiler_info_*.json")) or sorted(path.glob("profiler_info.json"))
+    where = path.parent if path.name == "ASCEND_PROFILER_OUTPUT" else path  # the output folder passed: its parent
+    infos = sorted(where.glob("profiler_info_*.json")) or sorted(where.glob("profiler_info.json"))
     if len(infos) > 1:
         raise TraceError(f"{path}: holds {len(infos)} profiler_info files ({', '.join(p.name for p in infos)}); one "
                          "torch_npu profiler folder is one rank's - keep each rank's folder separate")
@@ -203,7 +205,7 @@ def ascend_header(path: str | Path) -> Header:
         end_info = info.get("end_info") if isinstance(info, dict) else None
         end = _int(end_info.get("collectionTimeEnd")) if isinstance(end_info, dict) else None
     world = None
-    meta_path = path / "profiler_metadata.json"
+    meta_path = where / "profiler_metadata.json"
     if meta_path.is_file():
         meta = _load_json(meta_path)
         groups = meta.get("parallel_group_info") if isinstance(meta, dict) else None
