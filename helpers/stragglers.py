@@ -24,6 +24,9 @@ medians. The rank is slow in that phase when its excess over the others is large
   above 5%, otherwise there may be a slow rank"). The 5% is of the step, not of the phase: a 1 ms phase that
   doubles does not make a slow rank.
 
+The sentence prints a finding's share with the mean it divides by: "41% of the other ranks' 29.2 ms mean step"
+(the rank itself is left out of the mean it is compared with).
+
 A rank is slow when its step time or one of its work phases is. Its phase is the work phase with the largest
 excess that passes; a rank whose step alone is longer has no phase (none the trace measures explains it).
 
@@ -143,6 +146,9 @@ class Finding:
         and the median of the others', seconds.
     threshold_s : float
         5% (``min_excess``) of the others' mean step, seconds.
+    mean_step_s : float or None
+        The others' mean step (the mean of their median ``step_s``), seconds: what ``excess_fraction`` and
+        ``threshold_s`` are shares of, and the mean the sentence prints.
     """
 
     label: str
@@ -154,11 +160,13 @@ class Finding:
     reference_s: float
     spread_s: float
     threshold_s: float
+    mean_step_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "rank": self.rank, "node": self.node, "phase": self.phase,
                 "excess_s": self.excess_s, "excess_pct": 100.0 * self.excess_fraction,
-                "reference_s": self.reference_s, "spread_s": self.spread_s, "threshold_s": self.threshold_s}
+                "reference_s": self.reference_s, "spread_s": self.spread_s, "threshold_s": self.threshold_s,
+                "mean_step_s": self.mean_step_s}
 
 
 @dataclass(frozen=True)
@@ -197,7 +205,8 @@ class SlowRanks:
     node : str or None
         The slow node, when a whole node is slower than the others.
     mean_step_s : float or None
-        The mean of all ranks' median step times, seconds (None for one rank).
+        The mean of all ranks' median step times, seconds (None for one rank). Each finding's share and 5% are
+        of the OTHER ranks' mean step (:attr:`Finding.mean_step_s`), which is the mean its sentence prints.
     min_excess : float
         The share of the mean step an excess must exceed (0.05).
     wait : Wait or None
@@ -208,6 +217,15 @@ class SlowRanks:
         The phases compared (work phases and the step; wait phases are in ``medians`` only).
     closest : Finding or None
         With no slow rank: the rank and phase whose excess came closest to the thresholds (for the sentence).
+    source : str
+        What measured the phases, as the sentence names it: "the trace" (profiler traces), or e.g. "the
+        instrument" (live ranks).
+    words : mapping of str to str
+        How the sentence describes a phase, where the caller's phase is not the default's quantity (e.g. a compute
+        column that holds the wait in the collectives, passed as ``comm`` when no communication is measured).
+    no_wait : str or None
+        The sentence when no wait phase is measured on both sides (``{culprit}`` is replaced by the culprit's
+        name); None: the traces' default (no communication or idle time measured).
     """
 
     n_ranks: int
@@ -219,6 +237,9 @@ class SlowRanks:
     medians: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     phases: tuple[str, ...] = ()
     closest: Finding | None = None
+    source: str = "the trace"
+    words: Mapping[str, str] = field(default_factory=dict)
+    no_wait: str | None = None
 
     @property
     def slow_ranks(self) -> tuple[str, ...]:
@@ -256,21 +277,28 @@ class SlowRanks:
         return self.primary.spread_s if self.primary else None
 
     def sentence(self) -> str:
-        """One paragraph for the learner: who is slow, in which phase, by how much, and who waits for it."""
+        """One paragraph for the learner: who is slow, in which phase, by how much, and who waits for it.
+
+        Every percentage is printed with the mean it is a share of: a finding's excess is a share of the OTHER
+        ranks' mean step (the rank itself left out), and the sentence says so."""
+        src = self.source
         if self.n_ranks < 2:
             only = next(iter(self.medians), "one rank")
-            return (f"Only one rank's trace ({only}): there is no other rank to compare its steps with, so no slow "
-                    "rank can be named; pass the traces of all the job's ranks.")
+            what = "trace" if src == "the trace" else "figures"
+            return (f"Only one rank's {what} ({only}): there is no other rank to compare its steps with, so no slow "
+                    f"rank can be named; pass the {what if what == 'figures' else 'traces'} of all the job's ranks.")
         pct = f"{self.min_excess:.0%}"
         if not self.findings:
             txt = (f"No rank is slower than the others: across {self.n_ranks} ranks, no rank's step time or work "
                    f"phase ({', '.join(p for p in self.phases if p != STEP) or 'none measured'}) is above the other "
-                   f"ranks' by more than both the per-step spread and {pct} of the {_ms(self.mean_step_s)} mean step")
+                   f"ranks' by more than both the per-step spread and {pct} of the other ranks' mean step (all "
+                   f"ranks' mean step: {_ms(self.mean_step_s)})")
             c = self.closest
             if c is not None and c.excess_s > 0:
                 what = "step" if c.phase is None else f"{c.phase} phase"
                 txt += (f"; the largest excess, {c.label}'s {what}, is {_ms(c.excess_s)} against a spread of "
-                        f"{_ms(c.spread_s)} and {pct} = {_ms(c.threshold_s)}")
+                        f"{_ms(c.spread_s)} and {pct} of the other ranks' {_ms(c.mean_step_s)} mean step = "
+                        f"{_ms(c.threshold_s)}")
             return txt + "."
         p = self.primary
         if self.node is not None:
@@ -280,23 +308,23 @@ class SlowRanks:
                         f"{_ms(p.excess_s)} longer than the other nodes' ranks' ({_ms(p.reference_s)})")
             else:
                 head = (f"Node {self.node} is slower than the others: all its ranks ({who}) spend {_ms(p.excess_s)} "
-                        f"more per step in {p.phase} ({_WORDS.get(p.phase, p.phase)}) than the other nodes' ranks "
+                        f"more per step in {p.phase} ({self._words(p.phase)}) than the other nodes' ranks "
                         f"({_ms(p.reference_s)})")
-            head += (f", {p.excess_fraction:.0%} of the {_ms(self.mean_step_s)} mean step, above both the per-step "
-                     f"spread ({_ms(p.spread_s)}) and {pct} of the mean step ({_ms(p.threshold_s)}); no rank on "
-                     "another node is slow")
+            head += (f", {p.excess_fraction:.0%} of the other nodes' ranks' {_ms(p.mean_step_s)} mean step, above "
+                     f"both the per-step spread ({_ms(p.spread_s)}) and {pct} of that mean ({_ms(p.threshold_s)}); "
+                     "no rank on another node is slow")
             culprit = f"node {self.node}"
         else:
             if p.phase is None:
                 head = (f"{p.label} is the slow rank: its step takes {_ms(p.excess_s)} longer than the other ranks' "
                         f"({_ms(p.reference_s)})")
             else:
-                head = (f"{p.label} is the slow rank: its {p.phase} phase ({_WORDS.get(p.phase, p.phase)}) takes "
+                head = (f"{p.label} is the slow rank: its {p.phase} phase ({self._words(p.phase)}) takes "
                         f"{_ms(p.excess_s)} more per step than the other ranks' ({_ms(p.reference_s)})")
-            head += (f", {p.excess_fraction:.0%} of the {_ms(self.mean_step_s)} mean step, above both the per-step "
-                     f"spread ({_ms(p.spread_s)}) and {pct} of the mean step ({_ms(p.threshold_s)})")
+            head += (f", {p.excess_fraction:.0%} of the other ranks' {_ms(p.mean_step_s)} mean step, above both the "
+                     f"per-step spread ({_ms(p.spread_s)}) and {pct} of that mean ({_ms(p.threshold_s)})")
             if p.phase is None:
-                head += ", but no phase the trace measures explains it"
+                head += f", but no phase {src} measures explains it"
             culprit = " and ".join(f.label for f in self.findings)
             more = list(self.findings[1:])
             if more:
@@ -304,21 +332,27 @@ class SlowRanks:
                     f"{f.label} ({f.phase or 'step'}, +{_ms(f.excess_s)})" for f in more)
         return f"{head}. {self._wait_sentence(culprit)}"
 
+    def _words(self, phase: str) -> str:
+        return self.words.get(phase) or _WORDS.get(phase, phase)
+
     def _wait_sentence(self, culprit: str) -> str:
         w = self.wait
+        src = self.source
         if w is None:
+            if self.no_wait is not None:
+                return self.no_wait.replace("{culprit}", culprit)
             return ("The traces measure no communication or device idle time on both sides, so the other ranks' "
                     f"wait for {culprit} cannot be seen in them.")
-        words = _WAIT_WORDS.get(w.phase, w.phase)
+        words = self.words.get(w.phase) or _WAIT_WORDS.get(w.phase, w.phase)
         if w.others_extra_s <= 0 or w.coverage <= 0:
             return (f"The other ranks do not spend longer in {words} than {culprit} does: they do not wait for it "
-                    "inside a collective (ranks that do not synchronize, or a wait the trace does not annotate).")
+                    f"inside a collective (ranks that do not synchronize, or a wait {src} does not annotate).")
         if w.coverage >= WAIT_COVERAGE:
             return (f"The other ranks' {_ms(w.others_extra_s)} more {words} per step ({w.coverage:.0%} of the excess) "
                     f"is their wait for {culprit}: in a synchronous job (DDP) every rank waits in the gradient "
-                    "allreduce for the slowest, so the rank with the most communication is not the culprit.")
+                    f"allreduce for the slowest, so the rank with the most {words.split(' (')[0]} is not the culprit.")
         return (f"The other ranks spend {_ms(w.others_extra_s)} more per step in {words}, {w.coverage:.0%} of the "
-                f"excess: part of their wait for {culprit} shows there, the rest lies outside the phases the trace "
+                f"excess: part of their wait for {culprit} shows there, the rest lies outside the phases {src} "
                 "measures.")
 
     def as_dict(self) -> dict[str, Any]:
@@ -387,7 +421,7 @@ class _Table:
         excess = self.med[cand.label][phase] - ref
         return Finding(label=cand.label, rank=cand.rank, node=cand.node, phase=None if phase == STEP else phase,
                        excess_s=excess, excess_fraction=excess / mean_step if mean_step > 0 else 0.0,
-                       reference_s=ref, spread_s=spread, threshold_s=min_excess * mean_step)
+                       reference_s=ref, spread_s=spread, threshold_s=min_excess * mean_step, mean_step_s=mean_step)
 
 
 def _passes(f: Finding | None) -> bool:
@@ -407,7 +441,9 @@ def _pick(found: Sequence[Finding]) -> Finding | None:
     return max(pool, key=lambda f: f.excess_s) if pool else None
 
 
-def find(ranks: Sequence[Any], *, min_excess: float = MIN_EXCESS_FRACTION) -> SlowRanks:
+def find(ranks: Sequence[Any], *, min_excess: float = MIN_EXCESS_FRACTION, source: str = "the trace",
+         words: Mapping[str, str] | None = None, no_wait: str | None = None,
+         confirm: Mapping[str, str] | None = None) -> SlowRanks:
     """Name the slow rank(s) of a job, or the slow node, and their phase (the rule: the module's docstring).
 
     Parameters
@@ -417,6 +453,15 @@ def find(ranks: Sequence[Any], *, min_excess: float = MIN_EXCESS_FRACTION) -> Sl
         ``node`` and ``steps`` of phase attributes) is converted with :meth:`RankPhases.from_steps`.
     min_excess : float, default 0.05
         The share of the mean step time an excess must exceed (msprof-analyze's 5%), in (0, 1).
+    source, words, no_wait :
+        The sentence's wording (:class:`SlowRanks`): what measured the phases, how a phase is described where it
+        is not the default's quantity, and what to say when no wait phase is measured. The rule is the same.
+    confirm : mapping of str to str, optional
+        Work phase -> wait phase: a rank is slow in that work phase only where the other ranks' extra time in the
+        wait phase covers :data:`WAIT_COVERAGE` of its excess. For a work phase derived as the rest of a
+        synchronized step (a live rank's compute minus its allreduce wait): a wait the caller did not measure
+        (a collective elsewhere in the step) stays in it and would make a waiting rank look slow; a rank truly
+        slow in it makes the others wait in the measured wait phase.
 
     Returns
     -------
@@ -443,14 +488,16 @@ def find(ranks: Sequence[Any], *, min_excess: float = MIN_EXCESS_FRACTION) -> Sl
                              "rank by its number (and node)")
     t = _Table(rows)
     medians = {r.label: dict(t.med[r.label]) for r in rows}
+    wording = {"source": str(source), "words": dict(words or {}), "no_wait": no_wait}
     if len(rows) == 1:
-        return SlowRanks(n_ranks=1, medians=medians, min_excess=float(min_excess))
+        return SlowRanks(n_ranks=1, medians=medians, min_excess=float(min_excess), **wording)
     present = {p for r in rows for p in t.med[r.label]}
     phases = tuple(p for p in (STEP, *WORK_PHASES) if p in present) + tuple(
         sorted(p for p in present if p not in _KNOWN))
     mean_step = statistics.fmean(t.med[r.label][STEP] for r in rows)
 
-    node, findings = _node_finding(rows, t, phases, min_excess)
+    confirm = dict(confirm or {})
+    node, findings = _node_finding(rows, t, phases, min_excess, confirm)
     closest = None
     if node is None:
         findings = []
@@ -460,7 +507,7 @@ def find(ranks: Sequence[Any], *, min_excess: float = MIN_EXCESS_FRACTION) -> Sl
             res = [t.test(r, others, p, min_excess) for p in phases]
             res = [f for f in res if f is not None]
             tried += res
-            pick = _pick([f for f in res if _passes(f)])
+            pick = _pick([f for f in res if _passes(f) and _confirmed(f, [r], others, t, confirm)])
             if pick is not None:
                 findings.append(pick)
         findings.sort(key=lambda f: f.excess_s, reverse=True)
@@ -468,11 +515,24 @@ def find(ranks: Sequence[Any], *, min_excess: float = MIN_EXCESS_FRACTION) -> Sl
             closest = max(tried, key=_margin)
     wait = _wait(rows, t, findings) if findings else None
     return SlowRanks(n_ranks=len(rows), findings=tuple(findings), node=node, mean_step_s=mean_step,
-                     min_excess=float(min_excess), wait=wait, medians=medians, phases=phases, closest=closest)
+                     min_excess=float(min_excess), wait=wait, medians=medians, phases=phases, closest=closest,
+                     **wording)
+
+
+def _confirmed(f: Finding, culprits: Sequence[RankPhases], others: Sequence[RankPhases], t: _Table,
+               confirm: Mapping[str, str]) -> bool:
+    """Whether a finding in a phase of ``confirm`` is backed by the others' wait (see :func:`find`); True for the
+    other phases."""
+    wait = confirm.get(f.phase) if f.phase is not None else None
+    if wait is None:
+        return True
+    c = [t.med[r.label][wait] for r in culprits if wait in t.med[r.label]]
+    o = [t.med[r.label][wait] for r in others if wait in t.med[r.label]]
+    return bool(c and o) and statistics.median(o) - statistics.median(c) >= WAIT_COVERAGE * f.excess_s
 
 
 def _node_finding(rows: Sequence[RankPhases], t: _Table, phases: Sequence[str],
-                  min_excess: float) -> tuple[str | None, list[Finding]]:
+                  min_excess: float, confirm: Mapping[str, str] | None = None) -> tuple[str | None, list[Finding]]:
     """A node all of whose ranks (two or more) are slow in one phase against the other nodes' ranks, with no rank
     outside it slow against the others outside it."""
     if any(r.node is None for r in rows) or len({r.node for r in rows}) < 2:
@@ -486,7 +546,7 @@ def _node_finding(rows: Sequence[RankPhases], t: _Table, phases: Sequence[str],
         passing: dict[str, list[Finding]] = {}
         for p in phases:
             res = [t.test(r, outside, p, min_excess) for r in inside]
-            if not all(_passes(f) for f in res):
+            if not all(_passes(f) and _confirmed(f, inside, outside, t, confirm or {}) for f in res):
                 continue
             elsewhere = [t.test(o, [x for x in outside if x is not o], p, min_excess) for o in outside]
             if any(_passes(f) for f in elsewhere):

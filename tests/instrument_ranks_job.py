@@ -4,7 +4,9 @@ Run by torchrun (gloo, CPU). Environment: ``SLOW_NODE`` (a node rank whose ranks
 per batch), ``SLOW_RANK`` (one global rank that does), ``STEPS``, ``NO_GROUP=1`` (no process group: the ranks
 train apart and gather through files), ``DIE_RANK`` (that rank SIGKILLs itself before report()),
 ``EXIT_RANK`` (that rank exits 0 before it),
-``STEPS_RANK``/``STEPS_EXTRA`` (that rank takes extra steps), ``OUT`` (rank 0 writes its report's as_dict() there).
+``STEPS_RANK``/``STEPS_EXTRA`` (that rank takes extra steps), ``SLOW_FORWARD_RANK`` (that rank's model forward
+sleeps ``SLOW_S``: slow in its own compute, its loader as fast as the others'), ``WITH_MODEL=1`` (the DDP model is
+passed to the instrument), ``OUT`` (rank 0 writes its report's as_dict() there).
 """
 
 from __future__ import annotations
@@ -29,7 +31,21 @@ if group:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+slow_forward = str(rank) == os.environ.get("SLOW_FORWARD_RANK")
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+
+    def forward(self, x):
+        if slow_forward:
+            time.sleep(slow_s)  # a rank slow in its own compute (a sleep: the signal holds on a busy machine)
+        return self.body(x)
+
+
+model = Net()
 if group:
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -62,10 +62,28 @@ def test_several_epochs_and_too_few_steps():
     few = inst.instrument([1, 2], device="cpu", warmup=1)
     for _ in few:
         pass
-    with pytest.raises(ParameterError, match="only 1 step"):
-        few.result()
+    r = few.result()  # too few steps: a report that says so, not a raise
+    assert r.recommendation == r.measured_recommendation == "inconclusive" and r.bottleneck is None
+    assert r.reason.startswith("only 1 step measured after the 1 warm-up step: too few for a verdict")
     with pytest.raises(ParameterError, match="warmup"):
         inst.instrument([], warmup=-1)
+
+
+@pytest.mark.parametrize("batches, warmup, said", [
+    (5, 3, "only 2 steps measured after the 3 warm-up steps: too few for a verdict; run more steps"),
+    (2, 3, "only 0 steps measured after the 3 warm-up steps (the loop ran 2 in all): too few for a verdict"),
+])
+def test_report_with_too_few_steps_says_so_and_never_raises(capsys, batches, warmup, said):
+    """A user's job that measured fewer than 3 steps: report() prints what it has and returns an inconclusive
+    report (under torchrun a raise would be a traceback from every rank)."""
+    steps = inst.instrument(range(batches), device="cpu", warmup=warmup, name="short loop")
+    for _ in steps:
+        pass
+    r = steps.report()
+    out = capsys.readouterr().out
+    assert isinstance(r, inst.LoopReport) and r.recommendation == "inconclusive"
+    assert said in out and out.startswith(f"short loop: {max(0, batches - warmup)} step")
+    assert "next: run more steps (at least 3 after the warm-up), then report() again" in out
 
 
 @pytest.mark.busy_safe

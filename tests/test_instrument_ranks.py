@@ -11,6 +11,7 @@ import json
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -30,21 +31,41 @@ def _state(t, busy, own):
     return {"time_s": t, "load_1min": 0.5, "cores": 2, "busy_cpu_s": busy, "steal_cpu_s": 0.0, "own_cpu_s": own}
 
 
-def _payloads(slow=(), nodes=(0, 0, 1, 1), extra=0.040, n=12, seed=0, synchronous=True, counts=None):
-    """A DDP job of len(nodes) ranks: every step lasts as long as the slowest rank's; the others wait in compute."""
+def _payloads(slow=(), nodes=(0, 0, 1, 1), extra=0.040, n=12, seed=0, synchronous=True, counts=None,
+              slow_forward=(), sampled=None):
+    """A DDP job of len(nodes) ranks: every step lasts as long as the slowest rank's; the others wait in compute.
+
+    ``slow``: ranks whose loader takes ``extra`` s longer; ``slow_forward``: ranks whose own compute (forward)
+    does. ``sampled``: the measured steps DDP sampled (the first ``sampled``), whose allreduce wait the payload
+    then carries (``steps["wait"]``, None for the others, as InstrumentedLoader._payload sends it); None: no DDP
+    model passed, no wait measured (without a process group the ranks do not wait: ``synchronous=False``)."""
     rng = random.Random(seed)
     world = len(nodes)
     data = {r: [0.0002 + (extra if r in slow else 0.0) + rng.uniform(0, 1e-4) for _ in range(n)] for r in range(world)}
-    own = 0.010
-    step = [max(data[r][i] for r in range(world)) + own + rng.uniform(0, 5e-4) for i in range(n)]
+    own = {r: [0.010 + (extra if r in slow_forward else 0.0) + rng.uniform(0, 2e-4) for _ in range(n)]
+           for r in range(world)}
+    comm = 0.0005  # the transfer itself, not hidden behind backward
+    step = [max(data[r][i] + own[r][i] for r in range(world)) + comm + rng.uniform(0, 5e-4) for i in range(n)]
+    if not synchronous:  # every rank at its own pace
+        step = None
     out = {}
     for r in range(world):
         m = counts[r] if counts else n
+        st = step[:m] if step else [data[r][i] + own[r][i] + comm for i in range(m)]
+        steps = {"data": data[r][:m], "copy": [0.0] * m, "compute": [st[i] - data[r][i] for i in range(m)],
+                 "step_s": st}
+        if sampled:  # the wait: the step's end minus the rank's own work (its last gradient)
+            steps["wait"] = [st[i] - data[r][i] - own[r][i] if i < sampled else None for i in range(m)]
+        ddp = None
+        if sampled:  # DDP's averages over its sampled iterations, as ddp_timers gives them
+            wait = statistics.fmean(steps["wait"][:sampled])
+            ddp = {"forward_s": 0.003, "backward_compute_s": statistics.fmean(own[r]) - 0.003,
+                   "backward_comm_s": wait + 0.0005, "overlap_s": 0.0005, "hidden_fraction": 0.0005 / (wait + 0.0005),
+                   "exposed_comm_s": wait}
         out[r] = {"rank": r, "node_rank": nodes[r], "host": "vm", "launch": 100 + nodes[r], "node": f"{nodes[r]} (vm)",
-                  "device_kind": "cpu",
-                  "steps": {"data": data[r][:m], "copy": [0.0] * m,
-                            "compute": [step[i] - data[r][i] for i in range(m)], "step_s": step[:m]},
-                  "n_steps": m, "copy_marked": False, "synchronous": synchronous, "ddp": None, "ddp_note": "no model",
+                  "device_kind": "cpu", "warmup": 3, "steps": steps,
+                  "n_steps": m, "copy_marked": False, "synchronous": synchronous, "ddp": ddp,
+                  "ddp_note": "" if sampled else inst._NOT_MEASURED,
                   # two launches on one host: each launch's own CPU is the job's; together they took the machine
                   "machine_before": _state(0.0, 100.0, 10.0), "machine_after": _state(10.0, 118.0, 19.0)}
     return out
@@ -88,8 +109,13 @@ def test_missing_ranks_and_different_step_counts_are_said():
     assert rep.missing == (3,) and "3 of 4 ranks" in text.splitlines()[0]
     assert "rank(s) 3 of 4 did not report within the timeout" in text
     assert "different numbers of steps (rank 0: 12, rank 1: 12, rank 2: 9)" in text
-    with pytest.raises(ParameterError, match="no rank measured 3 steps"):
-        inst.job_report({0: _payloads(counts=[2, 2, 2, 2])[0]}, world_size=4)
+    few = _payloads(counts=[2, 2, 2, 2])
+    none = inst.job_report({0: few[0], 1: few[1]}, world_size=2)  # a report that says so, not a raise
+    assert none.recommendation == none.measured_recommendation == "inconclusive" and none.slow is None
+    assert none.verdict_line == ("job: inconclusive: no rank measured 3 steps after the 3 warm-up steps (rank 0 2, "
+                                 "rank 1 2): too few for a verdict; run more steps")
+    assert none.lines()[0].startswith("your loop: 0 of 2 ranks on 0 node(s), no rank measured 3 steps")
+    assert json.loads(json.dumps(none.as_dict(), default=str))["recommendation"] == "inconclusive"
 
 
 def test_ddp_timers_split_the_compute_and_say_what_hid_behind_backward():
@@ -103,9 +129,12 @@ def test_ddp_timers_split_the_compute_and_say_what_hid_behind_backward():
     assert rep.communication.startswith("allreduce hidden behind backward (DDP's own timers")
     assert "rank 0 2% of 41.0 ms (forward + backward compute 8.0 ms)" in rep.communication
     assert "rank 2 50% of 2.0 ms" in rep.communication
-    assert any("DDP's own forward + backward compute per rank is on the communication line" in n for n in rep.notes)
+    # DDP's averages only (no per-step wait): the compute column is still compared as waiting, and it says why
+    assert any("cannot see a rank slow in its own compute" in n and "DDP's timers paired fewer than 3" in n
+               for n in rep.notes)
     none = inst.ddp_timers(None)
-    assert none[0] is None and "model=ddp_model" in none[1]
+    assert none[0] is None and none[1].startswith("not measured without a DDP model passed to instrument(..., "
+                                                  "model=ddp)")
     assert "not a DistributedDataParallel" in inst.ddp_timers(object())[1]
 
 
@@ -406,3 +435,230 @@ def test_the_job_machine_check_counts_every_launch_on_a_host_once():
     assert rep.machine.busy and rep.machine.other_cpu_share == pytest.approx(0.45)
     assert rep.recommendation == "inconclusive" and rep.measured_recommendation == "host-bound"
     assert rep.verdict_line.startswith("job: inconclusive: measured on a busy machine")
+
+
+# --- the fixes of issue 31: report() never raises, no rank file of another launch, a rank slow in its own compute,
+# --- the mean a share is of, no collectives without a group, table and sentence agree, ranks missing
+
+
+def test_a_rank_slow_in_its_own_compute_is_named_from_ddps_wait_and_the_waiting_ranks_never_are():
+    """DDP: the fast ranks wait in backward's allreduce, so every rank's compute column is the same; the wait DDP's
+    timers measure on the steps it sampled, taken out of the compute, shows the rank that computes more."""
+    p = _payloads(slow_forward=(2,), nodes=(0, 0, 0, 0), sampled=8)
+    by_rank = inst.job_report(p, world_size=4)
+    assert by_rank.wait_measured and by_rank.slow.slow_ranks == ("rank 2",) and by_rank.slow.phase == "compute"
+    assert by_rank.slow.excess_s == pytest.approx(0.040, abs=0.002)
+    assert by_rank.slow.wait.phase == "comm" and by_rank.slow.wait.coverage >= 0.8
+    lines = by_rank.lines()
+    assert lines[1].split() == ["rank", "node", "steps", "data", "ms", "copy", "ms", "compute", "ms", "wait", "ms",
+                                "step", "ms", "exposed"]
+    t = by_rank.table.set_index("rank")  # the table shows what the sentence says: compute alike, wait not
+    assert abs(t.loc[0, "compute_ms"] - t.loc[2, "compute_ms"]) < 2 and t.loc[0, "wait_ms"] > 35 > t.loc[2, "wait_ms"]
+    slow = next(ln for ln in lines if ln.startswith("slow: "))
+    assert slow.startswith("slow: rank 2 is the slow rank: its compute phase (compute outside the allreduce wait")
+    assert "more allreduce wait (the wait column" in slow and "is their wait for rank 2" in slow
+    assert not any(f"rank {r} is" in slow for r in (0, 1, 3)) and "also slow" not in slow
+    assert not any("not measured" in ln for ln in lines)
+    # the same job without the DDP model: no wait measured, no rank named, and the report says what it cannot see
+    blind = inst.job_report(_payloads(slow_forward=(2,), nodes=(0, 0, 0, 0)), world_size=4)
+    assert blind.slow.findings == () and not blind.wait_measured and "wait" not in blind.lines()[1].split()
+    assert blind.communication.startswith("not measured without a DDP model passed to instrument(..., model=ddp)")
+    assert any("cannot see a rank slow in its own compute" in n and "no DDP model was passed" in n
+               for n in blind.notes)
+
+
+def test_a_slow_loader_is_still_named_with_ddps_wait_and_the_sentence_speaks_of_what_the_table_shows():
+    with_wait = inst.job_report(_payloads(slow=(1,), nodes=(0, 0, 0, 0), sampled=8), world_size=4)
+    assert with_wait.slow.slow_ranks == ("rank 1",) and with_wait.slow.phase == "data"
+    assert "wait" in with_wait.lines()[1].split() and "more allreduce wait" in with_wait.slow.sentence()
+    # without DDP's timers the others' wait shows in their compute column: the sentence says so, and speaks of no
+    # communication, which the report says it did not measure
+    without = inst.job_report(_payloads(slow=(1,), nodes=(0, 0, 0, 0)), world_size=4)
+    s = without.slow.sentence()
+    assert without.slow.slow_ranks == ("rank 1",) and "communication" not in s
+    assert "more compute-column time (which holds each rank's wait in the collectives)" in s
+    assert "communication: not measured" in "\n".join(without.lines()) and "wait" not in without.lines()[1].split()
+
+
+def test_without_a_process_group_nothing_is_said_of_collectives():
+    rep = inst.job_report(_payloads(slow=(1,), nodes=(0, 0, 0, 0), synchronous=False), world_size=4)
+    text = "\n".join(rep.lines())
+    assert rep.slow.slow_ranks == ("rank 1",) and rep.slow.phase == "data"
+    assert "collective" not in text and "allreduce" not in text
+    assert "the ranks do not synchronize (no process group), so the others do not wait for it" in rep.verdict_line
+    assert rep.slow.sentence().endswith("The ranks do not synchronize (no process group was initialized at "
+                                        "report()): the others do not wait for rank 1.")
+
+
+def test_with_ranks_missing_the_verdict_covers_those_that_reported_and_gives_no_firm_lever():
+    p = _payloads(slow=())
+    del p[3]
+    rep = inst.job_report(p, world_size=4, missing=(3,))
+    assert rep.verdict_line.startswith("job: inconclusive: 3 of 4 ranks reported: the verdict covers these; the "
+                                       "missing rank(s) may be the slow one; what they measured: device-bound: no "
+                                       "reporting rank's input")
+    assert rep.recommendation == "inconclusive" and rep.measured_recommendation == "device-bound"
+    assert rep.bottleneck.reason not in rep.verdict_line  # the lever is not given as the job's
+    assert rep.next_notebook.startswith("first have every rank report (a rank that did not may be the slow one")
+    slowed = _payloads(slow=(1,))
+    del slowed[3]
+    host = inst.job_report(slowed, world_size=4, missing=(3,))
+    assert host.verdict_line.startswith("job: inconclusive: 3 of 4 ranks reported: the verdict covers these")
+    assert "host-bound because of rank 1" in host.verdict_line and "the input is the larger lever" not in \
+        host.verdict_line
+    full = inst.job_report(_payloads(slow=()), world_size=4)
+    assert full.recommendation == "device-bound" and "ranks reported" not in full.verdict_line
+
+
+def _rank_loop(monkeypatch, rank, folder, *, started_at=None, batches=6, warmup=1, timeout_s=0.5):
+    """An instrumented loop of rank ``rank`` of 2, launched without torchrun (no process group), in this process;
+    ``started_at``: its process's start as the launch id records it (an earlier launch's: an hour ago)."""
+    for v in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+              "NODE_RANK", "CROSS_RANK", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_NODEID", "WORKBOOK_GATHER_DIR"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", str(rank))
+    real = inst._process_start
+    if started_at is not None:
+        monkeypatch.setattr(inst, "_process_start", lambda: started_at)
+    loop = inst.instrument(range(batches), device="cpu", warmup=warmup, gather_dir=folder, gather_timeout_s=timeout_s)
+    monkeypatch.setattr(inst, "_process_start", real)
+    for _ in loop:
+        time.sleep(0.002)
+    return loop
+
+
+def test_a_rank_file_of_an_earlier_launch_is_never_merged(monkeypatch, tmp_path):
+    """Issue 31: rank 1 of an earlier launch wrote its file, its rank 0 never read it; this launch's rank 0, with
+    no process group, gathers through the same folder. Its rank 1 never reports: the old file is not its."""
+    folder = tmp_path / "rdzv"
+    old = _rank_loop(monkeypatch, 1, folder, started_at=inst._process_start() - 60)
+    assert isinstance(old.report(print_it=False), inst.LoopReport)
+    assert len(list(folder.glob("*.rank1.json"))) == 1
+    rep = _rank_loop(monkeypatch, 0, folder).report(print_it=False)
+    assert list(rep.table["rank"]) == [0] and rep.missing == (1,)
+    note = next(n for n in rep.notes if n.startswith("ignored 1 rank file of an earlier launch: "))
+    assert note.startswith("ignored 1 rank file of an earlier launch: rank 1's (its process started 60 s before "
+                           "rank 0's") and str(folder) in note
+    assert rep.verdict_line.startswith("job: inconclusive: 1 of 2 ranks reported: the verdict covers these")
+    assert list(folder.iterdir()) == []  # the old file is gone with rank 0's own
+
+
+def test_this_launchs_rank_file_is_merged_though_an_earlier_launchs_was_there_first(monkeypatch, tmp_path):
+    import threading
+
+    folder = tmp_path / "rdzv"
+    _rank_loop(monkeypatch, 1, folder, started_at=inst._process_start() - 3600).report(print_it=False)
+    late = _rank_loop(monkeypatch, 1, folder)  # this launch's rank 1: reports while rank 0 waits
+    rank0 = _rank_loop(monkeypatch, 0, folder, timeout_s=30)
+    writer = threading.Timer(0.5, lambda: late.report(print_it=False))
+    writer.start()
+    rep = rank0.report(print_it=False)
+    writer.join()
+    assert list(rep.table["rank"]) == [0, 1] and rep.missing == ()
+    assert any(n.startswith("ignored 1 rank file of an earlier launch: rank 1's (its process started 3600 s before")
+               for n in rep.notes)
+    assert "ranks reported" not in rep.verdict_line
+
+
+def test_the_launch_id_tells_another_launch_by_its_rendezvous_agent_start_and_write():
+    mine = {"key": "none-0-127.0.0.1-29500", "world_size": 2, "host": "vm", "node_rank": 0, "agent": [100, 1000.0],
+            "started_at": 1001.0}
+    same = {**mine, "started_at": 1001.5}
+    assert inst._other_launch(mine, {"launch_id": same, "written_at": 1010.0}) is None
+    agent = {**same, "agent": [90, 990.0]}  # an earlier torchrun on this node (run id "none", port 29500 again)
+    why, earlier = inst._other_launch(mine, {"launch_id": agent, "written_at": 1010.0})
+    assert earlier and why.startswith("started by another torchrun on this node (its agent, pid 90, started 10 s "
+                                      "before this launch's)")
+    assert inst._other_launch(mine, {"launch_id": {**agent, "node_rank": 1}, "written_at": 1010.0}) is None
+    why, _ = inst._other_launch(mine, {"launch_id": {**same, "key": "none-0-127.0.0.1-29501"}})
+    assert why.startswith("another rendezvous")
+    why, earlier = inst._other_launch(mine, {"launch_id": {**same, "agent": None, "started_at": 995.0},
+                                             "written_at": 996.0})
+    assert earlier and why == "written 5 s before rank 0's process started"
+    assert "no launch id" in inst._other_launch(mine, {"steps": {}})[0]
+
+
+def test_report_never_raises_under_a_launcher(monkeypatch, tmp_path, capsys):
+    folder = tmp_path / "rdzv"
+    short = _rank_loop(monkeypatch, 1, folder, batches=3)  # 2 steps after the warm-up
+    own = short.report(print_it=False)
+    assert isinstance(own, inst.LoopReport) and own.recommendation == "inconclusive"  # not None
+    rep = _rank_loop(monkeypatch, 0, folder, batches=3).report()
+    assert isinstance(rep, inst.JobReport) and rep.recommendation == "inconclusive"
+    assert rep.verdict_line.startswith("job: inconclusive: no rank measured 3 steps after the 1 warm-up step "
+                                       "(rank 0 2, rank 1 2)")
+
+    def fails(*a, **k):
+        raise ParameterError("rendezvous folder /x: cannot write there")
+
+    monkeypatch.setattr(inst.gather, "gather_to_root", fails)
+    capsys.readouterr()
+    mine = _rank_loop(monkeypatch, 0, folder).report()
+    out = capsys.readouterr().out
+    assert isinstance(mine, inst.LoopReport) and mine.measured_recommendation != "inconclusive"
+    assert "the ranks' figures could not be gathered (ParameterError: rendezvous folder /x: cannot write there)" in out
+
+
+@pytest.mark.slow
+@pytest.mark.busy_safe  # the slow rank's forward is a sleep
+def test_under_torchrun_a_rank_slow_in_its_forward_is_named_and_the_rank_that_waits_is_not(tmp_path):
+    """DDP (gloo): rank 1's forward sleeps; rank 0 waits in backward's allreduce, so both compute columns come out
+    the same. With the DDP model passed, DDP's per-step timers give rank 0's wait and rank 1 is named."""
+    rep, outs, _ = _torchrun(tmp_path, nodes=1, env={"SLOW_FORWARD_RANK": "1", "WITH_MODEL": "1"})
+    assert rep["wait_measured"] and rep["slow"]["slow_ranks"] == ["rank 1"] and rep["slow"]["phase"] == "compute"
+    assert rep["slow"]["wait"]["phase"] == "comm" and rep["slow"]["wait"]["coverage"] >= 0.8
+    assert "rank 0 is" not in rep["slow"]["sentence"]
+    by_rank = {r["rank"]: r for r in rep["ranks"]}
+    assert by_rank[0]["wait_ms"] > 25 > by_rank[1]["wait_ms"]  # the 40 ms sleep, waited for by rank 0
+    print(outs[0])
+
+
+def test_a_wait_outside_the_allreduce_never_names_the_rank_that_waits():
+    """DDP with buffers broadcasts them at each forward: a fast rank then waits there for a slow loader, not in the
+    allreduce, and its compute minus the allreduce wait holds that wait. The others' allreduce wait does not back
+    it, so the waiting rank is not named; the slow loader is."""
+    p = _payloads(slow=(1,), nodes=(0, 0), sampled=8)
+    for r, d in p.items():
+        d["steps"]["wait"] = [0.0005 if w is not None else None for w in d["steps"]["wait"]]  # no allreduce wait
+    rep = inst.job_report(p, world_size=2)
+    t = rep.table.set_index("rank")
+    assert t.loc[0, "own_compute_ms"] > t.loc[1, "own_compute_ms"] + 30  # rank 0's wait stayed in its compute
+    assert rep.slow.slow_ranks == ("rank 1",) and rep.slow.phase == "data"
+    assert "rank 0" not in rep.slow.sentence().split(". ")[0]
+    # the slow-forward job still names its rank: the others' allreduce wait covers its excess
+    assert inst.job_report(_payloads(slow_forward=(1,), nodes=(0, 0), sampled=8), world_size=2).slow.slow_ranks == \
+        ("rank 1",)
+
+
+class _FakeDDP:
+    """DDP's logging as torch 2.x does it: at the start of forward n + 1 it logs forward n's timers, under
+    ``iteration`` = n, where n is sampled (n <= 10 or a multiple of 100); here forward n's wait is n ms."""
+
+    def __init__(self, before=0):
+        self.n, self.logged = before, {"iteration": 0}
+
+    def forward(self):
+        if self.n > 0 and (self.n <= 10 or self.n % 100 == 0):
+            self.logged = {"iteration": self.n, "forward_compute_time": 1000, "backward_compute_time": 1000,
+                           "backward_comm_time": 1_000_000 * self.n + 500, "backward_compute_comm_overlap_time": 500}
+        self.n += 1
+
+    def _get_ddp_logging_data(self):
+        return dict(self.logged)
+
+
+@pytest.mark.parametrize("before", [0, 3])
+def test_ddps_timers_are_paired_with_the_steps_they_belong_to(before):
+    """The wait of each step DDP sampled lands on that step's row, whether or not the model ran forwards before
+    the instrument (``before``); the warm-up's are left out."""
+    fake = _FakeDDP(before)
+    loop = inst.instrument(range(205), device="cpu", warmup=1, model=fake)
+    for _ in loop:
+        fake.forward()
+    wait = loop._payload()["steps"]["wait"]  # row i is step i + 2 (1-based; one warm-up step)
+    paired = {i + 2: w for i, w in enumerate(wait) if w is not None}
+    steps = [s for s in range(2, 205) if (s + before) <= 10 or (s + before) % 100 == 0]
+    assert sorted(paired) == steps and steps[-2:] == [100 - before, 200 - before]
+    assert all(paired[s] == pytest.approx((s + before) * 1e-3) for s in steps)

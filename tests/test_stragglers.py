@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def test_one_slow_rank_is_named_with_its_data_phase_and_the_others_wait():
     assert res.slow_ranks == ("rank 2",) and res.ranks == (2,)
     assert res.phase == "data" and res.node is None
     assert res.excess_s == pytest.approx(0.040, abs=0.0005)
-    assert res.excess_pct == pytest.approx(100 * res.excess_s / res.mean_step_s, rel=0.05)
+    assert res.excess_pct == pytest.approx(100 * res.excess_s / res.primary.mean_step_s)
     assert res.spread_s < 0.001
     assert res.wait.phase == "comm" and res.wait.coverage >= stragglers.WAIT_COVERAGE
     assert res.wait.others_extra_s == pytest.approx(0.040, abs=0.002)
@@ -63,6 +64,7 @@ def test_a_whole_node_slower_in_the_same_phase_is_named_as_the_node():
     assert res.excess_s == pytest.approx(0.030, abs=0.0005)
     s = res.sentence()
     assert s.startswith("Node b is slower than the others") and "no rank on another node is slow" in s
+    assert f"of the other nodes' ranks' {stragglers._ms(res.primary.mean_step_s)} mean step" in s
     assert "is their wait for node b" in s
 
 
@@ -161,3 +163,35 @@ def test_bad_input_is_named(ranks, match):
 def test_min_excess_must_be_a_share():
     with pytest.raises(ParameterError, match="min_excess"):
         find(ddp_job(), min_excess=5)
+
+
+def test_the_share_is_printed_with_the_mean_it_divides_by_the_other_ranks():
+    """Issue 31: "158 % of the 46.1 ms mean step" divided by the other ranks' mean and printed all ranks'. The
+    sentence prints the other ranks' mean, and says so."""
+    ranks = [RankPhases(label=f"rank {r}", rank=r, phases={"step_s": [0.0292 + (0.0461 if r == 3 else 0.0)] * 8})
+             for r in range(4)]
+    res = find(ranks)
+    s = res.sentence()
+    assert res.slow_ranks == ("rank 3",) and res.primary.mean_step_s == pytest.approx(0.0292)
+    assert "158% of the other ranks' 29.2 ms mean step" in s and "5% of that mean (1.46 ms)" in s
+    assert res.mean_step_s == pytest.approx(statistics.fmean([0.0292] * 3 + [0.0753]))  # all ranks' 40.7 ms ...
+    assert "40.7 ms" not in s  # ... is not the mean the share is of
+    assert res.as_dict()["findings"][0]["mean_step_s"] == pytest.approx(0.0292)
+    quiet = find(_independent(extra=0.003, jitter=0.0002))
+    assert "5% of the other ranks' mean step (all ranks' mean step:" in quiet.sentence()
+
+
+def test_the_caller_says_what_its_phases_hold_and_what_it_cannot_see():
+    """Live ranks without communication measured pass the compute column (which holds the wait) as waiting: the
+    sentence names it as the caller says, never as communication; without a wait phase, the caller's sentence."""
+    res = find(ddp_job(), source="the instrument",
+               words={"comm": "compute-column time (which holds the wait)"})
+    s = res.sentence()
+    assert res.slow_ranks == ("rank 2",) and "communication" not in s
+    assert "more compute-column time (which holds the wait) per step" in s
+    assert "so the rank with the most compute-column time is not the culprit" in s
+    alone = find(_independent(extra=0.008, jitter=0.0005), source="the instrument",
+                 no_wait="The ranks do not synchronize: the others do not wait for {culprit}.")
+    s = alone.sentence()
+    assert "no phase the instrument measures explains it" in s
+    assert s.endswith("The ranks do not synchronize: the others do not wait for rank 1.")
