@@ -49,7 +49,12 @@ What each phase of a :class:`~helpers.traces.model.StepPhases` is read from, per
 step: on the thread that holds most of those annotations; the step number is N):
 
 - ``data``: the DataLoader's ``__next__`` spans (torch names them ``enumerate(DataLoader)#<iterator class>.__next__``,
-  e.g. ``_SingleProcessDataLoaderIter`` or ``_MultiProcessingDataLoaderIter``) inside the step, as a union.
+  e.g. ``_SingleProcessDataLoaderIter`` or ``_MultiProcessingDataLoaderIter``) inside the step, as a union; on a
+  trace that records a device, only the part of them during which the device runs nothing (work already queued
+  hides the rest of the wait). This is how the TensorBoard plugin counts its step's "DataLoader" time (its
+  overview gives each instant to the first of Kernel, Memcpy, Memset, Runtime, DataLoader, CPU Exec, Other:
+  ``tb_plugin/torch_tb_profiler/profiler/overall_parser.py``), and its expected answers for its resnet50 samples
+  are met (tests/test_trace_public.py).
 - ``h2d``: on a trace that records a device, the device's own host-to-device copy time (``Memcpy HtoD`` events)
   not overlapped by its kernels: the copy the step waits for. The host's wait for a copy (a pageable
   ``cudaMemcpyAsync`` that blocks, a ``cudaStreamSynchronize`` after it) is not the copy: on a real 8-rank NCCL
@@ -117,9 +122,11 @@ import hashlib
 import io
 import json
 import re
+import sys
 import time
 import zlib
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +139,30 @@ __all__ = ["looks_like_kineto", "read_kineto"]
 
 #: Characters read per chunk of the event array.
 CHUNK_CHARS = 8 << 20
-#: A chunk of text that still holds no complete event when it has grown this large is not a trace.
-MAX_EVENT_CHARS = 64 << 20
+#: The longest single JSON value (one event, or one metadata value beside ``traceEvents``) the exact path decodes,
+#: characters: torch.profiler's events are a few hundred bytes. Longer is refused, since decoding it would hold the
+#: text and its objects (up to ~24 bytes per character for ``[{},{},...]``) at once.
+MAX_EVENT_CHARS = 16 << 20
+#: The longest event name or category, characters: no profiler writes a name of a MiB (kernel names of templated
+#: code run to a few KB).
+MAX_STRING_CHARS = 1 << 20
+#: All the metadata beside ``traceEvents`` together, characters (torch writes a few KB of it).
+MAX_META_CHARS = 16 << 20
+#: The exact path hands its decoded events to the columns every this many events or characters of their text,
+#: whichever comes first, so that large events never pile up as dicts.
+PENDING_EVENTS = 20_000
+PENDING_CHARS = 4 << 20
+#: A chunk the fast path's expression does not trust is decoded by ``json.loads`` in pieces of at most this many
+#: characters (cut before an event, as the chunks are).
+JSON_PIECE_CHARS = 2 << 20
+#: The largest |ts| and dur, microseconds (~127 years): ns times and their ends must fit in int64.
+MAX_TIME_US = 4e15
+#: A gzip whose text grows past :data:`GZIP_RATIO_AFTER` bytes at more than this many bytes per compressed byte
+#: read is refused: torch.profiler's traces compress 10-30-fold (8-30x measured on the 18 public traces of
+#: tests/data/public_traces, 13x on a real torch 2.13 CPU trace, 25x on ``bench trace``'s), a stream of spaces or
+#: of one repeated event 300-1000-fold.
+MAX_GZIP_RATIO = 200
+GZIP_RATIO_AFTER = 64 << 20
 #: Events read with no ``ProfilerStep#`` among them after which the reader gives up early.
 EARLY_NO_STEP_EVENTS = 2_000_000
 #: Seconds between two calls of the progress callback.
@@ -184,6 +213,11 @@ _DECODER = json.JSONDecoder()
 
 class _Restart(Exception):
     """The fast path met a layout it cannot trust: read the file again with the exact path."""
+
+
+class _BadValue(Exception):
+    """An event the columns refuse (a time that is not a finite number, a name of a MiB): the message says what is
+    wrong and what to do; :func:`_parse` names the file."""
 
 
 # ------------------------------------------------------------------------------------------------ the sniff
@@ -276,7 +310,8 @@ class _Columns:
             if not isinstance(e, dict) or e.get("ph") != "X":
                 continue
             t, d = e.get("ts"), e.get("dur")
-            if not isinstance(t, (int, float)) or not isinstance(d, (int, float)):
+            if not isinstance(t, (int, float)) or not isinstance(d, (int, float)) or isinstance(t, bool) or (
+                    isinstance(d, bool)):
                 continue
             c, n = str(e.get("cat", "")), str(e.get("name", ""))
             cat.append(c)
@@ -299,12 +334,53 @@ class _Columns:
             self.links.append((cat, name, tid_id, float(ts), float(dur), int(corr)))
 
     def _store(self, cat, name, tids, ts_us, dur_us) -> None:
+        # NaN fails every comparison: one pass refuses NaN, infinities, negative durations and times out of range
+        ok = (np.abs(ts_us) <= MAX_TIME_US) & (dur_us >= 0) & (dur_us <= MAX_TIME_US)
+        if not ok.all():
+            self._bad_time(int(np.argmin(ok)), name, ts_us, dur_us)
         cats = self.cats
-        cid = np.fromiter(map(cats.__getitem__, cat), dtype=np.int16, count=len(cat))
+        before = len(cats), len(self.names)
+        cid = np.fromiter(map(cats.__getitem__, cat), dtype=np.int32, count=len(cat))
+        names = self._name_ids(name)
+        for table, n0, what in ((cats, before[0], "category"), (self.names, before[1], "name")):
+            if len(table) > n0:  # only the strings new in this batch are measured
+                longest = max(map(len, islice(reversed(table), len(table) - n0)))
+                if longest > MAX_STRING_CHARS:
+                    raise _BadValue(f"an event {what} is {longest:,} characters long (more than "
+                                    f"{MAX_STRING_CHARS >> 20} MiB; no profiler writes one that long): the file is "
+                                    "corrupt or was not written by torch.profiler; pass the .pt.trace.json "
+                                    "torch.profiler wrote, unchanged")
+        if len(cats) > np.iinfo(np.int16).max:
+            raise _BadValue(f"the events have more than {np.iinfo(np.int16).max:,} categories (torch.profiler "
+                            "writes about a dozen): the file is corrupt or was not written by torch.profiler; "
+                            "pass the .pt.trace.json torch.profiler wrote, unchanged")
         ts_ns = np.rint(ts_us * 1000.0).astype(np.int64)
-        dur_ns = np.maximum(np.rint(dur_us * 1000.0), 0).astype(np.int64)
-        self.parts.append((ts_ns, dur_ns, self._name_ids(name), cid, tids))
+        dur_ns = np.rint(dur_us * 1000.0).astype(np.int64)
+        self.parts.append((ts_ns, dur_ns, names, cid.astype(np.int16), tids))
         self.events += len(cat)
+
+    def _bad_time(self, i: int, name, ts_us: np.ndarray, dur_us: np.ndarray):
+        """Raise the :class:`_BadValue` for row ``i`` of a batch, the first whose ts or dur is refused."""
+        def spelled(x: float) -> str:  # as the JSON holds it (Python's json module reads NaN and Infinity)
+            if x != x:
+                return "NaN"
+            if abs(x) == float("inf"):
+                return "Infinity" if x > 0 else "-Infinity"
+            return f"{x:g}"
+
+        ts, dur = float(ts_us[i]), float(dur_us[i])
+        if not abs(ts) <= MAX_TIME_US:
+            field = f"ts={spelled(ts)}"
+        elif dur < 0:
+            field = f"a negative duration, dur={spelled(dur)}"
+        else:
+            field = f"dur={spelled(dur)}"
+        shown = str(name[i])
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise _BadValue(f"complete event {self.events + i + 1:,} ({shown!r}) has {field}: the file is corrupt or was "
+                        "not written by torch.profiler, which writes finite times (microseconds, |ts| up to "
+                        f"{MAX_TIME_US:.0e}) and durations of 0 or more; profile again, or pass the .pt.trace.json "
+                        "torch.profiler wrote, unchanged")
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         """ts_ns, dur_ns (int64), name id (int32), category id (int16), thread id (int32), concatenated."""
@@ -331,12 +407,21 @@ class _Parser:
         self.total = path.stat().st_size
         self.raw = open(path, "rb")
         gz = self.raw.read(2) == b"\x1f\x8b"
-        self.raw.seek(0)
         self.gz = gz
-        self.text = io.TextIOWrapper(gzip.GzipFile(fileobj=self.raw) if gz else self.raw, encoding="utf-8")
+        self.gzfile = gzip.GzipFile(fileobj=self.raw) if gz else None
+        # the uncompressed size the memory check assumed (memory_needed_mib): ISIZE, at least 8x the file
+        self.isize = 0
+        if gz and self.total >= 18:
+            self.raw.seek(self.total - 4)
+            self.isize = int.from_bytes(self.raw.read(4), "little")
+        self.gz_checked = max(self.isize, 8 * self.total)
+        self.raw.seek(0)
+        self.text = io.TextIOWrapper(self.gzfile if gz else self.raw, encoding="utf-8")
         self.buf, self.pos, self.eof = "", 0, False
         self.cols = _Columns()
         self.meta: dict[str, Any] = {}
+        self.meta_chars = 0
+        self.last_chars = 0  # characters of the value value() returned last
         self.fast_chunks = 0
         self.fallback_chunks = 0
         self._last_progress = 0.0
@@ -368,12 +453,39 @@ class _Parser:
         except UnicodeDecodeError as exc:
             raise self._fail(f"byte {exc.start} of a chunk is not UTF-8 text, so this is not a JSON trace",
                              "pass the .pt.trace.json (or .json.gz) file torch.profiler wrote") from None
+        if self.gzfile is not None and more:
+            self._check_gzip()
         self.buf = self.buf[self.pos:] + more
         self.pos = 0
         if not more:
             self.eof = True
         self._report()
         return bool(more)
+
+    def _check_gzip(self) -> None:
+        """Refuse a gzip that expands like a bomb, or whose text outgrows the memory the check before the read
+        allowed (its ISIZE trailer is the size modulo 4 GiB, so the text may be ISIZE + k * 4 GiB)."""
+        out, into = self.gzfile.tell(), max(self.raw.tell(), 1)
+        if out > GZIP_RATIO_AFTER and out > MAX_GZIP_RATIO * into:
+            raise self._fail(f"the gzip expands more than {MAX_GZIP_RATIO}-fold ({into / 1e6:,.1f} MB of it gave "
+                             f"{out / 1e6:,.0f} MB of text so far; torch.profiler's traces compress 10-30-fold), so "
+                             "it is not a profiler's trace and reading on could exhaust memory",
+                             "pass the .pt.trace.json.gz torch.profiler wrote; if this is one, gunzip it and pass the "
+                             ".json")
+        if out > self.gz_checked:
+            import psutil
+
+            grown = self.isize + ((out - self.isize) // (1 << 32) + 1) * (1 << 32)
+            need = BASE_MIB + MIB_PER_TRACE_MB * grown / 1e6
+            free = psutil.virtual_memory().available / 2**20
+            if need > MEMORY_SHARE * free:
+                raise self._fail(f"the gzip holds more text than the {self.gz_checked / 1e9:.1f} GB the memory check "
+                                 f"assumed ({out / 1e9:.1f} GB read so far; its trailer gives the size modulo 4 GiB, "
+                                 f"so it holds at least {grown / 1e9:.1f} GB), and reading that needs about "
+                                 f"{need / 1024:.1f} GiB of memory ({MIB_PER_TRACE_MB} MiB per MB of trace) with "
+                                 f"{free / 1024:.1f} GiB available", "free memory, read it on a larger machine, or "
+                                 "record fewer steps (torch.profiler.schedule(active=...))")
+            self.gz_checked = grown
 
     def _report(self, final: bool = False) -> None:
         if self.progress is None:
@@ -409,16 +521,38 @@ class _Parser:
             try:
                 v, end = _DECODER.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as exc:
-                if self.fill() and len(self.buf) - self.pos <= MAX_EVENT_CHARS:
-                    continue
-                if self.eof and (exc.msg.startswith("Unterminated string") or exc.pos >= len(self.buf.rstrip())):
+                at = exc.pos - self.pos  # in the value (fill() moves the value to the start of the buffer)
+                cut = exc.msg.startswith("Unterminated string")
+                # the value runs into the end of the text read (a cut token is reported at its start: "-Infinity")
+                if (cut or exc.pos >= len(self.buf.rstrip()) - 32) and not self.eof:
+                    if self.fill() and len(self.buf) - self.pos <= MAX_EVENT_CHARS:
+                        continue
+                    if not self.eof:  # the buffer outgrew the limit and the value goes on
+                        raise self._fail(f"{'a string' if cut else 'one JSON value'} in the trace runs on for more "
+                                         f"than {MAX_EVENT_CHARS >> 20} MiB (torch.profiler's events are a few hundred "
+                                         "bytes), so the file is corrupt or was not written by torch.profiler",
+                                         "pass the .pt.trace.json torch.profiler wrote, unchanged") from None
+                if self.eof and (cut or self.pos + at >= len(self.buf.rstrip())):
                     raise self._truncated() from None  # the value runs into the end of the file
-                raise self._fail(f"not valid JSON near character {exc.pos - self.pos} of a value ({exc.msg})",
+                raise self._fail(f"not valid JSON near character {at} of a value ({exc.msg})",
                                  "pass the JSON file torch.profiler wrote, unchanged") from None
+            except RecursionError:
+                raise self._too_deep() from None
+            except ValueError as exc:  # e.g. an integer of more than 4,300 digits (sys.set_int_max_str_digits)
+                raise self._fail(f"a value in the trace cannot be decoded ({exc})", "pass the .pt.trace.json "
+                                 "torch.profiler wrote, unchanged") from None
             if end == len(self.buf) and not self.eof and self.fill():
                 continue  # a number or literal may go on in the next chunk
+            self.last_chars = end - self.pos
             self.pos = end
             return v
+
+    def _too_deep(self) -> TraceError:
+        # json's decoder recurses once per level and stops at the interpreter's recursion limit (RecursionError,
+        # after ~1,000 levels: a few hundred KB of stack and no more memory), so the nesting costs nothing to refuse
+        return self._fail(f"arrays or objects in the trace are nested more than ~{sys.getrecursionlimit():,} levels "
+                          "deep (torch.profiler's events nest 3 or 4), so the file is corrupt or was not written by "
+                          "torch.profiler", "pass the .pt.trace.json torch.profiler wrote, unchanged")
 
     # -- the top level
     def run(self) -> None:
@@ -452,6 +586,12 @@ class _Parser:
                 seen_events = True
             else:
                 self.meta[key] = self.value()
+                self.meta_chars += self.last_chars
+                if self.meta_chars > MAX_META_CHARS:
+                    raise self._fail(f"the metadata beside traceEvents runs to more than {MAX_META_CHARS >> 20} MiB "
+                                     f"({len(self.meta):,} keys; torch.profiler writes a few KB of it), so the file "
+                                     "is corrupt or was not written by torch.profiler", "pass the .pt.trace.json "
+                                     "torch.profiler wrote, unchanged")
         if not seen_events:
             raise self._fail("this JSON has no traceEvents array, so it is not a profiler trace (keys: "
                              f"{', '.join(list(self.meta)[:8]) or 'none'})",
@@ -464,6 +604,7 @@ class _Parser:
             raise self._fail("traceEvents is not an array", "pass the JSON file torch.profiler wrote, unchanged")
         self.pos += 1
         pending: list = []
+        pending_chars = 0
         fast = self.fast
         while True:
             if fast:
@@ -481,9 +622,10 @@ class _Parser:
             if ch == "":
                 raise self._truncated()
             pending.append(self.value())
-            if len(pending) >= 20_000:
+            pending_chars += self.last_chars
+            if len(pending) >= PENDING_EVENTS or pending_chars >= PENDING_CHARS:
                 self.cols.add_dicts(pending)
-                pending = []
+                pending, pending_chars = [], 0
                 self._early_check()
         self.cols.add_dicts(pending)
 
@@ -512,14 +654,31 @@ class _Parser:
         if trusted:
             self.fast_chunks += 1
             if "Memcpy" in chunk:  # the runtime call and its device copy may lie in different chunks
-                self.cols.add_link_text(_LINK.findall(chunk))
+                try:
+                    self.cols.add_link_text(_LINK.findall(chunk))
+                except ValueError:  # a correlation id of more than 4,300 digits
+                    raise _Restart() from None
         else:
-            body = chunk.strip().rstrip(",")
-            try:
-                events = json.loads(f"[{body}]")
-            except json.JSONDecodeError:
-                raise _Restart() from None
-            self.cols.add_dicts(events)
+            # json.loads in pieces cut like the chunk, so that the dicts of at most JSON_PIECE_CHARS of text (up to
+            # ~24 bytes a character for "[{},{},...]") are alive at once, and a failing piece stops early
+            start = 0
+            while start < len(chunk):
+                end = len(chunk)
+                if end - start > JSON_PIECE_CHARS:
+                    k = chunk.rfind('"ph"', start, start + JSON_PIECE_CHARS)
+                    c = chunk.rfind("{", start, k) if k > start else -1
+                    end = c if c > start else end
+                body = chunk[start:end].strip().rstrip(",")
+                try:
+                    events = json.loads(f"[{body}]")
+                except RecursionError:
+                    raise self._too_deep() from None
+                except ValueError:  # JSONDecodeError, or an integer too long to convert: the exact path says which
+                    raise _Restart() from None
+                del body
+                self.cols.add_dicts(events)
+                del events
+                start = end
             self.fallback_chunks += 1
         self.pos = cut
         return True
@@ -579,7 +738,10 @@ def _check_memory(path: Path, size: int) -> None:
     need = memory_needed_mib(path, size)
     free = psutil.virtual_memory().available / 2**20
     if need > MEMORY_SHARE * free:
-        raise TraceError(f"{path}: reading this {size / 1e9:.1f} GB trace needs about {need / 1024:.1f} GiB of memory "
+        text = (need - BASE_MIB) / MIB_PER_TRACE_MB * 1e6  # a gzip's text, as its trailer gives it
+        what = (f"{size / 1e9:.1f} GB trace" if abs(text - size) < 1e6 else
+                f"{size / 1e9:.2f} GB gzip (of {text / 1e9:.1f} GB of text, its trailer says)")
+        raise TraceError(f"{path}: reading this {what} needs about {need / 1024:.1f} GiB of memory "
                          f"({MIB_PER_TRACE_MB} MiB per MB of trace, measured by `python -m helpers bench trace`) and "
                          f"{free / 1024:.1f} GiB are available; free memory, read it on a larger machine, or record "
                          "fewer steps (torch.profiler.schedule(active=...)) or one rank's file at a time")
@@ -593,6 +755,8 @@ def _parse(path: Path, progress: Progress | None) -> _Parser:
             return parser
         except _Restart:
             continue
+        except _BadValue as exc:
+            raise TraceError(f"{path}: {exc}") from None
         finally:
             parser.close()
     raise AssertionError("the exact path does not restart")  # pragma: no cover
@@ -760,6 +924,8 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
     collectives: list[tuple[int, str, float]] = []
     if device_kind != "cpu":
         compute, idle, comm, comm_exposed, dev_h2d, unions = _device_phases(ev, device, lo, hi, length)
+        if data is not None:  # the wait for data the device does not hide: while it has nothing to run
+            data = _exposed(ev, step_thread, lo, hi, unions["busy"], _is_data)
         if dev_h2d is not None:
             h2d = dev_h2d  # the device's own copy time, not the host's wait for it (that is sync_wait)
         elif h2d is not None:
@@ -798,6 +964,15 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
         source=path, format="kineto", device_kind=device_kind, steps=tuple(steps), rank=rank, world_size=world,
         node=_node(path, meta), run_id=_run_id(dist), top_ops=_top_ops(ev, lo[0], hi[-1]),
         limits=tuple(limits), provenance=prov, collectives=tuple(collectives))
+
+
+def _exposed(ev: _Events, step_thread: int, lo, hi, busy_u, pred) -> np.ndarray:
+    """Per step (ns), the time the step thread spends in spans whose name satisfies ``pred`` while the device runs
+    nothing: the part of a host wait the device does not hide behind work already queued."""
+    mask = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS) & ev.name_mask(pred)
+    u = _union(ev.ts[mask], ev.end[mask])
+    return np.maximum(_covered(u, lo, hi) - (_covered(u, lo, hi) + _covered(busy_u, lo, hi)
+                                             - _covered(_merge(u, busy_u), lo, hi)), 0)
 
 
 def _device_kind(ev: _Events, meta: dict, has_device: bool) -> str:
@@ -1030,7 +1205,7 @@ def _run_id(dist: dict) -> str | None:
 
 #: tensorboard_trace_handler's file names: ``{worker}.{time in ms}.pt.trace.json[.gz]`` with the default worker name
 #: ``{hostname}_{pid}`` (torch/profiler/profiler.py, ``tensorboard_trace_handler``).
-_HANDLER_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<time>\d+)\.pt\.trace\.json(?:\.gz)?$")
+_HANDLER_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.(?P<time>\d{10,})\.pt\.trace\.json(?:\.gz)?$")
 
 
 def _node(path: Path, meta: dict) -> str | None:

@@ -1,0 +1,309 @@
+"""Hostile or corrupt Kineto traces: each gives one TraceError that says what is wrong, in bounded memory.
+
+Built in tmp_path at a scale that still crosses each limit of helpers/traces/kineto.py: nesting 200,000 deep
+(400 KB), strings of 2 MiB and 20 MB, NaN / Infinity / negative times, gzip bombs of ~200 MB of text. The worst
+cases run in a child process under RLIMIT_AS of 1 GiB whose peak resident memory (VmHWM) must stay under 512 MiB.
+"""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers.traces import kineto
+from helpers.traces.kineto import read_kineto
+from helpers.traces.model import TraceError
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAD = '{"schemaVersion": 1, "traceEvents": [\n'
+STEP = '{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 1000000}'
+PEAK_MIB = 512
+
+
+def _event(i: int, *, name: str = "aten::add", ts="", dur="5", layout: str = "kineto") -> str:
+    """One complete event as Kineto lays it out, or with sorted keys (which the fast path's expression misses)."""
+    ts = ts or str(10 + i)
+    if layout == "kineto":
+        return (f'{{"ph": "X", "cat": "cpu_op", "name": "{name}", "pid": 1, "tid": 1, "ts": {ts}, "dur": {dur}, '
+                f'"args": {{"External id": {i}}}}}')
+    return (f'{{"args": {{"External id": {i}}}, "cat": "cpu_op", "dur": {dur}, "name": "{name}", "ph": "X", '
+            f'"pid": 1, "tid": 1, "ts": {ts}}}')
+
+
+def _trace(path: Path, events: list[str]) -> Path:
+    path.write_text(HEAD + ",\n".join([STEP, *events]) + "\n]}\n")
+    return path
+
+
+def _refused(path: Path, *needles: str) -> str:
+    with pytest.raises(TraceError) as info:
+        read_kineto(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: "), msg
+    for needle in needles:
+        assert needle in msg, msg
+    assert "\n" not in msg
+    return msg
+
+
+def _child(path: Path, timeout: float = 300) -> tuple[str, float]:
+    """read_kineto(path) in a child limited to 1 GiB of address space: (its one line of outcome, peak RSS MiB)."""
+    code = textwrap.dedent(f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        from helpers.traces.kineto import read_kineto
+        from helpers.traces.model import TraceError
+        try:
+            read_kineto({str(path)!r})
+            out = "read"
+        except TraceError as exc:
+            out = "TraceError: " + str(exc)
+        peak = [int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")][0] / 1024
+        print(out)
+        print(peak)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    out, peak = p.stdout.strip().rsplit("\n", 1)
+    return out, float(peak)
+
+
+# ------------------------------------------------------------------------------------------------ nesting
+
+
+@pytest.mark.parametrize("depth", [2_000, 20_000, 200_000])
+def test_deeply_nested_brackets_are_refused_not_recursed_into(tmp_path, depth):
+    path = tmp_path / "nested.pt.trace.json"
+    path.write_text(HEAD + "[" * depth + "]" * depth + "]}")
+    _refused(path, "nested", "levels deep", "not written by torch.profiler")
+
+
+def test_brackets_that_never_close_are_refused_as_nesting(tmp_path):
+    path = tmp_path / "open.pt.trace.json"
+    path.write_text(HEAD + "[" * 200_000 + "}")
+    _refused(path, "nested")
+
+
+@pytest.mark.parametrize("where", ["args of an event", "metadata"])
+def test_nesting_inside_an_event_or_the_metadata_is_refused(tmp_path, where):
+    deep = '{"a": ' * 50_000 + "1" + "}" * 50_000
+    if where == "metadata":
+        path = tmp_path / "meta.pt.trace.json"
+        path.write_text('{"deviceProperties": ' + deep + ', "traceEvents": [' + STEP + "]}")
+    else:
+        bad = '{"ph": "X", "cat": "cpu_op", "name": "x", "pid": 1, "tid": 1, "ts": 5, "dur": 1, "args": ' + deep + "}"
+        path = _trace(tmp_path / "args.pt.trace.json", [_event(i) for i in range(10)] + [bad])
+    _refused(path, "nested")
+
+
+def test_nesting_in_a_chunk_the_fast_path_hands_to_json_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 4096)
+    bad = '{"args": ' + "[" * 5_000 + "]" * 5_000 + ', "ph": "X", "cat": "c", "name": "n", "pid": 1, "tid": 1}'
+    events = [_event(i) for i in range(200)] + [bad] + [_event(i) for i in range(200, 600)]
+    _refused(_trace(tmp_path / "chunk.pt.trace.json", events), "nested")
+
+
+@pytest.mark.subprocess
+def test_nesting_200000_deep_stays_small_in_memory(tmp_path):
+    path = tmp_path / "nested.pt.trace.json"
+    path.write_text(HEAD + "[" * 200_000 + "]" * 200_000 + "]}")
+    out, peak = _child(path)
+    assert out.startswith("TraceError: ") and "nested" in out, out
+    assert peak < PEAK_MIB, f"peak RSS {peak:.0f} MiB"
+
+
+# ------------------------------------------------------------------------------------------------ times
+
+
+BAD_TIMES = [
+    ({"ts": "NaN"}, "ts=NaN"),
+    ({"ts": "Infinity"}, "ts=Infinity"),
+    ({"ts": "-Infinity"}, "ts=-Infinity"),
+    ({"ts": "1e300"}, "ts=1e+300"),
+    ({"dur": "NaN"}, "dur=NaN"),
+    ({"dur": "Infinity"}, "dur=Infinity"),
+    ({"dur": "-5"}, "negative duration, dur=-5"),
+]
+
+
+@pytest.mark.parametrize("path_taken", ["fast", "json chunk", "exact"])
+@pytest.mark.parametrize("bad,needle", BAD_TIMES, ids=[n for _, n in BAD_TIMES])
+def test_times_that_are_not_finite_or_durations_below_zero_are_named(tmp_path, monkeypatch, bad, needle,
+                                                                     path_taken):
+    layout = "sorted" if path_taken == "json chunk" else "kineto"
+    n = 3 if path_taken == "exact" else 600  # a small file is read by the exact path alone
+    if path_taken != "exact":
+        monkeypatch.setattr(kineto, "CHUNK_CHARS", 4096)
+    events = [_event(i, layout=layout) for i in range(n)]
+    events[n // 2] = _event(n // 2, name="aten::mul", layout=layout, **bad)
+    msg = _refused(_trace(tmp_path / "t.pt.trace.json", events), needle, "aten::mul",
+                   "corrupt or was not written by torch.profiler")
+    assert f"complete event {n // 2 + 2:,} " in msg  # the step is the first complete event
+
+
+def test_negative_but_finite_times_are_read(tmp_path):
+    # a clock of its own may start before zero; only non-finite or absurd times are refused
+    step = STEP.replace('"ts": 0', '"ts": -500000')
+    path = tmp_path / "neg.pt.trace.json"
+    path.write_text(HEAD + ",\n".join([step] + [_event(i, ts=str(-400000 + i)) for i in range(5)]) + "]}")
+    rt = read_kineto(path)
+    assert [s.step for s in rt.steps] == [1] and rt.steps[0].step_s == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------------------------------ long strings
+
+
+def test_a_20_mb_string_is_refused(tmp_path):
+    events = [_event(i) for i in range(100)] + [_event(100, name="a" * 20_000_000)]
+    events += [_event(i) for i in range(101, 200)]
+    _refused(_trace(tmp_path / "long.pt.trace.json", events), "a string", "runs on for more than 16 MiB")
+
+
+@pytest.mark.parametrize("path_taken", ["fast", "exact"])
+def test_a_name_of_two_mib_is_refused(tmp_path, monkeypatch, path_taken):
+    if path_taken == "fast":  # the name lies inside one of the fast path's chunks
+        monkeypatch.setattr(kineto, "CHUNK_CHARS", 6 << 20)
+        events = [_event(i) for i in range(20_000)] + [_event(20_000, name="b" * (2 << 20))]
+        events += [_event(i) for i in range(20_001, 60_000)]
+    else:
+        events = [_event(0, name="b" * (2 << 20))]
+    _refused(_trace(tmp_path / "name.pt.trace.json", events), "event name is 2,097,152 characters long")
+
+
+@pytest.mark.subprocess
+def test_a_string_of_wide_characters_stays_small_in_memory(tmp_path):
+    # 4-byte characters make Python hold the text at 4 bytes a character: the 16 MiB cap bounds the buffer
+    path = tmp_path / "wide.pt.trace.json"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(HEAD + STEP + ",\n" + ",\n".join(_event(i) for i in range(1000)) + ",\n")
+        f.write('{"ph": "X", "cat": "cpu_op", "name": "')
+        for _ in range(40):
+            f.write("\U0001F600" * 1_000_000)
+        f.write('", "pid": 1, "tid": 1, "ts": 5, "dur": 1}]}')
+    out, peak = _child(path)
+    assert out.startswith("TraceError: ") and "runs on for more than" in out, out
+    assert peak < PEAK_MIB, f"peak RSS {peak:.0f} MiB"
+
+
+def test_metadata_beyond_the_limit_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(kineto, "MAX_META_CHARS", 10_000)
+    meta = ", ".join(f'"key{i}": "{"x" * 100}"' for i in range(200))
+    path = tmp_path / "meta.pt.trace.json"
+    path.write_text("{" + meta + ', "traceEvents": [' + STEP + "]}")
+    _refused(path, "metadata beside traceEvents")
+
+
+def test_an_integer_too_long_to_convert_is_refused(tmp_path):
+    path = _trace(tmp_path / "digits.pt.trace.json", [_event(0).replace('"External id": 0', '"id": ' + "9" * 5000)])
+    _refused(path, "cannot be decoded", "4300 digits")
+
+
+def test_the_exact_path_hands_large_events_on_by_their_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(kineto, "PENDING_CHARS", 1000)
+    calls = []
+    real = kineto._Columns.add_dicts
+    monkeypatch.setattr(kineto._Columns, "add_dicts", lambda self, ev: (calls.append(len(ev)), real(self, ev))[1])
+    rt = read_kineto(_trace(tmp_path / "t.pt.trace.json", [_event(i) for i in range(40)]))
+    assert rt.provenance["events"] == 41 and len(calls) >= 4 and max(calls) <= 10  # 9 events of ~110 characters
+
+
+def test_chunks_for_json_are_decoded_in_pieces_with_the_same_result(tmp_path, monkeypatch):
+    # "name" before "cat": the fast path's expression misses every event, so each chunk goes to json.loads
+    events = [_event(i, name=f"op{i % 7}").replace('"cat": "cpu_op", ', "").replace('"pid"', '"cat": "cpu_op", "pid"')
+              for i in range(3000)]
+    path = _trace(tmp_path / "t.pt.trace.json", events)
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 64 << 10)
+    whole = read_kineto(path)
+    monkeypatch.setattr(kineto, "JSON_PIECE_CHARS", 4 << 10)
+    pieces = read_kineto(path)
+    assert pieces.provenance["parse"] == whole.provenance["parse"]
+    assert pieces.provenance["parse"]["json_chunks"] > 3 and not pieces.provenance["parse"]["restarted"]
+    assert pieces.provenance["events"] == whole.provenance["events"] == 3001
+    assert pieces.steps == whole.steps and pieces.top_ops == whole.top_ops
+
+
+# ------------------------------------------------------------------------------------------------ gzip
+
+
+def _gzip_stream(path: Path, head: str, block: bytes, total: int, tail: str) -> Path:
+    """A gzip of ``head``, ``block`` repeated up to ``total`` bytes, ``tail``: written in chunks, never whole."""
+    with gzip.open(path, "wb", compresslevel=6) as g:
+        g.write(head.encode())
+        n = 0
+        while n < total:
+            g.write(block)
+            n += len(block)
+        g.write(tail.encode())
+    return path
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("what", ["spaces", "one repeated event"])
+def test_a_gzip_bomb_is_refused_in_small_memory(tmp_path, what):
+    if what == "spaces":
+        block = b" " * (1 << 20)
+    else:
+        block = (",\n" + _event(7)).encode() * 4000
+    path = _gzip_stream(tmp_path / "bomb.pt.trace.json.gz", HEAD + STEP, block, 200 << 20, "]}")
+    assert path.stat().st_size < (200 << 20) / kineto.MAX_GZIP_RATIO
+    out, peak = _child(path)
+    assert out.startswith("TraceError: ") and "expands more than 200-fold" in out, out
+    assert peak < PEAK_MIB, f"peak RSS {peak:.0f} MiB"
+
+
+def test_a_gzip_whose_trailer_claims_gigabytes_is_refused_before_the_read_with_both_sizes(tmp_path, monkeypatch):
+    import psutil
+
+    data = gzip.compress((HEAD + STEP + "]}").encode())
+    path = tmp_path / "claims.pt.trace.json.gz"
+    path.write_bytes(data[:-4] + (0xFFFFFFF0).to_bytes(4, "little"))
+
+    class Available:
+        available = 1 << 30
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Available)
+    monkeypatch.setattr(kineto, "_parse", lambda *a, **k: pytest.fail("read despite the memory check"))
+    _refused(path, "0.00 GB gzip (of 4.3 GB of text, its trailer says)", "GiB of memory")
+
+
+def test_a_gzip_holding_more_than_its_trailer_says_is_checked_again(tmp_path, monkeypatch):
+    import psutil
+
+    events = ",\n".join(_event(i, name=f"op{i % 50}") for i in range(20_000))
+    data = gzip.compress((HEAD + STEP + ",\n" + events + "]}").encode())
+    path = tmp_path / "liar.pt.trace.json.gz"
+    path.write_bytes(data[:-4] + (1).to_bytes(4, "little"))  # ISIZE says 1 byte (the CRC is not checked first)
+
+    class Available:
+        available = 1 << 30  # enough for what the trailer says, not for 4 GiB more
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Available)
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 4096)  # checked as the text grows, before gzip's own end check
+    _refused(path, "more text than", "memory check assumed", "GiB of memory")
+
+
+# ------------------------------------------------------------------------------------------------ the command
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("kind", ["NaN", "nested"])
+def test_the_trace_command_prints_one_line_and_no_traceback(tmp_path, kind):
+    if kind == "NaN":
+        path = _trace(tmp_path / "nan.pt.trace.json", [_event(i) for i in range(5)] + [_event(5, ts="NaN")])
+        needle = "ts=NaN"
+    else:
+        path = tmp_path / "nested.pt.trace.json"
+        path.write_text(HEAD + STEP + ", " + "[" * 2_000 + "]" * 2_000 + "]}")
+        needle = "nested"
+    p = subprocess.run([sys.executable, "-m", "helpers", "trace", str(path), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(path) in lines[0] and needle in lines[0], (
+        p.stderr)
