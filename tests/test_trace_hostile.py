@@ -307,3 +307,36 @@ def test_the_trace_command_prints_one_line_and_no_traceback(tmp_path, kind):
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and str(path) in lines[0] and needle in lines[0], (
         p.stderr)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('{"traceEvents": [' + "[" * 200_000 + "]" * 200_000 + "]}", "nested more than 64 levels"),
+    ('{"schemaVersion": 1, "x": ' + "[" * 200_000 + "]" * 200_000 + ', "traceEvents": []}', "nested more than"),
+    ('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, '
+     '"ts": NaN, "dur": 1}]}', "corrupt or was not written by torch.profiler"),
+])
+def test_the_header_read_before_the_parse_is_bounded_too(tmp_path, text, needle):
+    # the folder check reads each file's header first (helpers.traces.peek): it must refuse what the reader refuses,
+    # in one line, without following 200,000 levels of nesting or blaming a killed job for a NaN
+    from helpers.traces import peek
+
+    path = tmp_path / "t.pt.trace.json"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=needle) as e:
+        peek.kineto_header(path)
+    assert "\n" not in str(e.value) and "killed" not in str(e.value)
+
+
+def test_metadata_after_a_long_event_array_leaves_the_header_incomplete_not_wrong(tmp_path, monkeypatch):
+    from helpers.traces import peek
+
+    monkeypatch.setattr(peek, "MAX_SCAN_BYTES", 1000)
+    events = ", ".join('{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": %d, "dur": 1}' % i
+                       for i in range(200))
+    path = tmp_path / "t.pt.trace.json"
+    path.write_text('{"traceEvents": [' + events + '], "distributedInfo": {"rank": 1, "world_size": 2}}')
+    h = peek.kineto_header(path)
+    assert h.complete is False and h.rank is None  # not read, and said so: the ranks are checked after the read
+    monkeypatch.setattr(peek, "MAX_SCAN_BYTES", 1 << 30)
+    h = peek.kineto_header(path)
+    assert h.complete and (h.rank, h.world_size) == (1, 2)

@@ -383,7 +383,8 @@ def read(paths: Sequence[str | os.PathLike] | str | os.PathLike, *,
     """
     found = find_traces(paths if not isinstance(paths, (str, os.PathLike)) else [paths])
     headers = [peek.header(p, k) for p, k in found]
-    check(headers)
+    if all(getattr(h, "complete", True) for h in headers):
+        check(headers)  # else the identity is checked on what the readers found, below
     readers = {}
     for _, k in found:
         if k not in readers:

@@ -52,6 +52,9 @@ class Header:
         uniqueness tell those apart.
     start_ns, end_ns : int or None
         Wall-clock time (ns since the epoch) the trace starts (Kineto) or its collection ends (Ascend).
+    complete : bool
+        False where the header read stopped before the metadata a file writes after its events (past
+        :data:`MAX_SCAN_BYTES`): the identity is then checked after the full read.
     """
 
     path: Path
@@ -62,6 +65,7 @@ class Header:
     run_id: str | None = None
     start_ns: int | None = None
     end_ns: int | None = None
+    complete: bool = True
 
 
 def _open(path: Path):
@@ -104,39 +108,42 @@ def kineto_header(path: str | Path) -> Header:
     meta: dict[str, Any] = {}
     first_ts = None
     seen_events = False
+    complete = True
     try:
-        with _open(path) as f:
-            events = ijson.parse(f, use_float=True)
-            for prefix, event, value in events:
-                if prefix == "" and event in ("start_map", "end_map"):
+        with _open(path) as raw:
+            f = _Counted(raw)
+            events = ijson.basic_parse(f, use_float=True)
+            ev = next(events, None)
+            if ev is None or ev[0] != "start_map":
+                raise TraceError(f"{path}: the top level is not a JSON object; a Kineto trace is an object with "
+                                 "'traceEvents' (torch.profiler's export_chrome_trace or tensorboard_trace_handler)")
+            for event, value in events:
+                if event == "end_map":
+                    break
+                if event != "map_key":
                     continue
-                if prefix == "" and event == "map_key":
-                    key = value
-                    if key == "traceEvents":
-                        seen_events = True
-                        for p, e, v in events:
-                            if p == "traceEvents.item.ts" and e == "number":
-                                first_ts = float(v)
-                                break
-                            if p == "traceEvents" and e == "end_array":
-                                break
-                        if any(k in meta for k in _HEADER_KEYS):
-                            break  # torch's layout: the metadata came first
-                        continue
-                    meta[key] = _build(events)
+                if value != "traceEvents":
+                    meta[value] = _build(events, path)
                     continue
-                if prefix == "":
-                    raise TraceError(f"{path}: the top level is not a JSON object ({event}); a Kineto trace is an "
-                                     "object with 'traceEvents' (torch.profiler's export_chrome_trace or "
-                                     "tensorboard_trace_handler)")
+                seen_events = True
+                first_ts = _skip_events(events, f, path, early=any(k in meta for k in _HEADER_KEYS))
+                if first_ts is _INCOMPLETE:
+                    first_ts, complete = None, False
+                    break
+                if any(k in meta for k in _HEADER_KEYS):
+                    break  # torch's layout: the metadata came first
     except TraceError:
         raise
     except (OSError, EOFError) as exc:
         raise TraceError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); check the path and that the file is "
                          "complete") from exc
-    except Exception as exc:  # ijson.JSONError, gzip.BadGzipFile, UnicodeDecodeError
-        raise TraceError(f"{path}: not valid JSON ({type(exc).__name__}: {exc}); a Kineto trace is torch.profiler's "
-                         "Chrome-trace JSON - a file cut short by a killed job cannot be read, profile again") from exc
+    except Exception as exc:  # ijson.JSONError, ijson.IncompleteJSONError, gzip.BadGzipFile, UnicodeDecodeError
+        text = " ".join(str(exc).split())  # one line: yajl's messages point at the text over several
+        cut = "incomplete" in type(exc).__name__.lower() and ("premature" in text.lower() or not text.strip())
+        why = ("the file ends early (a file cut short by a killed job cannot be read: profile again)" if cut else
+               "the file is corrupt or was not written by torch.profiler (e.g. NaN or Infinity, or text that "
+               "is not JSON)")
+        raise TraceError(f"{path}: not valid JSON ({type(exc).__name__}: {text[:200]}): {why}") from exc
     if not seen_events:
         raise TraceError(f"{path}: no 'traceEvents' at the top level, so it is not a Chrome trace; pass the "
                          "*.pt.trace.json file torch.profiler wrote")
@@ -149,24 +156,76 @@ def kineto_header(path: str | Path) -> Header:
     node = meta.get("host_name") if isinstance(meta.get("host_name"), str) and meta.get("host_name") else None
     run_id = f"{backend or 'unknown backend'} world {world}" if world is not None else None
     return Header(path=path, format="kineto", rank=rank, world_size=world, node=node, run_id=run_id,
-                  start_ns=start)
+                  start_ns=start, complete=complete)
 
 
-def _build(events) -> Any:
-    """The next complete JSON value of an ijson event stream, as Python objects."""
+#: Nesting deeper than this in a trace's metadata or events is not a profiler's (Kineto's events nest their
+#: ``args`` two or three levels): the header read refuses it rather than follow it.
+MAX_DEPTH = 64
+#: Bytes (uncompressed) the header read scans for metadata written after the events before it stops: the
+#: header is then marked incomplete and the ranks are checked after the full read instead.
+MAX_SCAN_BYTES = 64 << 20
+_INCOMPLETE = object()
+
+
+class _Counted:
+    """A binary file that counts the bytes read from it."""
+
+    def __init__(self, f) -> None:
+        self.f, self.n = f, 0
+
+    def read(self, size: int = -1) -> bytes:
+        b = self.f.read(size)
+        self.n += len(b)
+        return b
+
+
+def _too_deep(path) -> TraceError:
+    return TraceError(f"{path}: the JSON is nested more than {MAX_DEPTH} levels deep, which no profiler writes: the "
+                      "file is corrupt or not a trace; pass the .pt.trace.json torch.profiler wrote")
+
+
+def _skip_events(events, f: _Counted, path, *, early: bool) -> Any:
+    """The first event's ``ts`` (or None): at once where ``early`` (the metadata came first, torch's layout),
+    else after the whole traceEvents array, or _INCOMPLETE when that scan passed :data:`MAX_SCAN_BYTES`."""
+    depth, key, first_ts = 0, None, None
+    for event, value in events:
+        if event in ("start_map", "start_array"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _too_deep(path)
+        elif event in ("end_map", "end_array"):
+            depth -= 1
+            if depth == 0:  # the array's end
+                return first_ts
+        elif event == "map_key":
+            key = value
+        elif first_ts is None and depth == 2 and key == "ts" and event == "number":
+            first_ts = float(value)
+            if early:
+                return first_ts
+        if f.n > MAX_SCAN_BYTES and first_ts is not None:
+            return _INCOMPLETE
+    raise TraceError(f"{path}: the file ends inside traceEvents: it is cut short (a killed job?); profile again")
+
+
+def _build(events, path="the trace") -> Any:
+    """The next complete JSON value of an ijson basic_parse stream, as Python objects (nesting bounded)."""
     import ijson
 
     builder = ijson.ObjectBuilder()
     depth = 0
-    for _, event, value in events:
+    for event, value in events:
         builder.event(event, value)
         if event in ("start_map", "start_array"):
             depth += 1
+            if depth > MAX_DEPTH:
+                raise _too_deep(path)
         elif event in ("end_map", "end_array"):
             depth -= 1
         if depth == 0:
             return builder.value
-    raise TraceError("the trace ends inside its metadata: the file is cut short")
+    raise TraceError(f"{path}: the trace ends inside its metadata: the file is cut short")
 
 
 def ascend_header(path: str | Path) -> Header:
