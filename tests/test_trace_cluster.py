@@ -306,3 +306,17 @@ def test_one_processs_cycles_are_windows_but_two_processes_are_refused(tmp_path,
     kineto(tmp_path / "two" / "host-a_2.1796184176582.pt.trace.json", None, None, start_s=5.0)
     with pytest.raises(TraceError, match="single-process runs"):
         cluster.read([tmp_path / "two"])
+
+
+def test_a_truncated_rank_is_named_and_the_others_are_read(tmp_path):
+    from helpers.traces.analysis import analyze
+
+    for r in range(3):
+        kineto(tmp_path / f"r{r}.pt.trace.json", r, world=3)
+    cut = tmp_path / "r1.pt.trace.json"
+    cut.write_text(cut.read_text()[:-40])  # a rank's file cut short by a killed job
+    ranks = cluster.read([tmp_path])
+    assert [t.rank for t in ranks] == [0, 2]
+    assert any(w.startswith("rank 1 could not be read") and "ends early" in w for w in ranks.warnings)
+    assert any("only 2 of the 3 ranks" in w for w in ranks.warnings)
+    assert "2 of 3 ranks" in analyze(ranks).headline()

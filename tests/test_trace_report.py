@@ -506,3 +506,12 @@ def test_cli_on_a_file_that_is_no_trace_exits_2_and_writes_nothing(tmp_path):
 def test_cli_on_a_missing_path_exits_2(tmp_path):
     done = _cli("trace", str(tmp_path / "nowhere.json"), "--out", str(tmp_path / "never"))
     assert done.returncode == 2 and "nowhere.json" in done.stderr and not (tmp_path / "never").exists()
+
+
+def test_out_never_replaces_an_earlier_report(tmp_path):
+    from helpers.workbook.trace_report import write_trace_report
+
+    first = write_trace_report(analyze([_trace()]), tmp_path / "r")
+    before = first.html.read_text()
+    second = write_trace_report(analyze([_trace(data=0.001)]), tmp_path / "r")
+    assert second.folder == tmp_path / "r-2" and first.html.read_text() == before

@@ -379,7 +379,9 @@ def read(paths: Sequence[str | os.PathLike] | str | os.PathLike, *,
     ------
     TraceError
         Every problem of :func:`find_traces` and :func:`check` (raised before any trace's events are read), a
-        reader that is not installed, and what the readers raise; checked again on what the readers found.
+        reader that is not installed, and what the reader raises for a single trace; checked again on what the
+        readers found. Of several traces, one the reader refuses (a file cut short, corrupt) is left out and named
+        in ``warnings``; the error is raised only when none can be read.
     """
     found = find_traces(paths if not isinstance(paths, (str, os.PathLike)) else [paths])
     headers = [peek.header(p, k) for p, k in found]
@@ -396,16 +398,28 @@ def read(paths: Sequence[str | os.PathLike] | str | os.PathLike, *,
     sizes = [_size(p) for p, _ in found]
     total, done = sum(sizes), 0
     traces = []
-    for (p, k), size in zip(found, sizes):
-        if progress is not None and k == "kineto":
-            traces.append(readers[k](p, progress=lambda d, t, base=done: progress(base + min(d, t), total)))
-        else:
-            traces.append(readers[k](p))
+    unread: list[str] = []
+    kept_headers = []
+    for (p, k), size, h in zip(found, sizes, headers):
+        try:
+            if progress is not None and k == "kineto":
+                traces.append(readers[k](p, progress=lambda d, t, base=done: progress(base + min(d, t), total)))
+            else:
+                traces.append(readers[k](p))
+            kept_headers.append(h)
+        except TraceError as exc:
+            if len(found) == 1:
+                raise
+            # one rank's file cut short or corrupt: the others are still analysed, and this one is named
+            who = f"rank {h.rank}" if h.rank is not None else "one trace"
+            unread.append(f"{who} could not be read and is left out ({exc})")
         done += size
         if progress is not None:
             progress(done, total)
-    warnings = check(traces)
-    for h, t in zip(headers, traces):
+    if not traces:
+        raise TraceError("no trace could be read: " + "; ".join(unread))
+    warnings = tuple(unread) + check(traces)
+    for h, t in zip(kept_headers, traces):
         if h.rank is not None and t.rank is not None and h.rank != t.rank:
             raise TraceError(f"{h.path}: its metadata says rank {h.rank} but the reader found rank {t.rank}; "
                              "report this file")

@@ -262,7 +262,9 @@ def write_trace_report(a: TraceAnalysis, out: str | Path | None = None) -> Trace
         :func:`helpers.traces.analysis.analyze`'s result.
     out : path, optional
         The folder (created); default :func:`default_out_dir`. A workbook run folder (one with ``run.json``) is
-        refused, so that its own results.jsonl and report are never replaced.
+        refused, so that its own results.jsonl and report are never replaced; a folder that already holds a trace
+        report is not replaced either: the new report goes to ``DIR-2`` (``-3``, ...), and the returned
+        :attr:`TraceReport.folder` says where.
 
     Returns
     -------
@@ -276,6 +278,12 @@ def write_trace_report(a: TraceAnalysis, out: str | Path | None = None) -> Trace
         If a file cannot be written (a full disk): that file is left as it was.
     """
     folder = Path(out).expanduser() if out is not None else default_out_dir()
+    if out is not None and any((folder / f).exists() for f in ("report.html", "report.md", "results.jsonl")):
+        # an earlier report is never replaced: the new one goes beside it, in DIR-2, DIR-3, ...
+        base, n = folder, 2
+        while folder.exists():
+            folder = base.with_name(f"{base.name}-{n}")
+            n += 1
     if (folder / "run.json").exists():
         raise OutputDirError(f"--out {str(folder)!r} is a workbook run folder (it has run.json): the trace report "
                              "would replace its results.jsonl and report; choose another folder")
