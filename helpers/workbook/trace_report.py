@@ -278,15 +278,15 @@ def write_trace_report(a: TraceAnalysis, out: str | Path | None = None) -> Trace
         If a file cannot be written (a full disk): that file is left as it was.
     """
     folder = Path(out).expanduser() if out is not None else default_out_dir()
+    if (folder / "run.json").exists():
+        raise OutputDirError(f"--out {str(folder)!r} is a workbook run folder (it has run.json): the trace report "
+                             "would replace its results.jsonl and report; choose another folder")
     if out is not None and any((folder / f).exists() for f in ("report.html", "report.md", "results.jsonl")):
         # an earlier report is never replaced: the new one goes beside it, in DIR-2, DIR-3, ...
         base, n = folder, 2
         while folder.exists():
             folder = base.with_name(f"{base.name}-{n}")
             n += 1
-    if (folder / "run.json").exists():
-        raise OutputDirError(f"--out {str(folder)!r} is a workbook run folder (it has run.json): the trace report "
-                             "would replace its results.jsonl and report; choose another folder")
     png = _figure_png(a)
     fig_rel = figure_path(Path("."), "trace", FIGURE).as_posix()
     md, page = to_markdown(a, fig_rel), to_html(a, png)
