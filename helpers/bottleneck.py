@@ -261,7 +261,7 @@ class StepShares:
 def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: str = "",
              spare_cores: int | None = None, copy_share: float | None = None,
              compute_fraction: float | None = None, comm_fraction: float | None = None,
-             idle_fraction: float | None = None) -> Bottleneck:
+             idle_fraction: float | None = None, input_measured: bool = True) -> Bottleneck:
     """Classify a step from its measured shares: host-bound, balanced, device-bound or communication-bound.
 
     Parameters
@@ -286,6 +286,9 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
         Exposed communication / step time, 0..1 (None: not measured, no communication lever).
     idle_fraction : float, optional
         Device idle / step time, 0..1, on an accelerator (None: not measured).
+    input_measured : bool, default True
+        False where the input was not recorded (``exposed_fraction`` is then 0 only for the rule, and the
+        sentences say "not recorded" instead of a share).
 
     Returns
     -------
@@ -322,26 +325,31 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
         label = BALANCED
 
     pct, thr_pct = 100 * x, 100 * thr
+    in_txt = f"input exposed {pct:.0f}%" if input_measured else "input not recorded"
     if c is not None:
         busy = ("the training computation, on the same CPU, runs" if device_kind == "cpu"
                 else "the device computes") + f" for {100 * c:.0f}%"
-        lever = f"a 2x faster compute {100 * compute_saving:.0f}%"
+        lever = f"a 2x faster compute {round(100 * c, 9) / 2:.0f}%"  # round: 1 - 0.43 is 0.5700000000000001
     else:
         busy = f"the rest of the step ({100 - pct:.0f}%: computation and anything else, not split here)"
-        lever = f"a 2x faster compute at most {100 * compute_saving:.0f}%"
+        lever = f"a 2x faster compute at most {round(100 - pct, 9) / 2:.0f}%"
     comm_txt = f", communication not hidden behind compute {100 * m:.0f}%" if m else ""
     idle_txt = f", the device is idle for {100 * idle:.0f}%" if idle is not None and accel else ""
     if label == DEVICE_BOUND and c is not None and c >= DEVICE_BUSY - 1e-12 and accel:
-        reason = (f"the device computes for {100 * c:.0f}% of each step (input exposed {pct:.0f}%{comm_txt}): "
+        reason = (f"the device computes for {100 * c:.0f}% of each step ({in_txt}{comm_txt}): "
                   "device-side optimizations (mixed precision, memory format, fusion) pay off first")
     elif label == COMM_BOUND:
         reason = (f"communication not hidden behind compute takes {100 * m:.0f}% of each step, the largest lever "
-                  f"(input exposed {pct:.0f}%, {lever}{idle_txt}): in a job of many ranks this is mostly time "
+                  f"({in_txt}, {lever}{idle_txt}): in a job of many ranks this is mostly time "
                   "spent waiting for the rank that arrives last at the collectives; then the collectives themselves")
     elif label == HOST_BOUND and x <= thr:
         reason = (f"the device is idle for {100 * idle:.0f}% of each step while the input is exposed for only "
                   f"{pct:.0f}%: the host's own work (kernel launches, Python, synchronizations) keeps the device "
                   f"waiting; {busy}{comm_txt}")
+    elif label == DEVICE_BOUND and not input_measured:
+        reason = (f"the device is idle for at most {100 * (idle or 0):.0f}% of each step, so the input (not recorded, "
+                  f"and idle while the device waits) cannot be a lever; {busy}{comm_txt}: device-side "
+                  "optimizations (mixed precision, memory format, fusion) pay off first")
     elif label == DEVICE_BOUND:
         reason = (f"input is exposed for only {pct:.0f}% of each step (threshold {thr_pct:.0f}%) and {busy}"
                   f"{comm_txt}{idle_txt}: device-side optimizations (mixed precision, memory format, fusion) pay "
@@ -355,7 +363,7 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
 
     nxt, why = _next(label, device_kind=device_kind, spare=spare_cores, copy_share=copy_share,
                      input_saving=input_saving, compute_saving=compute_saving, threshold=thr,
-                     launch_bound=(label == HOST_BOUND and x <= thr))
+                     launch_bound=(label == HOST_BOUND and x <= thr), input_measured=input_measured)
     return Bottleneck(label=label, exposed_fraction=x, threshold=thr, input_saving=input_saving,
                       compute_saving=compute_saving, next_notebooks=nxt, next_reason=why, reason=reason,
                       spare_cores=spare_cores, compute_fraction=c, comm_fraction=m, idle_fraction=idle)
@@ -397,11 +405,11 @@ def judge(shares: StepShares, threshold: float = 0.10, *,
     c, m, idle = shares.compute, shares.comm_exposed or 0.0, shares.idle
     accel = kind != "cpu"
     if c is not None and c >= DEVICE_BUSY - 1e-12:
-        return classify(0.0, thr, **kw), ""
+        return classify(0.0, thr, input_measured=False, **kw), ""
     if m > thr and m >= (c or 0.0) / 2 and (idle is None or m >= idle):
-        return classify(0.0, thr, **kw), ""
+        return classify(0.0, thr, input_measured=False, **kw), ""
     if accel and idle is not None and c is not None and idle <= thr:
-        return classify(0.0, thr, **kw), ""
+        return classify(0.0, thr, input_measured=False, **kw), ""
     if accel and idle is not None:
         why = (f"the device is idle for {idle:.0%} of the step (computing {c or 0:.0%}), and the trace records "
                "no wait for data, so whether the device waits for input or for the host's own work (kernel "
@@ -417,12 +425,13 @@ def judge(shares: StepShares, threshold: float = 0.10, *,
 
 def _next(label: str, *, device_kind: str, spare: int | None, copy_share: float | None,
           input_saving: float, compute_saving: float, threshold: float,
-          launch_bound: bool = False) -> tuple[tuple[str, ...], str]:
+          launch_bound: bool = False, input_measured: bool = True) -> tuple[tuple[str, ...], str]:
     """(notebook numbers, why) for a label on this machine."""
     compute = (_NUMBER[_AMP], _NUMBER[_NHWC])
     if label == DEVICE_BOUND:
+        free = f"free input {input_saving:.0%}" if input_measured else "the input is not recorded"
         return compute, (f"the step is the computation: a 2x faster compute would save {compute_saving:.0%} of the "
-                         f"step, free input {input_saving:.0%}")
+                         f"step, {free}")
     if label == COMM_BOUND:
         return (_NUMBER[_COMM],), ("find the rank the others wait for (the slow-rank finding names it), then "
                                    "measure the collectives and DDP's buckets")

@@ -252,6 +252,12 @@ def test_the_slowed_rank_is_named_with_its_data_phase_and_the_others_wait(ddp_tr
     s = res.sentence()
     assert s.startswith(f"rank {SLOW_RANK}") and "data phase" in s and f"is their wait for rank {SLOW_RANK}" in s
     assert "more communication not hidden behind compute per step" in s
+    # at the collectives: rank 2 arrives last (its gloo spans are the shortest), the others wait about the sleep
+    from helpers.traces.arrival import find_last
+    last = find_last(ranks)
+    print(last.sentence())
+    assert last.straggler == f"rank {SLOW_RANK}" and f"rank {SLOW_RANK}" not in last.waits_s
+    assert all(w == pytest.approx(SLEEP_MS / 1e3, rel=0.3) for w in last.waits_s.values())
 
 
 @pytest.mark.slow
@@ -261,6 +267,10 @@ def test_the_unslowed_job_has_no_slow_rank(ddp_traces):
     print(_medians(res), res.sentence(), sep="\n")
     assert res.findings == ()
     assert res.sentence().startswith("No rank is slower than the others: across 4 ranks")
+    from helpers.traces.arrival import find_last
+    last = find_last(ranks)
+    print(last.sentence())
+    assert last.straggler is None  # no rank arrives last at most collectives
 
 
 def test_a_folder_is_searched_by_content_not_by_name(tmp_path, fake_readers):

@@ -371,8 +371,8 @@ def test_cli_prints_verdict_ranks_slow_ranks_next_and_report(tmp_path, fake_read
     out = capsys.readouterr().out
     assert calls == [[Path("a.json"), Path("b.json")]]
     lines = out.splitlines()
-    assert lines[0].startswith("HOST-BOUND: 2 of 4 ranks (8 steps each): the verdict covers these; the missing 2 "
-                               "ranks may be the slow one")
+    assert lines[0].startswith("HOST-BOUND: 2 of 4 ranks (8 steps each): the verdict covers these; one of the 2 "
+                               "missing ranks may be the slow one")
     assert "the job's verdict is rank 1" in lines[0] and lines[1].startswith("Next: notebook 03")
     assert any(line.startswith("rank 1 (<b>node-b</b>) *") for line in lines)
     assert "Slow ranks:" in out and f"Report: {tmp_path / 'o' / 'report.html'}" in out
@@ -480,7 +480,7 @@ def test_cli_on_a_real_kineto_trace(real_trace, tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("HOST-BOUND: ") and lines[1].startswith("Next: notebook 03"), done.stdout
-    assert "host_bound.pt.trace.json" in done.stdout and "one rank only" in done.stdout
+    assert "host_bound.pt.trace.json" in done.stdout and "a single-process run: no ranks to compare" in done.stdout
     assert {p.name for p in (tmp_path / "rep").iterdir()} == {"report.html", "report.md", "results.jsonl", "figures"}
     first = json.loads((tmp_path / "rep" / "results.jsonl").read_text().splitlines()[0])
     assert first["recommendation"] == HOST_BOUND and first["extra"]["trace"][0]["path"].endswith(real_trace.name)
@@ -515,3 +515,24 @@ def test_out_never_replaces_an_earlier_report(tmp_path):
     before = first.html.read_text()
     second = write_trace_report(analyze([_trace(data=0.001)]), tmp_path / "r")
     assert second.folder == tmp_path / "r-2" and first.html.read_text() == before
+
+
+def test_a_device_job_whose_device_was_not_recorded_gets_no_label():
+    t = _trace(data=0.001, h2d=None, device="cpu")
+    t = RankTrace(source=t.source, format=t.format, device_kind="cpu", steps=t.steps,
+                  provenance={**t.provenance, "device_not_recorded": True})
+    a = analyze([t])
+    assert a.label == "inconclusive" and "did not record its activity" in a.verdict().reason
+
+
+def test_an_unrecorded_input_is_not_said_to_be_zero():
+    a = analyze([_trace(data=None, h2d=None, compute=0.098, idle=0.001)])
+    assert a.label == DEVICE_BOUND and "input not recorded" in a.headline() and "0%" not in a.headline()
+    assert "the input is not recorded" in a.next_text()
+
+
+def test_with_too_few_steps_no_rank_is_named_slow_by_its_work():
+    ranks = [_trace(data=0.005, step=0.100, rank=r, n=2, name=f"r{r}.json") for r in range(3)]
+    ranks.append(_trace(data=0.060, step=0.200, rank=3, n=2, name="r3.json"))
+    a = analyze(ranks)
+    assert a.stragglers is None and any("no rank is named slow" in lim for lim in a.limits)

@@ -44,7 +44,10 @@ def classify(exposed_fraction: float, threshold: float, *, device_kind: str = ""
     The label and sentence of :func:`helpers.bottleneck.classify` (the one rule, shared with ``diagnose``,
     the instrument and the report): with input at X of a serial step, removing it saves X, a 2x faster
     compute saves (1-X)/2; at or below the threshold the job is device-bound, above it host-bound when the
-    input is the larger lever (X >= 1/3), else balanced.
+    input is the larger lever (X >= 1/3), else balanced. Notebook 01's timed loop runs its three phases one
+    after the other and each is timed (the compute after a device synchronize), so they add up to the step and
+    the computation's measured share is 1 - X here; a profiler trace, whose step also holds idle time and
+    communication, passes its own measured shares to :func:`helpers.bottleneck.classify` instead.
 
     Parameters
     ----------
@@ -66,7 +69,10 @@ def classify(exposed_fraction: float, threshold: float, *, device_kind: str = ""
     helpers.errors.ParameterError
         For a share outside [0, 1].
     """
-    b = bottleneck.classify(exposed_fraction, threshold, device_kind=device_kind)
+    b = bottleneck.classify(exposed_fraction, threshold, device_kind=device_kind,
+                            compute_fraction=max(0.0, 1.0 - float(exposed_fraction))
+                            if isinstance(exposed_fraction, (int, float)) and not isinstance(exposed_fraction, bool)
+                            and 0.0 <= exposed_fraction <= 1.0 else None)
     return b.label, b.reason
 
 

@@ -200,6 +200,11 @@ def _summarize(trace: RankTrace, threshold: float) -> RankSummary:
             idle_fraction=shares.idle), ""
     else:
         b, undecided = bottleneck.judge(shares, threshold, spare_cores=None)
+    if trace.provenance.get("device_not_recorded"):
+        b, undecided = None, ("the job ran on a device the trace lists, but the profiler did not record its "
+                              "activity, so the host's operators are only the launches of its work and neither "
+                              "the computation nor the device's idle time is known; profile with "
+                              "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
     if exposed is None:
         if b is not None:
             limits.append(f"{trace.label}: no step has a data-loading annotation (the DataLoader's __next__ inside "
@@ -592,7 +597,9 @@ def analyze(traces: Sequence[RankTrace], *, threshold: float = 0.10) -> TraceAna
         raise TraceError(f"traces {', '.join(same)} are all {lab!r}: one job's traces hold each rank once; pass the "
                          "traces of one run (a trace of a single process has no rank: analyze it on its own)")
     rows = tuple(_summarize(t, float(threshold)) for t in traces)
-    slow = stragglers.find(traces) if len(traces) > 1 else None
+    few = min(len(t.steps) for t in traces) < FEW_STEPS
+    # the work-phase rule compares each rank's excess with its per-step spread: with too few steps there is none
+    slow = stragglers.find(traces) if len(traces) > 1 and not few else None
     arrival = find_last(traces) if len(traces) > 1 else None
     primary = getattr(slow, "primary", None)
     last = arrival.straggler if arrival is not None else None
@@ -609,7 +616,10 @@ def analyze(traces: Sequence[RankTrace], *, threshold: float = 0.10) -> TraceAna
                       "not measured although other ranks' are")
     worlds = [t.world_size for t in traces if t.world_size]
     world = max(worlds) if worlds else None
-    evidence, withheld = _evidence(rows, rows[bounding], world, float(threshold), culprit is not None)
+    if len(rows) > 1 and few:
+        limits.append(f"with fewer than {FEW_STEPS} steps per rank no rank is named slow by its own work: one "
+                      "slow step would decide it")
+    evidence, withheld = _evidence(rows, rows[bounding], world, float(threshold), last is not None)
     return TraceAnalysis(ranks=rows, threshold=float(threshold), bounding=bounding, stragglers=slow,
                          limits=tuple(limits), arrival=arrival, world_size=world, evidence=evidence,
                          withheld=withheld)
@@ -627,12 +637,14 @@ def _evidence(rows: Sequence[RankSummary], job: RankSummary, world: int | None, 
         return "", ""
     n = len(present)
     missing = world - n
-    head = (f"{n} of {world} ranks ({per} steps each)" if n > 1 else f"one rank ({job.label}) of a {world}-rank "
-            f"job ({per} step{'' if per == '1' else 's'})")
+    article = "an" if str(world)[0] == "8" or str(world).startswith(("11", "18")) else "a"
+    head = (f"{n} of {world} ranks ({per} steps each)" if n > 1 else f"one rank ({job.label}) of {article} "
+            f"{world}-rank job ({per} step{'' if per == '1' else 's'})")
     if missing <= 0:
         return f"all {world} ranks ({per} steps each)", ""
-    evidence = (f"{head}: the verdict covers {'these' if n > 1 else 'this rank'}; the missing {missing} "
-                f"rank{'s' if missing > 1 else ''} may be the slow one")
+    evidence = (f"{head}: the verdict covers {'these' if n > 1 else 'this rank'}; "
+                + (f"one of the {missing} missing ranks may be the slow one" if missing > 1
+                   else "the missing rank may be the slow one"))
     wait = job.wait_share()
     label = job.bottleneck.label if job.bottleneck is not None else None
     if label == bottleneck.COMM_BOUND or wait > threshold:
@@ -640,7 +652,8 @@ def _evidence(rows: Sequence[RankSummary], job: RankSummary, world: int | None, 
         withheld = (f"{who} spend{'s' if n == 1 else ''} {wait:.0%} of the step in communication not hidden behind "
                     "compute, which in a synchronous job is mostly waiting for a slower rank; "
                     + ("the last to arrive among them is named below, but " if named else "")
-                    + f"the rank they wait for may be one of the {missing} without a trace, so neither the slow "
-                    "rank nor the lever can be named from this evidence")
+                    + f"the rank {'it waits' if n == 1 else 'they wait'} for may be "
+                    + (f"one of the {missing} without a trace" if missing > 1 else "the one without a trace")
+                    + ", so neither the slow rank nor the lever can be named from this evidence")
         return evidence, withheld
     return evidence, ""

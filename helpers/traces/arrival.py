@@ -93,8 +93,9 @@ class Arrival:
         if self.straggler is None:
             if self.late < MIN_COLLECTIVES:
                 return (f"the ranks arrive at their collectives together: {self.late} of {self.matched} matched "
-                        f"collectives have one rank later than {MIN_LATE_FRACTION:.0%} of the step "
-                        f"({_ms(self.step_s)}), too few to name a rank")
+                        f"collectives {'has' if self.late == 1 else 'have'} one rank later by more than "
+                        f"{_ms(MIN_LATE_FRACTION * self.step_s)} ({MIN_LATE_FRACTION:.0%} of the "
+                        f"{_ms(self.step_s)} median step), too few to name a rank")
             counts = ", ".join(f"{k} {v}" for k, v in sorted(self.last_counts.items(), key=lambda kv: -kv[1]) if v)
             return (f"no single rank arrives last: of {self.late} late collectives, the last to arrive was "
                     f"{counts}; the lateness moves between ranks (a shared cause or noise), so no rank is named")

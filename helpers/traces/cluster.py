@@ -272,11 +272,12 @@ def _start_of(item: Any) -> int | None:
 
 
 #: tensorboard_trace_handler's default file name: ``{hostname}_{pid}.{time in ms}.pt.trace.json[.gz]``.
-_HANDLER_NAME = re.compile(r"^(?P<worker>.+_\d+)\.\d{10,}\.pt\.trace\.json(?:\.gz)?$")
+_HANDLER_NAME = re.compile(r"^(?P<worker>.+)\.\d{10,}\.pt\.trace\.json(?:\.gz)?$")
 
 
 def _worker(item: Any) -> str | None:
-    """The process a single-process trace came from: the ``{hostname}_{pid}`` of the handler's file name."""
+    """The worker a single-process trace came from: the ``{worker}`` of the handler's ``{worker}.{time in ms}``
+    file name (by default ``{hostname}_{pid}``, or the ``worker_name`` given to the handler)."""
     path = Path(getattr(item, "path", None) or getattr(item, "source", ""))
     m = _HANDLER_NAME.match(path.name)
     return m.group("worker") if m else None

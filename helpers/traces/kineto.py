@@ -911,6 +911,7 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
     device_kind = _device_kind(ev, meta, bool(device.any()))
     limits: list[str] = []
     data, h2d, optimizer = _host_phases(ev, parser.cols, step_thread, sidx, limits)
+    unrecorded = False  # a job on a device whose activity the profiler did not record
     if device_kind == "cpu":
         limits.append("a CPU-only trace records no device: device idle time is unknown; compute is the training "
                       "thread's time in recorded operators outside data and copy, and the step's remaining time "
@@ -918,6 +919,7 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
         if meta.get("deviceProperties"):
             limits.append("the trace lists devices in deviceProperties but recorded no device activity: profile "
                           "with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] to see the device")
+            unrecorded = True
 
     compute = idle = comm = comm_exposed = other = sync = None
     sync_on: dict[str, np.ndarray] = {}
@@ -940,7 +942,8 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
         collectives = _collectives(ev, comm_mask, lo, hi, numbers)
     else:
         comm, comm_exposed = _host_comm(ev, step_thread, sidx, lo, hi, limits)
-        compute, other = _cpu_compute(ev, step_thread, sidx, lo, hi, length, data, h2d, comm_exposed)
+        if not unrecorded:  # on a GPU job whose device was not recorded, the host's ops are launches, not compute
+            compute, other = _cpu_compute(ev, step_thread, sidx, lo, hi, length, data, h2d, comm_exposed)
         gloo = ev.name_mask(lambda n: n.startswith("gloo:")) & ev.cat_mask({"user_annotation", "cpu_op"})
         collectives = _collectives(ev, gloo, lo, hi, numbers)
 
@@ -960,6 +963,8 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
     start_unix = _start_unix(meta, int(lo[0]))
     prov = _provenance(path, parser, ev, start_unix, step_thread)
     prov["pid"] = ev.threads[step_thread][0]
+    if unrecorded:
+        prov["device_not_recorded"] = True
     return RankTrace(
         source=path, format="kineto", device_kind=device_kind, steps=tuple(steps), rank=rank, world_size=world,
         node=_node(path, meta), run_id=_run_id(dist), top_ops=_top_ops(ev, lo[0], hi[-1]),
@@ -1037,6 +1042,8 @@ def _cpu_compute(ev: _Events, step_thread: int, sidx: np.ndarray, lo, hi, length
     ops = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
     ops[sidx] = False
     busy = _covered(_union(ev.ts[ops], ev.end[ops]), lo, hi)
+    if not busy.any():  # the training thread recorded no operator in any step: compute is unrecorded, not 0
+        return None, None
     spent = (data if data is not None else 0) + (h2d if h2d is not None else 0)
     compute = np.maximum(busy - spent, 0)
     other = np.maximum(length - busy - (comm_exposed if comm_exposed is not None else 0), 0)

@@ -42,7 +42,8 @@ _EXPOSED = ("exposed input: the median over steps of the share of the step spent
             "host-to-device copy (notebook 01's figure)")
 #: Column names of the rank table, by phase.
 _PHASE_COLUMNS = {"data": "data", "h2d": "h2d", "optimizer": "optimizer", "compute": "compute",
-                  "comm_exposed": "comm not overlapped", "idle": "device idle"}
+                  "comm_exposed": "comm not overlapped", "idle": "device idle", "other": "unattributed",
+                  "sync_wait": "host sync wait"}
 
 
 @dataclass(frozen=True)
@@ -91,14 +92,16 @@ def _exposed(r) -> str:
 def rank_table(a: TraceAnalysis) -> pd.DataFrame:
     """One row per rank: rank, node, steps, median step (IQR), each phase measured by some rank (median ms),
     exposed input (IQR) and the rank's verdict; the rank the job's verdict is read from is marked with "*"."""
-    shown = [p for p in (*HOST_PHASES, *DEVICE_PHASES) if any(r.phases.get(p) is not None for r in a.ranks)]
+    shown = [p for p in (*HOST_PHASES, *DEVICE_PHASES, "other", "sync_wait")
+             if any(r.phases.get(p) is not None for r in a.ranks)]
     rows = []
     for i, r in enumerate(a.ranks):
         row = {"rank": r.label + (" *" if i == a.bounding and len(a.ranks) > 1 else ""),
                "steps": r.steps, "step": _ms_iqr(r.phases["step_s"])}
         row.update({_PHASE_COLUMNS[p]: _ms(r.phases.get(p)) for p in shown})
         row["exposed input"] = _exposed(r)
-        row["verdict"] = r.label_text
+        # where the job's label is withheld, a rank's label is of its own steps only (it may be waiting)
+        row["verdict"] = r.label_text + (" (its own steps)" if a.withheld and r.bottleneck is not None else "")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -140,7 +143,10 @@ def _figure_png(a: TraceAnalysis) -> bytes:
 def _slow_text(a: TraceAnalysis) -> str:
     if a.slow_rank_sentence():
         return a.slow_rank_sentence()
-    return "one rank only: no slow rank to find (pass the traces of every rank, or the folder that holds them)"
+    r = a.ranks[0]
+    if r.rank is None or not a.world_size or a.world_size <= 1:
+        return "a single-process run: no ranks to compare"
+    return ("one rank only: no slow rank to find (pass the traces of every rank, or the folder that holds them)")
 
 
 def _measured(v) -> str:
