@@ -330,3 +330,18 @@ def test_a_truncated_rank_is_named_and_the_others_are_read(tmp_path):
     assert any(w.startswith("rank 1 could not be read") and "ends early" in w for w in ranks.warnings)
     assert any("only 2 of the 3 ranks" in w for w in ranks.warnings)
     assert "2 of 3 ranks" in analyze(ranks).headline()
+
+
+def test_a_folder_of_several_jobs_says_so(tmp_path, fake_readers):
+    kineto(tmp_path / "a.pt.trace.json", None, None)
+    kineto(tmp_path / "b.pt.trace.json", 0, world=8)
+    kineto(tmp_path / "c.pt.trace.json", 0, world=2)
+    with pytest.raises(TraceError, match="several different jobs.*world sizes 2, 8"):
+        cluster.read([tmp_path])
+
+
+def test_a_gz_name_on_data_that_is_not_gzip_is_said(tmp_path):
+    bad = tmp_path / "t.json.gz"
+    bad.write_bytes(b"\x00\x01 random bytes, not a trace")
+    with pytest.raises(TraceError, match="named .gz but not gzip data"):
+        cluster.read([bad])

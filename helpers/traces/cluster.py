@@ -166,6 +166,9 @@ def find_traces(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
                                  f"for {_LOOKED_FOR}. Pass the folder torch.profiler's tensorboard_trace_handler "
                                  "wrote into, or the trace files themselves")
         else:
+            if p.name.endswith(".gz") and _magic(p) != b"\x1f\x8b":
+                raise TraceError(f"{p}: named .gz but not gzip data (and not a JSON trace either); pass the file "
+                                 "torch.profiler wrote, or gunzip -t it to check the copy")
             raise TraceError(f"{p}: not a profiler trace (looked for {_LOOKED_FOR}); pass torch.profiler's "
                              "*.pt.trace.json or a torch_npu *_ascend_pt folder")
         for f, k in found:
@@ -174,6 +177,14 @@ def find_traces(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
                 seen.add(key)
                 out.append((f, k))
     return out
+
+
+def _magic(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2)
+    except OSError:
+        return b""
 
 
 def _names(items: Iterable[Any], most: int = 4) -> str:
@@ -219,8 +230,14 @@ def check(items: Sequence[Any]) -> tuple[str, ...]:
                         "writes one file per cycle): their steps are read together, each cycle a window of its own",)
             raise TraceError(f"{len(items)} traces of single-process runs (no distributed rank in their metadata): "
                              f"{_names(items)}; they are not ranks of one job - read them one at a time")
+        ranked = [i for i in items if i.rank is not None]
+        worlds = sorted({i.world_size for i in ranked if i.world_size is not None})
+        if len(worlds) > 1:
+            raise TraceError(f"these traces come from several different jobs: single-process traces "
+                             f"({_names(no_rank)}) and ranks of jobs with world sizes {', '.join(map(str, worlds))}; "
+                             "pass the folder (or the files) of one job")
         raise TraceError(f"{_names(no_rank)}: no distributed rank in the trace's metadata, unlike the other traces "
-                         f"({_names(i for i in items if i.rank is not None)}); remove the single-process traces")
+                         f"({_names(ranked)}); remove the single-process traces")
     by_rank: dict[int, list[Any]] = {}
     for i in items:
         by_rank.setdefault(i.rank, []).append(i)
