@@ -342,8 +342,9 @@ class TraceAnalysis:
         """The notebook(s) to open next and why (:meth:`helpers.bottleneck.Bottleneck.next_text`); where the label
         is withheld, what evidence to bring; notebook 01 when the exposed input is not measurable."""
         if self.withheld:
-            return ("profile every rank of the job (one trace per rank: see docs) and pass them all, so that the rank "
-                    "the others wait for is among them")
+            return ("profile every rank of the job (on_trace_ready=torch.profiler.tensorboard_trace_handler(dir) on "
+                    "each rank writes one file per rank into dir) and pass them all, so that the rank the others "
+                    "wait for is among them")
         if self.bottleneck is not None:
             return self.bottleneck.next_text()
         return (f"{_NOTEBOOK_01}: it times the job's data, copy and compute phases itself, which this trace does not "

@@ -442,8 +442,8 @@ def read(paths: Sequence[str | os.PathLike] | str | os.PathLike, *,
             raise TraceError(f"{h.path}: its metadata says rank {h.rank} but the reader found rank {t.rank}; "
                              "report this file")
     traces = _merge_cycles(traces)
-    for w in warnings:
-        log.warning(w)
+    for w in warnings:  # said to the user in every trace's limits (the report's "what the traces cannot tell")
+        log.info(w)
     if warnings:
         traces = [dataclasses.replace(t, limits=tuple(t.limits) + tuple(warnings)) for t in traces]
     traces.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, str(t.source)))
