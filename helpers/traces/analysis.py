@@ -395,9 +395,8 @@ class TraceAnalysis:
         else:
             head = (f"{r.undecided}; to tell, record the DataLoader inside the profiled steps (iterate a "
                     "torch.utils.data.DataLoader between prof.step() calls: torch.profiler records its __next__)")
-        parts = [f"{self.evidence}: " if self.evidence and not brief else "",
-                 f"{self._job_prefix() if not self.withheld else ''}{head}"]
-        parts = ["".join(parts)]
+        lead = f"{self.evidence}: " if self.evidence and not brief else ""
+        parts = [f"{lead}{'' if self.withheld else self._job_prefix()}{head}"]
         sync = (r.shares.sync if r.shares is not None else None) or {}
         if sync and not brief:
             total = sum(sync.values())

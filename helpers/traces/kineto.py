@@ -203,10 +203,6 @@ _COMM_WORDS = ("nccl", "rccl", "hccl")
 # One complete event as Kineto writes it (any whitespace between the keys).
 _X = re.compile(r'"ph": "X",\s*"cat": "([^"\\]*)",\s*"name": "([^"\\]*(?:\\.[^"\\]*)*)",\s*"pid": ([^,]*,'
                 r'\s*"tid": [^,]*),\s*"ts": ([^,\s}]*),\s*"dur": ([^,\s}]*)')
-# The few events that link a host copy to its device copy: the runtime call and the HtoD memcpy, with correlation.
-_LINK = re.compile(r'"ph": "X",\s*"cat": "(gpu_memcpy|cuda_runtime|cuda_driver)",\s*"name": '
-                   r'"(Memcpy HtoD[^"]*|cudaMemcpy[^"]*|cuMemcpy[^"]*)",\s*"pid": ([^,]*),\s*"tid": ([^,]*),'
-                   r'\s*"ts": ([^,\s}]*),\s*"dur": ([^,\s}]*),\s*"args": \{[^{}]*?"correlation": (\d+)')
 _WS = re.compile(r"\s*")
 _DECODER = json.JSONDecoder()
 
@@ -276,7 +272,6 @@ class _Columns:
     threads: _Table = field(default_factory=_Table)
     raw_threads: dict[str, int] = field(default_factory=dict)
     parts: list[tuple[np.ndarray, ...]] = field(default_factory=list)
-    links: list[tuple[str, str, int, float, float, int]] = field(default_factory=list)
     events: int = 0
     saw_step: bool = False
 
@@ -319,19 +314,9 @@ class _Columns:
             tids.append(threads[(json.dumps(e.get("pid")), json.dumps(e.get("tid")))])
             ts.append(t)
             dur.append(d)
-            if c in ("gpu_memcpy", "cuda_runtime", "cuda_driver") and (
-                    n.startswith(("Memcpy HtoD", "cudaMemcpy", "cuMemcpy"))):
-                corr = (e.get("args") or {}).get("correlation")
-                if isinstance(corr, int):
-                    self.links.append((c, n, tids[-1], float(t), float(d), corr))
         if cat:
             self._store(cat, name, np.array(tids, dtype=np.int32), np.array(ts, dtype=np.float64),
                         np.array(dur, dtype=np.float64))
-
-    def add_link_text(self, rows: list[tuple[str, ...]]) -> None:
-        for cat, name, pid, tid, ts, dur, corr in rows:
-            tid_id = self.threads[(pid.strip(), tid.strip())]
-            self.links.append((cat, name, tid_id, float(ts), float(dur), int(corr)))
 
     def _store(self, cat, name, tids, ts_us, dur_us) -> None:
         # NaN fails every comparison: one pass refuses NaN, infinities, negative durations and times out of range
@@ -653,11 +638,6 @@ class _Parser:
                 trusted = False
         if trusted:
             self.fast_chunks += 1
-            if "Memcpy" in chunk:  # the runtime call and its device copy may lie in different chunks
-                try:
-                    self.cols.add_link_text(_LINK.findall(chunk))
-                except ValueError:  # a correlation id of more than 4,300 digits
-                    raise _Restart() from None
         else:
             # json.loads in pieces cut like the chunk, so that the dicts of at most JSON_PIECE_CHARS of text (up to
             # ~24 bytes a character for "[{},{},...]") are alive at once, and a failing piece stops early
@@ -910,7 +890,7 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
     device = ev.cat_mask(_DEVICE_CATS)
     device_kind = _device_kind(ev, meta, bool(device.any()))
     limits: list[str] = []
-    data, h2d, optimizer = _host_phases(ev, parser.cols, step_thread, sidx, limits)
+    data, h2d, optimizer = _host_phases(ev, step_thread, sidx, limits, host_copy=device_kind == "cpu")
     unrecorded = False  # a job on a device whose activity the profiler did not record
     if device_kind == "cpu":
         limits.append("a CPU-only trace records no device: device idle time is unknown; compute is the training "
@@ -928,10 +908,8 @@ def _analyse(path: Path, parser: _Parser, ev: _Events) -> RankTrace:
         compute, idle, comm, comm_exposed, dev_h2d, unions = _device_phases(ev, device, lo, hi, length)
         if data is not None:  # the wait for data the device does not hide: while it has nothing to run
             data = _exposed(ev, step_thread, lo, hi, unions["busy"], _is_data)
-        if dev_h2d is not None:
-            h2d = dev_h2d  # the device's own copy time, not the host's wait for it (that is sync_wait)
-        elif h2d is not None:
-            h2d = None
+        h2d = dev_h2d  # the device's own copy time, not the host's wait for it (that is sync_wait)
+        if h2d is None:
             limits.append("h2d unknown: the trace records no host-to-device copy on the device")
         sync, sync_on = _sync_waits(ev, step_thread, lo, hi, unions)
         if len({ev.threads[t][0] for t in np.unique(ev.thread[device])}) > 1:
@@ -1050,8 +1028,9 @@ def _cpu_compute(ev: _Events, step_thread: int, sidx: np.ndarray, lo, hi, length
     return compute, other
 
 
-def _host_phases(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, limits: list):
-    """data, h2d, optimizer per step (int64 ns arrays, or None where the trace cannot tell, said in ``limits``)."""
+def _host_phases(ev: _Events, step_thread: int, sidx: np.ndarray, limits: list, *, host_copy: bool):
+    """data, h2d, optimizer per step (int64 ns arrays, or None where the trace cannot tell, said in ``limits``);
+    h2d only where ``host_copy`` (a CPU trace: a device trace's copy is the device's, :func:`_device_phases`)."""
     lo, hi = ev.ts[sidx], ev.end[sidx]
     on_thread = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
     data_mask = on_thread & ev.name_mask(_is_data)
@@ -1060,11 +1039,12 @@ def _host_phases(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray
     if data is None:
         limits.append("data phase unknown: the step thread has no DataLoader __next__ spans (torch records them "
                       "only for a torch.utils.data.DataLoader iterated inside the profiled steps)")
-    copy_u = _h2d_spans(ev, cols, step_thread, sidx, bool(data_mask.any()))
+    copy_u = _h2d_spans(ev, step_thread, sidx) if host_copy and data_mask.any() else None
     if copy_u is None:
         h2d = None
-        limits.append("h2d phase unknown: with no DataLoader span and no device copy, the batch's copy cannot be "
-                      "told from the step's other ops")
+        if host_copy:
+            limits.append("h2d phase unknown: with no DataLoader span, the batch's copy cannot be told from the "
+                          "step's other ops")
     else:
         h2d = _covered(_merge(copy_u, data_u), lo, hi) - (data if data is not None else 0)
     opt_mask = on_thread & ev.name_mask(_is_optimizer)
@@ -1075,51 +1055,30 @@ def _host_phases(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray
     return data, h2d, optimizer
 
 
-def _h2d_spans(ev: _Events, cols: _Columns, step_thread: int, sidx: np.ndarray, has_data: bool):
-    """Union of the host copy spans of the batch: the copy ops that are the step's direct children right after
-    its last DataLoader span, and the outermost copy op that issued each HtoD memcpy; None where neither rule
-    applies (no DataLoader span and no HtoD memcpy)."""
+def _h2d_spans(ev: _Events, step_thread: int, sidx: np.ndarray):
+    """Union of the host copy spans of the batch on a CPU trace: the copy ops that are the step's direct children
+    right after its last DataLoader span."""
     th = np.flatnonzero((ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS))
     order, parent = _nesting(ev.ts[th], ev.end[th])
     rows = th[order]
     n = len(rows)
     is_copy = np.isin(ev.name[rows], [i for i, nm in enumerate(ev.names) if nm in _COPY_OPS])
     picked = np.zeros(n, bool)
-    if has_data:
-        pos = np.full(len(ev.ts), -1, np.int64)
-        pos[rows] = np.arange(n)
-        is_step = np.zeros(n, bool)
-        is_step[pos[sidx][pos[sidx] >= 0]] = True
-        kid = np.flatnonzero((parent >= 0) & is_step[np.maximum(parent, 0)])
-        owner = parent[kid]
-        is_data = np.isin(ev.name[rows[kid]], [i for i, nm in enumerate(ev.names) if _is_data(nm)])
-        last_data = np.full(n, -1, np.int64)
-        np.maximum.at(last_data, owner[is_data], kid[is_data])
-        after = kid > last_data[owner]
-        first_other = np.full(n, n, np.int64)
-        other = after & ~is_copy[kid] & (last_data[owner] >= 0)
-        np.minimum.at(first_other, owner[other], kid[other])
-        ok = after & is_copy[kid] & (last_data[owner] >= 0) & (kid < first_other[owner])
-        picked[kid[ok]] = True
-    htod = {c for (cat, _n, _t, _ts, _d, c) in cols.links if cat == "gpu_memcpy"}
-    calls = [ts for (cat, _n, t, ts, _d, c) in cols.links if cat != "gpu_memcpy" and c in htod and t == step_thread]
-    if calls:
-        rts = ev.ts[rows]
-        rt_cat = np.isin(ev.cat[rows], [i for i, c in enumerate(ev.cats) if c in ("cuda_runtime", "cuda_driver")])
-        by_ts = np.argsort(rts, kind="stable")
-        for t0 in np.rint(np.array(calls) * 1000.0).astype(np.int64):
-            lo_i, hi_i = np.searchsorted(rts[by_ts], [t0, t0 + 1])
-            cand = [int(k) for k in by_ts[lo_i:hi_i] if rt_cat[k]]
-            if not cand:
-                continue
-            k = top = cand[0]
-            while parent[k] >= 0:  # climb to the outermost copy op that holds the runtime call
-                k = int(parent[k])
-                if is_copy[k]:
-                    top = k
-            picked[top] = True
-    if not has_data and not htod:
-        return None
+    pos = np.full(len(ev.ts), -1, np.int64)
+    pos[rows] = np.arange(n)
+    is_step = np.zeros(n, bool)
+    is_step[pos[sidx][pos[sidx] >= 0]] = True
+    kid = np.flatnonzero((parent >= 0) & is_step[np.maximum(parent, 0)])
+    owner = parent[kid]
+    is_data = np.isin(ev.name[rows[kid]], [i for i, nm in enumerate(ev.names) if _is_data(nm)])
+    last_data = np.full(n, -1, np.int64)
+    np.maximum.at(last_data, owner[is_data], kid[is_data])
+    after = kid > last_data[owner]
+    first_other = np.full(n, n, np.int64)
+    other = after & ~is_copy[kid] & (last_data[owner] >= 0)
+    np.minimum.at(first_other, owner[other], kid[other])
+    ok = after & is_copy[kid] & (last_data[owner] >= 0) & (kid < first_other[owner])
+    picked[kid[ok]] = True
     r = rows[picked]
     return _union(ev.ts[r], ev.end[r])
 

@@ -185,20 +185,26 @@ def _too_deep(path) -> TraceError:
                       "file is corrupt or not a trace; pass the .pt.trace.json torch.profiler wrote")
 
 
+def _nest(event: str, depth: int, path) -> int:
+    """The nesting depth after ``event``, refusing more than :data:`MAX_DEPTH` levels."""
+    if event in ("start_map", "start_array"):
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise _too_deep(path)
+    elif event in ("end_map", "end_array"):
+        depth -= 1
+    return depth
+
+
 def _skip_events(events, f: _Counted, path, *, early: bool) -> Any:
     """The first event's ``ts`` (or None): at once where ``early`` (the metadata came first, torch's layout),
     else after the whole traceEvents array, or _INCOMPLETE when that scan passed :data:`MAX_SCAN_BYTES`."""
     depth, key, first_ts = 0, None, None
     for event, value in events:
-        if event in ("start_map", "start_array"):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise _too_deep(path)
-        elif event in ("end_map", "end_array"):
-            depth -= 1
-            if depth == 0:  # the array's end
-                return first_ts
-        elif event == "map_key":
+        depth = _nest(event, depth, path)
+        if depth == 0:  # the array's end
+            return first_ts
+        if event == "map_key":
             key = value
         elif first_ts is None and depth == 2 and key == "ts" and event == "number":
             first_ts = float(value)
@@ -217,12 +223,7 @@ def _build(events, path="the trace") -> Any:
     depth = 0
     for event, value in events:
         builder.event(event, value)
-        if event in ("start_map", "start_array"):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise _too_deep(path)
-        elif event in ("end_map", "end_array"):
-            depth -= 1
+        depth = _nest(event, depth, path)
         if depth == 0:
             return builder.value
     raise TraceError(f"{path}: the trace ends inside its metadata: the file is cut short")
