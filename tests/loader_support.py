@@ -17,10 +17,29 @@ from torch.utils.data import Dataset
 FORK = "fork" in multiprocessing.get_all_start_methods()
 
 
-def _children() -> set[int]:
-    """Live child processes of this one, less the resource tracker and zombies."""
-    return {p.pid for p in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(_cmdline(p)) and p.status() != psutil.STATUS_ZOMBIE}
+def _children() -> dict[int, str]:
+    """This process's live DataLoader-worker-like children: {pid: command line}.
+
+    A worker is a fork of this process (the same command line) or a
+    multiprocessing spawn/forkserver child; the resource tracker, zombies and
+    any other subprocess (a kernel or a tool another test started in the
+    background) are left out, so only a worker can fail the check.
+    """
+    me = _cmdline(psutil.Process())
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        cmd = _cmdline(p)
+        line = " ".join(cmd)
+        if "resource_tracker" in line:
+            continue
+        if cmd == me or "multiprocessing" in line:
+            out[p.pid] = line[:200]
+    return out
 
 
 def _cmdline(p) -> list[str]:
@@ -33,12 +52,13 @@ def _cmdline(p) -> list[str]:
 @pytest.fixture
 def no_stray_workers():
     """Fail if a test leaves a worker process running."""
-    before = _children()
+    before = set(_children())
     yield
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _children() - before:
+    while time.monotonic() < deadline and set(_children()) - before:
         time.sleep(0.1)
-    assert _children() - before == set(), "worker processes left behind"
+    left = {pid: cmd for pid, cmd in _children().items() if pid not in before}
+    assert not left, f"worker processes left behind: {left}"
 
 
 class Numbers(Dataset):
