@@ -1,6 +1,6 @@
 """The import contract of helpers (docs/architecture.md): layers point one way, siblings form no cycle.
 
-Layers, top down: workbook -> experiments -> jobs -> (pipeline, compute, comm, diagnose) -> foundation (the
+Layers, top down: workbook -> (experiments, tune) -> jobs -> (pipeline, compute, comm, diagnose) -> foundation (the
 modules directly in helpers/). Every import in every module is read, those inside functions included. A module
 may import its own layer or a lower one; the packages of the mechanism layer may import each other but not in
 a circle; no two modules import each other, directly or around a loop; matplotlib and ipywidgets are imported
@@ -18,7 +18,7 @@ import pytest
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 
 #: Rank of each layer: a module may import only modules of the same or a lower rank.
-LAYERS = {"foundation": 0, "pipeline": 1, "compute": 1, "comm": 1, "diagnose": 1, "traces": 1, "jobs": 2, "experiments": 3,
+LAYERS = {"foundation": 0, "pipeline": 1, "compute": 1, "comm": 1, "diagnose": 1, "traces": 1, "jobs": 2, "experiments": 3, "tune": 3,
           "workbook": 4, "entry": 5}
 #: Libraries that belong to the workbook layer only.
 PRESENTATION = ("matplotlib", "ipywidgets", "IPython.display")

@@ -15,6 +15,8 @@ device-check  on a borrowed CUDA/NPU machine: notebooks 02, 04-07, 10, bench inp
             bandwidth, summarized in one JSON file (exit 1 when a step failed)
 compare     one report across run folders (a class, before/after a change, CPU vs GPU vs NPU)
 report      rebuild the report of an existing run folder
+tune        your training script made faster: each checklist change measured A/B on your script, the winners
+            written into it as a diff, and the rewritten script proven against yours (-- python train.py ARGS)
 trace       notebook 01's verdict from profiler traces you already have (torch.profiler JSON, torch_npu
             *_ascend_pt folders, a folder with one per rank): the slow rank, the next notebook, a report
 env check   validate HCCL/NCCL/torch_npu environment settings (current or proposed), write the valid
@@ -43,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_run, _add_diagnose, _add_notebooks, _add_data, _add_bench, _add_device_check, _add_compare,
-                _add_report, _add_trace, _add_env):
+                _add_report, _add_trace, _add_tune, _add_env):
         add(sub)
     return p
 
@@ -177,6 +179,28 @@ def _add_trace(sub) -> None:
     tr.add_argument("--threshold", type=float, default=0.10, metavar="F",
                     help="exposed-input share above which the job is host-bound (default: 0.10, as notebook 01)")
     tr.set_defaults(handler=_trace)
+
+
+def _add_tune(sub) -> None:
+    tu = sub.add_parser("tune", help="your training script made faster: the checklist's changes measured on it, the "
+                                     "winners written as a diff, the rewritten script proven against yours",
+                        usage="%(prog)s [options] -- python train.py [ARGS]")
+    tu.add_argument("--steps", type=int, default=20, metavar="N", help="timed optimizer steps per run (default: 20)")
+    tu.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed steps per run (default: 5)")
+    tu.add_argument("--rounds", type=int, default=3, metavar="N",
+                    help="interleaved runs of each variant (default: 3; more narrows the intervals)")
+    tu.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                    help="limit for the first, unmodified run, seconds; later runs get 3x its time + 60 s "
+                         "(default: 600)")
+    tu.add_argument("--out", type=Path, default=None, metavar="DIR",
+                    help="folder for the report, the diff and the rewritten script (default: runs/tune-<UTC time>)")
+    tu.add_argument("--apply", action="store_true",
+                    help="also edit your script in place once the rewritten copy is proven faster (a backup is "
+                         "kept beside it as SCRIPT.orig)")
+    tu.add_argument("--json", action="store_true", help="print the summary as JSON")
+    tu.add_argument("command", nargs=argparse.REMAINDER, metavar="-- python train.py ARGS",
+                    help="the command that trains, as you run it")
+    tu.set_defaults(handler=_tune)
 
 
 def _add_env(sub) -> None:
@@ -446,6 +470,52 @@ def _trace(args) -> int:
         print(json.dumps(d, indent=2))
     else:
         print("\n".join(summary_lines(a, rep)))
+    return 0
+
+
+def _tune(args) -> int:
+    """``tune -- python train.py ARGS``: the session (:func:`helpers.tune.session.tune`), progress on stderr, the
+    summary on stdout. Bad flags or command: exit 2 before anything runs. The script failing on its own: its
+    traceback, marked as the script's, and exit 1, with nothing written."""
+    import json
+    import time
+
+    from helpers.tune.engine import ScriptError, parse_command
+    from helpers.tune.session import TuneOptions, tune
+    from helpers.workbook.paths import runs_dir
+
+    words = list(args.command)
+    if words and words[0] == "--":
+        words = words[1:]
+    command = parse_command(words)
+    options = TuneOptions(warmup=args.warmup, steps=args.steps, rounds=args.rounds, timeout_s=args.timeout)
+    out = args.out or runs_dir() / f"tune-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    if out.exists():
+        raise WorkbookError(f"--out {out} exists; give a new folder (tune never writes over an earlier report)")
+
+    def say(line: str) -> None:
+        print(f"tune: {line}", file=sys.stderr, flush=True)
+
+    try:
+        res = tune(command, out, options, apply=args.apply, progress=say)
+    except ScriptError as exc:
+        if exc.log:
+            print("---- your script's own output (tune changed nothing in this run) ----", file=sys.stderr)
+            print(exc.log.rstrip(), file=sys.stderr)
+            print("---- end of your script's output ----", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(res.as_dict(), indent=2, default=str))
+        return 0
+    print(res.headline)
+    for j in res.judgements:
+        print(f"  {j.variant}: {j.verdict}, {j.figure}")
+    if res.diff:
+        print(f"the change: {out / 'change.diff'}  (rewritten script: {out / command.script.name})")
+    if res.applied_to:
+        print(f"applied to {res.applied_to}; your original is {res.backup}")
+    print(f"report: {out / 'report.html'}")
     return 0
 
 

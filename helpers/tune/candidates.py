@@ -1,0 +1,148 @@
+"""Which checklist techniques tune tries on a script, decided from what the unmodified script did (its probe run).
+
+Each :class:`Candidate` is one runtime change that :mod:`helpers.tune.hook` applies (its ``apply`` dict) and one
+source edit that :mod:`helpers.tune.rewrite` writes (its ``technique``). :func:`choose` reads the probe's result
+(the hook's JSON: the DataLoader calls, the model, the device, autocast already in use) and returns the
+candidates that apply, plus, for each technique left out, the reason.
+
+The techniques and the notebook that measures each:
+
+==================  ==========================================================  ========
+technique           the change                                                   notebook
+==================  ==========================================================  ========
+``num_workers``     ``DataLoader(..., num_workers=N, persistent_workers=True)``   03
+``pin_memory``      ``DataLoader(..., pin_memory=True)`` and                      04
+                    ``x.to(device, non_blocking=True)``
+``autocast``        ``with torch.autocast(device_type=..., dtype=torch.bfloat16)``  06
+                    around the forward call
+``channels_last``   ``model = model.to(memory_format=torch.channels_last)``      07
+==================  ==========================================================  ========
+
+fp16 autocast is not tried: it needs a ``torch.amp.GradScaler`` around ``backward()`` and ``step()``, an edit of
+three statements that tune does not write; where the device has no bfloat16 the report says so.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Candidate", "choose", "FRAMEWORK_ARGS", "NOTEBOOK"]
+
+#: The notebook that explains and measures each technique.
+NOTEBOOK = {"num_workers": "03", "pin_memory": "04", "autocast": "06", "channels_last": "07"}
+#: Where a framework sets the DataLoader or the precision, the argument to change (the frameworks' own names:
+#: Lightning 2.x ``Trainer(precision=...)``; transformers ``TrainingArguments`` fields).
+FRAMEWORK_ARGS = {
+    "lightning": 'Trainer(precision="bf16-mixed"); num_workers= in your LightningDataModule\'s DataLoader(...)',
+    "pytorch_lightning": 'Trainer(precision="bf16-mixed"); num_workers= in your LightningDataModule\'s DataLoader',
+    "transformers": "TrainingArguments(bf16=True, dataloader_num_workers=N, dataloader_pin_memory=True)",
+    "accelerate": 'Accelerator(mixed_precision="bf16")',
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One technique with its settings, as tune applies it at runtime and writes it as code.
+
+    Attributes
+    ----------
+    name : str
+        Unique, readable: ``"num_workers=2"``, ``"autocast bfloat16"``.
+    technique : str
+        A key of :data:`NOTEBOOK`.
+    apply : dict
+        The hook spec's ``apply`` entry: ``{"loader": {...}}``, ``{"autocast": "bfloat16"}``,
+        ``{"channels_last": True}``, ``{"loader": {"pin_memory": True}, "non_blocking": True}``.
+    why : str
+        Why it applies to this script (one clause, from the probe).
+    """
+
+    name: str
+    technique: str
+    apply: dict[str, Any] = field(hash=False)
+    why: str = ""
+
+
+def merge_apply(candidates: list[Candidate]) -> dict[str, Any]:
+    """The ``apply`` dicts of several candidates as one (DataLoader settings merged)."""
+    out: dict[str, Any] = {}
+    for c in candidates:
+        for key, value in c.apply.items():
+            if key == "loader":
+                out.setdefault("loader", {}).update(value)
+            else:
+                out[key] = value
+    return out
+
+
+def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """The candidates that apply to the probed script.
+
+    Parameters
+    ----------
+    probe : dict
+        The hook's result of the unmodified script (:func:`helpers.tune.hook.Recorder.result`).
+    cores : int, optional
+        Usable CPU cores (default: this process's affinity).
+
+    Returns
+    -------
+    (list of Candidate, list of (technique, reason))
+        What to measure, and what is left out and why.
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    out: list[Candidate] = []
+    skipped: list[tuple[str, str]] = []
+    loaders = probe.get("loaders") or []
+    model = probe.get("model") or {}
+    device = model.get("param_device") or "cpu"
+    on_device = device in ("cuda", "npu")
+
+    if not loaders:
+        skipped.append(("num_workers", "the script builds no torch.utils.data.DataLoader in its own files"))
+        skipped.append(("pin_memory", "the script builds no DataLoader in its own files"))
+    else:
+        current = max(int(ld["effective"].get("num_workers") or 0) for ld in loaders)
+        options = sorted({n for n in (2, min(cores, 4), min(cores, 8)) if n > current and n >= 1})
+        if not options:
+            skipped.append(("num_workers", f"the DataLoader already uses num_workers={current}, "
+                                           f"and this machine has {cores} cores"))
+        for n in options:
+            out.append(Candidate(f"num_workers={n}", "num_workers",
+                                 {"loader": {"num_workers": n, "persistent_workers": True}},
+                                 f"the DataLoader loads in {'the training process' if current == 0 else f'{current} workers'}"))
+        if not on_device:
+            skipped.append(("pin_memory", f"the model is on the {device}: there is no host-to-device copy to pin"))
+        elif all(ld["effective"].get("pin_memory") for ld in loaders):
+            skipped.append(("pin_memory", "the DataLoader already pins memory"))
+        else:
+            out.append(Candidate("pin_memory + non_blocking", "pin_memory",
+                                 {"loader": {"pin_memory": True}, "non_blocking": True},
+                                 f"batches are copied to the {device} from pageable memory"))
+    if not model:
+        for t in ("autocast", "channels_last"):
+            skipped.append((t, "no model was found: the optimizer was not built from a model's parameters in the "
+                               "script's own files"))
+        return out, skipped
+    if probe.get("autocast_in_use"):
+        skipped.append(("autocast", "the script already enters torch.autocast"))
+    elif model.get("param_dtype") not in ("float32", None):
+        skipped.append(("autocast", f"the model's parameters are already {model['param_dtype']}"))
+    elif model.get("bf16_supported") is True:
+        out.append(Candidate("autocast bfloat16", "autocast", {"autocast": "bfloat16"},
+                             f"the forward runs in float32 on the {device}"))
+    else:
+        skipped.append(("autocast", f"bfloat16 is not known to be supported on this {device}; float16 needs a "
+                                    f"GradScaler, which tune does not write (notebook 06 shows it)"))
+    if not model.get("has_conv2d"):
+        skipped.append(("channels_last", "the model has no Conv2d layer"))
+    elif device == "npu":
+        skipped.append(("channels_last", "an Ascend NPU does not support channels_last: its Tensor.to accepts "
+                                         "only contiguous_format (notebook 07)"))
+    else:
+        out.append(Candidate("channels_last", "channels_last", {"channels_last": True},
+                             "the model has Conv2d layers in the default NCHW format"))
+    return out, skipped

@@ -1,0 +1,464 @@
+"""Run the user's script in separate processes, interleaved, and judge each change against the unmodified script.
+
+One *run* is one process: ``python -m helpers.tune.hook SPEC.json`` (:mod:`helpers.tune.hook`), stopped after
+``warmup + steps`` optimizer steps; its figures are the measured steps' times (seconds, device-synchronized where
+the model is on a device) and the loss at each step. A *variant* is the unmodified script with a set of runtime
+changes, or a file as written. :func:`measure` runs the variants round-robin, ``rounds`` times, each round in a
+rotated order, so that a drift of the machine falls on every variant alike.
+
+:func:`judge` compares a variant with the baseline: the ratio of the median step times over all the measured
+steps of each, with its percentile-bootstrap interval (:func:`helpers.timing.bootstrap_ratio_ci`); the ratio
+of each round alone, which must fall on the same side of 1 as the whole (a cross-check: one disturbed round
+cannot make the verdict); the busy-machine check over the whole measurement (:func:`helpers.machine.check`);
+and the results check: a variant whose run failed, hung, whose loss became NaN or inf, or whose mean loss over
+the measured steps moved beyond the tolerance (:func:`loss_tolerance`) is rejected with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from helpers import machine
+from helpers.errors import ParameterError, WorkbookError
+from helpers.timing import bootstrap_ratio_ci
+
+__all__ = ["Command", "Run", "Judgement", "ScriptError", "parse_command", "run_once", "measure", "judge",
+           "loss_tolerance", "THRESHOLD"]
+
+#: Smallest speedup that counts as worth a change (5%): the notebooks' A/B threshold
+#: (:meth:`helpers.timing.Comparison.outcome`'s default).
+THRESHOLD = 1.05
+#: Consecutive steps averaged into one unit of the bootstrap. A step's own time is bimodal where DataLoader
+#: workers feed it (a step whose batch is ready, a step that waits), so its median misstates the throughput; the
+#: mean of a block of steps is the throughput over that block, and blocks, unlike single steps, are close to
+#: independent of each other.
+BLOCK = 5
+#: Relative tolerance on the mean loss of the measured steps (10%), below which a change is taken to learn as
+#: the unmodified script does, unless the unmodified runs themselves differ more (three times their spread).
+#: A screen for a broken change (a wrong dtype, a lost gradient), not a convergence proof: notebook 10 checks
+#: learning over a longer run.
+LOSS_RTOL = 0.10
+
+
+class ScriptError(WorkbookError):
+    """The user's script failed on its own (unmodified): its traceback is in :attr:`log`."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log
+
+
+@dataclass(frozen=True)
+class Command:
+    """The user's command: ``python train.py ARGS`` or ``python -m package.train ARGS``.
+
+    Attributes
+    ----------
+    python : str
+        The interpreter (the first word of the command).
+    script : pathlib.Path or None
+        The script file, absolute (None with ``module``).
+    module : str or None
+        The module of ``-m``.
+    args : tuple of str
+        The script's own arguments.
+    cwd : pathlib.Path
+        The folder the command runs in (the user's current folder).
+    """
+
+    python: str
+    script: Path | None
+    module: str | None
+    args: tuple[str, ...]
+    cwd: Path
+
+    @property
+    def argv(self) -> list[str]:
+        """``sys.argv`` as the script sees it."""
+        return [str(self.script) if self.script else self.module or ""] + list(self.args)
+
+    @property
+    def roots(self) -> list[str]:
+        """Folders whose files count as the user's own (the script's folder and the current folder)."""
+        out = [str(self.cwd)]
+        if self.script is not None:
+            out.insert(0, str(self.script.parent))
+        return out
+
+    def __str__(self) -> str:
+        target = str(self.script) if self.script else f"-m {self.module}"
+        return " ".join([Path(self.python).name, target, *self.args])
+
+
+def parse_command(words: Sequence[str], cwd: str | os.PathLike | None = None) -> Command:
+    """Read ``python train.py ARGS`` (or ``python -m pkg.train ARGS``) from the words after ``--``.
+
+    Raises
+    ------
+    ParameterError
+        With no command, a first word that is not a Python interpreter (torchrun, a shell script: tune runs one
+        process), interpreter options other than ``-m``, or a script file that does not exist.
+    """
+    words = list(words)
+    cwd = Path(cwd or os.getcwd()).resolve()
+    if not words:
+        raise ParameterError("tune: give the command that trains, after --: workbook tune -- python train.py ARGS")
+    first = Path(words[0]).name
+    if not first.startswith("python"):
+        raise ParameterError(f"tune: the command must start with a Python interpreter (python train.py ARGS), "
+                             f"got {words[0]!r}; tune runs your script as one process. For a torchrun job, give "
+                             f"the script's own command (python train.py ARGS): it runs as rank 0 of a world of 1")
+    if len(words) < 2:
+        raise ParameterError("tune: give the script after the interpreter: python train.py ARGS")
+    # a bare "python" means this environment's interpreter (the one running the workbook, with torch), as it does
+    # when the environment is activated; a path names an interpreter of the user's choice
+    python = sys.executable if "/" not in words[0] and "\\" not in words[0] else words[0]
+    if words[1] == "-m":
+        if len(words) < 3:
+            raise ParameterError("tune: give the module after -m: python -m package.train ARGS")
+        return Command(python, None, words[2], tuple(words[3:]), cwd)
+    if words[1].startswith("-"):
+        raise ParameterError(f"tune: interpreter option {words[1]!r} is not supported; give python train.py ARGS "
+                             f"or python -m package.train ARGS")
+    script = (cwd / words[1]).resolve()
+    if not script.is_file():
+        raise ParameterError(f"tune: the script {words[1]!r} does not exist (looked for {script})")
+    if script.suffix != ".py":
+        raise ParameterError(f"tune: {words[1]!r} is not a .py file; tune edits Python scripts")
+    return Command(python, script, None, tuple(words[2:]), cwd)
+
+
+@dataclass
+class Run:
+    """One process of one variant.
+
+    Attributes
+    ----------
+    variant : str
+    round : int
+        0-based round (-1 for the probe).
+    status : str
+        ``"steps"`` (stopped after its steps), ``"script_end"`` (the script ended first), ``"exit"``, ``"error"``,
+        ``"timeout"``.
+    step_times_s : list of float
+        The measured steps' times, seconds.
+    losses : list of float or None
+        The loss at every step (warm-up included); None where no scalar ``backward`` preceded the step.
+    wall_s : float
+        The process's wall time, seconds.
+    error : str
+        The traceback or the reason, for a failed run.
+    result : dict
+        The hook's whole result (call sites, model, loaders).
+    """
+
+    variant: str
+    round: int
+    status: str
+    step_times_s: list[float]
+    losses: list[float | None]
+    wall_s: float
+    error: str = ""
+    result: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("steps", "script_end") and bool(self.step_times_s)
+
+    def record(self) -> dict[str, Any]:
+        """One line of results.jsonl."""
+        d = asdict(self)
+        d.pop("result")
+        return d
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _hook_env(command: Command) -> dict[str, str]:
+    """The environment of a run: the user's, helpers importable, and a world of one for a torchrun script."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port()))):
+        env.setdefault(key, value)
+    return env
+
+
+def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: Path, warmup: int, steps: int,
+             timeout_s: float, round_: int = 0, script: Path | None = None, watch_copies: bool = False) -> Run:
+    """Run the script once under the hook.
+
+    Parameters
+    ----------
+    command : Command
+    variant : str
+        The variant's name (file names, records).
+    apply : dict
+        The runtime changes (the hook spec's ``apply``).
+    workdir : pathlib.Path
+        Where the spec, the result, the logs and the redirected ``torch.save`` files go.
+    warmup, steps : int
+        Untimed and timed optimizer steps.
+    timeout_s : float
+        The run's limit, seconds: past it the process group is killed and the run is ``"timeout"``.
+    round_ : int
+    script : pathlib.Path, optional
+        A file to run instead of ``command.script`` (the rewritten file), executed as if it were the original
+        (its ``__file__`` and frames name the original path, so paths relative to the script still work).
+    watch_copies : bool
+        Record host-to-device copies (only where a device may be in use).
+
+    Returns
+    -------
+    Run
+    """
+    tag = f"{variant.replace(' ', '_').replace('=', '').replace('+', '')}-r{round_}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = {"argv": command.argv, "script": str(command.script) if command.script else None,
+            "module": command.module, "source": str(script) if script else None,
+            "warmup": warmup, "steps": steps, "out": str(workdir / f"{tag}.json"), "scratch": str(workdir),
+            "apply": apply, "user_roots": command.roots, "watch_copies": watch_copies}
+    spec_path = workdir / f"{tag}.spec.json"
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    out_path = Path(spec["out"])
+    out_path.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    with open(workdir / f"{tag}.log", "wb") as log:
+        proc = subprocess.Popen([command.python, "-m", "helpers.tune.hook", str(spec_path)], cwd=command.cwd,
+                                env=_hook_env(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return Run(variant, round_, "timeout", [], [], time.perf_counter() - t0,
+                       f"no result after {timeout_s:.0f} s: the script hung or is far slower than the others")
+        finally:
+            _kill_group(proc)  # DataLoader workers left behind
+    wall = time.perf_counter() - t0
+    if not out_path.is_file():
+        tail = _tail(workdir / f"{tag}.log")
+        return Run(variant, round_, "error", [], [], wall,
+                   f"the process ended with status {proc.returncode} before writing its result:\n{tail}")
+    result = json.loads(out_path.read_text(encoding="utf-8"))
+    error = result.get("error") or ""
+    if result["status"] in ("error", "exit"):
+        error = (error + "\n" + _tail(workdir / f"{tag}.log")).strip()
+    return Run(variant, round_, result["status"], [float(x) for x in result["step_times_s"]],
+               result["losses"], wall, error, result)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path | None]], *, rounds: int,
+            workdir: Path, warmup: int, steps: int, timeout_s: float, watch_copies: bool = False,
+            progress: Callable[[str], None] | None = None) -> tuple[dict[str, list[Run]], machine.BusyCheck]:
+    """Run every variant ``rounds`` times, round-robin, each round in a rotated order.
+
+    Parameters
+    ----------
+    variants : sequence of (name, apply, script)
+        ``script`` None runs the user's file with ``apply``; a path runs that file as written.
+    rounds : int
+        Runs per variant (>= 2).
+    progress : callable, optional
+        Called with a line after each run.
+
+    Returns
+    -------
+    (dict of name to list of Run, machine.BusyCheck)
+        The runs, and whether other processes took the machine's cores while they ran.
+
+    Raises
+    ------
+    ParameterError
+        If ``rounds`` < 2 or there are no variants.
+    """
+    if rounds < 2:
+        raise ParameterError(f"tune: rounds must be >= 2 (the rounds cross-check each other), got {rounds}")
+    if not variants:
+        raise ParameterError("tune: nothing to measure")
+    runs: dict[str, list[Run]] = {name: [] for name, _, _ in variants}
+    before = machine.snapshot()
+    total, k = rounds * len(variants), 0
+    for r in range(rounds):
+        order = list(variants[r % len(variants):]) + list(variants[:r % len(variants)])
+        for name, apply, script in order:
+            run = run_once(command, name, apply, workdir=workdir, warmup=warmup, steps=steps, timeout_s=timeout_s,
+                           round_=r, script=script, watch_copies=watch_copies)
+            runs[name].append(run)
+            k += 1
+            if progress:
+                med = f"{statistics.median(run.step_times_s) * 1e3:.1f} ms/step" if run.ok else run.status
+                progress(f"[{k}/{total}] round {r + 1}: {name}: {med}")
+    busy = machine.check(before, machine.snapshot())
+    return runs, busy
+
+
+def loss_tolerance(base: Sequence[Run]) -> tuple[float, float]:
+    """The baseline's mean loss over its measured steps and the tolerance around it.
+
+    Returns
+    -------
+    (float, float)
+        ``(mean, tol)``: tol = max(:data:`LOSS_RTOL` x |mean|, 3 x the standard deviation of the runs' own
+        means). NaN mean when the baseline recorded no loss.
+    """
+    means = [m for m in (_mean_loss(r) for r in base) if m is not None]
+    if not means:
+        return math.nan, math.nan
+    mean = statistics.fmean(means)
+    sd = statistics.stdev(means) if len(means) > 1 else 0.0
+    return mean, max(LOSS_RTOL * abs(mean), 3.0 * sd)
+
+
+def _mean_loss(run: Run) -> float | None:
+    vals = [v for v in run.losses[run.result.get("warmup_steps", 0):] if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def blocks(times: Sequence[float], size: int = BLOCK) -> list[float]:
+    """Means of consecutive blocks of ``size`` step times (seconds); a last, shorter block is dropped unless it is
+    the only one."""
+    out = [statistics.fmean(times[i:i + size]) for i in range(0, len(times) - size + 1, size)]
+    return out or ([statistics.fmean(times)] if times else [])
+
+
+def nonfinite_step(run: Run) -> int | None:
+    """The first step whose loss is NaN or inf (0-based), or None."""
+    for i, v in enumerate(run.losses):
+        if v is not None and not math.isfinite(v):
+            return i
+    return None
+
+
+@dataclass
+class Judgement:
+    """A variant against the baseline.
+
+    Attributes
+    ----------
+    variant : str
+    verdict : str
+        ``"faster"`` (worth it: the interval lies above 1, the speedup reaches :data:`THRESHOLD`, every round
+        agrees, the machine was quiet, the results check passed), ``"slower"``, ``"no gain"`` (the interval
+        spans 1 or the gain is below the threshold), ``"inconclusive"`` (a busy machine, or rounds that
+        disagree), ``"rejected"`` (failed, hung, NaN, results moved).
+    speedup : float
+        Baseline median step time / variant's (> 1: the variant is faster); NaN when not measured.
+    ci_low, ci_high : float
+        Its 95% percentile-bootstrap interval.
+    round_speedups : list of float
+    base_ms, variant_ms : float
+        Median step times, milliseconds.
+    reason : str
+        One sentence: the evidence, or why it was rejected or inconclusive.
+    """
+
+    variant: str
+    verdict: str
+    speedup: float = math.nan
+    ci_low: float = math.nan
+    ci_high: float = math.nan
+    round_speedups: list[float] = field(default_factory=list)
+    base_ms: float = math.nan
+    variant_ms: float = math.nan
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def figure(self) -> str:
+        """``"1.42x (95% CI 1.31-1.55)"`` or "not measured"."""
+        if math.isnan(self.speedup):
+            return "not measured"
+        return f"{self.speedup:.2f}x (95% CI {self.ci_low:.2f}-{self.ci_high:.2f})"
+
+
+def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.BusyCheck, *,
+          check_loss: bool = True) -> Judgement:
+    """Judge one variant's runs against the baseline's (see the module docstring for the rules)."""
+    failed = [r for r in runs if not r.ok]
+    if failed:
+        r = failed[0]
+        first = (r.error.strip().splitlines() or [r.status])[-1]
+        what = "hung" if r.status == "timeout" else "failed"
+        return Judgement(name, "rejected", reason=f"the script {what} with this change (round {r.round + 1}): "
+                                                  f"{first}")
+    if check_loss:
+        base_bad = any(nonfinite_step(r) is not None for r in base)
+        for r in runs:
+            k = nonfinite_step(r)
+            if k is not None and not base_bad:
+                return Judgement(name, "rejected", reason=f"the loss became {r.losses[k]} at step {k + 1} with this "
+                                                          f"change (round {r.round + 1}); the unmodified script's "
+                                                          f"stayed finite")
+        mean, tol = loss_tolerance(base)
+        got = [m for m in (_mean_loss(r) for r in runs) if m is not None]
+        if not math.isnan(mean) and got and not base_bad:
+            var_mean = statistics.fmean(got)
+            if abs(var_mean - mean) > tol:
+                return Judgement(name, "rejected",
+                                 reason=f"it changes the results: mean loss {var_mean:.4g} against {mean:.4g} "
+                                        f"unmodified, beyond the tolerance of {tol:.3g}")
+    a = [m for r in base for m in blocks(r.step_times_s)]
+    b = [m for r in runs for m in blocks(r.step_times_s)]
+    med_a, med_b = statistics.median(a), statistics.median(b)
+    speedup = med_a / med_b
+    low, high = bootstrap_ratio_ci(a, b)
+    per_round = []
+    for rb, rv in zip(sorted(base, key=lambda r: r.round), sorted(runs, key=lambda r: r.round)):
+        per_round.append(statistics.fmean(rb.step_times_s) / statistics.fmean(rv.step_times_s))
+    j = Judgement(name, "", speedup, low, high, per_round, med_a * 1e3, med_b * 1e3)
+    rounds = ", ".join(f"{x:.2f}" for x in per_round)
+    n_a, n_b = sum(len(r.step_times_s) for r in base), sum(len(r.step_times_s) for r in runs)
+    evidence = (f"{med_b * 1e3:.1f} against {med_a * 1e3:.1f} ms per step, {j.figure}, over {n_b} and {n_a} "
+                f"steps in {len(runs)} interleaved runs each (medians of {BLOCK}-step means); by round {rounds}")
+    agree = all((x > 1) == (speedup > 1) for x in per_round)
+    if busy.busy:
+        j.verdict, j.reason = "inconclusive", f"{evidence}; but {busy.sentence()}"
+    elif low <= 1.0 <= high:
+        j.verdict, j.reason = "no gain", f"{evidence}: the interval spans 1"
+    elif not agree:
+        j.verdict, j.reason = "inconclusive", f"{evidence}: the rounds disagree, so one disturbed round may decide it"
+    elif low > 1.0 and speedup >= THRESHOLD:
+        j.verdict, j.reason = "faster", evidence
+    elif high < 1.0:
+        j.verdict, j.reason = "slower", evidence
+    else:
+        j.verdict, j.reason = "no gain", f"{evidence}: below the {THRESHOLD:.2f}x threshold"
+    return j

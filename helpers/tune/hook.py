@@ -1,0 +1,466 @@
+"""Inside the user's process: run their script unmodified, count and time its optimizer steps, apply techniques.
+
+``python -m helpers.tune.hook SPEC.json`` reads a spec written by :mod:`helpers.tune.engine`, installs the
+hooks below, runs the user's script (``runpy``, as ``__main__``, with their ``sys.argv``) and writes a result
+JSON when the script has made ``warmup + steps`` optimizer steps (it is then stopped), ends, or fails.
+
+What it watches (every run, so that the baseline and the candidates carry the same overhead):
+
+- optimizer steps: a global step post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``, torch
+  >= 2.0) timestamps each step of the first optimizer built, after a device synchronize where the model lives on
+  a CUDA or NPU device (so a step's time includes its queued kernels);
+- the loss: the last scalar a ``Tensor.backward`` was called on before each step (kept as a tensor and read at
+  the end, so no extra synchronize per step);
+- the call sites, in the user's own files, of ``DataLoader(...)``, of the optimizer's construction (and the
+  names that the model has in that frame), of the model's forward call and of host-to-device ``.to()`` /
+  ``.cuda()`` copies: file and line, taken from the frames while it runs; :mod:`helpers.tune.rewrite` edits there;
+- ``torch.save``: redirected into the run's scratch folder, so that no checkpoint of the user's is overwritten.
+
+What it applies (only what the spec's ``apply`` asks for): DataLoader keyword arguments, ``non_blocking=True``
+on the host-to-device copies, ``torch.autocast`` around the model's forward, ``channels_last`` on the model.
+
+This module imports only the standard library and torch: it runs inside the user's process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import runpy
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+#: Forward calls whose call site is recorded (a frame walk each); later calls are only counted.
+SITE_SAMPLES = 64
+#: Seconds the interpreter's own shutdown may take after the script was stopped before the process exits
+#: anyway (a non-daemon thread of the script's would otherwise keep it alive).
+EXIT_GRACE_S = 15.0
+#: DataLoader arguments tune may set (torch.utils.data.DataLoader's own keyword names).
+LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+
+
+class _Stop(BaseException):
+    """Raised from the step hook once enough steps were timed (a BaseException: ``except Exception`` in the
+    user's loop does not swallow it)."""
+
+
+class Recorder:
+    """What one run saw; written as the result JSON by :meth:`result`."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.apply: dict[str, Any] = dict(spec.get("apply") or {})
+        self.warmup = int(spec["warmup"])
+        self.steps = int(spec["steps"])
+        self.t0 = time.perf_counter()
+        self.step_t: list[float] = []
+        self.losses: list[Any] = []
+        self._loss = None
+        self.optimizer_id: int | None = None
+        self.optimizer: dict[str, Any] | None = None
+        self.model = None
+        self.model_info: dict[str, Any] = {}
+        self.loaders: list[dict[str, Any]] = []
+        self.forward_sites: dict[tuple[str, int], int] = {}
+        self.forward_calls = 0
+        self.to_sites: dict[tuple[str, int], dict[str, Any]] = {}
+        self.autocast_in_use = False
+        self.saved: list[dict[str, str]] = []
+        self.notes: list[str] = []
+        self.sync = None
+        roots = [Path(r).resolve() for r in spec.get("user_roots") or []]
+        self.roots = [str(r) + os.sep for r in roots]
+        here = Path(__file__).resolve().parents[1]  # the helpers package
+        self.skip = [str(here) + os.sep, str(Path(inspect.getfile(inspect)).resolve().parent) + os.sep]
+
+    # ------------------------------------------------------------------ call sites
+
+    def is_user_file(self, filename: str) -> bool:
+        """Whether ``filename`` is one of the user's files: under a user root, not in site-packages, torch or
+        this package."""
+        if not filename or filename.startswith("<"):
+            return False
+        try:
+            path = str(Path(filename).resolve())
+        except OSError:
+            return False
+        if "site-packages" in path or "dist-packages" in path or any(path.startswith(s) for s in self.skip):
+            return False
+        return any(path.startswith(r) for r in self.roots)
+
+    def user_frame(self, start):
+        """The innermost frame at or above ``start`` that runs one of the user's files, or None."""
+        f = start
+        while f is not None:
+            if self.is_user_file(f.f_code.co_filename):
+                return f
+            f = f.f_back
+        return None
+
+    @staticmethod
+    def site(frame) -> dict[str, Any]:
+        return {"file": str(Path(frame.f_code.co_filename).resolve()), "line": int(frame.f_lineno),
+                "function": frame.f_code.co_name}
+
+    # ------------------------------------------------------------------ steps
+
+    def on_step(self, optimizer, args, kwargs) -> None:
+        """The step post-hook: timestamp the first optimizer's steps; stop after warmup + steps."""
+        if self.optimizer_id is None:
+            self.optimizer_id = id(optimizer)
+        if id(optimizer) != self.optimizer_id:
+            return
+        if self.sync is None:
+            self.sync = _sync_for(optimizer)
+        if self.sync:
+            self.sync()
+        self.step_t.append(time.perf_counter())
+        self.losses.append(self._loss)
+        self._loss = None
+        if len(self.step_t) >= self.warmup + self.steps + 1:
+            raise _Stop()
+
+    def result(self, status: str, *, exit_code: int = 0, error: str = "") -> dict[str, Any]:
+        t = self.step_t
+        times = [b - a for a, b in zip(t[:-1], t[1:])]
+        measured = times[self.warmup:] if len(times) > self.warmup else []
+        losses = []
+        for v in self.losses:
+            try:
+                losses.append(float(v) if v is not None else None)
+            except Exception:  # noqa: BLE001 - a loss that cannot be read (a freed device) counts as unknown
+                losses.append(None)
+        return {
+            "status": status, "exit_code": exit_code, "error": error,
+            "steps_seen": len(t), "warmup_steps": self.warmup, "step_times_s": measured, "all_step_times_s": times,
+            "first_step_s": (t[0] - self.t0) if t else None, "wall_s": time.perf_counter() - self.t0,
+            "losses": losses, "loaders": self.loaders, "optimizer": self.optimizer, "model": self.model_info,
+            "forward_sites": [{"file": f, "line": ln, "count": c} for (f, ln), c in self.forward_sites.items()],
+            "to_sites": list(self.to_sites.values()),
+            "autocast_in_use": self.autocast_in_use, "saved": self.saved, "notes": self.notes,
+            "frameworks": sorted(m for m in ("lightning", "pytorch_lightning", "transformers", "accelerate")
+                                 if m in sys.modules),
+            "applied": self.apply,
+        }
+
+
+def _sync_for(optimizer):
+    """The device synchronize for the optimizer's parameters' device (None on CPU)."""
+    import torch
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            kind = p.device.type
+            if kind == "cuda":
+                return torch.cuda.synchronize
+            if kind == "npu" and hasattr(torch, "npu"):
+                return torch.npu.synchronize
+            return False
+    return False
+
+
+def _flat_params(params) -> list:
+    out = []
+    for item in params:
+        if isinstance(item, dict):
+            out.extend(item.get("params", []))
+        else:
+            out.append(item)
+    return out
+
+
+def _find_model(frame, params):
+    """The nn.Module, among the frame's locals and globals, that holds most of ``params``: (module, names)."""
+    import torch
+
+    wanted = {id(p) for p in params}
+    best, best_n, names = None, 0, []
+    scopes = [frame.f_locals] + ([frame.f_globals] if frame.f_globals is not frame.f_locals else [])
+    for scope in scopes:
+        for name, value in list(scope.items()):
+            if not isinstance(value, torch.nn.Module):
+                continue
+            try:
+                n = sum(1 for p in value.parameters() if id(p) in wanted)
+            except Exception:  # noqa: BLE001 - a module whose parameters() fails is not the model
+                continue
+            if n > best_n or (n == best_n and value is best):
+                if value is not best:
+                    names = []
+                best, best_n = value, n
+            if value is best and name not in names:
+                names.append(name)
+    return best, names
+
+
+def install(rec: Recorder) -> None:
+    """Install the hooks and the runtime techniques of ``rec.apply``."""
+    import torch
+    from torch.optim import optimizer as optim_mod
+    from torch.utils.data import DataLoader
+
+    optim_mod.register_optimizer_step_post_hook(rec.on_step)
+
+    orig_backward = torch.Tensor.backward
+
+    def backward(self, *args, **kwargs):
+        if self.numel() == 1:
+            rec._loss = self.detach()
+        return orig_backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = backward
+
+    loader_sig = inspect.signature(DataLoader.__init__)
+    orig_loader_init = DataLoader.__init__
+
+    def loader_init(self, *args, **kwargs):
+        frame = rec.user_frame(sys._getframe(1))
+        if frame is None:
+            return orig_loader_init(self, *args, **kwargs)
+        bound = loader_sig.bind(self, *args, **kwargs)
+        given = {k: _jsonable(v) for k, v in bound.arguments.items() if k in LOADER_KEYS + ("batch_size",)}
+        changes = dict(rec.apply.get("loader") or {})
+        if changes:
+            for key, value in changes.items():
+                bound.arguments[key] = value
+            if not bound.arguments.get("num_workers"):  # these two need workers
+                bound.arguments.pop("persistent_workers", None)
+                bound.arguments.pop("prefetch_factor", None)
+        orig_loader_init(*bound.args, **bound.kwargs)
+        rec.loaders.append({**rec.site(frame), "class": type(self).__name__, "given": given,
+                            "effective": {"num_workers": self.num_workers, "pin_memory": bool(self.pin_memory),
+                                          "persistent_workers": bool(self.persistent_workers),
+                                          "prefetch_factor": self.prefetch_factor,
+                                          "batch_size": self.batch_size},
+                            "dataset_len": _safe_len(self.dataset)})
+
+    DataLoader.__init__ = loader_init
+
+    orig_opt_init = torch.optim.Optimizer.__init__
+
+    def opt_init(self, params, *args, **kwargs):
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        params = list(params)
+        orig_opt_init(self, params, *args, **kwargs)
+        if rec.optimizer is not None:
+            return
+        frame = rec.user_frame(sys._getframe(1))
+        if frame is None:
+            return
+        model, names = _find_model(frame, _flat_params(params))
+        rec.optimizer = {**rec.site(frame), "class": type(self).__name__, "model_names": names}
+        if model is not None:
+            _take_model(rec, model)
+
+    torch.optim.Optimizer.__init__ = opt_init
+
+    autocast_cls = torch.amp.autocast_mode.autocast
+    orig_enter = autocast_cls.__enter__
+
+    def enter(self):
+        if not getattr(self, "_workbook_tune", False) and getattr(self, "_enabled", True):
+            rec.autocast_in_use = True
+        return orig_enter(self)
+
+    autocast_cls.__enter__ = enter
+
+    orig_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):
+            scratch = Path(rec.spec["scratch"]) / "saved"
+            scratch.mkdir(parents=True, exist_ok=True)
+            target = scratch / f"{len(rec.saved)}-{Path(f).name}"
+            rec.saved.append({"asked": str(f), "written": str(target)})
+            f = target
+        return orig_save(obj, f, *args, **kwargs)
+
+    torch.save = save
+
+    if rec.spec.get("watch_copies"):
+        _watch_copies(rec)
+
+
+def _take_model(rec: Recorder, model) -> None:
+    """Describe the model; apply channels_last; wrap its forward (call sites; autocast)."""
+    import torch
+
+    conv = any(isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) for m in model.modules())
+    first = next(iter(model.parameters()), None)
+    rec.model = model
+    rec.model_info = {"class": type(model).__name__, "has_conv2d": conv,
+                      "n_params": int(sum(p.numel() for p in model.parameters())),
+                      "param_device": first.device.type if first is not None else None,
+                      "param_dtype": str(first.dtype).replace("torch.", "") if first is not None else None,
+                      "bf16_supported": _bf16_supported(first.device.type if first is not None else "cpu")}
+    if rec.apply.get("channels_last") and conv:
+        model.to(memory_format=torch.channels_last)
+    dtype = rec.apply.get("autocast")
+    device_type = rec.model_info["param_device"] or "cpu"
+    orig_forward = model.forward
+
+    def forward(*args, **kwargs):
+        rec.forward_calls += 1
+        if rec.forward_calls <= SITE_SAMPLES:
+            frame = rec.user_frame(sys._getframe(1))
+            if frame is not None:
+                key = (str(Path(frame.f_code.co_filename).resolve()), int(frame.f_lineno))
+                rec.forward_sites[key] = rec.forward_sites.get(key, 0) + 1
+        if dtype:
+            ctx = torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+            ctx._workbook_tune = True
+            with ctx:
+                return orig_forward(*args, **kwargs)
+        return orig_forward(*args, **kwargs)
+
+    model.forward = forward
+
+
+def _bf16_supported(kind: str) -> bool | None:
+    """Whether autocast to bfloat16 is available on the device kind (None: not known here)."""
+    import torch
+
+    if kind == "cpu":
+        return True
+    if kind == "cuda":
+        try:
+            return bool(torch.cuda.is_bf16_supported())
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
+def _watch_copies(rec: Recorder) -> None:
+    """Record host-to-device ``.to()`` / ``.cuda()`` call sites in the user's files; add non_blocking=True there
+    when the spec applies it."""
+    import torch
+
+    orig_to, orig_cuda = torch.Tensor.to, torch.Tensor.cuda
+    non_blocking = bool(rec.apply.get("non_blocking"))
+
+    def target(args, kwargs):
+        dev = kwargs.get("device")
+        if dev is None and args:
+            a = args[0]
+            if isinstance(a, (str, torch.device)):
+                dev = a
+            elif isinstance(a, torch.Tensor):
+                dev = a.device
+        if dev is None:
+            return None
+        try:
+            return torch.device(dev)
+        except (TypeError, RuntimeError):
+            return None
+
+    def note(method):
+        frame = rec.user_frame(sys._getframe(2))
+        if frame is None:
+            return False
+        key = (str(Path(frame.f_code.co_filename).resolve()), int(frame.f_lineno))
+        entry = rec.to_sites.setdefault(key, {**rec.site(frame), "method": method, "count": 0})
+        entry["count"] += 1
+        return True
+
+    def to(self, *args, **kwargs):
+        if self.device.type == "cpu":
+            dev = target(args, kwargs)
+            if dev is not None and dev.type != "cpu" and note("to") and non_blocking:
+                kwargs["non_blocking"] = True
+        return orig_to(self, *args, **kwargs)
+
+    def cuda(self, *args, **kwargs):
+        if self.device.type == "cpu" and note("cuda") and non_blocking:
+            kwargs["non_blocking"] = True
+        return orig_cuda(self, *args, **kwargs)
+
+    torch.Tensor.to, torch.Tensor.cuda = to, cuda
+
+
+def _jsonable(v: Any) -> Any:
+    return v if isinstance(v, (bool, int, float, str, type(None))) else repr(v)[:80]
+
+
+def _safe_len(dataset) -> int | None:
+    try:
+        return len(dataset)
+    except Exception:  # noqa: BLE001 - an IterableDataset has no len
+        return None
+
+
+def _write(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def _exit_later(code: int) -> None:
+    def force():
+        time.sleep(EXIT_GRACE_S)
+        os._exit(code)
+
+    threading.Thread(target=force, daemon=True).start()
+
+
+def _run_as_main(script: str, source: str) -> None:
+    """Execute ``source``'s text as the ``__main__`` module of the file ``script`` (as ``python script`` does):
+    ``__file__``, the frames and the tracebacks name ``script``, and its folder leads ``sys.path``, so a rewritten
+    copy runs exactly as the original would from the original's place."""
+    import builtins
+    import types
+
+    code = compile(Path(source).read_text(encoding="utf-8"), script, "exec")
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=script, __builtins__=builtins, __spec__=None, __loader__=None,
+                           __package__=None, __cached__=None)
+    sys.path.insert(0, str(Path(script).resolve().parent))
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the spec's script under the hooks; write the result JSON; return the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    with open(argv[0], encoding="utf-8") as f:
+        spec = json.load(f)
+    rec = Recorder(spec)
+    install(rec)
+    sys.argv = list(spec["argv"])
+    status, code, error = "script_end", 0, ""
+    try:
+        if spec.get("module"):
+            runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+        else:
+            _run_as_main(spec["script"], spec.get("source") or spec["script"])
+    except _Stop:
+        status = "steps"
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code:
+            status, error = "exit", f"the script exited with status {e.code!r}"
+    except KeyboardInterrupt:
+        status, code, error = "error", 130, "interrupted"
+    except BaseException:  # noqa: BLE001 - the user's own failure, reported as theirs
+        status, code, error = "error", 1, traceback.format_exc()
+        sys.stderr.write(error)
+    _write(spec["out"], rec.result(status, exit_code=code, error=error))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _exit_later(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""tune's run folder: report.md and report.html from a :class:`helpers.tune.session.TuneResult`.
+
+The report leads with the proven figure (or why there is none), then the change in the user's code (the
+diff), each change's own runtime effect, what was not tried and why, and what the figures stand on.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from helpers.tune.candidates import FRAMEWORK_ARGS, NOTEBOOK
+
+__all__ = ["markdown", "write_report"]
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+
+
+def markdown(res: Any) -> str:
+    """The report as Markdown (the same text report.html shows)."""
+    out = [f"# tune: `{res.command}`", "", f"**{res.headline}**", ""]
+    if res.diff:
+        out += ["## The change in your code", "",
+                f"Apply it with `git apply {res.out_dir / 'change.diff'}` (or `patch -p1`), or run tune again with "
+                f"`--apply`. The rewritten file is beside this report.", "", "```diff", res.diff.rstrip(), "```", ""]
+        if res.applied_to:
+            out += [f"Applied to `{res.applied_to}`; your original is kept as `{res.backup}`.", ""]
+    if res.proof is not None:
+        out += ["## The proof", "", f"The rewritten file against yours, whole processes, interleaved: "
+                                    f"**{res.proof.verdict}**. {res.proof.reason}.", ""]
+    if res.judgements:
+        out += ["## Each change alone (applied at runtime, against the unmodified script)", "",
+                _row(["change", "why it was tried", "verdict", "speedup (95% CI)", "notebook"]),
+                _row(["---"] * 5)]
+        by = {c.name: c for c in res.candidates}
+        for j in res.judgements:
+            c = by.get(j.variant)
+            out.append(_row([j.variant, c.why if c else "", j.verdict, j.figure,
+                             NOTEBOOK.get(c.technique, "") if c else ""]))
+        out += [""] + [f"- **{j.variant}**: {j.reason}." for j in res.judgements] + [""]
+    if res.edits_skipped:
+        out += ["## Not written", ""] + [f"- {e.technique or e.kind}: {r}" for e, r in res.edits_skipped] + [""]
+    if res.skipped:
+        out += ["## Not tried", ""] + [f"- {t} (notebook {NOTEBOOK.get(t, '?')}): {r}" for t, r in res.skipped] + [""]
+    fw = (res.probe.get("frameworks") or [])
+    if fw:
+        out += ["## Set in your framework", "",
+                "Your script uses a training framework; where it builds the DataLoader or sets the precision, the "
+                "setting is its argument:", ""] + [f"- {m}: `{FRAMEWORK_ARGS[m]}`" for m in fw if m in FRAMEWORK_ARGS]
+        out.append("")
+    model = res.probe.get("model") or {}
+    saved = res.probe.get("saved") or []
+    out += ["## What this stands on", "",
+            f"- Each run is one process of your script, stopped after its warm-up and timed optimizer steps; a "
+            f"step's time runs from one `optimizer.step()` to the next"
+            f"{', after a device synchronize' if model.get('param_device') in ('cuda', 'npu') else ''}.",
+            f"- The model: {model.get('class', 'not found')} on the {model.get('param_device', '?')}, "
+            f"{model.get('n_params', 0):,} parameters.",
+            f"- The machine: {res.busy or 'not measured'}.",
+            "- The results check: a change whose loss became NaN or inf, or whose mean loss over the timed steps "
+            "moved beyond 10% (or three times the unmodified runs' own spread), is rejected.",
+            f"- {len(res.runs)} runs in {res.seconds:.0f} s; every run is a line of results.jsonl."]
+    if saved:
+        out.append(f"- Your script's torch.save wrote {len(saved)} file(s) into this folder's runs/ instead of "
+                   f"where it asked (e.g. {saved[0]['asked']}): none of your checkpoints was overwritten.")
+    out.append("")
+    return "\n".join(out)
+
+
+def _html(md: str) -> str:
+    """A plain HTML page from the report's Markdown: headings, paragraphs, lists, tables and code blocks."""
+    body: list[str] = []
+    lines = md.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            j = i + 1
+            code = []
+            while j < len(lines) and not lines[j].startswith("```"):
+                code.append(lines[j])
+                j += 1
+            rows = []
+            for c in code:
+                cls = "add" if c.startswith("+") and not c.startswith("+++") else \
+                    "del" if c.startswith("-") and not c.startswith("---") else ""
+                rows.append(f'<span class="{cls}">{html.escape(c)}</span>' if cls else html.escape(c))
+            body.append("<pre>" + "\n".join(rows) + "</pre>")
+            i = j + 1
+            continue
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
+        elif line.startswith("| "):
+            rows = []
+            while i < len(lines) and lines[i].startswith("| "):
+                cells = [c.strip() for c in lines[i].strip("|").split(" | ")]
+                if not all(set(c) <= {"-"} for c in cells):
+                    tag = "th" if not rows else "td"
+                    rows.append("<tr>" + "".join(f"<{tag}>{_inline(c)}</{tag}>" for c in cells) + "</tr>")
+                i += 1
+            body.append("<table>" + "".join(rows) + "</table>")
+            continue
+        elif line.startswith("- "):
+            items = []
+            while i < len(lines) and lines[i].startswith("- "):
+                items.append(f"<li>{_inline(lines[i][2:])}</li>")
+                i += 1
+            body.append("<ul>" + "".join(items) + "</ul>")
+            continue
+        elif line.strip():
+            body.append(f"<p>{_inline(line)}</p>")
+        i += 1
+    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;line-height:1.45}"
+             "pre{background:#f6f8fa;padding:1em;overflow-x:auto}.add{color:#116329}.del{color:#82071e}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}")
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>tune report</title>'
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
+
+
+def _inline(text: str) -> str:
+    """Escape, then ``code`` and **bold**."""
+    out, parts = [], html.escape(text).split("`")
+    for k, part in enumerate(parts):
+        if k % 2:
+            out.append(f"<code>{part}</code>")
+        else:
+            bits = part.split("**")
+            out.append("".join(f"<strong>{b}</strong>" if n % 2 else b for n, b in enumerate(bits)))
+    return "".join(out)
+
+
+def write_report(res: Any) -> tuple[Path, Path]:
+    """Write report.md and report.html into the session's folder; return their paths."""
+    md = markdown(res)
+    md_path, html_path = res.out_dir / "report.md", res.out_dir / "report.html"
+    md_path.write_text(md, encoding="utf-8")
+    html_path.write_text(_html(md), encoding="utf-8")
+    return md_path, html_path

@@ -1,0 +1,243 @@
+"""Write tune's measured winners into the user's source, at the call sites captured while the script ran.
+
+The edits are made with libcst (a concrete syntax tree: the user's formatting and comments stay as they were),
+each at a file and line that :mod:`helpers.tune.hook` took from the running frames:
+
+- ``loader``: keyword arguments of the ``DataLoader(...)`` call on that line set or replaced
+  (``num_workers=2``, ``persistent_workers=True``, ``pin_memory=True``);
+- ``non_blocking``: ``non_blocking=True`` added to the ``.to(...)`` / ``.cuda(...)`` calls on that line;
+- ``autocast``: the statement holding the model's forward call wrapped in
+  ``with torch.autocast(device_type=..., dtype=torch.bfloat16):`` (the PyTorch AMP recipe's form);
+- ``channels_last``: ``model = model.to(memory_format=torch.channels_last)`` inserted before the statement that
+  builds the optimizer (the model's parameters keep their identity, so the optimizer is unaffected either way).
+
+``import torch`` is added where an edit needs it and the file lacks it. An edit that cannot be placed (the line
+holds no such call, the statement shares its line with a compound statement's header) is returned as skipped
+with its reason, never guessed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from helpers.errors import ParameterError
+
+__all__ = ["Edit", "apply_edits", "unified_diff"]
+
+KINDS = ("loader", "non_blocking", "autocast", "channels_last")
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One source edit.
+
+    Attributes
+    ----------
+    kind : str
+        One of :data:`KINDS`.
+    file : str
+        Absolute path of the file to edit.
+    line : int
+        1-based line of the call site (for ``channels_last``: the optimizer's construction).
+    params : dict
+        ``loader``: the keyword arguments to set; ``autocast``: ``device_type`` and ``dtype`` (a torch dtype
+        name); ``channels_last``: ``name`` (the model's variable) and ``assign`` (bool: ``name = name.to(...)``
+        rather than ``name.to(...)``, which would make a global a local inside a function).
+    technique : str
+        The candidate's technique (for the report's hunk labels).
+    """
+
+    kind: str
+    file: str
+    line: int
+    params: dict[str, Any] = field(default_factory=dict, hash=False)
+    technique: str = ""
+
+
+def _value(v: Any) -> cst.BaseExpression:
+    if isinstance(v, bool) or v is None or isinstance(v, (int, float)):
+        return cst.parse_expression(repr(v))
+    if isinstance(v, str):
+        return cst.SimpleString(repr(v))
+    raise ParameterError(f"rewrite: cannot write the value {v!r} as Python source")
+
+
+def _name_of(func: cst.BaseExpression) -> str:
+    if isinstance(func, cst.Name):
+        return func.value
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return ""
+
+
+def _set_keywords(call: cst.Call, values: dict[str, Any]) -> cst.Call:
+    """``call`` with each keyword of ``values`` replaced or appended, formatted like the call's own arguments."""
+    args = list(call.args)
+    todo = dict(values)
+    for i, a in enumerate(args):
+        if a.keyword is not None and a.keyword.value in todo:
+            args[i] = a.with_changes(value=_value(todo.pop(a.keyword.value)))
+    for key, value in todo.items():
+        new = cst.Arg(keyword=cst.Name(key), value=_value(value),
+                      equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                            whitespace_after=cst.SimpleWhitespace("")))
+        if not args:
+            args.append(new)
+            continue
+        last = args[-1]
+        between = args[-2].comma if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else \
+            cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument takes it over
+            new = new.with_changes(comma=last.comma)
+        args[-1] = last.with_changes(comma=between)
+        args.append(new)
+    return call.with_changes(args=args)
+
+
+class _Editor(cst.CSTTransformer):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, edits: Sequence[Edit]) -> None:
+        super().__init__()
+        self.edits = list(edits)
+        self.done: set[int] = set()
+        self.needs_torch = False
+
+    def _span(self, node) -> tuple[int, int]:
+        pos = self.get_metadata(PositionProvider, node)
+        return pos.start.line, pos.end.line
+
+    # ---------------------------------------------------------------- calls: loader, non_blocking
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        start, end = self._span(original)
+        name = _name_of(original.func)
+        for i, e in enumerate(self.edits):
+            if e.kind == "loader" and start == e.line and name.endswith("DataLoader"):
+                updated = _set_keywords(updated, e.params)
+                self.done.add(i)
+            elif e.kind == "non_blocking" and start <= e.line <= end and name in ("to", "cuda") \
+                    and isinstance(original.func, cst.Attribute):
+                updated = _set_keywords(updated, {"non_blocking": True})
+                self.done.add(i)
+        return updated
+
+    # ---------------------------------------------------------------- statements: autocast, channels_last
+
+    def _edit_block(self, original: Sequence[cst.BaseStatement],
+                    body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        for orig, stmt in zip(original, body):
+            if not isinstance(stmt, cst.SimpleStatementLine):
+                out.append(stmt)
+                continue
+            start, end = self._span(orig)
+            wrapped = stmt
+            for i, e in enumerate(self.edits):
+                if i in self.done or not start <= e.line <= end:
+                    continue
+                if e.kind == "channels_last":
+                    name = e.params["name"]
+                    code = (f"{name} = {name}.to(memory_format=torch.channels_last)" if e.params.get("assign", True)
+                            else f"{name}.to(memory_format=torch.channels_last)")
+                    line = cst.parse_statement(code + "\n")
+                    out.append(line.with_changes(leading_lines=stmt.leading_lines))
+                    wrapped = wrapped.with_changes(leading_lines=[])
+                    self.done.add(i)
+                    self.needs_torch = True
+                elif e.kind == "autocast":
+                    dev, dtype = e.params.get("device_type", "cpu"), e.params.get("dtype", "bfloat16")
+                    with_ = cst.With(
+                        items=[cst.WithItem(item=cst.parse_expression(
+                            f"torch.autocast(device_type={dev!r}, dtype=torch.{dtype})".replace("'", '"')))],
+                        body=cst.IndentedBlock(body=[wrapped.with_changes(leading_lines=[])]),
+                        leading_lines=wrapped.leading_lines)
+                    self.done.add(i)
+                    self.needs_torch = True
+                    wrapped = with_
+            out.append(wrapped)
+        return out
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
+        return updated.with_changes(body=self._edit_block(original.body, updated.body))
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        body = self._edit_block(original.body, updated.body)
+        if self.needs_torch and not _imports_torch(original):
+            body = _add_import_torch(body)
+        return updated.with_changes(body=body)
+
+
+def _imports_torch(module: cst.Module) -> bool:
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Import) and any(
+                        isinstance(a.name, cst.Name) and a.name.value == "torch" and a.asname is None
+                        for a in small.names):
+                    return True
+    return False
+
+
+def _add_import_torch(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """``import torch`` after the module's last top-level import (or its docstring), before other code."""
+    at = 0
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, cst.SimpleStatementLine) and all(
+                isinstance(s, (cst.Import, cst.ImportFrom)) or (i == 0 and isinstance(s, cst.Expr))
+                for s in stmt.body):
+            at = i + 1
+        elif i > 0:
+            break
+    return body[:at] + [cst.parse_statement("import torch\n")] + body[at:]
+
+
+def apply_edits(source: str, edits: Sequence[Edit]) -> tuple[str, list[Edit], list[tuple[Edit, str]]]:
+    """Apply the edits of one file to its source.
+
+    Parameters
+    ----------
+    source : str
+        The file's text.
+    edits : sequence of Edit
+        Edits of this file (their ``file`` is not read).
+
+    Returns
+    -------
+    (str, list of Edit, list of (Edit, str))
+        The new text, the edits made, and each edit not made with its reason.
+
+    Raises
+    ------
+    ParameterError
+        On an unknown edit kind, or a source that does not parse (libcst's message).
+    """
+    for e in edits:
+        if e.kind not in KINDS:
+            raise ParameterError(f"rewrite: unknown edit kind {e.kind!r}; allowed: {', '.join(KINDS)}")
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise ParameterError(f"rewrite: the file does not parse: {exc}") from None
+    editor = _Editor(edits)
+    new = MetadataWrapper(module).visit(editor)
+    made = [e for i, e in enumerate(edits) if i in editor.done]
+    reasons = {"loader": "no DataLoader(...) call starts on that line",
+               "non_blocking": "no .to(...) or .cuda(...) call on that line",
+               "autocast": "the forward call is not a statement of its own line (it shares a compound statement's "
+                           "header line)",
+               "channels_last": "the optimizer's construction is not a statement of its own line"}
+    skipped = [(e, f"{reasons[e.kind]} (line {e.line})") for i, e in enumerate(edits) if i not in editor.done]
+    return new.code, made, skipped
+
+
+def unified_diff(old: str, new: str, path: str, new_path: str | None = None) -> str:
+    """The change as a unified diff (``a/path`` -> ``b/path``), or "" when nothing changed."""
+    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                 fromfile=f"a/{path}", tofile=f"b/{new_path or path}")
+    return "".join(lines)

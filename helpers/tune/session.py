@@ -1,0 +1,344 @@
+"""One tune session: probe the script, measure the candidates, write the winners as code, prove the rewritten file.
+
+:func:`tune` is what ``workbook tune`` calls. The steps, each in separate processes of the user's script:
+
+1. the probe: the unmodified script once, for its call sites, its model and device, and a first timing (this
+   run is not measured: its file cache and allocator are cold);
+2. the candidates (:func:`helpers.tune.candidates.choose`) and the unmodified script, interleaved, ``rounds``
+   times; each judged against the unmodified runs (:func:`helpers.tune.engine.judge`);
+3. the winners (the fastest "faster" setting of each technique) written into a copy of the script
+   (:mod:`helpers.tune.rewrite`);
+4. the proof: the rewritten copy, as written, against the original file, interleaved, ``rounds`` times. Where it
+   does not reproduce the gain, the single best winner alone is written and proven; where that fails too, no
+   change is proposed.
+
+Nothing is written for a script that fails on its own, and the diff and the rewritten file are written only
+once their proof is done, so an interrupted session never leaves a diff that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from helpers.errors import ParameterError
+from helpers.tune import candidates as cand_mod
+from helpers.tune.candidates import Candidate
+from helpers.tune.engine import (Command, Judgement, Run, ScriptError, judge, measure, nonfinite_step, run_once)
+from helpers.tune.report import write_report
+from helpers.tune.rewrite import Edit, apply_edits, unified_diff
+
+__all__ = ["TuneOptions", "TuneResult", "tune", "plan_edits"]
+
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """The session's settings (the command line's flags).
+
+    Attributes
+    ----------
+    warmup : int
+        Untimed optimizer steps per run (>= 1): the first steps carry one-off costs (allocation, worker start).
+    steps : int
+        Timed optimizer steps per run (>= 5).
+    rounds : int
+        Runs per variant (>= 2).
+    timeout_s : float
+        The probe's limit, seconds; later runs get 3 x the probe's time + 60 s.
+    """
+
+    warmup: int = 5
+    steps: int = 20
+    rounds: int = 3
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name, low in (("warmup", 1), ("steps", 5), ("rounds", 2)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ParameterError(f"tune: --{name} must be an integer >= {low}, got {v!r}")
+        if not self.timeout_s > 0:
+            raise ParameterError(f"tune: --timeout must be > 0 seconds, got {self.timeout_s!r}")
+
+
+@dataclass
+class TuneResult:
+    """What a session found (``summary.json`` is :meth:`as_dict`)."""
+
+    command: str
+    out_dir: Path
+    probe: dict[str, Any]
+    candidates: list[Candidate] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    judgements: list[Judgement] = field(default_factory=list)
+    winners: list[str] = field(default_factory=list)
+    edits_made: list[Edit] = field(default_factory=list)
+    edits_skipped: list[tuple[Edit, str]] = field(default_factory=list)
+    diff: str = ""
+    rewritten: str = ""
+    proof: Judgement | None = None
+    proven: list[str] = field(default_factory=list)
+    busy: str = ""
+    applied_to: str = ""
+    backup: str = ""
+    runs: list[Run] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def headline(self) -> str:
+        """One sentence: the proven speedup of the rewritten script, or why there is no change."""
+        if self.proof is not None and self.proof.verdict == "faster":
+            return (f"The rewritten script is {self.proof.figure} faster per step than yours, measured as written "
+                    f"against the original ({', '.join(self.proven)}).")
+        if not self.winners:
+            return "No change made this script faster here: nothing to rewrite."
+        if not self.edits_made:
+            return "Changes won at runtime, but none could be written into the script (see 'Not written')."
+        return (f"The runtime gain did not hold when the rewritten script ran as written "
+                f"({self.proof.figure if self.proof else 'not measured'}): no change is proposed.")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "command": self.command, "out_dir": str(self.out_dir), "headline": self.headline,
+            "candidates": [c.name for c in self.candidates],
+            "not_tried": [{"technique": t, "reason": r} for t, r in self.skipped],
+            "judgements": [j.as_dict() for j in self.judgements], "winners": self.winners,
+            "edits": [{"kind": e.kind, "line": e.line, "technique": e.technique} for e in self.edits_made],
+            "not_written": [{"kind": e.kind, "line": e.line, "reason": r} for e, r in self.edits_skipped],
+            "proof": self.proof.as_dict() if self.proof else None, "proven": self.proven,
+            "busy": self.busy, "applied_to": self.applied_to, "backup": self.backup,
+            "device": (self.probe.get("model") or {}).get("param_device"), "seconds": self.seconds,
+            "diff": "change.diff" if self.diff else None,
+        }
+
+
+def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path) -> list[Edit]:
+    """The source edits that write ``winners`` into ``script``, at the call sites the probe captured.
+
+    Only call sites in ``script`` itself are edited (the file the proof runs); the loaders' settings of all the
+    winners are merged into one edit per ``DataLoader(...)`` call.
+    """
+    script = str(script.resolve())
+    edits: list[Edit] = []
+    merged = cand_mod.merge_apply(list(winners))
+    techniques = {c.technique for c in winners}
+    loader_kw = merged.get("loader") or {}
+    if loader_kw:
+        label = " + ".join(t for t in ("num_workers", "pin_memory") if t in techniques)
+        for ld in probe.get("loaders") or []:
+            if ld["file"] == script:
+                edits.append(Edit("loader", script, ld["line"], dict(loader_kw), label))
+    if merged.get("non_blocking"):
+        for site in probe.get("to_sites") or []:
+            if site["file"] == script:
+                edits.append(Edit("non_blocking", script, site["line"], {}, "pin_memory"))
+    model = probe.get("model") or {}
+    if merged.get("autocast"):
+        sites = [s for s in probe.get("forward_sites") or [] if s["file"] == script]
+        if sites:
+            best = max(sites, key=lambda s: s["count"])
+            edits.append(Edit("autocast", script, best["line"],
+                              {"device_type": model.get("param_device") or "cpu", "dtype": merged["autocast"]},
+                              "autocast"))
+    if merged.get("channels_last"):
+        opt = probe.get("optimizer") or {}
+        names = opt.get("model_names") or []
+        if opt.get("file") == script and names:
+            edits.append(Edit("channels_last", script, opt["line"], {"name": names[0], "assign": True},
+                              "channels_last"))
+    return edits
+
+
+def _best_per_technique(cands: Sequence[Candidate], judgements: Sequence[Judgement]) -> list[Candidate]:
+    by_name = {j.variant: j for j in judgements}
+    best: dict[str, tuple[float, Candidate]] = {}
+    for c in cands:
+        j = by_name.get(c.name)
+        if j is None or j.verdict != "faster":
+            continue
+        if c.technique not in best or j.speedup > best[c.technique][0]:
+            best[c.technique] = (j.speedup, c)
+    return [c for _, c in sorted(best.values(), key=lambda x: -x[0])]
+
+
+def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), *, apply: bool = False,
+         progress: Callable[[str], None] | None = None) -> TuneResult:
+    """Run a whole session (see the module docstring) and write its folder.
+
+    Parameters
+    ----------
+    command : Command
+        The user's command (:func:`helpers.tune.engine.parse_command`).
+    out_dir : pathlib.Path
+        The run folder to create (``runs/tune-<time>/``); created only once the probe succeeded.
+    options : TuneOptions
+    apply : bool
+        Edit the script in place once the rewritten copy is proven faster, keeping a backup beside it.
+    progress : callable, optional
+        Called with one line per run.
+
+    Returns
+    -------
+    TuneResult
+
+    Raises
+    ------
+    ScriptError
+        When the unmodified script fails, hangs, makes no optimizer step or too few, or its loss is not finite
+        (its own traceback in ``.log``); nothing is written then.
+    """
+    say = progress or (lambda line: None)
+    t_start = time.perf_counter()
+    if command.script is None:
+        raise ParameterError("tune: python -m MODULE is measured only by running it; tune edits a script file: "
+                             "give python path/to/train.py ARGS")
+    scratch = Path(tempfile.mkdtemp(prefix="workbook-tune-"))
+    try:
+        say(f"probe: running your script unmodified for up to {options.warmup + options.steps} optimizer steps")
+        probe = run_once(command, "probe", {}, workdir=scratch, warmup=options.warmup, steps=options.steps,
+                         timeout_s=options.timeout_s, round_=-1, watch_copies=_may_have_device())
+        _check_probe(probe, options)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    timeout = 3.0 * probe.wall_s + 60.0
+    out_dir.mkdir(parents=True, exist_ok=False)
+    work = out_dir / "runs"
+    res = TuneResult(str(command), out_dir, probe.result)
+    watch = (probe.result.get("model") or {}).get("param_device") in ("cuda", "npu")
+    say(f"probe: {probe.result['steps_seen']} steps, "
+        f"{1e3 * sorted(probe.step_times_s)[len(probe.step_times_s) // 2]:.1f} ms/step, {probe.wall_s:.1f} s")
+
+    res.candidates, res.skipped = cand_mod.choose(probe.result)
+    jsonl = out_dir / "results.jsonl"
+    if res.candidates:
+        variants = [("unmodified", {}, None)] + [(c.name, c.apply, None) for c in res.candidates]
+        runs, busy = measure(command, variants, rounds=options.rounds, workdir=work, warmup=options.warmup,
+                             steps=options.steps, timeout_s=timeout, watch_copies=watch, progress=say)
+        _append(jsonl, [r for rs in runs.values() for r in rs])
+        res.runs += [r for rs in runs.values() for r in rs]
+        res.busy = busy.sentence()
+        base = runs["unmodified"]
+        if not all(r.ok for r in base):
+            bad = next(r for r in base if not r.ok)
+            raise ScriptError(f"your script failed in an unmodified run (round {bad.round + 1}) after it had run "
+                              f"once: {bad.status}", bad.error)
+        res.judgements = [judge(c.name, base, runs[c.name], busy) for c in res.candidates]
+        winners = _best_per_technique(res.candidates, res.judgements)
+        res.winners = [c.name for c in winners]
+        tries = [winners] + ([winners[:1]] if len(winners) > 1 else [])
+        for attempt in tries:
+            if not attempt:
+                break
+            ok = _prove(command, attempt, res, options, work, timeout, watch, say)
+            if ok:
+                break
+    _write_outputs(res, command, apply)
+    res.seconds = time.perf_counter() - t_start
+    (out_dir / "summary.json").write_text(json.dumps(res.as_dict(), indent=2, default=str), encoding="utf-8")
+    write_report(res)
+    return res
+
+
+def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, options: TuneOptions, work: Path,
+           timeout: float, watch: bool, say: Callable[[str], None]) -> bool:
+    """Write ``winners`` into a copy of the script and measure it as written against the original."""
+    script = command.script
+    assert script is not None
+    source = script.read_text(encoding="utf-8")
+    edits = plan_edits(res.probe, winners, script)
+    new, made, skipped = apply_edits(source, edits)
+    res.edits_made, res.edits_skipped = made, skipped
+    if not made:
+        return False
+    candidate_file = work / f"{script.stem}.candidate.py"
+    candidate_file.write_text(new, encoding="utf-8")
+    names = sorted({e.technique for e in made})
+    say(f"proof: the rewritten script ({', '.join(names)}) against yours, as written")
+    runs, busy = measure(command, [("original", {}, None), ("rewritten", {}, candidate_file)], rounds=options.rounds,
+                         workdir=work / "proof", warmup=options.warmup, steps=options.steps, timeout_s=timeout,
+                         watch_copies=watch, progress=say)
+    _append(res.out_dir / "results.jsonl", [r for rs in runs.values() for r in rs])
+    res.runs += [r for rs in runs.values() for r in rs]
+    res.proof = judge("rewritten", runs["original"], runs["rewritten"], busy)
+    if res.proof.verdict == "faster":
+        res.diff = unified_diff(source, new, script.name)
+        res.proven = [c.name for c in winners]
+        res.rewritten = new
+        return True
+    return False
+
+
+def _write_outputs(res: TuneResult, command: Command, apply: bool) -> None:
+    """The diff and the rewritten file (only when proven), and the in-place edit with its backup."""
+    if not res.diff:
+        return
+    script = command.script
+    assert script is not None
+    new = res.rewritten
+    tmp = res.out_dir / "change.diff.tmp"
+    tmp.write_text(res.diff, encoding="utf-8")
+    (res.out_dir / script.name).write_text(new, encoding="utf-8")
+    tmp.replace(res.out_dir / "change.diff")
+    if apply:
+        backup = script.with_name(script.name + ".orig")
+        k = 1
+        while backup.exists():
+            k += 1
+            backup = script.with_name(f"{script.name}.orig{k}")
+        shutil.copy2(script, backup)
+        script.write_text(new, encoding="utf-8")
+        res.applied_to, res.backup = str(script), str(backup)
+
+
+def _append(path: Path, runs: Sequence[Run]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        for r in runs:
+            f.write(json.dumps(r.record()) + "\n")
+
+
+def _may_have_device() -> bool:
+    """Whether the probe should watch host-to-device copies (a CUDA device visible, or torch_npu installed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        return True
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _check_probe(probe: Run, options: TuneOptions) -> None:
+    """Raise :class:`ScriptError` when the unmodified script cannot be tuned."""
+    if probe.status == "timeout":
+        raise ScriptError(f"your script, unmodified, made no result within {options.timeout_s:.0f} s (--timeout): "
+                          f"it hangs, or it spends that long before its first {options.warmup + options.steps} "
+                          f"optimizer steps", probe.error)
+    if probe.status in ("error", "exit"):
+        raise ScriptError("your script failed on its own, unmodified (its traceback is above); tune wrote nothing",
+                          probe.error)
+    seen = int(probe.result.get("steps_seen") or 0)
+    if seen == 0:
+        raise ScriptError("your script ended without an optimizer step (no optimizer.step() ran): tune measures "
+                          "training steps; run it with arguments that train", probe.error)
+    need = options.warmup + 3
+    if seen < need + 1:
+        raise ScriptError(f"your script made only {seen} optimizer steps; tune needs at least {need + 1} "
+                          f"({options.warmup} warm-up + 3 timed): pass arguments that train longer, or lower "
+                          f"--warmup", "")
+    k = nonfinite_step(probe)
+    if k is not None:
+        raise ScriptError(f"your job diverges: its loss is {probe.losses[k]} at step {k + 1} unmodified, so tune "
+                          f"cannot check that a change keeps the results; fix the divergence first (notebook 06 "
+                          f"shows the usual causes)", "")
+    if not probe.step_times_s or any(math.isnan(t) for t in probe.step_times_s):
+        raise ScriptError("the probe timed no step", "")

@@ -1,0 +1,179 @@
+"""``workbook tune`` on scripts written the way users write them: the diff, the rewritten script, the proof, and
+the script that fails, hangs, never steps or diverges on its own."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import machine
+from helpers.tune.engine import parse_command
+from helpers.tune.session import TuneOptions, TuneResult, _write_outputs, tune
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
+
+# A user's script: argparse, a Dataset that reads slowly (a network disk: 4 ms a sample, in time.sleep, so that
+# its loader's cost does not depend on how busy the CPU is), a small MLP, a checkpoint every 5 steps and at the end.
+USER_SCRIPT = textwrap.dedent('''\
+    import argparse
+    import time
+
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+
+
+    class Remote(Dataset):
+        def __len__(self):
+            return 4096
+
+        def __getitem__(self, i):
+            time.sleep(0.004)  # a read from a slow disk
+            x = torch.randn(16, generator=torch.Generator().manual_seed(i))
+            return x, int(x.sum() > 0)
+
+
+    def main():
+        p = argparse.ArgumentParser()
+        p.add_argument("--batch-size", type=int, default=16)
+        p.add_argument("--mode", default="ok")
+        p.add_argument("--out", default="model.pt")
+        args = p.parse_args()
+        loader = DataLoader(Remote(), batch_size=args.batch_size, shuffle=True)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for step, (x, y) in enumerate(loader):
+            if args.mode == "raise" and step == 2:
+                raise ValueError("sample 37 is corrupt")
+            if args.mode == "hang":
+                time.sleep(3600)
+            if args.mode == "nan" and step >= 3:
+                x = x * float("nan")
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            if args.mode != "nostep":
+                opt.step()
+            if step % 5 == 4:
+                torch.save(model.state_dict(), args.out)  # a checkpoint now and then
+            if step == 40:
+                break
+        torch.save(model.state_dict(), args.out)
+
+
+    if __name__ == "__main__":
+        main()
+    ''')
+
+
+@pytest.fixture
+def user_dir(tmp_path):
+    d = tmp_path / "project"
+    d.mkdir()
+    (d / "train.py").write_text(USER_SCRIPT)
+    return d
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_tune_writes_a_proven_diff_that_applies_and_a_script_that_runs_as_written(user_dir, tmp_path, monkeypatch):
+    # the busy-machine rule has its own tests (test_tune_units.py); here the machine is taken as quiet so that the
+    # whole path to the diff runs whatever else shares the cores
+    monkeypatch.setattr(machine, "check", lambda before, after, **kw: machine.BusyCheck(False, (), 0.0, 0.1, 1.0))
+    script = user_dir / "train.py"
+    before = _digest(script)
+    lines: list[str] = []
+    out = tmp_path / "tune-out"
+    res = tune(parse_command(["python", "train.py", "--batch-size", "16"], cwd=user_dir), out,
+               TuneOptions(warmup=3, steps=10, rounds=2, timeout_s=120), progress=lines.append)
+    assert _digest(script) == before, "the user's script was edited without --apply"
+    assert not (user_dir / "model.pt").exists(), "the script's checkpoint was written where it asked"
+    assert res.probe["saved"] and res.probe["saved"][0]["asked"] == "model.pt"
+    names = {j.variant: j for j in res.judgements}
+    assert names["num_workers=2"].verdict == "faster", names["num_workers=2"].reason
+    assert res.proof is not None and res.proof.verdict == "faster", res.proof
+    assert "num_workers=2" in res.proven
+    diff = (out / "change.diff").read_text()
+    assert "+    loader = DataLoader(Remote(), batch_size=args.batch_size, shuffle=True, num_workers=2, " \
+           "persistent_workers=True)" in diff
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["proof"]["verdict"] == "faster" and summary["diff"] == "change.diff"
+    report = (out / "report.md").read_text()
+    assert "## The change in your code" in report and "The rewritten script is" in report
+    assert (out / "report.html").read_text().startswith("<!doctype html>")
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["variant"] for r in records} >= {"unmodified", "num_workers=2", "original", "rewritten"}
+    assert any(line.startswith("[1/") for line in lines)
+
+    # the diff applies to the user's file, and the rewritten file runs as written
+    copy = tmp_path / "applied"
+    copy.mkdir()
+    shutil.copy(script, copy / "train.py")
+    subprocess.run(["git", "apply", "-p1", str(out / "change.diff")], cwd=copy, check=True)
+    assert (copy / "train.py").read_text() == (out / "train.py").read_text()
+    done = subprocess.run([sys.executable, "train.py", "--out", str(tmp_path / "m.pt")], cwd=copy,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "m.pt").is_file()
+
+
+def test_apply_edits_the_script_in_place_and_keeps_every_earlier_backup(user_dir, tmp_path):
+    # the proof has run (the test above); --apply's own part: the edit in place, and a backup never overwritten
+    script = user_dir / "train.py"
+    original = script.read_text()
+    for k, new in enumerate(("# first\n" + original, "# second\n" + original)):
+        out = tmp_path / f"out{k}"
+        out.mkdir()
+        res = TuneResult("python train.py", out, {}, diff="--- a/train.py\n", rewritten=new)
+        _write_outputs(res, parse_command(["python", "train.py"], cwd=user_dir), apply=True)
+        assert script.read_text() == new == (out / "train.py").read_text()
+        assert (out / "change.diff").is_file() and not (out / "change.diff.tmp").exists()
+    assert (user_dir / "train.py.orig").read_text() == original
+    assert (user_dir / "train.py.orig2").read_text() == "# first\n" + original
+    assert res.backup == str(user_dir / "train.py.orig2")
+
+
+def _cli(user_dir: Path, out: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "helpers", "tune", "--out", str(out), "--warmup", "2", "--steps",
+                           "5", "--rounds", "2", *args], cwd=user_dir, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("mode, timeout, expected", [
+    ("raise", "120", "ValueError: sample 37 is corrupt"),
+    ("nostep", "120", "ended without an optimizer step"),
+    ("nan", "120", "your job diverges: its loss is nan at step 4"),
+    ("hang", "6", "made no result within 6 s (--timeout): it hangs"),
+])
+def test_a_script_that_fails_on_its_own_gets_its_own_error_and_nothing_is_written(user_dir, tmp_path, mode, timeout,
+                                                                                    expected):
+    out = tmp_path / "out"
+    done = _cli(user_dir, out, "--timeout", timeout, "--", "python", "train.py", "--mode", mode)
+    assert done.returncode == 1, done.stderr
+    assert expected in done.stderr
+    if mode == "raise":
+        assert "---- your script's own output" in done.stderr and 'train.py", line 30, in main' in done.stderr
+    assert not out.exists(), "a folder was written for a script that cannot be tuned"
+    assert not (user_dir / "model.pt").exists()
+
+
+def test_bad_flags_and_commands_are_refused_before_anything_runs(user_dir, tmp_path):
+    for args, msg in ((["--steps", "2", "--", "python", "train.py"], "--steps must be an integer >= 5"),
+                      (["--", "torchrun", "train.py"], "runs your script as one process"),
+                      (["--", "python", "missing.py"], "does not exist"),
+                      ([], "give the command that trains")):
+        done = _cli(user_dir, tmp_path / "never", *args, timeout=60)
+        assert done.returncode == 2 and msg in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "never").exists()

@@ -1,0 +1,199 @@
+"""tune's pieces without running a script: the source edits, the choice of candidates, the command, the judging."""
+
+from __future__ import annotations
+
+import math
+import sys
+import textwrap
+
+import pytest
+
+from helpers import machine
+from helpers.errors import ParameterError
+from helpers.tune import candidates, engine
+from helpers.tune.engine import Run, judge, parse_command
+from helpers.tune.rewrite import Edit, apply_edits, unified_diff
+from helpers.tune.session import TuneOptions, plan_edits
+
+SCRIPT = textwrap.dedent('''\
+    """A user's script."""
+    import argparse
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+
+    def main():
+        loader = DataLoader(ds, batch_size=32,
+                            shuffle=True)  # keep this comment
+        model = Net()
+        # build the optimizer
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            x, y = x.to(dev), y.to(dev)
+            out = model(x)  # forward
+            loss = crit(out, y)
+    ''')
+
+
+def test_edits_keep_the_users_formatting_and_comments():
+    edits = [Edit("loader", "f", 8, {"num_workers": 2, "persistent_workers": True}),
+             Edit("channels_last", "f", 12, {"name": "model"}),
+             Edit("non_blocking", "f", 14),
+             Edit("autocast", "f", 15, {"device_type": "cuda", "dtype": "bfloat16"})]
+    new, made, skipped = apply_edits(SCRIPT, edits)
+    assert len(made) == 4 and not skipped
+    compile(new, "train.py", "exec")
+    assert "shuffle=True,\n                        num_workers=2,\n                        persistent_workers=True)" \
+           "  # keep this comment" in new
+    assert "    # build the optimizer\n    model = model.to(memory_format=torch.channels_last)\n    opt = " in new
+    assert "x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)" in new
+    assert ('        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):\n'
+            '            out = model(x)  # forward\n        loss = crit(out, y)') in new
+    # the file imported only "from torch import ...": "import torch" is added after its imports
+    assert "from torch.utils.data import DataLoader\nimport torch\n" in new
+    diff = unified_diff(SCRIPT, new, "train.py")
+    assert diff.startswith("--- a/train.py\n+++ b/train.py\n") and "+import torch" in diff
+
+
+def test_an_existing_keyword_is_replaced_and_import_torch_is_not_doubled():
+    src = "import torch\nloader = torch.utils.data.DataLoader(ds, num_workers=0, pin_memory=False,)\n"
+    new, made, _ = apply_edits(src, [Edit("loader", "f", 2, {"num_workers": 4, "pin_memory": True})])
+    assert new == "import torch\nloader = torch.utils.data.DataLoader(ds, num_workers=4, pin_memory=True,)\n"
+    new, _, _ = apply_edits(src, [Edit("channels_last", "f", 2, {"name": "m", "assign": False})])
+    assert new.count("import torch") == 1 and "m.to(memory_format=torch.channels_last)\nloader" in new
+
+
+def test_an_edit_that_cannot_be_placed_is_skipped_with_its_reason_not_guessed():
+    src = "for x in loader: out = model(x)\nloader2 = make(ds)\n"
+    new, made, skipped = apply_edits(src, [Edit("autocast", "f", 1, {}), Edit("loader", "f", 2, {"num_workers": 2})])
+    assert new == src and not made
+    reasons = [r for _, r in skipped]
+    assert "compound statement" in reasons[0] and "no DataLoader(...) call starts on that line (line 2)" == reasons[1]
+    with pytest.raises(ParameterError, match="unknown edit kind"):
+        apply_edits(src, [Edit("fuse", "f", 1)])
+    with pytest.raises(ParameterError, match="does not parse"):
+        apply_edits("def broken(:\n", [])
+
+
+def _probe(**over):
+    probe = {"loaders": [{"file": "/s/train.py", "line": 8, "effective": {"num_workers": 0, "pin_memory": False}}],
+             "model": {"class": "Net", "has_conv2d": True, "param_device": "cpu", "param_dtype": "float32",
+                       "bf16_supported": True},
+             "optimizer": {"file": "/s/train.py", "line": 12, "model_names": ["model"]},
+             "forward_sites": [{"file": "/s/train.py", "line": 15, "count": 20},
+                               {"file": "/s/train.py", "line": 30, "count": 2}],
+             "to_sites": [{"file": "/s/train.py", "line": 14, "count": 20}], "autocast_in_use": False}
+    probe.update(over)
+    return probe
+
+
+def test_candidates_follow_what_the_script_does():
+    chosen, skipped = candidates.choose(_probe(), cores=2)
+    assert [c.name for c in chosen] == ["num_workers=2", "autocast bfloat16", "channels_last"]
+    assert dict(skipped)["pin_memory"].startswith("the model is on the cpu")
+    cuda = _probe(model={**_probe()["model"], "param_device": "cuda", "bf16_supported": False})
+    chosen, skipped = candidates.choose(cuda, cores=8)
+    assert [c.name for c in chosen] == ["num_workers=2", "num_workers=4", "num_workers=8", "pin_memory + non_blocking",
+                                        "channels_last"]
+    assert "GradScaler" in dict(skipped)["autocast"]
+    npu = _probe(model={**_probe()["model"], "param_device": "npu"}, autocast_in_use=True,
+                 loaders=[{"file": "/s/train.py", "line": 8, "effective": {"num_workers": 8, "pin_memory": True}}])
+    chosen, skipped = candidates.choose(npu, cores=8)
+    assert chosen == []
+    assert set(dict(skipped)) == {"num_workers", "pin_memory", "autocast", "channels_last"}
+    assert "contiguous_format" in dict(skipped)["channels_last"]
+    chosen, skipped = candidates.choose(_probe(loaders=[], model={}), cores=2)
+    assert chosen == [] and "no model was found" in dict(skipped)["autocast"]
+
+
+def test_plan_edits_places_each_winner_at_its_captured_site(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    p = _probe()
+    for site in p["loaders"] + [p["optimizer"]] + p["forward_sites"] + p["to_sites"]:
+        site["file"] = str(script)
+    chosen, _ = candidates.choose({**p, "model": {**p["model"], "param_device": "cuda"}}, cores=2)
+    edits = plan_edits({**p, "model": {**p["model"], "param_device": "cuda"}}, chosen, script)
+    got = {(e.kind, e.line) for e in edits}
+    assert got == {("loader", 8), ("non_blocking", 14), ("autocast", 15), ("channels_last", 12)}
+    loader = next(e for e in edits if e.kind == "loader")
+    assert loader.params == {"num_workers": 2, "persistent_workers": True, "pin_memory": True}
+    # a call site in another file is not edited (the proof runs the script given)
+    p["loaders"][0]["file"] = str(tmp_path / "data.py")
+    assert all(e.kind != "loader" for e in plan_edits(p, chosen[:1], script))
+
+
+def test_the_command_is_read_or_refused_before_anything_runs(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    cmd = parse_command(["python", "train.py", "--epochs", "2"], cwd=tmp_path)
+    assert cmd.script == script and cmd.args == ("--epochs", "2") and cmd.python == sys.executable
+    assert parse_command(["/opt/py/bin/python3", str(script)]).python == "/opt/py/bin/python3"
+    assert parse_command(["python", "-m", "pkg.train", "x"], cwd=tmp_path).module == "pkg.train"
+    for words, msg in (([], "give the command"), (["torchrun", "train.py"], "runs your script as one process"),
+                       (["python"], "give the script"), (["python", "-u", "train.py"], "not supported"),
+                       (["python", "nope.py"], "does not exist"), (["python", "-m"], "module after -m")):
+        with pytest.raises(ParameterError, match=msg):
+            parse_command(words, cwd=tmp_path)
+    (tmp_path / "run.sh").write_text("")
+    with pytest.raises(ParameterError, match="not a .py file"):
+        parse_command(["python", "run.sh"], cwd=tmp_path)
+    for bad in ({"steps": 2}, {"rounds": 1}, {"warmup": 0}, {"timeout_s": 0}):
+        with pytest.raises(ParameterError):
+            TuneOptions(**bad)
+
+
+QUIET = machine.BusyCheck(False, (), 0.01, 0.2, 60.0)
+BUSY = machine.BusyCheck(True, ("other processes took 80% of the cores",), 0.8, 1.5, 60.0)
+
+
+def _runs(name, per_round_ms, loss=1.0, status="steps", n=20):
+    out = []
+    for r, ms in enumerate(per_round_ms):
+        times = [ms / 1e3 * (1 + 0.01 * ((i * 7) % 5)) for i in range(n)]
+        out.append(Run(name, r, status, times if status == "steps" else [], [loss] * (n + 5), 5.0,
+                       "" if status == "steps" else "Traceback ...\nValueError: bad", {"warmup_steps": 5}))
+    return out
+
+
+def test_judge_calls_a_clear_gain_faster_and_a_loss_slower():
+    base = _runs("unmodified", [100, 102, 101])
+    j = judge("num_workers=2", base, _runs("num_workers=2", [50, 51, 49]), QUIET)
+    assert j.verdict == "faster" and 1.9 < j.speedup < 2.1 and j.ci_low > 1.0 and len(j.round_speedups) == 3
+    assert judge("autocast", base, _runs("autocast", [300, 310, 305]), QUIET).verdict == "slower"
+    assert judge("same", base, _runs("same", [101, 100, 102]), QUIET).verdict == "no gain"
+    small = judge("small", base, _runs("small", [98, 99.5, 98.5]), QUIET)
+    assert small.verdict == "no gain" and "threshold" in small.reason
+
+
+def test_judge_is_inconclusive_on_a_busy_machine_or_when_rounds_disagree():
+    base = _runs("unmodified", [100, 100, 100])
+    busy = judge("x", base, _runs("x", [50, 50, 50]), BUSY)
+    assert busy.verdict == "inconclusive" and "busy machine" in busy.reason
+    # five rounds: the pooled interval clears 1, but one round says the opposite
+    split = judge("x", _runs("unmodified", [100] * 5), _runs("x", [60, 60, 60, 60, 101]), QUIET)
+    assert split.verdict == "inconclusive" and "rounds disagree" in split.reason
+
+
+def test_judge_rejects_a_change_that_fails_hangs_diverges_or_moves_the_loss():
+    base = _runs("unmodified", [100, 100, 100], loss=2.0)
+    failed = judge("x", base, _runs("x", [50, 50, 50], status="error"), QUIET)
+    assert failed.verdict == "rejected" and "ValueError: bad" in failed.reason and math.isnan(failed.speedup)
+    hung = judge("x", base, [Run("x", 0, "timeout", [], [], 60.0, "no result after 60 s")], QUIET)
+    assert hung.verdict == "rejected" and "hung" in hung.reason
+    nan = _runs("x", [50, 50, 50], loss=2.0)
+    nan[1].losses[7] = float("nan")
+    j = judge("x", base, nan, QUIET)
+    assert j.verdict == "rejected" and "became nan at step 8" in j.reason
+    moved = judge("x", base, _runs("x", [50, 50, 50], loss=2.5), QUIET)
+    assert moved.verdict == "rejected" and "changes the results" in moved.reason
+    within = judge("x", base, _runs("x", [50, 50, 50], loss=2.1), QUIET)
+    assert within.verdict == "faster"
+
+
+def test_blocks_average_bimodal_steps_into_throughput():
+    # a worker-fed loop: every other step waits for its batch; the median step would say 10 ms, the throughput 55
+    times = [0.010, 0.100] * 10
+    assert engine.blocks(times, 4) == pytest.approx([0.055] * 5)
+    assert engine.blocks([0.1, 0.2], 5) == pytest.approx([0.15])
+    assert engine.blocks([]) == []
