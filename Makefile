@@ -27,6 +27,7 @@ TORCH_INDEX ?=
 .PHONY: workbook test test-fast lab setup data clean-runs help browser device-check npu-wheel
 
 help:
+	@echo "make setup      set up only: create .venv and install the pinned dependencies (make workbook does it too)"
 	@echo "make workbook   run the workbook (quick profile, default device); ARGS='--profile smoke --only 00 01'"
 	@echo "make test       run every test"
 	@echo "make test-fast  the unit tests only (no notebook, browser or subprocess-heavy test), about a minute"

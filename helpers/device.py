@@ -603,7 +603,7 @@ def _cuda_status(torch_mod: Any) -> tuple[bool, str]:
     if torch_mod.version.cuda is None and getattr(torch_mod.version, "hip", None) is None:
         return False, (
             f"this torch {torch_mod.__version__} is a CPU build (torch.version.cuda is None). "
-            "Fix: install a CUDA build of torch (see README, 'Other devices')"
+            "Fix: install a CUDA build of torch (see docs/run_options.md, 'Other devices')"
         )
     if not torch_mod.cuda.is_available():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

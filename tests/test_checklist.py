@@ -92,13 +92,15 @@ def _cpu():
     return get_accelerator("cpu")
 
 
-def test_readme_table_rows_match_the_registry():
-    text = (ROOT / "README.md").read_text()
-    rows = re.findall(r"^\| (\d\d) \| `([^`]+)` \|", text, re.M)
-    assert rows, "README's notebook table is missing"
-    known = {i.number: i.id for i in registry.items()}
-    for number, nb in rows:
-        assert known.get(number) == nb, f"README's notebook table row {number} names {nb}, the registry {known.get(number)}"
+def test_readme_list_and_docs_table_of_notebooks_match_the_registry():
+    known = [(i.number, i.id) for i in registry.items()]
+    readme = (ROOT / "README.md").read_text()
+    listed = re.findall(r"^(\d+)\. \[[^\]]+\]\(notebooks/((\d\d)_\w+)\.ipynb\)", readme, re.M)
+    assert [(f"{int(n):02d}", nb) for n, nb, _ in listed] == known, "README's numbered list of notebooks"
+    assert all(f"{int(n):02d}" == prefix for n, _, prefix in listed)
+    table = (ROOT / "docs" / "notebooks.md").read_text()
+    rows = re.findall(r"^\| (\d\d) \| \[`([^`]+)`\]\(\.\./notebooks/\2\.ipynb\) \|", table, re.M)
+    assert rows == known, "docs/notebooks.md's table of notebooks"
 
 
 def test_a_profile_section_for_no_notebook_is_rejected(tmp_path):

@@ -246,14 +246,18 @@ def _free_port() -> int:
 
 
 def _torchrun(tmp_path, *, nodes, env=(), timeout_s=150):
-    """``nodes`` torchrun launches of 2 gloo ranks each on this machine (c10d rendezvous on a free port), running
-    tests/instrument_ranks_job.py; returns (rank 0's report as a dict, each launch's stdout, stderr)."""
+    """``nodes`` torchrun launches of 2 gloo ranks each on this machine, running tests/instrument_ranks_job.py;
+    returns (rank 0's report as a dict, each launch's stdout, stderr).
+
+    The launches are docs/many_ranks.md's "two nodes on one machine": the same command for every node, a c10d
+    rendezvous on a free port and one rendezvous id, and no ``--node-rank`` (c10d numbers the nodes in order of
+    arrival; torchrun ignores ``--node-rank`` under c10d, with a warning)."""
     port, out = _free_port(), tmp_path / "report.json"
     base = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(out), "OMP_NUM_THREADS": "1", **dict(env)}
     procs = []
-    for n in range(nodes):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(n),
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", "2",
+    for _ in range(nodes):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"job{port}", "--nproc-per-node", "2",
                "--monitor-interval", "0.5", str(JOB)]
         procs.append(subprocess.Popen(cmd, env=base, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
@@ -264,6 +268,7 @@ def _torchrun(tmp_path, *, nodes, env=(), timeout_s=150):
             if p.poll() is None:
                 p.kill()
     assert all(p.returncode == 0 for p in procs), "\n".join(e[-3000:] for _, e in res)
+    assert not any("node_rank is only used" in e for _, e in res)  # no flag torchrun ignores
     return json.loads(out.read_text()), [o for o, _ in res], [e for _, e in res]
 
 

@@ -214,6 +214,10 @@ def test_smoke_run_notebooks_show_their_figures(smoke_run):
     nb = nbformat.read(run_dir / "01_baseline_profiling.ipynb", as_version=4)
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 3, "figures are drawn inline in the executed notebook"
+    # each with alternative text, which every notebook's web page keeps (no "Alternative text is missing" warning)
+    assert all(o.metadata.get("image/png", {}).get("alt", "").startswith("Chart: ") for o in images)
+    pages = sorted(run_dir.glob("[0-9][0-9]_*.html"))
+    assert pages and not [p.name for p in pages if "No description has been provided for this image" in p.read_text()]
 
 
 # ---------------------------------------------------------------- the committed outputs (what nbval checked)

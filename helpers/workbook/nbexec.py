@@ -19,12 +19,38 @@ from helpers.fsutil import write_atomic
 from helpers.process import cli_command
 from helpers.workbook.rundir import NotebookRun
 
+#: nbconvert's ``lab`` template with one change: a PNG output's ``alt`` metadata (``{"image/png": {"alt": ...}}``,
+#: what :func:`helpers.workbook.plots.show_png` writes) becomes its ``<img alt>``. nbconvert 7's ``classic`` template
+#: reads that key; its ``lab`` template ignores it, and the exporter then warns "Alternative text is missing on N
+#: image(s)" for every figure (nbconvert/exporters/html.py, ``from_notebook_node``).
+_LAB_WITH_ALT = """{%- extends 'index.html.j2' -%}
+{% block data_png scoped %}
+{%- set alt = output | get_metadata('alt', 'image/png') -%}
+{%- if alt -%}
+{{ super() | replace('<img src=', '<img alt="' ~ (alt | escape_html) ~ '" src=', 1) }}
+{%- else -%}
+{{ super() }}
+{%- endif -%}
+{% endblock data_png %}
+"""
+
+
+def html_exporter():
+    """nbconvert's HTML exporter with the ``lab`` template, a figure's alternative text kept (:data:`_LAB_WITH_ALT`)."""
+    from jinja2 import DictLoader
+    from nbconvert import HTMLExporter
+
+    return HTMLExporter(template_name="lab", extra_loaders=[DictLoader({"workbook_lab.html.j2": _LAB_WITH_ALT})],
+                        template_file="workbook_lab.html.j2")
+
+
 def export_html(notebook: Path) -> Path | None:
     """Render an executed notebook as a self-contained web page beside it (``.html``), for the report's links.
 
     A browser shows an ``.ipynb`` as raw JSON; nbconvert's HTML exporter (the ``lab`` template, outputs and
-    figures embedded) gives the page a reader can open from the report. A rendering that fails only costs the
-    link: it is logged, never raised (the notebook itself ran and its results are kept).
+    figures embedded, each figure with its alternative text) gives the page a reader can open from the report. A
+    rendering that fails only costs the link: it is logged, never raised (the notebook itself ran and its results
+    are kept).
 
     Returns
     -------
@@ -34,9 +60,7 @@ def export_html(notebook: Path) -> Path | None:
     if not notebook.is_file():
         return None
     try:
-        from nbconvert import HTMLExporter
-
-        body, _ = HTMLExporter(template_name="lab").from_notebook_node(nbformat.read(str(notebook), as_version=4))
+        body, _ = html_exporter().from_notebook_node(nbformat.read(str(notebook), as_version=4))
         out = notebook.with_suffix(".html")
         write_atomic(out, body)
         return out
@@ -44,7 +68,6 @@ def export_html(notebook: Path) -> Path | None:
         logging.getLogger(__name__).warning("no HTML rendering of %s: %s: %s", notebook.name, type(exc).__name__,
                                             exc)
         return None
-
 
 
 #: nbclient's CellTimeoutError message (nbclient.exceptions.timeout_err_msg): the limit and a preview of the cell

@@ -144,20 +144,21 @@ class TryIt:
         import io
 
         import matplotlib.pyplot as plt
-        from IPython.display import Image, display
+
+        from helpers.workbook.plots import figure_alt, show_png
 
         fig = self.figure()
         buf = io.BytesIO()  # rendered here, not by the inline backend's formatter: the same PNG in every frontend
         fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+        alt = figure_alt(fig, fallback=f"Try it: {self.name}")
         plt.close(fig)
-        image = Image(data=buf.getvalue(), format="png")
         out = self._widgets.get("chart")
         if out is None:
-            display(image)
+            show_png(buf.getvalue(), alt)
         else:
             with out:
                 out.clear_output(wait=True)
-                display(image)
+                show_png(buf.getvalue(), alt)
 
     # -- showing -----------------------------------------------------------------------------------------------
     def show(self) -> "TryIt":

@@ -2,6 +2,8 @@
 
 Every figure a notebook draws is saved as ``<out_dir>/figures/<notebook>__<name>.png``;
 the report embeds the figures of each notebook in its section, in the order the notebook saves them.
+In a notebook the same PNG is shown with alternative text (:func:`show_png`), which the executed notebook's web
+page carries (:func:`helpers.workbook.nbexec.export_html`).
 Plot functions take DataFrames with documented columns and return the figure.
 """
 
@@ -33,8 +35,12 @@ def figure_path(out_dir: Path, notebook: str, name: str) -> Path:
     return Path(out_dir) / "figures" / f"{notebook}__{safe}.png"
 
 
-def save_figure(fig, ctx, name: str, *, dpi: int = 100) -> Path:
-    """Save ``fig`` as PNG for the report and remember it in ``ctx.figures``.
+def save_figure(fig, ctx, name: str, *, dpi: int = 100, alt: str | None = None) -> Path:
+    """Save ``fig`` as PNG for the report and remember it in ``ctx.figures``; in a notebook, also show it.
+
+    In a Jupyter kernel the saved PNG is displayed with alternative text (:func:`show_png`) and the figure is
+    closed, so that the inline backend does not draw it a second time, without that text. Elsewhere (a script, a
+    test) nothing is displayed and the figure stays open.
 
     Parameters
     ----------
@@ -44,6 +50,8 @@ def save_figure(fig, ctx, name: str, *, dpi: int = 100) -> Path:
         Short name, unique within the notebook (e.g. "phase_breakdown").
     dpi : int
         Resolution; modest by default to keep notebooks and reports small.
+    alt : str or None
+        Alternative text for the displayed figure; None: :func:`figure_alt` (its titles and axis labels).
 
     Returns
     -------
@@ -56,7 +64,58 @@ def save_figure(fig, ctx, name: str, *, dpi: int = 100) -> Path:
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     write_atomic(path, buf.getvalue())  # a full disk leaves the previous figure, never a truncated PNG
     ctx.figures.append(path)
+    if _in_kernel():
+        show_png(buf.getvalue(), alt or figure_alt(fig, fallback=name.replace("_", " ")))
+        plt.close(fig)
     return path
+
+
+def _in_kernel() -> bool:
+    """True inside a Jupyter kernel (a notebook run by JupyterLab, papermill or nbval)."""
+    import sys
+
+    if "IPython" not in sys.modules:  # nothing imported IPython: no kernel (and no cost to find that out)
+        return False
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
+def figure_alt(fig, *, fallback: str = "") -> str:
+    """Alternative text for ``fig``, in words: its title, then each plot's title and axis labels.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+    fallback : str
+        What the figure shows, used when it has no title and no axis label.
+
+    Returns
+    -------
+    str
+        E.g. "Chart: Baseline step on cpu: median per phase (x axis: median time per step (ms))".
+    """
+    panels = []
+    for ax in fig.axes:
+        title = " ".join(t for t in (ax.get_title("left"), ax.get_title(), ax.get_title("right")) if t)
+        axes = "; ".join(f"{which} axis: {label}" for which, label in (("x", ax.get_xlabel()),
+                                                                       ("y", ax.get_ylabel())) if label)
+        if title or axes:
+            panels.append(f"{title} ({axes})" if title and axes else title or axes)
+    words = [fig.get_suptitle()] + panels
+    text = "; ".join(" ".join(w.split()) for w in words if w and w.strip())
+    return f"Chart: {text or fallback or 'a figure of this notebook'}"
+
+
+def show_png(png: bytes, alt: str) -> None:
+    """Display a PNG in the notebook with alternative text ``alt``.
+
+    The text goes in the output's metadata (``{"image/png": {"alt": alt}}``), where nbconvert's templates read it
+    (its ``classic`` template directly, the ``lab`` one through :func:`helpers.workbook.nbexec.export_html`).
+    """
+    from IPython.display import Image, display
+
+    display(Image(data=png, format="png", metadata={"alt": alt}))
 
 
 def phase_breakdown(totals: "pd.DataFrame", phases=("data", "h2d", "compute"), *, title: str = ""):
