@@ -197,3 +197,11 @@ def test_blocks_average_bimodal_steps_into_throughput():
     assert engine.blocks(times, 4) == pytest.approx([0.055] * 5)
     assert engine.blocks([0.1, 0.2], 5) == pytest.approx([0.15])
     assert engine.blocks([]) == []
+
+
+def test_a_change_stopped_early_as_far_slower_is_called_slower_on_that_one_run():
+    base = _runs("unmodified", [100, 100, 100])
+    slow = [Run("autocast", 0, "slow", [0.52, 0.55, 0.50], [1.0] * 8, 9.0, "", {"warmup_steps": 5})]
+    j = judge("autocast", base, slow, QUIET)
+    assert j.verdict == "slower" and "stopped after 4 steps" in j.reason and "5.1x as long" in j.reason
+    assert j.figure == "0.20x (one run, stopped early)" and j.base_ms == pytest.approx(102, abs=1)

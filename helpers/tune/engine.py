@@ -149,8 +149,8 @@ class Run:
     round : int
         0-based round (-1 for the probe).
     status : str
-        ``"steps"`` (stopped after its steps), ``"script_end"`` (the script ended first), ``"exit"``, ``"error"``,
-        ``"timeout"``.
+        ``"steps"`` (stopped after its steps), ``"script_end"`` (the script ended first), ``"slow"`` (stopped early,
+        far slower than the reference), ``"exit"``, ``"error"``, ``"timeout"``.
     step_times_s : list of float
         The measured steps' times, seconds.
     losses : list of float or None
@@ -201,7 +201,8 @@ def _hook_env(command: Command) -> dict[str, str]:
 
 
 def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: Path, warmup: int, steps: int,
-             timeout_s: float, round_: int = 0, script: Path | None = None, watch_copies: bool = False) -> Run:
+             timeout_s: float, round_: int = 0, script: Path | None = None, watch_copies: bool = False,
+             give_up_step_s: float | None = None) -> Run:
     """Run the script once under the hook.
 
     Parameters
@@ -223,6 +224,9 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
         (its ``__file__`` and frames name the original path, so paths relative to the script still work).
     watch_copies : bool
         Record host-to-device copies (only where a device may be in use).
+    give_up_step_s : float, optional
+        Stop the run as ``"slow"`` when the median of its steps 2 to 1 + :data:`helpers.tune.hook.GIVE_UP_AFTER`
+        exceeds this, seconds.
 
     Returns
     -------
@@ -233,7 +237,8 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
     spec = {"argv": command.argv, "script": str(command.script) if command.script else None,
             "module": command.module, "source": str(script) if script else None,
             "warmup": warmup, "steps": steps, "out": str(workdir / f"{tag}.json"), "scratch": str(workdir),
-            "apply": apply, "user_roots": command.roots, "watch_copies": watch_copies}
+            "apply": apply, "user_roots": command.roots, "watch_copies": watch_copies,
+            "give_up_step_s": give_up_step_s}
     spec_path = workdir / f"{tag}.spec.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     out_path = Path(spec["out"])
@@ -285,8 +290,12 @@ def _tail(path: Path, n: int = 40) -> str:
 
 def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path | None]], *, rounds: int,
             workdir: Path, warmup: int, steps: int, timeout_s: float, watch_copies: bool = False,
+            give_up_step_s: float | None = None,
             progress: Callable[[str], None] | None = None) -> tuple[dict[str, list[Run]], machine.BusyCheck]:
     """Run every variant ``rounds`` times, round-robin, each round in a rotated order.
+
+    A variant other than the first (the reference) whose run was stopped as ``"slow"`` (``give_up_step_s``) or
+    failed is not run again: one such run decides it (:func:`judge`).
 
     Parameters
     ----------
@@ -314,16 +323,25 @@ def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path
     runs: dict[str, list[Run]] = {name: [] for name, _, _ in variants}
     before = machine.snapshot()
     total, k = rounds * len(variants), 0
+    reference = variants[0][0]
+    dropped: set[str] = set()
     for r in range(rounds):
         order = list(variants[r % len(variants):]) + list(variants[:r % len(variants)])
         for name, apply, script in order:
+            if name in dropped:
+                continue
             run = run_once(command, name, apply, workdir=workdir, warmup=warmup, steps=steps, timeout_s=timeout_s,
-                           round_=r, script=script, watch_copies=watch_copies)
+                           round_=r, script=script, watch_copies=watch_copies,
+                           give_up_step_s=None if name == reference else give_up_step_s)
             runs[name].append(run)
             k += 1
+            if name != reference and not run.ok:
+                dropped.add(name)
+                total -= rounds - 1 - r
             if progress:
-                med = f"{statistics.median(run.step_times_s) * 1e3:.1f} ms/step" if run.ok else run.status
-                progress(f"[{k}/{total}] round {r + 1}: {name}: {med}")
+                med = f"{statistics.median(run.step_times_s) * 1e3:.1f} ms/step" if run.step_times_s else run.status
+                progress(f"[{k}/{total}] round {r + 1}: {name}: {med}"
+                         + (" (stopped: too slow to be worth timing further)" if run.status == "slow" else ""))
     busy = machine.check(before, machine.snapshot())
     return runs, busy
 
@@ -406,12 +424,23 @@ class Judgement:
         """``"1.42x (95% CI 1.31-1.55)"`` or "not measured"."""
         if math.isnan(self.speedup):
             return "not measured"
+        if math.isnan(self.ci_low):
+            return f"{self.speedup:.2f}x (one run, stopped early)"
         return f"{self.speedup:.2f}x (95% CI {self.ci_low:.2f}-{self.ci_high:.2f})"
 
 
 def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.BusyCheck, *,
           check_loss: bool = True) -> Judgement:
     """Judge one variant's runs against the baseline's (see the module docstring for the rules)."""
+    slow = [r for r in runs if r.status == "slow"]
+    if slow:
+        r = slow[0]
+        ms = statistics.median(r.step_times_s) * 1e3
+        base_ms = statistics.median([t for b in base for t in b.step_times_s]) * 1e3
+        return Judgement(name, "slower", base_ms / ms, math.nan, math.nan, [], base_ms, ms,
+                         reason=f"stopped after {len(r.step_times_s) + 1} steps (round {r.round + 1}): {ms:.0f} ms "
+                                f"per step against {base_ms:.0f} unmodified, {ms / base_ms:.1f}x as long; a change "
+                                f"this much slower is not timed further")
     failed = [r for r in runs if not r.ok]
     if failed:
         r = failed[0]

@@ -40,6 +40,10 @@ SITE_SAMPLES = 64
 #: Seconds the interpreter's own shutdown may take after the script was stopped before the process exits
 #: anyway (a non-daemon thread of the script's would otherwise keep it alive).
 EXIT_GRACE_S = 15.0
+#: Steps (after the first, which carries one-off costs) after which a run whose median step is slower than the
+#: spec's ``give_up_step_s`` is stopped, warm-up or not: a change that makes each step several times slower need
+#: not be timed for long to be called slower.
+GIVE_UP_AFTER = 3
 #: DataLoader arguments tune may set (torch.utils.data.DataLoader's own keyword names).
 LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
@@ -73,6 +77,7 @@ class Recorder:
         self.saved: list[dict[str, str]] = []
         self.notes: list[str] = []
         self.sync = None
+        self.gave_up = False
         roots = [Path(r).resolve() for r in spec.get("user_roots") or []]
         self.roots = [str(r) + os.sep for r in roots]
         here = Path(__file__).resolve().parents[1]  # the helpers package
@@ -124,11 +129,19 @@ class Recorder:
         self._loss = None
         if len(self.step_t) >= self.warmup + self.steps + 1:
             raise _Stop()
+        limit = self.spec.get("give_up_step_s")
+        if limit and len(self.step_t) == GIVE_UP_AFTER + 2:  # steps 2 to 4: past the first step's one-off costs
+            times = sorted(b - a for a, b in zip(self.step_t[1:-1], self.step_t[2:]))
+            if times[len(times) // 2] > limit:
+                self.gave_up = True
+                raise _Stop()
 
     def result(self, status: str, *, exit_code: int = 0, error: str = "") -> dict[str, Any]:
         t = self.step_t
         times = [b - a for a, b in zip(t[:-1], t[1:])]
         measured = times[self.warmup:] if len(times) > self.warmup else []
+        if self.gave_up:  # the steps it was judged on (past the first)
+            measured = times[1:]
         losses = []
         for v in self.losses:
             try:
@@ -445,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _run_as_main(spec["script"], spec.get("source") or spec["script"])
     except _Stop:
-        status = "steps"
+        status = "slow" if rec.gave_up else "steps"
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code:

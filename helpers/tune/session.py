@@ -38,6 +38,12 @@ __all__ = ["TuneOptions", "TuneResult", "tune", "plan_edits"]
 
 
 
+#: A candidate whose first timed steps take longer than this many times the probe's median step is stopped and
+#: called slower (bf16 autocast on a CPU without bf16 instructions: 5x and more), so that it does not take most of
+#: the session's time.
+GIVE_UP_RATIO = 2.5
+
+
 @dataclass(frozen=True)
 class TuneOptions:
     """The session's settings (the command line's flags).
@@ -219,8 +225,10 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
     jsonl = out_dir / "results.jsonl"
     if res.candidates:
         variants = [("unmodified", {}, None)] + [(c.name, c.apply, None) for c in res.candidates]
+        probe_step = sorted(probe.step_times_s)[len(probe.step_times_s) // 2]
         runs, busy = measure(command, variants, rounds=options.rounds, workdir=work, warmup=options.warmup,
-                             steps=options.steps, timeout_s=timeout, watch_copies=watch, progress=say)
+                             steps=options.steps, timeout_s=timeout, watch_copies=watch,
+                             give_up_step_s=GIVE_UP_RATIO * probe_step, progress=say)
         _append(jsonl, [r for rs in runs.values() for r in rs])
         res.runs += [r for rs in runs.values() for r in rs]
         res.busy = busy.sentence()

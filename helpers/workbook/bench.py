@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -696,7 +697,52 @@ def trace_bench(*, size_mb: float = 1024, out: str | Path | None = None, steps: 
     return res
 
 
-BENCHMARKS = {"trace": trace_bench,
+#: The tune issue's time target on this project's 2-core CPU, for a small conv script: 10 minutes.
+TUNE_TARGETS = {"seconds": ("<=", 600.0)}
+
+
+def tune_bench(*, out: str | Path | None = None, epochs: int = 3) -> dict[str, Any]:
+    """Time ``workbook tune`` on examples/train_script.py (a small CNN on the embedded photos), default settings.
+
+    Parameters
+    ----------
+    out : str or pathlib.Path, optional
+        The tune folder (kept); default a temporary one, removed after.
+    epochs : int
+        The script's ``--epochs`` (3: enough optimizer steps for 5 warm-up + 20 timed).
+
+    Returns
+    -------
+    dict
+        ``seconds`` (the whole session, wall), ``runs``, ``candidates``, ``verdicts`` (change -> verdict and
+        speedup with its interval), ``proof`` (the rewritten script against the original, or None), ``headline``,
+        ``diff`` (its text, "" when nothing was proven), ``targets``, ``machine``, ``machine_note``.
+    """
+    import tempfile
+
+    from helpers.tune.engine import parse_command
+    from helpers.tune.session import TuneOptions, tune
+    from helpers.workbook.paths import examples_dir
+
+    before = machine.snapshot()
+    script = examples_dir() / "train_script.py"
+    with tempfile.TemporaryDirectory(prefix="bench-tune-") as tmp:
+        folder = Path(out) if out is not None else Path(tmp) / "tune"
+        command = parse_command(["python", str(script), "--epochs", str(epochs), "--out", str(Path(tmp) / "ck.pt")])
+        res = tune(command, folder, TuneOptions(), progress=lambda line: print(f"tune: {line}", file=sys.stderr))
+    out_d: dict[str, Any] = {
+        "seconds": round(res.seconds, 1), "runs": len(res.runs), "candidates": [c.name for c in res.candidates],
+        "verdicts": {j.variant: {"verdict": j.verdict, "speedup": round(j.speedup, 3), "ci": [round(j.ci_low, 3),
+                                                                                          round(j.ci_high, 3)]}
+                     for j in res.judgements},
+        "proof": res.proof.as_dict() if res.proof else None, "headline": res.headline, "diff": res.diff}
+    out_d["targets"] = {k: {"rule": f"{op} {t}", "value": out_d[k], "met": _met(out_d[k], (op, t))}
+                        for k, (op, t) in TUNE_TARGETS.items()}
+    out_d.update(_machine_keys(before))
+    return out_d
+
+
+BENCHMARKS = {"trace": trace_bench, "tune": tune_bench,
               "input-pipeline": input_pipeline, "end-to-end": end_to_end, "dataset-cache": dataset_cache,
               "dataset-index": dataset_index, "instrument": instrument_overhead}
 

@@ -111,7 +111,7 @@ def _add_data(sub) -> None:
 def _add_bench(sub) -> None:
     be = sub.add_parser("bench", help="run a benchmark and print its figures as JSON")
     be.add_argument("name", choices=("input-pipeline", "end-to-end", "dataset-cache", "allreduce", "ddp",
-                                     "dataset-index", "instrument", "trace"),
+                                     "dataset-index", "instrument", "trace", "tune"),
                     help="which benchmark")
     be.add_argument("--job", default="", metavar="FILE.py:FACTORY",
                     help="ddp: your own job (path/to/job.py:make_job or module:attr; default: the built-in job)")
@@ -139,7 +139,8 @@ def _add_bench(sub) -> None:
     be.add_argument("--size-mb", type=float, default=1024, metavar="MB",
                     help="trace: size of the generated Kineto trace, MB (default: 1024)")
     be.add_argument("--out", type=Path, default=None, metavar="DIR",
-                    help="trace: write the generated trace here and keep it (default: a temporary folder)")
+                    help="trace: write the generated trace here and keep it; tune: keep tune's folder (report, diff) "
+                         "here (default: a temporary folder)")
     be.set_defaults(handler=_bench)
 
 
@@ -282,6 +283,7 @@ def _bench(args) -> int:
     kwargs = {"dataset-index": dict(n_images=args.images, data_dir=args.data_dir),
               "dataset-cache": dict(profile=args.profile, data_dir=args.data_dir),
               "instrument": dict(device=args.device, blocks=args.repeats),
+              "tune": dict(out=args.out),
               "end-to-end": dict(profile=args.profile, device=args.device, data_dir=args.data_dir, run=args.run),
               }.get(args.name, dict(profile=args.profile, device=args.device, data_dir=args.data_dir))
     print(run_benchmark(args.name, **kwargs))
