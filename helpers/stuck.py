@@ -7,7 +7,9 @@ code, e.g. ``stuck in Squares.__getitem__(37) at myjob.py:42``, rather than only
 - :class:`Watchdog` runs in the process that may hang (``diagnose``; a notebook's kernel, armed by
   :func:`arm_cell_watchdog` around every cell). After its limit, a thread of its own reads the live stacks
   (:func:`sys._current_frames`: the frames' arguments too, such as the index asked of a dataset), dumps every
-  thread's stack with :func:`faulthandler.dump_traceback` and calls back with the sentence. A C-level
+  thread's stack with :func:`faulthandler.dump_traceback` and calls back with the sentence. A thread that waits
+  for a DataLoader worker's batch is said to, naming the worker, its pid and the sample index it is stuck in
+  where its workers record them (:func:`dataloader_workers`; :mod:`helpers.pipeline.worker_progress`). A C-level
   :func:`faulthandler.dump_traceback_later` backs it up for a thread that never lets go of the interpreter.
 - :func:`parse_faulthandler` and :func:`where_from_dump` read such a dump back (the runner, from the kernel's
   file, when the kernel left no sentence of its own).
@@ -31,7 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 __all__ = ["CELL_TIMEOUT_ENV", "STUCK_DIR_ENV", "FrameInfo", "Watchdog", "arm_cell_watchdog", "cell_files",
-           "describe", "frames_of", "parse_faulthandler", "user_frame", "where_from_dump", "read_stuck"]
+           "dataloader_workers", "describe", "frames_of", "parse_faulthandler", "user_frame", "where_from_dump",
+           "read_stuck"]
 
 #: Environment variables through which the runner tells a notebook's kernel its per-cell limit and where to dump.
 CELL_TIMEOUT_ENV = "WORKBOOK_CELL_TIMEOUT_S"
@@ -109,21 +112,55 @@ def user_frame(frames: Sequence[FrameInfo]) -> FrameInfo | None:
 _WAITS = ("_get_data", "_try_get_data", "_next_data", "get", "wait", "poll", "select")
 
 
-def describe(stacks: Iterable[Sequence[FrameInfo]]) -> str:
+def describe(stacks: Iterable[Sequence[FrameInfo]], *, workers: str | None = None) -> str:
     """``"stuck in Squares.__getitem__(37) at myjob.py:42"``: the user's innermost frame of the first stack that has
-    one; else the innermost frame of the first stack, and, where it waits on a DataLoader's workers, that said."""
+    one, unless the first (the stuck thread's) has none and waits on a DataLoader's workers: that is said, with the
+    worker and the sample where known; else the innermost frame of the first stack.
+
+    Parameters
+    ----------
+    stacks : iterable of sequence of FrameInfo
+        One per thread, innermost frame first; the stuck thread's first.
+    workers : str, optional
+        Where the first stack waits on a DataLoader's workers: which worker is stuck in which sample
+        (:func:`dataloader_workers`); None: the sentence says that it is not known.
+
+    Returns
+    -------
+    str
+    """
     stacks = [list(s) for s in stacks if s]
-    for stack in stacks:
+    for i, stack in enumerate(stacks):
         mine = user_frame(stack)
         if mine is not None:
             return f"stuck in {mine.text()}"
+        if i == 0 and any("dataloader" in f.file.lower() and f.func in _WAITS for f in stack):
+            # the stuck thread waits for a worker's batch: that is where it is stuck, whatever other threads run
+            which = workers or ("which worker is stuck and in which sample is not known (its loader's workers do not "
+                                "record what they load: a loader built by the workbook's make_loader does)")
+            return (f"stuck waiting for a DataLoader worker's batch (at {stack[0].text()}): {which}; num_workers=0 "
+                    "runs the dataset in the main process, where the stuck frame can be named")
     if not stacks:
         return "stuck where no stack could be read"
-    inner = stacks[0][0]
-    if any("dataloader" in f.file.lower() and f.func in _WAITS for f in stacks[0]):
-        return (f"stuck waiting for a DataLoader worker's batch (at {inner.text()}): a worker is stuck or slow in the "
-                "dataset; num_workers=0 runs the dataset in the main process, where the stuck frame can be named")
-    return f"stuck in {inner.text()} (no frame of your code on the stack)"
+    return f"stuck in {stacks[0][0].text()} (no frame of your code on the stack)"
+
+
+def dataloader_workers(frame) -> str | None:
+    """Which DataLoader worker a live stack waits for and in which sample it is stuck, or None.
+
+    Walks the stack from ``frame`` outwards to a frame whose ``self`` is a DataLoader iterator whose
+    ``_worker_init_fn`` has a ``stuck_sentence`` method (:class:`helpers.pipeline.worker_progress.WorkerProgress`,
+    found by that name: this module imports only the standard library), and returns its sentence."""
+    while frame is not None:
+        try:
+            owner = frame.f_locals.get("self")
+            say = getattr(getattr(owner, "_worker_init_fn", None), "stuck_sentence", None)
+            if callable(say):
+                return str(say(owner))
+        except Exception:  # noqa: BLE001  a stack that cannot be read: the generic sentence stands
+            return None
+        frame = frame.f_back
+    return None
 
 
 _THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.I)
@@ -225,6 +262,7 @@ class Watchdog:
         me = threading.get_ident()
         order = [watched] + [t for t in frames if t not in (watched, me)]
         stacks = [frames_of(frames[t]) for t in order if t in frames]
+        workers = dataloader_workers(frames.get(order[0])) if order and order[0] in frames else None
         out = self._file()
         try:
             out.flush()
@@ -232,7 +270,7 @@ class Watchdog:
             out.flush()
         except (ValueError, OSError, AttributeError, RuntimeError):
             pass
-        self.on_timeout(describe(stacks), stacks)
+        self.on_timeout(describe(stacks, workers=workers), stacks)
 
 
 # --------------------------------------------------------------------------- a notebook's kernel, cell by cell

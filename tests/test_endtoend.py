@@ -466,10 +466,31 @@ def test_verdict_wording():
     assert "within tolerance" in v.reason and "batched_decode" in v.reason and "not that they converge" in v.reason
     differs = training.learning_check([1.0] * 6, [2.0] * 6, 0.1)
     assert e2e_verdict(fast, differs, summary, opt, host_bound_threshold=0.1).recommendation == "leave off"
-    same = _cmp([300, 310, 290, 305], [305, 295, 300, 310])
-    assert e2e_verdict(same, learned, summary, opt, host_bound_threshold=0.1).recommendation == "leave off"
+    same = _cmp([300, 310, 290, 305], [305, 295, 300, 310])  # an interval around 1: not decided either way
+    assert e2e_verdict(same, learned, summary, opt, host_bound_threshold=0.1).recommendation == "inconclusive"
+    slower = _cmp([100, 101, 99, 102], [300, 310, 290, 305])
+    assert e2e_verdict(slower, learned, summary, opt, host_bound_threshold=0.1).recommendation == "leave off"
     none = e2e_verdict(fast, learned, summary, JobConfig("opt"), host_bound_threshold=0.1)
     assert none.recommendation == "not applicable"
+
+
+@pytest.mark.parametrize("low, high, recommendation", [
+    (0.40, 10.19, "inconclusive"),  # issue 36: spans 1, so neither faster nor slower for sure
+    (0.97, 1.03, "inconclusive"),
+    (0.30, 0.95, "leave off"),      # slower for sure
+    (1.20, 3.00, "enable"),
+])
+def test_an_end_to_end_interval_that_spans_1_is_inconclusive_never_leave_off(low, high, recommendation):
+    learned = training.learning_check([1.0] * 6, [1.0] * 6, 0.1)
+    summary = JobSummary("baseline", "none", 0.3, 0.29, 0.31, 0.25, 0.0, 0.05, 100.0, 0.8, 0.2, None, 4)
+    base = _cmp([300, 310, 290, 305], [100, 101, 99, 102])
+    cmp = Comparison(a=base.a, b=base.b, ratio=2.02, ci_low=low, ci_high=high)
+    v = e2e_verdict(cmp, learned, summary, JobConfig("opt", ("batched_decode",)), host_bound_threshold=0.1)
+    assert v.recommendation == recommendation
+    assert v.spread["ci_low"] == low and v.spread["ci_high"] == high
+    if recommendation == "inconclusive":
+        assert v.reason.startswith(f"not decided: 2.02x throughput (95% CI {low:.2f}-{high:.2f}) with ")
+        assert "spans 1" in v.reason and "--patience" in v.reason
 
 
 def test_same_input_check_compares_first_batches(data, cpu):

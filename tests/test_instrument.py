@@ -126,3 +126,53 @@ def test_the_three_lines_say_one_verdict_and_follow_the_idle_cores(monkeypatch, 
         assert "leaves none" in lines[3] and "reduced size" in lines[3]
     else:
         assert "4 idle core(s)" in lines[3]
+
+
+# --------------------------------------------------------------------------- a loss that turns NaN (issue 36)
+
+
+def test_a_nan_loss_makes_the_report_say_the_job_diverges_in_notebook_01s_words(capsys):
+    import torch
+
+    from helpers.jobs.check import loss_divergence
+
+    losses = [1.0, 0.5, float("nan"), 0.2, float("inf"), 0.1, 0.1, 0.1]
+    steps = inst.instrument(range(len(losses)), device="cpu", warmup=1, name="my loop")
+    for i, _ in enumerate(steps):
+        steps.loss(torch.tensor(losses[i]))  # read at the step's end, after its synchronize
+    r = steps.report()
+    lines = capsys.readouterr().out.splitlines()
+    assert r.recommendation == "inconclusive" and r.divergence.diverged and r.bottleneck is None
+    assert r.divergence.first == {"my loop": (3, "loss", pytest.approx(float("nan"), nan_ok=True))}
+    assert lines[0] == "my loop: 7 steps measured"
+    # the one sentence of notebooks 01, 06 and 10 and of diagnose, from the same function
+    assert lines[1] == r.reason == loss_divergence({"my loop": losses}).sentence()
+    assert lines[1].startswith("your job diverges: its loss is nan at step 3 in my loop; ")
+    assert not any(w in "\n".join(lines) for w in ("host-bound", "balanced", "device-bound", "next:"))
+
+
+def test_a_finite_loss_or_none_leaves_the_verdict_and_an_inf_at_the_first_step_is_said():
+    finite = inst.instrument(range(6), device="cpu", warmup=1)
+    for _ in finite:
+        finite.loss(0.5)  # a plain number works too
+    assert finite.result().divergence is None and finite.result().bottleneck is not None
+    first = inst.instrument(range(6), device="cpu", warmup=1)
+    for _ in first:
+        first.loss(float("inf"))
+    r = first.result()
+    assert r.reason.startswith("your job diverges: its loss is inf at step 1 in your loop; ")
+    assert "finite at the first step" not in r.reason
+    first.loss(float("nan"))  # between steps: a no-op, never a raise
+
+
+def test_the_gathered_job_report_says_the_job_diverges_when_a_rank_does():
+    ranks = {}
+    for r, bad in ((0, None), (1, 4)):
+        steps = inst.instrument(range(6), device="cpu", warmup=1)
+        for i, _ in enumerate(steps, 1):
+            steps.loss(float("nan") if i == bad else 1.0)
+        ranks[r] = {**steps._payload(), "rank": r}
+    rep = inst.job_report({int(r): p for r, p in json.loads(json.dumps(ranks)).items()}, world_size=2)  # as sent
+    assert rep.recommendation == "inconclusive"
+    assert rep.verdict_line.startswith("job: your job diverges: its loss is nan at step 4 in rank 1, finite in rank 0")
+    assert rep.verdict_line in rep.lines()

@@ -128,6 +128,26 @@ def test_three_runs_of_a_diverging_job_give_no_verdict(cpu):
     assert out["recommendation"] == "inconclusive" and out["divergence"]["first"]["the cached run"]["step"] == 3
 
 
+def test_notebook_01s_experiment_says_the_job_diverges(cpu, tmp_path):
+    """Issue 36: notebook 01 called a job whose loss is NaN from step 3 host-bound or device-bound from its
+    timings. Its experiment (helpers.experiments.baseline.run, as the notebook calls it) says it diverges, in the
+    words of notebooks 06 and 10 and of diagnose."""
+    from types import SimpleNamespace
+
+    from helpers.experiments import baseline
+
+    job = load_job(f"{JOBS}:make_nan_job")
+    params = {"trace_path": "", "data_dir": "", "job": f"{JOBS}:make_nan_job", "preprocess_samples": 4,
+              "warmup_steps": 1, "steps": 4, "profile_steps": 0, "ceiling_steps": 3, "host_bound_threshold": 0.1}
+    ctx = SimpleNamespace(params=params, acc=cpu, job=lambda: job, artifacts_dir=tmp_path, out_dir=tmp_path)
+    v = baseline.run(ctx).verdict()
+    assert v.recommendation == "inconclusive" and v.action is None
+    assert v.reason.startswith("your job diverges: its loss is nan at step 3 in the baseline; no speed figure")
+    assert not any(w in v.reason for w in ("host-bound", "balanced", "device-bound", "next:"))
+    assert v.extra["divergence"]["first"]["the baseline"] == {"step": 3, "stat": "loss", "value": "nan"}
+    assert v.extra["measured_recommendation"] in ("host-bound", "balanced", "device-bound")
+
+
 def test_diagnose_says_the_job_diverges_and_exits_nonzero(capsys):
     from helpers.workbook.cli import main
 
@@ -229,6 +249,41 @@ def test_a_watchdog_dumps_the_stacks_and_names_the_users_frame_with_its_argument
     dumped = (tmp_path / "stacks.txt").read_text()
     assert "_stuck_here" in dumped and "Thread 0x" in dumped
     assert where_from_dump(dumped).startswith("stuck in _stuck_here at test_job_faults.py:")
+
+
+@pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(), reason="needs fork")
+def test_a_watchdog_names_the_hung_dataloader_worker_and_its_sample(tmp_path):
+    """Issue 36: a loop stuck waiting for a DataLoader worker (diagnose, a notebook's cell) was said to wait for "a
+    worker". The workbook's loader (make_loader) records what each worker loads; the watchdog names it. The loop
+    runs as the workbook's does, with no frame of the user's on the stack (its driver is compiled as "<loop>")."""
+    from fault_jobs import Squares
+
+    from helpers.pipeline.guarded import run_epoch
+    from helpers.pipeline.loader import LoaderConfig, make_loader
+    from helpers.stuck import Watchdog, describe
+
+    loader = make_loader(Squares(16, hang=5), LoaderConfig(batch_size=2, num_workers=1, timeout_s=5.0,
+                                                           shuffle=False))
+    seen, errors = [], []
+    ns: dict = {}
+    exec(compile("def loop(start, run, loader, errors):\n    start()\n    try:\n        run(loader)\n"
+                 "    except Exception as exc:\n        errors.append(exc)\n", "<loop>", "exec"), ns)
+    with open(tmp_path / "stacks.txt", "w") as dump:
+        dog = Watchdog(2.0, lambda sentence, stacks: seen.append(sentence), dump=dump, backstop_s=None)
+        t = threading.Thread(target=ns["loop"], args=(dog.start, run_epoch, loader, errors))
+        t.start()
+        t.join(60)  # the loader's own timeout (5 s) ends the loop, its workers stopped
+    assert not t.is_alive() and errors and seen, (seen, errors)
+    pid = loader.worker_init_fn.rows()[0].pid
+    assert seen[0].startswith("stuck waiting for a DataLoader worker's batch (at "), seen[0]
+    assert f"): worker 0 (pid {pid}), whose batch the loop waits for, has been in __getitem__(index 5) for " in seen[0]
+    # where nothing records the workers: said plainly
+    from torch.utils.data import dataloader
+
+    from helpers.stuck import FrameInfo
+
+    assert "which worker is stuck and in which sample is not known" in describe([[
+        FrameInfo(dataloader.__file__, 1, "_get_data")]])
 
 
 def test_a_cancelled_watchdog_stays_silent():
@@ -344,15 +399,18 @@ def test_a_run_skips_the_notebooks_that_read_a_dataset_that_raised(tmp_path, mon
 
 @pytest.mark.slow
 @pytest.mark.notebook
-def test_notebooks_06_and_10_say_the_job_diverges(tmp_path, monkeypatch):
+def test_notebooks_01_06_and_10_say_the_job_diverges(tmp_path, monkeypatch):
     from helpers.results import load_results, verdicts
     from helpers.workbook.runner import RunOptions, run
 
     monkeypatch.chdir(ROOT)
-    run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("06", "10"), job=f"{JOBS}:make_nan_job",
-                                    out=tmp_path / "run", timeout_s=600), echo=print)
+    run_dir, state = run(RunOptions(profile="smoke", device="cpu", only=("01", "06", "10"),
+                                    job=f"{JOBS}:make_nan_job", out=tmp_path / "run", timeout_s=600), echo=print)
     assert state.status == "ok", {n.id: n.error for n in state.notebooks if n.status != "ok"}  # no crash in 06
     table = verdicts(load_results(run_dir / "results.jsonl")).set_index("notebook")
+    v = table.loc["01_baseline_profiling"]  # its timings give no label: the job no longer trains
+    assert v["recommendation"] == "inconclusive"
+    assert v["reason"].startswith("your job diverges: its loss is nan at step 3 in the baseline;"), v["reason"]
     for nb, base in (("06_mixed_precision", "fp32"), ("10_end_to_end", "the baseline")):
         v = table.loc[nb]
         assert v["recommendation"] == "inconclusive"  # kept on a busy machine: a NaN loss is no timing

@@ -6,6 +6,7 @@ checks that no worker process is left behind.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -65,6 +66,52 @@ def test_a_hung_worker_becomes_an_error_within_the_timeout(monkeypatch, no_stray
     assert "hang test" in msg and "timeout=1 s" in msg and "num_workers=1" in msg and "__getitem__" in msg
     assert elapsed < 1.0 + G._TORCH_WORKER_JOIN_S + 5  # the timeout, plus stopping the stuck worker
     assert len(terminated) == 1  # stopped at once, not after torch's 5 s join (no_stray_workers: and it is gone)
+
+
+def _hung_epoch(loader) -> str:
+    """run_epoch's DataError on a loader whose dataset never returns from index 5 (fault_jobs.Squares)."""
+    with pytest.raises(DataError) as exc:
+        run_epoch(loader, name="hang test")
+    return str(exc.value)
+
+
+@pytest.mark.parametrize("method, timeout_s", [
+    pytest.param("fork", 2.0, marks=pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")),
+    pytest.param("spawn", 15.0, marks=pytest.mark.slow),  # the tracker and its table pickled to fresh interpreters
+])
+def test_a_hung_worker_is_named_with_its_pid_and_the_sample_it_is_stuck_in(method, timeout_s, no_stray_workers):
+    """Issue 36: the timeout named no worker and no sample. Batches of 2 in order, 2 workers taking turns: worker 0's
+    second batch is [4, 5], and it never returns from index 5."""
+    from fault_jobs import Squares
+
+    loader = make_loader(Squares(16, hang=5), LoaderConfig(batch_size=2, num_workers=2, timeout_s=timeout_s,
+                                                           shuffle=False, multiprocessing_context=method))
+    msg = _hung_epoch(loader)
+    pids = {r.worker: r.pid for r in loader.worker_init_fn.rows()}  # what the workers recorded, kept after them
+    m = re.search(r"worker (\d) \(pid (\d+)\), whose batch the loop waits for, has been in __getitem__\(index 5\) "
+                  r"for ([\d.]+) s", msg)
+    assert m, msg
+    assert int(m.group(1)) == 0 and int(m.group(2)) == pids[0] and float(m.group(3)) >= 0.5 * timeout_s
+
+
+@pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
+def test_a_loader_built_by_hand_is_tracked_by_the_guard_and_the_unknown_is_said_plainly(no_stray_workers):
+    from fault_jobs import Squares
+    from torch.utils.data import DataLoader
+
+    from helpers.pipeline.worker_progress import WorkerProgress, stuck_workers_sentence
+
+    seed = lambda worker_id: None  # noqa: E731  the user's own worker_init_fn is kept, and called first
+    loader = DataLoader(Squares(16, hang=3), batch_size=2, num_workers=1, timeout=2.0, worker_init_fn=seed)
+    msg = _hung_epoch(loader)
+    assert isinstance(loader.worker_init_fn, WorkerProgress) and loader.worker_init_fn.inner is seed
+    assert re.search(r"worker 0 \(pid \d+\), whose batch the loop waits for, has been in __getitem__\(index 3\)", msg)
+    # no table to read: said in as many words
+    assert stuck_workers_sentence(None).startswith("which worker is stuck and in which sample is not known: this "
+                                                   "loader's workers do not record what they load")
+    assert G.explain_loader_error(RuntimeError("DataLoader timed out after 2 seconds"), loader) is not None
+    assert "which worker is stuck and in which sample is not known" in str(
+        G.explain_loader_error(RuntimeError("DataLoader timed out after 2 seconds"), loader))
 
 
 @pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")

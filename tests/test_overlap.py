@@ -154,6 +154,29 @@ def _fake_run(data, compute, label, work=0.05, **settings):
     return ov.OverlapRun(label=label, run=SimpleNamespace(steps=steps, warmup_steps=0), batches=None, copies=None,
                          stats=stats, settings={"num_workers": 1, **settings})
 
+def test_notebook_05s_exposed_share_lies_inside_the_spread_it_is_shown_with(tmp_path):
+    """Issue 36: the verdict showed median exposed / median step beside the quartiles of the per-step fractions
+    (exposed / that step's time), a different statistic that need not hold it. Here the short steps wait 1 ms of
+    2 ms and the long ones 1 or 9 ms of 20 ms: the per-step fractions' quartiles are 45%-50%, the share 5%."""
+    from helpers.results import Records, ResultsStore
+
+    before = _fake_run([0.05, 0.051, 0.049, 0.05, 0.052], [0.1] * 5, "before")
+    after = _fake_run([0.001, 0.001, 0.001, 0.009, 0.009], [0.001, 0.001, 0.019, 0.011, 0.011], "after")
+    result = ov.OverlapResult(before, (after,), after, ov.overlap_decision(before, after))
+    v = ov.verdict(result, context="c", model_width_01=16)
+    assert v.value == pytest.approx(0.001 / 0.020) and v.spread["p25"] <= v.value <= v.spread["p75"]
+    assert (v.spread["p25"], v.spread["p75"]) == (pytest.approx(0.05), pytest.approx(0.45))  # each step's / 20 ms
+    store = ResultsStore(tmp_path / "r.jsonl", notebook=ov.NOTEBOOK)
+    out = Records()
+    for run in (before, after):
+        ov._variant_records(out, run, 4)
+    for r in store.write(out):
+        if r.metric == "exposed_input_fraction":
+            assert r.spread["p25"] <= r.value <= r.spread["p75"], (r.variant, r.value, r.spread)
+    for run in (before, after):  # whatever the steps: the median of the values always lies between their quartiles
+        assert run.stats.exposed_fraction_p25 <= run.stats.exposed_fraction <= run.stats.exposed_fraction_p75
+
+
 def test_overlap_verdict_rules():
     before = _fake_run([0.05, 0.051, 0.049, 0.05, 0.052], [0.1] * 5, "before")
     hidden = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.1, 0.101, 0.099, 0.1, 0.1], "after")

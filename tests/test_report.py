@@ -209,6 +209,21 @@ def test_overall_verdict_does_not_call_a_job_that_computes_otherwise_or_a_pollut
     assert overall_verdict(collect(tmp_path)).startswith("host-bound baseline → end to end inconclusive: the machine "
                                                          "was busy or its speed changed while notebook 10 measured "
                                                          "(9.57x measured")
+    # notebook 10's own "inconclusive" on a quiet machine (issue 36): its interval spans 1, no busy machine to blame
+    _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=2.02, unit="x", recommendation="inconclusive",
+                                        reason="not decided: the interval spans 1",
+                                        spread={"ci_low": 0.40, "ci_high": 10.19, "confidence": 0.95})
+    assert overall_verdict(collect(tmp_path)) == (
+        "host-bound baseline → end to end inconclusive: 2.02x (95% CI 0.40–10.19) spans 1, so the optimized job may "
+        "be slower or faster; more steps (--patience) narrow the interval")
+
+
+def test_overall_verdict_says_the_job_diverges_when_notebook_01_does(tmp_path):
+    _store(tmp_path, IDS["01"]).verdict(metric="exposed_input_fraction", value=0.73, unit="fraction",
+                                        recommendation="inconclusive", reason="your job diverges: its loss is nan",
+                                        divergence={"baseline": None, "baseline_diverged": True, "first": {}})
+    assert overall_verdict(collect(tmp_path)).startswith("your job diverges: its loss becomes NaN or infinite in "
+                                                         "notebook 01's baseline")
 
 
 def test_checklist_has_every_item_in_order_with_effect_badge_and_links(partial_run):

@@ -25,6 +25,7 @@ from helpers.compute.train import TrainRun
 from helpers.experiments.base import Experiment, ExperimentResult, checked_fields
 from helpers.experiments.three_run import CeilingResult, spare_cores
 from helpers.jobs.base import description_text
+from helpers.jobs.check import loop_divergence
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
 from helpers.results import Records
@@ -77,8 +78,9 @@ def classify(exposed_fraction: float, threshold: float, *, device_kind: str = ""
 
 
 def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, device_kind: str,
-            description: Mapping[str, Any], steps: int, ceiling: Any = None) -> Verdict:
-    """Notebook 01's verdict: host-bound, balanced or device-bound, with the phase medians it rests on.
+            description: Mapping[str, Any], steps: int, ceiling: Any = None, divergence: Any = None) -> Verdict:
+    """Notebook 01's verdict: host-bound, balanced or device-bound, with the phase medians it rests on; "your job
+    diverges" where its loss became NaN or infinite.
 
     Parameters
     ----------
@@ -98,6 +100,12 @@ def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, d
     ceiling : helpers.experiments.three_run.CeilingResult, optional
         The job against its input-free ceiling; its sentence joins the reason and its figures
         ``extra["ceiling"]`` (``free_input_speedup`` with ``ci_low``/``ci_high``, ``fraction`` with its interval).
+    divergence : helpers.jobs.check.Divergence, optional
+        Where the loss of the timed steps first became NaN or infinite (:func:`helpers.jobs.check.loop_divergence`
+        of the run's loop). When it did, the job diverges: the recommendation is "inconclusive" and the reason is
+        :meth:`~helpers.jobs.check.Divergence.sentence` ("your job diverges: its loss is nan at step 3 ...") with
+        no label (the timings are of a job that no longer trains); ``extra["divergence"]`` keeps where, and
+        ``extra["measured_recommendation"]`` the label the timings alone give.
 
     Returns
     -------
@@ -143,6 +151,11 @@ def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, d
     fractions = Measurement(name="exposed", times_s=tuple(run.steps["exposed_fraction"]), warmup=run.warmup_steps)
     phases = {c: {"median_s": float(run.steps[c].median()), "p25_s": float(run.steps[c].quantile(0.25)),
                   "p75_s": float(run.steps[c].quantile(0.75))} for c in (*PHASES, "step_s")}
+    if divergence is not None and divergence.diverged:  # the loss is not finite: no label from these timings
+        extra = {**extra, "divergence": divergence.as_dict(), "measured_recommendation": recommendation}
+        recommendation, reason = "inconclusive", (
+            f"{divergence.sentence()} (median step {med['step_s'] * 1e3:.0f} ms, exposed input "
+            f"{run.exposed_fraction:.0%} of it)")
     return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=run.exposed_fraction, unit="fraction",
                    recommendation=recommendation, reason=reason, context=context,
                    spread={"p25": fractions.p25_s, "p75": fractions.p75_s}, extra={"phases": phases, **extra})
@@ -335,6 +348,9 @@ class BaselineResult(BaselineData, ExperimentResult):
         The profiler's trace, relative to the run folder; None when none was written.
     ceiling : helpers.experiments.three_run.CeilingResult
         The job against its input-free ceiling.
+    divergence : helpers.jobs.check.Divergence or None
+        Where the timed steps' loss first became NaN or infinite (:func:`helpers.jobs.check.loop_divergence`;
+        keyword-only, None in a result built without it): :meth:`verdict` then says the job diverges.
     trace : helpers.traces.analysis.TraceAnalysis or None
         The trace read back (``trace_path``, else the profile's own); None without one.
     trace_given : bool
@@ -354,6 +370,7 @@ class BaselineResult(BaselineData, ExperimentResult):
     ceiling: CeilingResult
     trace: Any
     trace_given: bool
+    divergence: Any = field(default=None, kw_only=True)
 
     # -- what the cells print ----------------------------------------------------------------
 
@@ -473,9 +490,11 @@ class BaselineResult(BaselineData, ExperimentResult):
         return out
 
     def verdict(self) -> Verdict:
-        """Notebook 01's verdict (:func:`verdict`): host-bound, balanced or device-bound."""
+        """Notebook 01's verdict (:func:`verdict`): host-bound, balanced or device-bound; "inconclusive", saying
+        that the job diverges, where its loss became NaN or infinite."""
         return verdict(self.run, self.per_image, threshold=self.threshold, device_kind=self.device_kind,
-                       steps=self.steps, description=self.description, ceiling=self.ceiling)
+                       steps=self.steps, description=self.description, ceiling=self.ceiling,
+                       divergence=self.divergence)
 
     @property
     def label(self) -> str:
@@ -625,6 +644,7 @@ def run(ctx: Any, data: BaselineData | None = None, *, progress: Progress = no_p
             trace_file = prof.trace_path.relative_to(ctx.out_dir).as_posix() if prof.trace_path else None
     finally:
         timed.close()  # the loader and the dataset are done
+    divergence = loop_divergence({"the baseline": timed.loop})  # from the steps' losses, read after the runs
     ceiling = input_free_ceiling(job, acc, steps=P["ceiling_steps"], warmup_steps=warmup,
                                  progress=lambda d, t: progress(base + d, base + t))
     source = P["trace_path"] or (prof.trace_path if prof is not None else None)  # yours, or section 4's
@@ -632,7 +652,8 @@ def run(ctx: Any, data: BaselineData | None = None, *, progress: Progress = no_p
     return BaselineResult(**checked_fields(data), device_kind=acc.kind, job_spec=P.get("job") or "",
                           batch_size=int(job.workload.batch_size), per_image=per_image, run=train,
                           steps=steps, warmup_steps=warmup, threshold=float(P["host_bound_threshold"]), profile=prof,
-                          trace_file=trace_file, ceiling=ceiling, trace=trace, trace_given=bool(P["trace_path"]))
+                          trace_file=trace_file, ceiling=ceiling, trace=trace, trace_given=bool(P["trace_path"]),
+                          divergence=divergence)
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

@@ -156,8 +156,11 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
     """Decide the end-to-end verdict from the speedup, the learning check and the exposed input.
 
     "enable" when the interval's lower bound is above 1 (faster for sure) and
-    the numerical-agreement check passed; "leave off" otherwise, with the
-    reason that decided it. The reason also says whether the baseline and the
+    the numerical-agreement check passed; "leave off" when the check failed or
+    the whole interval lies below 1 (slower for sure); "inconclusive" when the
+    interval spans 1 (e.g. 0.40-10.19x: it may be slower or faster, so neither
+    "enable" nor "leave off" follows from it). The reason says what decided
+    it, and also whether the baseline and the
     optimized job are host-bound (and, for the optimized job, the next step
     from :func:`next_step`), which optimizations the ablation says to drop,
     and whether the target (:data:`TARGET_SPEEDUP` on a baseline exposed for
@@ -309,4 +312,9 @@ def _decide(comparison, learning: LearningCheck, baseline: JobSummary, optimized
         return "leave off", f"{speed} with {opts}, but {learning.sentence()}; {rest}"
     if comparison.ci_low > 1.0:
         return "enable", f"{speed} with {opts}; {learning.sentence()}; {rest}"
-    return "leave off", f"not reliably faster: {speed} with {opts}; {learning.sentence()}; {rest}"
+    if comparison.ci_high < 1.0:
+        return "leave off", f"reliably slower: {speed} with {opts}; {learning.sentence()}; {rest}"
+    # the interval holds speedups below and above 1: no decision either way
+    return "inconclusive", (f"not decided: {speed} with {opts} spans 1, so the optimized job may be slower or "
+                            f"faster; more steps (`run --patience K`) or a quieter machine narrow the interval; "
+                            f"{learning.sentence()}; {rest}")

@@ -198,10 +198,11 @@ class Divergence:
         if not bad:
             return f"the loss stays finite in {', '.join(f'{n} ({self.steps.get(n, 0)} steps)' for n in self.first)}"
         fix = ("fix the job's training before measuring its speed (the learning rate, the loss function, the "
-               "inputs' scale and the labels' range; its loss was finite at the first step)")
+               "inputs' scale and the labels' range{})")
         if self.baseline_diverged:
             lead = self.baseline if self.baseline in bad else min(bad, key=lambda n: self.first[n][0])
             step, stat, value = self.first[lead]
+            fix = fix.format("; its loss was finite at the first step" if step > 1 else "")
             others = [self._at(n) for n in bad if n != lead]
             compared = self.baseline is not None and len(self.first) > 1
             fine = [n for n in self.first if n not in bad]

@@ -6,7 +6,10 @@
   likely cause (:func:`explain_loader_error`), within
   :attr:`helpers.pipeline.loader.LoaderConfig.timeout_s`
   (Optimization-AI/LibAUC#60, pytorch/pytorch#47445), and leaves no worker
-  process behind.
+  process behind. A timeout names the stuck worker, its pid and the sample
+  index it has been loading for how long, where the workers record it
+  (:mod:`helpers.pipeline.worker_progress`, which the iterator applies to the
+  loader), and says so plainly where that is not known.
 * :func:`run_epoch` drains one epoch through it and collects the files a
   batched dataset replaced because they failed to decode (:class:`SkipLog`,
   :class:`EpochReport`).
@@ -28,6 +31,7 @@ import psutil
 
 from helpers.errors import DataError, ParameterError
 from helpers.pipeline.loader import _is_int, quiet_worker_count_warning, start_method
+from helpers.pipeline.worker_progress import stuck_workers_sentence, track
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -120,7 +124,8 @@ def _loader_facts(loader: Any) -> dict[str, Any]:
 _PICKLE_HINTS = ("can't pickle", "cannot pickle", "can't get attribute", "pickle", "not picklable")
 
 
-def explain_loader_error(exc: BaseException, loader: Any, *, name: str = "loader") -> DataError | None:
+def explain_loader_error(exc: BaseException, loader: Any, *, name: str = "loader",
+                         workers: str | None = None) -> DataError | None:
     """Turn a DataLoader machinery failure into a DataError that names the setting and the likely cause.
 
     Parameters
@@ -132,6 +137,11 @@ def explain_loader_error(exc: BaseException, loader: Any, *, name: str = "loader
         start method are quoted).
     name : str
         What the loader is called in the message.
+    workers : str, optional
+        For a timeout: which worker is stuck in which sample, and for how long
+        (:func:`helpers.pipeline.worker_progress.stuck_workers_sentence`, read
+        before the workers are stopped); None: the message says that it is not
+        known.
 
     Returns
     -------
@@ -155,12 +165,14 @@ def explain_loader_error(exc: BaseException, loader: Any, *, name: str = "loader
         )
         pin_hint = "; the pin-memory thread may have stopped (pin_memory=True; try pin_memory=False)" \
             if facts["pin_memory"] else ""
+        stuck = workers or ("which worker is stuck and in which sample is not known (the workers' table could not "
+                            "be read)")
         return DataError(
             f"{name}: no batch arrived within timeout={timeout:g} s (DataLoader timeout, LoaderConfig.timeout_s) "
-            f"with {setting}. Likely cause: a worker is stuck in the dataset's __getitem__ (a read that never "
-            f"returns, a lock or thread pool inherited through fork){spawn_hint}{pin_hint}. What to do: load one "
-            "batch with num_workers=0 to see the problem directly; raise timeout_s only if one batch really takes "
-            "that long"
+            f"with {setting}: {stuck}. Likely cause: a worker is stuck in the dataset's __getitem__ (a read that "
+            f"never returns, a lock or thread pool inherited through fork){spawn_hint}{pin_hint}. What to do: load "
+            "that sample (or one batch) with num_workers=0 to see the problem directly; raise timeout_s only if one "
+            "batch really takes that long"
         )
     if isinstance(exc, RuntimeError) and "pin memory thread exited" in low:
         return DataError(
@@ -202,7 +214,11 @@ class LoaderIterator:
     :class:`~helpers.errors.DataError` (:func:`explain_loader_error`) after
     the workers have been stopped: after a timeout the stuck workers are
     terminated at once (torch's own shutdown would first wait 5 s, its
-    ``MP_STATUS_CHECK_INTERVAL``, for each).
+    ``MP_STATUS_CHECK_INTERVAL``, for each). Before its workers start, the
+    loader is tracked (:func:`helpers.pipeline.worker_progress.track`: its
+    ``worker_init_fn`` is wrapped), so that a timeout's message names the
+    stuck worker and sample ("worker 1 (pid 4242) has been in
+    __getitem__(index 37) for 30 s").
 
     Attributes
     ----------
@@ -223,6 +239,7 @@ class LoaderIterator:
         self.batches = 0
         self.first_batch_s: float | None = None
         before = _descendants() if getattr(loader, "num_workers", 0) else {}
+        track(loader)  # its workers record the sample they load: a timeout names the stuck one
         self._it = None
         self._procs: list[Any] = []
         self._t0 = time.perf_counter()
@@ -255,10 +272,13 @@ class LoaderIterator:
             self._it = None
             raise
         except Exception as exc:
-            err = explain_loader_error(exc, self.loader, name=self.name)
+            timed_out = isinstance(exc, RuntimeError) and "timed out after" in str(exc).lower()
+            # which worker is stuck in which sample: read before the workers are stopped
+            workers = stuck_workers_sentence(self._it) if timed_out else None
+            err = explain_loader_error(exc, self.loader, name=self.name, workers=workers)
             if err is None:
                 raise
-            if isinstance(exc, RuntimeError) and "timed out after" in str(exc).lower():
+            if timed_out:
                 self._terminate_workers()  # stuck: torch's shutdown would wait 5 s for each before doing the same
             self.close(force=True)
             raise err from exc

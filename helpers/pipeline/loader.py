@@ -60,6 +60,7 @@ from helpers.device import usable_cores  # noqa: F401  (re-exported)
 from helpers.errors import DataError, ParameterError
 from helpers.pipeline.sampler import EpochBatchSampler
 from helpers.pipeline.seeding import current_rank, worker_init_fn  # current_rank is re-exported
+from helpers.pipeline.worker_progress import track
 
 logger = logging.getLogger(__name__)
 
@@ -497,6 +498,10 @@ def make_loader(dataset: Any, config: LoaderConfig, acc: Any = None, *, batch_sa
     Returns
     -------
     torch.utils.data.DataLoader
+        With workers, its ``worker_init_fn`` is a
+        :class:`helpers.pipeline.worker_progress.WorkerProgress` wrapping the
+        configuration's (:func:`helpers.pipeline.worker_progress.track`): each
+        worker records the sample it loads, so that a hung one can be named.
 
     Raises
     ------
@@ -520,7 +525,7 @@ def make_loader(dataset: Any, config: LoaderConfig, acc: Any = None, *, batch_sa
     if collate_fn is not None:
         kwargs["collate_fn"] = collate_fn
     with quiet_worker_count_warning():
-        return DataLoader(dataset, **kwargs)
+        return track(DataLoader(dataset, **kwargs))  # a hung worker can be named, with its sample
 
 
 def close_loader(loader: Any) -> None:

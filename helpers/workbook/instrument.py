@@ -8,6 +8,7 @@
         x, y = x.to("cuda", non_blocking=True), y.to("cuda", non_blocking=True)
         steps.copied()                                      #    optional: split the copy from the compute
         loss = loss_fn(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+        steps.loss(loss)                                    #    optional: a NaN or inf loss is said
     steps.report()                                          # 3: the verdict and the phase breakdown
 
 What is timed, per step (a step runs from one batch request to the next):
@@ -24,6 +25,12 @@ report gives notebook 01's verdict (:func:`helpers.bottleneck.classify`: host-bo
 device-bound) from the median per-step share of exposed input, the phase medians with their interquartile
 ranges, the notebooks to open next on this machine, and the machine's state over the measurement (:mod:`helpers.machine`): a busy machine makes the
 verdict "inconclusive". ``python -m helpers bench instrument`` measures the instrument's overhead.
+
+Given each step's loss (:meth:`InstrumentedLoader.loss`, read at the step's end, after its synchronize), a loss
+that is NaN or infinite (the rule of :func:`helpers.compute.train.nonfinite_loss`, as notebook 01's loop) makes
+the report say "your job diverges" with the first such step, in the words of notebooks 01, 06, 10 and
+``diagnose`` (:meth:`helpers.jobs.check.Divergence.sentence`), instead of a verdict: the timings are of a job
+that no longer trains. Under a launcher, any rank's.
 
 Many ranks, many nodes
 ----------------------
@@ -80,7 +87,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -88,8 +95,10 @@ import pandas as pd
 
 from helpers import bottleneck, machine, stragglers
 from helpers.comm import gather
+from helpers.compute.train import nonfinite_loss
 from helpers.errors import ParameterError
 from helpers.experiments.baseline import spare_cores
+from helpers.jobs.check import Divergence
 
 __all__ = ["InstrumentedLoader", "JobReport", "LoopReport", "instrument", "job_report"]
 
@@ -114,6 +123,10 @@ class LoopReport:
     machine : helpers.machine.BusyCheck
     bottleneck : helpers.bottleneck.Bottleneck or None
         The classification (the two levers' savings, the idle cores).
+    divergence : helpers.jobs.check.Divergence or None
+        Where the loss given to :meth:`InstrumentedLoader.loss` first became NaN or infinite (step counted from 1,
+        warm-up included); None when no loss was given. When it did, ``recommendation`` is "inconclusive",
+        ``reason`` is its sentence ("your job diverges: ...") and the printed report gives no verdict.
     """
 
     steps: Any
@@ -124,6 +137,7 @@ class LoopReport:
     next_notebook: str
     machine: Any
     bottleneck: Any = None
+    divergence: Any = None
 
     def lines(self, name: str = "your loop") -> list[str]:
         """The printed report."""
@@ -136,6 +150,9 @@ class LoopReport:
         machine_line = [f"machine: {self.machine.sentence()}"] if self.machine is not None else []
         step_line = ([f"median step {df['step_s'].median() * 1e3:.1f} ms: {phase('data')}, {phase('copy')}, "
                       f"{phase('compute')}"] if len(df) else [])
+        if self.divergence is not None and self.divergence.diverged:  # a loss that is not finite: no verdict
+            return [f"{name}: {len(df)} step{'s' if len(df) != 1 else ''} measured", self.reason, *step_line,
+                    *machine_line]
         if self.bottleneck is None:  # too few steps for a verdict: what it has, and what to do
             return [f"{name}: {len(df)} step{'s' if len(df) != 1 else ''} measured",
                     f"inconclusive: {self.reason}", *step_line, f"next: {self.next_notebook}", *machine_line]
@@ -216,6 +233,8 @@ class InstrumentedLoader:
         self._rows: list[tuple[float, float, float, float]] = []
         self._copy_marked = False
         self._seen = 0
+        self._loss: Any = None  # the open step's loss, read at its end
+        self._nonfinite: tuple[int, str, float] | None = None  # (step, stat, value) of the first NaN or inf loss
         self._reports = 0
         self._started_at = _process_start()
         self._launch = _launch_id(self._started_at, self.identity)
@@ -250,6 +269,20 @@ class InstrumentedLoader:
             self._open[2] = time.perf_counter()
             self._copy_marked = True
 
+    def loss(self, value: Any) -> None:
+        """Give the step's loss (optional): a NaN or infinite loss makes the report say "your job diverges".
+
+        Nothing is read now: the value is kept and read at the step's end, after the synchronize the step ends
+        with (no synchronize is added). A no-op between steps; never raises in the user's loop.
+
+        Parameters
+        ----------
+        value : torch.Tensor or float
+            The step's loss: a tensor of one element (any dtype, any device) or a number.
+        """
+        if self._open is not None:
+            self._loss = value.detach() if hasattr(value, "detach") else value
+
     def end_step(self) -> None:
         """End the step in progress now (one synchronize) instead of at the next batch request; a no-op between
         steps. The loop never needs it; a caller that times blocks of steps (``bench instrument``) does."""
@@ -260,6 +293,11 @@ class InstrumentedLoader:
         start, arrived, copied = self._open
         self._open = None
         self._seen += 1
+        loss, self._loss = self._loss, None
+        if loss is not None and self._nonfinite is None:  # read after the step's synchronize, outside its time
+            bad = nonfinite_loss({"loss": _loss_value(loss)})
+            if bad is not None:
+                self._nonfinite = (self._seen, *bad)
         if self._seen > self.warmup:
             copy_end = copied if copied == copied else arrived  # nan: no copy marker
             self._rows.append((arrived - start, copy_end - arrived, end - copy_end, end - start))
@@ -309,6 +347,8 @@ class InstrumentedLoader:
         """The verdict and figures, without printing. Never raises for the loop's figures: with fewer than 3 steps
         measured after the warm-up the report says so and its verdict is "inconclusive"."""
         df = self.frame()
+        if self._nonfinite is not None:  # the job no longer trains: no verdict from its timings
+            return _diverged(df, self.divergence(), self._machine_check())
         if len(df) < MIN_STEPS:
             return _too_few(df, self.warmup, self._seen, self._machine_check())
         check = machine.check(self._before, machine.snapshot(), max_other_cpu_share=self.busy_cpu_share)
@@ -321,6 +361,11 @@ class InstrumentedLoader:
                           recommendation="inconclusive" if check.busy else b.label, measured_recommendation=b.label,
                           reason=b.reason, machine=check, bottleneck=b,
                           next_notebook=b.next_text() + (_DIAGNOSE if b.label != bottleneck.DEVICE_BOUND else ""))
+
+    def divergence(self) -> Divergence:
+        """Where the loss given to :meth:`loss` first became NaN or infinite, as a
+        :class:`helpers.jobs.check.Divergence` of this loop (named as the report names it)."""
+        return Divergence(first={self.name: self._nonfinite}, steps={self.name: self._seen})
 
     def _machine_check(self):
         """The machine's check over the measurement, or None where it cannot be made (a report never raises)."""
@@ -402,6 +447,8 @@ class InstrumentedLoader:
                 "host": ident.host, "node": ident.node, "device_kind": self.device_kind,
                 "launch": _launch_process(), "launch_id": dict(self._launch), "written_at": time.time(),
                 "warmup": self.warmup, "seen": self._seen,
+                "nonfinite": (list(self._nonfinite[:2]) + [repr(self._nonfinite[2])]
+                              if self._nonfinite is not None else None),
                 "steps": steps, "n_steps": int(len(self.frame())), "copy_marked": self._copy_marked,
                 "synchronous": bool(_group_initialized()), "ddp": ddp, "ddp_note": note,
                 "machine_before": self._before.as_dict(), "machine_after": machine.snapshot().as_dict()}
@@ -761,7 +808,10 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
     Returns
     -------
     JobReport
-        Never raises for the figures: with no rank of 3 steps its verdict is "inconclusive" and says so.
+        Never raises for the figures: with no rank of 3 steps its verdict is "inconclusive" and says so. Where a
+        rank's payload has ``nonfinite`` (``[step, stat, value]``: its first NaN or infinite loss,
+        :meth:`InstrumentedLoader.loss`), the job diverges: "inconclusive", with the divergence's sentence as
+        the reason and the verdict line.
     """
     rows, frames = _rank_tables(payloads)
     few = sorted(set(payloads) - set(frames))
@@ -773,8 +823,8 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
         rows, few, payloads=payloads, world_size=world_size, missing=missing, stopped_by=stopped_by,
         synchronous=synchronous, mode=mode, frames=frames)
     if not frames:
-        return _too_few_job(payloads, table=table, world_size=world_size, missing=missing, notes=notes,
-                            transport=transport, waited_s=waited_s)
+        return _with_divergence(payloads, _too_few_job(payloads, table=table, world_size=world_size, missing=missing,
+                                                       notes=notes, transport=transport, waited_s=waited_s))
     # the slow-rank rule on the per-step phases (the compute phase of a synchronizing job holds its wait)
     slow = _slow_ranks(frames, payloads, mode=mode, marked=any(payloads[r].get("copy_marked") for r in frames))
     communication = _communication(frames, payloads, ddps, synchronous=synchronous, mode=mode)
@@ -796,18 +846,53 @@ def job_report(payloads: Mapping[int, Mapping[str, Any]], *, world_size: int, mi
         nxt = (f"first have every rank report (a rank that did not may be the slow one: let every rank reach "
                f"report(), or raise gather_timeout_s); for the {len(frames)} that did: {nxt}")
     busy = check is not None and check.busy
-    return JobReport(table=table, exposed_fraction=x, bound_by=who,
-                     recommendation="inconclusive" if busy or partial else b.label,
-                     measured_recommendation=b.label, reason=b.reason, next_notebook=nxt,
-                     slow=slow, missing=tuple(missing), world_size=int(world_size), notes=tuple(notes),
-                     communication=communication, machine=check, bottleneck=b, transport=transport,
-                     waited_s=float(waited_s), verdict_line=line, wait_measured=mode == "ddp-wait")
+    rep = JobReport(table=table, exposed_fraction=x, bound_by=who,
+                    recommendation="inconclusive" if busy or partial else b.label,
+                    measured_recommendation=b.label, reason=b.reason, next_notebook=nxt,
+                    slow=slow, missing=tuple(missing), world_size=int(world_size), notes=tuple(notes),
+                    communication=communication, machine=check, bottleneck=b, transport=transport,
+                    waited_s=float(waited_s), verdict_line=line, wait_measured=mode == "ddp-wait")
+    return _with_divergence(payloads, rep)  # a rank whose loss is not finite: the job diverges, no verdict
 
 
 #: The least steps a rank must measure after its warm-up for a verdict.
 MIN_STEPS = 3
 _TABLE_COLUMNS = ["rank", "node", "steps", "data_ms", "copy_ms", "compute_ms", "step_ms", "exposed_pct", "wait_ms",
                   "own_compute_ms", "allreduce_ms", "allreduce_hidden_pct"]
+
+
+def _loss_value(loss: Any) -> float:
+    """A step's loss as one float (a tensor's sum: NaN or infinite when any element is); 0.0 when it cannot be
+    read (the report never raises in the user's loop)."""
+    try:
+        return float(loss.float().sum()) if hasattr(loss, "float") and hasattr(loss, "sum") else float(loss)
+    except Exception:  # noqa: BLE001  an unreadable loss is no divergence
+        return 0.0
+
+
+def _diverged(df: pd.DataFrame, divergence: Divergence, check: Any) -> LoopReport:
+    """One rank's report when its loss became NaN or infinite: its figures, the divergence's sentence, no verdict."""
+    exposed = float(df["exposed_fraction"].median()) if len(df) else float("nan")
+    return LoopReport(steps=df, exposed_fraction=exposed, recommendation="inconclusive",
+                      measured_recommendation="inconclusive", reason=divergence.sentence(),
+                      next_notebook="fix the job's training, then measure again", machine=check, bottleneck=None,
+                      divergence=divergence)
+
+
+def _with_divergence(payloads: Mapping[int, Mapping[str, Any]], rep: JobReport) -> JobReport:
+    """``rep``, made "your job diverges" where a rank's loss became NaN or infinite (its payload's ``nonfinite``)."""
+    first: dict[str, tuple[int, str, float] | None] = {}
+    for r in sorted(payloads):
+        bad = payloads[r].get("nonfinite")
+        try:
+            first[f"rank {r}"] = (int(bad[0]), str(bad[1]), float(bad[2])) if bad else None
+        except (TypeError, ValueError, IndexError):  # a payload this version cannot read: no divergence from it
+            first[f"rank {r}"] = None
+    div = Divergence(first=first, steps={f"rank {r}": int(payloads[r].get("seen") or 0) for r in sorted(payloads)})
+    if not div.diverged:
+        return rep
+    return replace(rep, recommendation="inconclusive", measured_recommendation="inconclusive", reason=div.sentence(),
+                   verdict_line=f"job: {div.sentence()}", next_notebook="fix the job's training, then measure again")
 
 
 def _few_sentence(n: int, warmup: int | None, seen: int | None = None) -> str:

@@ -565,8 +565,18 @@ def overall_verdict(report: Report) -> str:
     if isinstance(e2e_extra.get("divergence"), dict) and e2e_extra["divergence"].get("baseline_diverged"):
         return (f"{state} → your job diverges: its loss becomes NaN or infinite in the baseline too (notebook 10), so "
                 "no optimization is to blame; fix its training before measuring its speed")
+    base_extra = base.get("extra") if base and isinstance(base.get("extra"), dict) else {}
+    if isinstance(base_extra.get("divergence"), dict):
+        return ("your job diverges: its loss becomes NaN or infinite in notebook 01's baseline; fix its training "
+                "before measuring its speed")
     if e2e and e2e.get("recommendation") == "inconclusive":
         amount = f"{e2e['value']:.2f}x" if _is_num(e2e.get("value")) else "no figure"
+        interval = e2e.get("spread") if isinstance(e2e.get("spread"), dict) else {}
+        low, high = interval.get("ci_low"), interval.get("ci_high")
+        if "measured_recommendation" not in e2e_extra and _is_num(low) and _is_num(high) and low <= 1.0 <= high:
+            # notebook 10's own "inconclusive" (a quiet machine, the cross-checks passed): its interval spans 1
+            return (f"{state} → end to end inconclusive: {amount} ({_spread_text(interval, e2e.get('unit'))}) spans "
+                    "1, so the optimized job may be slower or faster; more steps (--patience) narrow the interval")
         return (f"{state} → end to end inconclusive: the machine was busy or its speed changed while notebook 10 "
                 f"measured ({amount} measured; rerun when it is quiet)")
     if e2e and _is_num(e2e.get("value")):
