@@ -623,9 +623,13 @@ def test_the_run_records_every_figure_in_the_notebooks_order_and_decides(data, c
                                                        "without channels_last", "input-free ceiling")]
     experiments = [c[1][0] for c in result.records().calls]
     order = ["same input", "step time", "exposed input", "throughput", "input-free ceiling", "cross-check",
-             "learning", "ablation", "ablation contribution", "projection"]
+             "learning", "ablation", "ablation contribution", "projection", "change in code"]
     assert [e for e in dict.fromkeys(experiments) if e != "ablation phase contribution"] == order
-    assert experiments[-2:] == ["projection", "projection"] and experiments.count("cross-check") == len(result.cross)
+    assert experiments[-3:] == ["projection", "projection", "change in code"]
+    assert experiments.count("cross-check") == len(result.cross)
+    change = result.records().calls[-1][2]
+    assert "+model = model.to(memory_format=torch.channels_last)" in change["diff"]
+    assert any("notebook 02" in n for n in change["notes"]) and result.change_text().startswith("The optimized job's")
     v = result.verdict()
     assert v.notebook == "10_end_to_end" and v.metric == "speedup" and v.unit == "x"
     assert v.extra["optimizations"] == ["batched_decode", "channels_last"] and "PPO on a multimodal" in v.context

@@ -801,3 +801,27 @@ def test_report_md_escapes_user_strings_so_they_render_as_text(tmp_path):
     page = mistune.create_markdown(escape=False, plugins=["table"])(md)  # raw HTML would pass through
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;|x`y`*b*_[l](u)__init__&amp;amp;" in page
     assert not re.search(r"<(em|strong)>(b|init|l\]\(u\))</\1>", page) and 'href="u"' not in page
+
+
+def test_the_report_ends_with_notebook_10s_change_in_code(tmp_path):
+    from helpers.tune.loop_diff import change_as_code
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _run_json(run_dir, {IDS["10"]: ("ok", None)}, only=("10",), status="ok")
+    diff, notes = change_as_code(["dataloader_workers", "pinned_memory", "prefetcher"], device_type="cuda")
+    s = _store(run_dir, IDS["10"])
+    s.add("change in code", "optimized", "lines_changed", 4.0, "lines", diff=diff, notes=notes,
+          text="The optimized job's changes, written into the training loop; measured above at 1.50x\n" + diff)
+    md = to_markdown(run_dir)
+    tail = md[md.index("## The change in your code"):]
+    # a removed indented line ("-    images, ...") stays in the diff, not among the notes
+    assert "-    images, labels = images.to(device), labels.to(device)" in tail.split("~~~~", 2)[1]
+    assert "- the side-stream prefetcher wraps the loader" in tail
+    page = to_html(run_dir)
+    assert "<h2>The change in your code</h2>" in page and "non_blocking=True" in page
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _run_json(empty, {IDS["10"]: ("ok", None)}, only=("10",), status="ok")
+    _store(empty, IDS["10"]).add("step time", "baseline", "time_per_step", 0.1, "s")
+    assert "The change in your code" not in to_markdown(empty)

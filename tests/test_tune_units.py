@@ -205,3 +205,25 @@ def test_a_change_stopped_early_as_far_slower_is_called_slower_on_that_one_run()
     j = judge("autocast", base, slow, QUIET)
     assert j.verdict == "slower" and "stopped after 4 steps" in j.reason and "5.1x as long" in j.reason
     assert j.figure == "0.20x (one run, stopped early)" and j.base_ms == pytest.approx(102, abs=1)
+
+
+def test_notebook_10s_change_is_the_loop_edited_by_tunes_own_rewriter():
+    from helpers.tune.loop_diff import LOOP, change_as_code
+
+    diff, notes = change_as_code(["batched_decode", "dataloader_workers", "pinned_memory", "mixed_precision",
+                                  "channels_last"], num_workers=4, amp_dtype="float16", device_type="cuda")
+    assert "+loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=4, persistent_workers=True, " \
+           "pin_memory=True)" in diff
+    assert "+    images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)" in diff
+    assert '+    with torch.autocast(device_type="cuda", dtype=torch.float16):\n+        logits = model(images)' in diff
+    assert "+model = model.to(memory_format=torch.channels_last)" in diff
+    assert any("GradScaler" in n for n in notes) and any("notebook 02" in n for n in notes)
+    # the same edit of a user's loop, made by tune, gives the same lines
+    new, _, _ = apply_edits(LOOP, [Edit("loader", "f", 4, {"num_workers": 4, "persistent_workers": True,
+                                                           "pin_memory": True})])
+    assert [ln for ln in new.splitlines() if ln.startswith("loader")][0] in diff
+    assert change_as_code([]) == ("", [])
+    diff, notes = change_as_code(["prefetcher"], device_type="cpu")
+    assert diff == "" and "notebook 05" in notes[0]
+    _, notes = change_as_code(["pinned_memory"], device_type="cpu")
+    assert "only where a device" in notes[0]

@@ -39,6 +39,7 @@ from helpers.live import Knob, Progress, TrySpec
 from helpers.params import Param
 from helpers.results import Records, verdicts
 from helpers.timing import Comparison
+from helpers.tune.loop_diff import change_as_code
 
 __all__ = ["BLOCK", "CPU_H2D_NOTE", "Ablation", "EndToEndResult", "EndToEndSetup", "SameInput",
            "check_optimizations", "choose", "run"]
@@ -370,6 +371,34 @@ class EndToEndResult(ExperimentResult):
             lines.append(f"- {self.batch_note}")
         return "\n".join(["In short:", *lines])
 
+    def change_text(self) -> str:
+        """Section 8, "the change in your code": the optimized job's changes as a diff of a plain training loop
+        (:func:`helpers.tune.loop_diff.change_as_code`, tune's own rewriter), with the speedup measured above; for
+        a user's job, how to get the diff of their own script (``workbook tune``)."""
+        opt, acc = self.setup.optimized, self.setup.acc
+        kind = acc.kind if acc.kind in ("cuda", "npu") else "cpu"
+        diff, notes = change_as_code(opt.optimizations, num_workers=opt.num_workers, amp_dtype=opt.amp_dtype,
+                                     device_type=kind)
+        full = self.full
+        figure = f"{full.ratio:.2f}x (95% CI {full.ci_low:.2f}-{full.ci_high:.2f})"
+        measured = (f"measured above at {figure} on this {acc.kind}" if full.ci_low > 1.0 else
+                    f"measured above at {figure} on this {acc.kind}, an interval that does not show a gain here"
+                    if full.ci_high >= 1.0 else f"measured above at {figure} on this {acc.kind}: slower here")
+        head = f"The optimized job's changes, written into the training loop every PyTorch script has; {measured}:"
+        if not opt.optimizations:
+            head = "The optimized job has no optimization switched on here, so there is no change to write."
+        elif not diff:
+            head = "The optimized job's changes are not one-line edits of a training loop:"
+        lines = [head]
+        if diff:
+            lines += ["", diff.rstrip()]
+        lines += [f"- {n}" for n in notes]
+        if not self.setup.job.is_builtin:
+            lines.append("- your job's loader and model are built by the workbook's adapter here; for the diff of your "
+                         "own training script, measured and proven on it: workbook tune -- python train.py ARGS "
+                         "(docs/tune.md)")
+        return "\n".join(lines)
+
     # -- the verdict -----------------------------------------------------------------------------------------
     @property
     def recommended(self) -> list[str]:
@@ -435,6 +464,13 @@ class EndToEndResult(ExperimentResult):
         self._learning_records(r)
         self._ablation_records(r)
         self._projection_records(r)
+        opt = self.setup.optimized
+        diff, notes = change_as_code(opt.optimizations, num_workers=opt.num_workers, amp_dtype=opt.amp_dtype,
+                                     device_type=self.setup.acc.kind if self.setup.acc.kind in ("cuda", "npu")
+                                     else "cpu")
+        r.add("change in code", "optimized", "lines_changed",
+              float(sum(1 for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---"))), "lines",
+              diff=diff, notes=notes, text=self.change_text())
         return r
 
     def _learning_records(self, r: Records) -> None:

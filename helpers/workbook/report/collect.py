@@ -863,3 +863,18 @@ def _rec_text(s: NotebookSection) -> str:
         return str(s.verdict.get("recommendation") or "no recommendation")
     return {"failed": "failed", "interrupted": "interrupted", "pending": "not run",
             "running": "did not finish", "skipped": "skipped"}.get(s.status, "missing")
+
+
+def change_in_code(report: Report) -> tuple[str, str, list[str]]:
+    """Notebook 10's "the change in your code" from its ``change in code`` record: (the sentence, the diff, the
+    notes), or ("", "", []) when notebook 10 has not recorded one."""
+    for s in report.sections:
+        recs = s.records
+        if s.id != "10_end_to_end" or not len(recs) or "extra" not in recs.columns:
+            continue
+        rows = recs[recs["experiment"] == "change in code"]
+        for extra in rows["extra"]:
+            if isinstance(extra, dict) and extra.get("text"):
+                head = str(extra["text"]).split("\n", 1)[0]
+                return head, str(extra.get("diff") or ""), [str(n) for n in extra.get("notes") or []]
+    return "", "", []

@@ -6,8 +6,8 @@ import base64
 import html
 from pathlib import Path
 
-from helpers.workbook.report.collect import (Report, _advice, _artifacts, _job_line, _rec_text, _status_line, _why, collect,
-                                             overall_verdict)
+from helpers.workbook.report.collect import (Report, _advice, _artifacts, _job_line, _rec_text, _status_line, _why,
+                                             change_in_code, collect, overall_verdict)
 from helpers.workbook.report.format import GLOSSARY, _context, _fmt, _records_caption, _records_table, headline
 
 #: Sections whose records table is shown unfolded when it has at most this many rows.
@@ -155,6 +155,14 @@ def to_html(run_dir: Path | Report) -> str:
             opened = " open" if len(table) <= OPEN_RECORD_ROWS else ""
             parts.append(f"<details{opened}><summary>{e(_records_caption(len(s.records), notes))}</summary>"
                          + table.to_html(index=False, border=0, classes="records", escape=True) + "</details>")
+        parts.append("</section>")
+    head, diff, notes = change_in_code(rep)
+    if head:
+        parts.append(f"<section id='change'><h2>The change in your code</h2><p>{e(head)}</p>")
+        if diff:
+            parts.append(f"<pre>{e(diff.rstrip())}</pre>")
+        if notes:
+            parts.append("<ul>" + "".join(f"<li>{_code_spans(n)}</li>" for n in notes) + "</ul>")
         parts.append("</section>")
     parts.append("</body></html>")
     return "\n".join(parts)

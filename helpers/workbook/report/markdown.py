@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from helpers.workbook.report.collect import (Report, _advice, _artifacts, _job_line, _rec_text, _status_line, _why, collect,
-                                             overall_verdict)
+from helpers.workbook.report.collect import (Report, _advice, _artifacts, _job_line, _rec_text, _status_line, _why,
+                                             change_in_code, collect, overall_verdict)
 from helpers.workbook.report.format import GLOSSARY, _context, _records_caption, _records_table, headline
 
 
@@ -159,4 +159,11 @@ def to_markdown(run_dir: Path | Report) -> str:
         table, notes = _records_table(s.records)
         if len(table):
             lines += ["", _records_caption(len(s.records), notes) + ":", "", _md_table(table)]
+    head, diff, notes = change_in_code(rep)
+    if head:
+        lines += ["", "## The change in your code", "", e(head)]
+        if diff:
+            fence = _fence(diff)
+            lines += ["", f"{fence}diff", diff.rstrip("\n"), fence]
+        lines += [""] + [f"- {md_code_spans(n)}" for n in notes]
     return "\n".join(lines) + "\n"
