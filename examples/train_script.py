@@ -81,11 +81,11 @@ class Net(nn.Module):
     def __init__(self, n_classes):
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
         )
-        self.head = nn.Linear(128, n_classes)
+        self.head = nn.Linear(64, n_classes)
 
     def forward(self, x):
         return self.head(self.body(x).mean(dim=(2, 3)))
@@ -97,7 +97,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--image-size", type=int, default=96)
+    parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--out", default="checkpoint.pt")
     args = parser.parse_args()
 

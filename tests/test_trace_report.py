@@ -536,3 +536,14 @@ def test_with_too_few_steps_no_rank_is_named_slow_by_its_work():
     ranks.append(_trace(data=0.060, step=0.200, rank=3, n=2, name="r3.json"))
     a = analyze(ranks)
     assert a.stragglers is None and any("no rank is named slow" in lim for lim in a.limits)
+
+
+def test_a_long_kernel_name_is_shortened_in_the_report_table_only():
+    from helpers.workbook.trace_report import OP_NAME_CHARS, short_op_name
+
+    kernel = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+              "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)")
+    assert short_op_name(kernel) == "at::native::vectorized_elementwise_kernel<…>(…)"
+    assert short_op_name("aten::conv2d") == "aten::conv2d"
+    cut = short_op_name("k" * 300)
+    assert len(cut) == OP_NAME_CHARS and cut.endswith("…")

@@ -186,10 +186,22 @@ def choose(job, acc, params: Mapping[str, Any], results=None) -> EndToEndSetup:
     unavailable = {} if job.has_batched_pipeline else dict(_NOT_FOR_YOUR_JOB)
     # the image-size check of earlier verdicts is the built-in job's; for yours, a verdict must name the same job
     workload = Workload.from_params(params) if job.is_builtin else None
+    # run alone (no verdict of the notebooks that decide an optimization in this run's results), "auto" measures
+    # each optimization's stated device default instead of nothing; the ablation then shows what each gives here
+    alone = not _has_source_verdicts(results)
     selection = select_optimizations(params["optimizations"], results, acc, workload=workload,
-                                     unavailable=unavailable, job_spec=params["job"])
+                                     unavailable=unavailable, job_spec=params["job"],
+                                     device_defaults_for_missing=alone)
     return EndToEndSetup(job=job, acc=acc, params=dict(params), selection=selection, unavailable=unavailable,
                          results=results)
+
+
+def _has_source_verdicts(results) -> bool:
+    """Whether ``results`` holds a verdict of a notebook that decides an optimization (02-07)."""
+    if results is None or not len(results) or "experiment" not in results.columns:
+        return False
+    v = verdicts(results)
+    return bool(len(v) and v["notebook"].isin(set(source_notebooks().values())).any())
 
 
 # --------------------------------------------------------------------------- 3: the run

@@ -417,7 +417,8 @@ class Judgement:
     reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields, NaN written as None (JSON has no NaN)."""
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
 
     @property
     def figure(self) -> str:

@@ -732,14 +732,18 @@ def tune_bench(*, out: str | Path | None = None, epochs: int = 3) -> dict[str, A
         res = tune(command, folder, TuneOptions(), progress=lambda line: print(f"tune: {line}", file=sys.stderr))
     out_d: dict[str, Any] = {
         "seconds": round(res.seconds, 1), "runs": len(res.runs), "candidates": [c.name for c in res.candidates],
-        "verdicts": {j.variant: {"verdict": j.verdict, "speedup": round(j.speedup, 3), "ci": [round(j.ci_low, 3),
-                                                                                          round(j.ci_high, 3)]}
-                     for j in res.judgements},
+        "verdicts": {j.variant: {"verdict": j.verdict, "speedup": _finite(j.speedup),
+                                 "ci": [_finite(j.ci_low), _finite(j.ci_high)]} for j in res.judgements},
         "proof": res.proof.as_dict() if res.proof else None, "headline": res.headline, "diff": res.diff}
     out_d["targets"] = {k: {"rule": f"{op} {t}", "value": out_d[k], "met": _met(out_d[k], (op, t))}
                         for k, (op, t) in TUNE_TARGETS.items()}
     out_d.update(_machine_keys(before))
     return out_d
+
+
+def _finite(x: float) -> float | None:
+    """``x`` rounded to 3 decimals, or None for NaN (JSON has no NaN)."""
+    return None if x != x else round(x, 3)
 
 
 BENCHMARKS = {"trace": trace_bench, "tune": tune_bench,

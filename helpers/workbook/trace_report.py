@@ -106,8 +106,40 @@ def rank_table(a: TraceAnalysis) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: Characters of an operator's or kernel's name shown in the report's table (the full name stays in the JSON).
+OP_NAME_CHARS = 80
+
+
+def short_op_name(name: str, limit: int = OP_NAME_CHARS) -> str:
+    """A kernel's or operator's name for a table: at most ``limit`` characters.
+
+    A CUDA kernel's demangled name runs to hundreds of characters of template arguments and parameter lists
+    (``void at::native::vectorized_elementwise_kernel<4, at::native::...>(int, ...)``); ``void`` is dropped, then
+    each outermost ``<...>`` and ``(...)`` becomes ``<…>`` / ``(…)``, then the rest is cut with "…".
+    """
+    n = str(name).strip()
+    if n.startswith("void "):
+        n = n[5:]
+    if len(n) <= limit:
+        return n
+    out, depth = [], 0
+    for ch in n:
+        if ch in "<(":
+            if depth == 0:
+                out.append(ch + "…")
+            depth += 1
+        elif ch in ">)" and depth:
+            depth -= 1
+            if depth == 0:
+                out.append(ch)
+        elif depth == 0:
+            out.append(ch)
+    n = "".join(out)
+    return n if len(n) <= limit else n[:limit - 1] + "…"
+
+
 def _ops_table(a: TraceAnalysis) -> pd.DataFrame:
-    return pd.DataFrame([{"operator": str(o.get("name")), "where": str(o.get("where", "")),
+    return pd.DataFrame([{"operator": short_op_name(str(o.get("name"))), "where": str(o.get("where", "")),
                           "calls": _fmt(o.get("calls")), "self time": f"{_fmt(o.get('self_ms'))} ms"}
                          for o in a.top_ops])
 
