@@ -94,7 +94,9 @@ def test_candidates_follow_what_the_script_does():
     cuda = _probe(model={**_probe()["model"], "param_device": "cuda", "bf16_supported": False})
     chosen, skipped = candidates.choose(cuda, cores=8)
     assert [c.name for c in chosen] == ["num_workers=2", "num_workers=4", "num_workers=8", "pin_memory + non_blocking",
-                                        "channels_last"]
+                                        "cudnn.benchmark", "channels_last"]
+    set_already = _probe(model={**cuda["model"], "cudnn_benchmark": True})
+    assert "already sets" in dict(candidates.choose(set_already, cores=2)[1])["cudnn_benchmark"]
     assert "GradScaler" in dict(skipped)["autocast"]
     npu = _probe(model={**_probe()["model"], "param_device": "npu"}, autocast_in_use=True,
                  loaders=[{"file": "/s/train.py", "line": 8, "effective": {"num_workers": 8, "pin_memory": True}}])
@@ -115,7 +117,11 @@ def test_plan_edits_places_each_winner_at_its_captured_site(tmp_path):
     chosen, _ = candidates.choose({**p, "model": {**p["model"], "param_device": "cuda"}}, cores=2)
     edits = plan_edits({**p, "model": {**p["model"], "param_device": "cuda"}}, chosen, script)
     got = {(e.kind, e.line) for e in edits}
-    assert got == {("loader", 8), ("non_blocking", 14), ("autocast", 15), ("channels_last", 12)}
+    assert got == {("loader", 8), ("non_blocking", 14), ("autocast", 15), ("channels_last", 12), ("cudnn_benchmark", 12)}
+    new, made, skipped = apply_edits(SCRIPT, edits)
+    assert not skipped
+    assert ("    # build the optimizer\n    torch.backends.cudnn.benchmark = True\n"
+            "    model = model.to(memory_format=torch.channels_last)\n    opt = torch.optim.SGD") in new
     loader = next(e for e in edits if e.kind == "loader")
     assert loader.params == {"num_workers": 2, "persistent_workers": True, "pin_memory": True}
     # a call site in another file is not edited (the proof runs the script given)

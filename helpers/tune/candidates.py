@@ -16,6 +16,7 @@ technique           the change                                                  
 ``autocast``        ``with torch.autocast(device_type=..., dtype=torch.bfloat16)``  06
                     around the forward call
 ``channels_last``   ``model = model.to(memory_format=torch.channels_last)``      07
+``cudnn_benchmark``  ``torch.backends.cudnn.benchmark = True`` (CUDA, Conv2d)        07
 ==================  ==========================================================  ========
 
 fp16 autocast is not tried: it needs a ``torch.amp.GradScaler`` around ``backward()`` and ``step()``, an edit of
@@ -31,7 +32,7 @@ from typing import Any
 __all__ = ["Candidate", "choose", "FRAMEWORK_ARGS", "NOTEBOOK"]
 
 #: The notebook that explains and measures each technique.
-NOTEBOOK = {"num_workers": "03", "pin_memory": "04", "autocast": "06", "channels_last": "07"}
+NOTEBOOK = {"num_workers": "03", "pin_memory": "04", "autocast": "06", "channels_last": "07", "cudnn_benchmark": "07"}
 #: Where a framework sets the DataLoader or the precision, the argument to change (the frameworks' own names:
 #: Lightning 2.x ``Trainer(precision=...)``; transformers ``TrainingArguments`` fields).
 FRAMEWORK_ARGS = {
@@ -137,6 +138,12 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
     else:
         skipped.append(("autocast", f"bfloat16 is not known to be supported on this {device}; float16 needs a "
                                     f"GradScaler, which tune does not write (notebook 06 shows it)"))
+    if device == "cuda" and model.get("has_conv2d"):
+        if model.get("cudnn_benchmark"):
+            skipped.append(("cudnn_benchmark", "the script already sets torch.backends.cudnn.benchmark"))
+        else:
+            out.append(Candidate("cudnn.benchmark", "cudnn_benchmark", {"cudnn_benchmark": True},
+                                 "cuDNN picks its convolution algorithms by a heuristic, not by timing them"))
     if not model.get("has_conv2d"):
         skipped.append(("channels_last", "the model has no Conv2d layer"))
     elif device == "npu":

@@ -17,7 +17,8 @@ What it watches (every run, so that the baseline and the candidates carry the sa
 - ``torch.save``: redirected into the run's scratch folder, so that no checkpoint of the user's is overwritten.
 
 What it applies (only what the spec's ``apply`` asks for): DataLoader keyword arguments, ``non_blocking=True``
-on the host-to-device copies, ``torch.autocast`` around the model's forward, ``channels_last`` on the model.
+on the host-to-device copies, ``torch.autocast`` around the model's forward, ``channels_last`` on the model,
+``torch.backends.cudnn.benchmark = True`` (set where the optimizer is built).
 
 This module imports only the standard library and torch: it runs inside the user's process.
 """
@@ -312,8 +313,11 @@ def _take_model(rec: Recorder, model) -> None:
                       "param_device": first.device.type if first is not None else None,
                       "param_dtype": str(first.dtype).replace("torch.", "") if first is not None else None,
                       "bf16_supported": _bf16_supported(first.device.type if first is not None else "cpu")}
+    rec.model_info["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
     if rec.apply.get("channels_last") and conv:
         model.to(memory_format=torch.channels_last)
+    if rec.apply.get("cudnn_benchmark"):
+        torch.backends.cudnn.benchmark = True
     dtype = rec.apply.get("autocast")
     device_type = rec.model_info["param_device"] or "cpu"
     orig_forward = model.forward

@@ -9,7 +9,8 @@ each at a file and line that :mod:`helpers.tune.hook` took from the running fram
 - ``autocast``: the statement holding the model's forward call wrapped in
   ``with torch.autocast(device_type=..., dtype=torch.bfloat16):`` (the PyTorch AMP recipe's form);
 - ``channels_last``: ``model = model.to(memory_format=torch.channels_last)`` inserted before the statement that
-  builds the optimizer (the model's parameters keep their identity, so the optimizer is unaffected either way).
+  builds the optimizer (the model's parameters keep their identity, so the optimizer is unaffected either way);
+- ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark = True`` inserted before that same statement.
 
 ``import torch`` is added where an edit needs it and the file lacks it. An edit that cannot be placed (the line
 holds no such call, the statement shares its line with a compound statement's header) is returned as skipped
@@ -29,7 +30,7 @@ from helpers.errors import ParameterError
 
 __all__ = ["Edit", "apply_edits", "unified_diff"]
 
-KINDS = ("loader", "non_blocking", "autocast", "channels_last")
+KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark")
 
 
 @dataclass(frozen=True)
@@ -141,12 +142,13 @@ class _Editor(cst.CSTTransformer):
             for i, e in enumerate(self.edits):
                 if i in self.done or not start <= e.line <= end:
                     continue
-                if e.kind == "channels_last":
-                    name = e.params["name"]
-                    code = (f"{name} = {name}.to(memory_format=torch.channels_last)" if e.params.get("assign", True)
+                if e.kind in ("channels_last", "cudnn_benchmark"):
+                    name = e.params.get("name", "model")
+                    code = ("torch.backends.cudnn.benchmark = True" if e.kind == "cudnn_benchmark" else
+                            f"{name} = {name}.to(memory_format=torch.channels_last)" if e.params.get("assign", True)
                             else f"{name}.to(memory_format=torch.channels_last)")
                     line = cst.parse_statement(code + "\n")
-                    out.append(line.with_changes(leading_lines=stmt.leading_lines))
+                    out.append(line.with_changes(leading_lines=wrapped.leading_lines))  # the comments go first
                     wrapped = wrapped.with_changes(leading_lines=[])
                     self.done.add(i)
                     self.needs_torch = True
@@ -231,7 +233,8 @@ def apply_edits(source: str, edits: Sequence[Edit]) -> tuple[str, list[Edit], li
                "non_blocking": "no .to(...) or .cuda(...) call on that line",
                "autocast": "the forward call is not a statement of its own line (it shares a compound statement's "
                            "header line)",
-               "channels_last": "the optimizer's construction is not a statement of its own line"}
+               "channels_last": "the optimizer's construction is not a statement of its own line",
+               "cudnn_benchmark": "the optimizer's construction is not a statement of its own line"}
     skipped = [(e, f"{reasons[e.kind]} (line {e.line})") for i, e in enumerate(edits) if i not in editor.done]
     return new.code, made, skipped
 

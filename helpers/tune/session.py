@@ -153,6 +153,10 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
             edits.append(Edit("autocast", script, best["line"],
                               {"device_type": model.get("param_device") or "cpu", "dtype": merged["autocast"]},
                               "autocast"))
+    if merged.get("cudnn_benchmark"):
+        opt = probe.get("optimizer") or {}
+        if opt.get("file") == script:
+            edits.append(Edit("cudnn_benchmark", script, opt["line"], {}, "cudnn_benchmark"))
     if merged.get("channels_last"):
         opt = probe.get("optimizer") or {}
         names = opt.get("model_names") or []
