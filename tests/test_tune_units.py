@@ -233,3 +233,21 @@ def test_notebook_10s_change_is_the_loop_edited_by_tunes_own_rewriter():
     assert diff == "" and "notebook 05" in notes[0]
     _, notes = change_as_code(["pinned_memory"], device_type="cpu")
     assert "only where a device" in notes[0]
+
+
+def test_the_model_is_found_by_its_name_or_as_an_attribute_of_a_trainer_object():
+    import torch
+
+    from helpers.tune.hook import _find_model
+
+    class Trainer:
+        pass
+
+    trainer = Trainer()
+    trainer.net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 2))
+    head = trainer.net[1]  # a submodule holds only part of the parameters: not the model
+    model, names = _find_model(sys._getframe(), list(trainer.net.parameters()))
+    assert model is trainer.net and names == ["trainer.net"] and head is not model
+    net = trainer.net
+    model, names = _find_model(sys._getframe(), list(net.parameters()))
+    assert model is net and names[0] == "net"

@@ -195,6 +195,17 @@ def _find_model(frame, params):
     wanted = {id(p) for p in params}
     best, best_n, names = None, 0, []
     scopes = [frame.f_locals] + ([frame.f_globals] if frame.f_globals is not frame.f_locals else [])
+    # one level into the frame's own objects too: a trainer class keeps its model as self.model
+    owners = {k: v for k, v in frame.f_locals.items() if not isinstance(v, torch.nn.Module)
+              and hasattr(v, "__dict__") and not isinstance(v, type) and type(v).__module__ != "builtins"}
+    attrs = {}
+    for owner, obj in owners.items():
+        try:
+            items = list(vars(obj).items())
+        except TypeError:
+            continue
+        attrs.update({f"{owner}.{k}": v for k, v in items if isinstance(v, torch.nn.Module)})
+    scopes.append(attrs)
     for scope in scopes:
         for name, value in list(scope.items()):
             if not isinstance(value, torch.nn.Module):
