@@ -250,4 +250,4 @@ def test_the_model_is_found_by_its_name_or_as_an_attribute_of_a_trainer_object()
     assert model is trainer.net and names == ["trainer.net"] and head is not model
     net = trainer.net
     model, names = _find_model(sys._getframe(), list(net.parameters()))
-    assert model is net and set(names) == {"net", "model"}  # every name the frame has for it
+    assert model is net and set(names) == {"net", "model", "trainer.net"}  # every name the frame has for it
