@@ -825,3 +825,17 @@ def test_the_report_ends_with_notebook_10s_change_in_code(tmp_path):
     _run_json(empty, {IDS["10"]: ("ok", None)}, only=("10",), status="ok")
     _store(empty, IDS["10"]).add("step time", "baseline", "time_per_step", 0.1, "s")
     assert "The change in your code" not in to_markdown(empty)
+
+
+def test_the_first_screen_says_how_to_rerun_just_the_inconclusive_notebooks(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ids = {"03": "03_dataloader_tuning", "04": "04_pinned_memory", "06": "06_mixed_precision"}
+    _run_json(run_dir, {ids["03"]: ("ok", None), ids["04"]: ("ok", None), ids["06"]: ("ok", None)},
+              status="ok", profile="quick")
+    for nb, rec in (("03", "inconclusive"), ("04", "enable"), ("06", "inconclusive")):
+        _store(run_dir, ids[nb]).verdict(metric="speedup", value=1.1, unit="x", recommendation=rec, reason="r")
+    advice = dict(_advice(collect(run_dir)))
+    inconclusive = next(v for k, v in advice.items() if k.startswith("Inconclusive"))
+    assert "run --only 03 06 --profile quick --device cpu --patience 2" in inconclusive
+    assert "04" not in inconclusive.split("run --only")[1]

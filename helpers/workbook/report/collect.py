@@ -773,6 +773,10 @@ def _advice(report: Report) -> list[tuple[str, list[str]]]:
     left_off = _not_measured_by_end_to_end(report)
     if left_off:
         groups["not measured"].append(left_off)
+    undecided = [s.number for s in report.sections if s.number and s.item in groups["inconclusive"]]
+    if undecided and report.state:  # how to measure just those again, with more repeats
+        groups["inconclusive"].append(f"rerun just these when the machine is quiet, with twice the repeats: "
+                                      f"`{_new_run_command(report.state, undecided)} --patience 2`")
     labels = {"diverges": "Your job diverges (its loss becomes NaN or infinite without any optimization too): fix its "
                           "training first",
               "inconclusive": "Inconclusive: the machine was busy or its speed changed while measuring (rerun when it is quiet)",
