@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from helpers.errors import DataError, ParameterError
 from helpers.experiments import decode as XD
+from helpers.pipeline import decode_bench
 from helpers.pipeline import fast as F
 from helpers.pipeline import sampler as sampler_mod
 from helpers.pipeline.baseline import IMAGENET_MEAN, IMAGENET_STD, BaselineDataset, collate_batch
@@ -391,7 +392,7 @@ def _counting_to_device(monkeypatch) -> list:
         calls.append(1)
         return real(batch, acc, **kw)
 
-    monkeypatch.setattr(XD, "to_device_batch", counted)
+    monkeypatch.setattr(decode_bench, "to_device_batch", counted)  # DecodeBench is there
     return calls
 
 

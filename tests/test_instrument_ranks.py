@@ -22,6 +22,7 @@ import pytest
 from helpers.comm import gather
 from helpers.errors import ParameterError
 from helpers.workbook import instrument as inst
+from helpers.workbook import instrument_report
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "instrument_ranks_job.py"
@@ -65,7 +66,7 @@ def _payloads(slow=(), nodes=(0, 0, 1, 1), extra=0.040, n=12, seed=0, synchronou
         out[r] = {"rank": r, "node_rank": nodes[r], "host": "vm", "launch": 100 + nodes[r], "node": f"{nodes[r]} (vm)",
                   "device_kind": "cpu", "warmup": 3, "steps": steps,
                   "n_steps": m, "copy_marked": False, "synchronous": synchronous, "ddp": ddp,
-                  "ddp_note": "" if sampled else inst._NOT_MEASURED,
+                  "ddp_note": "" if sampled else instrument_report._NOT_MEASURED,
                   # two launches on one host: each launch's own CPU is the job's; together they took the machine
                   "machine_before": _state(0.0, 100.0, 10.0), "machine_after": _state(10.0, 118.0, 19.0)}
     return out

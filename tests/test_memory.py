@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.compute import batch_finder as BF  # the finder reads release_memory and psutil there
 from helpers.compute import memory as M
 from helpers.experiments import memory as E
 from helpers.device import get_accelerator
@@ -230,7 +231,7 @@ class FakeDeviceAcc:
 
 def test_finder_recovers_from_a_real_oom_and_keeps_earlier_records(monkeypatch):
     acc = FakeDeviceAcc(per_sample=MIB)
-    monkeypatch.setattr(E, "release_memory", lambda a: setattr(a, "emptied", a.emptied + 1))
+    monkeypatch.setattr(BF, "release_memory", lambda a: setattr(a, "emptied", a.emptied + 1))
     recorded = []
 
     def make_step(batch):
@@ -257,7 +258,7 @@ def test_finder_recovers_from_a_real_oom_and_keeps_earlier_records(monkeypatch):
 
 def test_npu_style_runtime_error_counts_as_oom_but_other_errors_propagate(monkeypatch):
     acc = FakeDeviceAcc(per_sample=MIB)
-    monkeypatch.setattr(E, "release_memory", lambda a: None)
+    monkeypatch.setattr(BF, "release_memory", lambda a: None)
 
     def npu_step(batch):
         def step():
@@ -280,7 +281,7 @@ def test_npu_style_runtime_error_counts_as_oom_but_other_errors_propagate(monkey
 
 def test_finder_margin_and_max_batch(monkeypatch):
     acc = FakeDeviceAcc(per_sample=MIB)
-    monkeypatch.setattr(E, "release_memory", lambda a: None)
+    monkeypatch.setattr(BF, "release_memory", lambda a: None)
 
     def make_step(batch):
         def step():
@@ -400,8 +401,8 @@ def test_a_batch_size_action_comes_from_the_devices_free_memory(monkeypatch, tmp
     from helpers.results import ResultsStore
     from helpers.workbook.report.collect import _advice, collect
 
-    monkeypatch.setattr(E, "release_memory", lambda a: None)
-    monkeypatch.setattr(E.psutil, "virtual_memory", lambda: SimpleNamespace(available=400 * MIB))
+    monkeypatch.setattr(BF, "release_memory", lambda a: None)
+    monkeypatch.setattr(BF.psutil, "virtual_memory", lambda: SimpleNamespace(available=400 * MIB))
     assert E.resolve_budget_bytes(0, get_accelerator("cpu")) == (
         200 * MIB, "half of the available RAM (400 MiB available, psutil)")
     device_memory = SimpleNamespace(get_memory_info=lambda index: (90 * MIB, 24 * 1024 * MIB),
@@ -424,7 +425,7 @@ def test_a_demonstration_budget_is_shown_as_such_and_is_never_an_action(monkeypa
     from helpers.workbook.report import to_markdown
     from helpers.workbook.report.collect import _advice, collect
 
-    monkeypatch.setattr(E, "release_memory", lambda a: None)
+    monkeypatch.setattr(BF, "release_memory", lambda a: None)
     acc = _FakeDeviceWithFreeMemory(per_sample=MIB)
     v = _finder_and_verdict(acc, 100 * MIB, "set by parameter: a demonstration budget", budget_set=True)
     assert v.recommendation == "not applicable" and v.action is None

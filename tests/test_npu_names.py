@@ -41,7 +41,7 @@ class Use:
 
 
 #: Probes of names torch_npu lacks, each with the reason the workbook is right to probe (the test fails when one
-#: appears or goes): experiments/memory.py asks the memory API for torch.accelerator.memory's get_memory_info and
+#: appears or goes): compute/batch_finder.py asks the memory API for torch.accelerator.memory's get_memory_info and
 #: falls back to the device module's mem_get_info, which torch.npu has.
 EXPECTED_MISSING_PROBES = {"torch.npu.get_memory_info"}
 
@@ -206,7 +206,7 @@ def test_the_scan_sees_the_device_abstraction(uses):
         ("torch.npu.device_count", "helpers/npu_probe.py"),  # the child script: npu = getattr(torch, "npu")
         ("torch_npu.profiler.tensorboard_trace_handler", "helpers/diagnose/profiler.py"),  # npu_prof alias
         ("torch_npu.utils.get_cann_version", "helpers/npu_probe.py"),  # from torch_npu.utils import ...
-        ("torch_npu.profiler.profiler.analyse", "helpers/traces/ascend.py"),  # a name in a message
+        ("torch_npu.profiler.profiler.analyse", "helpers/traces/ascend_format.py"),  # a name in a message
     ]:
         assert (name, where) in by_name, (name, where)
 

@@ -12,6 +12,7 @@ import torch
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
 from helpers.experiments import overlap as ov
+from helpers.experiments import overlap_runs
 from helpers.jobs.base import Workload
 from helpers.jobs.ppo import PPOJob
 
@@ -235,7 +236,7 @@ def test_overlap_bench_reports_a_note(monkeypatch):
                                             num_workers=num_workers, batches_per_epoch=1, torch_threads=1,
                                             decode_threads=1)
 
-    monkeypatch.setattr(ov, "run_overlap_variant", fake_variant)
+    monkeypatch.setattr(overlap_runs, "run_overlap_variant", fake_variant)  # run_overlap calls it there
     out = ov.overlap_bench(batch_size=12, num_workers=1, steps=5)
     assert out["batches_per_epoch"] == 1 and out["hidden_fraction"] == 0.0
     assert out["note"] and "1 batch per epoch" in out["note"]

@@ -161,7 +161,7 @@ def test_measure_rejects_non_callable():
 
 
 def test_measure_warns_below_three_repeats(caplog):
-    with caplog.at_level(logging.WARNING, logger="helpers.timing"):
+    with caplog.at_level(logging.WARNING, logger="helpers.measurement"):  # measure lives there
         measure(lambda: None, repeats=2, warmup=0)
     assert any("repeats=2" in r.getMessage() for r in caplog.records)
 

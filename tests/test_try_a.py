@@ -19,6 +19,7 @@ from helpers.experiments import loader_sweep as L
 from helpers.experiments import pinning
 from helpers.live import LivePoint
 from helpers.pipeline.dataset import build_embedded, load_dataset
+from helpers.pipeline import decode_bench, loader_timing
 from helpers.pipeline.loader import TORCH_DEFAULT_PREFETCH, LoaderConfig
 from helpers.pipeline.text import build_tokenizer
 from helpers.experiments.registry import validate_notebook_params
@@ -73,7 +74,7 @@ def test_try_decode_knobs_reach_the_dataset_and_the_decoder(params02, index, tok
         return real_to_device(batch, acc, **kw)
 
     monkeypatch.setattr(XD, "BatchedDataset", dataset)
-    monkeypatch.setattr(XD, "to_device_batch", to_device)
+    monkeypatch.setattr(decode_bench, "to_device_batch", to_device)  # DecodeBench normalizes there
     off = _try_decode(params02, index, tokenizer, threads=2, dct_scaling=False, image_size=48)
     assert built[-1]["threads"] == 2 and built[-1]["image_size"] == 48
     assert built[-1]["decode"].dct_scaling is False
@@ -99,13 +100,13 @@ def test_try_decode_refuses_a_bad_knob_before_any_work(params02, index, tokenize
 @pytest.fixture
 def loaders(monkeypatch):
     """Every DataLoader try_loader builds, as built."""
-    made, real = [], L.make_loader
+    made, real = [], loader_timing.make_loader
 
     def capture(*args, **kwargs):
         made.append(real(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(L, "make_loader", capture)
+    monkeypatch.setattr(loader_timing, "make_loader", capture)  # the sweep's loaders are built there
     return made
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from helpers.comm import allreduce as ar
+from helpers.compute import batch_finder  # the finder releases memory there
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
 from helpers.experiments import collectives as coll
@@ -190,7 +191,7 @@ class _FakeDevice:
 
 def test_batch_size_point_on_a_device_is_its_peak_with_the_throughput(monkeypatch):
     acc = _FakeDevice()
-    monkeypatch.setattr(mem, "release_memory", lambda a: None)
+    monkeypatch.setattr(batch_finder, "release_memory", lambda a: None)
     built = []
 
     def make_step(batch):
@@ -211,7 +212,7 @@ def test_batch_size_point_on_a_device_is_its_peak_with_the_throughput(monkeypatc
 
 def test_a_batch_over_the_budget_is_a_point_and_a_real_oom_an_error(monkeypatch):
     acc = _FakeDevice()
-    monkeypatch.setattr(mem, "release_memory", lambda a: None)
+    monkeypatch.setattr(batch_finder, "release_memory", lambda a: None)
 
     def make_step(batch):
         def step():

@@ -6,8 +6,10 @@ https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
 message size in bytes, t the time of one allreduce and n the number of ranks.
 Bandwidths here are in GB/s (1e9 bytes per second), as in nccl-tests.
 
-:func:`run_allreduce` runs inside a rank (see :mod:`helpers.comm.worker`);
-the other functions are plain arithmetic usable anywhere.
+:func:`run_allreduce` runs inside a rank (see :mod:`helpers.comm.worker`), and
+so does :func:`run_allreduce_sweep` (the same benchmark one size at a time,
+each row handed over as it is measured: notebook 08's "try it" panel); the
+other functions are plain arithmetic usable anywhere.
 
 Timing method: each rank times every allreduce on its own clock (read before
 the call, and after the call plus a device synchronize), with no barrier in
@@ -31,8 +33,10 @@ of these two figures (the same statistic, measured interleaved).
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -41,6 +45,7 @@ from helpers.comm.launch import backend_device_kind, resolve_backend, run_job
 from helpers.comm.rank import init_rank
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
+from helpers.fsutil import write_atomic
 
 MIB = 2**20
 #: Size of the bare reference loop (issue 5: "overhead_vs_bare ... at 64 MiB").
@@ -451,3 +456,47 @@ def launched_by_torchrun(environ: "dict[str, str] | None" = None) -> bool:
 
     env = os.environ if environ is None else environ
     return all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def run_allreduce_sweep(cfg: Mapping[str, Any], rc) -> dict[str, Any] | None:
+    """The allreduce benchmark one size at a time, each size's row written as soon as it is measured (in a rank).
+
+    Each size runs :func:`helpers.comm.allreduce.run_allreduce` with ``sizes=[size]`` (its correctness check,
+    warm-up and timed calls, the slowest rank's median; no bare-loop comparison), so a live sweep is timed
+    exactly as notebook 08's table. Rank 0 writes each row to ``cfg["points_dir"]/<index>.json`` (written
+    whole, then renamed) for the parent to read while the job runs. Before each size the ranks agree
+    (an allreduce of a flag) on whether ``cfg["stop_file"]`` exists: then every rank stops before that size.
+
+    Parameters
+    ----------
+    cfg : mapping
+        ``sizes`` (bytes), ``repeats``, ``warmup``, ``points_dir``, ``stop_file``.
+    rc : helpers.comm.rank.RankContext
+
+    Returns
+    -------
+    dict or None
+        On rank 0: ``sizes`` (the rows measured, as :func:`helpers.comm.allreduce.summarize` plus ``repeats``),
+        ``stopped`` (bool) and ``world_size``; None on the other ranks.
+    """
+    import torch
+    import torch.distributed as dist
+
+    points, stop = Path(cfg["points_dir"]), Path(cfg["stop_file"])
+    flag = torch.zeros(1, dtype=torch.float32, device=rc.device)
+    rows, stopped = [], False
+    for i, nbytes in enumerate(int(b) for b in cfg["sizes"]):
+        flag.fill_(1.0 if rc.rank == 0 and stop.exists() else 0.0)
+        dist.all_reduce(flag)  # rank 0's decision reaches every rank: all stop before the same size
+        if float(flag.item()) > 0:
+            stopped = True
+            break
+        out = run_allreduce(rank=rc.rank, world_size=rc.world_size, device=rc.device, sizes=[nbytes],
+                            repeats=int(cfg["repeats"]), warmup=int(cfg["warmup"]), sync=rc.sync, bare_bytes=None)
+        if out is not None:
+            row = out["sizes"][0]
+            rows.append(row)
+            write_atomic(points / f"{i:05d}.json", json.dumps(row))
+    if rc.rank != 0:
+        return None
+    return {"sizes": rows, "stopped": stopped, "world_size": rc.world_size}

@@ -18,8 +18,9 @@
   :func:`measure_empty_cache` shows what ``empty_cache`` frees and costs.
 - :func:`is_oom` and :class:`MemoryBudgetExceeded` tell an out-of-memory from other errors.
 
-Notebook 09's experiment (the allocator-settings child process and the
-batch-size finder) is :mod:`helpers.experiments.memory`.
+The batch-size finder is :mod:`helpers.compute.batch_finder`; notebook 09's
+experiment (the allocator-settings child process, the finder run on a job)
+is :mod:`helpers.experiments.memory`.
 """
 
 from __future__ import annotations

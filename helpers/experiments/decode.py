@@ -12,11 +12,14 @@ bench input-pipeline``. The mechanisms they time are
 :func:`helpers.pipeline.fast.to_device_batch`,
 :class:`helpers.pipeline.baseline.BaselineDataset` and the decoder routes of
 :mod:`helpers.pipeline.decode`.
+
+Where the parts live (imported here, where notebooks, tests and the bench find them): :class:`DecodeBench` and
+the variants' labels in :mod:`helpers.pipeline.decode_bench`; what the result's cells print in
+:mod:`helpers.experiments.decode_text`.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 from collections import Counter
@@ -26,20 +29,27 @@ from typing import Any, Callable, Mapping, Sequence
 from helpers import specs
 from helpers.checklist import Item
 from helpers.device import get_accelerator
-from helpers.errors import DeviceUnavailableError, ParameterError
+from helpers.errors import ParameterError
 from helpers.experiments import registry
 from helpers.experiments.base import Experiment, ExperimentResult, Optimization, checked_fields, no_expected_warnings
-from helpers.jobs.ppo import host_to_device
+from helpers.experiments.decode_text import _ONE_THREAD, DecodeChecksTexts, DecodeResultTexts
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
-from helpers.pipeline.baseline import BaselineDataset, collate_batch
-from helpers.pipeline.decode import DecodeConfig, cuda_decode_support, decode_augment_cuda, psnr, reference_augment
-from helpers.pipeline.fast import BatchedDataset, to_device_batch, torch_from
+from helpers.pipeline.baseline import collate_batch, host_to_device
+from helpers.pipeline.decode import DecodeConfig, cuda_decode_support, psnr
+from helpers.pipeline.decode_bench import (
+    BASELINE_LABEL,
+    BATCHED_DEVICE_LABEL,
+    BATCHED_HOST_LABEL,
+    CACHED_LABEL,
+    RAW_DECODE_LABEL,
+    DecodeBench,
+)
+from helpers.pipeline.fast import BatchedDataset, to_device_batch
 from helpers.pipeline.prepare import prepare_data
-from helpers.pipeline.sampler import EpochBatchSampler, check_int
-from helpers.pipeline.text import encode_batch, encode_one
+from helpers.pipeline.sampler import check_int
 from helpers.results import Records
-from helpers.timing import Comparison, Measurement, compare, measure
+from helpers.timing import Comparison, Measurement
 from helpers.verdict import Action, Verdict
 from helpers.workload import DEFAULT
 
@@ -47,347 +57,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["BASELINE_LABEL", "BATCHED_DEVICE_LABEL", "BATCHED_HOST_LABEL", "RAW_DECODE_LABEL", "DecodeBench", "verdict",
            "input_decode_bench", "decoded_pixel_fraction", "live_point", "try_decode", "CacheOutcome",
-           "DecodeChecks", "DecodeResult", "check", "run"]
-
-#: Names of the measured variants, used alike by the comparisons, the records, the figures and the bench,
-#: so that each number carries the name of what was timed:
-#: the per-image baseline (``BaselineDataset`` items + ``collate_batch`` + copy to the device),
-BASELINE_LABEL = "per-image baseline"
-#: the batched pipeline up to a normalized float batch on the device (``dataset[indices]`` + ``to_device_batch``),
-BATCHED_DEVICE_LABEL = "batched + device normalize"
-#: the batched pipeline up to the uint8 host batch only (``dataset[indices]``),
-BATCHED_HOST_LABEL = "batched (host)"
-#: and the decoder alone, from bytes in memory, same DCT scales and thread pool (``raw_decode``).
-RAW_DECODE_LABEL = "raw decode only"
-#: the batched pipeline reading the decode-once cache (``CachedDataset[indices]``, uint8 host batch).
-CACHED_LABEL = "decode-once cache (host)"
-
-
-class DecodeBench:
-    """The measurements of notebook 02 and of ``bench input-pipeline``, on one dataset.
-
-    All variants see the same batches (drawn once from :func:`batch_sampler`
-    with ``seed``, epoch 0) in the same order. Each figure comes from one
-    interleaved comparison, and its variants carry the module's labels:
-
-    * the **preprocessing speedup** (:meth:`compare_preprocess`):
-      :data:`BATCHED_DEVICE_LABEL` over :data:`BASELINE_LABEL`, both ending
-      with a normalized float batch on the device;
-    * the **decode efficiency** (:meth:`compare_raw_decode`):
-      :data:`BATCHED_HOST_LABEL` over :data:`RAW_DECODE_LABEL`, the batched
-      rate over the raw decode-only rate of the same decoder at the same
-      thread count. Both stop at the host (the raw decode has no device
-      step), so the device copy and normalization are not part of it.
-
-    The two batched rates differ by the device step and are never
-    interchangeable: quote the efficiency with the rates of its own
-    comparison.
-
-    Parameters
-    ----------
-    dataset : BatchedDataset
-    acc : helpers.device.Accelerator
-    batch_size : int
-    repeats, warmup : int
-        Timed and untimed calls per variant (``helpers.timing``).
-    seed : int, default 0
-    """
-
-    def __init__(self, dataset: BatchedDataset, acc, *, batch_size: int, repeats: int = 10, warmup: int = 2,
-                 seed: int = 0) -> None:
-        self.dataset = dataset
-        self.acc = acc
-        self.batch_size = check_int("batch_size", batch_size, 1)
-        self.repeats = check_int("repeats", repeats, 1)
-        self.warmup = check_int("warmup", warmup, 0)
-        self.seed = seed
-        dataset.set_epoch(0)
-        self.batches = EpochBatchSampler(len(dataset), self.batch_size, seed=seed).batches(0)
-        self.baseline = BaselineDataset(dataset.index, dataset.tokenizer, image_size=dataset.image_size,
-                                        text_len=dataset.text_len, seed=dataset.seed, transform=dataset.transform)
-        self._plans: dict[int, list] = {}
-
-    def _cycle(self) -> Callable[[], list[int]]:
-        it = itertools.cycle(self.batches)
-        return lambda: next(it)
-
-    def baseline_batch(self, indices: Sequence[int]):
-        """The per-image way: ``BaselineDataset`` items, ``collate_batch``, copy to the device."""
-
-        return host_to_device(collate_batch([self.baseline[i] for i in indices]), self.acc)
-
-    def batched_batch(self, indices: Sequence[int]):
-        """The batched way: ``dataset[indices]`` then :func:`to_device_batch`."""
-        return to_device_batch(self.dataset[list(indices)], self.acc)
-
-    def compare_preprocess(self) -> "Comparison":
-        """The preprocessing speedup: per-image baseline (A) vs batched + device normalize (B), interleaved.
-
-        Both variants end with a normalized float32 batch on the device,
-        synchronized: A is :meth:`baseline_batch`, B :meth:`batched_batch`.
-
-        Returns
-        -------
-        helpers.timing.Comparison
-            Named (:data:`BASELINE_LABEL`, :data:`BATCHED_DEVICE_LABEL`);
-            ratio = images/s of B over images/s of A.
-        """
-
-        next_a, next_b = self._cycle(), self._cycle()
-        return compare(lambda: self.baseline_batch(next_a()), lambda: self.batched_batch(next_b()),
-                       repeats=self.repeats, warmup=self.warmup, sync=self.acc.synchronize,
-                       names=(BASELINE_LABEL, BATCHED_DEVICE_LABEL), items_per_call=self.batch_size,
-                       seed=self.seed)
-
-    def measure_batched(self) -> Measurement:
-        """The batched pipeline alone: :meth:`batched_batch` on this bench's batches, in order.
-
-        The B side of :meth:`compare_preprocess` timed on its own (:func:`helpers.timing.measure`: ``warmup``
-        untimed batches, then ``repeats`` batches, each closed by a device synchronize), for a "try it" point.
-
-        Returns
-        -------
-        helpers.timing.Measurement
-            Named :data:`BATCHED_DEVICE_LABEL`; ``rate`` in images/s (``items_per_call`` = ``batch_size``).
-        """
-        next_b = self._cycle()
-        return measure(lambda: self.batched_batch(next_b()), repeats=self.repeats, warmup=self.warmup,
-                       sync=self.acc.synchronize, name=BATCHED_DEVICE_LABEL, items_per_call=self.batch_size)
-
-    def _plan(self, k: int) -> list:
-        if k not in self._plans:
-            self._plans[k] = self.dataset.decode_plan(self.batches[k])
-        return self._plans[k]
-
-    def compare_raw_decode(self, against=None) -> "Comparison":
-        """The decode efficiency: raw decode only (A) vs batched (host) (B), interleaved.
-
-        With ``against`` (a :class:`helpers.pipeline.image_cache.CachedDataset` over the same index), B is that
-        dataset's host batch instead, named :data:`CACHED_LABEL`: the decode-once cache against the decoder's
-        own limit.
-
-        A decodes the batch's files from bytes already in memory at the
-        planned DCT scales on the dataset's pool (:meth:`BatchedDataset.raw_decode`);
-        B builds the uint8 host batch, ``dataset[indices]`` (read, header, crop
-        draw, decode, resize, flip, copy into the batch, tokenization), with
-        the same decoder and thread count. Neither touches the device.
-
-        Returns
-        -------
-        helpers.timing.Comparison
-            Named (:data:`RAW_DECODE_LABEL`, :data:`BATCHED_HOST_LABEL`). Its
-            ratio (median A / median B) is the decode efficiency: batched
-            (host) images/s over raw decode-only images/s, 1.0 when everything
-            but the decode costs nothing.
-        """
-
-        n = len(self.batches)
-        order_a, order_b = itertools.cycle(range(n)), self._cycle()
-        for k in range(min(n, self.repeats + self.warmup)):
-            self._plan(k)
-        other = self.dataset if against is None else against
-        if against is not None:
-            against.set_epoch(0)
-        return compare(lambda: self.dataset.raw_decode(self._plan(next(order_a))),
-                       lambda: other[order_b()],
-                       repeats=self.repeats, warmup=self.warmup,
-                       names=(RAW_DECODE_LABEL, BATCHED_HOST_LABEL if against is None else CACHED_LABEL),
-                       items_per_call=self.batch_size, seed=self.seed)
-
-    def cache_psnr(self, cached, n_batches: int = 2) -> list[float]:
-        """PSNR (dB) of the decode-once cache's crops against the per-image reference, on the first batches.
-
-        Parameters
-        ----------
-        cached : helpers.pipeline.image_cache.CachedDataset
-            Over this bench's index, transform and seed.
-        n_batches : int
-            Batches of :attr:`batches` checked.
-
-        Returns
-        -------
-        list of float
-            One value per image, in batch order.
-        """
-        cached.set_epoch(0)
-        out: list[float] = []
-        for indices in self.batches[:n_batches]:
-            imgs = cached[indices]["image"].numpy()
-            out += [psnr(imgs[k], reference_augment(cached.paths[i], seed=cached.seed, epoch=0, index=int(i),
-                                                    transform=cached.transform)) for k, i in enumerate(indices)]
-        return out
-
-    def compare_cache(self, cached) -> "Comparison":
-        """The decode-once cache: batched (host) (A) vs the cached pipeline (B), interleaved, same batches.
-
-        Parameters
-        ----------
-        cached : helpers.pipeline.image_cache.CachedDataset
-            Over the same index, transform and seed as this bench's dataset.
-
-        Returns
-        -------
-        helpers.timing.Comparison
-            Named (:data:`BATCHED_HOST_LABEL`, :data:`CACHED_LABEL`); ratio = images/s of the cached batches over
-            the batched decode's. Both stop at the uint8 host batch.
-        """
-        cached.set_epoch(0)
-        next_a, next_b = self._cycle(), self._cycle()
-        return compare(lambda: self.dataset[next_a()], lambda: cached[next_b()], repeats=self.repeats,
-                       warmup=self.warmup, names=(BATCHED_HOST_LABEL, CACHED_LABEL), items_per_call=self.batch_size,
-                       seed=self.seed)
-
-    def compare_threads(self, threads: int = 1) -> "Comparison":
-        """Raw decode with ``threads`` threads (A) vs the dataset's thread count (B).
-
-        The ratio is the speedup of the dataset's pool over ``threads``
-        threads: near the thread ratio when the decoder releases the GIL,
-        near 1 when it does not.
-        """
-
-        other = BatchedDataset(self.dataset.index, self.dataset.tokenizer, image_size=self.dataset.image_size,
-                               text_len=self.dataset.text_len, seed=self.dataset.seed, threads=threads,
-                               transform=self.dataset.transform, decode=self.dataset.decode, buffers=0)
-        n = len(self.batches)
-        for k in range(min(n, self.repeats + self.warmup)):
-            self._plan(k)
-        order_a, order_b = itertools.cycle(range(n)), itertools.cycle(range(n))
-        try:
-            return compare(lambda: self.dataset.raw_decode(self._plan(next(order_a)), pool_of=other),
-                           lambda: self.dataset.raw_decode(self._plan(next(order_b))),
-                           repeats=self.repeats, warmup=self.warmup,
-                           names=(f"raw decode, {threads} thread(s)", f"raw decode, {self.dataset.threads} threads"),
-                           items_per_call=self.batch_size, seed=self.seed)
-        finally:
-            other.close()
-
-    def compare_decoder_flags(self, config: DecodeConfig) -> "Comparison":
-        """Raw decode with the dataset's decoder settings (A) vs ``config`` (B), same files and scales.
-
-        The ratio is the decode speedup of ``config`` (e.g. ``fastdct`` and
-        ``fastupsample`` on).
-        """
-
-        other = BatchedDataset(self.dataset.index, self.dataset.tokenizer, image_size=self.dataset.image_size,
-                               text_len=self.dataset.text_len, seed=self.dataset.seed,
-                               threads=self.dataset.requested_threads, transform=self.dataset.transform,
-                               decode=config, buffers=0)
-        n = len(self.batches)
-        for k in range(min(n, self.repeats + self.warmup)):
-            self._plan(k)
-        order_a, order_b = itertools.cycle(range(n)), itertools.cycle(range(n))
-        try:
-            return compare(lambda: self.dataset.raw_decode(self._plan(next(order_a))),
-                           lambda: other.raw_decode(self._plan(next(order_b))),
-                           repeats=self.repeats, warmup=self.warmup, names=("default decoder", "fast flags"),
-                           items_per_call=self.batch_size, seed=self.seed)
-        finally:
-            other.close()
-
-    def compare_gpu_decode(self) -> tuple["Comparison", list[float]]:
-        """Batched + device normalize (A) vs GPU decode + device normalize (B), both to a normalized batch.
-
-        B plans on the CPU (read, header, crop draw) and decodes, crops,
-        resizes and flips on the GPU (:func:`helpers.pipeline.decode.decode_augment_cuda`).
-        Only turbo-route files (colour or grey JPEGs) are used, in both variants.
-
-        Returns
-        -------
-        (Comparison, list of float)
-            The comparison (ratio = images/s of B over A) and the PSNR of
-            each GPU-decoded image of the first batch against the reference.
-
-        Raises
-        ------
-        helpers.errors.DeviceUnavailableError
-            Where GPU decode is not available (see ``cuda_decode_support``).
-        """
-
-        ok, why = cuda_decode_support(self.acc)
-        if not ok:
-            raise DeviceUnavailableError(f"batched GPU decode is not available here: {why}")
-        ds = self.dataset
-        jpeg_batches = []
-        for k in range(len(self.batches)):
-            keep = [p.index for p in self._plan(k) if p.route == "turbo"]
-            if keep:
-                jpeg_batches.append(keep)
-        first = jpeg_batches[0]
-        gpu = decode_augment_cuda(ds.decode_plan(first), ds.image_size, self.acc).cpu().numpy()
-        quality = [psnr(gpu[k], reference_augment(ds.paths[i], seed=ds.seed, epoch=ds.epoch, index=i,
-                                                  transform=ds.transform)) for k, i in enumerate(first)]
-        it_a, it_b = itertools.cycle(jpeg_batches), itertools.cycle(jpeg_batches)
-
-        def gpu_batch():
-            b = next(it_b)
-            images = decode_augment_cuda(ds.decode_plan(b), ds.image_size, self.acc)
-            tokens = torch_from(encode_batch(ds.tokenizer, ds.captions[b], ds.text_len))
-            return to_device_batch({"image": images, "tokens": tokens, "label": torch_from(ds.labels[b])}, self.acc)
-
-        comparison = compare(lambda: to_device_batch(ds[next(it_a)], self.acc), gpu_batch,
-                             repeats=self.repeats, warmup=self.warmup, sync=self.acc.synchronize,
-                             names=(f"{BATCHED_DEVICE_LABEL} (CPU decode)", "GPU decode + device normalize"),
-                             items_per_call=(float(len(first)), float(len(first))), seed=self.seed)
-        return comparison, quality
-
-    def compare_tokenize(self) -> "Comparison":
-        """Per-sample ``encode_one`` (A) vs one ``encode_batch`` (B) on the same captions."""
-
-        ds = self.dataset
-        next_a, next_b = self._cycle(), self._cycle()
-
-        def per_sample():
-            for i in next_a():
-                encode_one(ds.tokenizer, str(ds.captions[i]), ds.text_len)
-
-        return compare(per_sample, lambda: encode_batch(ds.tokenizer, ds.captions[next_b()], ds.text_len),
-                       repeats=self.repeats, warmup=self.warmup, names=("per-sample encode", "encode_batch"),
-                       items_per_call=self.batch_size, seed=self.seed)
-
-    def tokenize_share(self, *, host_s: float | None = None, baseline_s: float | None = None
-                       ) -> dict[str, float]:
-        """Tokenization's share of preprocessing time, batched and per-sample.
-
-        Parameters
-        ----------
-        host_s : float, optional
-            Median seconds per batch of :data:`BATCHED_HOST_LABEL`
-            (``dataset[indices]``), e.g. ``compare_raw_decode().b.median_s``;
-            measured here otherwise.
-        baseline_s : float, optional
-            Median seconds per batch of :data:`BASELINE_LABEL` (items,
-            ``collate_batch``, copy: :meth:`baseline_batch`), e.g.
-            ``compare_preprocess().a.median_s``; measured here otherwise.
-
-        Returns
-        -------
-        dict
-            ``batched_share``: median ``encode_batch`` time of a batch over
-            ``host_s`` (tokenization runs on the host, inside
-            ``dataset[indices]``); ``per_sample_share``: median per-sample
-            tokenization time of a batch over ``baseline_s``; and the four
-            medians in seconds (``tokenize_batch_s``, ``tokenize_per_sample_s``,
-            ``host_s``, ``baseline_s``).
-        """
-
-        ds = self.dataset
-        n1, n2, n3, n4 = self._cycle(), self._cycle(), self._cycle(), self._cycle()
-        kw = dict(repeats=self.repeats, warmup=self.warmup, items_per_call=self.batch_size)
-        tok_b = measure(lambda: encode_batch(ds.tokenizer, ds.captions[n1()], ds.text_len), **kw)
-        tok_s = measure(lambda: [encode_one(ds.tokenizer, str(ds.captions[i]), ds.text_len) for i in n2()], **kw)
-        if host_s is None:
-            host_s = measure(lambda: ds[n3()], **kw).median_s
-        if baseline_s is None:
-            baseline_s = measure(lambda: self.baseline_batch(n4()), sync=self.acc.synchronize, **kw).median_s
-        return {
-            "batched_share": tok_b.median_s / host_s,
-            "per_sample_share": tok_s.median_s / baseline_s,
-            "tokenize_batch_s": tok_b.median_s,
-            "tokenize_per_sample_s": tok_s.median_s,
-            "host_s": host_s,
-            "baseline_s": baseline_s,
-        }
-
+           "DecodeChecks", "DecodeResult", "check", "run", "CACHED_LABEL"]
 
 # --------------------------------------------------------------------------- benchmark
 
@@ -787,7 +457,7 @@ class CacheOutcome:
 
 
 @dataclass(frozen=True, eq=False)
-class DecodeChecks:
+class DecodeChecks(DecodeChecksTexts):
     """Notebook 02 before any timing (:func:`check`, sections 1-3): the data, the decode plans, the pixels against
     the per-image reference, the fixtures and the mid-epoch probe. :class:`DecodeResult` extends it with the
     measurement.
@@ -854,33 +524,10 @@ class DecodeChecks:
     dataset: Any = field(default=None, compare=False, repr=False, kw_only=True)
     bench: Any = field(default=None, compare=False, repr=False, kw_only=True)
 
-    # -- what the cells print ---------------------------------------------------------------------------------
-    @property
-    def setup_text(self) -> str:
-        """Decode threads, usable cores, pinned buffers (and why not pinned)."""
-        text = f"decode threads: {self.threads} (usable cores: {self.cores}); batch buffers pinned: {self.pinned}"
-        return text + (f"\npinned memory: {self.pinned_note}" if self.pinned_note else "")
-
     @property
     def pixel_fraction(self) -> float | None:
         """Decoded pixels over a full-resolution decode, turbo route only (None: no turbo-route image)."""
         return self.decoded_px / self.full_px if self.full_px else None
-
-    @property
-    def scaling_text(self) -> str:
-        """The routes taken and the DCT scales chosen over one epoch (section 2)."""
-        n_turbo = sum(self.scales.values())
-        n_reference = self.n_plans - n_turbo
-        if n_reference:
-            lines = [f"{n_turbo} of {self.n_plans} images take the libjpeg-turbo path; the other {n_reference} take "
-                     "the reference path (CMYK JPEGs and other formats)"]
-        else:
-            lines = [f"all {self.n_plans} images take the libjpeg-turbo path"]
-        lines.append("decoded at: " + ", ".join(f"{'full size' if d == 1 else f'1/{d}'}: {self.scales.get(d, 0)}"
-                                                for d in (1, 2, 4, 8)))
-        if self.full_px:
-            lines.append(f"pixels produced by the decoder: {self.pixel_fraction:.0%} of a full-resolution decode")
-        return "\n".join(lines)
 
     @property
     def psnr_values(self) -> list[float]:
@@ -902,34 +549,9 @@ class DecodeChecks:
         """The five checked images of lowest PSNR (a DataFrame)."""
         return self.check.sort_values("psnr_db").head(5)
 
-    @property
-    def pixels_text(self) -> str:
-        """The batched vs reference PSNR summary (section 3)."""
-        median = self.check["psnr_db"].median()
-        return (f"{len(self.check)} images: PSNR min {self.min_psnr:.1f} dB, median {median:.1f} "
-                f"dB (threshold {self.params['psnr_min_db']:g} dB): "
-                f"{'same pictures' if self.pixels_ok else 'SOME IMAGES DIFFER'}")
-
-    @property
-    def fixtures_text(self) -> str:
-        """The fixtures' verdict line (every file alike on both paths)."""
-        return (f"{len(self.routes)} fixture files: every one decodes to the same picture on both paths or is "
-                "rejected by both for the same reason; channel order RGB on every path")
-
-    @property
-    def fixture_table(self):
-        """The fixtures: file, route, reference's outcome, same picture."""
-        return self.routes[["file", "route", "reference", "same picture"]]
-
-    @property
-    def fixtures_recorded_text(self) -> str:
-        """How many fixture files the fixtures record counts as handled alike."""
-        return (f"recorded: {int(self.routes['agree'].sum()):.0f} of {len(self.routes)} fixture files handled alike "
-                "on both paths")
-
 
 @dataclass(frozen=True, eq=False)
-class DecodeResult(DecodeChecks, ExperimentResult):
+class DecodeResult(DecodeChecks, DecodeResultTexts, ExperimentResult):
     """Everything notebook 02 measured: :class:`DecodeChecks` (sections 1-3), then the interleaved comparisons, the
     cache and GPU decode.
 
@@ -968,82 +590,9 @@ class DecodeResult(DecodeChecks, ExperimentResult):
     npu_note: str
 
     @property
-    def gil_text(self) -> str:
-        """Thread scaling of the raw decode (section 4)."""
-        if self.gil is None:
-            return _ONE_THREAD
-        return (f"{self.gil.verdict_text()}: {self.threads} threads give {self.gil.ratio:.2f}x the decode rate of one "
-                f"({self.gil.ratio / self.threads:.0%} of linear scaling)")
-
-    @property
     def adopt_flags(self) -> bool:
         """fastdct + fastupsample measurably faster (interval above 1.05) and within the PSNR tolerance."""
         return self.flags.ci_low > 1.05 and self.flag_psnr >= self.params["psnr_min_db"]
-
-    @property
-    def flags_text(self) -> str:
-        """The decoder flags' comparison (section 5)."""
-        adopt = "worth enabling (DecodeConfig(fastdct=True, fastupsample=True))" if self.adopt_flags else "kept off"
-        return f"fastdct + fastupsample: {self.flags.verdict_text()}; PSNR min {self.flag_psnr:.1f} dB -> {adopt}"
-
-    @property
-    def preprocess_text(self) -> str:
-        """The preprocessing speedup and its two rates (section 6)."""
-        pre, p = self.pre, self.params
-        return (f"{pre.verdict_text()}\n{pre.a.name} {pre.a.rate:,.0f} images/s, {pre.b.name} {pre.b.rate:,.0f} "
-                f"images/s ({p['batch_size']} images per batch, {self.threads} decode thread(s), {p['repeats']} "
-                "batches each)")
-
-    @property
-    def efficiency_text(self) -> str:
-        """The decode efficiency and its two rates (section 7)."""
-        eff, pre = self.eff, self.pre
-        return (f"{eff.a.name} {eff.a.rate:,.0f} images/s, {eff.b.name} {eff.b.rate:,.0f} images/s: decode efficiency "
-                f"{eff.ratio:.0%} (95% CI {eff.ci_low:.0%}-{eff.ci_high:.0%}); the other {1 - eff.ratio:.0%} is file "
-                "reading, headers, crop draws, resize, copies and tokenization\n"
-                f"(the device copy and normalization are outside this figure: {pre.b.name} ran at {pre.b.rate:,.0f} "
-                "images/s in section 6's own comparison)")
-
-    @property
-    def tokenize_text(self) -> str:
-        """Batched vs per-sample tokenization and its share of a batch's time (section 8)."""
-        s = self.share
-        return (f"encode_batch vs per-sample encode: {self.tok.verdict_text()}\n"
-                f"tokenization is {s['batched_share']:.1%} of a {self.eff.b.name} batch's time (section 7) "
-                f"and {s['per_sample_share']:.1%} of a {self.pre.a.name} batch's (section 6)")
-
-    @property
-    def tokenize_split(self):
-        """Seconds per batch spent tokenizing and on the images, per-image baseline and batched (host)."""
-        import pandas as pd
-
-        s = self.share
-        return pd.DataFrame({"tokenize": [s["tokenize_per_sample_s"], s["tokenize_batch_s"]],
-                             "images": [s["baseline_s"] - s["tokenize_per_sample_s"],
-                                        s["host_s"] - s["tokenize_batch_s"]]},
-                            index=[self.pre.a.name, self.eff.b.name])
-
-    @property
-    def cache_text(self) -> str:
-        """The decode-once cache: size, build, speedup and pixels, or why it was not measured (section 9)."""
-        c = self.cache
-        if c.cmp is None:
-            return f"decode-once cache not measured: {c.why}"
-        built = (f"built in {c.build_s:.1f} s ({c.rebuilt_because})" if c.build_s is not None
-                 else "already built, opened after checking every source file")
-        return (f"cache: {c.images} images, {c.mib:.1f} MiB, {built}; {c.failed} file(s) could not be decoded\n"
-                f"{c.cmp.verdict_text()}; cached crops vs reference: PSNR min {min(c.psnr):.1f} dB, median "
-                f"{sorted(c.psnr)[len(c.psnr) // 2]:.1f} dB")
-
-    @property
-    def gpu_text(self) -> str:
-        """GPU decode's comparison or why it was not measured, then the NPU note (section 10)."""
-        if self.gpu is not None:
-            head = (f"{self.gpu.verdict_text()}; GPU-decoded pixels vs reference: PSNR min {min(self.gpu_psnr):.1f} "
-                    "dB")
-        else:
-            head = f"GPU decode: not applicable here: {self.gpu_why}"
-        return f"{head}\n{self.npu_note}"
 
     # -- records and verdict ----------------------------------------------------------------------------------
     def records(self) -> Records:
@@ -1155,9 +704,6 @@ class DecodeResult(DecodeChecks, ExperimentResult):
         return TrySpec("batched decode at other threads, DCT scaling and crop size", measure, knobs,
                        reference=live_point(self.pre.b, label, batch_size=p["batch_size"],
                                             pixel_fraction=self.pixel_fraction))
-
-
-_ONE_THREAD = "one decode thread (one usable core or threads=1): thread scaling cannot be measured here"
 
 
 def _check_fixtures(dataset: BatchedDataset, psnr_min_db: float):

@@ -1,70 +1,64 @@
-"""Notebook 03's experiment: time DataLoader worker settings, and the datasets its demonstrations use.
+"""Notebook 03's experiment: time DataLoader worker settings on the notebook's job, and decide.
 
 :func:`run` does the notebook's whole measurement on the notebook's job (the built-in job's batched pipeline, or a
 user's job's own dataset: the job decides, through :attr:`helpers.jobs.base.Job.has_batched_pipeline` and
 :meth:`helpers.jobs.base.Job.image_data`) and returns a :class:`LoaderResult`, which knows the notebook's records,
 its verdict and its try-it panel; :func:`fault_demo` shows the loader's guards.
 
-* :func:`run_sweep` times ``num_workers x prefetch_factor x persistent_workers``
-  (:func:`sweep_settings`, one :class:`LoaderSetting` each) in rotated
-  order, counting only batches finished after its clock started
-  (:func:`completion_window`); :func:`speedup_plausibility` flags a result
-  no CPU-bound pipeline can reach. :class:`SweepResult` holds the timings.
+* The sweep's mechanics live in :mod:`helpers.pipeline.loader_timing`: :func:`run_sweep` times
+  ``num_workers x prefetch_factor x persistent_workers`` (:func:`sweep_settings`, one :class:`LoaderSetting` each)
+  in rotated order, counting only batches finished after its clock started (:func:`completion_window`);
+  :func:`speedup_plausibility` flags a result no CPU-bound pipeline can reach. :class:`SweepResult` holds the
+  timings. They are imported here, where notebooks and tests find them.
 * :func:`batches_equal` checks that a loader with workers delivers the same
   batches as the main process.
-* :class:`MetadataDataset` shows how a forked worker's memory grows when
+* The demonstration datasets live in :mod:`helpers.experiments.loader_demos` (imported here):
+  :class:`MetadataDataset` shows how a forked worker's memory grows when
   per-sample metadata is kept in Python objects (pytorch/pytorch#13246), and
   :class:`FaultyDataset` fails inside workers to show the guards of
   :mod:`helpers.pipeline.guarded`.
+* What the result's cells print lives in :mod:`helpers.experiments.loader_text`.
 
 The loaders are built by :mod:`helpers.pipeline.loader` and iterated by
 :mod:`helpers.pipeline.guarded`. DataLoader workers started with ``spawn`` or
-``forkserver`` unpickle the datasets and the collate wrapper of this module
-by module path (see "Fork and spawn" in :mod:`helpers.pipeline.loader`), so
-they are module-level classes, and this module imports pandas only inside
-the functions that return tables.
+``forkserver`` unpickle the datasets and the collate wrapper by module path
+(see "Fork and spawn" in :mod:`helpers.pipeline.loader`), so they are
+module-level classes in their own modules, and this module imports pandas
+only inside the functions that return tables.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import math
-import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset
-from torch.utils.data._utils.collate import default_convert
 
 from helpers import specs
 from helpers.checklist import Item
-from helpers.errors import DataError, ParameterError
+from helpers.errors import ParameterError
 from helpers.experiments.base import Experiment, ExperimentResult, Optimization, checked_fields, no_expected_warnings
+from helpers.experiments.loader_demos import FaultyDataset, MetadataDataset, fault_demo
+from helpers.experiments.loader_text import LoaderChecksTexts, LoaderResultTexts
 from helpers.experiments.training import same_values
 from helpers.live import Knob, LivePoint, Progress, TrySpec, no_progress
 from helpers.params import Param
-from helpers.pipeline.guarded import SkipLog, iterate
-from helpers.pipeline.loader import (
-    TORCH_DEFAULT_PREFETCH,
-    LoaderConfig,
-    _is_int,
-    close_loader,
-    make_batch_sampler,
-    make_loader,
+from helpers.pipeline.guarded import iterate
+from helpers.pipeline.loader import LoaderConfig, make_batch_sampler, make_loader
+from helpers.pipeline.loader_timing import (
+    LoaderSetting,
+    SweepResult,
+    _require_count,
+    completion_window,
+    run_sweep,
+    speedup_plausibility,
+    sweep_settings,
 )
 from helpers.results import Records
-from helpers.timing import Comparison, Measurement
+from helpers.timing import Comparison
 from helpers.verdict import Action, Verdict
-
-if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "MetadataDataset",
@@ -82,113 +76,6 @@ __all__ = [
     "fault_demo",
     "run",
 ]
-
-
-# --------------------------------------------------------------------------- demonstration datasets
-
-
-class MetadataDataset(Dataset):
-    """A batched dataset of per-sample metadata only, to show how worker memory grows (pytorch/pytorch#13246).
-
-    Each item has a path, a caption and a label. ``storage="arrays"`` keeps
-    them in three NumPy arrays (fixed-width unicode and int64): reading an
-    item writes nothing to the shared pages. ``storage="objects"`` keeps
-    them as a Python list of dicts, the way people often write it: reading
-    an item writes the reference counts of the dict and its strings, so a
-    forked worker copies every page it reads, and its USS grows through the
-    epoch towards the size of the whole list.
-
-    Parameters
-    ----------
-    n_items : int
-        Items (>= 1).
-    storage : {"arrays", "objects"}
-    seed : int
-        Seed of the generated captions and labels.
-
-    Raises
-    ------
-    ParameterError
-        For an invalid ``n_items`` or ``storage``.
-    """
-
-    def __init__(self, n_items: int, storage: str = "arrays", *, seed: int = 0) -> None:
-        if not _is_int(n_items) or n_items < 1:
-            raise ParameterError(f"n_items={n_items!r}: allowed: an int >= 1")
-        if storage not in ("arrays", "objects"):
-            raise ParameterError(f"storage={storage!r}: allowed: 'arrays' or 'objects'")
-        self.storage = storage
-        rng = np.random.default_rng(seed)
-        labels = rng.integers(0, 10, size=n_items)
-        words = np.array(["a cat", "a red cup", "a rocket", "grass", "a wall of bricks", "distant galaxies"])
-        picks = rng.integers(0, len(words), size=n_items)
-        if storage == "arrays":
-            self.paths = np.array([f"images/{i:07d}.jpg" for i in range(n_items)])
-            self.captions = words[picks]
-            self.labels = labels.astype(np.int64)
-            self.items = None
-        else:
-            self.items = [
-                {"path": f"images/{i:07d}.jpg", "caption": f"{words[p]} number {i}", "label": int(lab)}
-                for i, (p, lab) in enumerate(zip(picks.tolist(), labels.tolist()))
-            ]
-
-    def __len__(self) -> int:
-        return len(self.items) if self.items is not None else int(self.labels.shape[0])
-
-    def __getitem__(self, indices: list[int]) -> dict:
-        """Read the metadata of a batch of items.
-
-        Returns
-        -------
-        dict
-            ``label``: int64 tensor (B,); ``caption_chars``: int64 tensor (B,),
-            characters per caption (so every caption is really read).
-        """
-        if self.items is not None:
-            rows = [self.items[i] for i in indices]
-            labels = [r["label"] for r in rows]
-            chars = [len(r["caption"]) + len(r["path"]) for r in rows]
-        else:
-            idx = np.asarray(indices, dtype=np.int64)
-            labels = self.labels[idx]
-            chars = np.strings.str_len(self.captions[idx]) + np.strings.str_len(self.paths[idx])
-        return {"label": torch.as_tensor(np.asarray(labels, dtype=np.int64)),
-                "caption_chars": torch.as_tensor(np.asarray(chars, dtype=np.int64))}
-
-
-class FaultyDataset(Dataset):
-    """A per-item dataset that fails inside DataLoader workers, to show and test the guards.
-
-    In the main process (``num_workers=0``) items load normally, so the
-    failure is clearly the worker's.
-
-    Parameters
-    ----------
-    n_items : int
-        Items (>= 1).
-    fault : {"hang", "exit"}
-        ``"hang"``: ``__getitem__`` sleeps forever in a worker (a read that
-        never returns); ``"exit"``: the worker process ends with
-        ``os._exit(exit_code)`` (as if killed).
-    exit_code : int, default 1
-    """
-
-    def __init__(self, n_items: int = 16, fault: str = "hang", *, exit_code: int = 1) -> None:
-        if fault not in ("hang", "exit"):
-            raise ParameterError(f"fault={fault!r}: allowed: 'hang' or 'exit'")
-        self.n_items, self.fault, self.exit_code = int(n_items), fault, int(exit_code)
-
-    def __len__(self) -> int:
-        return self.n_items
-
-    def __getitem__(self, i: int) -> dict:
-        if torch.utils.data.get_worker_info() is not None:
-            if self.fault == "exit":
-                os._exit(self.exit_code)
-            while True:  # a hang: never returns
-                time.sleep(3600)
-        return {"label": torch.tensor(int(i), dtype=torch.int64)}
 
 
 def batches_equal(a: Any, b: Any, keys: Sequence[str] = ("image", "tokens", "label")) -> bool:
@@ -216,531 +103,6 @@ def batches_equal(a: Any, b: Any, keys: Sequence[str] = ("image", "tokens", "lab
         if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
             return False
     return True
-
-
-# --------------------------------------------------------------------------- the sweep
-
-
-@dataclass(frozen=True)
-class LoaderSetting:
-    """One point of the sweep.
-
-    Attributes
-    ----------
-    num_workers : int
-    prefetch_factor : int or None
-        None with ``num_workers=0``.
-    persistent_workers : bool
-    """
-
-    num_workers: int
-    prefetch_factor: int | None = None
-    persistent_workers: bool = False
-
-    @property
-    def label(self) -> str:
-        """Short name, e.g. ``"workers=0"`` or ``"workers=2, prefetch=4, persistent"``."""
-        if self.num_workers == 0:
-            return "workers=0"
-        return (f"workers={self.num_workers}, prefetch={self.prefetch_factor}"
-                + (", persistent" if self.persistent_workers else ""))
-
-    def config(self, base: LoaderConfig) -> LoaderConfig:
-        """``base`` with this setting's three fields."""
-        return base.with_(num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
-                          persistent_workers=self.persistent_workers)
-
-    @property
-    def in_flight(self) -> int:
-        """Batches a loader with this setting has requested but not yet delivered: ``num_workers x prefetch_factor``.
-
-        torch dispatches that many tasks when an epoch starts and one more
-        for each batch delivered (``_MultiProcessingDataLoaderIter``), so at
-        any moment up to this many batches may be finished ahead of the
-        consumer. 0 with ``num_workers=0``; a ``prefetch_factor`` of None
-        counts as torch's default,
-        :data:`helpers.pipeline.loader.TORCH_DEFAULT_PREFETCH`.
-        """
-        if self.num_workers == 0:
-            return 0
-        pf = self.prefetch_factor if self.prefetch_factor is not None else TORCH_DEFAULT_PREFETCH
-        return self.num_workers * pf
-
-    @property
-    def min_timed_batches(self) -> int:
-        """The shortest timing window worth trusting for this setting: two batches per worker (1 without workers).
-
-        Each worker finishes batches at its own pace and phase; a window of
-        fewer completions than ``2 x num_workers`` can fall inside one burst
-        of nearly simultaneous completions (or between two), which makes it
-        noisy and biased either way by that phase. :func:`run_sweep` counts
-        such a window anyway; :meth:`SweepResult.short_windows` lists them.
-        """
-        return max(1, 2 * self.num_workers)
-
-
-def sweep_settings(num_workers_list: Sequence[int], prefetch_factor_list: Sequence[int]) -> tuple[LoaderSetting, ...]:
-    """The settings to time: ``num_workers x prefetch_factor x persistent_workers``.
-
-    ``num_workers=0`` appears once (neither of the other two applies) and is
-    always included, as the reference the verdict compares against.
-
-    Parameters
-    ----------
-    num_workers_list : sequence of int
-        Each >= 0; duplicates removed.
-    prefetch_factor_list : sequence of int
-        Each >= 1; must be non-empty when any ``num_workers > 0``.
-
-    Returns
-    -------
-    tuple of LoaderSetting
-        Sorted by workers, prefetch, persistent.
-
-    Raises
-    ------
-    ParameterError
-        For a negative worker count, a prefetch factor < 1, or an empty
-        ``prefetch_factor_list`` with workers to sweep.
-    """
-    workers = sorted({int(w) for w in num_workers_list} | {0})
-    if any(w < 0 for w in workers):
-        raise ParameterError(f"num_workers_list={list(num_workers_list)!r}: every value must be >= 0")
-    prefetch = sorted({int(p) for p in prefetch_factor_list})
-    if any(p < 1 for p in prefetch):
-        raise ParameterError(f"prefetch_factor_list={list(prefetch_factor_list)!r}: every value must be >= 1")
-    if any(w > 0 for w in workers) and not prefetch:
-        raise ParameterError("prefetch_factor_list is empty but num_workers_list has values > 0; give e.g. [2]")
-    out = [LoaderSetting(0)]
-    for w in workers:
-        if w == 0:
-            continue
-        for p in prefetch:
-            for persistent in (False, True):
-                out.append(LoaderSetting(w, p, persistent))
-    return tuple(out)
-
-
-class _StampedCollate:
-    """collate_fn wrapper that returns ``(batch, completion time)``; runs where the batch is made.
-
-    The time is ``time.perf_counter()`` read right after the batch is
-    collated, in the worker process (or in the main process with
-    ``num_workers=0``). On Linux, macOS and Windows ``perf_counter`` reads a
-    system-wide monotonic clock (``CLOCK_MONOTONIC``, ``mach_absolute_time``,
-    ``QueryPerformanceCounter``), so it can be compared with the main
-    process's; :func:`run_sweep` checks that anyway (no batch may be
-    finished after it arrived) and falls back to arrival times if not.
-    Module-level, so spawn and forkserver workers can unpickle it.
-    """
-
-    def __init__(self, inner: Callable[[Any], Any]) -> None:
-        self.inner = inner
-
-    def __call__(self, data: Any) -> tuple[Any, float]:
-        out = self.inner(data)
-        return out, time.perf_counter()
-
-
-#: Slack, seconds, allowed between a batch's completion stamp and its arrival in the main process before the
-#: two clocks are taken to disagree (the stamp is read before the batch is pickled and sent, so it must be earlier).
-_CLOCK_SLACK_S = 1e-3
-
-
-def completion_window(t0: float, completed_s: Sequence[float], n: int) -> tuple[float, float, int]:
-    """The timing window of ``n`` batch completions, all after ``t0``, between two completions.
-
-    The window opens at the first batch completion after ``t0`` and closes
-    at the ``n``-th completion after that one, so it holds exactly ``n``
-    completions and both of its ends are the same kind of moment (a batch
-    just finished). Batches finished at or before ``t0`` (prepared ahead by
-    workers while the consumer waited for an earlier batch) are outside it
-    by construction, however late they are consumed. Opening on a completion
-    instead of at ``t0`` also keeps out the work that was already under way
-    at ``t0`` (up to one partly made batch per worker), which would
-    otherwise be credited to the window.
-
-    Parameters
-    ----------
-    t0 : float
-        When the clock started, seconds on the same clock as ``completed_s``.
-    completed_s : sequence of float
-        Completion times of every batch delivered after the clock started,
-        seconds (all of them: a batch finished inside the window but
-        delivered after it must be included).
-    n : int
-        Completions the window must hold (>= 1).
-
-    Returns
-    -------
-    start : float
-        Completion time of the first batch finished after ``t0``.
-    end : float
-        Completion time of the ``n``-th batch finished after ``start``.
-    prepared_ahead : int
-        Batches in ``completed_s`` finished at or before ``t0`` (not counted).
-
-    Raises
-    ------
-    ParameterError
-        If ``n`` < 1.
-    DataError
-        If fewer than ``n + 1`` batches finished after ``t0``.
-    """
-    if not _is_int(n) or n < 1:
-        raise ParameterError(f"completion_window: n={n!r}: allowed: an int >= 1")
-    after = sorted(float(c) for c in completed_s if c > t0)
-    ahead = len(completed_s) - len(after)
-    if len(after) < n + 1:
-        raise DataError(
-            f"completion_window: only {len(after)} of the {len(completed_s)} batches finished after the clock "
-            f"started ({ahead} were ready before it), {n + 1} needed; deliver at least n + 1 + num_workers x "
-            "prefetch_factor batches after starting the clock"
-        )
-    return after[0], after[n], ahead
-
-
-def speedup_plausibility(ratio: float, cores: int, *, baseline: str = "num_workers=0",
-                         ci_low: float | None = None) -> str | None:
-    """Why a measured speed-up of a CPU-bound loader over ``baseline`` cannot be real, or None when it can.
-
-    A CPU-bound pipeline (decoding files already in the page cache) on
-    ``cores`` usable cores can do at most ``cores`` times the work of the
-    baseline, which itself keeps at least one core busy; more processes
-    cannot add cores. A larger ratio means the measurement is wrong (batches
-    counted that were made before the clock started, a window too short for
-    the clock, other load on the machine during the baseline), not that the
-    loader is that fast. A pipeline that waits on slow storage is not
-    CPU-bound and is not covered by this check.
-
-    Parameters
-    ----------
-    ratio : float
-        Median time of the baseline / median time of the candidate (> 1: faster).
-    cores : int
-        Usable CPU cores (:func:`helpers.device.usable_cores`, >= 1).
-    baseline : str
-        Named in the sentence.
-    ci_low : float, optional
-        The lower bound of the ratio's confidence interval. When given, only a ratio whose whole interval
-        lies above ``cores`` is impossible: a point estimate above it with an interval reaching below is a
-        noisy measurement of a possible speed-up, not a wrong one.
-
-    Returns
-    -------
-    str or None
-        A sentence for the reader when ``ratio > cores`` (with ``ci_low``: when ``ci_low > cores``); else None.
-
-    Raises
-    ------
-    ParameterError
-        If ``cores`` < 1.
-    """
-    if not _is_int(cores) or cores < 1:
-        raise ParameterError(f"speedup_plausibility: cores={cores!r}: allowed: an int >= 1")
-    beyond = ratio if ci_low is None else ci_low
-    if not math.isfinite(ratio) or not math.isfinite(beyond) or beyond > cores:
-        what = f"a {ratio:.2f}x speed-up" + ("" if ci_low is None else f" (95% CI from {ci_low:.2f}x)")
-        return (
-            f"{what} over {baseline} on {cores} usable core(s) is not physically possible for a "
-            f"CPU-bound pipeline (at most {cores}x: the baseline already keeps one core busy, and more processes "
-            "add no cores), so this measurement is wrong - most likely other load on the machine or too little "
-            "work timed; raise batches_per_trial and trials and run it on an otherwise idle machine"
-        )
-    return None
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    """The timings of a loader sweep.
-
-    Attributes
-    ----------
-    trials : pandas.DataFrame
-        One row per setting per trial: ``setting`` (label), ``num_workers``,
-        ``prefetch_factor`` (float, NaN for 0 workers), ``persistent_workers``,
-        ``trial``, ``position`` (order within the trial), ``first_batch_s``
-        (iterator creation to first batch: worker start-up), ``elapsed_s``
-        (seconds between the first batch finished after the clock started and
-        the ``batches_per_trial``-th one after it; see :func:`run_sweep`),
-        ``images`` (images in
-        those batches), ``images_per_s``, ``in_flight`` (batches in flight,
-        ``num_workers x prefetch_factor``), ``drained`` (batches delivered
-        before the clock started), ``prepared_ahead`` (batches that were
-        already finished when the clock started: not counted), ``clock``
-        (``"completion"``: windows from the workers' completion times;
-        ``"arrival"``: the fallback when the clocks disagree), ``skipped``
-        (replaced images in the trial).
-    settings : tuple of LoaderSetting
-    batch_size : int
-    batches_per_trial : int
-    skipped : tuple of (str, str, int)
-        Images replaced over the whole sweep, ``(file, reason, times)``.
-    """
-
-    trials: Any
-    settings: tuple[LoaderSetting, ...]
-    batch_size: int
-    batches_per_trial: int
-    skipped: tuple[tuple[str, str, int], ...] = ()
-
-    def measurement(self, label: str):
-        """The per-trial times of one setting as a :class:`helpers.timing.Measurement`.
-
-        Parameters
-        ----------
-        label : str
-            A setting's :attr:`LoaderSetting.label`.
-
-        Returns
-        -------
-        helpers.timing.Measurement
-            ``times_s``: seconds per trial for ``batches_per_trial`` batches;
-            ``items_per_call``: images per trial (so ``rate`` is images/s).
-
-        Raises
-        ------
-        ParameterError
-            For an unknown label.
-        """
-        rows = self.trials[self.trials["setting"] == label]
-        if rows.empty:
-            raise ParameterError(f"no setting {label!r} in this sweep; known: {', '.join(s.label for s in self.settings)}")
-        return Measurement(name=label, times_s=tuple(rows["elapsed_s"]), warmup=1,
-                           items_per_call=float(self.batch_size * self.batches_per_trial))
-
-    def summary(self) -> "pd.DataFrame":
-        """One row per setting, fastest first.
-
-        Returns
-        -------
-        pandas.DataFrame
-            ``setting``, ``num_workers``, ``prefetch_factor``, ``persistent_workers``,
-            ``images_per_s`` (median over trials), ``images_per_s_p25``/``_p75``
-            (throughput at the time quartiles), ``first_batch_s`` (median,
-            seconds), ``first_batch_max_s``, ``in_flight``,
-            ``prepared_ahead_max`` (most batches found finished before the
-            clock started in one trial, excluded from the timing), ``trials``.
-        """
-        import pandas as pd  # not at module level: see the module docstring (spawned workers import this module)
-
-        rows = []
-        for s in self.settings:
-            m = self.measurement(s.label)
-            sub = self.trials[self.trials["setting"] == s.label]
-            rows.append({
-                "setting": s.label, "num_workers": s.num_workers,
-                "prefetch_factor": s.prefetch_factor, "persistent_workers": s.persistent_workers,
-                "images_per_s": m.rate, "images_per_s_p25": m.rate_p25, "images_per_s_p75": m.rate_p75,
-                "first_batch_s": float(sub["first_batch_s"].median()),
-                "first_batch_max_s": float(sub["first_batch_s"].max()), "in_flight": s.in_flight,
-                "prepared_ahead_max": int(sub["prepared_ahead"].max()), "trials": m.repeats,
-            })
-        df = pd.DataFrame(rows)
-        return df.sort_values("images_per_s", ascending=False, kind="stable").reset_index(drop=True)
-
-    def short_windows(self) -> list[str]:
-        """Labels of settings whose ``batches_per_trial`` is below :attr:`LoaderSetting.min_timed_batches`."""
-        return [s.label for s in self.settings if self.batches_per_trial < s.min_timed_batches]
-
-    def ranking(self) -> list[str]:
-        """Setting labels, fastest (highest median images/s) first."""
-        return list(self.summary()["setting"])
-
-    def compare(self, a_label: str, b_label: str, *, seed: int = 0):
-        """Speedup of setting B over setting A, with a bootstrap interval.
-
-        Returns
-        -------
-        helpers.timing.Comparison
-            ``ratio`` = median time of A / median time of B (> 1: B faster),
-            interval from :func:`helpers.timing.bootstrap_ratio_ci` over the
-            per-trial times. With few trials the interval is wide, and
-            honestly so.
-        """
-        return Comparison.from_measurements(self.measurement(a_label), self.measurement(b_label), seed=seed)
-
-
-def run_sweep(make_dataset: Callable[[LoaderSetting], Any], n_items: int, settings: Sequence[LoaderSetting], *,
-              base: LoaderConfig, batches_per_trial: int, trials: int, acc: Any = None,
-              collate_fn: Callable | None = None, name: str = "sweep") -> SweepResult:
-    """Time each loader setting over ``trials`` rounds, in rotated order.
-
-    One trial of one setting is one loader pass of ``drain +
-    batches_per_trial + in_flight + 1`` batches (the sampler cycles through
-    the data, so a trial may span several epochs of a small dataset):
-
-    1. **drain**: the first ``max(1, num_workers x prefetch_factor)``
-       batches (:attr:`LoaderSetting.in_flight`, every task torch sends out
-       when the epoch starts) are delivered untimed. The first one's latency
-       from iterator creation (worker start-up, or resuming persistent
-       workers) is recorded apart as ``first_batch_s``.
-    2. **the window**: the clock starts when the last drained batch arrives.
-       Every batch carries the time it was *finished* (read in the worker
-       right after collation, :class:`_StampedCollate`). The window opens at
-       the first batch finished after the clock started and closes
-       ``batches_per_trial`` completions later (:func:`completion_window`):
-       a batch a worker finished before the clock started is never counted,
-       however late it is consumed, so work done before the window cannot be
-       credited to it; how many were found is recorded as
-       ``prepared_ahead``. Both ends of the window are completions, so the
-       partly made batches under way at either end balance out.
-    3. **the tail**: the ``in_flight + 1`` batches still to come are
-       delivered too (untimed), so that every batch finished inside the
-       window is seen and no worker is left working while the next setting
-       is timed.
-
-    If a completion time is later than the batch's arrival (the clocks of
-    the processes disagree), the trial falls back to arrival times: the
-    window runs from the first batch's arrival after the drain to the
-    ``batches_per_trial``-th arrival after it (logged, ``clock="arrival"``).
-
-    The consumer does nothing with a batch, so it never falls behind and
-    ``prefetch_factor`` can only matter through the workers' own scheduling;
-    its real use, absorbing uneven training steps, is measured with compute
-    in notebook 05. Round ``t`` visits the settings starting at position
-    ``t mod n``, so a slow drift of the machine is spread over all settings.
-    A persistent-workers setting keeps one loader for all its trials (that
-    is what persistence buys: no worker start-up per epoch); the others
-    start new workers each trial.
-
-    Parameters
-    ----------
-    make_dataset : callable
-        ``make_dataset(setting)`` returns the batched dataset for a setting
-        (so a per-setting thread count can be chosen); module-level class
-        instances only (workers may pickle them).
-    n_items : int
-        Items in that dataset (>= 1; fewer than one batch is fine: the
-        sampler cycles).
-    settings : sequence of LoaderSetting
-        E.g. :func:`sweep_settings`.
-    base : helpers.pipeline.loader.LoaderConfig
-        Batch size, seed, timeout, pinning, start method; its worker fields
-        are replaced by each setting's.
-    batches_per_trial : int
-        Batch completions timed per setting and trial (>= 1).
-    trials : int
-        Rounds (>= 1).
-    acc : helpers.device.Accelerator, optional
-        Decides pinning.
-    collate_fn : callable, optional
-        Module-level function (picklable); default torch's
-        ``default_convert``. Wrapped to stamp completion times.
-    name : str
-        Used in error messages.
-
-    Returns
-    -------
-    SweepResult
-
-    Raises
-    ------
-    ParameterError
-        For ``batches_per_trial`` or ``trials`` < 1 or no settings.
-    DataError
-        On a loader failure (the message names the setting).
-    """
-    import pandas as pd  # not at module level: see the module docstring (spawned workers import this module)
-
-    _require_count("batches_per_trial", batches_per_trial)
-    _require_count("trials", trials)
-    settings = tuple(settings)
-    if not settings:
-        raise ParameterError("run_sweep: no settings to time")
-    stamped = _StampedCollate(collate_fn if collate_fn is not None else default_convert)
-    keep: dict[LoaderSetting, Any] = {}
-    rows = []
-    skipped = SkipLog()
-    try:
-        for t in range(trials):
-            k = t % len(settings)
-            order = settings[k:] + settings[:k]
-            for position, s in enumerate(order):
-                loader = _trial_loader(make_dataset, n_items, s, keep, base=base,
-                                       batches_per_trial=batches_per_trial, acc=acc, collate_fn=stamped)
-                rows.append(_time_trial(loader, s, f"{name} [{s.label}]", base=base,
-                                        batches_per_trial=batches_per_trial, skipped=skipped, trial=t,
-                                        position=position))
-    finally:
-        for loader in keep.values():
-            close_loader(loader)
-    return SweepResult(trials=pd.DataFrame(rows), settings=settings, batch_size=base.batch_size,
-                       batches_per_trial=batches_per_trial, skipped=skipped.entries())
-
-
-def _require_count(name: str, value: Any) -> None:
-    """Raise a ParameterError unless ``value`` (the parameter ``name``) is an int >= 1."""
-    if not _is_int(value) or value < 1:
-        raise ParameterError(f"{name}={value!r}: allowed: an int >= 1")
-
-
-def _drain_and_tail(s: LoaderSetting) -> tuple[int, int]:
-    """Batches of one trial delivered untimed before the window and after it: ``(max(1, in_flight), in_flight + 1)``."""
-    return max(1, s.in_flight), s.in_flight + 1
-
-
-def _trial_loader(make_dataset: Callable[[LoaderSetting], Any], n_items: int, s: LoaderSetting,
-                  keep: dict[LoaderSetting, Any], *, base: LoaderConfig, batches_per_trial: int, acc: Any,
-                  collate_fn: Callable) -> Any:
-    """The loader for one trial of ``s``: the one kept in ``keep`` for persistent workers, else a new one."""
-    cfg = s.config(base)
-    drain, tail = _drain_and_tail(s)
-    loader = keep.get(s)
-    if loader is None:
-        sampler = make_batch_sampler(n_items, cfg, num_batches=drain + batches_per_trial + tail)
-        loader = make_loader(make_dataset(s), cfg, acc, batch_sampler=sampler, collate_fn=collate_fn)
-        if s.persistent_workers:
-            keep[s] = loader
-    return loader
-
-
-def _time_trial(loader: Any, s: LoaderSetting, label: str, *, base: LoaderConfig, batches_per_trial: int,
-                skipped: SkipLog, trial: int, position: int) -> dict[str, Any]:
-    """One trial of ``s`` (drain, window, tail: see :func:`run_sweep`): its row of :attr:`SweepResult.trials`."""
-    drain, tail = _drain_and_tail(s)
-    n_skipped = 0
-    completed: list[float] = []
-    arrived: list[float] = []
-    with iterate(loader, name=label) as it:
-        for batch, _done in it.take(drain):
-            n_skipped += skipped.add(batch)
-        t0 = time.perf_counter()
-        for batch, done in it:
-            arrived.append(time.perf_counter())
-            completed.append(done)
-            n_skipped += skipped.add(batch)
-        first_s = it.first_batch_s
-    if len(completed) != batches_per_trial + tail:
-        raise DataError(f"{label}: expected {batches_per_trial + tail} batches after the drain, got "
-                        f"{len(completed)}; the loader's sampler was changed or ran out")
-    start, end, ahead, clock = _trial_window(label, t0, completed, arrived, batches_per_trial)
-    elapsed = end - start
-    images = batches_per_trial * base.batch_size
-    row = {
-        "setting": s.label, "num_workers": s.num_workers,
-        "prefetch_factor": float("nan") if s.prefetch_factor is None else float(s.prefetch_factor),
-        "persistent_workers": s.persistent_workers, "trial": trial, "position": position,
-        "first_batch_s": first_s, "elapsed_s": elapsed, "images": images,
-        "images_per_s": images / elapsed if elapsed > 0 else float("nan"),
-        "in_flight": s.in_flight, "drained": drain, "prepared_ahead": ahead, "clock": clock,
-        "skipped": n_skipped,
-    }
-    logger.info("%s trial %d: %.0f images/s, first batch %.3f s, %d batch(es) ready before the clock "
-                "(not counted)", label, trial, row["images_per_s"], first_s, ahead)
-    return row
-
-
-def _trial_window(label: str, t0: float, completed: Sequence[float], arrived: Sequence[float],
-                  batches_per_trial: int) -> tuple[float, float, int, str]:
-    """A trial's window ``(start, end, prepared_ahead, clock)``, seconds; by arrival if the clocks disagree."""
-    late = max(c - a for c, a in zip(completed, arrived))
-    if late <= _CLOCK_SLACK_S:
-        start, end, ahead = completion_window(t0, completed, batches_per_trial)
-        return start, end, ahead, "completion"
-    logger.warning("%s: a batch was stamped %.3f s after it arrived: the worker and main-process "
-                   "clocks disagree; timing this trial by arrival instead", label, late)
-    return arrived[0], arrived[batches_per_trial], 0, "arrival"
 
 
 # --------------------------------------------------------------------------- try it
@@ -972,7 +334,7 @@ class _Datasets:
 
 
 @dataclass(frozen=True, eq=False)
-class LoaderChecks:
+class LoaderChecks(LoaderChecksTexts):
     """Notebook 03 before any timing (:func:`check`): the machine, the data, the workers-vs-main-process batch
     comparison and the randomness probes, each asserted. :class:`LoaderResult` extends it with the measurement.
 
@@ -1022,35 +384,9 @@ class LoaderChecks:
     make_dataset: Any = dataclasses.field(compare=False, repr=False, default=None, kw_only=True)
     job: Any = dataclasses.field(compare=False, repr=False, default=None, kw_only=True)
 
-    @property
-    def machine_text(self) -> str:
-        """Cores and start method (section 1)."""
-        m = self.method
-        return (f"{self.cores} usable CPU core(s); workers start with {m.method!r} ({m.source})\n"
-                f"what that means: {m.explanation}")
-
-    @property
-    def data_text(self) -> str:
-        """The dataset swept (section 2)."""
-        if not self.builtin:
-            return f"your job: {dict(self.job_describe)}; {self.n_items} items in batches of {self.batch_size}"
-        d = self.data
-        lines = [f"{d['images']} images, {d['classes']} class(es), {len(d['skipped'])} file(s) skipped"]
-        lines += [f"  skipped {name}: {reason}" for name, reason in d["skipped"][:10]]
-        return "\n".join(lines)
-
-    @property
-    def probe_text(self) -> str:
-        """Repeated draws before and after worker_init_fn (section 5)."""
-        from helpers.pipeline.randomness import VARIANTS
-
-        r = self.probe
-        return (f"{r.items} items x {r.epochs} epochs x {r.ranks} ranks, 2 workers: {r.duplicates(VARIANTS[0])} "
-                f"repeated draws before the fix, {r.duplicates(VARIANTS[1])} after")
-
 
 @dataclass(frozen=True, eq=False)
-class LoaderResult(LoaderChecks, ExperimentResult):
+class LoaderResult(LoaderChecks, LoaderResultTexts, ExperimentResult):
     """Everything notebook 03 measured (see :func:`run`); ``records()`` and ``verdict()`` in the notebook's order.
 
     Attributes
@@ -1144,100 +480,11 @@ class LoaderResult(LoaderChecks, ExperimentResult):
         g = self.growth.reset_index()
         return g[g["role"] != "main"].groupby("loader", sort=False)["growth_mib"].median()
 
-    # -- what the cells print (sections 1, 2 and 5: LoaderChecks) ----------------------------------------------------
-    @property
-    def sweep_text(self) -> str:
-        """How the sweep timed, and which settings had short windows (section 6)."""
-        p, settings, summary = self.params, self.settings, self.summary
-        lines = []
-        if 0 not in p["num_workers_list"]:
-            lines.append("num_workers=0 added to the sweep: it is the reference of the verdict")
-        lines += [f"{len(settings)} settings x {p['trials']} trials, {p['batches_per_trial']} timed batches of "
-                  f"{self.batch_size} items each, after draining up to {max(s.in_flight for s in settings)} batches "
-                  "in flight",
-                  f"batches finished before the clock started (not counted): up to "
-                  f"{int(summary['prepared_ahead_max'].max())} in one trial"]
-        short = self.sweep.short_windows()
-        if short:
-            lines.append(f"note: {len(short)} setting(s) timed fewer than two batches per worker ({'; '.join(short)}): "
-                         "their throughput depends on how the workers' batches happened to line up; raise "
-                         f"batches_per_trial to {max(s.min_timed_batches for s in settings)} or more for a steadier "
-                         "figure")
-        return "\n".join(lines)
-
-    @property
-    def sweep_table(self):
-        """The sweep's summary, rounded for display."""
-        return self.summary.round({"images_per_s": 0, "images_per_s_p25": 0, "images_per_s_p75": 0,
-                                   "first_batch_s": 3, "first_batch_max_s": 3})
-
-    @property
-    def peak_text(self) -> str:
-        """Where the fastest setting stands against the core count."""
-        w, cores = self.best_setting.num_workers, self.cores
-        if w == 0:
-            return (f"the fastest setting used no workers: on {cores} core(s) the main process with {cores} decode "
-                    "thread(s) was not beaten by worker processes")
-        if w <= cores:
-            return f"the fastest setting used {w} worker(s) on {cores} core(s): within the core count"
-        return (f"the fastest setting used {w} workers on {cores} core(s), more than the cores: extra processes can "
-                "gain a little when some of them wait (reading files, handing batches to the main process) while "
-                "others compute, but such a lead is small and easily noise; the held-out confirmation below "
-                "measures it again")
-
-    @property
-    def ranking_text(self) -> str:
-        """The best setting, its margin over the runner-up and over num_workers=0 in the sweep."""
-        best, cores = self.best, self.cores
-        lines = [f"fastest here: {best} at {self._rate(self.sweep, best):.0f} images/s (median of "
-                 f"{self.params['trials']} trials)"]
-        if self.margin is not None:
-            lines.append(f"margin over the next: {self.margin.verdict_text()}")
-        c = self.sweep_over_zero
-        if c is not None:
-            lines.append(f"against num_workers=0 ({self._rate(self.sweep, 'workers=0'):.0f} images/s): "
-                         f"{c.verdict_text()}")
-            odd = speedup_plausibility(c.ratio, cores, ci_low=c.ci_low)
-            if odd:
-                lines.append(f"IMPLAUSIBLE: {odd}")
-        else:
-            lines.append(f"num_workers=0 was the fastest setting: worker processes did not pay for themselves on "
-                         f"{cores} core(s)")
-        return "\n".join(lines)
-
     @property
     def memory_text(self) -> str:
         """The header of the worker-memory table (section 7)."""
         return (f"start method {self.method.method!r}, {MEMORY_WORKERS} workers; USS in MiB at the start and end of "
                 "one epoch:")
-
-    @property
-    def growth_text(self) -> str:
-        """Median worker USS growth per loader."""
-        return "median worker USS growth over the epoch: " + "; ".join(
-            f"{label}: {value:+.1f} MiB" for label, value in self.worker_growth.items())
-
-    @property
-    def bad_input_text(self) -> str:
-        """The corrupt-file epoch (section 9), or where it is shown for a user's job."""
-        rep = self.bad_input
-        if rep is None:
-            return "(demonstrated on the built-in job's photos; run the notebook without job= to see it)"
-        lines = [f"epoch complete: {rep.batches} batches, {rep.items} images, {len(rep.skipped)} file(s) replaced"]
-        lines += [f"  {name}: {reason} (met {times}x)" for name, reason, times in rep.skipped]
-        return "\n".join(lines)
-
-    @property
-    def confirmation_text(self) -> str:
-        """The held-out confirmation (section 10)."""
-        c = self.over_zero
-        if c is None:
-            return "num_workers=0 won the sweep: there is nothing to confirm"
-        best_rate, zero_rate = self.rates
-        text = (f"confirmation, {self.params['trials']} new trials of {self.confirm_batches} timed batches: "
-                f"{self.best} at {best_rate:.0f} images/s, num_workers=0 at {zero_rate:.0f} images/s; "
-                f"{c.verdict_text()}")
-        return text + (f"\nIMPLAUSIBLE: {self.implausible}" if self.implausible else "")
 
     # -- records and verdict ------------------------------------------------------------------------------------
     def records(self) -> Records:
@@ -1290,21 +537,6 @@ class LoaderResult(LoaderChecks, ExperimentResult):
         if self.over_zero is not None:
             r.add_comparison("best vs num_workers=0 (held-out confirmation)", self.over_zero, unit="x",
                              batches_per_trial=self.confirm_batches, trials=self.params["trials"])
-
-    @property
-    def context(self) -> str:
-        """What was measured, in one sentence (the verdict's context)."""
-        p = self.params
-        what = (f"batched pipeline (helpers.pipeline.fast.BatchedDataset, cores/num_workers decode threads per "
-                f"process), batch {p['batch_size']} of {p['image_size']} px from {self.n_items} images" if self.builtin
-                else f"your job's dataset ({self.job_describe.get('job')}), batch {self.batch_size} of "
-                     f"{self.n_items} items")
-        return (f"{what}; settings: num_workers {sorted({s.num_workers for s in self.settings})} x prefetch_factor "
-                f"{sorted(set(p['prefetch_factor_list']))} x persistent_workers; {p['batches_per_trial']} timed "
-                "batches per trial after draining the batches in flight, counting only batches finished after the "
-                f"clock started, {p['trials']} trials in rotated order; the verdict from {p['trials']} held-out "
-                f"confirmation trials of {self.best} against num_workers=0 ({self.confirm_batches} timed batches "
-                f"each); {self.cores} usable cores, start method {self.method.method}, device {self.device_kind}")
 
     def verdict(self) -> Verdict:
         """Notebook 03's verdict (:func:`verdict`) from the held-out confirmation."""
@@ -1442,52 +674,6 @@ def _bad_input(index, tokenizer, p: Mapping[str, Any], expect):
                                name="bad-input loader")
     assert report.batches == len(bad_index) // 2 and report.items == len(bad_index), "the epoch must complete"
     return report
-
-
-def fault_demo(first_batch_timeout_s: float) -> str:
-    """A worker that exits and one that hangs, each turned into a DataError; no worker process left behind.
-
-    Parameters
-    ----------
-    first_batch_timeout_s : float
-        Notebook 03's timeout; the demo waits at most 1 s.
-
-    Returns
-    -------
-    str
-        Each fault's error message, then "no worker process left behind".
-
-    Raises
-    ------
-    AssertionError
-        If a broken loader did not fail, or a worker process outlived it.
-    """
-    import psutil
-
-    from helpers.pipeline.guarded import run_epoch
-
-    def live_children():
-        pids = set()
-        for proc in psutil.Process().children(recursive=True):
-            try:
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    pids.add(proc.pid)
-            except psutil.NoSuchProcess:
-                pass
-        return pids
-
-    before, lines = live_children(), []
-    timeout_s = min(1.0, first_batch_timeout_s)
-    for fault in ("exit", "hang"):
-        broken = make_loader(FaultyDataset(8, fault), LoaderConfig(batch_size=2, num_workers=1, timeout_s=timeout_s))
-        try:
-            run_epoch(broken, name=f"demo loader ({fault})")
-            raise AssertionError("the broken loader should have failed")
-        except DataError as exc:
-            lines.append(f"{fault}: {exc}\n")
-    left = live_children() - before
-    assert not left, f"worker processes left behind: {sorted(left)}"
-    return "\n".join(lines + ["no worker process left behind"])
 
 
 def check(job: Any, acc: Any, params: Mapping[str, Any]) -> LoaderChecks:

@@ -38,21 +38,12 @@ from helpers.compute.model import PolicyConfig, build_policy
 from helpers.compute.ppo import PPOConfig, PPOTrainer, ppo_loss
 from helpers.errors import ParameterError
 from helpers.jobs.base import Job, PerItemBatches, StepOptions, Workload
-from helpers.pipeline.baseline import BaselineDataset, ImageTransformConfig
+from helpers.pipeline.baseline import BaselineDataset, ImageTransformConfig, host_to_device
 from helpers.pipeline.fast import BatchedDataset, to_device_batch
 from helpers.pipeline.prepare import prepare_data
 from helpers.pipeline.sampler import batch_sampler
 
 __all__ = ["PPOJob", "PPOStep", "host_to_device"]
-
-
-def host_to_device(batch: dict, acc, *, non_blocking: bool = False) -> tuple:
-    """Copy a baseline batch to the device: ``(images, tokens, labels)`` as given.
-
-    ``batch["image"]`` is float32 (B, 3, S, S) already normalized on the host;
-    ``tokens`` int64 (B, L); ``label`` int64 (B,).
-    """
-    return tuple(batch[k].to(acc.device, non_blocking=non_blocking) for k in ("image", "tokens", "label"))
 
 
 class PPOJob(Job):

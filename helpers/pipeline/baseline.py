@@ -14,6 +14,9 @@ Randomness is per item: a generator seeded from ``(seed, epoch, index)``
 every DataLoader worker would copy with the same state and so repeat the same
 augmentations (pytorch/pytorch#5059). The same item in the same epoch
 gets the same augmentation whichever worker or rank loads it.
+
+:func:`collate_batch` stacks the items into a batch and :func:`host_to_device`
+copies that batch, already normalized on the host, to the device.
 """
 
 from __future__ import annotations
@@ -331,3 +334,12 @@ def collate_batch(samples) -> dict:
         "tokens": torch.stack([s["tokens"] for s in samples]),
         "label": torch.stack([s["label"] for s in samples]),
     }
+
+
+def host_to_device(batch: dict, acc, *, non_blocking: bool = False) -> tuple:
+    """Copy a baseline batch to the device: ``(images, tokens, labels)`` as given.
+
+    ``batch["image"]`` is float32 (B, 3, S, S) already normalized on the host;
+    ``tokens`` int64 (B, L); ``label`` int64 (B,).
+    """
+    return tuple(batch[k].to(acc.device, non_blocking=non_blocking) for k in ("image", "tokens", "label"))

@@ -20,9 +20,10 @@ issue cited):
 The other concerns of running a loader live beside this module:
 :mod:`helpers.pipeline.seeding` (per-worker seeding),
 :mod:`helpers.pipeline.guarded` (an epoch whose failures become clear
-errors), :mod:`helpers.pipeline.worker_memory` (the memory of each worker)
-and, above them, :mod:`helpers.experiments.loader_sweep` (notebook 03's
-sweep of worker settings).
+errors), :mod:`helpers.pipeline.worker_memory` (the memory of each worker),
+:mod:`helpers.pipeline.loader_timing` (the timing of worker settings) and,
+above them, :mod:`helpers.experiments.loader_sweep` (notebook 03's sweep of
+worker settings).
 
 Fork and spawn
 --------------

@@ -25,7 +25,8 @@ has no streams (a CPU) it degrades to a synchronous transfer with the same
 interface: on a CPU the overlap comes from DataLoader worker processes
 instead.
 
-The overlap metric and notebook 05's experiment live in :mod:`helpers.experiments.overlap`.
+The overlap metric lives in :mod:`helpers.pipeline.overlap_metric`, notebook 05's experiment in
+:mod:`helpers.experiments.overlap`.
 """
 
 from __future__ import annotations
