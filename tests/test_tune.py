@@ -165,6 +165,8 @@ def test_a_script_that_fails_on_its_own_gets_its_own_error_and_nothing_is_writte
     assert expected in done.stderr
     if mode == "raise":
         assert "---- your script's own output" in done.stderr and 'train.py", line 30, in main' in done.stderr
+        # once, and starting in the user's script: no frame of tune's own runner
+        assert done.stderr.count(expected) == 1 and "helpers/tune/hook.py" not in done.stderr
     assert not out.exists(), "a folder was written for a script that cannot be tuned"
     assert not (user_dir / "model.pt").exists()
 

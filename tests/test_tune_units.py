@@ -124,9 +124,9 @@ def test_plan_edits_places_each_winner_at_its_captured_site(tmp_path):
             "    model = model.to(memory_format=torch.channels_last)\n    opt = torch.optim.SGD") in new
     loader = next(e for e in edits if e.kind == "loader")
     assert loader.params == {"num_workers": 2, "persistent_workers": True, "pin_memory": True}
-    # a call site in another file is not edited (the proof runs the script given)
+    # a call site in another file keeps its file: the session writes only the script's and names the others
     p["loaders"][0]["file"] = str(tmp_path / "data.py")
-    assert all(e.kind != "loader" for e in plan_edits(p, chosen[:1], script))
+    assert [e.file for e in plan_edits(p, chosen[:1], script)] == [str(tmp_path / "data.py")]
 
 
 def test_the_command_is_read_or_refused_before_anything_runs(tmp_path):
@@ -135,10 +135,12 @@ def test_the_command_is_read_or_refused_before_anything_runs(tmp_path):
     cmd = parse_command(["python", "train.py", "--epochs", "2"], cwd=tmp_path)
     assert cmd.script == script and cmd.args == ("--epochs", "2") and cmd.python == sys.executable
     assert parse_command(["/opt/py/bin/python3", str(script)]).python == "/opt/py/bin/python3"
-    assert parse_command(["python", "-m", "pkg.train", "x"], cwd=tmp_path).module == "pkg.train"
     for words, msg in (([], "give the command"), (["torchrun", "train.py"], "runs your script as one process"),
                        (["python"], "give the script"), (["python", "-u", "train.py"], "not supported"),
-                       (["python", "nope.py"], "does not exist"), (["python", "-m"], "module after -m")):
+                       (["python", "nope.py"], "does not exist"),
+                       (["python", "-m", "pkg.train"], "give the module's file: python pkg/train.py ARGS"),
+                       (["python", "-c", "pass"], "give python train.py ARGS"),
+                       (["python", "."], "is a folder")):
         with pytest.raises(ParameterError, match=msg):
             parse_command(words, cwd=tmp_path)
     (tmp_path / "run.sh").write_text("")
@@ -251,3 +253,15 @@ def test_the_model_is_found_by_its_name_or_as_an_attribute_of_a_trainer_object()
     net = trainer.net
     model, names = _find_model(sys._getframe(), list(net.parameters()))
     assert model is net and set(names) == {"net", "model", "trainer.net"}  # every name the frame has for it
+
+
+def test_a_new_argument_never_copies_a_neighbours_comment():
+    src = ("loader = DataLoader(\n    ds,\n    batch_size=8,  # small batches\n"
+           "    shuffle=True,  # num_workers left at default for now\n)\n"
+           "l2 = DataLoader(ds,  # the data\n                batch_size=8)\n")
+    new, made, _ = apply_edits(src, [Edit("loader", "f", 1, {"num_workers": 2, "persistent_workers": True}),
+                                     Edit("loader", "f", 6, {"num_workers": 2})])
+    assert len(made) == 2 and new.count("# num_workers left at default for now") == 1
+    assert ("    shuffle=True,  # num_workers left at default for now\n    num_workers=2,\n"
+            "    persistent_workers=True,\n)\n") in new
+    assert "l2 = DataLoader(ds,  # the data\n                batch_size=8,\n                num_workers=2)\n" in new

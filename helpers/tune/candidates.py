@@ -128,8 +128,14 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
             skipped.append((t, "no model was found: the optimizer was not built from a model's parameters in the "
                                "script's own files"))
         return out, skipped
+    others = probe.get("other_optimizers") or []
     if probe.get("autocast_in_use"):
         skipped.append(("autocast", "the script already enters torch.autocast"))
+    elif others:
+        names = ", ".join(n for o in others for n in (o.get("model_names") or ["?"])[:1])
+        skipped.append(("autocast", f"the script builds {len(others) + 1} optimizers (the other model: {names}): "
+                                    f"autocast around one model's forward would hand bfloat16 to the other; put "
+                                    f"the whole step under torch.autocast by hand (notebook 06)"))
     elif model.get("param_dtype") not in ("float32", None):
         skipped.append(("autocast", f"the model's parameters are already {model['param_dtype']}"))
     elif model.get("bf16_supported") is True:

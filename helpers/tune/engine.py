@@ -39,6 +39,8 @@ __all__ = ["Command", "Run", "Judgement", "ScriptError", "parse_command", "run_o
 #: Smallest speedup that counts as worth a change (5%): the notebooks' A/B threshold
 #: (:meth:`helpers.timing.Comparison.outcome`'s default).
 THRESHOLD = 1.05
+#: How :func:`judge` names the early-stop rule (helpers.tune.session.GIVE_UP_RATIO: 2.5).
+GIVE_UP_TEXT = "2.5x"
 #: Consecutive steps averaged into one unit of the bootstrap. A step's own time is bimodal where DataLoader
 #: workers feed it (a step whose batch is ready, a step that waits), so its median misstates the throughput; the
 #: mean of a block of steps is the throughput over that block, and blocks, unlike single steps, are close to
@@ -125,13 +127,15 @@ def parse_command(words: Sequence[str], cwd: str | os.PathLike | None = None) ->
     # when the environment is activated; a path names an interpreter of the user's choice
     python = sys.executable if "/" not in words[0] and "\\" not in words[0] else words[0]
     if words[1] == "-m":
-        if len(words) < 3:
-            raise ParameterError("tune: give the module after -m: python -m package.train ARGS")
-        return Command(python, None, words[2], tuple(words[3:]), cwd)
+        target = words[2].replace(".", "/") + ".py" if len(words) > 2 else "package/train.py"
+        raise ParameterError(f"tune: python -m is not supported: tune edits a script file, so give the module's file: "
+                             f"python {target} ARGS")
     if words[1].startswith("-"):
-        raise ParameterError(f"tune: interpreter option {words[1]!r} is not supported; give python train.py ARGS "
-                             f"or python -m package.train ARGS")
+        raise ParameterError(f"tune: interpreter option {words[1]!r} is not supported; give python train.py ARGS")
     script = (cwd / words[1]).resolve()
+    if script.is_dir():
+        raise ParameterError(f"tune: {words[1]!r} is a folder; give the training script in it: python "
+                             f"{words[1].rstrip('/')}/train.py ARGS")
     if not script.is_file():
         raise ParameterError(f"tune: the script {words[1]!r} does not exist (looked for {script})")
     if script.suffix != ".py":
@@ -263,8 +267,8 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
                    f"the process ended with status {proc.returncode} before writing its result:\n{tail}")
     result = json.loads(out_path.read_text(encoding="utf-8"))
     error = result.get("error") or ""
-    if result["status"] in ("error", "exit"):
-        error = (error + "\n" + _tail(workdir / f"{tag}.log")).strip()
+    if result["status"] in ("error", "exit"):  # the script's own output, which ends with its traceback
+        error = _tail(workdir / f"{tag}.log") or error
     return Run(variant, round_, result["status"], [float(x) for x in result["step_times_s"]],
                result["losses"], wall, error, result)
 
@@ -294,8 +298,8 @@ def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path
             progress: Callable[[str], None] | None = None) -> tuple[dict[str, list[Run]], machine.BusyCheck]:
     """Run every variant ``rounds`` times, round-robin, each round in a rotated order.
 
-    A variant other than the first (the reference) whose run was stopped as ``"slow"`` (``give_up_step_s``) or
-    failed is not run again: one such run decides it (:func:`judge`).
+    A variant other than the first (the reference) whose run failed, or was stopped as ``"slow"`` in the first
+    round (``give_up_step_s``; later rounds run to the end), is not run again: that run decides it (:func:`judge`).
 
     Parameters
     ----------
@@ -332,7 +336,7 @@ def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path
                 continue
             run = run_once(command, name, apply, workdir=workdir, warmup=warmup, steps=steps, timeout_s=timeout_s,
                            round_=r, script=script, watch_copies=watch_copies,
-                           give_up_step_s=None if name == reference else give_up_step_s)
+                           give_up_step_s=None if name == reference or r > 0 else give_up_step_s)
             runs[name].append(run)
             k += 1
             if name != reference and not run.ok:
@@ -438,10 +442,15 @@ def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.Bus
         r = slow[0]
         ms = statistics.median(r.step_times_s) * 1e3
         base_ms = statistics.median([t for b in base for t in b.step_times_s]) * 1e3
-        return Judgement(name, "slower", base_ms / ms, math.nan, math.nan, [], base_ms, ms,
-                         reason=f"stopped after {len(r.step_times_s) + 1} steps (round {r.round + 1}): {ms:.0f} ms "
-                                f"per step against {base_ms:.0f} unmodified, {ms / base_ms:.1f}x as long; a change "
-                                f"this much slower is not timed further")
+        stopped = (f"stopped after {len(r.step_times_s) + 1} steps (round {r.round + 1}) at {ms:.0f} ms per step, "
+                   f"over {GIVE_UP_TEXT} the first unmodified run's")
+        if ms > base_ms:
+            return Judgement(name, "slower", base_ms / ms, math.nan, math.nan, [], base_ms, ms,
+                             reason=f"{stopped}; the unmodified runs took {base_ms:.0f} ms, so it is "
+                                    f"{ms / base_ms:.1f}x as long; a change this much slower is not timed further")
+        return Judgement(name, "inconclusive", base_ms / ms, math.nan, math.nan, [], base_ms, ms,
+                         reason=f"{stopped}; but the unmodified runs took {base_ms:.0f} ms, longer still: the "
+                                f"machine's speed changed while measuring; rerun when it is quiet")
     failed = [r for r in runs if not r.ok]
     if failed:
         r = failed[0]
@@ -472,7 +481,7 @@ def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.Bus
     low, high = bootstrap_ratio_ci(a, b)
     per_round = []
     for rb, rv in zip(sorted(base, key=lambda r: r.round), sorted(runs, key=lambda r: r.round)):
-        per_round.append(statistics.fmean(rb.step_times_s) / statistics.fmean(rv.step_times_s))
+        per_round.append(statistics.median(blocks(rb.step_times_s)) / statistics.median(blocks(rv.step_times_s)))
     j = Judgement(name, "", speedup, low, high, per_round, med_a * 1e3, med_b * 1e3)
     rounds = ", ".join(f"{x:.2f}" for x in per_round)
     n_a, n_b = sum(len(r.step_times_s) for r in base), sum(len(r.step_times_s) for r in runs)

@@ -68,6 +68,7 @@ class Recorder:
         self._loss = None
         self.optimizer_id: int | None = None
         self.optimizer: dict[str, Any] | None = None
+        self.other_optimizers: list[dict[str, Any]] = []
         self.model = None
         self.model_info: dict[str, Any] = {}
         self.loaders: list[dict[str, Any]] = []
@@ -154,6 +155,7 @@ class Recorder:
             "steps_seen": len(t), "warmup_steps": self.warmup, "step_times_s": measured, "all_step_times_s": times,
             "first_step_s": (t[0] - self.t0) if t else None, "wall_s": time.perf_counter() - self.t0,
             "losses": losses, "loaders": self.loaders, "optimizer": self.optimizer, "model": self.model_info,
+            "other_optimizers": self.other_optimizers,
             "forward_sites": [{"file": f, "line": ln, "count": c} for (f, ln), c in self.forward_sites.items()],
             "to_sites": list(self.to_sites.values()),
             "autocast_in_use": self.autocast_in_use, "saved": self.saved, "notes": self.notes,
@@ -273,10 +275,13 @@ def install(rec: Recorder) -> None:
             params = [params]
         params = list(params)
         orig_opt_init(self, params, *args, **kwargs)
-        if rec.optimizer is not None:
-            return
         frame = rec.user_frame(sys._getframe(1))
         if frame is None:
+            return
+        if rec.optimizer is not None:  # a second optimizer (a GAN's): its model is not the one tune changes
+            other, other_names = _find_model(frame, _flat_params(params))
+            rec.other_optimizers.append({**rec.site(frame), "class": type(self).__name__,
+                                         "model_names": other_names if other is not None else []})
             return
         model, names = _find_model(frame, _flat_params(params))
         rec.optimizer = {**rec.site(frame), "class": type(self).__name__, "model_names": names}
@@ -480,8 +485,12 @@ def main(argv: list[str] | None = None) -> int:
             status, error = "exit", f"the script exited with status {e.code!r}"
     except KeyboardInterrupt:
         status, code, error = "error", 130, "interrupted"
-    except BaseException:  # noqa: BLE001 - the user's own failure, reported as theirs
-        status, code, error = "error", 1, traceback.format_exc()
+    except BaseException as exc:  # noqa: BLE001 - the user's own failure, reported as theirs
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__):
+            tb = tb.tb_next  # the frames of this runner: the traceback starts in the user's script
+        status, code = "error", 1
+        error = "".join(traceback.format_exception(type(exc), exc, tb))
         sys.stderr.write(error)
     _write(spec["out"], rec.result(status, exit_code=code, error=error))
     sys.stdout.flush()

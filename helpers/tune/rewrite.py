@@ -76,8 +76,20 @@ def _name_of(func: cst.BaseExpression) -> str:
     return ""
 
 
+def _no_comment(ws):
+    """``ws`` without the comments and blank lines it holds (a line break and indentation stay)."""
+    if isinstance(ws, cst.ParenthesizedWhitespace):
+        return ws.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=[])
+    return ws
+
+
 def _set_keywords(call: cst.Call, values: dict[str, Any]) -> cst.Call:
-    """``call`` with each keyword of ``values`` replaced or appended, formatted like the call's own arguments."""
+    """``call`` with each keyword of ``values`` replaced or appended, formatted like the call's own arguments.
+
+    A new argument goes after the last one, separated as the arguments before it are (on its own line in a call
+    written one argument per line); a comment beside an existing argument stays with that argument and is never
+    copied to a new one.
+    """
     args = list(call.args)
     todo = dict(values)
     for i, a in enumerate(args):
@@ -91,11 +103,20 @@ def _set_keywords(call: cst.Call, values: dict[str, Any]) -> cst.Call:
             args.append(new)
             continue
         last = args[-1]
-        between = args[-2].comma if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else \
-            cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument takes it over
-            new = new.with_changes(comma=last.comma)
-        args[-1] = last.with_changes(comma=between)
+        sep = args[-2].comma.whitespace_after if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else \
+            cst.SimpleWhitespace(" ")
+        if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument ends the same way
+            tail = last.comma
+            own = tail.whitespace_after
+            if isinstance(own, cst.ParenthesizedWhitespace) and isinstance(sep, cst.ParenthesizedWhitespace):
+                # the last argument keeps its own end-of-line comment, indented as the arguments are
+                last_ws = sep.with_changes(first_line=own.first_line, empty_lines=[])
+            else:
+                last_ws = _no_comment(sep)
+            args[-1] = last.with_changes(comma=tail.with_changes(whitespace_after=last_ws))
+            new = new.with_changes(comma=tail.with_changes(whitespace_after=_no_comment(own)))
+        else:
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=_no_comment(sep)))
         args.append(new)
     return call.with_changes(args=args)
 

@@ -128,8 +128,9 @@ class TuneResult:
 def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path) -> list[Edit]:
     """The source edits that write ``winners`` into ``script``, at the call sites the probe captured.
 
-    Only call sites in ``script`` itself are edited (the file the proof runs); the loaders' settings of all the
-    winners are merged into one edit per ``DataLoader(...)`` call.
+    The loaders' settings of all the winners are merged into one edit per ``DataLoader(...)`` call. Edits of
+    other files are returned too: :func:`_prove` writes only those of ``script`` (the file the proof runs) and
+    reports the others as not written, with where they are.
     """
     script = str(script.resolve())
     edits: list[Edit] = []
@@ -139,29 +140,27 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
     if loader_kw:
         label = " + ".join(t for t in ("num_workers", "pin_memory") if t in techniques)
         for ld in probe.get("loaders") or []:
-            if ld["file"] == script:
-                edits.append(Edit("loader", script, ld["line"], dict(loader_kw), label))
+            edits.append(Edit("loader", ld["file"], ld["line"], dict(loader_kw), label))
     if merged.get("non_blocking"):
         for site in probe.get("to_sites") or []:
-            if site["file"] == script:
-                edits.append(Edit("non_blocking", script, site["line"], {}, "pin_memory"))
+            edits.append(Edit("non_blocking", site["file"], site["line"], {}, "pin_memory"))
     model = probe.get("model") or {}
     if merged.get("autocast"):
-        sites = [s for s in probe.get("forward_sites") or [] if s["file"] == script]
+        sites = probe.get("forward_sites") or []
         if sites:
             best = max(sites, key=lambda s: s["count"])
-            edits.append(Edit("autocast", script, best["line"],
+            edits.append(Edit("autocast", best["file"], best["line"],
                               {"device_type": model.get("param_device") or "cpu", "dtype": merged["autocast"]},
                               "autocast"))
     if merged.get("cudnn_benchmark"):
         opt = probe.get("optimizer") or {}
-        if opt.get("file") == script:
-            edits.append(Edit("cudnn_benchmark", script, opt["line"], {}, "cudnn_benchmark"))
+        if opt.get("file"):
+            edits.append(Edit("cudnn_benchmark", opt["file"], opt["line"], {}, "cudnn_benchmark"))
     if merged.get("channels_last"):
         opt = probe.get("optimizer") or {}
         names = opt.get("model_names") or []
-        if opt.get("file") == script and names:
-            edits.append(Edit("channels_last", script, opt["line"], {"name": names[0], "assign": True},
+        if opt.get("file") and names:
+            edits.append(Edit("channels_last", opt["file"], opt["line"], {"name": names[0], "assign": True},
                               "channels_last"))
     return edits
 
@@ -211,7 +210,7 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
                              "give python path/to/train.py ARGS")
     scratch = Path(tempfile.mkdtemp(prefix="workbook-tune-"))
     try:
-        say(f"probe: running your script unmodified for up to {options.warmup + options.steps} optimizer steps")
+        say(f"probe: running your script unmodified for up to {options.warmup + options.steps + 1} optimizer steps")
         probe = run_once(command, "probe", {}, workdir=scratch, warmup=options.warmup, steps=options.steps,
                          timeout_s=options.timeout_s, round_=-1, watch_copies=_may_have_device())
         _check_probe(probe, options)
@@ -265,7 +264,12 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     assert script is not None
     source = script.read_text(encoding="utf-8")
     edits = plan_edits(res.probe, winners, script)
-    new, made, skipped = apply_edits(source, edits)
+    here = [e for e in edits if e.file == str(script.resolve())]
+    new, made, skipped = apply_edits(source, here)
+    for e in edits:
+        if e not in here:
+            skipped.append((e, f"the call is in {_where(e.file, command)}, line {e.line}: tune edits only the script "
+                               f"you gave; set it there: {_edit_text(e)}"))
     res.edits_made, res.edits_skipped = made, skipped
     if not made:
         return False
@@ -285,6 +289,26 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
         res.rewritten = new
         return True
     return False
+
+
+def _where(file: str, command: Command) -> str:
+    """``file`` relative to the script's folder where it is under it."""
+    try:
+        return str(Path(file).relative_to(command.script.parent if command.script else command.cwd))
+    except ValueError:
+        return file
+
+
+def _edit_text(e: Edit) -> str:
+    """The change an edit makes, as the words to type."""
+    if e.kind == "loader":
+        return "DataLoader(..., " + ", ".join(f"{k}={v!r}" for k, v in e.params.items()) + ")"
+    return {"non_blocking": ".to(device, non_blocking=True)",
+            "autocast": f"with torch.autocast(device_type={e.params.get('device_type', 'cpu')!r}, "
+                        f"dtype=torch.{e.params.get('dtype', 'bfloat16')}): around the forward",
+            "channels_last": f"{e.params.get('name', 'model')} = {e.params.get('name', 'model')}"
+                             f".to(memory_format=torch.channels_last)",
+            "cudnn_benchmark": "torch.backends.cudnn.benchmark = True"}.get(e.kind, e.kind)
 
 
 def _write_outputs(res: TuneResult, command: Command, apply: bool) -> None:

@@ -194,7 +194,8 @@ def _add_tune(sub) -> None:
                     help="limit for the first, unmodified run, seconds; later runs get 3x its time + 60 s "
                          "(default: 600)")
     tu.add_argument("--out", type=Path, default=None, metavar="DIR",
-                    help="folder for the report, the diff and the rewritten script (default: runs/tune-<UTC time>)")
+                    help="folder for the report, the diff and the rewritten script (default: runs/tune-<UTC time> "
+                         "in the current folder)")
     tu.add_argument("--apply", action="store_true",
                     help="also edit your script in place once the rewritten copy is proven faster (a backup is "
                          "kept beside it as SCRIPT.orig)")
@@ -480,18 +481,21 @@ def _tune(args) -> int:
     summary on stdout. Bad flags or command: exit 2 before anything runs. The script failing on its own: its
     traceback, marked as the script's, and exit 1, with nothing written."""
     import json
+    import os
     import time
 
     from helpers.tune.engine import ScriptError, parse_command
     from helpers.tune.session import TuneOptions, tune
-    from helpers.workbook.paths import runs_dir
 
     words = list(args.command)
     if words and words[0] == "--":
         words = words[1:]
     command = parse_command(words)
     options = TuneOptions(warmup=args.warmup, steps=args.steps, rounds=args.rounds, timeout_s=args.timeout)
-    out = args.out or runs_dir() / f"tune-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    # your script's folder is the subject here: the report goes to ./runs of the folder you run tune from
+    # (WORKBOOK_RUNS_DIR, where set, wins as for every run)
+    root = Path(os.environ["WORKBOOK_RUNS_DIR"]) if os.environ.get("WORKBOOK_RUNS_DIR") else Path.cwd() / "runs"
+    out = args.out or root / f"tune-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     if out.exists():
         raise WorkbookError(f"--out {out} exists; give a new folder (tune never writes over an earlier report)")
 
