@@ -111,7 +111,7 @@ def _add_data(sub) -> None:
 def _add_bench(sub) -> None:
     be = sub.add_parser("bench", help="run a benchmark and print its figures as JSON")
     be.add_argument("name", choices=("input-pipeline", "end-to-end", "dataset-cache", "allreduce", "ddp",
-                                     "dataset-index", "instrument", "trace", "tune"),
+                                     "dataset-index", "instrument", "trace", "tune", "workbook"),
                     help="which benchmark")
     be.add_argument("--job", default="", metavar="FILE.py:FACTORY",
                     help="ddp: your own job (path/to/job.py:make_job or module:attr; default: the built-in job)")
@@ -285,6 +285,7 @@ def _bench(args) -> int:
               "dataset-cache": dict(profile=args.profile, data_dir=args.data_dir),
               "instrument": dict(device=args.device, blocks=args.repeats),
               "tune": dict(out=args.out),
+              "workbook": dict(profile=args.profile, device=args.device, out=args.out),
               "end-to-end": dict(profile=args.profile, device=args.device, data_dir=args.data_dir, run=args.run),
               }.get(args.name, dict(profile=args.profile, device=args.device, data_dir=args.data_dir))
     print(run_benchmark(args.name, **kwargs))
