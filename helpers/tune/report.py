@@ -24,8 +24,9 @@ def markdown(res: Any) -> str:
     out = [f"# tune: `{res.command}`", "", f"**{res.headline}**", ""]
     if res.diff:
         out += ["## The change in your code", "",
-                f"Apply it with `git apply {res.out_dir / 'change.diff'}` (or `patch -p1`), or run tune again with "
-                f"`--apply`. The rewritten file is beside this report.", "", "```diff", res.diff.rstrip(), "```", ""]
+                f"Apply it in your script's folder: `cd {res.script_dir} && git apply {res.out_dir / 'change.diff'}` "
+                f"(or `patch -p1 < ...`), or run tune again with `--apply`. The rewritten file is beside this "
+                f"report.", "", "```diff", res.diff.rstrip(), "```", ""]
         if res.applied_to:
             out += [f"Applied to `{res.applied_to}`; your original is kept as `{res.backup}`.", ""]
     if res.proof is not None:

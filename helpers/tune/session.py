@@ -94,6 +94,7 @@ class TuneResult:
     busy: str = ""
     applied_to: str = ""
     backup: str = ""
+    script_dir: str = ""
     runs: list[Run] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -219,7 +220,7 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
     timeout = 3.0 * probe.wall_s + 60.0
     out_dir.mkdir(parents=True, exist_ok=False)
     work = out_dir / "runs"
-    res = TuneResult(str(command), out_dir, probe.result)
+    res = TuneResult(str(command), out_dir, probe.result, script_dir=str(command.script.parent))
     watch = (probe.result.get("model") or {}).get("param_device") in ("cuda", "npu")
     say(f"probe: {probe.result['steps_seen']} steps, "
         f"{1e3 * sorted(probe.step_times_s)[len(probe.step_times_s) // 2]:.1f} ms/step, {probe.wall_s:.1f} s")
