@@ -25,9 +25,10 @@ three statements that tune does not write; where the device has no bfloat16 the 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from helpers.device import usable_cores
 
 __all__ = ["Candidate", "choose", "FRAMEWORK_ARGS", "NOTEBOOK"]
 
@@ -94,7 +95,7 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
         What to measure, and what is left out and why.
     """
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = usable_cores()
     out: list[Candidate] = []
     skipped: list[tuple[str, str]] = []
     loaders = probe.get("loaders") or []
