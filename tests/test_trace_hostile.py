@@ -256,35 +256,51 @@ def test_a_gzip_bomb_is_refused_in_small_memory(tmp_path, what):
     assert peak < PEAK_MIB, f"peak RSS {peak:.0f} MiB"
 
 
-def test_a_gzip_whose_trailer_claims_gigabytes_is_refused_before_the_read_with_both_sizes(tmp_path, monkeypatch):
-    import psutil
+def _free_disk(monkeypatch, free: int) -> None:
+    import shutil
+    from collections import namedtuple
 
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: usage(free * 2, free, free))
+
+
+def test_a_gzip_whose_trailer_claims_gigabytes_is_refused_before_the_read_with_both_sizes(tmp_path, monkeypatch):
     data = gzip.compress((HEAD + STEP + "]}").encode())
     path = tmp_path / "claims.pt.trace.json.gz"
     path.write_bytes(data[:-4] + (0xFFFFFFF0).to_bytes(4, "little"))
-
-    class Available:
-        available = 1 << 30
-
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: Available)
-    monkeypatch.setattr(kineto, "_parse", lambda *a, **k: pytest.fail("read despite the memory check"))
-    _refused(path, "0.00 GB gzip (of 4.3 GB of text, its trailer says)", "GiB of memory")
+    _free_disk(monkeypatch, 1 << 30)  # room for what 1 GiB of spill holds, not for 4.3 GB of text
+    monkeypatch.setattr(kineto, "_parse", lambda *a, **k: pytest.fail("read despite the disk check"))
+    _refused(path, "4.3 GB trace keeps its events on disk", "set TMPDIR")
 
 
 def test_a_gzip_holding_more_than_its_trailer_says_is_checked_again(tmp_path, monkeypatch):
-    import psutil
-
     events = ",\n".join(_event(i, name=f"op{i % 50}") for i in range(20_000))
     data = gzip.compress((HEAD + STEP + ",\n" + events + "]}").encode())
     path = tmp_path / "liar.pt.trace.json.gz"
     path.write_bytes(data[:-4] + (1).to_bytes(4, "little"))  # ISIZE says 1 byte (the CRC is not checked first)
-
-    class Available:
-        available = 1 << 30  # enough for what the trailer says, not for 4 GiB more
-
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: Available)
+    _free_disk(monkeypatch, 1 << 30)  # enough for what the trailer says, not for 4 GiB more
     monkeypatch.setattr(kineto, "CHUNK_CHARS", 4096)  # checked as the text grows, before gzip's own end check
-    _refused(path, "more text than", "memory check assumed", "GiB of memory")
+    _refused(path, "more text than", "disk check assumed", "GB of disk", "set TMPDIR")
+
+
+def test_no_room_for_the_spill_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
+    import tempfile
+
+    events = ",\n".join(_event(i, name=f"op{i % 50}") for i in range(3_000))
+    path = tmp_path / "t.pt.trace.json"
+    path.write_text(HEAD + STEP + ",\n" + events + "]}")
+    monkeypatch.setattr(kineto, "SPILL_EVENTS", 100)
+    monkeypatch.setattr(kineto, "CHUNK_CHARS", 4096)
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill_dir))
+
+    def full(self, *a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kineto.Spill, "write", full)
+    _refused(path, "keeping the trace's events on disk", "No space left on device", "set TMPDIR")
+    assert not any(spill_dir.iterdir()), "the spill folder was left behind"
 
 
 # ------------------------------------------------------------------------------------------------ the command

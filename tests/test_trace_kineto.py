@@ -382,6 +382,9 @@ def test_a_trace_too_large_for_the_memory_available_is_refused_before_the_read(c
     gz = tmp_path / "t.pt.trace.json.gz"
     gz.write_bytes(gzip.compress(cpu_trace.read_bytes()))
     assert kineto.memory_needed_mib(gz) >= kineto.BASE_MIB + kineto.MIB_PER_TRACE_MB * size / 1e6 - 1e-6
+    # past the spill, the estimate stops growing: a 50 GB trace needs no more memory than a 2 GB one
+    assert kineto.memory_needed_mib(cpu_trace, 50 * 10**9) == kineto.memory_needed_mib(cpu_trace, 2 * 10**9) == (
+        kineto.BASE_MIB + kineto.PEAK_CAP_MIB)
 
     class Tight:  # less memory available than the estimate
         available = int(need * 2**20 / 2)

@@ -35,14 +35,28 @@ buffer. The same exact path reads the metadata before the events, the last part 
 metadata after it, in the same single pass. ijson is not used: it was no faster than the stdlib here and cannot
 give the metadata after the array in the same pass without going token by token (16 MB/s).
 
-The whole reader (``python -m helpers bench trace``: a 1,024 MB CUDA-shaped trace of 3.95 M events in torch's
-layout, read in a child process, never on a quiet machine): 16.1 s, 63.5 MB/s, peak RSS 377 MiB at load average
-4-5 from other agents; 22.4 s, 45.6 MB/s, 388 MiB in a run where other processes took 65% of the two cores;
-35 MiB of the peak is the interpreter and numpy; the phases of all 50 steps equal to the constructed ones. Memory is
-the 8 MB text buffer, 26 bytes per complete event in the columns and the analysis' arrays over them: about
-0.35 MiB per MB of trace at the peak, so a 10 GB trace needs about 3.5 GiB (``json.load`` would need ~40 GiB):
-the peak is bounded by 512 MiB only up to traces of about 1.2 GB. Before a read, :func:`memory_needed_mib` estimates
-the peak, and a trace that would not fit in the memory available is refused with the figures, before any work.
+Memory is bounded whatever the trace's size. Up to :data:`SPILL_EVENTS` complete events the columns stay in memory
+(26 bytes an event, plus the analysis' arrays over them: about 0.2 KB an event at the peak); past that, every event
+goes to a file in ``$TMPDIR`` as it is parsed (:mod:`helpers.traces.kineto_spill`), and the analysis reads it back
+in windows of time of about :data:`WINDOW_EVENTS` events, adding each window's part of each step's phases (a length
+of a union of spans inside a step is the sum of its parts in windows that partition time; the windowed and the
+in-memory reads give the same phases, tests/test_trace_spill.py). The ``ProfilerStep#N`` spans and the count of
+events per category are kept apart while parsing, so the steps and the device are known before the windows are
+read. The spill takes about 0.2-0.35 bytes of disk per byte of trace text, asked of ``$TMPDIR`` before a large read.
+
+The whole reader (``python -m helpers bench trace``: a CUDA-shaped trace in torch's layout, 50 steps, read in a
+child process; 2026-12-05, this project's 2-core machine, quiet: other processes took 0-4% of the cores):
+
+========  ==========  ========  =======  ===========  ==========================================
+trace     events      read      MB/s     peak RSS     notes
+========  ==========  ========  =======  ===========  ==========================================
+300 MB    1.16 M      2.5 s     118      160 MiB      in memory (spill threshold then 2 M events);
+                                                      HTA 0.5.0 on the same file: 50.0 s, 1,406 MiB
+1,000 MB  3.86 M      9.8 s     102      246 MiB      spilled, windows of 1 M events
+5,020 MB  19.3 M      45.4 s    110      252 MiB      spilled, windows of 1 M events
+========  ==========  ========  =======  ===========  ==========================================
+
+Before the spill, the same 1,000 MB trace peaked at 406 MiB and a 10 GB one would have needed about 3.5 GiB.
 The exact path alone (a 195 MB trace written with sorted keys, load average 4.4) read 10.5 MB/s, 184 MiB.
 
 This module parses the file into the columns (the parse's limits, its constants and its fallbacks); what each
@@ -67,7 +81,8 @@ from typing import Any
 import numpy as np
 
 from helpers.live import Progress
-from helpers.traces.kineto_phases import _analyse, _Events, _no_steps
+from helpers.traces.kineto_phases import _DEVICE_CATS, _STEP, _analyse, _Events, _no_steps
+from helpers.traces.kineto_spill import Spill
 from helpers.traces.model import RankTrace, TraceError
 
 __all__ = ["looks_like_kineto", "read_kineto"]
@@ -102,13 +117,22 @@ GZIP_RATIO_AFTER = 64 << 20
 EARLY_NO_STEP_EVENTS = 2_000_000
 #: Seconds between two calls of the progress callback.
 PROGRESS_EVERY_S = 0.25
+#: Events kept in memory as columns; past this many, every event goes to a file on disk (:mod:`.kineto_spill`) and
+#: the analysis reads it back in windows of time of :data:`WINDOW_EVENTS` events, so that the peak memory stays
+#: bounded whatever the trace's size.
+SPILL_EVENTS = 1_000_000
+WINDOW_EVENTS = 1_000_000
 #: Peak memory of the reader per MB of uncompressed trace, MiB, and its fixed part (the interpreter, numpy, the
-#: 8 MB text buffer): ``python -m helpers bench trace`` on a 1,024 MB trace peaked at 377-388 MiB (0.37-0.38 MiB
-#: per MB with the fixed ~35 MiB); the events are kept as columns, so the peak grows with the trace.
+#: 8 MB text buffer), up to the bound the spill sets: ``python -m helpers bench trace`` (see the module's text).
 MIB_PER_TRACE_MB = 0.40
 BASE_MIB = 40.0
+PEAK_CAP_MIB = 300.0
 #: Share of the memory available now that a read may plan to take before it is refused up front.
 MEMORY_SHARE = 0.8
+#: Disk the spill takes, bytes per byte of trace text (26 bytes an event, twice while the windows are cut, at 150
+#: bytes of text an event or more), asked of ``$TMPDIR`` before a trace of more than :data:`DISK_CHECK_AFTER` bytes.
+DISK_PER_TRACE_BYTE = 0.35
+DISK_CHECK_AFTER = 256 << 20
 
 #: PyTorch 1.8-1.9 (Kineto schema of the TensorBoard plugin's samples) named the categories otherwise; read as
 #: today's names (``Operator`` also holds the ``ProfilerStep#N`` and DataLoader spans then).
@@ -124,6 +148,10 @@ _DECODER = json.JSONDecoder()
 
 class _Restart(Exception):
     """The fast path met a layout it cannot trust: read the file again with the exact path."""
+
+
+class _SpillFailed(Exception):
+    """Writing the columns to disk failed (:class:`OSError` in ``args[0]``)."""
 
 
 class _BadValue(Exception):
@@ -180,13 +208,20 @@ def _thread_key(text: str) -> tuple[str, str]:
 
 @dataclass
 class _Columns:
-    """The complete events read so far, as numpy chunks; names, categories and threads interned."""
+    """The complete events read so far, as numpy chunks in memory or, past :data:`SPILL_EVENTS`, in a
+    :class:`~helpers.traces.kineto_spill.Spill` on disk; names, categories and threads interned. The
+    ``ProfilerStep#N`` spans are also kept apart (``step_parts``) and the events counted per category
+    (``cat_counts``), so that the steps and the device are known before the events are read back."""
 
     names: _Table = field(default_factory=_Table)
     cats: _Table = field(default_factory=_Table)
     threads: _Table = field(default_factory=_Table)
     raw_threads: dict[str, int] = field(default_factory=dict)
     parts: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    step_parts: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    is_step: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    cat_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    spill: Spill | None = None
     events: int = 0
     saw_step: bool = False
 
@@ -194,8 +229,10 @@ class _Columns:
         table = self.names
         before = len(table)
         ids = np.fromiter(map(table.__getitem__, names), dtype=np.int32, count=len(names))
-        if len(table) > before and not self.saw_step:
-            self.saw_step = any(n.startswith("ProfilerStep#") for n in list(table)[before:])
+        if len(table) > before:
+            new = [_STEP.fullmatch(n) is not None for n in islice(table, before, None)]
+            self.is_step = np.concatenate([self.is_step, np.array(new, bool)])
+            self.saw_step = self.saw_step or any(new)
         return ids
 
     def add_text(self, rows: list[tuple[str, ...]], escaped: bool) -> None:
@@ -256,8 +293,26 @@ class _Columns:
                             "pass the .pt.trace.json torch.profiler wrote, unchanged")
         ts_ns = np.rint(ts_us * 1000.0).astype(np.int64)
         dur_ns = np.rint(dur_us * 1000.0).astype(np.int64)
-        self.parts.append((ts_ns, dur_ns, names, cid.astype(np.int16), tids))
+        part = (ts_ns, dur_ns, names, cid.astype(np.int16), tids)
+        steps = self.is_step[names]
+        if steps.any():
+            self.step_parts.append(tuple(c[steps] for c in part))
+        counts = np.bincount(cid, minlength=len(cats))
+        counts[:len(self.cat_counts)] += self.cat_counts
+        self.cat_counts = counts
         self.events += len(cat)
+        try:
+            if self.spill is None and self.events > SPILL_EVENTS:
+                self.spill = Spill()
+                for old in self.parts:
+                    self.spill.write(*old)
+                self.parts = []
+            if self.spill is not None:
+                self.spill.write(*part)
+            else:
+                self.parts.append(part)
+        except OSError as exc:  # no room in $TMPDIR
+            raise _SpillFailed(exc) from None
 
     def _bad_time(self, i: int, name, ts_us: np.ndarray, dur_us: np.ndarray):
         """Raise the :class:`_BadValue` for row ``i`` of a batch, the first whose ts or dur is refused."""
@@ -282,18 +337,42 @@ class _Columns:
                         f"{MAX_TIME_US:.0e}) and durations of 0 or more; profile again, or pass the .pt.trace.json "
                         "torch.profiler wrote, unchanged")
 
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        """ts_ns, dur_ns (int64), name id (int32), category id (int16), thread id (int32), concatenated."""
-        if not self.parts:
-            return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int16),
-                    np.zeros(0, np.int32))
-        columns = [list(c) for c in zip(*self.parts)]
-        self.parts = []
-        out = []
-        for i, chunks in enumerate(columns):  # one column at a time: its chunks are freed as it is joined
-            out.append(np.concatenate(chunks))
-            columns[i] = None
-        return tuple(out)
+    def _events(self, columns: tuple[np.ndarray, ...], names: list, cats: list, threads: list) -> _Events:
+        ts, dur, name, cat, thread = columns
+        return _Events(ts, dur, ts + dur, name, cat, thread, names, cats, threads)
+
+    def step_events(self, names: list, cats: list, threads: list) -> _Events:
+        """The ``ProfilerStep#N`` spans read (any category or thread), as :class:`_Events` over the given tables."""
+        return self._events(_join(self.step_parts), names, cats, threads)
+
+    def windows(self, names: list, cats: list, threads: list):
+        """Yield ``(events, wlo, whi)``: all the events in one window when they are in memory, else the spill's
+        windows of about :data:`WINDOW_EVENTS` events (:meth:`~helpers.traces.kineto_spill.Spill.windows`)."""
+        if self.spill is None:
+            columns, self.parts = _join(self.parts), []
+            yield self._events(columns, names, cats, threads), -(1 << 62), 1 << 62
+            return
+        for columns, wlo, whi in self.spill.windows(WINDOW_EVENTS):
+            yield self._events(columns, names, cats, threads), wlo, whi
+
+    def discard(self) -> None:
+        """Remove the spill, if any (the read is over, or restarts)."""
+        if self.spill is not None:
+            self.spill.close()
+
+
+def _join(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    """ts_ns, dur_ns (int64), name id (int32), category id (int16), thread id (int32), concatenated."""
+    if not parts:
+        return (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int16),
+                np.zeros(0, np.int32))
+    columns = [list(c) for c in zip(*parts)]
+    parts.clear()
+    out = []
+    for i, chunks in enumerate(columns):  # one column at a time: its chunks are freed as it is joined
+        out.append(np.concatenate(chunks))
+        columns[i] = None
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------------ the parser
@@ -373,18 +452,15 @@ class _Parser:
                              "pass the .pt.trace.json.gz torch.profiler wrote; if this is one, gunzip it and pass the "
                              ".json")
         if out > self.gz_checked:
-            import psutil
-
             grown = self.isize + ((out - self.isize) // (1 << 32) + 1) * (1 << 32)
-            need = BASE_MIB + MIB_PER_TRACE_MB * grown / 1e6
-            free = psutil.virtual_memory().available / 2**20
-            if need > MEMORY_SHARE * free:
-                raise self._fail(f"the gzip holds more text than the {self.gz_checked / 1e9:.1f} GB the memory check "
+            need, free, where = _disk_needed(grown)
+            if need > free:
+                raise self._fail(f"the gzip holds more text than the {self.gz_checked / 1e9:.1f} GB the disk check "
                                  f"assumed ({out / 1e9:.1f} GB read so far; its trailer gives the size modulo 4 GiB, "
                                  f"so it holds at least {grown / 1e9:.1f} GB), and reading that needs about "
-                                 f"{need / 1024:.1f} GiB of memory ({MIB_PER_TRACE_MB} MiB per MB of trace) with "
-                                 f"{free / 1024:.1f} GiB available", "free memory, read it on a larger machine, or "
-                                 "record fewer steps (torch.profiler.schedule(active=...))")
+                                 f"{need / 1e9:.1f} GB of disk in {where} with {free / 1e9:.1f} GB free",
+                                 "set TMPDIR to a folder with room, or record fewer steps "
+                                 "(torch.profiler.schedule(active=...))")
             self.gz_checked = grown
 
     def _report(self, final: bool = False) -> None:
@@ -591,6 +667,7 @@ def _precheck(path: Path) -> None:
         raise TraceError(f"{path}: the file is empty (0 bytes): the profiler wrote nothing, or the copy failed; "
                          "profile again and let the profiler's context exit before copying the file")
     _check_memory(path, size)
+    _check_disk(path, size)
     with open(path, "rb") as raw:
         head = raw.read(64)
         if head[:2] == b"\x1f\x8b":
@@ -603,12 +680,10 @@ def _precheck(path: Path) -> None:
                          "profiler was writing it); profile again and let the run end before copying the file")
 
 
-def memory_needed_mib(path, size: int | None = None) -> float:
-    """The reader's expected peak memory for a trace file, MiB (:data:`MIB_PER_TRACE_MB`, :data:`BASE_MIB`).
-
-    A gzip's uncompressed size is read from its trailer (ISIZE, the size modulo 4 GiB, RFC 1952), and taken as at
-    least 8 times the compressed size (a JSON trace compresses about 10x), since the trailer wraps above 4 GiB.
-    """
+def text_bytes(path, size: int | None = None) -> int:
+    """The trace's text size, bytes: the file's, or a gzip's uncompressed size from its trailer (ISIZE, the size
+    modulo 4 GiB, RFC 1952), taken as at least 8 times the compressed size (a JSON trace compresses about 10x),
+    since the trailer wraps above 4 GiB."""
     p = Path(path)
     size = p.stat().st_size if size is None else size
     with open(p, "rb") as raw:
@@ -616,7 +691,35 @@ def memory_needed_mib(path, size: int | None = None) -> float:
         if gz and size >= 18:
             raw.seek(size - 4)
             size = max(int.from_bytes(raw.read(4), "little"), 8 * size)
-    return BASE_MIB + MIB_PER_TRACE_MB * size / 1e6
+    return size
+
+
+def memory_needed_mib(path, size: int | None = None) -> float:
+    """The reader's expected peak memory for a trace file, MiB: :data:`BASE_MIB` plus :data:`MIB_PER_TRACE_MB` per
+    MB of text, up to :data:`PEAK_CAP_MIB` (past :data:`SPILL_EVENTS` events the columns go to disk)."""
+    return BASE_MIB + min(MIB_PER_TRACE_MB * text_bytes(path, size) / 1e6, PEAK_CAP_MIB)
+
+
+def _disk_needed(text: int) -> tuple[float, float, str]:
+    """(bytes of disk a trace of ``text`` bytes may spill, bytes free there, the folder): ``$TMPDIR``'s."""
+    import shutil
+    import tempfile
+
+    where = tempfile.gettempdir()
+    return DISK_PER_TRACE_BYTE * text, float(shutil.disk_usage(where).free), where
+
+
+def _check_disk(path: Path, size: int) -> None:
+    """Refuse, before the read, a large trace whose spilled columns would not fit in ``$TMPDIR``."""
+    text = text_bytes(path, size)
+    if text <= DISK_CHECK_AFTER:
+        return
+    need, free, where = _disk_needed(text)
+    if need > free:
+        raise TraceError(f"{path}: reading this {text / 1e9:.1f} GB trace keeps its events on disk, about "
+                         f"{need / 1e9:.1f} GB in {where} ({DISK_PER_TRACE_BYTE} bytes per byte of trace), and "
+                         f"{free / 1e9:.1f} GB are free there; set TMPDIR to a folder with room, or record fewer "
+                         "steps (torch.profiler.schedule(active=...))")
 
 
 def _check_memory(path: Path, size: int) -> None:
@@ -626,27 +729,35 @@ def _check_memory(path: Path, size: int) -> None:
     need = memory_needed_mib(path, size)
     free = psutil.virtual_memory().available / 2**20
     if need > MEMORY_SHARE * free:
-        text = (need - BASE_MIB) / MIB_PER_TRACE_MB * 1e6  # a gzip's text, as its trailer gives it
+        text = text_bytes(path, size)  # a gzip's text, as its trailer gives it
         what = (f"{size / 1e9:.1f} GB trace" if abs(text - size) < 1e6 else
                 f"{size / 1e9:.2f} GB gzip (of {text / 1e9:.1f} GB of text, its trailer says)")
         raise TraceError(f"{path}: reading this {what} needs about {need / 1024:.1f} GiB of memory "
-                         f"({MIB_PER_TRACE_MB} MiB per MB of trace, measured by `python -m helpers bench trace`) and "
+                         f"({MIB_PER_TRACE_MB} MiB per MB of trace up to {PEAK_CAP_MIB:.0f} MiB, measured by "
+                         "`python -m helpers bench trace`) and "
                          f"{free / 1024:.1f} GiB are available; free memory, read it on a larger machine, or record "
                          "fewer steps (torch.profiler.schedule(active=...)) or one rank's file at a time")
 
 
 def _parse(path: Path, progress: Progress | None) -> _Parser:
+    """Parse the file (the fast path, else again with the exact one); the caller discards the columns' spill."""
     for fast in (True, False):
         parser = _Parser(path, progress, fast=fast)
+        ok = False
         try:
             parser.run()
+            ok = True
             return parser
         except _Restart:
             continue
         except _BadValue as exc:
             raise TraceError(f"{path}: {exc}") from None
+        except _SpillFailed as exc:
+            raise _spill_failed(path, exc.args[0]) from None
         finally:
             parser.close()
+            if not ok:
+                parser.cols.discard()
     raise AssertionError("the exact path does not restart")  # pragma: no cover
 
 
@@ -678,10 +789,23 @@ def read_kineto(path, *, progress: Progress | None = None) -> RankTrace:
     _precheck(p)
     parser = _parse(p, progress)
     cols = parser.cols
-    ts, dur, name, cat, thread = cols.arrays()
-    cats = [_OLD_CATS.get(c, c) for c in cols.cats]
-    ev = _Events(ts, dur, ts + dur, name, cat, thread, list(cols.names), cats, list(cols.threads))
-    if not cols.saw_step:
-        raise _no_steps(p)
-    return _analyse(p, parser, ev)
+    try:
+        if not cols.saw_step:
+            raise _no_steps(p)
+        names, cats, threads = list(cols.names), [_OLD_CATS.get(c, c) for c in cols.cats], list(cols.threads)
+        has_device = bool(sum(int(n) for c, n in zip(cats, cols.cat_counts.tolist()) if c in _DEVICE_CATS))
+        return _analyse(p, parser, cols.step_events(names, cats, threads), cols.windows(names, cats, threads),
+                        has_device=has_device, events=cols.events)
+    except OSError as exc:
+        raise _spill_failed(p, exc) from None
+    finally:
+        cols.discard()
+
+
+def _spill_failed(path: Path, exc: OSError) -> TraceError:
+    import tempfile
+
+    return TraceError(f"{path}: keeping the trace's events on disk in {tempfile.gettempdir()} failed ({exc}); set "
+                      "TMPDIR to a folder with room (about "
+                      f"{DISK_PER_TRACE_BYTE * text_bytes(path) / 1e9:.1f} GB), or record fewer steps")
 

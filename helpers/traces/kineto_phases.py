@@ -183,6 +183,10 @@ def _nesting(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class _Events:
+    """Complete spans as columns: start, duration, end (int64 ns), interned name (int32), category (int16) and
+    thread (int32) ids into ``names``, ``cats`` and ``threads`` (the whole trace's tables, shared by every
+    window)."""
+
     ts: np.ndarray
     dur: np.ndarray
     end: np.ndarray
@@ -192,14 +196,6 @@ class _Events:
     names: list[str]
     cats: list[str]
     threads: list[tuple[str, str]]
-
-    def cat_mask(self, wanted) -> np.ndarray:
-        ids = [i for i, c in enumerate(self.cats) if c in wanted]
-        return np.isin(self.cat, ids)
-
-    def name_mask(self, pred) -> np.ndarray:
-        ids = [i for i, n in enumerate(self.names) if pred(n)]
-        return np.isin(self.name, ids) if ids else np.zeros(len(self.name), bool)
 
 
 def _is_data(name: str) -> bool:
@@ -215,25 +211,246 @@ def _is_nccl(name: str) -> bool:
     return any(w in low for w in _COMM_WORDS)
 
 
+class _Lookups:
+    """What each interned name and category is, as boolean arrays indexed by id, built once per trace (so that a
+    mask over millions of events is one fancy index, in every window)."""
 
-def _analyse(path: Path, parser: Any, ev: _Events) -> RankTrace:  # parser: kineto's _Parser
+    def __init__(self, names: list[str], cats: list[str]) -> None:
+        def by_name(pred) -> np.ndarray:
+            return np.fromiter((bool(pred(n)) for n in names), dtype=bool, count=len(names))
+
+        def by_cat(wanted) -> np.ndarray:
+            return np.fromiter((c in wanted for c in cats), dtype=bool, count=len(cats))
+
+        self.step = by_name(lambda n: _STEP.fullmatch(n) is not None)
+        self.data = by_name(_is_data)
+        self.optimizer = by_name(_is_optimizer)
+        self.nccl = by_name(_is_nccl)
+        self.sync = by_name(lambda n: n in _SYNC_CALLS)
+        self.copy = by_name(lambda n: n in _COPY_OPS)
+        self.gloo = by_name(lambda n: n.startswith("gloo:"))
+        self.htod = by_name(lambda n: "HtoD" in n or "H2D" in n)
+        self.step_cat = by_cat({"user_annotation", "cpu_op"})
+        self.phase_cat = by_cat(_PHASE_CATS)
+        self.host_cat = by_cat(_HOST_CATS)
+        self.device_cat = by_cat(_DEVICE_CATS)
+        self.kernel_cat = by_cat({"kernel", "mtia_ccp_events"})
+        self.memcpy_cat = by_cat({"gpu_memcpy"})
+
+
+@dataclass
+class _Plan:
+    """What every window needs to know of the whole trace: the steps (host spans, ns), the training thread, the
+    device, and where the profiled steps begin and end."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    numbers: list[int]
+    step_thread: int
+    device: bool
+
+
+class _Sums:
+    """Per-step int64 ns sums over the windows (each window's contribution is clipped to it, so they add), flags
+    for "the trace has such spans at all", and the few things kept whole: collectives, the training thread's
+    DataLoader spans and the steps' direct children (a CPU trace's copy rule), the top operators' self times."""
+
+    def __init__(self, n_steps: int, n_names: int) -> None:
+        self.n = n_steps
+        self.arrays: dict[str, np.ndarray] = {}
+        self.flags: set[str] = set()
+        self.collectives: list[tuple[int, int, int]] = []  # (ts ns, name id, dur ns)
+        self.data_spans: set[tuple[int, int]] = set()
+        self.children: set[tuple[int, int, int, int]] = set()  # (step index, ts, end, name id)
+        self.device_pids: set[str] = set()
+        self.self_ns = np.zeros(n_names, np.float64)
+        self.calls = np.zeros(n_names, np.int64)
+        self.device_names = np.zeros(n_names, bool)
+
+    def add(self, key: str, value: np.ndarray) -> None:
+        if key in self.arrays:
+            self.arrays[key] += value
+        else:
+            self.arrays[key] = value.astype(np.int64, copy=True)
+
+    def get(self, key: str) -> np.ndarray:
+        return self.arrays.get(key, np.zeros(self.n, np.int64))
+
+
+def _mask_union(ev: _Events, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return _union(ev.ts[mask], ev.end[mask])
+
+
+def _window(ev: _Events, lk: _Lookups, plan: _Plan, wlo: int, whi: int, sums: _Sums) -> None:
+    """Add one window's contribution to ``sums``: the events of ``ev`` are every span that overlaps [wlo, whi)
+    (a span crossing a boundary is in both windows); each covered time is measured inside the window only."""
+    lo, hi = np.clip(plan.lo, wlo, whi), np.clip(plan.hi, wlo, whi)
+
+    def cov(u):
+        return _covered(u, lo, hi)
+
+    name, cat = ev.name, ev.cat
+    on_thread = (ev.thread == plan.step_thread) & lk.phase_cat[cat]
+    step_row = on_thread & lk.step[name] & lk.step_cat[cat]
+    data_mask = on_thread & lk.data[name]
+    data_u = _mask_union(ev, data_mask)
+    if data_mask.any():
+        sums.flags.add("data")
+        sums.add("data", cov(data_u))
+        inside = data_mask & (ev.ts >= wlo) & (ev.ts < whi)
+        sums.data_spans.update(zip(ev.ts[inside].tolist(), ev.end[inside].tolist()))
+    opt_mask = on_thread & lk.optimizer[name]
+    if opt_mask.any():
+        sums.flags.add("optimizer")
+        sums.add("optimizer", cov(_mask_union(ev, opt_mask)))
+    in_window = (ev.ts >= wlo) & (ev.ts < whi)
+    if plan.device:
+        device = lk.device_cat[cat]
+        kernel = lk.kernel_cat[cat] & device
+        nccl = kernel & lk.nccl[name]
+        all_u = _mask_union(ev, device)
+        comp_u = _mask_union(ev, kernel & ~nccl)
+        comm_u = _mask_union(ev, nccl)
+        work_u = _merge(comm_u, comp_u)
+        busy, work = cov(all_u), cov(work_u)
+        sums.add("busy", busy)
+        sums.add("compute", cov(comp_u))
+        sums.add("comm", cov(comm_u))
+        sums.add("work", work)
+        htod = device & lk.memcpy_cat[cat] & lk.htod[name]
+        if htod.any():
+            sums.flags.add("htod")
+            sums.add("copy_work", cov(_merge(_mask_union(ev, htod), work_u)))
+        else:
+            sums.add("copy_work", work)
+        sums.add("data_busy", cov(_merge(data_u, all_u)) if data_mask.any() else busy)
+        sync = (ev.thread == plan.step_thread) & lk.host_cat[cat] & lk.sync[name]
+        if sync.any():
+            sums.flags.add("sync")
+            sync_u = _mask_union(ev, sync)
+            sums.add("sync", cov(sync_u))
+            sums.add("sync_comm", cov(_merge(sync_u, comm_u)))
+            sums.add("sync_work", cov(_merge(sync_u, work_u)))
+            sums.add("sync_busy", cov(_merge(sync_u, all_u)))
+        else:  # |sync ∩ u| = 0 in this window: |sync ∪ u| = |u|
+            sums.add("sync_comm", cov(comm_u))
+            sums.add("sync_work", work)
+            sums.add("sync_busy", busy)
+        sums.device_pids.update(ev.threads[t][0] for t in np.unique(ev.thread[device]).tolist())
+        coll = nccl & in_window
+    else:
+        ops = on_thread & ~step_row
+        busy_u = _mask_union(ev, ops)
+        cpu_busy = cov(busy_u)
+        sums.add("cpu_busy", cpu_busy)
+        gloo = lk.gloo[name] & lk.step_cat[cat]
+        if gloo.any():
+            sums.flags.add("gloo")
+            comm_u = _mask_union(ev, gloo)
+            sums.add("comm", cov(comm_u))
+            sums.add("comm_busy", cov(_merge(comm_u, busy_u)))
+        else:
+            sums.add("comm_busy", cpu_busy)
+        _step_children(ev, on_thread, step_row, plan, wlo, whi, sums)
+        coll = gloo & in_window
+    idx = np.flatnonzero(coll)
+    sums.collectives.extend(zip(ev.ts[idx].tolist(), ev.name[idx].tolist(), ev.dur[idx].tolist()))
+    _top_ops_window(ev, lk, plan, wlo, whi, sums)
+
+
+def _step_children(ev: _Events, on_thread, step_row, plan: _Plan, wlo: int, whi: int, sums: _Sums) -> None:
+    """The direct children of the steps on the training thread that start in this window (a child's ancestors
+    all overlap its start, so they are in the window too): the input of a CPU trace's copy rule."""
+    th = np.flatnonzero(on_thread)
+    if not len(th) or not step_row.any():
+        return
+    order, parent = _nesting(ev.ts[th], ev.end[th])
+    rows = th[order]
+    has = parent >= 0
+    kid = np.flatnonzero(has)
+    par = rows[parent[kid]]
+    ok = step_row[par] & (ev.ts[rows[kid]] >= wlo) & (ev.ts[rows[kid]] < whi)
+    kids, owners = rows[kid[ok]], par[ok]
+    k = np.searchsorted(plan.lo, ev.ts[owners], side="right") - 1
+    sums.children.update(zip(k.tolist(), ev.ts[kids].tolist(), ev.end[kids].tolist(), ev.name[kids].tolist()))
+
+
+def _top_ops_window(ev: _Events, lk: _Lookups, plan: _Plan, wlo: int, whi: int, sums: _Sums) -> None:
+    """Self times by name of the ops that start in this window and inside the profiled steps: a host op's duration
+    less its direct children's (nesting per thread, among the host ops inside the profiled steps), a device
+    event's duration."""
+    first, last = int(plan.lo[0]), int(plan.hi[-1])
+    profiled = (ev.ts >= first) & (ev.ts < last)
+    here = profiled & (ev.ts >= wlo) & (ev.ts < whi)
+    host = profiled & lk.host_cat[ev.cat] & ~lk.step[ev.name]
+    hidx = np.flatnonzero(host)
+    n_names = len(sums.calls)
+    for t in np.unique(ev.thread[hidx]).tolist():
+        rows = hidx[ev.thread[hidx] == t]
+        order, parent = _nesting(ev.ts[rows], ev.end[rows])
+        r = rows[order]
+        s, e = ev.ts[r], ev.end[r]
+        child = np.flatnonzero((parent >= 0) & here[r])
+        p = parent[child]
+        overlap = np.maximum(np.minimum(e[child], e[p]) - s[child], 0)
+        sums.self_ns -= np.bincount(ev.name[r[p]], weights=overlap.astype(np.float64), minlength=n_names)
+    for mask in (host & here, profiled & here & lk.device_cat[ev.cat]):
+        ids = ev.name[mask]
+        sums.self_ns += np.bincount(ids, weights=ev.dur[mask].astype(np.float64), minlength=n_names)
+        sums.calls += np.bincount(ids, minlength=n_names)
+    sums.device_names[np.unique(ev.name[profiled & here & lk.device_cat[ev.cat]])] = True
+
+
+def _analyse(path: Path, parser: Any, steps: _Events, windows, *, has_device: bool, events: int) -> RankTrace:
+    """The :class:`RankTrace` of a parsed trace (``parser``: kineto's ``_Parser``, for the metadata).
+
+    ``steps`` holds the trace's ``ProfilerStep#N`` spans (and the tables); ``windows`` yields ``(events, wlo,
+    whi)``: the spans that overlap [wlo, whi) as :class:`_Events`, windows that partition time (one window of
+    everything for a trace read into memory, several for one spilled to disk); ``has_device``: whether any device
+    event was read; ``events``: how many complete events were read.
+    """
     meta = parser.meta
-    step_mask = ev.name_mask(lambda n: _STEP.fullmatch(n) is not None) & ev.cat_mask({"user_annotation", "cpu_op"})
+    lk = _Lookups(steps.names, steps.cats)
+    step_mask = lk.step[steps.name] & lk.step_cat[steps.cat]
     if not step_mask.any():
         raise _no_steps(path)
-    step_thread = int(np.bincount(ev.thread[step_mask]).argmax())
-    sidx = np.flatnonzero(step_mask & (ev.thread == step_thread))
-    sidx = sidx[np.argsort(ev.ts[sidx], kind="stable")]
-    lo, hi = ev.ts[sidx], ev.end[sidx]
-    numbers = [int(_STEP.fullmatch(ev.names[i]).group(1)) for i in ev.name[sidx]]
+    step_thread = int(np.bincount(steps.thread[step_mask]).argmax())
+    sidx = np.flatnonzero(step_mask & (steps.thread == step_thread))
+    sidx = sidx[np.argsort(steps.ts[sidx], kind="stable")]
+    lo, hi = steps.ts[sidx], steps.end[sidx]
+    numbers = [int(_STEP.fullmatch(steps.names[i]).group(1)) for i in steps.name[sidx]]
     length = hi - lo
+    device_kind = _device_kind(steps.names, steps.cats, meta, has_device)
+    plan = _Plan(lo=lo, hi=hi, numbers=numbers, step_thread=step_thread, device=device_kind != "cpu")
+    sums = _Sums(len(lo), len(steps.names))
+    for ev, wlo, whi in windows:
+        _window(ev, lk, plan, wlo, whi, sums)
+        del ev
 
-    device = ev.cat_mask(_DEVICE_CATS)
-    device_kind = _device_kind(ev, meta, bool(device.any()))
     limits: list[str] = []
-    data, h2d, optimizer = _host_phases(ev, step_thread, sidx, limits, host_copy=device_kind == "cpu")
+    get = sums.get
+    data = get("data") if "data" in sums.flags else None
+    if data is None:
+        limits.append("data phase unknown: the step thread has no DataLoader __next__ spans (torch records them "
+                      "only for a torch.utils.data.DataLoader iterated inside the profiled steps)")
+    h2d = None
+    if not plan.device:
+        copy_u = _host_copies(sums, lk) if data is not None else None
+        if copy_u is None:
+            limits.append("h2d phase unknown: with no DataLoader span, the batch's copy cannot be told from the "
+                          "step's other ops")
+        else:
+            spans = np.array(sorted(sums.data_spans), np.int64).reshape(-1, 2)
+            data_u = _union(spans[:, 0], spans[:, 1])
+            h2d = _covered(_merge(copy_u, data_u), lo, hi) - data
+    optimizer = get("optimizer") if "optimizer" in sums.flags else None
+    if optimizer is None:
+        limits.append("optimizer phase unknown: no Optimizer.step# spans (torch records them for a "
+                      "torch.optim optimizer)")
     unrecorded = False  # a job on a device whose activity the profiler did not record
-    if device_kind == "cpu":
+    compute = idle = comm = comm_exposed = other = sync = None
+    sync_on: dict[str, np.ndarray] = {}
+    if not plan.device:
         limits.append("a CPU-only trace records no device: device idle time is unknown; compute is the training "
                       "thread's time in recorded operators outside data and copy, and the step's remaining time "
                       "(its gaps between operators: Python, the framework) is unattributed")
@@ -241,256 +458,122 @@ def _analyse(path: Path, parser: Any, ev: _Events) -> RankTrace:  # parser: kine
             limits.append("the trace lists devices in deviceProperties but recorded no device activity: profile "
                           "with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] to see the device")
             unrecorded = True
-
-    compute = idle = comm = comm_exposed = other = sync = None
-    sync_on: dict[str, np.ndarray] = {}
-    collectives: list[tuple[int, str, float]] = []
-    if device_kind != "cpu":
-        compute, idle, comm, comm_exposed, dev_h2d, unions = _device_phases(ev, device, lo, hi, length)
+        if "gloo" in sums.flags:
+            comm = get("comm")
+            comm_exposed = np.maximum(get("comm_busy") - get("cpu_busy"), 0)
+            limits.append("communication on a CPU trace is read from gloo's gloo:* spans (on its own threads) and "
+                          "the gaps of the training thread while one is in flight; a gloo span can end late, when "
+                          "the next collective is queued")
+        busy = get("cpu_busy")
+        if not unrecorded and busy.any():  # on a GPU job whose device was not recorded, host ops are launches
+            spent = (data if data is not None else 0) + (h2d if h2d is not None else 0)
+            compute = np.maximum(busy - spent, 0)
+            other = np.maximum(length - busy - (comm_exposed if comm_exposed is not None else 0), 0)
+    else:
+        busy, work = get("busy"), get("work")
+        compute, comm = get("compute"), get("comm")
+        idle = np.maximum(length - busy, 0)
+        comm_exposed = work - compute
         if data is not None:  # the wait for data the device does not hide: while it has nothing to run
-            data = _exposed(ev, step_thread, lo, hi, unions["busy"], _is_data)
-        h2d = dev_h2d  # the device's own copy time, not the host's wait for it (that is sync_wait)
-        if h2d is None:
+            data = np.maximum(get("data_busy") - busy, 0)
+        if "htod" in sums.flags:  # the device's own copy time, not the host's wait for it (that is sync_wait)
+            h2d = np.maximum(get("copy_work") - work, 0)
+        else:
             limits.append("h2d unknown: the trace records no host-to-device copy on the device")
-        sync, sync_on = _sync_waits(ev, step_thread, lo, hi, unions)
-        if len({ev.threads[t][0] for t in np.unique(ev.thread[device])}) > 1:
+        if "sync" in sums.flags:
+            sync = get("sync")
+            on_comm = sync + get("comm") - get("sync_comm")
+            on_kernels = sync + work - get("sync_work")
+            on_busy = sync + busy - get("sync_busy")
+            sync_on = {"communication": on_comm, "compute": np.maximum(on_kernels - on_comm, 0),
+                       "copy": np.maximum(on_busy - on_kernels, 0), "idle": np.maximum(sync - on_busy, 0)}
+        if len(sums.device_pids) > 1:
             limits.append("the trace holds several devices: device times are the union over all of them")
         limits.append("device times are those of the work that ran during the host's step span (device work "
                       "lags the host by its launch queue)")
-        comm_mask = device & ev.cat_mask({"kernel"}) & ev.name_mask(_is_nccl)
-        collectives = _collectives(ev, comm_mask, lo, hi, numbers)
-    else:
-        comm, comm_exposed = _host_comm(ev, step_thread, sidx, lo, hi, limits)
-        if not unrecorded:  # on a GPU job whose device was not recorded, the host's ops are launches, not compute
-            compute, other = _cpu_compute(ev, step_thread, sidx, lo, hi, length, data, h2d, comm_exposed)
-        gloo = ev.name_mask(lambda n: n.startswith("gloo:")) & ev.cat_mask({"user_annotation", "cpu_op"})
-        collectives = _collectives(ev, gloo, lo, hi, numbers)
 
-    steps = []
+    steps_out = []
     for k, n in enumerate(numbers):
         def s(a):
             return None if a is None else float(a[k]) / 1e9
         on = {key: float(v[k]) / 1e9 for key, v in sync_on.items() if v[k] > 0}
-        steps.append(StepPhases(step=n, step_s=float(length[k]) / 1e9, data=s(data), h2d=s(h2d),
-                                optimizer=s(optimizer), compute=s(compute), comm_exposed=s(comm_exposed),
-                                idle=s(idle), comm=s(comm), other=s(other), sync_wait=s(sync),
-                                sync_on=on or None))
+        steps_out.append(StepPhases(step=n, step_s=float(length[k]) / 1e9, data=s(data), h2d=s(h2d),
+                                    optimizer=s(optimizer), compute=s(compute), comm_exposed=s(comm_exposed),
+                                    idle=s(idle), comm=s(comm), other=s(other), sync_wait=s(sync),
+                                    sync_on=on or None))
 
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
     world = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
     start_unix = _start_unix(meta, int(lo[0]))
-    prov = _provenance(path, parser, ev, start_unix, step_thread)
-    prov["pid"] = ev.threads[step_thread][0]
+    prov = _provenance(path, parser, events, start_unix, steps.threads[step_thread])
+    prov["pid"] = steps.threads[step_thread][0]
     if unrecorded:
         prov["device_not_recorded"] = True
     return RankTrace(
-        source=path, format="kineto", device_kind=device_kind, steps=tuple(steps), rank=rank, world_size=world,
-        node=_node(path, meta), run_id=_run_id(dist), top_ops=_top_ops(ev, lo[0], hi[-1]),
-        limits=tuple(limits), provenance=prov, collectives=tuple(collectives))
+        source=path, format="kineto", device_kind=device_kind, steps=tuple(steps_out), rank=rank, world_size=world,
+        node=_node(path, meta), run_id=_run_id(dist), top_ops=_top_ops(sums, steps.names), limits=tuple(limits),
+        provenance=prov, collectives=tuple(_collectives(sums, steps.names, lo, hi, numbers)))
 
 
-def _exposed(ev: _Events, step_thread: int, lo, hi, busy_u, pred) -> np.ndarray:
-    """Per step (ns), the time the step thread spends in spans whose name satisfies ``pred`` while the device runs
-    nothing: the part of a host wait the device does not hide behind work already queued."""
-    mask = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS) & ev.name_mask(pred)
-    u = _union(ev.ts[mask], ev.end[mask])
-    return np.maximum(_covered(u, lo, hi) - (_covered(u, lo, hi) + _covered(busy_u, lo, hi)
-                                             - _covered(_merge(u, busy_u), lo, hi)), 0)
+def _host_copies(sums: _Sums, lk: _Lookups):
+    """Union of the host copy spans of the batch on a CPU trace: the copy ops that are the step's direct children
+    right after its last DataLoader span and before its first other child after it (None where no step has a
+    DataLoader child)."""
+    if not sums.children:
+        return None
+    kids = np.array(sorted(sums.children, key=lambda r: (r[0], r[1], r[1] - r[2])), np.int64)  # by start, longest first
+    owner, ts, end, name = kids.T
+    is_data, is_copy = lk.data[name], lk.copy[name]
+    picked = np.zeros(len(kids), bool)
+    for k in np.unique(owner).tolist():
+        rows = np.flatnonzero(owner == k)
+        data_rows = rows[is_data[rows]]
+        if not len(data_rows):
+            continue
+        for r in rows[rows > data_rows[-1]].tolist():
+            if not is_copy[r]:
+                break
+            picked[r] = True
+    return _union(ts[picked], end[picked])
 
 
-def _device_kind(ev: _Events, meta: dict, has_device: bool) -> str:
+def _collectives(sums: _Sums, names: list[str], lo, hi, numbers) -> list[tuple[int, str, float]]:
+    """(step number, name, duration in s) of each collective that starts inside a step, in order: the input of
+    the arrival rule (:mod:`helpers.traces.arrival`)."""
+    out = []
+    for ts, nid, dur in sorted(sums.collectives, key=lambda c: c[0]):
+        k = int(np.searchsorted(lo, ts, side="right")) - 1
+        if k >= 0 and ts < hi[k]:
+            out.append((numbers[k], names[nid], float(dur) / 1e9))
+    return out
+
+
+def _device_kind(names: list[str], cats: list[str], meta: dict, has_device: bool) -> str:
     """The device the trace recorded, named as it is: "cuda", "rocm", "mtia", "xpu", "npu", "privateuse1", or
     "cpu" when it recorded none."""
-    cats = set(ev.cats)
-    if cats & {"mtia_ccp_events", "mtia_runtime"}:
+    cat_set = set(cats)
+    if cat_set & {"mtia_ccp_events", "mtia_runtime"}:
         return "mtia"
     if not has_device:
         return "cpu"
-    if "xpu_runtime" in cats:
+    if "xpu_runtime" in cat_set:
         return "xpu"
-    if cats & {"privateuse1_runtime", "privateuse1_driver"}:
-        names = " ".join(n for n in ev.names[:5000]).lower()
-        return "npu" if ("acl" in names or "npu" in names) else "privateuse1"
+    if cat_set & {"privateuse1_runtime", "privateuse1_driver"}:
+        text = " ".join(n for n in names[:5000]).lower()
+        return "npu" if ("acl" in text or "npu" in text) else "privateuse1"
     props = meta.get("deviceProperties")
     text = json.dumps(props, default=str).lower() if props else ""
-    if any(w in text for w in ("amd", "radeon", "instinct", "gfx9")) or any(n.startswith("hip") for n in ev.names):
+    if any(w in text for w in ("amd", "radeon", "instinct", "gfx9")) or any(n.startswith("hip") for n in names):
         return "rocm"
     return "cuda"
 
 
-def _sync_waits(ev: _Events, step_thread: int, lo, hi, unions: dict) -> tuple[np.ndarray | None, dict]:
-    """Host time in synchronize calls per step (ns) and its split by what the device did meanwhile, in order of
-    precedence: communication kernels, computing kernels, copies and memsets, nothing (idle)."""
-    mask = (ev.thread == step_thread) & ev.cat_mask(_HOST_CATS) & ev.name_mask(lambda n: n in _SYNC_CALLS)
-    if not mask.any():
-        return None, {}
-    sync_u = _union(ev.ts[mask], ev.end[mask])
-    total = _covered(sync_u, lo, hi)
-
-    def inter(u):  # |sync ∩ u| per step
-        return total + _covered(u, lo, hi) - _covered(_merge(sync_u, u), lo, hi)
-
-    comm_u, comp_u, busy_u = unions["comm"], unions["compute"], unions["busy"]
-    on_comm = inter(comm_u)
-    on_kernels = inter(_merge(comm_u, comp_u))
-    on_busy = inter(busy_u)
-    out = {"communication": on_comm, "compute": np.maximum(on_kernels - on_comm, 0),
-           "copy": np.maximum(on_busy - on_kernels, 0), "idle": np.maximum(total - on_busy, 0)}
-    return total, out
-
-
-def _collectives(ev: _Events, mask: np.ndarray, lo, hi, numbers) -> list[tuple[int, str, float]]:
-    """(step number, name, duration in s) of each collective that starts inside a step, in order: the input of
-    the arrival rule (:mod:`helpers.traces.arrival`)."""
-    idx = np.flatnonzero(mask)
-    if not len(idx):
-        return []
-    idx = idx[np.argsort(ev.ts[idx], kind="stable")]
-    where = np.searchsorted(lo, ev.ts[idx], side="right") - 1
+def _top_ops(sums: _Sums, names: list[str]) -> tuple[dict[str, Any], ...]:
     out = []
-    for i, k in zip(idx, where):
-        if k >= 0 and ev.ts[i] < hi[k]:
-            out.append((numbers[k], ev.names[ev.name[i]], float(ev.dur[i]) / 1e9))
-    return out
-
-
-def _cpu_compute(ev: _Events, step_thread: int, sidx: np.ndarray, lo, hi, length, data, h2d, comm_exposed):
-    """compute and other per step (ns) of a CPU trace: the training thread's recorded operators outside data and
-    copy, and the rest of the step that is not exposed communication."""
-    ops = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
-    ops[sidx] = False
-    busy = _covered(_union(ev.ts[ops], ev.end[ops]), lo, hi)
-    if not busy.any():  # the training thread recorded no operator in any step: compute is unrecorded, not 0
-        return None, None
-    spent = (data if data is not None else 0) + (h2d if h2d is not None else 0)
-    compute = np.maximum(busy - spent, 0)
-    other = np.maximum(length - busy - (comm_exposed if comm_exposed is not None else 0), 0)
-    return compute, other
-
-
-def _host_phases(ev: _Events, step_thread: int, sidx: np.ndarray, limits: list, *, host_copy: bool):
-    """data, h2d, optimizer per step (int64 ns arrays, or None where the trace cannot tell, said in ``limits``);
-    h2d only where ``host_copy`` (a CPU trace: a device trace's copy is the device's, :func:`_device_phases`)."""
-    lo, hi = ev.ts[sidx], ev.end[sidx]
-    on_thread = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
-    data_mask = on_thread & ev.name_mask(_is_data)
-    data_u = _union(ev.ts[data_mask], ev.end[data_mask])
-    data = _covered(data_u, lo, hi) if data_mask.any() else None
-    if data is None:
-        limits.append("data phase unknown: the step thread has no DataLoader __next__ spans (torch records them "
-                      "only for a torch.utils.data.DataLoader iterated inside the profiled steps)")
-    copy_u = _h2d_spans(ev, step_thread, sidx) if host_copy and data_mask.any() else None
-    if copy_u is None:
-        h2d = None
-        if host_copy:
-            limits.append("h2d phase unknown: with no DataLoader span, the batch's copy cannot be told from the "
-                          "step's other ops")
-    else:
-        h2d = _covered(_merge(copy_u, data_u), lo, hi) - (data if data is not None else 0)
-    opt_mask = on_thread & ev.name_mask(_is_optimizer)
-    optimizer = _covered(_union(ev.ts[opt_mask], ev.end[opt_mask]), lo, hi) if opt_mask.any() else None
-    if optimizer is None:
-        limits.append("optimizer phase unknown: no Optimizer.step# spans (torch records them for a "
-                      "torch.optim optimizer)")
-    return data, h2d, optimizer
-
-
-def _h2d_spans(ev: _Events, step_thread: int, sidx: np.ndarray):
-    """Union of the host copy spans of the batch on a CPU trace: the copy ops that are the step's direct children
-    right after its last DataLoader span."""
-    th = np.flatnonzero((ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS))
-    order, parent = _nesting(ev.ts[th], ev.end[th])
-    rows = th[order]
-    n = len(rows)
-    is_copy = np.isin(ev.name[rows], [i for i, nm in enumerate(ev.names) if nm in _COPY_OPS])
-    picked = np.zeros(n, bool)
-    pos = np.full(len(ev.ts), -1, np.int64)
-    pos[rows] = np.arange(n)
-    is_step = np.zeros(n, bool)
-    is_step[pos[sidx][pos[sidx] >= 0]] = True
-    kid = np.flatnonzero((parent >= 0) & is_step[np.maximum(parent, 0)])
-    owner = parent[kid]
-    is_data = np.isin(ev.name[rows[kid]], [i for i, nm in enumerate(ev.names) if _is_data(nm)])
-    last_data = np.full(n, -1, np.int64)
-    np.maximum.at(last_data, owner[is_data], kid[is_data])
-    after = kid > last_data[owner]
-    first_other = np.full(n, n, np.int64)
-    other = after & ~is_copy[kid] & (last_data[owner] >= 0)
-    np.minimum.at(first_other, owner[other], kid[other])
-    ok = after & is_copy[kid] & (last_data[owner] >= 0) & (kid < first_other[owner])
-    picked[kid[ok]] = True
-    r = rows[picked]
-    return _union(ev.ts[r], ev.end[r])
-
-
-def _device_phases(ev: _Events, device: np.ndarray, lo, hi, length):
-    """compute, idle, comm, comm_exposed, h2d per step (ns; h2d None where no HtoD copy is recorded) and the
-    unions they come from."""
-    kernel = ev.cat_mask({"kernel", "mtia_ccp_events"}) & device
-    nccl = kernel & ev.name_mask(_is_nccl)
-    comp = kernel & ~nccl
-    htod = device & ev.cat_mask({"gpu_memcpy"}) & ev.name_mask(lambda n: "HtoD" in n or "H2D" in n)
-    all_u = _union(ev.ts[device], ev.end[device])
-    comp_u = _union(ev.ts[comp], ev.end[comp])
-    comm_u = _union(ev.ts[nccl], ev.end[nccl])
-    busy = _covered(all_u, lo, hi)
-    compute = _covered(comp_u, lo, hi)
-    comm = _covered(comm_u, lo, hi)
-    work = _merge(comm_u, comp_u)
-    covered_work = _covered(work, lo, hi)
-    exposed = covered_work - compute
-    h2d = None
-    if htod.any():
-        copy_u = _union(ev.ts[htod], ev.end[htod])
-        h2d = np.maximum(_covered(_merge(copy_u, work), lo, hi) - covered_work, 0)
-    unions = {"comm": comm_u, "compute": comp_u, "busy": all_u}
-    return compute, np.maximum(length - busy, 0), comm, exposed, h2d, unions
-
-
-def _host_comm(ev: _Events, step_thread: int, sidx: np.ndarray, lo, hi, limits: list):
-    """comm, comm_exposed of a CPU trace from the gloo:* spans and the step thread's gaps (None without them)."""
-    gloo = ev.name_mask(lambda n: n.startswith("gloo:")) & ev.cat_mask({"user_annotation", "cpu_op"})
-    if not gloo.any():
-        return None, None
-    comm_u = _union(ev.ts[gloo], ev.end[gloo])
-    busy_mask = (ev.thread == step_thread) & ev.cat_mask(_PHASE_CATS)
-    busy_mask[sidx] = False
-    busy_u = _union(ev.ts[busy_mask], ev.end[busy_mask])
-    comm = _covered(comm_u, lo, hi)
-    exposed = _covered(_merge(comm_u, busy_u), lo, hi) - _covered(busy_u, lo, hi)
-    limits.append("communication on a CPU trace is read from gloo's gloo:* spans (on its own threads) and the "
-                  "gaps of the training thread while one is in flight; a gloo span can end late, when the next "
-                  "collective is queued")
-    return comm, np.maximum(exposed, 0)
-
-
-def _top_ops(ev: _Events, lo: int, hi: int) -> tuple[dict[str, Any], ...]:
-    window = (ev.ts >= lo) & (ev.ts < hi)
-    self_ns = np.zeros(len(ev.ts), np.int64)
-    host = window & ev.cat_mask(_HOST_CATS) & ~ev.name_mask(lambda n: _STEP.fullmatch(n) is not None)
-    hidx = np.flatnonzero(host)
-    for t in np.unique(ev.thread[hidx]):
-        rows = hidx[ev.thread[hidx] == t]
-        order, parent = _nesting(ev.ts[rows], ev.end[rows])
-        r = rows[order]
-        s, e = ev.ts[r], ev.end[r]
-        has = parent >= 0
-        overlap = np.minimum(e[has], e[parent[has]]) - s[has]
-        kids = np.bincount(parent[has], weights=np.maximum(overlap, 0), minlength=len(r))
-        self_ns[r] = np.maximum(ev.dur[r] - kids.astype(np.int64), 0)
-    dev = window & ev.cat_mask(_DEVICE_CATS)
-    self_ns[dev] = ev.dur[dev]
-    out = []
-    for where, mask in (("host", host), ("device", dev)):
-        if not mask.any():
-            continue
-        ids = ev.name[mask]
-        sums = np.bincount(ids, weights=self_ns[mask].astype(np.float64), minlength=len(ev.names))
-        calls = np.bincount(ids, minlength=len(ev.names))
-        for i in np.flatnonzero(calls):
-            out.append({"name": ev.names[i], "calls": int(calls[i]), "self_ms": float(sums[i]) / 1e6,
-                        "where": where})
+    for i in np.flatnonzero(sums.calls).tolist():
+        out.append({"name": names[i], "calls": int(sums.calls[i]), "self_ms": max(float(sums.self_ns[i]), 0.0) / 1e6,
+                    "where": "device" if sums.device_names[i] else "host"})
     out.sort(key=lambda d: d["self_ms"], reverse=True)
     return tuple(out[:TOP_OPS])
 
@@ -526,13 +609,13 @@ def _node(path: Path, meta: dict) -> str | None:
     return m.group("host") if m else None
 
 
-def _provenance(path: Path, parser: Any, ev: _Events, start_unix, step_thread: int) -> dict[str, Any]:
+def _provenance(path: Path, parser: Any, events: int, start_unix, step_thread: tuple[str, str]) -> dict[str, Any]:
     st = path.stat()
     meta = parser.meta
     out: dict[str, Any] = {
         "path": str(path), "bytes": st.st_size,
         "mtime": _dt.datetime.fromtimestamp(st.st_mtime, _dt.timezone.utc).isoformat(timespec="seconds"),
-        "reader": "kineto", "gzip": parser.gz, "events": int(len(ev.ts)),
+        "reader": "kineto", "gzip": parser.gz, "events": int(events),
         "parse": {"fast_chunks": parser.fast_chunks, "json_chunks": parser.fallback_chunks,
                   "restarted": not parser.fast},
         "start_unix_s": start_unix,
@@ -543,6 +626,6 @@ def _provenance(path: Path, parser: Any, ev: _Events, start_unix, step_thread: i
     for key, v in meta.items():
         if "version" in key.lower() and key != "schemaVersion" and isinstance(v, (str, int, float)):
             out[key] = v
-    pid, tid = ev.threads[step_thread]
+    pid, tid = step_thread
     out["step_thread"] = f"pid {pid} tid {tid}"
     return out

@@ -6,6 +6,11 @@ one JSON object on stdout: ``read_s`` (wall seconds of the read), ``peak_rss_mib
 (the peak resident memory of this process after and before the read, MiB), ``steps`` (the steps read, as dicts of
 :class:`~helpers.traces.model.StepPhases` fields), ``events``, ``parse``. A tqdm bar (stderr) shows the bytes read
 once the read has taken 2 s.
+
+``python -m helpers.traces.readbench --hta FOLDER`` times Holistic Trace Analysis instead (where it is installed,
+the ``test`` extra; the workbook never needs it): ``TraceAnalysis(trace_dir=FOLDER)`` and its
+``get_temporal_breakdown``, and prints ``read_s``, ``peak_rss_mib``, ``rss_before_mib`` and ``temporal`` (HTA's
+idle, compute and non-compute %, per rank).
 """
 
 from __future__ import annotations
@@ -33,6 +38,34 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux, bytes on macOS
 
 
+def _hta(folder: str) -> int:
+    """Time HTA on ``folder`` (its rank files) and print the figures; exit 2 where HTA raises."""
+    import contextlib
+    import warnings
+
+    from hta.trace_analysis import TraceAnalysis
+
+    before = _rss_mib()
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):  # stdout is for the figures
+            warnings.simplefilter("ignore")
+            analysis = TraceAnalysis(trace_dir=folder)
+            df = analysis.get_temporal_breakdown(visualize=False)
+    except Exception as exc:  # noqa: BLE001 - whatever HTA raises is reported, not fixed
+        print(f"error: HTA raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+              file=sys.stderr)
+        return 2
+    read_s = time.perf_counter() - t0
+    temporal = {str(int(r["rank"])): {"idle_pct": float(r["idle_time_pctg"]),
+                                     "compute_pct": float(r["compute_time_pctg"]),
+                                     "non_compute_pct": float(r["non_compute_time_pctg"])}
+                for r in df.to_dict("records")}
+    print(json.dumps({"read_s": read_s, "peak_rss_mib": round(_rss_mib(), 1), "rss_before_mib": round(before, 1),
+                      "temporal": temporal}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Read the trace named in ``argv`` (default: sys.argv[1:]) and print the figures; exit 2 on a TraceError."""
     from tqdm import tqdm
@@ -41,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     from helpers.traces.model import TraceError
 
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--hta":
+        return _hta(args[1])
     if len(args) != 1:
-        print("usage: python -m helpers.traces.readbench TRACE.json", file=sys.stderr)
+        print("usage: python -m helpers.traces.readbench TRACE.json | --hta FOLDER", file=sys.stderr)
         return 2
     before = _rss_mib()
     bar = tqdm(total=0, unit="B", unit_scale=True, desc="reading trace", file=sys.stderr, delay=2.0,
