@@ -65,3 +65,28 @@ def test_device_check_runs_every_step_on_the_cpu(tmp_path, smoke_run, monkeypatc
     assert summary["bench_input_pipeline"]["preprocess_speedup"] > 0
     assert summary["bandwidth"]["methods"] == {} or all(
         m["peak_gbps"] is None for m in summary["bandwidth"]["methods"].values())
+    assert summary["traces"]["ok"], summary["traces"]  # the two loops' verdicts flip, by trace and by instrument
+
+
+def test_the_trace_step_records_two_loops_whose_verdicts_flip(tmp_path):
+    from helpers.bottleneck import DEVICE_BOUND, HOST_BOUND
+    from helpers.workbook.trace_check import trace_flip
+
+    lines = []
+    out = trace_flip("cpu", tmp_path, echo=lines.append)
+    for kind, label in (("host-bound", HOST_BOUND), ("device-bound", DEVICE_BOUND)):
+        assert list((tmp_path / kind).glob("*.pt.trace.json")), f"no trace written for the {kind} loop"
+        assert out[kind]["trace"]["label"] == label and out[kind]["instrument"]["label"] == label, out[kind]
+    host, dev = out["host-bound"], out["device-bound"]
+    assert host["trace"]["exposed_fraction"] > 0.5 > dev["trace"]["exposed_fraction"]
+    assert dev["trace"]["compute_share"] > host["trace"]["compute_share"]
+    assert out["flips"] == {"trace": True, "instrument": True} and out["ok"]
+    assert any("trace says host-bound" in line and "instrument says host-bound" in line for line in lines)
+
+
+def test_the_trace_step_is_not_applicable_on_an_npu(tmp_path):
+    from helpers.workbook.trace_check import trace_flip
+
+    out = trace_flip("npu", tmp_path)
+    assert out["status"] == "not applicable" and "torch_npu.profiler" in out["reason"]
+    assert not any(tmp_path.iterdir())

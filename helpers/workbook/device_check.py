@@ -8,6 +8,8 @@
 - ``bench input-pipeline`` on the device (decode, preprocessing and overlap figures),
 - the pinned-vs-pageable host-to-device bandwidth from notebook 04's records, each as a share of the link's
   limit where the link is known (public anchor: about 55 GB/s pinned on PCIe Gen5 x16),
+- real profiler traces of a host-bound and a device-bound loop on the device, read back by the trace command and
+  timed by the instrument, whose verdicts must flip (:mod:`helpers.workbook.trace_check`),
 
 and writes ``device_check.json`` beside the run folder. A step that fails is recorded with its error and the
 others still run. On a machine without the accelerator the same command runs with ``--device cpu``: the device
@@ -113,7 +115,9 @@ def device_check(*, device: str = "cuda", out: str | Path | None = None, profile
     dict
         ``device``, ``profile``, ``run_dir``, ``steps`` (per step: status, wall_s, error), ``notebooks`` (per
         notebook: status, recommendation, value, unit, reason), ``bench_input_pipeline`` (its JSON or None),
-        ``bandwidth`` (:func:`bandwidth_summary`), ``wall_s``. Also written to ``<out>/device_check.json``.
+        ``bandwidth`` (:func:`bandwidth_summary`), ``traces`` (:func:`helpers.workbook.trace_check.trace_flip`:
+        each loop's verdict by the trace and by the instrument, and whether they flip), ``wall_s``. Also written
+        to ``<out>/device_check.json``.
 
     Raises
     ------
@@ -159,6 +163,15 @@ def device_check(*, device: str = "cuda", out: str | Path | None = None, profile
     if summary["bandwidth"] is not None and not summary["bandwidth"]["methods"] and steps.get("bandwidth"):
         steps["bandwidth"]["status"] = "not applicable"  # nothing was copied to a device (a CPU)
         steps["bandwidth"]["reason"] = "notebook 04 recorded no host-to-device rate: no accelerator in this run"
+    from helpers.workbook.trace_check import trace_flip
+
+    summary["traces"] = _step("traces", lambda: trace_flip(device, root / "traces", echo=echo), steps, echo)
+    flip = summary["traces"]
+    if isinstance(flip, dict) and "ok" in flip and not flip["ok"]:
+        steps["traces"]["status"] = "failed"
+        steps["traces"]["error"] = f"the verdicts did not flip: {flip['flips']}"
+    elif isinstance(flip, dict) and flip.get("status") == "not applicable":
+        steps["traces"].update(status="not applicable", reason=flip["reason"])
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     write_atomic(root / "device_check.json", json.dumps(summary, indent=2, default=str))
     echo(f"device-check: summary {root / 'device_check.json'} ({summary['wall_s']:.0f} s)")
