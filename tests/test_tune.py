@@ -23,6 +23,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 # A user's script: argparse, a Dataset that reads slowly (a network disk: 4 ms a sample, in time.sleep, so that
 # its loader's cost does not depend on how busy the CPU is), a small MLP, a checkpoint every 5 steps and at the end.
+REMOTE = textwrap.dedent('''\
+    class Remote(Dataset):
+        def __len__(self):
+            return 4096
+
+        def __getitem__(self, i):
+            time.sleep(0.004)  # a read from a slow disk
+            x = torch.randn(16, generator=torch.Generator().manual_seed(i))
+            return x, int(x.sum() > 0)
+    ''').rstrip()
 USER_SCRIPT = textwrap.dedent('''\
     import argparse
     import time
@@ -32,14 +42,7 @@ USER_SCRIPT = textwrap.dedent('''\
     from torch.utils.data import DataLoader, Dataset
 
 
-    class Remote(Dataset):
-        def __len__(self):
-            return 4096
-
-        def __getitem__(self, i):
-            time.sleep(0.004)  # a read from a slow disk
-            x = torch.randn(16, generator=torch.Generator().manual_seed(i))
-            return x, int(x.sum() > 0)
+    {remote}
 
 
     def main():
@@ -72,7 +75,7 @@ USER_SCRIPT = textwrap.dedent('''\
 
     if __name__ == "__main__":
         main()
-    ''')
+    ''').replace("{remote}", REMOTE)
 
 
 @pytest.fixture
@@ -173,9 +176,86 @@ def test_a_script_that_fails_on_its_own_gets_its_own_error_and_nothing_is_writte
 
 def test_bad_flags_and_commands_are_refused_before_anything_runs(user_dir, tmp_path):
     for args, msg in ((["--steps", "2", "--", "python", "train.py"], "--steps must be an integer >= 5"),
-                      (["--", "torchrun", "train.py"], "runs your script as one process"),
+                      (["--", "torchrun", "--nnodes", "2", "train.py"], "on this machine only"),
                       (["--", "python", "missing.py"], "does not exist"),
                       ([], "give the command that trains")):
         done = _cli(user_dir, tmp_path / "never", *args, timeout=60)
         assert done.returncode == 2 and msg in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "never").exists()
+
+
+# The same user's loader in a DDP script launched with torchrun (gloo, a DistributedSampler, rank 0 saves).
+DDP_SCRIPT = textwrap.dedent('''\
+    import argparse
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data.distributed import DistributedSampler
+
+
+    {remote}
+
+
+    def main():
+        p = argparse.ArgumentParser()
+        p.add_argument("--mode", default="ok")
+        args = p.parse_args()
+        dist.init_process_group("gloo")
+        data = Remote()
+        loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, seed=0))
+        model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for step, (x, y) in enumerate(loader):
+            if args.mode == "raise" and dist.get_rank() == 1 and step == 2:
+                raise ValueError("rank 1 read a corrupt sample")
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step == 60:
+                break
+        if dist.get_rank() == 0:
+            torch.save(model.module.state_dict(), "model.pt")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+    ''').replace("{remote}", REMOTE)
+
+
+def test_a_torchrun_job_is_tuned_as_a_job_and_its_proof_runs_under_torchrun(tmp_path, monkeypatch):
+    monkeypatch.setattr(machine, "check", lambda before, after, **kw: machine.BusyCheck(False, (), 0.0, 0.1, 1.0))
+    d = tmp_path / "ddp"
+    d.mkdir()
+    (d / "train.py").write_text(DDP_SCRIPT)
+    before = _digest(d / "train.py")
+    out = tmp_path / "tune-out"
+    lines: list[str] = []
+    res = tune(parse_command(["torchrun", "--nproc-per-node", "2", "train.py"], cwd=d), out,
+               TuneOptions(warmup=3, steps=10, rounds=2, timeout_s=120), progress=lines.append)
+    assert _digest(d / "train.py") == before and not (d / "model.pt").exists()
+    assert res.probe["ranks"] == 2
+    names = {j.variant: j for j in res.judgements}
+    # 2 cores shared by 2 ranks: 1 worker each is tried, and 2
+    assert set(names) >= {"num_workers=1", "num_workers=2"}
+    assert names["num_workers=2"].verdict == "faster", names["num_workers=2"].reason
+    assert res.proof is not None and res.proof.verdict == "faster", res.proof
+    assert "sampler=DistributedSampler(data, seed=0), num_workers=2, persistent_workers=True)" in (
+        out / "change.diff").read_text()
+    report = (out / "report.md").read_text()
+    assert report.startswith("# tune: `torchrun --nproc-per-node 2 ") and "a torchrun job of 2 processes" in report
+
+    # a rank that fails on its own: that rank's traceback, once, and nothing written
+    (d / "train.py").write_text(DDP_SCRIPT.replace('p.add_argument("--mode", default="ok")',
+                                                   'p.add_argument("--mode", default="raise")'))
+    done = subprocess.run([sys.executable, "-m", "helpers", "tune", "--out", str(tmp_path / "never"), "--warmup",
+                           "2", "--steps", "5", "--rounds", "2", "--", "torchrun", "--nproc-per-node", "2",
+                           "train.py"], cwd=d, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 1 and "rank 1 read a corrupt sample" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "never").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -135,7 +136,12 @@ def test_the_command_is_read_or_refused_before_anything_runs(tmp_path):
     cmd = parse_command(["python", "train.py", "--epochs", "2"], cwd=tmp_path)
     assert cmd.script == script and cmd.args == ("--epochs", "2") and cmd.python == sys.executable
     assert parse_command(["/opt/py/bin/python3", str(script)]).python == "/opt/py/bin/python3"
-    for words, msg in (([], "give the command"), (["torchrun", "train.py"], "runs your script as one process"),
+    for words, msg in (([], "give the command"), (["bash", "run.sh"], "a Python interpreter or torchrun"),
+                       (["torchrun", "--nnodes", "2", "train.py"], "on this machine only"),
+                       (["torchrun", "-m", "pkg.train"], "-m and --no-python are not supported"),
+                       (["torchrun", "--nproc-per-node", "gpu", "train.py"], "give a number of processes"),
+                       (["torchrun", "--no-such-flag", "train.py"], "torchrun could not read its options"),
+                       (["torchrun", "--nproc-per-node", "2", "nope.py"], "does not exist"),
                        (["python"], "give the script"), (["python", "-u", "train.py"], "not supported"),
                        (["python", "nope.py"], "does not exist"),
                        (["python", "-m", "pkg.train"], "give the module's file: python pkg/train.py ARGS"),
@@ -143,6 +149,18 @@ def test_the_command_is_read_or_refused_before_anything_runs(tmp_path):
                        (["python", "."], "is a folder")):
         with pytest.raises(ParameterError, match=msg):
             parse_command(words, cwd=tmp_path)
+    # torchrun, or python -m torch.distributed.run: read with torchrun's own parser; one node, N processes
+    for words in (["torchrun", "--nproc-per-node", "2", "train.py", "--lr", "0.1"],
+                  ["python", "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "train.py", "--lr",
+                   "0.1"]):
+        cmd = parse_command(words, cwd=tmp_path)
+        assert (cmd.launcher, cmd.nproc, cmd.script, cmd.args) == ("torchrun", 2, script, ("--lr", "0.1"))
+        assert str(cmd).startswith("torchrun --nproc-per-node 2 ") and cmd.python == sys.executable
+        line = cmd.process(tmp_path / "spec.json")
+        assert line[1:4] == ["-m", "torch.distributed.run", "--standalone"] and line[-3:] == [
+            "-m", "helpers.tune.hook", str(tmp_path / "spec.json")]
+    assert parse_command(["python", "train.py"], cwd=tmp_path).process(tmp_path / "s.json")[1:3] == [
+        "-m", "helpers.tune.hook"]
     (tmp_path / "run.sh").write_text("")
     with pytest.raises(ParameterError, match="not a .py file"):
         parse_command(["python", "run.sh"], cwd=tmp_path)
@@ -265,3 +283,23 @@ def test_a_new_argument_never_copies_a_neighbours_comment():
     assert ("    shuffle=True,  # num_workers left at default for now\n    num_workers=2,\n"
             "    persistent_workers=True,\n)\n") in new
     assert "l2 = DataLoader(ds,  # the data\n                batch_size=8,\n                num_workers=2)\n" in new
+
+
+def test_a_torchrun_runs_ranks_merge_into_the_slowest_rank_per_step():
+    from helpers.tune.engine import _merge_ranks, rank_result
+
+    r0 = {"status": "steps", "step_times_s": [0.1, 0.1, 0.3], "losses": [1.0, 0.9, 0.8], "loaders": ["site"]}
+    r1 = {"status": "steps", "step_times_s": [0.2, 0.05], "losses": [2.0, 1.9], "loaders": []}
+    m = _merge_ranks([r0, r1])
+    assert m["step_times_s"] == [0.2, 0.1] and m["losses"] == r0["losses"] and m["loaders"] == ["site"]
+    assert m["status"] == "steps" and m["ranks"] == 2
+    failed = _merge_ranks([r0, dict(r1, status="error", error="Traceback ... ValueError: sample 37")])
+    assert failed["status"] == "error" and failed["error"].startswith("rank 1: Traceback")
+    # rank 1 fails first; rank 0 then fails on the closed connection: rank 1's is the cause
+    both = _merge_ranks([dict(r0, status="error", error="RuntimeError: Connection closed by peer", failed_at=12.5),
+                         dict(r1, status="error", error="ValueError: sample 37", failed_at=12.0)])
+    assert both["error"] == "rank 1 (rank 0 failed after it): ValueError: sample 37"
+    assert _merge_ranks([r0, dict(r1, status="slow")])["status"] == "slow"
+    assert _merge_ranks([r0]) is r0
+    out = Path("/x/run-r0.json")
+    assert rank_result(out, 0) == out and rank_result(out, 3) == Path("/x/run-r0.json.rank3")

@@ -63,7 +63,8 @@ class ScriptError(WorkbookError):
 
 @dataclass(frozen=True)
 class Command:
-    """The user's command: ``python train.py ARGS`` or ``python -m package.train ARGS``.
+    """The user's command: ``python train.py ARGS``, or ``torchrun --nproc-per-node N train.py ARGS`` on this
+    machine (``nproc`` > 1: every run is a torchrun job of that many processes, ``--standalone``).
 
     Attributes
     ----------
@@ -77,6 +78,11 @@ class Command:
         The script's own arguments.
     cwd : pathlib.Path
         The folder the command runs in (the user's current folder).
+    nproc : int
+        Processes per run: 1 for ``python train.py``, torchrun's ``--nproc-per-node`` for a torchrun command
+        (which always runs under torchrun, even with 1).
+    launcher : str
+        "" for ``python train.py``, "torchrun" for a torchrun command.
     """
 
     python: str
@@ -84,6 +90,8 @@ class Command:
     module: str | None
     args: tuple[str, ...]
     cwd: Path
+    nproc: int = 1
+    launcher: str = ""
 
     @property
     def argv(self) -> list[str]:
@@ -100,27 +108,42 @@ class Command:
 
     def __str__(self) -> str:
         target = str(self.script) if self.script else f"-m {self.module}"
-        return " ".join([Path(self.python).name, target, *self.args])
+        head = [f"torchrun --nproc-per-node {self.nproc}"] if self.launcher else [Path(self.python).name]
+        return " ".join([*head, target, *self.args])
+
+    def process(self, spec_path: Path) -> list[str]:
+        """The command line of one run of the hook (:mod:`helpers.tune.hook`) with ``spec_path``: the hook as a
+        module of this interpreter, under ``torch.distributed.run --standalone`` for a torchrun command (a free
+        rendezvous port each run, no restarts: a failing rank fails the run)."""
+        if not self.launcher:
+            return [self.python, "-m", "helpers.tune.hook", str(spec_path)]
+        return [self.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.nproc),
+                "--max-restarts", "0", "-m", "helpers.tune.hook", str(spec_path)]
 
 
 def parse_command(words: Sequence[str], cwd: str | os.PathLike | None = None) -> Command:
-    """Read ``python train.py ARGS`` (or ``python -m pkg.train ARGS``) from the words after ``--``.
+    """Read ``python train.py ARGS`` or ``torchrun [--nproc-per-node N] train.py ARGS`` (also ``python -m
+    torch.distributed.run ...``) from the words after ``--``.
 
     Raises
     ------
     ParameterError
-        With no command, a first word that is not a Python interpreter (torchrun, a shell script: tune runs one
-        process), interpreter options other than ``-m``, or a script file that does not exist.
+        With no command, a first word that is neither a Python interpreter nor torchrun (a shell script),
+        interpreter options such as ``-m``, torchrun options for more than this machine (``--nnodes`` above 1) or
+        for a module or a non-Python program (``-m``, ``--no-python``), or a script file that does not exist.
     """
     words = list(words)
     cwd = Path(cwd or os.getcwd()).resolve()
     if not words:
         raise ParameterError("tune: give the command that trains, after --: workbook tune -- python train.py ARGS")
     first = Path(words[0]).name
+    if first == "torchrun":
+        return _parse_torchrun(words[1:], cwd)
+    if first.startswith("python") and words[1:3] == ["-m", "torch.distributed.run"]:
+        return _parse_torchrun(words[3:], cwd)
     if not first.startswith("python"):
-        raise ParameterError(f"tune: the command must start with a Python interpreter (python train.py ARGS), "
-                             f"got {words[0]!r}; tune runs your script as one process. For a torchrun job, give "
-                             f"the script's own command (python train.py ARGS): it runs as rank 0 of a world of 1")
+        raise ParameterError(f"tune: the command must start with a Python interpreter or torchrun (python train.py "
+                             f"ARGS, torchrun --nproc-per-node 2 train.py ARGS), got {words[0]!r}")
     if len(words) < 2:
         raise ParameterError("tune: give the script after the interpreter: python train.py ARGS")
     # a bare "python" means this environment's interpreter (the one running the workbook, with torch), as it does
@@ -132,15 +155,47 @@ def parse_command(words: Sequence[str], cwd: str | os.PathLike | None = None) ->
                              f"python {target} ARGS")
     if words[1].startswith("-"):
         raise ParameterError(f"tune: interpreter option {words[1]!r} is not supported; give python train.py ARGS")
-    script = (cwd / words[1]).resolve()
+    return Command(python, _script(words[1], cwd), None, tuple(words[2:]), cwd)
+
+
+def _script(word: str, cwd: Path) -> Path:
+    script = (cwd / word).resolve()
     if script.is_dir():
-        raise ParameterError(f"tune: {words[1]!r} is a folder; give the training script in it: python "
-                             f"{words[1].rstrip('/')}/train.py ARGS")
+        raise ParameterError(f"tune: {word!r} is a folder; give the training script in it: python "
+                             f"{word.rstrip('/')}/train.py ARGS")
     if not script.is_file():
-        raise ParameterError(f"tune: the script {words[1]!r} does not exist (looked for {script})")
+        raise ParameterError(f"tune: the script {word!r} does not exist (looked for {script})")
     if script.suffix != ".py":
-        raise ParameterError(f"tune: {words[1]!r} is not a .py file; tune edits Python scripts")
-    return Command(python, script, None, tuple(words[2:]), cwd)
+        raise ParameterError(f"tune: {word!r} is not a .py file; tune edits Python scripts")
+    return script
+
+
+def _parse_torchrun(words: list[str], cwd: Path) -> Command:
+    """A torchrun command's options and script, read with torchrun's own argument parser."""
+    import contextlib
+    import io
+
+    from torch.distributed.run import get_args_parser
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            args = get_args_parser().parse_args(words)
+    except SystemExit:
+        why = (said.getvalue().strip().splitlines() or ["bad options"])[-1]
+        raise ParameterError(f"tune: torchrun could not read its options ({why}); give torchrun "
+                             "--nproc-per-node N train.py ARGS") from None
+    if args.module or args.no_python:
+        raise ParameterError("tune: torchrun -m and --no-python are not supported: tune edits a script file, so "
+                             "give it: torchrun --nproc-per-node N train.py ARGS")
+    if str(args.nnodes) not in ("1", "1:1"):
+        raise ParameterError(f"tune: --nnodes {args.nnodes}: tune runs the job on this machine only; give "
+                             "--nnodes 1 (the change it finds applies to every node alike)")
+    if not str(args.nproc_per_node).isdigit() or int(args.nproc_per_node) < 1:
+        raise ParameterError(f"tune: --nproc-per-node {args.nproc_per_node!r}: give a number of processes, e.g. "
+                             "--nproc-per-node 2")
+    return Command(sys.executable, _script(args.training_script, cwd), None, tuple(args.training_script_args), cwd,
+                   nproc=int(args.nproc_per_node), launcher="torchrun")
 
 
 @dataclass
@@ -194,10 +249,13 @@ def _free_port() -> int:
 
 
 def _hook_env(command: Command) -> dict[str, str]:
-    """The environment of a run: the user's, helpers importable, and a world of one for a torchrun script."""
+    """The environment of a run: the user's, helpers importable, and a world of one for a script written for
+    torchrun but given as ``python train.py`` (under torchrun, torchrun sets each rank's)."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if command.launcher:
+        return env
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port()))):
         env.setdefault(key, value)
@@ -242,14 +300,14 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
             "module": command.module, "source": str(script) if script else None,
             "warmup": warmup, "steps": steps, "out": str(workdir / f"{tag}.json"), "scratch": str(workdir),
             "apply": apply, "user_roots": command.roots, "watch_copies": watch_copies,
-            "give_up_step_s": give_up_step_s}
+            "give_up_step_s": give_up_step_s, "world": command.nproc}
     spec_path = workdir / f"{tag}.spec.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     out_path = Path(spec["out"])
     out_path.unlink(missing_ok=True)
     t0 = time.perf_counter()
     with open(workdir / f"{tag}.log", "wb") as log:
-        proc = subprocess.Popen([command.python, "-m", "helpers.tune.hook", str(spec_path)], cwd=command.cwd,
+        proc = subprocess.Popen(command.process(spec_path), cwd=command.cwd,
                                 env=_hook_env(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         try:
@@ -261,16 +319,46 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
         finally:
             _kill_group(proc)  # DataLoader workers left behind
     wall = time.perf_counter() - t0
-    if not out_path.is_file():
+    results = [out_path, *(rank_result(out_path, r) for r in range(1, command.nproc))]
+    missing = [r for r, p in enumerate(results) if not p.is_file()]
+    if missing:
         tail = _tail(workdir / f"{tag}.log")
+        who = "the process" if command.nproc == 1 else f"rank {missing[0]}"
         return Run(variant, round_, "error", [], [], wall,
-                   f"the process ended with status {proc.returncode} before writing its result:\n{tail}")
-    result = json.loads(out_path.read_text(encoding="utf-8"))
+                   f"{who} ended with status {proc.returncode} before writing its result:\n{tail}")
+    result = _merge_ranks([json.loads(p.read_text(encoding="utf-8")) for p in results])
     error = result.get("error") or ""
-    if result["status"] in ("error", "exit"):  # the script's own output, which ends with its traceback
+    if result["status"] in ("error", "exit") and command.nproc == 1:  # its own output, ending with its traceback
         error = _tail(workdir / f"{tag}.log") or error
+    # under torchrun the log ends with torchrun's own traceback: the failing rank's (in its result) is the one
     return Run(variant, round_, result["status"], [float(x) for x in result["step_times_s"]],
                result["losses"], wall, error, result)
+
+
+def rank_result(out: Path, rank: int) -> Path:
+    """Where rank ``rank`` of a torchrun run writes its result (rank 0: ``out`` itself)."""
+    return out if rank == 0 else out.with_name(f"{out.name}.rank{rank}")
+
+
+def _merge_ranks(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result of a run's ranks: rank 0's call sites and losses; a failed rank's status and error; the step
+    times, step by step, of the slowest rank (the ranks of a synchronous job step together, at the pace of the
+    slowest), over the steps every rank timed. Where ranks failed, the first to fail (the hook's ``failed_at``)."""
+    if len(results) == 1:
+        return results[0]
+    out = dict(results[0])
+    failed = [(r, res) for r, res in enumerate(results) if res["status"] in ("error", "exit")]
+    if failed:  # the first to fail is the cause: the others fail after it (a peer's closed connection)
+        rank, res = min(failed, key=lambda f: (f[1].get("failed_at") or math.inf, f[0]))
+        later = [str(r) for r, _ in failed if r != rank]
+        after = f" (rank{'s' if len(later) > 1 else ''} {', '.join(later)} failed after it)" if later else ""
+        out.update(status=res["status"], error=f"rank {rank}{after}: {res.get('error') or res['status']}")
+    elif any(res["status"] == "slow" for res in results):
+        out["status"] = "slow"
+    n = min(len(res["step_times_s"]) for res in results)
+    out["step_times_s"] = [max(float(res["step_times_s"][i]) for res in results) for i in range(n)]
+    out["ranks"] = len(results)
+    return out
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

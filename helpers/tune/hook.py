@@ -472,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     install(rec)
     sys.argv = list(spec["argv"])
     status, code, error = "script_end", 0, ""
+    failed_at = None  # wall clock of a failure: under torchrun, the first rank to fail is the cause
     try:
         if spec.get("module"):
             runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
@@ -483,16 +484,23 @@ def main(argv: list[str] | None = None) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code:
             status, error = "exit", f"the script exited with status {e.code!r}"
+            failed_at = time.time()
     except KeyboardInterrupt:
         status, code, error = "error", 130, "interrupted"
     except BaseException as exc:  # noqa: BLE001 - the user's own failure, reported as theirs
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__):
             tb = tb.tb_next  # the frames of this runner: the traceback starts in the user's script
-        status, code = "error", 1
+        status, code, failed_at = "error", 1, time.time()
         error = "".join(traceback.format_exception(type(exc), exc, tb))
         sys.stderr.write(error)
-    _write(spec["out"], rec.result(status, exit_code=code, error=error))
+    out = spec["out"]
+    rank = int(os.environ.get("RANK") or 0) if int(spec.get("world") or 1) > 1 else 0
+    if rank:  # under torchrun each rank writes its own (helpers.tune.engine.rank_result)
+        out = str(Path(out).with_name(f"{Path(out).name}.rank{rank}"))
+    result = rec.result(status, exit_code=code, error=error)
+    result["failed_at"] = failed_at
+    _write(out, result)
     sys.stdout.flush()
     sys.stderr.flush()
     _exit_later(code)

@@ -54,10 +54,16 @@ def markdown(res: Any) -> str:
         out.append("")
     model = res.probe.get("model") or {}
     saved = res.probe.get("saved") or []
-    out += ["## What this stands on", "",
-            f"- Each run is one process of your script, stopped after its warm-up and timed optimizer steps; a "
-            f"step's time runs from one `optimizer.step()` to the next"
-            f"{', after a device synchronize' if model.get('param_device') in ('cuda', 'npu') else ''}.",
+    ranks = int(res.probe.get("ranks") or 1)
+    sync = ', after a device synchronize' if model.get('param_device') in ('cuda', 'npu') else ''
+    run = (f"- Each run is a torchrun job of {ranks} processes of your script on this machine (`--standalone`), "
+           f"stopped after its warm-up and timed optimizer steps; a step's time runs from one `optimizer.step()` to "
+           f"the next{sync}, on the rank that took longest for that step (the ranks step together, at the slowest "
+           f"one's pace), and the DataLoader workers tried are this machine's cores shared among the ranks."
+           if ranks > 1 else
+           f"- Each run is one process of your script, stopped after its warm-up and timed optimizer steps; a "
+           f"step's time runs from one `optimizer.step()` to the next{sync}.")
+    out += ["## What this stands on", "", run,
             f"- The model: {model.get('class', 'not found')} on the {model.get('param_device', '?')}, "
             f"{model.get('n_params', 0):,} parameters.",
             f"- The machine: {res.busy or 'not measured'}.",

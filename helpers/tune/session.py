@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from helpers.device import usable_cores
 from helpers.errors import ParameterError
 from helpers.tune import candidates as cand_mod
 from helpers.tune.candidates import Candidate
@@ -225,7 +226,8 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
     say(f"probe: {probe.result['steps_seen']} steps, "
         f"{1e3 * sorted(probe.step_times_s)[len(probe.step_times_s) // 2]:.1f} ms/step, {probe.wall_s:.1f} s")
 
-    res.candidates, res.skipped = cand_mod.choose(probe.result)
+    # every process of a torchrun job gets its share of the cores for its DataLoader workers
+    res.candidates, res.skipped = cand_mod.choose(probe.result, cores=max(1, usable_cores() // command.nproc))
     jsonl = out_dir / "results.jsonl"
     if res.candidates:
         variants = [("unmodified", {}, None)] + [(c.name, c.apply, None) for c in res.candidates]

@@ -185,7 +185,8 @@ def _add_trace(sub) -> None:
 def _add_tune(sub) -> None:
     tu = sub.add_parser("tune", help="your training script made faster: the checklist's changes measured on it, the "
                                      "winners written as a diff, the rewritten script proven against yours",
-                        usage="%(prog)s [options] -- python train.py [ARGS]")
+                        usage="%(prog)s [options] -- python train.py [ARGS]\n"
+                              "       %(prog)s [options] -- torchrun --nproc-per-node N train.py [ARGS]")
     tu.add_argument("--steps", type=int, default=20, metavar="N", help="timed optimizer steps per run (default: 20)")
     tu.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed steps per run (default: 5)")
     tu.add_argument("--rounds", type=int, default=3, metavar="N",
@@ -201,7 +202,8 @@ def _add_tune(sub) -> None:
                          "kept beside it as SCRIPT.orig)")
     tu.add_argument("--json", action="store_true", help="print the summary as JSON")
     tu.add_argument("command", nargs=argparse.REMAINDER, metavar="-- python train.py ARGS",
-                    help="the command that trains, as you run it")
+                    help="the command that trains, as you run it: python train.py ARGS, or torchrun "
+                         "--nproc-per-node N train.py ARGS on this machine (each run is then a torchrun job)")
     tu.set_defaults(handler=_tune)
 
 
