@@ -259,3 +259,84 @@ def test_a_torchrun_job_is_tuned_as_a_job_and_its_proof_runs_under_torchrun(tmp_
                           text=True, timeout=180)
     assert done.returncode == 1 and "rank 1 read a corrupt sample" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "never").exists()
+
+
+# transformers is not installed here: a stand-in package with transformers' own names (TrainingArguments fields
+# dataloader_num_workers, dataloader_persistent_workers, bf16; Trainer(model=, args=, train_dataset=).train()) that
+# builds its DataLoader and optimizer inside itself, as the real Trainer does, so that neither is in the user's file.
+FAKE_TRANSFORMERS = textwrap.dedent('''\
+    import dataclasses
+
+    import torch
+    from torch.utils.data import DataLoader
+
+
+    @dataclasses.dataclass
+    class TrainingArguments:
+        output_dir: str
+        per_device_train_batch_size: int = 8
+        dataloader_num_workers: int = 0
+        dataloader_persistent_workers: bool = False
+        bf16: bool = False
+        max_steps: int = 60
+
+
+    class Trainer:
+        def __init__(self, model=None, args=None, train_dataset=None):
+            self.model, self.args, self.train_dataset = model, args, train_dataset
+
+        def train(self):
+            a = self.args
+            loader = DataLoader(self.train_dataset, batch_size=a.per_device_train_batch_size, shuffle=True,
+                                num_workers=a.dataloader_num_workers,
+                                persistent_workers=a.dataloader_persistent_workers and a.dataloader_num_workers > 0)
+            opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+            for step, (x, y) in enumerate(loader):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                    loss = torch.nn.functional.cross_entropy(self.model(x).float(), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                if step + 1 >= a.max_steps:
+                    break
+    ''')
+HF_SCRIPT = textwrap.dedent('''\
+    import time
+
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
+    from transformers import Trainer, TrainingArguments
+
+
+    {remote}
+
+
+    if __name__ == "__main__":
+        args = TrainingArguments(
+            output_dir="out",  # checkpoints
+            per_device_train_batch_size=16,
+        )
+        Trainer(model=nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)), args=args,
+                train_dataset=Remote()).train()
+    ''').replace("{remote}", REMOTE)
+
+
+def test_a_setting_a_framework_owns_is_measured_and_written_in_its_own_call(tmp_path, monkeypatch):
+    monkeypatch.setattr(machine, "check", lambda before, after, **kw: machine.BusyCheck(False, (), 0.0, 0.1, 1.0))
+    d = tmp_path / "hf"
+    (d / "transformers").mkdir(parents=True)
+    (d / "transformers" / "__init__.py").write_text(FAKE_TRANSFORMERS)
+    (d / "train.py").write_text(HF_SCRIPT)
+    out = tmp_path / "tune-out"
+    res = tune(parse_command(["python", "train.py"], cwd=d), out,
+               TuneOptions(warmup=3, steps=10, rounds=2, timeout_s=120))
+    names = {j.variant: j for j in res.judgements}
+    # the DataLoader and the optimizer are the framework's: only its own settings are tried, in its call
+    assert set(names) == {"dataloader_num_workers=2", "bf16=True"}, names
+    assert names["dataloader_num_workers=2"].verdict == "faster", names["dataloader_num_workers=2"].reason
+    assert res.proof is not None and res.proof.verdict == "faster", res.proof
+    diff = (out / "change.diff").read_text()
+    assert "+        dataloader_num_workers=2,\n+        dataloader_persistent_workers=True,\n" in diff, diff
+    assert "         per_device_train_batch_size=16,\n" in diff  # the call's own layout, one argument a line
+    assert "DataLoader" not in diff

@@ -290,16 +290,70 @@ def test_a_torchrun_runs_ranks_merge_into_the_slowest_rank_per_step():
 
     r0 = {"status": "steps", "step_times_s": [0.1, 0.1, 0.3], "losses": [1.0, 0.9, 0.8], "loaders": ["site"]}
     r1 = {"status": "steps", "step_times_s": [0.2, 0.05], "losses": [2.0, 1.9], "loaders": []}
-    m = _merge_ranks([r0, r1])
+    m = _merge_ranks({0: r0, 1: r1})
     assert m["step_times_s"] == [0.2, 0.1] and m["losses"] == r0["losses"] and m["loaders"] == ["site"]
     assert m["status"] == "steps" and m["ranks"] == 2
-    failed = _merge_ranks([r0, dict(r1, status="error", error="Traceback ... ValueError: sample 37")])
+    failed = _merge_ranks({0: r0, 1: dict(r1, status="error", error="Traceback ... ValueError: sample 37")})
     assert failed["status"] == "error" and failed["error"].startswith("rank 1: Traceback")
     # rank 1 fails first; rank 0 then fails on the closed connection: rank 1's is the cause
-    both = _merge_ranks([dict(r0, status="error", error="RuntimeError: Connection closed by peer", failed_at=12.5),
-                         dict(r1, status="error", error="ValueError: sample 37", failed_at=12.0)])
+    both = _merge_ranks({0: dict(r0, status="error", error="RuntimeError: Connection closed by peer",
+                                 failed_at=12.5),
+                         1: dict(r1, status="error", error="ValueError: sample 37", failed_at=12.0)})
     assert both["error"] == "rank 1 (rank 0 failed after it): ValueError: sample 37"
-    assert _merge_ranks([r0, dict(r1, status="slow")])["status"] == "slow"
-    assert _merge_ranks([r0]) is r0
+    # torchrun stopped rank 0 before it wrote anything: rank 1's own failure is the answer
+    alone = _merge_ranks({1: dict(r1, status="error", error="ValueError: sample 37", failed_at=12.0)})
+    assert alone["status"] == "error" and alone["error"] == "rank 1: ValueError: sample 37"
+    assert _merge_ranks({0: r0, 1: dict(r1, status="slow")})["status"] == "slow"
+    assert _merge_ranks({0: r0}) is r0
     out = Path("/x/run-r0.json")
     assert rank_result(out, 0) == out and rank_result(out, 3) == Path("/x/run-r0.json.rank3")
+
+
+def test_a_frameworks_own_calls_are_found_by_import_and_get_its_own_settings():
+    from helpers.tune.candidates import framework_candidates
+    from helpers.tune.rewrite import framework_calls
+
+    src = textwrap.dedent('''\
+        import lightning as L
+        import pytorch_lightning as pl
+        from transformers import TrainingArguments as TA
+        from accelerate import Accelerator
+        from mylib import Trainer  # not Lightning's: left alone
+
+        args = TA(output_dir="out", bf16=False)
+        trainer = L.Trainer(max_epochs=1)
+        pl.Trainer(precision="16-mixed")
+        Trainer(precision=32)
+        acc = Accelerator(**config)
+        ''')
+    calls = framework_calls(src)
+    assert [(c["framework"], c["call"], c["line"]) for c in calls] == [
+        ("transformers", "TA", 7), ("lightning", "Trainer", 8), ("pytorch_lightning", "Trainer", 9),
+        ("accelerate", "Accelerator", 11)]
+    assert framework_calls("def broken(:\n") == []
+    cands, skipped = framework_candidates(calls, {"model": {}}, cores=8)
+    got = {c.name: c.apply["edits"][0] for c in cands}
+    # transformers: workers (2 and 4 of 8 cores) in its own fields; bf16 already set there; Lightning's precision
+    assert set(got) == {"dataloader_num_workers=2", "dataloader_num_workers=4", 'precision="bf16-mixed"'}
+    assert got["dataloader_num_workers=4"] == {"call": "TA", "line": 7, "values": {
+        "dataloader_num_workers": 4, "dataloader_persistent_workers": True}}
+    assert got['precision="bf16-mixed"']["line"] == 8
+    reasons = " | ".join(r for _, r in skipped)
+    assert "TA already sets its precision" in reasons and "already sets precision" in reasons
+    assert "passes **kwargs" in reasons
+    # a device known to lack bfloat16 gets no bf16 candidate
+    none, _ = framework_candidates(calls, {"model": {"bf16_supported": False}}, cores=8)
+    assert all(c.technique != "autocast" for c in none)
+
+
+def test_a_framework_edit_keeps_the_calls_layout_and_quotes():
+    src = 'import lightning as L\ntrainer = L.Trainer(\n    max_epochs=1,  # short\n)\n'
+    new, made, skipped = apply_edits(src, [Edit("call_keywords", "t.py", 2, {"call": "Trainer", "values": {
+        "precision": "bf16-mixed"}})])
+    assert new == 'import lightning as L\ntrainer = L.Trainer(\n    max_epochs=1,  # short\n    precision="bf16-mixed",\n)\n'
+    # one argument on its own line, no trailing comma: the new one goes on the next line, before the ")"
+    one = "loader = DataLoader(\n    data\n)\n"
+    assert apply_edits(one, [Edit("loader", "t.py", 1, {"num_workers": 2})])[0] == (
+        "loader = DataLoader(\n    data,\n    num_workers=2\n)\n")
+    _, _, skipped = apply_edits(src, [Edit("call_keywords", "t.py", 3, {"call": "Trainer", "values": {"x": 1}})])
+    assert skipped and "no Trainer(...) call starts on that line (line 3)" in skipped[0][1]

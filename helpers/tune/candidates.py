@@ -30,7 +30,7 @@ from typing import Any
 
 from helpers.device import usable_cores
 
-__all__ = ["Candidate", "choose", "FRAMEWORK_ARGS", "NOTEBOOK"]
+__all__ = ["Candidate", "choose", "framework_candidates", "FRAMEWORK_ARGS", "NOTEBOOK"]
 
 #: The notebook that explains and measures each technique.
 NOTEBOOK = {"num_workers": "03", "pin_memory": "04", "autocast": "06", "channels_last": "07", "cudnn_benchmark": "07"}
@@ -56,7 +56,9 @@ class Candidate:
         A key of :data:`NOTEBOOK`.
     apply : dict
         The hook spec's ``apply`` entry: ``{"loader": {...}}``, ``{"autocast": "bfloat16"}``,
-        ``{"channels_last": True}``, ``{"loader": {"pin_memory": True}, "non_blocking": True}``.
+        ``{"channels_last": True}``, ``{"loader": {"pin_memory": True}, "non_blocking": True}``; or, for a setting
+        a framework owns, ``{"edits": [{"call", "line", "values"}]}``: keywords of a call in the script, applied by
+        running an edited copy of the script (:func:`framework_candidates`).
     why : str
         Why it applies to this script (one clause, from the probe).
     """
@@ -68,15 +70,87 @@ class Candidate:
 
 
 def merge_apply(candidates: list[Candidate]) -> dict[str, Any]:
-    """The ``apply`` dicts of several candidates as one (DataLoader settings merged)."""
+    """The ``apply`` dicts of several candidates as one (DataLoader settings merged, framework edits listed)."""
     out: dict[str, Any] = {}
     for c in candidates:
         for key, value in c.apply.items():
             if key == "loader":
                 out.setdefault("loader", {}).update(value)
+            elif key == "edits":
+                out.setdefault("edits", []).extend(value)
             else:
                 out[key] = value
     return out
+
+
+def framework_candidates(calls: list[dict[str, Any]], probe: dict[str, Any], *,
+                         cores: int) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """The candidates a framework owns, as keywords of its call in the script.
+
+    Parameters
+    ----------
+    calls : list of dict
+        :func:`helpers.tune.rewrite.framework_calls` of the script (the first call of each kind is used).
+    probe : dict
+        The hook's result of the unmodified script (the model's device and bfloat16 support, where found).
+    cores : int
+        Usable CPU cores per process.
+
+    Returns
+    -------
+    (list of Candidate, list of (technique, reason))
+        Lightning ``Trainer(precision="bf16-mixed")``; transformers ``TrainingArguments(dataloader_num_workers=N,
+        dataloader_persistent_workers=True)`` and ``TrainingArguments(bf16=True)``; accelerate
+        ``Accelerator(mixed_precision="bf16")``: each where the call does not set it already (nor passes
+        ``**kwargs`` that may) and, for bfloat16, where the probe does not know the device to lack it. The names
+        are the frameworks' own (Lightning 2.x ``Trainer``; transformers ``TrainingArguments`` fields;
+        accelerate ``Accelerator``).
+    """
+    out: list[Candidate] = []
+    skipped: list[tuple[str, str]] = []
+    model = probe.get("model") or {}
+    bf16 = model.get("bf16_supported") is not False
+    seen: set[str] = set()
+    for c in calls:
+        if c["qualified"] in seen:
+            continue
+        seen.add(c["qualified"])
+        kw = set(c["keywords"])
+        at = {"call": c["call"], "line": c["line"]}
+
+        def edit(values: dict[str, Any]) -> dict[str, Any]:
+            return {"edits": [dict(at, values=values)]}
+
+        if c["spread"]:
+            skipped.append(("framework", f"{c['call']}(...) on line {c['line']} passes **kwargs: its settings may "
+                                         f"come from there, so tune leaves it as it is"))
+            continue
+        if c["framework"] == "transformers":
+            if "dataloader_num_workers" in kw:
+                skipped.append(("num_workers", f"{c['call']} already sets dataloader_num_workers"))
+            else:
+                for n in sorted({2, min(max(cores, 2), 4)}):
+                    out.append(Candidate(f"dataloader_num_workers={n}", "num_workers",
+                                         edit({"dataloader_num_workers": n, "dataloader_persistent_workers": True}),
+                                         f"{c['call']} loads in the training process (dataloader_num_workers=0)"))
+            if kw & {"bf16", "fp16"}:
+                skipped.append(("autocast", f"{c['call']} already sets its precision"))
+            elif bf16:
+                out.append(Candidate("bf16=True", "autocast", edit({"bf16": True}),
+                                     f"{c['call']} trains in float32"))
+        elif c["framework"] in ("lightning", "pytorch_lightning"):
+            if "precision" in kw:
+                skipped.append(("autocast", f"{c['call']}(...) already sets precision"))
+            elif bf16:
+                out.append(Candidate('precision="bf16-mixed"', "autocast", edit({"precision": "bf16-mixed"}),
+                                     f"the Lightning {c['call']} trains in float32"))
+        elif c["framework"] == "accelerate":
+            if "mixed_precision" in kw:
+                skipped.append(("autocast", f"{c['call']}(...) already sets mixed_precision"))
+            elif bf16:
+                out.append(Candidate('mixed_precision="bf16"', "autocast", edit({"mixed_precision": "bf16"}),
+                                     f"the {c['call']} trains in float32"))
+    return out, skipped
 
 
 def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Candidate], list[tuple[str, str]]]:

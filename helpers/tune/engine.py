@@ -319,14 +319,16 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
         finally:
             _kill_group(proc)  # DataLoader workers left behind
     wall = time.perf_counter() - t0
-    results = [out_path, *(rank_result(out_path, r) for r in range(1, command.nproc))]
-    missing = [r for r, p in enumerate(results) if not p.is_file()]
-    if missing:
+    paths = {r: rank_result(out_path, r) for r in range(command.nproc)}
+    got = {r: json.loads(p.read_text(encoding="utf-8")) for r, p in paths.items() if p.is_file()}
+    missing = sorted(set(paths) - set(got))
+    failed = any(res["status"] in ("error", "exit") for res in got.values())
+    if missing and not failed:  # a rank that failed says why; torchrun may stop the others before they write
         tail = _tail(workdir / f"{tag}.log")
         who = "the process" if command.nproc == 1 else f"rank {missing[0]}"
         return Run(variant, round_, "error", [], [], wall,
                    f"{who} ended with status {proc.returncode} before writing its result:\n{tail}")
-    result = _merge_ranks([json.loads(p.read_text(encoding="utf-8")) for p in results])
+    result = _merge_ranks(got)
     error = result.get("error") or ""
     if result["status"] in ("error", "exit") and command.nproc == 1:  # its own output, ending with its traceback
         error = _tail(workdir / f"{tag}.log") or error
@@ -340,23 +342,24 @@ def rank_result(out: Path, rank: int) -> Path:
     return out if rank == 0 else out.with_name(f"{out.name}.rank{rank}")
 
 
-def _merge_ranks(results: list[dict[str, Any]]) -> dict[str, Any]:
+def _merge_ranks(results: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """One result of a run's ranks: rank 0's call sites and losses; a failed rank's status and error; the step
     times, step by step, of the slowest rank (the ranks of a synchronous job step together, at the pace of the
-    slowest), over the steps every rank timed. Where ranks failed, the first to fail (the hook's ``failed_at``)."""
-    if len(results) == 1:
+    slowest), over the steps every rank timed. Where ranks failed, the first to fail (the hook's ``failed_at``);
+    ``results`` maps each rank that wrote a result to it (a failed run's other ranks may have been stopped first)."""
+    if list(results) == [0]:  # one process
         return results[0]
-    out = dict(results[0])
-    failed = [(r, res) for r, res in enumerate(results) if res["status"] in ("error", "exit")]
+    out = dict(results[min(results)])
+    failed = [(r, res) for r, res in sorted(results.items()) if res["status"] in ("error", "exit")]
     if failed:  # the first to fail is the cause: the others fail after it (a peer's closed connection)
         rank, res = min(failed, key=lambda f: (f[1].get("failed_at") or math.inf, f[0]))
         later = [str(r) for r, _ in failed if r != rank]
         after = f" (rank{'s' if len(later) > 1 else ''} {', '.join(later)} failed after it)" if later else ""
         out.update(status=res["status"], error=f"rank {rank}{after}: {res.get('error') or res['status']}")
-    elif any(res["status"] == "slow" for res in results):
+    elif any(res["status"] == "slow" for res in results.values()):
         out["status"] = "slow"
-    n = min(len(res["step_times_s"]) for res in results)
-    out["step_times_s"] = [max(float(res["step_times_s"][i]) for res in results) for i in range(n)]
+    n = min(len(res["step_times_s"]) for res in results.values())
+    out["step_times_s"] = [max(float(res["step_times_s"][i]) for res in results.values()) for i in range(n)]
     out["ranks"] = len(results)
     return out
 

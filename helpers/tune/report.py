@@ -33,7 +33,11 @@ def markdown(res: Any) -> str:
         out += ["## The proof", "", f"The rewritten file against yours, whole processes, interleaved: "
                                     f"**{res.proof.verdict}**. {res.proof.reason}.", ""]
     if res.judgements:
-        out += ["## Each change alone (applied at runtime, against the unmodified script)", "",
+        edited = [c.name for c in res.candidates if c.apply.get("edits")]
+        out += ["## Each change alone, against the unmodified script", "",
+                "Each change is applied at runtime, without editing your file"
+                + (f"; a framework's own setting ({', '.join(edited)}) runs as a copy of your script with that "
+                   f"call edited." if edited else "."), "",
                 _row(["change", "why it was tried", "verdict", "speedup (95% CI)", "notebook"]),
                 _row(["---"] * 5)]
         by = {c.name: c for c in res.candidates}
@@ -46,11 +50,13 @@ def markdown(res: Any) -> str:
         out += ["## Not written", ""] + [f"- {e.technique or e.kind}: {r}" for e, r in res.edits_skipped] + [""]
     if res.skipped:
         out += ["## Not tried", ""] + [f"- {t} (notebook {NOTEBOOK.get(t, '?')}): {r}" for t, r in res.skipped] + [""]
-    fw = (res.probe.get("frameworks") or [])
-    if fw:
+    found = {c["framework"] for c in getattr(res, "framework_calls", None) or []}
+    fw = [m for m in (res.probe.get("frameworks") or []) if m in FRAMEWORK_ARGS and m not in found]
+    if fw:  # a framework whose call tune did not find in the script: its arguments, to set where the call is
         out += ["## Set in your framework", "",
-                "Your script uses a training framework; where it builds the DataLoader or sets the precision, the "
-                "setting is its argument:", ""] + [f"- {m}: `{FRAMEWORK_ARGS[m]}`" for m in fw if m in FRAMEWORK_ARGS]
+                "Your script uses a training framework whose call tune did not find in the script (it is in "
+                "another file, or built indirectly); where it builds the DataLoader or sets the precision, the "
+                "setting is its argument:", ""] + [f"- {m}: `{FRAMEWORK_ARGS[m]}`" for m in fw]
         out.append("")
     model = res.probe.get("model") or {}
     saved = res.probe.get("saved") or []

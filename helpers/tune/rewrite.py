@@ -10,7 +10,11 @@ each at a file and line that :mod:`helpers.tune.hook` took from the running fram
   ``with torch.autocast(device_type=..., dtype=torch.bfloat16):`` (the PyTorch AMP recipe's form);
 - ``channels_last``: ``model = model.to(memory_format=torch.channels_last)`` inserted before the statement that
   builds the optimizer (the model's parameters keep their identity, so the optimizer is unaffected either way);
-- ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark = True`` inserted before that same statement.
+- ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark = True`` inserted before that same statement;
+- ``call_keywords``: keyword arguments of a framework's call on that line set or replaced, for settings a
+  framework owns (:func:`framework_calls` finds those calls: Lightning's ``Trainer(precision=...)``,
+  transformers' ``TrainingArguments(bf16=..., dataloader_num_workers=...)``, accelerate's
+  ``Accelerator(mixed_precision=...)``).
 
 ``import torch`` is added where an edit needs it and the file lacks it. An edit that cannot be placed (the line
 holds no such call, the statement shares its line with a compound statement's header) is returned as skipped
@@ -24,13 +28,24 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from helpers.errors import ParameterError
 
-__all__ = ["Edit", "apply_edits", "unified_diff"]
+__all__ = ["Edit", "apply_edits", "framework_calls", "unified_diff"]
 
-KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark")
+KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords")
+
+#: The framework calls that own the DataLoader or the precision, by the qualified names a script reaches them by
+#: (the frameworks' documented imports): framework, the call's name.
+FRAMEWORK_CALLS = {
+    "lightning.Trainer": ("lightning", "Trainer"),
+    "lightning.pytorch.Trainer": ("lightning", "Trainer"),
+    "pytorch_lightning.Trainer": ("pytorch_lightning", "Trainer"),
+    "transformers.TrainingArguments": ("transformers", "TrainingArguments"),
+    "transformers.Seq2SeqTrainingArguments": ("transformers", "Seq2SeqTrainingArguments"),
+    "accelerate.Accelerator": ("accelerate", "Accelerator"),
+}
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,8 @@ class Edit:
     params : dict
         ``loader``: the keyword arguments to set; ``autocast``: ``device_type`` and ``dtype`` (a torch dtype
         name); ``channels_last``: ``name`` (the model's variable) and ``assign`` (bool: ``name = name.to(...)``
-        rather than ``name.to(...)``, which would make a global a local inside a function).
+        rather than ``name.to(...)``, which would make a global a local inside a function); ``call_keywords``:
+        ``call`` (the called name as written last, e.g. ``TrainingArguments``) and ``values`` (the keywords).
     technique : str
         The candidate's technique (for the report's hunk labels).
     """
@@ -63,8 +79,8 @@ class Edit:
 def _value(v: Any) -> cst.BaseExpression:
     if isinstance(v, bool) or v is None or isinstance(v, (int, float)):
         return cst.parse_expression(repr(v))
-    if isinstance(v, str):
-        return cst.SimpleString(repr(v))
+    if isinstance(v, str):  # in double quotes, as formatters write them, where the text allows
+        return cst.SimpleString(f'"{v}"' if '"' not in v and "\\" not in v and "\n" not in v else repr(v))
     raise ParameterError(f"rewrite: cannot write the value {v!r} as Python source")
 
 
@@ -103,8 +119,11 @@ def _set_keywords(call: cst.Call, values: dict[str, Any]) -> cst.Call:
             args.append(new)
             continue
         last = args[-1]
+        # how arguments are separated: as between the last two, else as the call opens (a call of one argument
+        # on its own line: its indentation), else one space
         sep = args[-2].comma.whitespace_after if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else \
-            cst.SimpleWhitespace(" ")
+            call.whitespace_before_args if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace) \
+            else cst.SimpleWhitespace(" ")
         if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument ends the same way
             tail = last.comma
             own = tail.whitespace_after
@@ -115,8 +134,10 @@ def _set_keywords(call: cst.Call, values: dict[str, Any]) -> cst.Call:
                 last_ws = _no_comment(sep)
             args[-1] = last.with_changes(comma=tail.with_changes(whitespace_after=last_ws))
             new = new.with_changes(comma=tail.with_changes(whitespace_after=_no_comment(own)))
-        else:
-            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=_no_comment(sep)))
+        else:  # what followed the last argument (a line break before the closing parenthesis) follows the new one
+            new = new.with_changes(whitespace_after_arg=last.whitespace_after_arg)
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=_no_comment(sep)),
+                                         whitespace_after_arg=cst.SimpleWhitespace(""))
         args.append(new)
     return call.with_changes(args=args)
 
@@ -146,6 +167,9 @@ class _Editor(cst.CSTTransformer):
             elif e.kind == "non_blocking" and start <= e.line <= end and name in ("to", "cuda") \
                     and isinstance(original.func, cst.Attribute):
                 updated = _set_keywords(updated, {"non_blocking": True})
+                self.done.add(i)
+            elif e.kind == "call_keywords" and start == e.line and name == e.params.get("call"):
+                updated = _set_keywords(updated, e.params.get("values") or {})
                 self.done.add(i)
         return updated
 
@@ -255,9 +279,51 @@ def apply_edits(source: str, edits: Sequence[Edit]) -> tuple[str, list[Edit], li
                "autocast": "the forward call is not a statement of its own line (it shares a compound statement's "
                            "header line)",
                "channels_last": "the optimizer's construction is not a statement of its own line",
-               "cudnn_benchmark": "the optimizer's construction is not a statement of its own line"}
-    skipped = [(e, f"{reasons[e.kind]} (line {e.line})") for i, e in enumerate(edits) if i not in editor.done]
+               "cudnn_benchmark": "the optimizer's construction is not a statement of its own line",
+               "call_keywords": "no {call}(...) call starts on that line"}
+    skipped = [(e, f"{reasons[e.kind].format(call=e.params.get('call'))} (line {e.line})")
+               for i, e in enumerate(edits) if i not in editor.done]
     return new.code, made, skipped
+
+
+class _FrameworkCalls(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[dict[str, Any]] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        for q in self.get_metadata(QualifiedNameProvider, node.func, set()):
+            if q.name in FRAMEWORK_CALLS:
+                framework, call = FRAMEWORK_CALLS[q.name]
+                self.found.append({"framework": framework, "call": _name_of(node.func), "qualified": q.name,
+                                   "line": self.get_metadata(PositionProvider, node).start.line,
+                                   "keywords": sorted(a.keyword.value for a in node.args if a.keyword is not None),
+                                   "spread": any(a.star for a in node.args)})
+                return
+
+
+def framework_calls(source: str) -> list[dict[str, Any]]:
+    """The calls in ``source`` of a framework class that owns the DataLoader or the precision
+    (:data:`FRAMEWORK_CALLS`), found by the name they are imported as (``import lightning as L``,
+    ``from transformers import TrainingArguments``...), in the order they appear.
+
+    Returns
+    -------
+    list of dict
+        ``framework`` ("lightning", "pytorch_lightning", "transformers", "accelerate"), ``call`` (the name as
+        written last: ``Trainer``), ``qualified`` (``lightning.Trainer``), ``line`` (1-based), ``keywords`` (the
+        keyword names passed), ``spread`` (the call passes ``*args`` or ``**kwargs``: its settings may come from
+        there). Empty for a source that does not parse.
+    """
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError:
+        return []
+    finder = _FrameworkCalls()
+    MetadataWrapper(module).visit(finder)
+    return finder.found
 
 
 def unified_diff(old: str, new: str, path: str, new_path: str | None = None) -> str:

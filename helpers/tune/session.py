@@ -33,7 +33,7 @@ from helpers.tune import candidates as cand_mod
 from helpers.tune.candidates import Candidate
 from helpers.tune.engine import (Command, Judgement, Run, ScriptError, judge, measure, nonfinite_step, run_once)
 from helpers.tune.report import write_report
-from helpers.tune.rewrite import Edit, apply_edits, unified_diff
+from helpers.tune.rewrite import Edit, apply_edits, framework_calls, unified_diff
 
 __all__ = ["TuneOptions", "TuneResult", "tune", "plan_edits"]
 
@@ -98,6 +98,7 @@ class TuneResult:
     script_dir: str = ""
     runs: list[Run] = field(default_factory=list)
     seconds: float = 0.0
+    framework_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def headline(self) -> str:
@@ -164,6 +165,10 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
         if opt.get("file") and names:
             edits.append(Edit("channels_last", opt["file"], opt["line"], {"name": names[0], "assign": True},
                               "channels_last"))
+    for c in winners:  # a framework's setting: keywords of its call in the script
+        for e in c.apply.get("edits") or []:
+            edits.append(Edit("call_keywords", script, e["line"], {"call": e["call"], "values": e["values"]},
+                              c.technique))
     return edits
 
 
@@ -227,10 +232,19 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
         f"{1e3 * sorted(probe.step_times_s)[len(probe.step_times_s) // 2]:.1f} ms/step, {probe.wall_s:.1f} s")
 
     # every process of a torchrun job gets its share of the cores for its DataLoader workers
-    res.candidates, res.skipped = cand_mod.choose(probe.result, cores=max(1, usable_cores() // command.nproc))
+    cores = max(1, usable_cores() // command.nproc)
+    res.candidates, res.skipped = cand_mod.choose(probe.result, cores=cores)
+    if probe.result.get("frameworks"):  # settings a framework owns: keywords of its call in the script
+        res.framework_calls = framework_calls(command.script.read_text(encoding="utf-8"))
+        fw, fw_skipped = cand_mod.framework_candidates(res.framework_calls, probe.result, cores=cores)
+        owned = {c.technique for c in fw}
+        res.candidates = [c for c in res.candidates if c.technique not in owned] + fw
+        res.skipped = [s for s in res.skipped if s[0] not in owned] + fw_skipped
     jsonl = out_dir / "results.jsonl"
+    built = [v for v in (_variant(c, command, work, res) for c in res.candidates) if v is not None]
+    res.candidates = [c for c in res.candidates if any(v[0] == c.name for v in built)]
     if res.candidates:
-        variants = [("unmodified", {}, None)] + [(c.name, c.apply, None) for c in res.candidates]
+        variants = [("unmodified", {}, None)] + built
         probe_step = sorted(probe.step_times_s)[len(probe.step_times_s) // 2]
         runs, busy = measure(command, variants, rounds=options.rounds, workdir=work, warmup=options.warmup,
                              steps=options.steps, timeout_s=timeout, watch_copies=watch,
@@ -294,6 +308,26 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     return False
 
 
+def _variant(c: Candidate, command: Command, work: Path, res: TuneResult) -> tuple[str, dict, Path | None] | None:
+    """How a candidate runs: its runtime changes on the unmodified script, or, for a framework's setting, an
+    edited copy of the script (None, with the reason in ``res.skipped``, where the edit cannot be placed)."""
+    edits = c.apply.get("edits")
+    if not edits:
+        return c.name, c.apply, None
+    script = command.script
+    new, made, skipped = apply_edits(script.read_text(encoding="utf-8"),
+                                     [Edit("call_keywords", str(script), e["line"], {"call": e["call"],
+                                                                                     "values": e["values"]},
+                                           c.technique) for e in edits])
+    if skipped:
+        res.skipped.append((c.technique, f"{c.name}: {skipped[0][1]}"))
+        return None
+    path = work / "variants" / f"{script.stem}.{''.join(ch if ch.isalnum() else '_' for ch in c.name)}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(new, encoding="utf-8")
+    return c.name, {}, path
+
+
 def _where(file: str, command: Command) -> str:
     """``file`` relative to the script's folder where it is under it."""
     try:
@@ -306,6 +340,9 @@ def _edit_text(e: Edit) -> str:
     """The change an edit makes, as the words to type."""
     if e.kind == "loader":
         return "DataLoader(..., " + ", ".join(f"{k}={v!r}" for k, v in e.params.items()) + ")"
+    if e.kind == "call_keywords":
+        values = e.params.get("values") or {}
+        return f"{e.params.get('call')}(..., " + ", ".join(f"{k}={v!r}" for k, v in values.items()) + ")"
     return {"non_blocking": ".to(device, non_blocking=True)",
             "autocast": f"with torch.autocast(device_type={e.params.get('device_type', 'cpu')!r}, "
                         f"dtype=torch.{e.params.get('dtype', 'bfloat16')}): around the forward",
