@@ -280,3 +280,22 @@ def test_check_cells_give_their_committed_outputs(path):
             assert _comparable(ran.outputs, patterns) == _comparable(ref.outputs, patterns), \
                 f"{path.stem} cell {i}: the outputs differ from the committed ones (refresh: python -m " \
                 f"helpers.workbook.nbtools refresh notebooks/{path.name})"
+
+
+#: Markdown words per line of code a notebook may have: numpy-tutorials runs 21-24 and d2l-en 14-19 (counted the same
+#: way on numpy/numpy-tutorials and d2l-ai/d2l-en); the prose a learner does not need to run the cell in front of
+#: them lives in docs/notebook_notes.md.
+MAX_WORDS_PER_CODE_LINE = 24
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_the_text_between_cells_stays_short(nb):
+    import re
+
+    cells = nbformat.read(nb, as_version=4).cells
+    words = sum(len(re.findall(r"\S+", c.source)) for c in cells if c.cell_type == "markdown")
+    code = sum(1 for c in cells if c.cell_type == "code" for line in c.source.splitlines()
+               if line.strip() and not line.strip().startswith("#"))
+    assert words / code <= MAX_WORDS_PER_CODE_LINE, (
+        f"{nb.name}: {words} words of text for {code} lines of code ({words / code:.1f} a line); move what a learner "
+        "does not need to run the next cell to docs/notebook_notes.md")
