@@ -2,8 +2,10 @@
 
 One *run* is one process: ``python -m helpers.tune.hook SPEC.json`` (:mod:`helpers.tune.hook`), stopped after
 ``warmup + steps`` optimizer steps; its figures are the measured steps' times (seconds, device-synchronized where
-the model is on a device) and the loss at each step. A *variant* is the unmodified script with a set of runtime
-changes, or a file as written. :func:`measure` runs the variants round-robin, ``rounds`` times, each round in a
+the model is on a device) and the loss at each step. For a torchrun command a run is a torchrun job on this
+machine (``torch.distributed.run --standalone``) with the hook in every rank; its step times are the slowest
+rank's, step by step. A *variant* is the unmodified script with a set of runtime changes, or a file as written
+(the rewritten script, or a copy with a framework's call edited). :func:`measure` runs the variants round-robin, ``rounds`` times, each round in a
 rotated order, so that a drift of the machine falls on every variant alike.
 
 :func:`judge` compares a variant with the baseline: the ratio of the median step times over all the measured

@@ -4,8 +4,10 @@
 
 1. the probe: the unmodified script once, for its call sites, its model and device, and a first timing (this
    run is not measured: its file cache and allocator are cold);
-2. the candidates (:func:`helpers.tune.candidates.choose`) and the unmodified script, interleaved, ``rounds``
-   times; each judged against the unmodified runs (:func:`helpers.tune.engine.judge`);
+2. the candidates (:func:`helpers.tune.candidates.choose`, and where a framework owns a setting
+   :func:`helpers.tune.candidates.framework_candidates`, run as a copy of the script with the framework's call
+   edited) and the unmodified script, interleaved, ``rounds`` times; each judged against the unmodified runs
+   (:func:`helpers.tune.engine.judge`);
 3. the winners (the fastest "faster" setting of each technique) written into a copy of the script
    (:mod:`helpers.tune.rewrite`);
 4. the proof: the rewritten copy, as written, against the original file, interleaved, ``rounds`` times. Where it
