@@ -187,3 +187,11 @@ WITH_STEPS = sorted(k for k, v in EXPECTED.items()
 def test_public_traces_give_the_same_answer_from_disk(key, monkeypatch):
     whole, spilled, _ = _both(PUBLIC / key, monkeypatch)
     _same(whole, spilled)
+
+
+def test_a_tmpdir_that_cannot_be_used_is_said_not_silently_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile looks again, and falls back
+    with pytest.warns(UserWarning, match="TMPDIR=.*missing is not a folder this process can write"):
+        spill = Spill()
+    spill.close()

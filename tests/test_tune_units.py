@@ -320,7 +320,7 @@ def test_a_frameworks_own_calls_are_found_by_import_and_get_its_own_settings():
         from accelerate import Accelerator
         from mylib import Trainer  # not Lightning's: left alone
 
-        args = TA(output_dir="out", bf16=False)
+        args = TA(output_dir="out", fp16=True)
         trainer = L.Trainer(max_epochs=1)
         pl.Trainer(precision="16-mixed")
         Trainer(precision=32)
@@ -339,8 +339,18 @@ def test_a_frameworks_own_calls_are_found_by_import_and_get_its_own_settings():
         "dataloader_num_workers": 4, "dataloader_persistent_workers": True}}
     assert got['precision="bf16-mixed"']["line"] == 8
     reasons = " | ".join(r for _, r in skipped)
-    assert "TA already sets its precision" in reasons and "already sets precision" in reasons
-    assert "passes **kwargs" in reasons
+    assert "TA already trains in fp16" in reasons and "already sets precision" in reasons
+    assert ("autocast", next(r for r in reasons.split(" | ") if "passes **kwargs" in r)) in skipped
+    # a value set in the call: more workers than it has are tried; a variable is left alone
+    (more,) = framework_calls('from transformers import TrainingArguments\n'
+                              'TrainingArguments(output_dir="o", dataloader_num_workers=1, bf16=False)\n')
+    got, _ = framework_candidates([more], {"model": {}}, cores=2)
+    assert [c.name for c in got] == ["dataloader_num_workers=2", "bf16=True"]
+    assert "loads in 1 worker (dataloader_num_workers=1)" in got[0].why
+    (var,) = framework_calls('from transformers import TrainingArguments\nTrainingArguments(output_dir="o", '
+                             'dataloader_num_workers=n, bf16=use_bf16)\n')
+    got, why = framework_candidates([var], {"model": {}}, cores=2)
+    assert got == [] and all("from a variable" in r for _, r in why) and len(why) == 2
     # a device known to lack bfloat16 gets no bf16 candidate
     none, _ = framework_candidates(calls, {"model": {"bf16_supported": False}}, cores=8)
     assert all(c.technique != "autocast" for c in none)
@@ -357,3 +367,16 @@ def test_a_framework_edit_keeps_the_calls_layout_and_quotes():
         "loader = DataLoader(\n    data,\n    num_workers=2\n)\n")
     _, _, skipped = apply_edits(src, [Edit("call_keywords", "t.py", 3, {"call": "Trainer", "values": {"x": 1}})])
     assert skipped and "no Trainer(...) call starts on that line (line 3)" in skipped[0][1]
+
+
+def test_a_framework_beside_the_script_is_not_the_users_code(tmp_path):
+    from helpers.tune.hook import Recorder
+
+    rec = Recorder({"warmup": 1, "steps": 5, "user_roots": [str(tmp_path)]})
+    for name in ("train.py", "data/loaders.py"):
+        assert rec.is_user_file(str(tmp_path / name)), name
+    for name in ("transformers/trainer.py", "vendor/lightning/pytorch/trainer.py", "accelerate/__init__.py"):
+        assert not rec.is_user_file(str(tmp_path / name)), name
+    # a project folder that happens to carry a framework's name is still the user's (only folders below a root count)
+    inner = tmp_path / "transformers"
+    assert Recorder({"warmup": 1, "steps": 5, "user_roots": [str(inner)]}).is_user_file(str(inner / "train.py"))

@@ -15,8 +15,10 @@ The folder is made by :func:`tempfile.mkdtemp` (``$TMPDIR``, else the system's t
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +45,10 @@ class Spill:
 
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="workbook-trace-"))
+        wanted = os.environ.get("TMPDIR")
+        if wanted and Path(wanted).resolve() != self.folder.parent.resolve():  # Python fell back: say where to
+            warnings.warn(f"TMPDIR={wanted} is not a folder this process can write; the trace's events go to "
+                          f"{self.folder.parent} instead", stacklevel=2)
         self.path = self.folder / "events.bin"
         self._f = open(self.path, "wb")
         self.events = 0

@@ -121,20 +121,34 @@ def framework_candidates(calls: list[dict[str, Any]], probe: dict[str, Any], *,
         def edit(values: dict[str, Any]) -> dict[str, Any]:
             return {"edits": [dict(at, values=values)]}
 
+        lit = c.get("literals") or {}
         if c["spread"]:
-            skipped.append(("framework", f"{c['call']}(...) on line {c['line']} passes **kwargs: its settings may "
-                                         f"come from there, so tune leaves it as it is"))
+            why = (f"{c['call']}(...) on line {c['line']} passes **kwargs, where its settings may be: tune leaves "
+                   f"it as it is; set them where those arguments are made")
+            owned = ("num_workers", "autocast") if c["framework"] == "transformers" else ("autocast",)
+            skipped += [(t, why) for t in owned]
             continue
         if c["framework"] == "transformers":
-            if "dataloader_num_workers" in kw:
-                skipped.append(("num_workers", f"{c['call']} already sets dataloader_num_workers"))
+            current = lit.get("dataloader_num_workers", 0 if "dataloader_num_workers" not in kw else None)
+            if not isinstance(current, int) or isinstance(current, bool):
+                skipped.append(("num_workers", f"{c['call']} sets dataloader_num_workers from a variable; tune "
+                                               "leaves it as it is"))
             else:
-                for n in sorted({2, min(max(cores, 2), 4)}):
+                options = sorted(n for n in {2, min(max(cores, 2), 4)} if n > current)
+                if not options:
+                    skipped.append(("num_workers", f"{c['call']} already sets dataloader_num_workers={current}"))
+                for n in options:
                     out.append(Candidate(f"dataloader_num_workers={n}", "num_workers",
                                          edit({"dataloader_num_workers": n, "dataloader_persistent_workers": True}),
-                                         f"{c['call']} loads in the training process (dataloader_num_workers=0)"))
-            if kw & {"bf16", "fp16"}:
-                skipped.append(("autocast", f"{c['call']} already sets its precision"))
+                                         f"{c['call']} loads in "
+                                         + ("the training process" if current == 0 else
+                                            f"{current} worker{'s' if current != 1 else ''}")
+                                         + f" (dataloader_num_workers={current})"))
+            if lit.get("bf16") is True or lit.get("fp16") is True:
+                skipped.append(("autocast", f"{c['call']} already trains in {'bf16' if lit.get('bf16') else 'fp16'}"))
+            elif (kw & {"bf16", "fp16"}) - set(lit):
+                skipped.append(("autocast", f"{c['call']} sets its precision from a variable; tune leaves it as "
+                                            "it is"))
             elif bf16:
                 out.append(Candidate("bf16=True", "autocast", edit({"bf16": True}),
                                      f"{c['call']} trains in float32"))

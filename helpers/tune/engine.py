@@ -194,8 +194,9 @@ def _parse_torchrun(words: list[str], cwd: Path) -> Command:
         raise ParameterError(f"tune: --nnodes {args.nnodes}: tune runs the job on this machine only; give "
                              "--nnodes 1 (the change it finds applies to every node alike)")
     if not str(args.nproc_per_node).isdigit() or int(args.nproc_per_node) < 1:
-        raise ParameterError(f"tune: --nproc-per-node {args.nproc_per_node!r}: give a number of processes, e.g. "
-                             "--nproc-per-node 2")
+        raise ParameterError(f"tune: --nproc-per-node {args.nproc_per_node!r}: give a number of processes, 1 or "
+                             "more, e.g. --nproc-per-node 2 (tune does not resolve torchrun's auto, cpu or gpu: "
+                             "name the count your job uses)")
     return Command(sys.executable, _script(args.training_script, cwd), None, tuple(args.training_script_args), cwd,
                    nproc=int(args.nproc_per_node), launcher="torchrun")
 
@@ -316,8 +317,9 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
+            # what the script printed before it stopped making progress (a hang's last words)
             return Run(variant, round_, "timeout", [], [], time.perf_counter() - t0,
-                       f"no result after {timeout_s:.0f} s: the script hung or is far slower than the others")
+                       _tail(workdir / f"{tag}.log") or f"no output within {timeout_s:.0f} s")
         finally:
             _kill_group(proc)  # DataLoader workers left behind
     wall = time.perf_counter() - t0
@@ -548,8 +550,10 @@ def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.Bus
     if failed:
         r = failed[0]
         first = (r.error.strip().splitlines() or [r.status])[-1]
-        what = "hung" if r.status == "timeout" else "failed"
-        return Judgement(name, "rejected", reason=f"the script {what} with this change (round {r.round + 1}): "
+        if r.status == "timeout":
+            return Judgement(name, "rejected", reason=f"the script hung with this change (round {r.round + 1}): no "
+                                                      f"result in time; its last output: {first}")
+        return Judgement(name, "rejected", reason=f"the script failed with this change (round {r.round + 1}): "
                                                   f"{first}")
     if check_loss:
         base_bad = any(nonfinite_step(r) is not None for r in base)

@@ -45,6 +45,9 @@ EXIT_GRACE_S = 15.0
 #: spec's ``give_up_step_s`` is stopped, warm-up or not: a change that makes each step several times slower need
 #: not be timed for long to be called slower.
 GIVE_UP_AFTER = 3
+#: Training frameworks whose own files are never the user's, wherever they are (a copy beside the script too): a
+#: DataLoader or an optimizer they build is set through their arguments (helpers.tune.candidates).
+FRAMEWORK_PACKAGES = frozenset({"transformers", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate"})
 #: DataLoader arguments tune may set (torch.utils.data.DataLoader's own keyword names).
 LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
@@ -88,8 +91,8 @@ class Recorder:
     # ------------------------------------------------------------------ call sites
 
     def is_user_file(self, filename: str) -> bool:
-        """Whether ``filename`` is one of the user's files: under a user root, not in site-packages, torch or
-        this package."""
+        """Whether ``filename`` is one of the user's files: under a user root, not in site-packages, torch, this
+        package or a folder of a training framework (:data:`FRAMEWORK_PACKAGES`) under that root."""
         if not filename or filename.startswith("<"):
             return False
         try:
@@ -98,7 +101,10 @@ class Recorder:
             return False
         if "site-packages" in path or "dist-packages" in path or any(path.startswith(s) for s in self.skip):
             return False
-        return any(path.startswith(r) for r in self.roots)
+        for r in self.roots:
+            if path.startswith(r):  # a framework vendored or installed beside the script is not the user's code
+                return not any(part in FRAMEWORK_PACKAGES for part in Path(path[len(r):]).parts[:-1])
+        return False
 
     def user_frame(self, start):
         """The innermost frame at or above ``start`` that runs one of the user's files, or None."""

@@ -49,7 +49,8 @@ def markdown(res: Any) -> str:
     if res.edits_skipped:
         out += ["## Not written", ""] + [f"- {e.technique or e.kind}: {r}" for e, r in res.edits_skipped] + [""]
     if res.skipped:
-        out += ["## Not tried", ""] + [f"- {t} (notebook {NOTEBOOK.get(t, '?')}): {r}" for t, r in res.skipped] + [""]
+        out += ["## Not tried", ""] + [f"- {t}{f' (notebook {NOTEBOOK[t]})' if t in NOTEBOOK else ''}: {r}"
+                                       for t, r in res.skipped] + [""]
     found = {c["framework"] for c in getattr(res, "framework_calls", None) or []}
     fw = [m for m in (res.probe.get("frameworks") or []) if m in FRAMEWORK_ARGS and m not in found]
     if fw:  # a framework whose call tune did not find in the script: its arguments, to set where the call is

@@ -286,12 +286,24 @@ def apply_edits(source: str, edits: Sequence[Edit]) -> tuple[str, list[Edit], li
     return new.code, made, skipped
 
 
+_NOT_LITERAL = object()
+
+
 class _FrameworkCalls(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider)
 
-    def __init__(self) -> None:
+    def __init__(self, module: cst.Module) -> None:
         super().__init__()
+        self.module = module
         self.found: list[dict[str, Any]] = []
+
+    def _literal(self, value: cst.BaseExpression) -> Any:
+        import ast
+
+        try:
+            return ast.literal_eval(self.module.code_for_node(value).strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return _NOT_LITERAL
 
     def visit_Call(self, node: cst.Call) -> None:
         for q in self.get_metadata(QualifiedNameProvider, node.func, set()):
@@ -300,6 +312,8 @@ class _FrameworkCalls(cst.CSTVisitor):
                 self.found.append({"framework": framework, "call": _name_of(node.func), "qualified": q.name,
                                    "line": self.get_metadata(PositionProvider, node).start.line,
                                    "keywords": sorted(a.keyword.value for a in node.args if a.keyword is not None),
+                                   "literals": {a.keyword.value: v for a in node.args if a.keyword is not None
+                                                for v in [self._literal(a.value)] if v is not _NOT_LITERAL},
                                    "spread": any(a.star for a in node.args)})
                 return
 
@@ -314,14 +328,15 @@ def framework_calls(source: str) -> list[dict[str, Any]]:
     list of dict
         ``framework`` ("lightning", "pytorch_lightning", "transformers", "accelerate"), ``call`` (the name as
         written last: ``Trainer``), ``qualified`` (``lightning.Trainer``), ``line`` (1-based), ``keywords`` (the
-        keyword names passed), ``spread`` (the call passes ``*args`` or ``**kwargs``: its settings may come from
-        there). Empty for a source that does not parse.
+        keyword names passed), ``literals`` (the keywords whose value is a literal, with it:
+        ``{"dataloader_num_workers": 1}``), ``spread`` (the call passes ``*args`` or ``**kwargs``: its settings may
+        come from there). Empty for a source that does not parse.
     """
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError:
         return []
-    finder = _FrameworkCalls()
+    finder = _FrameworkCalls(module)
     MetadataWrapper(module).visit(finder)
     return finder.found
 
