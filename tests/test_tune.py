@@ -159,6 +159,7 @@ def _cli(user_dir: Path, out: Path, *args: str, timeout: float = 180) -> subproc
     ("nostep", "120", "ended without an optimizer step"),
     ("nan", "120", "your job diverges: its loss is nan at step 4"),
     ("hang", "6", "made no result within 6 s (--timeout): it hangs"),
+    ("hang", "6", "optimizer steps (it made no optimizer step in "),
 ])
 def test_a_script_that_fails_on_its_own_gets_its_own_error_and_nothing_is_written(user_dir, tmp_path, mode, timeout,
                                                                                     expected):

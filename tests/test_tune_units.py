@@ -380,3 +380,20 @@ def test_a_framework_beside_the_script_is_not_the_users_code(tmp_path):
     # a project folder that happens to carry a framework's name is still the user's (only folders below a root count)
     inner = tmp_path / "transformers"
     assert Recorder({"warmup": 1, "steps": 5, "user_roots": [str(inner)]}).is_user_file(str(inner / "train.py"))
+
+
+def test_a_hung_run_says_how_far_each_rank_got(tmp_path):
+    import json as _json
+    import time as _time
+
+    from helpers.tune.engine import progress_text, rank_result
+
+    out = tmp_path / "unmodified-r0.json"
+    assert progress_text(out, 1) == ""  # no heartbeat: nothing to say
+    now = _time.time()
+    for rank, steps, ago in ((0, 3, 20.0), (1, 2, 27.0)):
+        p = rank_result(out, rank)
+        p.with_name(p.name + ".progress").write_text(_json.dumps({"steps": steps, "wall": now - ago}))
+    text = progress_text(out, 2)
+    assert text.startswith("rank 1 made 2 optimizer steps, then nothing for 27 s; rank 0 made 3 optimizer steps")
+    assert progress_text(out, 1).startswith("it made 3 optimizer steps, then nothing for 2")

@@ -317,9 +317,10 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            # what the script printed before it stopped making progress (a hang's last words)
+            # what the script printed before it stopped making progress (a hang's last words), and how far it got
             return Run(variant, round_, "timeout", [], [], time.perf_counter() - t0,
-                       _tail(workdir / f"{tag}.log") or f"no output within {timeout_s:.0f} s")
+                       _tail(workdir / f"{tag}.log") or f"no output within {timeout_s:.0f} s",
+                       {"progress": progress_text(out_path, command.nproc)})
         finally:
             _kill_group(proc)  # DataLoader workers left behind
     wall = time.perf_counter() - t0
@@ -339,6 +340,31 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
     # under torchrun the log ends with torchrun's own traceback: the failing rank's (in its result) is the one
     return Run(variant, round_, result["status"], [float(x) for x in result["step_times_s"]],
                result["losses"], wall, error, result)
+
+
+def progress_text(out: Path, nproc: int) -> str:
+    """How far a run that was stopped for hanging got, from its heartbeat files (:func:`helpers.tune.hook._heartbeat`):
+    "it made 2 optimizer steps, the last 27 s before it was stopped", per rank under torchrun (the rank that made
+    the fewest named first); "" when no heartbeat was written."""
+    now = time.time()
+    seen = []
+    for r in range(nproc):
+        try:
+            beat = json.loads(rank_result(out, r).with_name(rank_result(out, r).name + ".progress").read_text())
+        except (OSError, ValueError):
+            continue
+        seen.append((int(beat["steps"]), r, now - float(beat["wall"])))
+    if not seen:
+        return ""
+    seen.sort()
+
+    def one(steps: int, ago: float) -> str:
+        what = "no optimizer step" if steps == 0 else f"{steps} optimizer step{'s' if steps != 1 else ''}"
+        return f"made {what}, then nothing for {ago:.0f} s" if steps else f"made {what} in {ago:.0f} s"
+
+    if nproc == 1:
+        return f"it {one(seen[0][0], seen[0][2])}"
+    return "; ".join(f"rank {r} {one(n, ago)}" for n, r, ago in seen)
 
 
 def rank_result(out: Path, rank: int) -> Path:
@@ -551,8 +577,9 @@ def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.Bus
         r = failed[0]
         first = (r.error.strip().splitlines() or [r.status])[-1]
         if r.status == "timeout":
-            return Judgement(name, "rejected", reason=f"the script hung with this change (round {r.round + 1}): no "
-                                                      f"result in time; its last output: {first}")
+            far = r.result.get("progress") or "no result in time"
+            return Judgement(name, "rejected", reason=f"the script hung with this change (round {r.round + 1}): "
+                                                      f"{far}; its last output: {first}")
         return Judgement(name, "rejected", reason=f"the script failed with this change (round {r.round + 1}): "
                                                   f"{first}")
     if check_loss:

@@ -238,6 +238,8 @@ def install(rec: Recorder) -> None:
     from torch.utils.data import DataLoader
 
     optim_mod.register_optimizer_step_post_hook(rec.on_step)
+    if rec.spec.get("out"):
+        _heartbeat(rec, _rank_path(rec.spec["out"], rec.spec) + ".progress")
 
     orig_backward = torch.Tensor.backward
 
@@ -433,6 +435,36 @@ def _safe_len(dataset) -> int | None:
         return None
 
 
+#: Seconds between two writes of a run's progress (its optimizer steps so far): what a hung run is judged by.
+HEARTBEAT_S = 1.0
+
+
+def _rank_path(out: str, spec: dict[str, Any]) -> str:
+    """``out`` for rank 0 or a single process, ``out.rankR`` for rank R of a torchrun run (engine.rank_result)."""
+    rank = int(os.environ.get("RANK") or 0) if int(spec.get("world") or 1) > 1 else 0
+    return str(Path(out).with_name(f"{Path(out).name}.rank{rank}")) if rank else out
+
+
+def _heartbeat(rec: "Recorder", path: str) -> None:
+    """Write ``{"steps": N, "wall": unix time of the last step or of the start}`` to ``path`` every
+    :data:`HEARTBEAT_S` seconds from a daemon thread, so that a run stopped for hanging says how far it got."""
+    started = time.time()
+
+    def beat():
+        last_n, last_wall = -1, started
+        while True:
+            n = len(rec.step_t)
+            if n != last_n:
+                last_n, last_wall = n, time.time()
+                try:
+                    _write(path, {"steps": n, "wall": last_wall})
+                except OSError:
+                    return
+            time.sleep(HEARTBEAT_S)
+
+    threading.Thread(target=beat, daemon=True, name="tune-heartbeat").start()
+
+
 def _write(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -500,10 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         status, code, failed_at = "error", 1, time.time()
         error = "".join(traceback.format_exception(type(exc), exc, tb))
         sys.stderr.write(error)
-    out = spec["out"]
-    rank = int(os.environ.get("RANK") or 0) if int(spec.get("world") or 1) > 1 else 0
-    if rank:  # under torchrun each rank writes its own (helpers.tune.engine.rank_result)
-        out = str(Path(out).with_name(f"{Path(out).name}.rank{rank}"))
+    out = _rank_path(spec["out"], spec)  # under torchrun each rank writes its own (helpers.tune.engine.rank_result)
     result = rec.result(status, exit_code=code, error=error)
     result["failed_at"] = failed_at
     _write(out, result)

@@ -398,9 +398,10 @@ def _may_have_device() -> bool:
 def _check_probe(probe: Run, options: TuneOptions) -> None:
     """Raise :class:`ScriptError` when the unmodified script cannot be tuned."""
     if probe.status == "timeout":
+        far = probe.result.get("progress")
         raise ScriptError(f"your script, unmodified, made no result within {options.timeout_s:.0f} s (--timeout): "
                           f"it hangs, or it spends that long before its first {options.warmup + options.steps + 1} "
-                          f"optimizer steps", probe.error)
+                          f"optimizer steps" + (f" ({far})" if far else ""), probe.error)
     if probe.status in ("error", "exit"):
         raise ScriptError("your script failed on its own, unmodified (its traceback is above); tune wrote nothing",
                           probe.error)
