@@ -51,7 +51,6 @@ class Spill:
                           f"{self.folder.parent} instead", stacklevel=2)
         self.path = self.folder / "events.bin"
         self._f = open(self.path, "wb")
-        self.events = 0
         self.min_ts: int | None = None
         self.max_ts: int | None = None
 
@@ -62,7 +61,6 @@ class Spill:
         rec = np.empty(len(ts), RECORD)
         rec["ts"], rec["dur"], rec["name"], rec["cat"], rec["thread"] = ts, dur, name, cat, thread
         rec.tofile(self._f)
-        self.events += len(ts)
         lo, hi = int(ts.min()), int(ts.max())
         self.min_ts = lo if self.min_ts is None else min(self.min_ts, lo)
         self.max_ts = hi if self.max_ts is None else max(self.max_ts, hi)

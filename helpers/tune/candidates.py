@@ -70,15 +70,14 @@ class Candidate:
 
 
 def merge_apply(candidates: list[Candidate]) -> dict[str, Any]:
-    """The ``apply`` dicts of several candidates as one (DataLoader settings merged, framework edits listed)."""
+    """The ``apply`` dicts of several candidates as one (DataLoader settings merged); a framework's ``edits`` are
+    not runtime changes and are left out (:func:`helpers.tune.session.call_edits` writes them)."""
     out: dict[str, Any] = {}
     for c in candidates:
         for key, value in c.apply.items():
             if key == "loader":
                 out.setdefault("loader", {}).update(value)
-            elif key == "edits":
-                out.setdefault("edits", []).extend(value)
-            else:
+            elif key != "edits":
                 out[key] = value
     return out
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 from helpers import machine
 from helpers.errors import ParameterError, WorkbookError
 from helpers.timing import bootstrap_ratio_ci
+from helpers.tune.hook import PROGRESS_SUFFIX, rank_file
 
 __all__ = ["Command", "Run", "Judgement", "ScriptError", "parse_command", "run_once", "measure", "judge",
            "loss_tolerance", "THRESHOLD"]
@@ -350,7 +351,7 @@ def progress_text(out: Path, nproc: int) -> str:
     seen = []
     for r in range(nproc):
         try:
-            beat = json.loads(rank_result(out, r).with_name(rank_result(out, r).name + ".progress").read_text())
+            beat = json.loads(Path(str(rank_result(out, r)) + PROGRESS_SUFFIX).read_text())
         except (OSError, ValueError):
             continue
         seen.append((int(beat["steps"]), r, now - float(beat["wall"])))
@@ -368,8 +369,9 @@ def progress_text(out: Path, nproc: int) -> str:
 
 
 def rank_result(out: Path, rank: int) -> Path:
-    """Where rank ``rank`` of a torchrun run writes its result (rank 0: ``out`` itself)."""
-    return out if rank == 0 else out.with_name(f"{out.name}.rank{rank}")
+    """Where rank ``rank`` of a torchrun run writes its result (rank 0: ``out`` itself;
+    :func:`helpers.tune.hook.rank_file`)."""
+    return Path(rank_file(str(out), rank))
 
 
 def _merge_ranks(results: dict[int, dict[str, Any]]) -> dict[str, Any]:

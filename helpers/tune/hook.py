@@ -239,7 +239,7 @@ def install(rec: Recorder) -> None:
 
     optim_mod.register_optimizer_step_post_hook(rec.on_step)
     if rec.spec.get("out"):
-        _heartbeat(rec, _rank_path(rec.spec["out"], rec.spec) + ".progress")
+        _heartbeat(rec, _rank_path(rec.spec["out"], rec.spec) + PROGRESS_SUFFIX)
 
     orig_backward = torch.Tensor.backward
 
@@ -437,12 +437,19 @@ def _safe_len(dataset) -> int | None:
 
 #: Seconds between two writes of a run's progress (its optimizer steps so far): what a hung run is judged by.
 HEARTBEAT_S = 1.0
+#: The heartbeat's file is the result's path with this added.
+PROGRESS_SUFFIX = ".progress"
+
+
+def rank_file(out: str, rank: int) -> str:
+    """Where rank ``rank`` of a run writes its result: ``out`` for rank 0 (or a single process), ``out.rankR``
+    for rank R of a torchrun run. The one naming rule, read back by :mod:`helpers.tune.engine`."""
+    return f"{out}.rank{rank}" if rank else out
 
 
 def _rank_path(out: str, spec: dict[str, Any]) -> str:
-    """``out`` for rank 0 or a single process, ``out.rankR`` for rank R of a torchrun run (engine.rank_result)."""
-    rank = int(os.environ.get("RANK") or 0) if int(spec.get("world") or 1) > 1 else 0
-    return str(Path(out).with_name(f"{Path(out).name}.rank{rank}")) if rank else out
+    """This process's result file: :func:`rank_file` of its ``RANK`` under torchrun (a spec ``world`` above 1)."""
+    return rank_file(out, int(os.environ.get("RANK") or 0) if int(spec.get("world") or 1) > 1 else 0)
 
 
 def _heartbeat(rec: "Recorder", path: str) -> None:

@@ -37,7 +37,7 @@ from helpers.tune.engine import (Command, Judgement, Run, ScriptError, judge, me
 from helpers.tune.report import write_report
 from helpers.tune.rewrite import Edit, apply_edits, framework_calls, unified_diff
 
-__all__ = ["TuneOptions", "TuneResult", "tune", "plan_edits"]
+__all__ = ["TuneOptions", "TuneResult", "tune", "plan_edits", "call_edits"]
 
 
 
@@ -168,10 +168,14 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
             edits.append(Edit("channels_last", opt["file"], opt["line"], {"name": names[0], "assign": True},
                               "channels_last"))
     for c in winners:  # a framework's setting: keywords of its call in the script
-        for e in c.apply.get("edits") or []:
-            edits.append(Edit("call_keywords", script, e["line"], {"call": e["call"], "values": e["values"]},
-                              c.technique))
+        edits += call_edits(c, script)
     return edits
+
+
+def call_edits(c: Candidate, script: str | Path) -> list[Edit]:
+    """The ``call_keywords`` edits of a candidate a framework owns (its ``apply["edits"]``), in ``script``."""
+    return [Edit("call_keywords", str(script), e["line"], {"call": e["call"], "values": e["values"]}, c.technique)
+            for e in c.apply.get("edits") or []]
 
 
 def _best_per_technique(cands: Sequence[Candidate], judgements: Sequence[Judgement]) -> list[Candidate]:
@@ -313,14 +317,11 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
 def _variant(c: Candidate, command: Command, work: Path, res: TuneResult) -> tuple[str, dict, Path | None] | None:
     """How a candidate runs: its runtime changes on the unmodified script, or, for a framework's setting, an
     edited copy of the script (None, with the reason in ``res.skipped``, where the edit cannot be placed)."""
-    edits = c.apply.get("edits")
+    script = command.script
+    edits = call_edits(c, script)
     if not edits:
         return c.name, c.apply, None
-    script = command.script
-    new, made, skipped = apply_edits(script.read_text(encoding="utf-8"),
-                                     [Edit("call_keywords", str(script), e["line"], {"call": e["call"],
-                                                                                     "values": e["values"]},
-                                           c.technique) for e in edits])
+    new, made, skipped = apply_edits(script.read_text(encoding="utf-8"), edits)
     if skipped:
         res.skipped.append((c.technique, f"{c.name}: {skipped[0][1]}"))
         return None
