@@ -195,3 +195,16 @@ def test_the_caller_says_what_its_phases_hold_and_what_it_cannot_see():
     s = alone.sentence()
     assert "no phase the instrument measures explains it" in s
     assert s.endswith("The ranks do not synchronize: the others do not wait for rank 1.")
+
+
+def test_a_rank_last_at_a_majority_that_chance_explains_is_not_named():
+    from helpers.traces.arrival import CHANCE, Arrival, chance_of
+
+    # 4 ranks alike: some rank is last at 6 or more of 10 about 8% of the time; at 10 of 10, almost never
+    assert chance_of(6, 10, 4) == pytest.approx(0.0789, abs=1e-3) and chance_of(6, 10, 4) > CHANCE
+    assert chance_of(10, 10, 4) < 1e-5 and chance_of(3, 3, 2) == pytest.approx(0.25)
+    a = Arrival(matched=10, late=10, step_s=0.0077, last_counts={"rank 0": 2, "rank 1": 1, "rank 2": 1, "rank 3": 6},
+                straggler=None, lateness_s=None, ranks=("rank 0", "rank 1", "rank 2", "rank 3"))
+    text = a.sentence()
+    assert text.startswith("rank 3 arrived last at 6 of 10 late collectives") and "8% of the time" in text
+    assert "profile more steps" in text

@@ -12,8 +12,9 @@ clock-free. For each collective matched across ranks (the k-th collective of ste
 rank), the rank with the shortest duration arrived last; its lateness is the longest duration minus the
 shortest (how long the first rank waited for it). A rank is **the straggler** when it arrives last in at least
 :data:`MAJORITY` of the collectives whose lateness is above noise (:data:`MIN_LATE_FRACTION` of the median
-step, msprof-analyze's 5% slow-rank ratio, :data:`helpers.stragglers.MIN_EXCESS_FRACTION`), and those are at
-least :data:`MIN_COLLECTIVES`. The other ranks are **the ranks that wait**, each with its median wait. A rank
+step, msprof-analyze's 5% slow-rank ratio, :data:`helpers.stragglers.MIN_EXCESS_FRACTION`), those are at
+least :data:`MIN_COLLECTIVES`, and ranks that are all alike would give some rank such a count with a chance of
+:data:`CHANCE` or less (:func:`chance_of`). The other ranks are **the ranks that wait**, each with its median wait. A rank
 that waits is never called slow.
 
 Part of the traces layer; imports only the foundation and :mod:`helpers.traces.model`.
@@ -21,6 +22,7 @@ Part of the traces layer; imports only the foundation and :mod:`helpers.traces.m
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -29,15 +31,29 @@ import numpy as np
 from helpers.stragglers import MIN_EXCESS_FRACTION
 from helpers.traces.model import RankTrace
 
-__all__ = ["MAJORITY", "MIN_COLLECTIVES", "MIN_LATE_FRACTION", "Arrival", "find_last"]
+__all__ = ["MAJORITY", "MIN_COLLECTIVES", "MIN_LATE_FRACTION", "CHANCE", "Arrival", "chance_of", "find_last"]
 
 #: Share of the late collectives a rank must arrive last at to be the straggler: more than half, so one rank.
 MAJORITY = 0.5
 #: Late collectives needed before naming a straggler (fewer: one odd collective decides nothing).
 MIN_COLLECTIVES = 3
+#: Largest chance, in a job whose ranks are all alike, that some rank arrives last at least as often as the one
+#: named: 1%. With few collectives a majority comes by chance (4 even gloo ranks on 2 cores: one was last at 6 of
+#: 10, which chance gives some rank about 8% of the time).
+CHANCE = 0.01
 #: A collective's lateness (longest minus shortest duration across ranks) counts when above this share of the
 #: median step: msprof-analyze's 5% (:data:`helpers.stragglers.MIN_EXCESS_FRACTION`).
 MIN_LATE_FRACTION = MIN_EXCESS_FRACTION
+
+
+def chance_of(count: int, late: int, ranks: int) -> float:
+    """Chance that some rank of ``ranks`` equally likely ones arrives last at ``count`` or more of ``late``
+    collectives: the binomial tail at p = 1 / ranks, times the number of ranks (Bonferroni), at most 1."""
+    if ranks < 2 or late < 1:
+        return 1.0
+    p = 1.0 / ranks
+    tail = sum(math.comb(late, k) * p ** k * (1 - p) ** (late - k) for k in range(count, late + 1))
+    return min(1.0, ranks * tail)
 
 
 def _ms(s: float) -> str:
@@ -97,6 +113,11 @@ class Arrival:
                         f"{_ms(MIN_LATE_FRACTION * self.step_s)} ({MIN_LATE_FRACTION:.0%} of the "
                         f"{_ms(self.step_s)} median step), too few to name a rank")
             counts = ", ".join(f"{k} {v}" for k, v in sorted(self.last_counts.items(), key=lambda kv: -kv[1]) if v)
+            top, n = max(self.last_counts.items(), key=lambda kv: kv[1])
+            if n > MAJORITY * self.late:
+                return (f"{top} arrived last at {n} of {self.late} late collectives, but ranks that are all alike "
+                        f"give one rank such a count {chance_of(n, self.late, len(self.ranks)):.0%} of the time "
+                        f"(above {CHANCE:.0%}): too few collectives to name it; profile more steps to decide")
             return (f"no single rank arrives last: of {self.late} late collectives, the last to arrive was "
                     f"{counts}; the lateness moves between ranks (a shared cause or noise), so no rank is named")
         n = self.last_counts[self.straggler]
@@ -169,7 +190,7 @@ def find_last(traces: Sequence[RankTrace]) -> Arrival | None:
     straggler = None
     if n_late >= MIN_COLLECTIVES:
         top = max(counts, key=counts.get)
-        if counts[top] > MAJORITY * n_late:
+        if counts[top] > MAJORITY * n_late and chance_of(counts[top], n_late, len(labels)) <= CHANCE:
             straggler = top
     lateness_s, waits = None, {}
     if straggler is not None:
