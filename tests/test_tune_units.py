@@ -102,8 +102,13 @@ def test_candidates_follow_what_the_script_does():
     npu = _probe(model={**_probe()["model"], "param_device": "npu"}, autocast_in_use=True,
                  loaders=[{"file": "/s/train.py", "line": 8, "effective": {"num_workers": 8, "pin_memory": True}}])
     chosen, skipped = candidates.choose(npu, cores=8)
-    assert chosen == []
+    # its 8 workers keep torch's default 2 batches each in flight: a deeper queue is the one change left
+    assert [(c.name, c.apply) for c in chosen] == [("prefetch_factor=4", {"loader": {"prefetch_factor": 4}})]
+    assert "8 workers keeps 2 batches in flight (torch's default)" in chosen[0].why
     assert set(dict(skipped)) == {"num_workers", "pin_memory", "autocast", "channels_last"}
+    deep = [{**npu["loaders"][0], "effective": {"num_workers": 8, "pin_memory": True, "prefetch_factor": 6}}]
+    chosen, skipped = candidates.choose({**npu, "loaders": deep}, cores=8)
+    assert chosen == [] and "prefetch_factor=6" in dict(skipped)["prefetch_factor"]
     assert "contiguous_format" in dict(skipped)["channels_last"]
     chosen, skipped = candidates.choose(_probe(loaders=[], model={}), cores=2)
     assert chosen == [] and "no model was found" in dict(skipped)["autocast"]
@@ -128,6 +133,45 @@ def test_plan_edits_places_each_winner_at_its_captured_site(tmp_path):
     # a call site in another file keeps its file: the session writes only the script's and names the others
     p["loaders"][0]["file"] = str(tmp_path / "data.py")
     assert [e.file for e in plan_edits(p, chosen[:1], script)] == [str(tmp_path / "data.py")]
+
+
+def test_prefetch_factor_follows_the_winning_workers_and_is_judged_against_them(tmp_path):
+    no_workers = _probe()
+    chosen, _ = candidates.choose(no_workers, cores=2)
+    assert all(c.technique != "prefetch_factor" for c in chosen)  # it needs workers: a follow-up, not a candidate
+    workers = next(c for c in chosen if c.name == "num_workers=2")
+    extra, why = candidates.follow_up([workers], no_workers)
+    assert why == "" and extra.against == "num_workers=2" and extra.technique == "prefetch_factor"
+    assert extra.apply == {"loader": {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4}}
+    assert candidates.follow_up([], no_workers) == (
+        None, "it acts only with DataLoader workers, and no num_workers setting was faster here")
+    had = _probe(loaders=[{"file": "/s/train.py", "line": 8, "effective": {"num_workers": 2, "pin_memory": False}}])
+    assert candidates.follow_up([workers], had) == (None, "")  # a first-round candidate there instead
+    assert candidates.follow_up([], _probe(loaders=[])) == (None, "")  # no loader: nothing to say
+    # a framework's winner: the same field in its own call, unless the call sets it already
+    from helpers.tune.rewrite import framework_calls
+
+    (call,) = framework_calls('from transformers import TrainingArguments\nTrainingArguments(output_dir="o")\n')
+    fw, _ = candidates.framework_candidates([call], {"model": {}}, cores=2)
+    base = next(c for c in fw if c.technique == "num_workers")
+    extra, _ = candidates.follow_up([base], {"loaders": []}, [call])
+    assert extra.apply["edits"][0]["values"] == {"dataloader_num_workers": 2, "dataloader_persistent_workers": True,
+                                                 "dataloader_prefetch_factor": 4}
+    (set_,) = framework_calls('from transformers import TrainingArguments\n'
+                              'TrainingArguments(output_dir="o", dataloader_prefetch_factor=8)\n')
+    assert candidates.follow_up([base], {"loaders": []}, [set_]) == (
+        None, "TrainingArguments(...) already sets dataloader_prefetch_factor")
+    # written only into loaders that have workers: torch refuses prefetch_factor without them
+    script = tmp_path / "train.py"
+    script.write_text("")
+    two = {"loaders": [{"file": str(script), "line": 8, "effective": {"num_workers": 2}},
+                       {"file": str(script), "line": 20, "effective": {"num_workers": 0}}]}
+    deeper = candidates.Candidate("prefetch_factor=4", "prefetch_factor", {"loader": {"prefetch_factor": 4}})
+    assert [(e.line, e.params, e.technique) for e in plan_edits(two, [deeper], script)] == [
+        (8, {"prefetch_factor": 4}, "prefetch_factor")]
+    both = plan_edits(two, [extra.__class__("w", "prefetch_factor", {"loader": {
+        "num_workers": 2, "persistent_workers": True, "prefetch_factor": 4}}, against="num_workers=2")], script)
+    assert [e.line for e in both] == [8, 20] and both[0].technique == "num_workers + prefetch_factor"
 
 
 def test_the_command_is_read_or_refused_before_anything_runs(tmp_path):
@@ -215,6 +259,35 @@ def test_judge_rejects_a_change_that_fails_hangs_diverges_or_moves_the_loss():
     assert moved.verdict == "rejected" and "changes the results" in moved.reason
     within = judge("x", base, _runs("x", [50, 50, 50], loss=2.1), QUIET)
     assert within.verdict == "faster"
+
+
+@pytest.mark.parametrize("follow_ms, kept", [(60, True), (79, False)])
+def test_a_follow_up_replaces_its_winner_only_when_faster_than_it(tmp_path, monkeypatch, follow_ms, kept):
+    from helpers.tune import report, session
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    seen = []
+
+    def fake_measure(command, variants, **kw):  # the follow-up runs against the winner it builds on, interleaved
+        seen.append([(name, apply) for name, apply, _ in variants])
+        return {variants[0][0]: _runs(variants[0][0], [80, 81, 79]),
+                variants[1][0]: _runs(variants[1][0], [follow_ms, follow_ms + 1, follow_ms - 1])}, QUIET
+
+    monkeypatch.setattr(session, "measure", fake_measure)
+    workers = candidates.Candidate("num_workers=2", "num_workers",
+                                   {"loader": {"num_workers": 2, "persistent_workers": True}}, "loads in the process")
+    res = session.TuneResult("python train.py", tmp_path / "out", _probe(), candidates=[workers])
+    (tmp_path / "out").mkdir()
+    winners = session._follow_up(parse_command(["python", str(script)], cwd=tmp_path), [workers], res,
+                                 TuneOptions(), tmp_path / "work", 60.0, False, lambda line: None)
+    assert seen == [[("num_workers=2", workers.apply), ("num_workers=2 + prefetch_factor=4", {"loader": {
+        "num_workers": 2, "persistent_workers": True, "prefetch_factor": 4}})]]
+    j = res.judgements[-1]
+    assert j.variant == "num_workers=2 + prefetch_factor=4" and (j.verdict == "faster") is kept
+    assert [c.name for c in winners] == (["num_workers=2 + prefetch_factor=4"] if kept else ["num_workers=2"])
+    row = next(line for line in report.markdown(res).splitlines() if line.startswith("| num_workers=2 + "))
+    assert "against num_workers=2 | 03 |" in row
 
 
 def test_blocks_average_bimodal_steps_into_throughput():

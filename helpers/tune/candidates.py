@@ -11,6 +11,7 @@ The techniques and the notebook that measures each:
 technique           the change                                                   notebook
 ==================  ==========================================================  ========
 ``num_workers``     ``DataLoader(..., num_workers=N, persistent_workers=True)``   03
+``prefetch_factor``  ``DataLoader(..., prefetch_factor=4)`` where there are workers   03
 ``pin_memory``      ``DataLoader(..., pin_memory=True)`` and                      04
                     ``x.to(device, non_blocking=True)``
 ``autocast``        ``with torch.autocast(device_type=..., dtype=torch.bfloat16)``  06
@@ -21,6 +22,10 @@ technique           the change                                                  
 
 fp16 autocast is not tried: it needs a ``torch.amp.GradScaler`` around ``backward()`` and ``step()``, an edit of
 three statements that tune does not write; where the device has no bfloat16 the report says so.
+
+``prefetch_factor`` acts only where there are DataLoader workers. Where the script's loader has them, it is a
+candidate like the others; where tune adds them, it is a follow-up (:func:`follow_up`), measured on top of the
+winning number of workers and judged against it, so that its figure is its own.
 """
 
 from __future__ import annotations
@@ -30,10 +35,10 @@ from typing import Any
 
 from helpers.device import usable_cores
 
-__all__ = ["Candidate", "choose", "framework_candidates", "FRAMEWORK_ARGS", "NOTEBOOK"]
+__all__ = ["Candidate", "choose", "follow_up", "framework_candidates", "FRAMEWORK_ARGS", "NOTEBOOK", "PREFETCH"]
 
 #: The notebook that explains and measures each technique.
-NOTEBOOK = {"num_workers": "03", "pin_memory": "04", "autocast": "06", "channels_last": "07", "cudnn_benchmark": "07"}
+NOTEBOOK = {"num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "autocast": "06", "channels_last": "07", "cudnn_benchmark": "07"}
 #: Where a framework sets the DataLoader or the precision, the argument to change (the frameworks' own names:
 #: Lightning 2.x ``Trainer(precision=...)``; transformers ``TrainingArguments`` fields).
 FRAMEWORK_ARGS = {
@@ -42,6 +47,12 @@ FRAMEWORK_ARGS = {
     "transformers": "TrainingArguments(bf16=True, dataloader_num_workers=N, dataloader_pin_memory=True)",
     "accelerate": 'Accelerator(mixed_precision="bf16")',
 }
+#: The prefetch_factor tried: twice torch's default of 2 batches in flight per worker (``torch.utils.data.DataLoader``
+#: documentation: "prefetch_factor (int, optional, keyword-only arg): Number of batches loaded in advance by each
+#: worker ... default value depends on the set value for num_workers. If value of num_workers=0 default is None.
+#: Otherwise, if value of num_workers > 0 default is 2"). A deeper queue absorbs batches that take unevenly long
+#: (random augmentation, a slow disk); it costs host memory of ``num_workers x prefetch_factor`` batches.
+PREFETCH = 4
 
 
 @dataclass(frozen=True)
@@ -61,12 +72,15 @@ class Candidate:
         running an edited copy of the script (:func:`framework_candidates`).
     why : str
         Why it applies to this script (one clause, from the probe).
+    against : str
+        The candidate this one is judged against (a :func:`follow_up` builds on it); "" for the unmodified script.
     """
 
     name: str
     technique: str
     apply: dict[str, Any] = field(hash=False)
     why: str = ""
+    against: str = ""
 
 
 def merge_apply(candidates: list[Candidate]) -> dict[str, Any]:
@@ -203,6 +217,17 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
             out.append(Candidate(f"num_workers={n}", "num_workers",
                                  {"loader": {"num_workers": n, "persistent_workers": True}},
                                  f"the DataLoader loads in {'the training process' if current == 0 else f'{current} workers'}"))
+        if current > 0:
+            depth = min(int(ld["effective"].get("prefetch_factor") or 2) for ld in loaders
+                        if ld["effective"].get("num_workers"))
+            if depth >= PREFETCH:
+                skipped.append(("prefetch_factor", f"the DataLoader already keeps prefetch_factor={depth} batches "
+                                                   f"in flight per worker"))
+            else:
+                out.append(Candidate(f"prefetch_factor={PREFETCH}", "prefetch_factor",
+                                     {"loader": {"prefetch_factor": PREFETCH}},
+                                     f"each of the DataLoader's {current} workers keeps {depth} batches in flight"
+                                     + (" (torch's default)" if depth == 2 else "")))
         if not on_device:
             skipped.append(("pin_memory", f"the model is on the {device}: there is no host-to-device copy to pin"))
         elif all(ld["effective"].get("pin_memory") for ld in loaders):
@@ -247,3 +272,52 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
         out.append(Candidate("channels_last", "channels_last", {"channels_last": True},
                              "the model has Conv2d layers in the default NCHW format"))
     return out, skipped
+
+
+def follow_up(winners: list[Candidate], probe: dict[str, Any],
+              calls: list[dict[str, Any]] | None = None) -> tuple[Candidate | None, str]:
+    """The ``prefetch_factor`` follow-up of a winning number of workers that tune added, or why there is none.
+
+    ``prefetch_factor`` acts only with DataLoader workers, so where the script's loaders had none it is measured
+    after the first round of candidates: the winning ``num_workers`` setting with ``prefetch_factor`` =
+    :data:`PREFETCH` added, judged against that setting alone (its :attr:`Candidate.against`). Where the loaders
+    had workers, :func:`choose` made it a first-round candidate instead.
+
+    Parameters
+    ----------
+    winners : list of Candidate
+        The first round's winners (the fastest "faster" candidate of each technique).
+    probe : dict
+        The hook's result of the unmodified script.
+    calls : list of dict, optional
+        :func:`helpers.tune.rewrite.framework_calls` of the script, for a framework's winner: its call must not
+        set ``dataloader_prefetch_factor`` already.
+
+    Returns
+    -------
+    (Candidate or None, str)
+        The follow-up, or None and the reason for the report's "Not tried" ("" where there is nothing to say:
+        the first round covered it, or the script builds no DataLoader tune saw).
+    """
+    loaders = probe.get("loaders") or []
+    if any(int(ld["effective"].get("num_workers") or 0) for ld in loaders):
+        return None, ""
+    base = next((c for c in winners if c.technique == "num_workers"), None)
+    if base is None:
+        return None, ("it acts only with DataLoader workers, and no num_workers setting was faster here"
+                      if loaders or any(c["framework"] == "transformers" for c in calls or []) else "")
+    why = f"on top of {base.name}: each worker keeps {PREFETCH} batches in flight, not torch's default 2"
+    if "loader" in base.apply:
+        return Candidate(f"{base.name} + prefetch_factor={PREFETCH}", "prefetch_factor",
+                         {"loader": {**base.apply["loader"], "prefetch_factor": PREFETCH}}, why,
+                         against=base.name), ""
+    edits = base.apply.get("edits") or []
+    for e in edits:  # a framework's call: transformers' TrainingArguments field of the same meaning
+        call = next((c for c in calls or [] if c["line"] == e["line"] and c["call"] == e["call"]), None)
+        if call is not None and "dataloader_prefetch_factor" in call["keywords"]:
+            return None, f"{e['call']}(...) already sets dataloader_prefetch_factor"
+    if not edits:
+        return None, ""
+    return Candidate(f"{base.name} + dataloader_prefetch_factor={PREFETCH}", "prefetch_factor",
+                     {"edits": [dict(e, values={**e["values"], "dataloader_prefetch_factor": PREFETCH})
+                                for e in edits]}, why, against=base.name), ""

@@ -37,13 +37,16 @@ def markdown(res: Any) -> str:
         out += ["## Each change alone, against the unmodified script", "",
                 "Each change is applied at runtime, without editing your file"
                 + (f"; a framework's own setting ({', '.join(edited)}) runs as a copy of your script with that "
-                   f"call edited." if edited else "."), "",
+                   f"call edited." if edited else ".")
+                + (" A follow-up that builds on a winner is judged against that winner, run in the same "
+                   "interleaved way." if any(c.against for c in res.candidates) else ""), "",
                 _row(["change", "why it was tried", "verdict", "speedup (95% CI)", "notebook"]),
                 _row(["---"] * 5)]
         by = {c.name: c for c in res.candidates}
         for j in res.judgements:
             c = by.get(j.variant)
-            out.append(_row([j.variant, c.why if c else "", j.verdict, j.figure,
+            figure = f"{j.figure} against {c.against}" if c is not None and c.against else j.figure
+            out.append(_row([j.variant, c.why if c else "", j.verdict, figure,
                              NOTEBOOK.get(c.technique, "") if c else ""]))
         out += [""] + [f"- **{j.variant}**: {j.reason}." for j in res.judgements] + [""]
     if res.edits_skipped:

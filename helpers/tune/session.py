@@ -143,9 +143,15 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
     techniques = {c.technique for c in winners}
     loader_kw = merged.get("loader") or {}
     if loader_kw:
-        label = " + ".join(t for t in ("num_workers", "pin_memory") if t in techniques)
+        label = " + ".join(t for t in ("num_workers", "prefetch_factor", "pin_memory") if t in techniques
+                           or t in loader_kw)
         for ld in probe.get("loaders") or []:
-            edits.append(Edit("loader", ld["file"], ld["line"], dict(loader_kw), label))
+            kw = dict(loader_kw)
+            if not kw.get("num_workers") and not ld["effective"].get("num_workers"):
+                kw.pop("prefetch_factor", None)  # torch refuses these two without workers
+                kw.pop("persistent_workers", None)
+            if kw:
+                edits.append(Edit("loader", ld["file"], ld["line"], kw, label))
     if merged.get("non_blocking"):
         for site in probe.get("to_sites") or []:
             edits.append(Edit("non_blocking", site["file"], site["line"], {}, "pin_memory"))
@@ -265,6 +271,7 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
                               f"once: {bad.status}", bad.error)
         res.judgements = [judge(c.name, base, runs[c.name], busy) for c in res.candidates]
         winners = _best_per_technique(res.candidates, res.judgements)
+        winners = _follow_up(command, winners, res, options, work, timeout, watch, say)
         res.winners = [c.name for c in winners]
         tries = [winners] + ([winners[:1]] if len(winners) > 1 else [])
         for attempt in tries:
@@ -278,6 +285,34 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
     (out_dir / "summary.json").write_text(json.dumps(res.as_dict(), indent=2, default=str), encoding="utf-8")
     write_report(res)
     return res
+
+
+def _follow_up(command: Command, winners: list[Candidate], res: TuneResult, options: TuneOptions, work: Path,
+               timeout: float, watch: bool, say: Callable[[str], None]) -> list[Candidate]:
+    """Measure :func:`helpers.tune.candidates.follow_up` (``prefetch_factor`` on top of the winning workers)
+    against the winner it builds on, interleaved; where it is faster it takes that winner's place."""
+    extra, why_not = cand_mod.follow_up(winners, res.probe, res.framework_calls)
+    if extra is None:
+        if why_not:
+            res.skipped.append(("prefetch_factor", why_not))
+        return winners
+    built = _variant(extra, command, work, res)
+    base = next(c for c in winners if c.name == extra.against)
+    if built is None:
+        return winners
+    say(f"follow-up: {extra.name} against {base.name}")
+    ref = _variant(base, command, work, res)
+    runs, busy = measure(command, [ref, built], rounds=options.rounds, workdir=work / "follow-up",
+                         warmup=options.warmup, steps=options.steps, timeout_s=timeout, watch_copies=watch,
+                         progress=say)
+    _append(res.out_dir / "results.jsonl", [r for rs in runs.values() for r in rs])
+    res.runs += [r for rs in runs.values() for r in rs]
+    j = judge(extra.name, runs[base.name], runs[extra.name], busy)
+    res.candidates.append(extra)
+    res.judgements.append(j)
+    if j.verdict != "faster":
+        return winners
+    return [extra if c is base else c for c in winners]
 
 
 def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, options: TuneOptions, work: Path,

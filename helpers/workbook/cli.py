@@ -518,8 +518,10 @@ def _tune(args) -> int:
         print(json.dumps(res.as_dict(), indent=2, default=str))
         return 0
     print(res.headline)
+    against = {c.name: c.against for c in res.candidates if c.against}
     for j in res.judgements:
-        print(f"  {j.variant}: {j.verdict}, {j.figure}")
+        print(f"  {j.variant}: {j.verdict}, {j.figure}"
+              + (f" against {against[j.variant]}" if j.variant in against else ""))
     if res.diff:
         print(f"the change: {out / 'change.diff'}  (rewritten script: {out / command.script.name})")
     if res.applied_to:
