@@ -61,6 +61,8 @@ USER_SCRIPT = textwrap.dedent('''\
                 time.sleep(3600)
             if args.mode == "nan" and step >= 3:
                 x = x * float("nan")
+            if args.mode == "explode":
+                x = x * 10.0 ** step  # finite, but the loss grows a thousandfold and more
             loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -163,6 +165,7 @@ def _cli(user_dir: Path, out: Path, *args: str, timeout: float = 180) -> subproc
     ("raise", "120", "ValueError: sample 37 is corrupt"),
     ("nostep", "120", "ended without an optimizer step"),
     ("nan", "120", "your job diverges: its loss is nan at step 4"),
+    ("explode", "120", "your job diverges: its loss grows from "),
     ("hang", "6", "made no result within 6 s (--timeout): it hangs"),
     ("hang", "6", "optimizer steps (it made no optimizer step in "),
 ])
@@ -352,3 +355,57 @@ def test_a_setting_a_framework_owns_is_measured_and_written_in_its_own_call(tmp_
     assert "+        dataloader_num_workers=2,\n+        dataloader_persistent_workers=True,\n" + deeper in diff, diff
     assert "         per_device_train_batch_size=16,\n" in diff  # the call's own layout, one argument a line
     assert "DataLoader" not in diff
+
+
+# A DDP script of one rank (gloo) with a conv model that fails if DDP warns that the gradients' strides do not match
+# its buckets: channels_last applied after the wrap makes every backward warn and copy each gradient.
+DDP_CONV = textwrap.dedent('''\
+    import os
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", os.environ.get("TEST_PORT", "29541"))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model = DDP(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(40):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            loss = model(torch.randn(4, 3, 16, 16)).square().mean()
+            loss.backward()
+        if any("Grad strides" in str(w.message) for w in seen):
+            raise RuntimeError("DDP: grad strides do not match bucket view strides")
+        opt.step()
+        opt.zero_grad()
+    ''')
+
+
+def test_channels_last_reaches_a_ddp_model_before_its_buckets_are_built(tmp_path, monkeypatch):
+    from helpers.tune.engine import _free_port, run_once
+    from helpers.tune.rewrite import apply_edits
+    from helpers.tune.session import plan_edits
+
+    (tmp_path / "train.py").write_text(DDP_CONV)
+    monkeypatch.setenv("TEST_PORT", str(_free_port()))
+    command = parse_command(["python", "train.py"], cwd=tmp_path)
+    run = run_once(command, "channels_last", {"channels_last": True}, workdir=tmp_path / "w", warmup=2, steps=5,
+                   timeout_s=120)
+    assert run.ok, run.error[-2000:]
+    assert run.result["model"]["wrapper"] == "DistributedDataParallel"
+    assert [s["line"] for s in run.result["ddp_sites"]] == [12]
+    from helpers.tune.candidates import Candidate
+
+    edits = plan_edits(run.result, [Candidate("channels_last", "channels_last", {"channels_last": True})],
+                       tmp_path / "train.py")
+    new, made, _ = apply_edits(DDP_CONV, edits)
+    assert made and "model = DDP(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3)).to(" \
+                     "memory_format=torch.channels_last))\n" in new
+    (tmp_path / "rewritten.py").write_text(new)  # the rewritten file runs as written, without the warning
+    done = subprocess.run([sys.executable, "rewritten.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TEST_PORT": str(_free_port())})
+    assert done.returncode == 0, done.stderr[-2000:]

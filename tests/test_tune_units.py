@@ -174,6 +174,39 @@ def test_prefetch_factor_follows_the_winning_workers_and_is_judged_against_them(
     assert [e.line for e in both] == [8, 20] and both[0].technique == "num_workers + prefetch_factor"
 
 
+def test_channels_last_goes_into_the_module_a_ddp_wrap_takes_not_after_it(tmp_path):
+    src = textwrap.dedent('''\
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+        def main(rank):
+            model = DDP(SmallCNN().to(device), device_ids=[rank])  # wrap
+            other = torch.nn.parallel.DistributedDataParallel(module=net)
+            third = DDP(a if b else c)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ''')
+    edits = [Edit("channels_last", "t.py", n, {"wrap_arg": True}) for n in (6, 7, 8)]
+    new, made, skipped = apply_edits(src, edits)
+    assert not skipped and len(made) == 3
+    assert ("    model = DDP(SmallCNN().to(device).to(memory_format=torch.channels_last), device_ids=[rank])  # wrap\n"
+            "    other = torch.nn.parallel.DistributedDataParallel(module=net.to(memory_format=torch.channels_last))\n"
+            "    third = DDP((a if b else c).to(memory_format=torch.channels_last))\n"
+            "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n") in new  # nothing inserted after the wrap
+    # a line whose call is not DDP's is not guessed at
+    _, made, skipped = apply_edits("model = Wrapper(net)\n", [Edit("channels_last", "t.py", 1, {"wrap_arg": True})])
+    assert not made and "DistributedDataParallel" in skipped[0][1]
+    # the session places it there when the probe found the model wrapped
+    script = tmp_path / "train.py"
+    script.write_text(src)
+    p = _probe(model={**_probe()["model"], "wrapper": "DistributedDataParallel"},
+               optimizer={"file": str(script), "line": 9, "model_names": ["model"]},
+               ddp_sites=[{"file": str(script), "line": 6, "function": "main"}])
+    cl = candidates.Candidate("channels_last", "channels_last", {"channels_last": True})
+    assert [(e.kind, e.line, e.params) for e in plan_edits(p, [cl], script)] == [
+        ("channels_last", 6, {"wrap_arg": True})]
+
+
 def test_the_command_is_read_or_refused_before_anything_runs(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")
@@ -288,6 +321,51 @@ def test_a_follow_up_replaces_its_winner_only_when_faster_than_it(tmp_path, monk
     assert [c.name for c in winners] == (["num_workers=2 + prefetch_factor=4"] if kept else ["num_workers=2"])
     row = next(line for line in report.markdown(res).splitlines() if line.startswith("| num_workers=2 + "))
     assert "against num_workers=2 | 03 |" in row
+
+
+def test_a_loss_that_explodes_while_finite_is_the_scripts_divergence_not_a_changes():
+    run = _runs("unmodified", [100])[0]
+    assert engine.exploding(run) is None  # a flat loss
+    run.losses = [1.6, 1.5, 1.7, 40.0, 3e3, 8e5, 2e8, 6.5e16]
+    assert engine.exploding(run) == (1.6, 6.5e16, 8)
+    run.losses = [1.6, 1.5, 1.7, 1.2, 9e3, 1.1, 0.9, 0.8]  # one spike, then back: not divergence
+    assert engine.exploding(run) is None
+    run.losses = [2.3, 2.2, 2.0, 1.5, 1.0, 0.5, 0.2, 0.1]
+    assert engine.exploding(run) is None
+
+
+def test_the_headline_says_what_the_diff_holds_and_a_busy_machine_is_not_no_gain(tmp_path):
+    from helpers.tune.session import TuneResult
+
+    res = TuneResult("python train.py", tmp_path, _probe())
+    res.judgements = [judge("num_workers=2", _runs("u", [100, 101]), _runs("n", [50, 51]), BUSY)]
+    assert res.judgements[0].verdict == "inconclusive"
+    assert res.headline.startswith("No change was proven faster, but 1 of 1 could not be judged (the machine was busy")
+    res.judgements = [judge("num_workers=2", _runs("u", [100, 101]), _runs("n", [100, 101]), QUIET)]
+    assert res.headline == "No change made this script faster here: nothing to rewrite."
+
+
+def test_proven_names_only_the_changes_the_diff_holds(tmp_path, monkeypatch):
+    from helpers.tune import session
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    probe = _probe()
+    probe["loaders"][0]["file"] = str(tmp_path / "data_utils.py")  # the DataLoader is built in another module
+    for site in [probe["optimizer"]] + probe["forward_sites"] + probe["to_sites"]:
+        site["file"] = str(script)
+    monkeypatch.setattr(session, "measure", lambda command, variants, **kw: (
+        {"original": _runs("original", [100, 101]), "rewritten": _runs("rewritten", [80, 81])}, QUIET))
+    chosen, _ = candidates.choose(probe, cores=2)
+    winners = [c for c in chosen if c.name in ("num_workers=2", "channels_last")]
+    res = session.TuneResult("python train.py", tmp_path / "out", probe, candidates=chosen)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "work").mkdir()
+    assert session._prove(parse_command(["python", str(script)], cwd=tmp_path), winners, res, TuneOptions(),
+                          tmp_path / "work", 60.0, False, lambda line: None)
+    assert res.proven == ["channels_last"] and "(channels_last)" in res.headline
+    (skipped,) = res.edits_skipped
+    assert skipped[0].kind == "loader" and "data_utils.py, line 8" in skipped[1]
 
 
 def test_blocks_average_bimodal_steps_into_throughput():

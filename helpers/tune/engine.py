@@ -37,7 +37,7 @@ from helpers.timing import bootstrap_ratio_ci
 from helpers.tune.hook import PROGRESS_SUFFIX, rank_file
 
 __all__ = ["Command", "Run", "Judgement", "ScriptError", "parse_command", "run_once", "measure", "judge",
-           "loss_tolerance", "THRESHOLD"]
+           "loss_tolerance", "exploding", "THRESHOLD"]
 
 #: Smallest speedup that counts as worth a change (5%): the notebooks' A/B threshold
 #: (:meth:`helpers.timing.Comparison.outcome`'s default).
@@ -510,6 +510,26 @@ def nonfinite_step(run: Run) -> int | None:
     return None
 
 
+#: A loss that grows to this many times its level over the first steps, and ends there, is diverging though still
+#: finite (a learning rate too high): training lowers a loss, so a thousandfold rise is not noise.
+EXPLODE = 1e3
+
+
+def exploding(run: Run) -> tuple[float, float, int] | None:
+    """Whether the run's loss explodes while staying finite: ``(start, end, steps)`` or None.
+
+    ``start`` is the median |loss| of the first 3 steps; the loss explodes when its last value and its largest
+    are both at least :data:`EXPLODE` times ``start``.
+    """
+    vals = [abs(v) for v in run.losses if v is not None and math.isfinite(v)]
+    if len(vals) < 6:
+        return None
+    start = statistics.median(vals[:3])
+    if vals[-1] >= EXPLODE * max(start, 1e-12) and max(vals) >= EXPLODE * max(start, 1e-12):
+        return start, vals[-1], len(vals)
+    return None
+
+
 @dataclass
 class Judgement:
     """A variant against the baseline.
@@ -566,7 +586,7 @@ def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.Bus
         ms = statistics.median(r.step_times_s) * 1e3
         base_ms = statistics.median([t for b in base for t in b.step_times_s]) * 1e3
         stopped = (f"stopped after {len(r.step_times_s) + 1} steps (round {r.round + 1}) at {ms:.0f} ms per step, "
-                   f"over {GIVE_UP_TEXT} the first unmodified run's")
+                   f"over {GIVE_UP_TEXT} the probe's (the first, unmodified run of your script)")
         if ms > base_ms:
             return Judgement(name, "slower", base_ms / ms, math.nan, math.nan, [], base_ms, ms,
                              reason=f"{stopped}; the unmodified runs took {base_ms:.0f} ms, so it is "

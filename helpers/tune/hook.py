@@ -75,6 +75,7 @@ class Recorder:
         self.model = None
         self.model_info: dict[str, Any] = {}
         self.loaders: list[dict[str, Any]] = []
+        self.ddp_sites: list[dict[str, Any]] = []
         self.forward_sites: dict[tuple[str, int], int] = {}
         self.forward_calls = 0
         self.to_sites: dict[tuple[str, int], dict[str, Any]] = {}
@@ -161,6 +162,7 @@ class Recorder:
             "steps_seen": len(t), "warmup_steps": self.warmup, "step_times_s": measured, "all_step_times_s": times,
             "first_step_s": (t[0] - self.t0) if t else None, "wall_s": time.perf_counter() - self.t0,
             "losses": losses, "loaders": self.loaders, "optimizer": self.optimizer, "model": self.model_info,
+            "ddp_sites": self.ddp_sites,
             "other_optimizers": self.other_optimizers,
             "forward_sites": [{"file": f, "line": ln, "count": c} for (f, ln), c in self.forward_sites.items()],
             "to_sites": list(self.to_sites.values()),
@@ -297,6 +299,7 @@ def install(rec: Recorder) -> None:
             _take_model(rec, model)
 
     torch.optim.Optimizer.__init__ = opt_init
+    _watch_ddp(rec)
 
     autocast_cls = torch.amp.autocast_mode.autocast
     orig_enter = autocast_cls.__enter__
@@ -325,6 +328,27 @@ def install(rec: Recorder) -> None:
         _watch_copies(rec)
 
 
+def _watch_ddp(rec: Recorder) -> None:
+    """Record where the user's files wrap a model in ``DistributedDataParallel``; with ``channels_last``, convert
+    the module before DDP builds its gradient buckets, whose views take the parameters' strides (converted after,
+    every backward warns "Grad strides do not match bucket view strides" and copies each gradient)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    orig_init = DistributedDataParallel.__init__
+
+    def ddp_init(self, module, *args, **kwargs):
+        frame = rec.user_frame(sys._getframe(1))
+        if frame is not None:
+            rec.ddp_sites.append(rec.site(frame))
+            if rec.apply.get("channels_last") and any(
+                    isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) for m in module.modules()):
+                module.to(memory_format=torch.channels_last)
+        return orig_init(self, module, *args, **kwargs)
+
+    DistributedDataParallel.__init__ = ddp_init
+
+
 def _take_model(rec: Recorder, model) -> None:
     """Describe the model; apply channels_last; wrap its forward (call sites; autocast)."""
     import torch
@@ -338,6 +362,8 @@ def _take_model(rec: Recorder, model) -> None:
                       "param_dtype": str(first.dtype).replace("torch.", "") if first is not None else None,
                       "bf16_supported": _bf16_supported(first.device.type if first is not None else "cpu")}
     rec.model_info["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        rec.model_info["wrapper"] = "DistributedDataParallel"
     if rec.apply.get("channels_last") and conv:
         model.to(memory_format=torch.channels_last)
     if rec.apply.get("cudnn_benchmark"):

@@ -10,6 +10,9 @@ each at a file and line that :mod:`helpers.tune.hook` took from the running fram
   ``with torch.autocast(device_type=..., dtype=torch.bfloat16):`` (the PyTorch AMP recipe's form);
 - ``channels_last``: ``model = model.to(memory_format=torch.channels_last)`` inserted before the statement that
   builds the optimizer (the model's parameters keep their identity, so the optimizer is unaffected either way);
+  for a model wrapped in ``DistributedDataParallel`` (``params["wrap_arg"]``), the module passed to that call on
+  the line becomes ``module.to(memory_format=torch.channels_last)`` instead, so that DDP's gradient buckets take
+  the channels_last strides;
 - ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark = True`` inserted before that same statement;
 - ``call_keywords``: keyword arguments of a framework's call on that line set or replaced, for settings a
   framework owns (:func:`framework_calls` finds those calls: Lightning's ``Trainer(precision=...)``,
@@ -35,6 +38,8 @@ from helpers.errors import ParameterError
 __all__ = ["Edit", "apply_edits", "framework_calls", "unified_diff"]
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords")
+#: The qualified names a script reaches ``DistributedDataParallel`` by (torch.nn.parallel's exports).
+DDP_NAMES = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 
 #: The framework calls that own the DataLoader or the precision, by the qualified names a script reaches them by
 #: (the frameworks' documented imports): framework, the call's name.
@@ -142,8 +147,26 @@ def _set_keywords(call: cst.Call, values: dict[str, Any]) -> cst.Call:
     return call.with_changes(args=args)
 
 
+def _channels_last_arg(call: cst.Call) -> cst.Call | None:
+    """``call`` with its module argument (the first positional, or ``module=``) converted to channels_last; None
+    when it has none."""
+    args = list(call.args)
+    for i, a in enumerate(args):
+        if (a.keyword is None and not a.star) or (a.keyword is not None and a.keyword.value == "module"):
+            v = a.value
+            if not isinstance(v, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+                v = v.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            to = cst.Call(func=cst.Attribute(value=v, attr=cst.Name("to")), args=[cst.Arg(
+                keyword=cst.Name("memory_format"), value=cst.parse_expression("torch.channels_last"),
+                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                      whitespace_after=cst.SimpleWhitespace("")))])
+            args[i] = a.with_changes(value=to)
+            return call.with_changes(args=args)
+    return None
+
+
 class _Editor(cst.CSTTransformer):
-    METADATA_DEPENDENCIES = (PositionProvider,)
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider)
 
     def __init__(self, edits: Sequence[Edit]) -> None:
         super().__init__()
@@ -171,6 +194,13 @@ class _Editor(cst.CSTTransformer):
             elif e.kind == "call_keywords" and start == e.line and name == e.params.get("call"):
                 updated = _set_keywords(updated, e.params.get("values") or {})
                 self.done.add(i)
+            elif e.kind == "channels_last" and e.params.get("wrap_arg") and start == e.line and i not in self.done \
+                    and {q.name for q in self.get_metadata(QualifiedNameProvider, original.func, set())} & DDP_NAMES:
+                wrapped = _channels_last_arg(updated)
+                if wrapped is not None:
+                    updated = wrapped
+                    self.done.add(i)
+                    self.needs_torch = True
         return updated
 
     # ---------------------------------------------------------------- statements: autocast, channels_last
@@ -187,7 +217,7 @@ class _Editor(cst.CSTTransformer):
             for i, e in enumerate(self.edits):
                 if i in self.done or not start <= e.line <= end:
                     continue
-                if e.kind in ("channels_last", "cudnn_benchmark"):
+                if e.kind in ("channels_last", "cudnn_benchmark") and not e.params.get("wrap_arg"):
                     name = e.params.get("name", "model")
                     code = ("torch.backends.cudnn.benchmark = True" if e.kind == "cudnn_benchmark" else
                             f"{name} = {name}.to(memory_format=torch.channels_last)" if e.params.get("assign", True)
@@ -278,7 +308,8 @@ def apply_edits(source: str, edits: Sequence[Edit]) -> tuple[str, list[Edit], li
                "non_blocking": "no .to(...) or .cuda(...) call on that line",
                "autocast": "the forward call is not a statement of its own line (it shares a compound statement's "
                            "header line)",
-               "channels_last": "the optimizer's construction is not a statement of its own line",
+               "channels_last": "the optimizer's construction is not a statement of its own line (or, for a "
+                                "model in DistributedDataParallel, no such call with a module starts on that line)",
                "cudnn_benchmark": "the optimizer's construction is not a statement of its own line",
                "call_keywords": "no {call}(...) call starts on that line"}
     skipped = [(e, f"{reasons[e.kind].format(call=e.params.get('call'))} (line {e.line})")

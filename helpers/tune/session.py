@@ -33,7 +33,8 @@ from helpers.device import usable_cores
 from helpers.errors import ParameterError
 from helpers.tune import candidates as cand_mod
 from helpers.tune.candidates import Candidate
-from helpers.tune.engine import (Command, Judgement, Run, ScriptError, judge, measure, nonfinite_step, run_once)
+from helpers.tune.engine import (Command, Judgement, Run, ScriptError, exploding, judge, measure, nonfinite_step,
+                                 run_once)
 from helpers.tune.report import write_report
 from helpers.tune.rewrite import Edit, apply_edits, framework_calls, unified_diff
 
@@ -109,6 +110,11 @@ class TuneResult:
             return (f"The rewritten script is {self.proof.figure} faster per step than yours, measured as written "
                     f"against the original ({', '.join(self.proven)}).")
         if not self.winners:
+            unsure = [j for j in self.judgements if j.verdict == "inconclusive"]
+            if unsure:
+                return (f"No change was proven faster, but {len(unsure)} of {len(self.judgements)} could not be "
+                        f"judged (the machine was busy, or the rounds disagreed): rerun tune when the machine is "
+                        f"quiet; the report gives each reason.")
             return "No change made this script faster here: nothing to rewrite."
         if not self.edits_made:
             return "Changes won at runtime, but none could be written into the script (see 'Not written')."
@@ -170,7 +176,10 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
     if merged.get("channels_last"):
         opt = probe.get("optimizer") or {}
         names = opt.get("model_names") or []
-        if opt.get("file") and names:
+        ddp = probe.get("ddp_sites") or []
+        if model.get("wrapper") == "DistributedDataParallel" and ddp:  # before DDP builds its gradient buckets
+            edits.append(Edit("channels_last", ddp[0]["file"], ddp[0]["line"], {"wrap_arg": True}, "channels_last"))
+        elif opt.get("file") and names:
             edits.append(Edit("channels_last", opt["file"], opt["line"], {"name": names[0], "assign": True},
                               "channels_last"))
     for c in winners:  # a framework's setting: keywords of its call in the script
@@ -343,7 +352,8 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     res.proof = judge("rewritten", runs["original"], runs["rewritten"], busy)
     if res.proof.verdict == "faster":
         res.diff = unified_diff(source, new, script.name)
-        res.proven = [c.name for c in winners]
+        written = {t for e in made for t in e.technique.split(" + ")}
+        res.proven = [c.name for c in winners if c.technique in written]  # what the diff holds, not what won
         res.rewritten = new
         return True
     return False
@@ -384,7 +394,9 @@ def _edit_text(e: Edit) -> str:
     return {"non_blocking": ".to(device, non_blocking=True)",
             "autocast": f"with torch.autocast(device_type={e.params.get('device_type', 'cpu')!r}, "
                         f"dtype=torch.{e.params.get('dtype', 'bfloat16')}): around the forward",
-            "channels_last": f"{e.params.get('name', 'model')} = {e.params.get('name', 'model')}"
+            "channels_last": "DistributedDataParallel(module.to(memory_format=torch.channels_last), ...)"
+                             if e.params.get("wrap_arg") else
+                             f"{e.params.get('name', 'model')} = {e.params.get('name', 'model')}"
                              f".to(memory_format=torch.channels_last)",
             "cudnn_benchmark": "torch.backends.cudnn.benchmark = True"}.get(e.kind, e.kind)
 
@@ -453,7 +465,13 @@ def _check_probe(probe: Run, options: TuneOptions) -> None:
     k = nonfinite_step(probe)
     if k is not None:
         raise ScriptError(f"your job diverges: its loss is {probe.losses[k]} at step {k + 1} unmodified, so tune "
-                          f"cannot check that a change keeps the results; fix the divergence first (notebook 06 "
-                          f"shows the usual causes)", "")
+                          f"cannot check that a change keeps the results; fix the divergence first (a learning rate "
+                          f"too high for the model, or NaN or inf in the data)", "")
+    grows = exploding(probe)
+    if grows is not None:
+        start, end, n = grows
+        raise ScriptError(f"your job diverges: its loss grows from {start:.3g} to {end:.3g} over {n} steps "
+                          f"unmodified, so tune cannot check that a change keeps the results; fix the divergence "
+                          f"first (a learning rate too high for the model, or NaN or inf in the data)", "")
     if not probe.step_times_s or any(math.isnan(t) for t in probe.step_times_s):
         raise ScriptError("the probe timed no step", "")

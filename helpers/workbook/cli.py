@@ -522,6 +522,10 @@ def _tune(args) -> int:
     for j in res.judgements:
         print(f"  {j.variant}: {j.verdict}, {j.figure}"
               + (f" against {against[j.variant]}" if j.variant in against else ""))
+        if j.verdict in ("rejected", "inconclusive"):
+            print(f"    {j.reason}")
+    for e, why in res.edits_skipped:  # a winner tune could not write: the user sets it where it is
+        print(f"  not written: {e.technique or e.kind}: {why}")
     if res.diff:
         print(f"the change: {out / 'change.diff'}  (rewritten script: {out / command.script.name})")
     if res.applied_to:
