@@ -174,6 +174,44 @@ def test_prefetch_factor_follows_the_winning_workers_and_is_judged_against_them(
     assert [e.line for e in both] == [8, 20] and both[0].technique == "num_workers + prefetch_factor"
 
 
+ARGPARSE_SCRIPT = textwrap.dedent('''\
+    import argparse
+    from torch.utils.data import DataLoader
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--workers", "-j", type=int, default=0)  # 0 = load in the main process
+    p.add_argument("--pin", action="store_true")
+    args = p.parse_args()
+    loader = DataLoader(ds, batch_size=32, num_workers=args.workers,  # 0 = main process
+                        pin_memory=args.pin)
+    other = DataLoader(ds, num_workers=cfg["workers"])
+    ''')
+
+
+def test_a_setting_read_from_the_scripts_own_option_is_written_as_its_default():
+    edits = [Edit("loader", "t.py", 8, {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4,
+                                        "pin_memory": True}, "num_workers + prefetch_factor + pin_memory"),
+             Edit("loader", "t.py", 10, {"num_workers": 2, "persistent_workers": True}, "num_workers")]
+    new, made, skipped = apply_edits(ARGPARSE_SCRIPT, edits)
+    # the option's default, not a hard-coded value that would silence --workers; what needs workers follows it
+    assert '\np.add_argument("--workers", "-j", type=int, default=2)  # 0 = load in the main process\n' in new
+    assert ("loader = DataLoader(ds, batch_size=32, num_workers=args.workers,  # 0 = main process\n"
+            "                    pin_memory=args.pin,\n"
+            "                    persistent_workers=args.workers > 0,\n"
+            "                    prefetch_factor=4 if args.workers > 0 else None)\n") in new
+    assert 'other = DataLoader(ds, num_workers=cfg["workers"])\n' in new  # any other expression: left alone
+    assert sorted((e.kind, e.technique) for e in made) == [("argparse_default", "num_workers"),
+                                                           ("loader", "num_workers + prefetch_factor")]
+    why = {(e.line, next(iter(e.params))): r for e, r in skipped}
+    assert why[(8, "pin_memory")].endswith("the option --pin: pass --pin when you run the script")
+    assert why[(10, "num_workers")] == ('num_workers is set from cfg["workers"] on line 10: tune does not replace '
+                                        'your expression; make it 2 where that value comes from')
+    # the command sets the option itself: the default would not act, so the argument to pass is said instead
+    new, made, skipped = apply_edits(ARGPARSE_SCRIPT, edits[:1], passed=["--workers=0"])
+    assert new == ARGPARSE_SCRIPT and not made  # nor persistent_workers/prefetch_factor without the workers
+    assert any(r.endswith("your command passes --workers itself: run it with --workers 2") for _, r in skipped)
+
+
 def test_channels_last_goes_into_the_module_a_ddp_wrap_takes_not_after_it(tmp_path):
     src = textwrap.dedent('''\
         import torch

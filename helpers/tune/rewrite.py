@@ -14,6 +14,11 @@ each at a file and line that :mod:`helpers.tune.hook` took from the running fram
   the line becomes ``module.to(memory_format=torch.channels_last)`` instead, so that DDP's gradient buckets take
   the channels_last strides;
 - ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark = True`` inserted before that same statement;
+- ``argparse_default``: the ``default=`` of the ``add_argument(...)`` call on that line set. A ``loader`` keyword
+  whose value in the call is the script's own option (``num_workers=args.workers``) is written there, as the
+  option's new default, and the keywords that need workers follow that value
+  (``persistent_workers=args.workers > 0``); a value from any other variable or expression is left as it is and
+  returned as skipped, with the keyword to set where it comes from;
 - ``call_keywords``: keyword arguments of a framework's call on that line set or replaced, for settings a
   framework owns (:func:`framework_calls` finds those calls: Lightning's ``Trainer(precision=...)``,
   transformers' ``TrainingArguments(bf16=..., dataloader_num_workers=...)``, accelerate's
@@ -37,7 +42,8 @@ from helpers.errors import ParameterError
 
 __all__ = ["Edit", "apply_edits", "framework_calls", "unified_diff"]
 
-KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords")
+KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
+         "argparse_default")
 #: The qualified names a script reaches ``DistributedDataParallel`` by (torch.nn.parallel's exports).
 DDP_NAMES = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 
@@ -81,7 +87,13 @@ class Edit:
     technique: str = ""
 
 
+class Code(str):
+    """A value written as this Python expression, not as a literal (``args.workers > 0``)."""
+
+
 def _value(v: Any) -> cst.BaseExpression:
+    if isinstance(v, Code):
+        return cst.parse_expression(str(v))
     if isinstance(v, bool) or v is None or isinstance(v, (int, float)):
         return cst.parse_expression(repr(v))
     if isinstance(v, str):  # in double quotes, as formatters write them, where the text allows
@@ -191,6 +203,9 @@ class _Editor(cst.CSTTransformer):
                     and isinstance(original.func, cst.Attribute):
                 updated = _set_keywords(updated, {"non_blocking": True})
                 self.done.add(i)
+            elif e.kind == "argparse_default" and start == e.line and name == "add_argument":
+                updated = _set_keywords(updated, {"default": e.params["value"]})
+                self.done.add(i)
             elif e.kind == "call_keywords" and start == e.line and name == e.params.get("call"):
                 updated = _set_keywords(updated, e.params.get("values") or {})
                 self.done.add(i)
@@ -274,7 +289,8 @@ def _add_import_torch(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
     return body[:at] + [cst.parse_statement("import torch\n")] + body[at:]
 
 
-def apply_edits(source: str, edits: Sequence[Edit]) -> tuple[str, list[Edit], list[tuple[Edit, str]]]:
+def apply_edits(source: str, edits: Sequence[Edit], *,
+                passed: Sequence[str] = ()) -> tuple[str, list[Edit], list[tuple[Edit, str]]]:
     """Apply the edits of one file to its source.
 
     Parameters
@@ -283,6 +299,9 @@ def apply_edits(source: str, edits: Sequence[Edit]) -> tuple[str, list[Edit], li
         The file's text.
     edits : sequence of Edit
         Edits of this file (their ``file`` is not read).
+    passed : sequence of str
+        The arguments the script is run with: an option they set (``--workers 0``, ``--workers=0``) overrides
+        its default, so a value is not written there; it is returned as skipped, with the argument to pass.
 
     Returns
     -------
@@ -301,6 +320,7 @@ def apply_edits(source: str, edits: Sequence[Edit]) -> tuple[str, list[Edit], li
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise ParameterError(f"rewrite: the file does not parse: {exc}") from None
+    edits, options_skipped = _through_options(module, list(edits), passed)
     editor = _Editor(edits)
     new = MetadataWrapper(module).visit(editor)
     made = [e for i, e in enumerate(edits) if i in editor.done]
@@ -312,9 +332,149 @@ def apply_edits(source: str, edits: Sequence[Edit]) -> tuple[str, list[Edit], li
                                 "model in DistributedDataParallel, no such call with a module starts on that line)",
                "cudnn_benchmark": "the optimizer's construction is not a statement of its own line",
                "call_keywords": "no {call}(...) call starts on that line"}
-    skipped = [(e, f"{reasons[e.kind].format(call=e.params.get('call'))} (line {e.line})")
-               for i, e in enumerate(edits) if i not in editor.done]
+    reasons["argparse_default"] = "no add_argument(...) call starts on that line"
+    skipped = options_skipped + [(e, f"{reasons[e.kind].format(call=e.params.get('call'))} (line {e.line})")
+                                 for i, e in enumerate(edits) if i not in editor.done]
     return new.code, made, skipped
+
+
+#: DataLoader keywords that torch accepts only with workers, and their value where the workers are an option's.
+_NEEDS_WORKERS = {"persistent_workers": "{n} > 0", "prefetch_factor": "{v} if {n} > 0 else None"}
+#: The technique each DataLoader keyword belongs to (an edit's label names only what it writes).
+_TECHNIQUE = {"num_workers": "num_workers", "persistent_workers": "num_workers", "prefetch_factor": "prefetch_factor",
+              "pin_memory": "pin_memory"}
+
+
+def _label(keys: Sequence[str], fallback: str) -> str:
+    names = list(dict.fromkeys(_TECHNIQUE[k] for k in keys if k in _TECHNIQUE))
+    return " + ".join(names) or fallback
+
+
+class _Options(cst.CSTVisitor):
+    """The script's argparse options (``add_argument`` calls: dest, line, literal default, action) and the keyword
+    values of its ``DataLoader(...)`` calls, by line."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, module: cst.Module) -> None:
+        super().__init__()
+        self.module = module
+        self.options: dict[str, list[dict[str, Any]]] = {}
+        self.loaders: dict[int, dict[str, cst.BaseExpression]] = {}
+
+    def visit_Call(self, node: cst.Call) -> None:
+        import ast
+
+        line = self.get_metadata(PositionProvider, node).start.line
+        name = _name_of(node.func)
+        if name.endswith("DataLoader"):
+            self.loaders.setdefault(line, {a.keyword.value: a.value for a in node.args if a.keyword is not None})
+        if name != "add_argument" or not isinstance(node.func, cst.Attribute):
+            return
+        flags = [a.value.evaluated_value for a in node.args
+                 if a.keyword is None and isinstance(a.value, cst.SimpleString)]
+        kw = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+        if not flags or not all(isinstance(f, str) for f in flags):
+            return
+        dest = kw.get("dest")
+        if isinstance(dest, cst.SimpleString):
+            dest = dest.evaluated_value
+        else:
+            long = [f for f in flags if f.startswith("--")]
+            dest = (long[0][2:] if long else flags[0].lstrip("-")).replace("-", "_")
+        default: Any = _NOT_LITERAL
+        if "default" not in kw:
+            default = None
+        else:
+            try:
+                default = ast.literal_eval(self.module.code_for_node(kw["default"]).strip())
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                pass
+        action = kw.get("action")
+        self.options.setdefault(dest, []).append({
+            "line": line, "flags": flags, "default": default,
+            "action": "" if action is None else action.evaluated_value if isinstance(action, cst.SimpleString)
+            else self.module.code_for_node(action)})
+
+
+def _through_options(module: cst.Module, edits: list[Edit],
+                     passed: Sequence[str] = ()) -> tuple[list[Edit], list[tuple[Edit, str]]]:
+    """``edits`` with each ``loader`` keyword whose value is not a literal taken out: moved to the default of the
+    script's own option where the value is one (``args.workers``), else returned as skipped with its reason."""
+    finder = _Options(module)
+    MetadataWrapper(module).visit(finder)
+    out: list[Edit] = []
+    skipped: list[tuple[Edit, str]] = []
+    for e in edits:
+        call = finder.loaders.get(e.line) if e.kind == "loader" else None
+        if not call:
+            out.append(e)
+            continue
+        params = dict(e.params)
+        workers = call.get("num_workers")
+        for key, value in e.params.items():
+            node = call.get(key)
+            if node is None or _is_literal(module, node):
+                continue
+            code = module.code_for_node(node).strip()
+            params.pop(key)
+            opt = _option_of(node, finder.options)
+            given = [f for f in opt["flags"] if any(a == f or a.startswith(f + "=") for a in passed)] \
+                if isinstance(opt, dict) else []
+            label = _label([key], e.technique)
+            if given:
+                skipped.append((Edit("loader", e.file, e.line, {key: value}, label),
+                                f"{key} is set from {code} on line {e.line}, and your command passes {given[0]} "
+                                f"itself: run it with {given[0]} {value}"))
+            elif isinstance(opt, dict):
+                out.append(Edit("argparse_default", e.file, opt["line"],
+                                {"value": value, "flags": opt["flags"], "dest": code}, label))
+            else:
+                skipped.append((Edit("loader", e.file, e.line, {key: value}, label),
+                                f"{key} is set from {code} on line {e.line}" + opt.format(value=repr(value))))
+        if "num_workers" in e.params and "num_workers" not in params and not any(
+                x.kind == "argparse_default" and x.line != e.line and x.params["dest"] ==
+                module.code_for_node(call["num_workers"]).strip() for x in out):
+            for key in _NEEDS_WORKERS:  # the workers are not written: what needs them is not either
+                params.pop(key, None)
+        elif workers is not None and not _is_literal(module, workers) and "num_workers" not in params:
+            n = module.code_for_node(workers).strip()
+            for key, form in _NEEDS_WORKERS.items():  # torch refuses these two without workers
+                if key in params and not isinstance(params[key], Code):
+                    params[key] = Code(form.format(n=n, v=repr(params[key])))
+        if params:
+            out.append(Edit(e.kind, e.file, e.line, params,
+                            e.technique if params == e.params else _label(list(params), e.technique)))
+    return out, skipped
+
+
+def _is_literal(module: cst.Module, node: cst.BaseExpression) -> bool:
+    import ast
+
+    try:
+        ast.literal_eval(module.code_for_node(node).strip())
+        return True
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+
+
+def _option_of(node: cst.BaseExpression, options: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | str:
+    """The argparse option a keyword's value reads (``args.workers``: the one ``add_argument`` with dest
+    ``workers``, a literal default and no ``action``), or the clause that says why not."""
+    keep = ": tune does not replace your expression; make it {value} where that value comes from"
+    if not (isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name)):
+        return keep
+    found = options.get(node.attr.value) or []
+    if len(found) != 1:
+        return keep if not found else f" (an option declared {len(found)} times){keep}"
+    opt = found[0]
+    if opt["action"] == "store_true":
+        return f", the option {opt['flags'][0]}: pass {opt['flags'][0]} when you run the script"
+    if opt["action"]:
+        return f" (the option {opt['flags'][0]} has action={opt['action']!r}){keep}"
+    if opt["default"] is _NOT_LITERAL:
+        return f" (the option {opt['flags'][0]} has a computed default){keep}"
+    return opt
 
 
 _NOT_LITERAL = object()

@@ -332,7 +332,7 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     source = script.read_text(encoding="utf-8")
     edits = plan_edits(res.probe, winners, script)
     here = [e for e in edits if e.file == str(script.resolve())]
-    new, made, skipped = apply_edits(source, here)
+    new, made, skipped = apply_edits(source, here, passed=command.args)
     for e in edits:
         if e not in here:
             skipped.append((e, f"the call is in {_where(e.file, command)}, line {e.line}: tune edits only the script "
