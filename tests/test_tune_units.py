@@ -357,6 +357,7 @@ def test_a_follow_up_replaces_its_winner_only_when_faster_than_it(tmp_path, monk
     j = res.judgements[-1]
     assert j.variant == "num_workers=2 + prefetch_factor=4" and (j.verdict == "faster") is kept
     assert [c.name for c in winners] == (["num_workers=2 + prefetch_factor=4"] if kept else ["num_workers=2"])
+    assert res.busy.startswith("; while the follow-up ran, the machine was quiet")
     row = next(line for line in report.markdown(res).splitlines() if line.startswith("| num_workers=2 + "))
     assert "against num_workers=2 | 03 |" in row
 
@@ -402,6 +403,8 @@ def test_proven_names_only_the_changes_the_diff_holds(tmp_path, monkeypatch):
     assert session._prove(parse_command(["python", str(script)], cwd=tmp_path), winners, res, TuneOptions(),
                           tmp_path / "work", 60.0, False, lambda line: None)
     assert res.proven == ["channels_last"] and "(channels_last)" in res.headline
+    assert res.busy.startswith("; while the proof ran, the machine was quiet while measuring: other processes took "
+                               "1% of the cores")  # the proof's own machine state, in the report
     (skipped,) = res.edits_skipped
     assert skipped[0].kind == "loader" and "data_utils.py, line 8" in skipped[1]
 

@@ -102,6 +102,7 @@ class TuneResult:
     runs: list[Run] = field(default_factory=list)
     seconds: float = 0.0
     framework_calls: list[dict[str, Any]] = field(default_factory=list)
+    proof_tries: int = 0
 
     @property
     def headline(self) -> str:
@@ -272,7 +273,7 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
                              give_up_step_s=GIVE_UP_RATIO * probe_step, progress=say)
         _append(jsonl, [r for rs in runs.values() for r in rs])
         res.runs += [r for rs in runs.values() for r in rs]
-        res.busy = busy.sentence()
+        res.busy = f"while the changes ran, {busy.sentence()}"
         base = runs["unmodified"]
         if not all(r.ok for r in base):
             bad = next(r for r in base if not r.ok)
@@ -317,6 +318,7 @@ def _follow_up(command: Command, winners: list[Candidate], res: TuneResult, opti
     _append(res.out_dir / "results.jsonl", [r for rs in runs.values() for r in rs])
     res.runs += [r for rs in runs.values() for r in rs]
     j = judge(extra.name, runs[base.name], runs[extra.name], busy)
+    res.busy += f"; while the follow-up ran, {busy.sentence()}"
     res.candidates.append(extra)
     res.judgements.append(j)
     if j.verdict != "faster":
@@ -350,6 +352,8 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     _append(res.out_dir / "results.jsonl", [r for rs in runs.values() for r in rs])
     res.runs += [r for rs in runs.values() for r in rs]
     res.proof = judge("rewritten", runs["original"], runs["rewritten"], busy)
+    res.busy += f"; while the proof ran{' (the best change alone)' if res.proof_tries else ''}, {busy.sentence()}"
+    res.proof_tries += 1
     if res.proof.verdict == "faster":
         res.diff = unified_diff(source, new, script.name)
         written = {t for e in made for t in e.technique.split(" + ")}
