@@ -362,6 +362,25 @@ def test_a_follow_up_replaces_its_winner_only_when_faster_than_it(tmp_path, monk
     assert "against num_workers=2 | 03 |" in row
 
 
+def test_rare_stalls_count_in_full_the_speedup_is_a_ratio_of_throughputs():
+    # a loader that stalls on 1 batch in 20 (250 ms against 25 ms): most 5-step blocks hold no stall, so a median
+    # would call a loader without stalls no faster; the total time says 1.45x
+    def stalled(name, stall_every):
+        out = []
+        for r in range(3):
+            times = [0.250 if stall_every and i % stall_every == 7 else 0.025 for i in range(40)]
+            out.append(Run(name, r, "steps", times, [1.0] * 45, 5.0, "", {"warmup_steps": 5}))
+        return out
+
+    j = judge("prefetch_factor=4", stalled("u", 20), stalled("p", 0), QUIET)
+    assert j.verdict == "faster" and j.speedup == pytest.approx(36.25 / 25.0) and j.ci_low > 1.0, j.reason
+    assert "(means)" in j.reason
+    with pytest.raises(ParameterError, match="statistic"):
+        from helpers.timing import bootstrap_ratio_ci
+
+        bootstrap_ratio_ci([1.0], [1.0], statistic="mode")
+
+
 def test_a_loss_that_explodes_while_finite_is_the_scripts_divergence_not_a_changes():
     run = _runs("unmodified", [100])[0]
     assert engine.exploding(run) is None  # a flat loss

@@ -8,8 +8,9 @@ rank's, step by step. A *variant* is the unmodified script with a set of runtime
 (the rewritten script, or a copy with a framework's call edited). :func:`measure` runs the variants round-robin, ``rounds`` times, each round in a
 rotated order, so that a drift of the machine falls on every variant alike.
 
-:func:`judge` compares a variant with the baseline: the ratio of the median step times over all the measured
-steps of each, with its percentile-bootstrap interval (:func:`helpers.timing.bootstrap_ratio_ci`); the ratio
+:func:`judge` compares a variant with the baseline: the ratio of the mean step times over all the measured
+steps of each (the ratio of throughputs: a rare long step, a batch that stalled on a slow read, counts in full),
+with its percentile-bootstrap interval over blocks of steps (:func:`helpers.timing.bootstrap_ratio_ci`); the ratio
 of each round alone, which must fall on the same side of 1 as the whole (a cross-check: one disturbed round
 cannot make the verdict); the busy-machine check over the whole measurement (:func:`helpers.machine.check`);
 and the results check: a variant whose run failed, hung, whose loss became NaN or inf, or whose mean loss over
@@ -45,9 +46,8 @@ THRESHOLD = 1.05
 #: How :func:`judge` names the early-stop rule (helpers.tune.session.GIVE_UP_RATIO: 2.5).
 GIVE_UP_TEXT = "2.5x"
 #: Consecutive steps averaged into one unit of the bootstrap. A step's own time is bimodal where DataLoader
-#: workers feed it (a step whose batch is ready, a step that waits), so its median misstates the throughput; the
-#: mean of a block of steps is the throughput over that block, and blocks, unlike single steps, are close to
-#: independent of each other.
+#: workers feed it (a step whose batch is ready, a step that waits), and steps next to each other are not
+#: independent (a stalled batch lets the next ones arrive at once); blocks of steps are close to independent.
 BLOCK = 5
 #: Relative tolerance on the mean loss of the measured steps (10%), below which a change is taken to learn as
 #: the unmodified script does, unless the unmodified runs themselves differ more (three times their spread).
@@ -466,7 +466,7 @@ def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path
                 dropped.add(name)
                 total -= rounds - 1 - r
             if progress:
-                med = f"{statistics.median(run.step_times_s) * 1e3:.1f} ms/step" if run.step_times_s else run.status
+                med = f"{statistics.fmean(run.step_times_s) * 1e3:.1f} ms/step" if run.step_times_s else run.status
                 progress(f"[{k}/{total}] round {r + 1}: {name}: {med}"
                          + (" (stopped: too slow to be worth timing further)" if run.status == "slow" else ""))
     busy = machine.check(before, machine.snapshot())
@@ -543,12 +543,13 @@ class Judgement:
         spans 1 or the gain is below the threshold), ``"inconclusive"`` (a busy machine, or rounds that
         disagree), ``"rejected"`` (failed, hung, NaN, results moved).
     speedup : float
-        Baseline median step time / variant's (> 1: the variant is faster); NaN when not measured.
+        Baseline mean step time / variant's (> 1: the variant is faster: the ratio of throughputs); NaN when not
+        measured.
     ci_low, ci_high : float
         Its 95% percentile-bootstrap interval.
     round_speedups : list of float
     base_ms, variant_ms : float
-        Median step times, milliseconds.
+        Mean step times, milliseconds (median where a run was stopped early).
     reason : str
         One sentence: the evidence, or why it was rejected or inconclusive.
     """
@@ -622,17 +623,18 @@ def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.Bus
                                         f"unmodified, beyond the tolerance of {tol:.3g}")
     a = [m for r in base for m in blocks(r.step_times_s)]
     b = [m for r in runs for m in blocks(r.step_times_s)]
-    med_a, med_b = statistics.median(a), statistics.median(b)
-    speedup = med_a / med_b
-    low, high = bootstrap_ratio_ci(a, b)
+    mean_a, mean_b = statistics.fmean(a), statistics.fmean(b)  # blocks of equal size: the mean step times
+    speedup = mean_a / mean_b
+    low, high = bootstrap_ratio_ci(a, b, statistic="mean")
     per_round = []
     for rb, rv in zip(sorted(base, key=lambda r: r.round), sorted(runs, key=lambda r: r.round)):
-        per_round.append(statistics.median(blocks(rb.step_times_s)) / statistics.median(blocks(rv.step_times_s)))
-    j = Judgement(name, "", speedup, low, high, per_round, med_a * 1e3, med_b * 1e3)
+        per_round.append(statistics.fmean(blocks(rb.step_times_s)) / statistics.fmean(blocks(rv.step_times_s)))
+    j = Judgement(name, "", speedup, low, high, per_round, mean_a * 1e3, mean_b * 1e3)
     rounds = ", ".join(f"{x:.2f}" for x in per_round)
     n_a, n_b = sum(len(r.step_times_s) for r in base), sum(len(r.step_times_s) for r in runs)
-    evidence = (f"{med_b * 1e3:.1f} against {med_a * 1e3:.1f} ms per step, {j.figure}, over {n_b} and {n_a} "
-                f"steps in {len(runs)} interleaved runs each (medians of {BLOCK}-step means); by round {rounds}")
+    evidence = (f"{mean_b * 1e3:.1f} against {mean_a * 1e3:.1f} ms per step (means), {j.figure}, over {n_b} and "
+                f"{n_a} steps in {len(runs)} interleaved runs each (interval from {BLOCK}-step blocks); by round "
+                f"{rounds}")
     agree = all((x > 1) == (speedup > 1) for x in per_round)
     if busy.busy:
         j.verdict, j.reason = "inconclusive", f"{evidence}; but {busy.sentence()}"
