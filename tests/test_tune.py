@@ -409,3 +409,27 @@ def test_channels_last_reaches_a_ddp_model_before_its_buckets_are_built(tmp_path
     done = subprocess.run([sys.executable, "rewritten.py"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "TEST_PORT": str(_free_port())})
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_long_start_says_it_is_still_running_with_its_steps_so_far(tmp_path, monkeypatch):
+    from helpers.tune import engine
+
+    (tmp_path / "train.py").write_text(textwrap.dedent('''\
+        import time
+
+        import torch
+
+        time.sleep(2.5)  # indexing a dataset before the first step
+        w = torch.nn.Parameter(torch.ones(2))
+        opt = torch.optim.SGD([w], lr=0.1)
+        for _ in range(30):
+            w.square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        '''))
+    monkeypatch.setattr(engine, "STILL_EVERY_S", 1.0)
+    lines: list[str] = []
+    run = engine.run_once(parse_command(["python", "train.py"], cwd=tmp_path), "probe", {}, workdir=tmp_path / "w",
+                          warmup=2, steps=5, timeout_s=60, still=lines.append)
+    assert run.ok and lines, (run.error, lines)
+    assert lines[0].startswith("still running after 1 s (no optimizer step yet; --timeout 60 s)"), lines

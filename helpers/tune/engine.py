@@ -43,6 +43,9 @@ __all__ = ["Command", "Run", "Judgement", "ScriptError", "parse_command", "run_o
 #: Smallest speedup that counts as worth a change (5%): the notebooks' A/B threshold
 #: (:meth:`helpers.timing.Comparison.outcome`'s default).
 THRESHOLD = 1.05
+#: Seconds between the "still running" lines of a run given ``still`` (the probe: a script may index its dataset
+#: for minutes before its first step).
+STILL_EVERY_S = 15.0
 #: How :func:`judge` names the early-stop rule (helpers.tune.session.GIVE_UP_RATIO: 2.5).
 GIVE_UP_TEXT = "2.5x"
 #: Consecutive steps averaged into one unit of the bootstrap. A step's own time is bimodal where DataLoader
@@ -268,7 +271,7 @@ def _hook_env(command: Command) -> dict[str, str]:
 
 def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: Path, warmup: int, steps: int,
              timeout_s: float, round_: int = 0, script: Path | None = None, watch_copies: bool = False,
-             give_up_step_s: float | None = None) -> Run:
+             give_up_step_s: float | None = None, still: Callable[[str], None] | None = None) -> Run:
     """Run the script once under the hook.
 
     Parameters
@@ -290,6 +293,8 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
         (its ``__file__`` and frames name the original path, so paths relative to the script still work).
     watch_copies : bool
         Record host-to-device copies (only where a device may be in use).
+    still : callable, optional
+        Called with a line every :data:`STILL_EVERY_S` seconds while the run goes on (its steps so far).
     give_up_step_s : float, optional
         Stop the run as ``"slow"`` when the median of its steps 2 to 1 + :data:`helpers.tune.hook.GIVE_UP_AFTER`
         exceeds this, seconds.
@@ -315,7 +320,14 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
                                 env=_hook_env(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         try:
-            proc.wait(timeout=timeout_s)
+            while still is not None and time.perf_counter() - t0 + STILL_EVERY_S < timeout_s:
+                try:
+                    proc.wait(timeout=STILL_EVERY_S)
+                    break
+                except subprocess.TimeoutExpired:  # a long start (a dataset indexed first): say it is running
+                    still(f"still running after {time.perf_counter() - t0:.0f} s "
+                          f"({steps_so_far(out_path, command.nproc)}; --timeout {timeout_s:.0f} s)")
+            proc.wait(timeout=max(0.0, timeout_s - (time.perf_counter() - t0)))
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             # what the script printed before it stopped making progress (a hang's last words), and how far it got
@@ -341,6 +353,19 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
     # under torchrun the log ends with torchrun's own traceback: the failing rank's (in its result) is the one
     return Run(variant, round_, result["status"], [float(x) for x in result["step_times_s"]],
                result["losses"], wall, error, result)
+
+
+def steps_so_far(out: Path, nproc: int) -> str:
+    """A running run's optimizer steps so far, from its heartbeat files: "3 optimizer steps so far", the slowest
+    rank's under torchrun; "no optimizer step yet" before the first."""
+    steps = []
+    for r in range(nproc):
+        try:
+            steps.append(int(json.loads(Path(str(rank_result(out, r)) + PROGRESS_SUFFIX).read_text())["steps"]))
+        except (OSError, ValueError, KeyError):
+            steps.append(0)
+    n = min(steps) if steps else 0
+    return "no optimizer step yet" if n == 0 else f"{n} optimizer step{'s' if n != 1 else ''} so far"
 
 
 def progress_text(out: Path, nproc: int) -> str:

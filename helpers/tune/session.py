@@ -241,7 +241,8 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
     try:
         say(f"probe: running your script unmodified for up to {options.warmup + options.steps + 1} optimizer steps")
         probe = run_once(command, "probe", {}, workdir=scratch, warmup=options.warmup, steps=options.steps,
-                         timeout_s=options.timeout_s, round_=-1, watch_copies=_may_have_device())
+                         timeout_s=options.timeout_s, round_=-1, watch_copies=_may_have_device(),
+                         still=lambda line: say(f"probe: {line}"))
         _check_probe(probe, options)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
