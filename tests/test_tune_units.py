@@ -208,8 +208,34 @@ def test_a_setting_read_from_the_scripts_own_option_is_written_as_its_default():
                                         'your expression; make it 2 where that value comes from')
     # the command sets the option itself: the default would not act, so the argument to pass is said instead
     new, made, skipped = apply_edits(ARGPARSE_SCRIPT, edits[:1], passed=["--workers=0"])
-    assert new == ARGPARSE_SCRIPT and not made  # nor persistent_workers/prefetch_factor without the workers
     assert any(r.endswith("your command passes --workers itself: run it with --workers 2") for _, r in skipped)
+    assert new == ARGPARSE_SCRIPT and not made  # what was measured with 2 workers is said, not written without
+    why = {next(iter(e.params)): r for e, r in skipped if e.line == 8}
+    assert why["prefetch_factor"] == ("prefetch_factor goes with num_workers=2 on line 8, which is not written "
+                                      "(above): add it with the workers")
+    assert set(why) == {"num_workers", "persistent_workers", "prefetch_factor", "pin_memory"}
+    # a loader whose workers come from an expression, given only a deeper queue: the form valid whatever they are
+    new, made, _ = apply_edits(ARGPARSE_SCRIPT, [Edit("loader", "t.py", 10, {"prefetch_factor": 4})])
+    assert 'other = DataLoader(ds, num_workers=cfg["workers"], prefetch_factor=4 if cfg["workers"] > 0 else None)' \
+        in new and [e.technique for e in made] == ["prefetch_factor"]
+
+
+def test_a_loader_in_another_file_gets_advice_that_keeps_the_scripts_option():
+    from helpers.tune.rewrite import loader_advice
+
+    other = ("from torch.utils.data import DataLoader\n\n\ndef make_loader(args, ds):\n"
+             "    return DataLoader(ds, batch_size=32, num_workers=args.workers)\n")
+    e = Edit("loader", "data_utils.py", 5, {"num_workers": 2, "persistent_workers": True}, "num_workers")
+    assert loader_advice(other, e, script_source=ARGPARSE_SCRIPT) == [
+        "num_workers comes from your option --workers: pass --workers 2, or make its default 2 (line 5 of your "
+        "script)",
+        "persistent_workers=True"]
+    assert loader_advice(other, e, script_source=ARGPARSE_SCRIPT, passed=["-j", "0"])[0] == (
+        "num_workers comes from your option -j: run it with -j 2")
+    assert loader_advice(other, e)[0] == ("num_workers is set from args.workers: tune does not replace your "
+                                          "expression; make it 2 where that value comes from")
+    assert loader_advice(other.replace("args.workers", "0"), e) == ["num_workers=2", "persistent_workers=True"]
+    assert loader_advice(other, Edit("loader", "data_utils.py", 1, {"num_workers": 2})) == []
 
 
 def test_channels_last_goes_into_the_module_a_ddp_wrap_takes_not_after_it(tmp_path):
@@ -385,7 +411,9 @@ def test_a_loss_that_explodes_while_finite_is_the_scripts_divergence_not_a_chang
     run = _runs("unmodified", [100])[0]
     assert engine.exploding(run) is None  # a flat loss
     run.losses = [1.6, 1.5, 1.7, 40.0, 3e3, 8e5, 2e8, 6.5e16]
-    assert engine.exploding(run) == (1.6, 6.5e16, 8)
+    assert engine.exploding(run) == (1.5, 6.5e16, 8)
+    run.losses = [1.56, 7.9e16, 7.6e5, 2e6, 9e5, 1.4e6]  # BatchNorm at lr=1e6: exploded at the second step
+    assert engine.exploding(run) == (1.56, 1.4e6, 6)
     run.losses = [1.6, 1.5, 1.7, 1.2, 9e3, 1.1, 0.9, 0.8]  # one spike, then back: not divergence
     assert engine.exploding(run) is None
     run.losses = [2.3, 2.2, 2.0, 1.5, 1.0, 0.5, 0.2, 0.1]

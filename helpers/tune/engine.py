@@ -543,13 +543,14 @@ EXPLODE = 1e3
 def exploding(run: Run) -> tuple[float, float, int] | None:
     """Whether the run's loss explodes while staying finite: ``(start, end, steps)`` or None.
 
-    ``start`` is the median |loss| of the first 3 steps; the loss explodes when its last value and its largest
-    are both at least :data:`EXPLODE` times ``start``.
+    ``start`` is the smallest |loss| of the first 3 steps (a model with BatchNorm may explode at its second step
+    already); the loss explodes when its last value and its largest are both at least :data:`EXPLODE` times
+    ``start``.
     """
     vals = [abs(v) for v in run.losses if v is not None and math.isfinite(v)]
     if len(vals) < 6:
         return None
-    start = statistics.median(vals[:3])
+    start = min(vals[:3])
     if vals[-1] >= EXPLODE * max(start, 1e-12) and max(vals) >= EXPLODE * max(start, 1e-12):
         return start, vals[-1], len(vals)
     return None

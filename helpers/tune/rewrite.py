@@ -40,7 +40,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 
 from helpers.errors import ParameterError
 
-__all__ = ["Edit", "apply_edits", "framework_calls", "unified_diff"]
+__all__ = ["Edit", "apply_edits", "framework_calls", "loader_advice", "unified_diff"]
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
          "argparse_default")
@@ -412,6 +412,7 @@ def _through_options(module: cst.Module, edits: list[Edit],
             continue
         params = dict(e.params)
         workers = call.get("num_workers")
+        moved = False  # num_workers written as its option's default
         for key, value in e.params.items():
             node = call.get(key)
             if node is None or _is_literal(module, node):
@@ -419,33 +420,85 @@ def _through_options(module: cst.Module, edits: list[Edit],
             code = module.code_for_node(node).strip()
             params.pop(key)
             opt = _option_of(node, finder.options)
-            given = [f for f in opt["flags"] if any(a == f or a.startswith(f + "=") for a in passed)] \
-                if isinstance(opt, dict) else []
+            given = _passed_flag(opt["flags"], passed) if isinstance(opt, dict) else None
             label = _label([key], e.technique)
             if given:
                 skipped.append((Edit("loader", e.file, e.line, {key: value}, label),
-                                f"{key} is set from {code} on line {e.line}, and your command passes {given[0]} "
-                                f"itself: run it with {given[0]} {value}"))
+                                f"{key} is set from {code} on line {e.line}, and your command passes {given} "
+                                f"itself: run it with {given} {value}"))
             elif isinstance(opt, dict):
                 out.append(Edit("argparse_default", e.file, opt["line"],
                                 {"value": value, "flags": opt["flags"], "dest": code}, label))
+                moved = moved or key == "num_workers"
             else:
                 skipped.append((Edit("loader", e.file, e.line, {key: value}, label),
                                 f"{key} is set from {code} on line {e.line}" + opt.format(value=repr(value))))
-        if "num_workers" in e.params and "num_workers" not in params and not any(
-                x.kind == "argparse_default" and x.line != e.line and x.params["dest"] ==
-                module.code_for_node(call["num_workers"]).strip() for x in out):
-            for key in _NEEDS_WORKERS:  # the workers are not written: what needs them is not either
-                params.pop(key, None)
+        if "num_workers" in e.params and "num_workers" not in params and not moved:
+            for key in [k for k in _NEEDS_WORKERS if k in params]:  # measured with those workers: not without them
+                skipped.append((Edit("loader", e.file, e.line, {key: params.pop(key)}, _label([key], e.technique)),
+                                f"{key} goes with num_workers={e.params['num_workers']} on line {e.line}, which "
+                                f"is not written (above): add it with the workers"))
         elif workers is not None and not _is_literal(module, workers) and "num_workers" not in params:
+            # the workers come from an expression (written there or not): what needs workers follows its value,
+            # valid whatever it is (torch refuses these two without workers)
             n = module.code_for_node(workers).strip()
-            for key, form in _NEEDS_WORKERS.items():  # torch refuses these two without workers
+            for key, form in _NEEDS_WORKERS.items():
                 if key in params and not isinstance(params[key], Code):
                     params[key] = Code(form.format(n=n, v=repr(params[key])))
         if params:
             out.append(Edit(e.kind, e.file, e.line, params,
                             e.technique if params == e.params else _label(list(params), e.technique)))
     return out, skipped
+
+
+def loader_advice(source: str, edit: Edit, *, script_source: str = "", passed: Sequence[str] = ()) -> list[str]:
+    """What to type for a ``loader`` edit tune does not make (its call is in a file other than the script), one
+    clause per keyword: ``num_workers=2`` where the call has a literal or nothing; for a value from the script's
+    own option (``args.workers``, declared in ``script_source``), the argument to pass or the default to set; for
+    any other expression, to give it the value where it comes from. Empty when ``source`` does not parse or has no
+    ``DataLoader(...)`` call on the edit's line (the caller then names the keywords plainly)."""
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError:
+        return []
+    here = _Options(module)
+    MetadataWrapper(module).visit(here)
+    call = here.loaders.get(edit.line)
+    if call is None:
+        return []
+    options = dict(here.options)
+    try:
+        script = cst.parse_module(script_source) if script_source else None
+    except cst.ParserSyntaxError:
+        script = None
+    if script is not None:
+        finder = _Options(script)
+        MetadataWrapper(script).visit(finder)
+        for dest, found in finder.options.items():
+            options.setdefault(dest, [dict(o, where=" of your script") for o in found])
+    out = []
+    for key, value in edit.params.items():
+        node = call.get(key)
+        if node is None or _is_literal(module, node):
+            out.append(f"{key}={value!r}")
+            continue
+        code = module.code_for_node(node).strip()
+        opt = _option_of(node, options)
+        if isinstance(opt, dict):
+            given = _passed_flag(opt["flags"], passed)
+            flag = given or opt["flags"][0]
+            out.append(f"{key} comes from your option {flag}: " + (f"run it with {flag} {value}" if given else
+                                                                    f"pass {flag} {value}, or make its default "
+                                                                    f"{value} (line {opt['line']}"
+                                                                    f"{opt.get('where', '')})"))
+        else:
+            out.append(f"{key} is set from {code}" + opt.format(value=repr(value)))
+    return out
+
+
+def _passed_flag(flags: Sequence[str], passed: Sequence[str]) -> str | None:
+    """The flag of ``flags`` that the arguments ``passed`` set (``--workers 0``, ``--workers=0``), or None."""
+    return next((f for f in flags for a in passed if a == f or a.startswith(f + "=")), None)
 
 
 def _is_literal(module: cst.Module, node: cst.BaseExpression) -> bool:

@@ -11,8 +11,8 @@
 3. the winners (the fastest "faster" setting of each technique) written into a copy of the script
    (:mod:`helpers.tune.rewrite`);
 4. the proof: the rewritten copy, as written, against the original file, interleaved, ``rounds`` times. Where it
-   does not reproduce the gain, the single best winner alone is written and proven; where that fails too, no
-   change is proposed.
+   does not reproduce the gain, the best winner that can be written into the script is written alone and proven;
+   where that fails too, no change is proposed.
 
 Nothing is written for a script that fails on its own, and the diff and the rewritten file are written only
 once their proof is done, so an interrupted session never leaves a diff that looks complete.
@@ -36,7 +36,7 @@ from helpers.tune.candidates import Candidate
 from helpers.tune.engine import (Command, Judgement, Run, ScriptError, exploding, judge, measure, nonfinite_step,
                                  run_once)
 from helpers.tune.report import write_report
-from helpers.tune.rewrite import Edit, apply_edits, framework_calls, unified_diff
+from helpers.tune.rewrite import Edit, apply_edits, framework_calls, loader_advice, unified_diff
 
 __all__ = ["TuneOptions", "TuneResult", "tune", "plan_edits", "call_edits"]
 
@@ -284,7 +284,10 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
         winners = _best_per_technique(res.candidates, res.judgements)
         winners = _follow_up(command, winners, res, options, work, timeout, watch, say)
         res.winners = [c.name for c in winners]
-        tries = [winners] + ([winners[:1]] if len(winners) > 1 else [])
+        # the fallback is the best winner that can be written into the script (one in another file cannot)
+        here = str(command.script.resolve())
+        writable = [c for c in winners if any(e.file == here for e in plan_edits(res.probe, [c], command.script))]
+        tries = [winners] + ([writable[:1]] if len(writable) > 1 else [])
         for attempt in tries:
             if not attempt:
                 break
@@ -338,14 +341,23 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     new, made, skipped = apply_edits(source, here, passed=command.args)
     for e in edits:
         if e not in here:
+            advice = []
+            if e.kind == "loader":  # the call's own values: an option of the script is passed, not overwritten
+                try:
+                    advice = loader_advice(Path(e.file).read_text(encoding="utf-8"), e, script_source=source,
+                                           passed=command.args)
+                except OSError:
+                    advice = []
+            what = (f"there, {'; '.join(advice)}" if any(" " in a for a in advice)
+                    else f"set it there: {_edit_text(e)}")
             skipped.append((e, f"the call is in {_where(e.file, command)}, line {e.line}: tune edits only the script "
-                               f"you gave; set it there: {_edit_text(e)}"))
+                               f"you gave; {what}"))
     res.edits_made, res.edits_skipped = made, skipped
     if not made:
         return False
     candidate_file = work / f"{script.stem}.candidate.py"
     candidate_file.write_text(new, encoding="utf-8")
-    names = sorted({e.technique for e in made})
+    names = sorted({t for e in made for t in e.technique.split(" + ")})
     say(f"proof: the rewritten script ({', '.join(names)}) against yours, as written")
     runs, busy = measure(command, [("original", {}, None), ("rewritten", {}, candidate_file)], rounds=options.rounds,
                          workdir=work / "proof", warmup=options.warmup, steps=options.steps, timeout_s=timeout,
