@@ -456,6 +456,22 @@ def test_proven_names_only_the_changes_the_diff_holds(tmp_path, monkeypatch):
     assert skipped[0].kind == "loader" and "data_utils.py, line 8" in skipped[1]
 
 
+def test_the_fallback_proof_is_the_best_winner_that_can_be_written(tmp_path):
+    from helpers.tune import session
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    probe = _probe()
+    probe["loaders"][0]["file"] = str(tmp_path / "data_utils.py")  # num_workers: a call in another file
+    for site in [probe["optimizer"]] + probe["forward_sites"] + probe["to_sites"]:
+        site["file"] = str(script)
+    chosen = {c.name: c for c in candidates.choose(probe, cores=2)[0]}
+    workers, cl, amp = chosen["num_workers=2"], chosen["channels_last"], chosen["autocast bfloat16"]
+    assert session._attempts([workers, cl], probe, script) == [[workers, cl]]  # no second try of the same edit
+    assert session._attempts([workers, amp, cl], probe, script) == [[workers, amp, cl], [amp]]
+    assert session._attempts([], probe, script) == []
+
+
 def test_blocks_average_bimodal_steps_into_throughput():
     # a worker-fed loop: every other step waits for its batch; the median step would say 10 ms, the throughput 55
     times = [0.010, 0.100] * 10

@@ -284,21 +284,22 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
         winners = _best_per_technique(res.candidates, res.judgements)
         winners = _follow_up(command, winners, res, options, work, timeout, watch, say)
         res.winners = [c.name for c in winners]
-        # the fallback is the best winner that can be written into the script (one in another file cannot)
-        here = str(command.script.resolve())
-        writable = [c for c in winners if any(e.file == here for e in plan_edits(res.probe, [c], command.script))]
-        tries = [winners] + ([writable[:1]] if len(writable) > 1 else [])
-        for attempt in tries:
-            if not attempt:
-                break
-            ok = _prove(command, attempt, res, options, work, timeout, watch, say)
-            if ok:
+        for attempt in _attempts(winners, res.probe, command.script):
+            if _prove(command, attempt, res, options, work, timeout, watch, say):
                 break
     _write_outputs(res, command, apply)
     res.seconds = time.perf_counter() - t_start
     (out_dir / "summary.json").write_text(json.dumps(res.as_dict(), indent=2, default=str), encoding="utf-8")
     write_report(res)
     return res
+
+
+def _attempts(winners: list[Candidate], probe: dict[str, Any], script: Path) -> list[list[Candidate]]:
+    """What the proof tries, in order: all the winners, then, where more than one can be written into the script,
+    the best of those alone (a winner whose call is in another file cannot be: falling back to it proves nothing)."""
+    here = str(script.resolve())
+    writable = [c for c in winners if any(e.file == here for e in plan_edits(probe, [c], script))]
+    return ([winners] if winners else []) + ([writable[:1]] if len(writable) > 1 else [])
 
 
 def _follow_up(command: Command, winners: list[Candidate], res: TuneResult, options: TuneOptions, work: Path,
