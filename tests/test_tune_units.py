@@ -220,22 +220,25 @@ def test_a_setting_read_from_the_scripts_own_option_is_written_as_its_default():
         in new and [e.technique for e in made] == ["prefetch_factor"]
 
 
-def test_a_loader_in_another_file_gets_advice_that_keeps_the_scripts_option():
-    from helpers.tune.rewrite import loader_advice
+def test_a_loader_in_another_file_that_reads_the_scripts_option_is_written_as_its_default():
+    from helpers.tune.rewrite import loader_elsewhere
 
     other = ("from torch.utils.data import DataLoader\n\n\ndef make_loader(args, ds):\n"
              "    return DataLoader(ds, batch_size=32, num_workers=args.workers)\n")
-    e = Edit("loader", "data_utils.py", 5, {"num_workers": 2, "persistent_workers": True}, "num_workers")
-    assert loader_advice(other, e, script_source=ARGPARSE_SCRIPT) == [
-        "num_workers comes from your option --workers: pass --workers 2, or make its default 2 (line 5 of your "
-        "script)",
-        "persistent_workers=True"]
-    assert loader_advice(other, e, script_source=ARGPARSE_SCRIPT, passed=["-j", "0"])[0] == (
-        "num_workers comes from your option -j: run it with -j 2")
-    assert loader_advice(other, e)[0] == ("num_workers is set from args.workers: tune does not replace your "
-                                          "expression; make it 2 where that value comes from")
-    assert loader_advice(other.replace("args.workers", "0"), e) == ["num_workers=2", "persistent_workers=True"]
-    assert loader_advice(other, Edit("loader", "data_utils.py", 1, {"num_workers": 2})) == []
+    e = Edit("loader", "/p/data_utils.py", 5, {"num_workers": 2, "persistent_workers": True}, "num_workers")
+    edits, advice = loader_elsewhere(other, e, script="/p/train.py", script_source=ARGPARSE_SCRIPT)
+    assert [(x.kind, x.file, x.line, x.params["value"]) for x in edits] == [("argparse_default", "/p/train.py", 5, 2)]
+    assert advice == ["persistent_workers=args.workers > 0"]  # the other file's call: said, in the form that follows
+    new, made, _ = apply_edits(ARGPARSE_SCRIPT, edits)
+    assert 'p.add_argument("--workers", "-j", type=int, default=2)' in new and made == edits
+    # the command passes the option: the argument to pass instead; no option of the script: where it comes from
+    assert loader_elsewhere(other, e, script="/p/train.py", script_source=ARGPARSE_SCRIPT, passed=["-j", "0"]) == (
+        [], ["num_workers comes from your option -j: run it with -j 2", "persistent_workers=args.workers > 0"])
+    assert loader_elsewhere(other, e)[1][0] == ("num_workers is set from args.workers: tune does not replace your "
+                                                "expression; make it 2 where that value comes from")
+    assert loader_elsewhere(other.replace("args.workers", "0"), e) == ([], ["num_workers=2",
+                                                                          "persistent_workers=True"])
+    assert loader_elsewhere(other, Edit("loader", "d.py", 1, {"num_workers": 2})) == ([], [])
 
 
 def test_channels_last_goes_into_the_module_a_ddp_wrap_takes_not_after_it(tmp_path):

@@ -40,7 +40,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 
 from helpers.errors import ParameterError
 
-__all__ = ["Edit", "apply_edits", "framework_calls", "loader_advice", "unified_diff"]
+__all__ = ["Edit", "apply_edits", "framework_calls", "loader_elsewhere", "unified_diff"]
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
          "argparse_default")
@@ -451,49 +451,66 @@ def _through_options(module: cst.Module, edits: list[Edit],
     return out, skipped
 
 
-def loader_advice(source: str, edit: Edit, *, script_source: str = "", passed: Sequence[str] = ()) -> list[str]:
-    """What to type for a ``loader`` edit tune does not make (its call is in a file other than the script), one
-    clause per keyword: ``num_workers=2`` where the call has a literal or nothing; for a value from the script's
-    own option (``args.workers``, declared in ``script_source``), the argument to pass or the default to set; for
-    any other expression, to give it the value where it comes from. Empty when ``source`` does not parse or has no
-    ``DataLoader(...)`` call on the edit's line (the caller then names the keywords plainly)."""
+def loader_elsewhere(source: str, edit: Edit, *, script: str = "", script_source: str = "",
+                     passed: Sequence[str] = ()) -> tuple[list[Edit], list[str]]:
+    """A ``loader`` edit whose ``DataLoader(...)`` call is in a file other than the script: what can still be
+    written into the script, and what to type for the rest.
+
+    A keyword whose value in that call is an option of the script (``num_workers=args.workers``, ``--workers``
+    declared in ``script_source``, with a literal default and no ``action``), and which the command does not pass,
+    becomes an ``argparse_default`` edit of ``script``: the proof then measures it. For the others, one clause
+    each: ``num_workers=2`` where the call has a literal or nothing; the argument to pass where the command passes
+    the option itself; for any other expression, to give it the value where it comes from; for
+    ``persistent_workers`` and ``prefetch_factor`` next to workers from an option, the form that follows it.
+
+    Returns
+    -------
+    (list of Edit, list of str)
+        The edits of ``script``, and the clauses; ``([], [])`` when ``source`` does not parse or has no
+        ``DataLoader(...)`` call on the edit's line (the caller then names the keywords plainly).
+    """
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError:
-        return []
+        return [], []
     here = _Options(module)
     MetadataWrapper(module).visit(here)
     call = here.loaders.get(edit.line)
     if call is None:
-        return []
-    options = dict(here.options)
+        return [], []
     try:
-        script = cst.parse_module(script_source) if script_source else None
+        main = cst.parse_module(script_source) if script_source else None
     except cst.ParserSyntaxError:
-        script = None
-    if script is not None:
-        finder = _Options(script)
-        MetadataWrapper(script).visit(finder)
-        for dest, found in finder.options.items():
-            options.setdefault(dest, [dict(o, where=" of your script") for o in found])
+        main = None
+    options: dict[str, list[dict[str, Any]]] = {}
+    if main is not None:
+        finder = _Options(main)
+        MetadataWrapper(main).visit(finder)
+        options = finder.options
+    edits: list[Edit] = []
     out = []
+    workers = call.get("num_workers")
     for key, value in edit.params.items():
         node = call.get(key)
+        if key in _NEEDS_WORKERS and workers is not None and not _is_literal(module, workers) and (
+                node is None or _is_literal(module, node)):
+            n = module.code_for_node(workers).strip()
+            out.append(f"{key}={_NEEDS_WORKERS[key].format(n=n, v=repr(value))}")
+            continue
         if node is None or _is_literal(module, node):
             out.append(f"{key}={value!r}")
             continue
         code = module.code_for_node(node).strip()
         opt = _option_of(node, options)
-        if isinstance(opt, dict):
-            given = _passed_flag(opt["flags"], passed)
-            flag = given or opt["flags"][0]
-            out.append(f"{key} comes from your option {flag}: " + (f"run it with {flag} {value}" if given else
-                                                                    f"pass {flag} {value}, or make its default "
-                                                                    f"{value} (line {opt['line']}"
-                                                                    f"{opt.get('where', '')})"))
+        given = _passed_flag(opt["flags"], passed) if isinstance(opt, dict) else None
+        if given:
+            out.append(f"{key} comes from your option {given}: run it with {given} {value}")
+        elif isinstance(opt, dict):
+            edits.append(Edit("argparse_default", script, opt["line"],
+                              {"value": value, "flags": opt["flags"], "dest": code}, _label([key], edit.technique)))
         else:
             out.append(f"{key} is set from {code}" + opt.format(value=repr(value)))
-    return out
+    return edits, out
 
 
 def _passed_flag(flags: Sequence[str], passed: Sequence[str]) -> str | None:

@@ -36,7 +36,7 @@ from helpers.tune.candidates import Candidate
 from helpers.tune.engine import (Command, Judgement, Run, ScriptError, exploding, judge, measure, nonfinite_step,
                                  run_once)
 from helpers.tune.report import write_report
-from helpers.tune.rewrite import Edit, apply_edits, framework_calls, loader_advice, unified_diff
+from helpers.tune.rewrite import Edit, apply_edits, framework_calls, loader_elsewhere, unified_diff
 
 __all__ = ["TuneOptions", "TuneResult", "tune", "plan_edits", "call_edits"]
 
@@ -339,20 +339,28 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     source = script.read_text(encoding="utf-8")
     edits = plan_edits(res.probe, winners, script)
     here = [e for e in edits if e.file == str(script.resolve())]
-    new, made, skipped = apply_edits(source, here, passed=command.args)
+    elsewhere: list[tuple[Edit, list[str]]] = []
     for e in edits:
-        if e not in here:
-            advice = []
-            if e.kind == "loader":  # the call's own values: an option of the script is passed, not overwritten
-                try:
-                    advice = loader_advice(Path(e.file).read_text(encoding="utf-8"), e, script_source=source,
-                                           passed=command.args)
-                except OSError:
-                    advice = []
-            what = (f"there, {'; '.join(advice)}" if any(" " in a for a in advice)
-                    else f"set it there: {_edit_text(e)}")
-            skipped.append((e, f"the call is in {_where(e.file, command)}, line {e.line}: tune edits only the script "
-                               f"you gave; {what}"))
+        if e in here:
+            continue
+        advice: list[str] = []
+        if e.kind == "loader":  # a value read from an option of the script is written as that option's default
+            try:
+                own, advice = loader_elsewhere(Path(e.file).read_text(encoding="utf-8"), e,
+                                               script=str(script.resolve()), script_source=source,
+                                               passed=command.args)
+            except OSError:
+                own = []
+            here += own
+            if own and not advice:
+                continue
+        elsewhere.append((e, advice))
+    new, made, skipped = apply_edits(source, here, passed=command.args)
+    for e, advice in elsewhere:
+        what = (f"there, {'; '.join(advice)}" if any(" " in a for a in advice)
+                else f"set it there: {_edit_text(e) if not advice else 'DataLoader(..., ' + ', '.join(advice) + ')'}")
+        skipped.append((e, f"the call is in {_where(e.file, command)}, line {e.line}: tune edits only the script "
+                           f"you gave; {what}"))
     res.edits_made, res.edits_skipped = made, skipped
     if not made:
         return False
