@@ -363,8 +363,6 @@ class _Options(cst.CSTVisitor):
         self.loaders: dict[int, dict[str, cst.BaseExpression]] = {}
 
     def visit_Call(self, node: cst.Call) -> None:
-        import ast
-
         line = self.get_metadata(PositionProvider, node).start.line
         name = _name_of(node.func)
         if name.endswith("DataLoader"):
@@ -382,14 +380,7 @@ class _Options(cst.CSTVisitor):
         else:
             long = [f for f in flags if f.startswith("--")]
             dest = (long[0][2:] if long else flags[0].lstrip("-")).replace("-", "_")
-        default: Any = _NOT_LITERAL
-        if "default" not in kw:
-            default = None
-        else:
-            try:
-                default = ast.literal_eval(self.module.code_for_node(kw["default"]).strip())
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                pass
+        default = _literal(self.module, kw["default"]) if "default" in kw else None
         action = kw.get("action")
         self.options.setdefault(dest, []).append({
             "line": line, "flags": flags, "default": default,
@@ -419,20 +410,17 @@ def _through_options(module: cst.Module, edits: list[Edit],
                 continue
             code = module.code_for_node(node).strip()
             params.pop(key)
-            opt = _option_of(node, finder.options)
-            given = _passed_flag(opt["flags"], passed) if isinstance(opt, dict) else None
+            kind, what = _source_of(node, finder.options, passed)
             label = _label([key], e.technique)
-            if given:
-                skipped.append((Edit("loader", e.file, e.line, {key: value}, label),
-                                f"{key} is set from {code} on line {e.line}, and your command passes {given} "
-                                f"itself: run it with {given} {value}"))
-            elif isinstance(opt, dict):
-                out.append(Edit("argparse_default", e.file, opt["line"],
-                                {"value": value, "flags": opt["flags"], "dest": code}, label))
+            if kind == "option":
+                out.append(Edit("argparse_default", e.file, what["line"],
+                                {"value": value, "flags": what["flags"], "dest": code}, label))
                 moved = moved or key == "num_workers"
             else:
-                skipped.append((Edit("loader", e.file, e.line, {key: value}, label),
-                                f"{key} is set from {code} on line {e.line}" + opt.format(value=repr(value))))
+                skipped.append((Edit("loader", e.file, e.line, {key: value}, label), f"{key} is set from {code} on "
+                                f"line {e.line}" + (f", and your command passes {what} itself: run it with {what} "
+                                                    f"{value}" if kind == "passed" else
+                                                    what.format(value=repr(value)))))
         if "num_workers" in e.params and "num_workers" not in params and not moved:
             for key in [k for k in _NEEDS_WORKERS if k in params]:  # measured with those workers: not without them
                 skipped.append((Edit("loader", e.file, e.line, {key: params.pop(key)}, _label([key], e.technique)),
@@ -501,16 +489,26 @@ def loader_elsewhere(source: str, edit: Edit, *, script: str = "", script_source
             out.append(f"{key}={value!r}")
             continue
         code = module.code_for_node(node).strip()
-        opt = _option_of(node, options)
-        given = _passed_flag(opt["flags"], passed) if isinstance(opt, dict) else None
-        if given:
-            out.append(f"{key} comes from your option {given}: run it with {given} {value}")
-        elif isinstance(opt, dict):
-            edits.append(Edit("argparse_default", script, opt["line"],
-                              {"value": value, "flags": opt["flags"], "dest": code}, _label([key], edit.technique)))
+        kind, what = _source_of(node, options, passed)
+        if kind == "option":
+            edits.append(Edit("argparse_default", script, what["line"],
+                              {"value": value, "flags": what["flags"], "dest": code}, _label([key], edit.technique)))
+        elif kind == "passed":
+            out.append(f"{key} comes from your option {what}: run it with {what} {value}")
         else:
-            out.append(f"{key} is set from {code}" + opt.format(value=repr(value)))
+            out.append(f"{key} is set from {code}" + what.format(value=repr(value)))
     return edits, out
+
+
+def _source_of(node: cst.BaseExpression, options: dict[str, list[dict[str, Any]]],
+               passed: Sequence[str]) -> tuple[str, Any]:
+    """Where a keyword's non-literal value comes from: ``("passed", flag)`` (an option of the script that the
+    command sets itself), ``("option", option)`` (one whose default can be written) or ``("other", clause)``."""
+    opt = _option_of(node, options)
+    if not isinstance(opt, dict):
+        return "other", opt
+    given = _passed_flag(opt["flags"], passed)
+    return ("passed", given) if given else ("option", opt)
 
 
 def _passed_flag(flags: Sequence[str], passed: Sequence[str]) -> str | None:
@@ -518,14 +516,18 @@ def _passed_flag(flags: Sequence[str], passed: Sequence[str]) -> str | None:
     return next((f for f in flags for a in passed if a == f or a.startswith(f + "=")), None)
 
 
-def _is_literal(module: cst.Module, node: cst.BaseExpression) -> bool:
+def _literal(module: cst.Module, node: cst.BaseExpression) -> Any:
+    """The value of ``node`` where it is a Python literal (``ast.literal_eval``), else :data:`_NOT_LITERAL`."""
     import ast
 
     try:
-        ast.literal_eval(module.code_for_node(node).strip())
-        return True
+        return ast.literal_eval(module.code_for_node(node).strip())
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return False
+        return _NOT_LITERAL
+
+
+def _is_literal(module: cst.Module, node: cst.BaseExpression) -> bool:
+    return _literal(module, node) is not _NOT_LITERAL
 
 
 def _option_of(node: cst.BaseExpression, options: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | str:
@@ -558,14 +560,6 @@ class _FrameworkCalls(cst.CSTVisitor):
         self.module = module
         self.found: list[dict[str, Any]] = []
 
-    def _literal(self, value: cst.BaseExpression) -> Any:
-        import ast
-
-        try:
-            return ast.literal_eval(self.module.code_for_node(value).strip())
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return _NOT_LITERAL
-
     def visit_Call(self, node: cst.Call) -> None:
         for q in self.get_metadata(QualifiedNameProvider, node.func, set()):
             if q.name in FRAMEWORK_CALLS:
@@ -574,7 +568,7 @@ class _FrameworkCalls(cst.CSTVisitor):
                                    "line": self.get_metadata(PositionProvider, node).start.line,
                                    "keywords": sorted(a.keyword.value for a in node.args if a.keyword is not None),
                                    "literals": {a.keyword.value: v for a in node.args if a.keyword is not None
-                                                for v in [self._literal(a.value)] if v is not _NOT_LITERAL},
+                                                for v in [_literal(self.module, a.value)] if v is not _NOT_LITERAL},
                                    "spread": any(a.star for a in node.args)})
                 return
 

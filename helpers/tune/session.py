@@ -357,8 +357,12 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
         elsewhere.append((e, advice))
     new, made, skipped = apply_edits(source, here, passed=command.args)
     for e, advice in elsewhere:
-        what = (f"there, {'; '.join(advice)}" if any(" " in a for a in advice)
-                else f"set it there: {_edit_text(e) if not advice else 'DataLoader(..., ' + ', '.join(advice) + ')'}")
+        if not advice:
+            what = f"set it there: {_edit_text(e)}"
+        elif any(" " in a for a in advice):  # clauses, not plain keywords
+            what = f"there, {'; '.join(advice)}"
+        else:
+            what = f"set it there: DataLoader(..., {', '.join(advice)})"
         skipped.append((e, f"the call is in {_where(e.file, command)}, line {e.line}: tune edits only the script "
                            f"you gave; {what}"))
     res.edits_made, res.edits_skipped = made, skipped
