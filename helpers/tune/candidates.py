@@ -38,7 +38,8 @@ from helpers.device import usable_cores
 __all__ = ["Candidate", "choose", "follow_up", "framework_candidates", "FRAMEWORK_ARGS", "NOTEBOOK", "PREFETCH"]
 
 #: The notebook that explains and measures each technique.
-NOTEBOOK = {"num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "autocast": "06", "channels_last": "07", "cudnn_benchmark": "07"}
+NOTEBOOK = {"num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "autocast": "06", "channels_last": "07",
+            "cudnn_benchmark": "07"}
 #: Where a framework sets the DataLoader or the precision, the argument to change (the frameworks' own names:
 #: Lightning 2.x ``Trainer(precision=...)``; transformers ``TrainingArguments`` fields).
 FRAMEWORK_ARGS = {
@@ -213,10 +214,11 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
         if not options:
             skipped.append(("num_workers", f"the DataLoader already uses num_workers={current}, "
                                            f"and this machine has {cores} cores"))
+        where = "the training process" if current == 0 else f"{current} workers"
         for n in options:
             out.append(Candidate(f"num_workers={n}", "num_workers",
                                  {"loader": {"num_workers": n, "persistent_workers": True}},
-                                 f"the DataLoader loads in {'the training process' if current == 0 else f'{current} workers'}"))
+                                 f"the DataLoader loads in {where}"))
         if current > 0:
             depth = min(int(ld["effective"].get("prefetch_factor") or 2) for ld in loaders
                         if ld["effective"].get("num_workers"))

@@ -5,8 +5,8 @@ One *run* is one process: ``python -m helpers.tune.hook SPEC.json`` (:mod:`helpe
 the model is on a device) and the loss at each step. For a torchrun command a run is a torchrun job on this
 machine (``torch.distributed.run --standalone``) with the hook in every rank; its step times are the slowest
 rank's, step by step. A *variant* is the unmodified script with a set of runtime changes, or a file as written
-(the rewritten script, or a copy with a framework's call edited). :func:`measure` runs the variants round-robin, ``rounds`` times, each round in a
-rotated order, so that a drift of the machine falls on every variant alike.
+(the rewritten script, or a copy with a framework's call edited). :func:`measure` runs the variants round-robin,
+``rounds`` times, each round in a rotated order, so that a drift of the machine falls on every variant alike.
 
 :func:`judge` compares a variant with the baseline: the ratio of the mean step times over all the measured
 steps of each (the ratio of throughputs: a rare long step, a batch that stalled on a slow read, counts in full),
@@ -355,16 +355,23 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
                result["losses"], wall, error, result)
 
 
+def _beats(out: Path, nproc: int) -> dict[int, dict[str, Any]]:
+    """Each rank's last heartbeat (:func:`helpers.tune.hook._heartbeat`: ``steps``, ``wall``), where written."""
+    beats = {}
+    for r in range(nproc):
+        try:
+            beat = json.loads(Path(str(rank_result(out, r)) + PROGRESS_SUFFIX).read_text())
+            beats[r] = {"steps": int(beat["steps"]), "wall": float(beat["wall"])}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return beats
+
+
 def steps_so_far(out: Path, nproc: int) -> str:
     """A running run's optimizer steps so far, from its heartbeat files: "3 optimizer steps so far", the slowest
     rank's under torchrun; "no optimizer step yet" before the first."""
-    steps = []
-    for r in range(nproc):
-        try:
-            steps.append(int(json.loads(Path(str(rank_result(out, r)) + PROGRESS_SUFFIX).read_text())["steps"]))
-        except (OSError, ValueError, KeyError):
-            steps.append(0)
-    n = min(steps) if steps else 0
+    beats = _beats(out, nproc)
+    n = min((beats[r]["steps"] if r in beats else 0) for r in range(nproc)) if nproc else 0
     return "no optimizer step yet" if n == 0 else f"{n} optimizer step{'s' if n != 1 else ''} so far"
 
 
@@ -373,13 +380,7 @@ def progress_text(out: Path, nproc: int) -> str:
     "it made 2 optimizer steps, the last 27 s before it was stopped", per rank under torchrun (the rank that made
     the fewest named first); "" when no heartbeat was written."""
     now = time.time()
-    seen = []
-    for r in range(nproc):
-        try:
-            beat = json.loads(Path(str(rank_result(out, r)) + PROGRESS_SUFFIX).read_text())
-        except (OSError, ValueError):
-            continue
-        seen.append((int(beat["steps"]), r, now - float(beat["wall"])))
+    seen = [(b["steps"], r, now - b["wall"]) for r, b in _beats(out, nproc).items()]
     if not seen:
         return ""
     seen.sort()

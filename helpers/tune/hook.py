@@ -341,19 +341,25 @@ def _watch_ddp(rec: Recorder) -> None:
         frame = rec.user_frame(sys._getframe(1))
         if frame is not None:
             rec.ddp_sites.append(rec.site(frame))
-            if rec.apply.get("channels_last") and any(
-                    isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) for m in module.modules()):
+            if rec.apply.get("channels_last") and _has_conv(module):
                 module.to(memory_format=torch.channels_last)
         return orig_init(self, module, *args, **kwargs)
 
     DistributedDataParallel.__init__ = ddp_init
 
 
+def _has_conv(module) -> bool:
+    """Whether ``module`` holds a 2-D convolution (what channels_last acts on)."""
+    import torch
+
+    return any(isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) for m in module.modules())
+
+
 def _take_model(rec: Recorder, model) -> None:
     """Describe the model; apply channels_last; wrap its forward (call sites; autocast)."""
     import torch
 
-    conv = any(isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) for m in model.modules())
+    conv = _has_conv(model)
     first = next(iter(model.parameters()), None)
     rec.model = model
     rec.model_info = {"class": type(model).__name__, "has_conv2d": conv,

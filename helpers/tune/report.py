@@ -45,8 +45,7 @@ def markdown(res: Any) -> str:
         by = {c.name: c for c in res.candidates}
         for j in res.judgements:
             c = by.get(j.variant)
-            figure = f"{j.figure} against {c.against}" if c is not None and c.against else j.figure
-            out.append(_row([j.variant, c.why if c else "", j.verdict, figure,
+            out.append(_row([j.variant, c.why if c else "", j.verdict, res.figure(j),
                              NOTEBOOK.get(c.technique, "") if c else ""]))
         out += [""] + [f"- **{j.variant}**: {j.reason}." for j in res.judgements] + [""]
     if res.edits_skipped:

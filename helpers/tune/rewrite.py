@@ -40,7 +40,8 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 
 from helpers.errors import ParameterError
 
-__all__ = ["Edit", "apply_edits", "framework_calls", "loader_elsewhere", "unified_diff"]
+__all__ = ["Edit", "apply_edits", "framework_calls", "loader_elsewhere", "loader_label", "techniques_of",
+           "unified_diff"]
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
          "argparse_default")
@@ -345,9 +346,15 @@ _TECHNIQUE = {"num_workers": "num_workers", "persistent_workers": "num_workers",
               "pin_memory": "pin_memory"}
 
 
-def _label(keys: Sequence[str], fallback: str) -> str:
+def loader_label(keys: Sequence[str], fallback: str = "") -> str:
+    """The techniques a ``loader`` edit of these keywords writes, as its label: ``"num_workers + pin_memory"``."""
     names = list(dict.fromkeys(_TECHNIQUE[k] for k in keys if k in _TECHNIQUE))
     return " + ".join(names) or fallback
+
+
+def techniques_of(edits: Sequence[Edit]) -> set[str]:
+    """The techniques some of ``edits`` write (their labels split)."""
+    return {t for e in edits for t in e.technique.split(" + ") if t}
 
 
 class _Options(cst.CSTVisitor):
@@ -411,7 +418,7 @@ def _through_options(module: cst.Module, edits: list[Edit],
             code = module.code_for_node(node).strip()
             params.pop(key)
             kind, what = _source_of(node, finder.options, passed)
-            label = _label([key], e.technique)
+            label = loader_label([key], e.technique)
             if kind == "option":
                 out.append(Edit("argparse_default", e.file, what["line"],
                                 {"value": value, "flags": what["flags"], "dest": code}, label))
@@ -423,7 +430,8 @@ def _through_options(module: cst.Module, edits: list[Edit],
                                                     what.format(value=repr(value)))))
         if "num_workers" in e.params and "num_workers" not in params and not moved:
             for key in [k for k in _NEEDS_WORKERS if k in params]:  # measured with those workers: not without them
-                skipped.append((Edit("loader", e.file, e.line, {key: params.pop(key)}, _label([key], e.technique)),
+                skipped.append((Edit("loader", e.file, e.line, {key: params.pop(key)},
+                                     loader_label([key], e.technique)),
                                 f"{key} goes with num_workers={e.params['num_workers']} on line {e.line}, which "
                                 f"is not written (above): add it with the workers"))
         elif workers is not None and not _is_literal(module, workers) and "num_workers" not in params:
@@ -435,7 +443,7 @@ def _through_options(module: cst.Module, edits: list[Edit],
                     params[key] = Code(form.format(n=n, v=repr(params[key])))
         if params:
             out.append(Edit(e.kind, e.file, e.line, params,
-                            e.technique if params == e.params else _label(list(params), e.technique)))
+                            e.technique if params == e.params else loader_label(list(params), e.technique)))
     return out, skipped
 
 
@@ -492,7 +500,8 @@ def loader_elsewhere(source: str, edit: Edit, *, script: str = "", script_source
         kind, what = _source_of(node, options, passed)
         if kind == "option":
             edits.append(Edit("argparse_default", script, what["line"],
-                              {"value": value, "flags": what["flags"], "dest": code}, _label([key], edit.technique)))
+                              {"value": value, "flags": what["flags"], "dest": code},
+                              loader_label([key], edit.technique)))
         elif kind == "passed":
             out.append(f"{key} comes from your option {what}: run it with {what} {value}")
         else:

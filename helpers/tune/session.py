@@ -36,11 +36,16 @@ from helpers.tune.candidates import Candidate
 from helpers.tune.engine import (Command, Judgement, Run, ScriptError, exploding, judge, measure, nonfinite_step,
                                  run_once)
 from helpers.tune.report import write_report
-from helpers.tune.rewrite import Edit, apply_edits, framework_calls, loader_elsewhere, unified_diff
+from helpers.tune.rewrite import (Edit, apply_edits, framework_calls, loader_elsewhere, loader_label, techniques_of,
+                                  unified_diff)
 
 __all__ = ["TuneOptions", "TuneResult", "tune", "plan_edits", "call_edits"]
 
 
+
+#: What to do about a script whose loss diverges unmodified (tune cannot judge a change's results then).
+FIX_DIVERGENCE = ("so tune cannot check that a change keeps the results; fix the divergence first (a learning rate "
+                  "too high for the model, or NaN or inf in the data)")
 
 #: A candidate whose first timed steps take longer than this many times the probe's median step is stopped and
 #: called slower (bf16 autocast on a CPU without bf16 instructions: 5x and more), so that it does not take most of
@@ -122,6 +127,11 @@ class TuneResult:
         return (f"The runtime gain did not hold when the rewritten script ran as written "
                 f"({self.proof.figure if self.proof else 'not measured'}): no change is proposed.")
 
+    def figure(self, j: Judgement) -> str:
+        """``j``'s figure, with what it was judged against where that is not the unmodified script (a follow-up)."""
+        against = next((c.against for c in self.candidates if c.name == j.variant and c.against), "")
+        return f"{j.figure} against {against}" if against else j.figure
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "command": self.command, "out_dir": str(self.out_dir), "headline": self.headline,
@@ -147,11 +157,9 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
     script = str(script.resolve())
     edits: list[Edit] = []
     merged = cand_mod.merge_apply(list(winners))
-    techniques = {c.technique for c in winners}
     loader_kw = merged.get("loader") or {}
     if loader_kw:
-        label = " + ".join(t for t in ("num_workers", "prefetch_factor", "pin_memory") if t in techniques
-                           or t in loader_kw)
+        label = loader_label(list(loader_kw))
         for ld in probe.get("loaders") or []:
             kw = dict(loader_kw)
             if not kw.get("num_workers") and not ld["effective"].get("num_workers"):
@@ -370,8 +378,8 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
         return False
     candidate_file = work / f"{script.stem}.candidate.py"
     candidate_file.write_text(new, encoding="utf-8")
-    names = sorted({t for e in made for t in e.technique.split(" + ")})
-    say(f"proof: the rewritten script ({', '.join(names)}) against yours, as written")
+    written = techniques_of(made)
+    say(f"proof: the rewritten script ({', '.join(sorted(written))}) against yours, as written")
     runs, busy = measure(command, [("original", {}, None), ("rewritten", {}, candidate_file)], rounds=options.rounds,
                          workdir=work / "proof", warmup=options.warmup, steps=options.steps, timeout_s=timeout,
                          watch_copies=watch, progress=say)
@@ -382,7 +390,6 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     res.proof_tries += 1
     if res.proof.verdict == "faster":
         res.diff = unified_diff(source, new, script.name)
-        written = {t for e in made for t in e.technique.split(" + ")}
         res.proven = [c.name for c in winners if c.technique in written]  # what the diff holds, not what won
         res.rewritten = new
         return True
@@ -494,14 +501,12 @@ def _check_probe(probe: Run, options: TuneOptions) -> None:
                           f"--warmup", "")
     k = nonfinite_step(probe)
     if k is not None:
-        raise ScriptError(f"your job diverges: its loss is {probe.losses[k]} at step {k + 1} unmodified, so tune "
-                          f"cannot check that a change keeps the results; fix the divergence first (a learning rate "
-                          f"too high for the model, or NaN or inf in the data)", "")
+        raise ScriptError(f"your job diverges: its loss is {probe.losses[k]} at step {k + 1} unmodified, "
+                          f"{FIX_DIVERGENCE}", "")
     grows = exploding(probe)
     if grows is not None:
         start, end, n = grows
         raise ScriptError(f"your job diverges: its loss grows from {start:.3g} to {end:.3g} over {n} steps "
-                          f"unmodified, so tune cannot check that a change keeps the results; fix the divergence "
-                          f"first (a learning rate too high for the model, or NaN or inf in the data)", "")
+                          f"unmodified, {FIX_DIVERGENCE}", "")
     if not probe.step_times_s or any(math.isnan(t) for t in probe.step_times_s):
         raise ScriptError("the probe timed no step", "")

@@ -518,10 +518,8 @@ def _tune(args) -> int:
         print(json.dumps(res.as_dict(), indent=2, default=str))
         return 0
     print(res.headline)
-    against = {c.name: c.against for c in res.candidates if c.against}
     for j in res.judgements:
-        print(f"  {j.variant}: {j.verdict}, {j.figure}"
-              + (f" against {against[j.variant]}" if j.variant in against else ""))
+        print(f"  {j.variant}: {j.verdict}, {res.figure(j)}")
         if j.verdict in ("rejected", "inconclusive"):
             print(f"    {j.reason}")
     for e, why in res.edits_skipped:  # a winner tune could not write: the user sets it where it is
