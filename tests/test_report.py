@@ -809,7 +809,8 @@ def test_the_report_ends_with_notebook_10s_change_in_code(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     _run_json(run_dir, {IDS["10"]: ("ok", None)}, only=("10",), status="ok")
-    diff, notes = change_as_code(["dataloader_workers", "pinned_memory", "prefetcher"], device_type="cuda")
+    diff, notes = change_as_code(["dataloader_workers", "pinned_memory", "prefetcher", "batched_decode"],
+                                 device_type="cuda")
     s = _store(run_dir, IDS["10"])
     s.add("change in code", "optimized", "lines_changed", 4.0, "lines", diff=diff, notes=notes,
           text="The optimized job's changes, written into the training loop; measured above at 1.50x\n" + diff)
@@ -817,7 +818,8 @@ def test_the_report_ends_with_notebook_10s_change_in_code(tmp_path):
     tail = md[md.index("## The change in your code"):]
     # a removed indented line ("-    images, ...") stays in the diff, not among the notes
     assert "-    images, labels = images.to(device), labels.to(device)" in tail.split("~~~~", 2)[1]
-    assert "- the side-stream prefetcher wraps the loader" in tail
+    assert "+for images, labels in prefetch(loader, device):" in tail
+    assert "- decode each batch at once on a thread pool" in tail
     page = to_html(run_dir)
     assert "<h2>The change in your code</h2>" in page and "non_blocking=True" in page
     empty = tmp_path / "empty"

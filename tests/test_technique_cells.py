@@ -6,6 +6,8 @@ runs, the few lines of plain PyTorch, timed before and after.
 - For 03, 04, 06 and 07 the lines that make the change are the lines ``workbook tune`` writes: the test has
   :func:`helpers.tune.rewrite.apply_edits` rewrite the cell's own "before" lines and finds the result in the cell
   (``device_type``'s value aside: the cell names the notebook's device).
+- For 05 the cell defines the side-stream prefetcher exactly as :data:`helpers.pipeline.side_stream.SOURCE` has it,
+  the text tune writes into a script and the functions its runtime candidate runs.
 - Each technique cell runs from the notebook's parameters (the smoke profile's values) and ``acc`` (the CPU here)
   alone: its own imports and its own small data, nothing else from the notebook.
 """
@@ -112,6 +114,20 @@ def test_the_change_is_the_code_tune_writes(nn):
     if changed_old:  # the AMP recipe's shape: the same lines before the change, in the same cell
         assert _holds_block(cell, changed_old, any_target=True), (
             f"notebook {nn}: the technique cell does not hold the lines before the change\n" + "\n".join(changed_old))
+
+
+def test_05s_prefetcher_is_the_one_tune_runs_and_writes():
+    import inspect
+
+    from helpers.pipeline import side_stream
+
+    nb = nbformat.read(notebook("05"), as_version=4)
+    cell = "\n".join(nb.cells[i].source for i in technique_cells(nb))
+    for f in (side_stream.side_stream, side_stream.copy_batch, side_stream.prefetch):
+        assert inspect.getsource(f).rstrip("\n") in cell, (
+            f"notebook 05's {f.__name__} differs from helpers/pipeline/side_stream.py's")
+    assert side_stream.HEADER in cell and all(f"import {m}\n" in cell for m in side_stream.IMPORTS)
+    assert "wait_stream" in side_stream.SOURCE and "record_stream" in side_stream.SOURCE
 
 
 def test_the_check_finds_a_line_that_differs_from_tunes():

@@ -433,3 +433,69 @@ def test_a_long_start_says_it_is_still_running_with_its_steps_so_far(tmp_path, m
                           warmup=2, steps=5, timeout_s=60, still=lines.append)
     assert run.ok and lines, (run.error, lines)
     assert lines[0].startswith("still running after 1 s (no optimizer step yet; --timeout 60 s)"), lines
+
+
+# A user's loop over a DataLoader, with its device from argparse: notebook 05's side-stream prefetcher applies to it.
+PLAIN_LOOP = textwrap.dedent('''\
+    import argparse
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def main():
+        p = argparse.ArgumentParser()
+        p.add_argument("--device", default="cpu")
+        args = p.parse_args()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(args.device)
+        data = TensorDataset(torch.randn(256, 8), torch.randint(2, (256,)))
+        loader = DataLoader(data, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            for step, (x, y) in enumerate(loader):  # the training loop
+                x, y = x.to(args.device), y.to(args.device)
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        print(f"final loss {loss.item():.6f}")
+
+
+    if __name__ == "__main__":
+        main()
+    ''')
+
+
+def test_the_side_stream_prefetcher_runs_in_the_users_loop_and_is_written_there(tmp_path):
+    """tune offers the prefetcher only where the model is on a device with streams; here, on a CPU, it is applied
+    by hand to check the rest of its path: the same batches reach the step, the loop and the device's name are
+    found, and the rewritten file holds notebook 05's functions and runs as written to the same result."""
+    from helpers.pipeline.side_stream import SOURCE
+    from helpers.tune.candidates import Candidate
+    from helpers.tune.engine import run_once
+    from helpers.tune.rewrite import apply_edits
+    from helpers.tune.session import plan_edits
+
+    script = tmp_path / "train.py"
+    script.write_text(PLAIN_LOOP)
+    command = parse_command(["python", "train.py"], cwd=tmp_path)
+    plain = run_once(command, "unmodified", {}, workdir=tmp_path / "w0", warmup=2, steps=20, timeout_s=120)
+    ahead = run_once(command, "side-stream prefetch", {"prefetch": True}, workdir=tmp_path / "w1", warmup=2,
+                     steps=20, timeout_s=120)
+    assert plain.ok and ahead.ok, (plain.error or ahead.error)[-2000:]
+    assert ahead.result["losses"] == plain.result["losses"], "the prefetched loop saw other batches"
+    assert ahead.result["loop_sites"] == plain.result["loop_sites"]
+    assert [(s["line"], s["device_expr"]) for s in plain.result["loop_sites"]] == [(17, "args.device")]
+    edits = plan_edits(plain.result, [Candidate("side-stream prefetch", "side_stream", {"prefetch": True})], script)
+    new, made, skipped = apply_edits(PLAIN_LOOP, edits)
+    assert [e.kind for e in made] == ["prefetch"] and not skipped
+    assert "        for step, (x, y) in prefetch(enumerate(loader), args.device):  # the training loop\n" in new
+    assert SOURCE in new and new.startswith("import argparse\n\nimport torch\nfrom torch.utils.data import "
+                                             "DataLoader, TensorDataset\nimport contextlib\nimport functools\n\n\n"
+                                             "# A side-stream")
+    (tmp_path / "rewritten.py").write_text(new)
+    runs = [subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            for name in ("train.py", "rewritten.py")]
+    assert all(r.returncode == 0 for r in runs), runs[1].stderr[-2000:]
+    assert runs[0].stdout == runs[1].stdout and runs[0].stdout.startswith("final loss")

@@ -92,10 +92,13 @@ def test_candidates_follow_what_the_script_does():
     chosen, skipped = candidates.choose(_probe(), cores=2)
     assert [c.name for c in chosen] == ["num_workers=2", "autocast bfloat16", "channels_last"]
     assert dict(skipped)["pin_memory"].startswith("the model is on the cpu")
-    cuda = _probe(model={**_probe()["model"], "param_device": "cuda", "bf16_supported": False})
+    assert dict(skipped)["side_stream"].startswith("the model is on the cpu")
+    cuda = _probe(model={**_probe()["model"], "param_device": "cuda", "bf16_supported": False},
+                  loop_sites=[{"file": "/s/train.py", "line": 12, "device_expr": "device"}])
     chosen, skipped = candidates.choose(cuda, cores=8)
     assert [c.name for c in chosen] == ["num_workers=2", "num_workers=4", "num_workers=8", "pin_memory + non_blocking",
-                                        "cudnn.benchmark", "channels_last"]
+                                        "side-stream prefetch", "cudnn.benchmark", "channels_last"]
+    assert chosen[4].apply == {"loader": {"pin_memory": True}, "prefetch": True}
     set_already = _probe(model={**cuda["model"], "cudnn_benchmark": True})
     assert "already sets" in dict(candidates.choose(set_already, cores=2)[1])["cudnn_benchmark"]
     assert "GradScaler" in dict(skipped)["autocast"]
@@ -105,7 +108,8 @@ def test_candidates_follow_what_the_script_does():
     # its 8 workers keep torch's default 2 batches each in flight: a deeper queue is the one change left
     assert [(c.name, c.apply) for c in chosen] == [("prefetch_factor=4", {"loader": {"prefetch_factor": 4}})]
     assert "8 workers keeps 2 batches in flight (torch's default)" in chosen[0].why
-    assert set(dict(skipped)) == {"num_workers", "pin_memory", "autocast", "channels_last"}
+    assert set(dict(skipped)) == {"num_workers", "pin_memory", "side_stream", "autocast", "channels_last"}
+    assert "no for loop over the DataLoader" in dict(skipped)["side_stream"]
     deep = [{**npu["loaders"][0], "effective": {"num_workers": 8, "pin_memory": True, "prefetch_factor": 6}}]
     chosen, skipped = candidates.choose({**npu, "loaders": deep}, cores=8)
     assert chosen == [] and "prefetch_factor=6" in dict(skipped)["prefetch_factor"]
@@ -507,8 +511,14 @@ def test_notebook_10s_change_is_the_loop_edited_by_tunes_own_rewriter():
                                                            "pin_memory": True})])
     assert [ln for ln in new.splitlines() if ln.startswith("loader")][0] in diff
     assert change_as_code([]) == ("", [])
-    diff, notes = change_as_code(["prefetcher"], device_type="cpu")
-    assert diff == "" and "notebook 05" in notes[0]
+    diff, notes = change_as_code(["prefetcher"], device_type="cuda")
+    assert "+for images, labels in prefetch(loader, device):" in diff and not notes
+    from helpers.pipeline.side_stream import SOURCE
+
+    added = "\n".join(ln[1:] for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++"))
+    assert SOURCE.rstrip("\n") in added and "+import contextlib\n+import functools\n" in diff  # notebook 05's, as is
+    _, notes = change_as_code(["prefetcher"], device_type="cpu")
+    assert "only where the device has streams" in notes[0]
     _, notes = change_as_code(["pinned_memory"], device_type="cpu")
     assert "only where a device" in notes[0]
 
@@ -655,3 +665,28 @@ def test_a_hung_run_says_how_far_each_rank_got(tmp_path):
     text = progress_text(out, 2)
     assert text.startswith("rank 1 made 2 optimizer steps, then nothing for 27 s; rank 0 made 3 optimizer steps")
     assert progress_text(out, 1).startswith("it made 3 optimizer steps, then nothing for 2")
+
+
+def test_the_loops_device_is_named_as_the_script_names_it():
+    import argparse
+    import types
+
+    import torch
+
+    from helpers.tune.hook import _device_expr
+
+    model = torch.nn.Linear(2, 2)
+    ddp_like = types.SimpleNamespace()  # not a Module: never the model
+
+    def expr(on="cpu", **names):  # the names in scope at the loop, the model on the device ``on``
+        return _device_expr(types.SimpleNamespace(f_locals=names, f_globals={}), model, torch.device(on))
+
+    cpu = torch.device("cpu")
+    assert expr(device=cpu, dev=cpu, model=model) == "device"  # a torch.device named for what it is, first
+    assert expr(dev=cpu, model=model) == "dev"
+    assert expr(args=argparse.Namespace(device="cpu", lr=0.1), model=model) == "args.device"
+    assert expr(self=types.SimpleNamespace(device=cpu, net=model)) == "self.device"
+    assert expr(net=model, other=ddp_like) == "next(net.parameters()).device"
+    assert expr(mode="cpu") is None  # a string names a device only in a variable named for one
+    assert expr("cuda:0", device="cuda") == "device"  # torch.device("cuda") is the current device
+    assert expr("cuda:0", device="cuda:1") is None and expr("cuda:0", device=cpu) is None

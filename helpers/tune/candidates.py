@@ -18,6 +18,8 @@ technique           the change                                                  
                     around the forward call
 ``channels_last``   ``model = model.to(memory_format=torch.channels_last)``      07
 ``cudnn_benchmark``  ``torch.backends.cudnn.benchmark = True`` (CUDA, Conv2d)        07
+``side_stream``     ``for x, y in prefetch(loader, device):`` (CUDA, NPU), with      05
+                    ``pin_memory=True``; :mod:`helpers.pipeline.side_stream`
 ==================  ==========================================================  ========
 
 fp16 autocast is not tried: it needs a ``torch.amp.GradScaler`` around ``backward()`` and ``step()``, an edit of
@@ -38,8 +40,8 @@ from helpers.device import usable_cores
 __all__ = ["Candidate", "choose", "follow_up", "framework_candidates", "FRAMEWORK_ARGS", "NOTEBOOK", "PREFETCH"]
 
 #: The notebook that explains and measures each technique.
-NOTEBOOK = {"num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "autocast": "06", "channels_last": "07",
-            "cudnn_benchmark": "07"}
+NOTEBOOK = {"num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "side_stream": "05", "autocast": "06",
+            "channels_last": "07", "cudnn_benchmark": "07"}
 #: Where a framework sets the DataLoader or the precision, the argument to change (the frameworks' own names:
 #: Lightning 2.x ``Trainer(precision=...)``; transformers ``TrainingArguments`` fields).
 FRAMEWORK_ARGS = {
@@ -238,6 +240,17 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
             out.append(Candidate("pin_memory + non_blocking", "pin_memory",
                                  {"loader": {"pin_memory": True}, "non_blocking": True},
                                  f"batches are copied to the {device} from pageable memory"))
+        if not on_device:
+            skipped.append(("side_stream", f"the model is on the {device}: there is no host-to-device copy to "
+                                           f"overlap"))
+        elif not probe.get("loop_sites"):
+            skipped.append(("side_stream", "the script's own files have no for loop over the DataLoader they build "
+                                           "(a framework's loop is its own)"))
+        else:
+            out.append(Candidate("side-stream prefetch", "side_stream",
+                                 {"loader": {"pin_memory": True}, "prefetch": True},
+                                 f"each batch is copied to the {device} in the step that uses it, not beside the "
+                                 f"step before"))
     if not model:
         for t in ("autocast", "channels_last"):
             skipped.append((t, "no model was found: the optimizer was not built from a model's parameters in the "

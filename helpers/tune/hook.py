@@ -14,13 +14,17 @@ What it watches (every run, so that the baseline and the candidates carry the sa
 - the call sites, in the user's own files, of ``DataLoader(...)``, of the optimizer's construction (and the
   names that the model has in that frame), of the model's forward call and of host-to-device ``.to()`` /
   ``.cuda()`` copies: file and line, taken from the frames while it runs; :mod:`helpers.tune.rewrite` edits there;
+- the loops over a DataLoader built in the user's files: the ``for`` statement's file and line, and an expression
+  valid there for the model's device (a variable that holds it, else the model's own), for the ``prefetch`` edit;
 - ``torch.save``: redirected into the run's scratch folder, so that no checkpoint of the user's is overwritten.
 
 What it applies (only what the spec's ``apply`` asks for): DataLoader keyword arguments, ``non_blocking=True``
 on the host-to-device copies, ``torch.autocast`` around the model's forward, ``channels_last`` on the model,
-``torch.backends.cudnn.benchmark = True`` (set where the optimizer is built).
+``torch.backends.cudnn.benchmark = True`` (set where the optimizer is built), and the loops' batches handed over by
+notebook 05's side-stream prefetcher (:func:`helpers.pipeline.side_stream.prefetch`, onto the model's device).
 
-This module imports only the standard library and torch: it runs inside the user's process.
+This module imports only the standard library, torch and :mod:`helpers.pipeline.side_stream` (torch alone): it runs
+inside the user's process.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class Recorder:
         self.forward_sites: dict[tuple[str, int], int] = {}
         self.forward_calls = 0
         self.to_sites: dict[tuple[str, int], dict[str, Any]] = {}
+        self.loop_sites: dict[tuple[str, int], dict[str, Any]] = {}
         self.autocast_in_use = False
         self.saved: list[dict[str, str]] = []
         self.notes: list[str] = []
@@ -165,7 +170,7 @@ class Recorder:
             "ddp_sites": self.ddp_sites,
             "other_optimizers": self.other_optimizers,
             "forward_sites": [{"file": f, "line": ln, "count": c} for (f, ln), c in self.forward_sites.items()],
-            "to_sites": list(self.to_sites.values()),
+            "to_sites": list(self.to_sites.values()), "loop_sites": list(self.loop_sites.values()),
             "autocast_in_use": self.autocast_in_use, "saved": self.saved, "notes": self.notes,
             "frameworks": sorted(m for m in ("lightning", "pytorch_lightning", "transformers", "accelerate")
                                  if m in sys.modules),
@@ -269,6 +274,7 @@ def install(rec: Recorder) -> None:
                 bound.arguments.pop("persistent_workers", None)
                 bound.arguments.pop("prefetch_factor", None)
         orig_loader_init(*bound.args, **bound.kwargs)
+        self._workbook_tune_user = True  # a loader of the user's files: its loops are watched (_watch_loops)
         rec.loaders.append({**rec.site(frame), "class": type(self).__name__, "given": given,
                             "effective": {"num_workers": self.num_workers, "pin_memory": bool(self.pin_memory),
                                           "persistent_workers": bool(self.persistent_workers),
@@ -277,6 +283,7 @@ def install(rec: Recorder) -> None:
                             "dataset_len": _safe_len(self.dataset)})
 
     DataLoader.__init__ = loader_init
+    _watch_loops(rec)
 
     orig_opt_init = torch.optim.Optimizer.__init__
 
@@ -346,6 +353,83 @@ def _watch_ddp(rec: Recorder) -> None:
         return orig_init(self, module, *args, **kwargs)
 
     DistributedDataParallel.__init__ = ddp_init
+
+
+def _watch_loops(rec: Recorder) -> None:
+    """Record where the user's files loop over a DataLoader they built, with the device's expression there; with
+    ``prefetch``, hand the loop its batches through :func:`helpers.pipeline.side_stream.prefetch`, copied onto the
+    model's device one step ahead (where the model is not known yet, the loop gets the loader's own batches)."""
+    from torch.utils.data import DataLoader
+
+    from helpers.pipeline.side_stream import prefetch
+
+    orig_iter = DataLoader.__iter__
+
+    def loader_iter(self):
+        batches = orig_iter(self)
+        if not getattr(self, "_workbook_tune_user", False):
+            return batches
+        frame = rec.user_frame(sys._getframe(1))
+        device = _model_device(rec)
+        if frame is not None:
+            key = (str(Path(frame.f_code.co_filename).resolve()), int(frame.f_lineno))
+            if key not in rec.loop_sites:
+                rec.loop_sites[key] = {**rec.site(frame), "device_expr": _device_expr(frame, rec.model, device)}
+        if rec.apply.get("prefetch") and device is not None:
+            return prefetch(batches, device)
+        return batches
+
+    DataLoader.__iter__ = loader_iter
+
+
+def _model_device(rec: Recorder):
+    """The device of the model's first parameter (a ``torch.device``), or None before the model is known."""
+    first = next(iter(rec.model.parameters()), None) if rec.model is not None else None
+    return first.device if first is not None else None
+
+
+def _device_expr(frame, model, device) -> str | None:
+    """A Python expression, valid at ``frame``'s current line, for ``device`` (the model's): a variable holding it as
+    a ``torch.device`` (first one whose name says device), or a string variable or attribute named ``*device*`` that
+    names it (``args.device``, ``self.device``), else the model's own (``next(model.parameters()).device``) where the
+    model is in scope; None where nothing there names it."""
+    import torch
+
+    if device is None:
+        return None
+    scopes = [frame.f_locals] + ([frame.f_globals] if frame.f_globals is not frame.f_locals else [])
+    named: list[tuple[int, str]] = []  # (rank: lower is better, expression)
+
+    def consider(name: str, value: Any) -> None:
+        says = "device" in name.lower().rsplit(".", 1)[-1]
+        if isinstance(value, torch.nn.Module):
+            inner = getattr(value, "module", None)
+            if value is model or inner is model or getattr(model, "module", None) is value:
+                named.append((3, f"next({name}.parameters()).device"))
+            return
+        if not isinstance(value, (torch.device, str)) or (isinstance(value, str) and not says):
+            return
+        try:
+            d = torch.device(value)
+        except (RuntimeError, TypeError):
+            return
+        if d.type == device.type and (d.index is None or d.index == device.index):
+            named.append(((0 if says else 1) if isinstance(value, torch.device) else 2, name))
+
+    for scope in scopes:
+        for name, value in list(scope.items()):
+            if name.startswith("__"):
+                continue
+            consider(name, value)
+            if name in ("self", "args", "cfg", "config", "opts", "options") and hasattr(value, "__dict__"):
+                try:
+                    attrs = list(vars(value).items())
+                except TypeError:
+                    continue
+                for attr, v in attrs:
+                    if not attr.startswith("_"):
+                        consider(f"{name}.{attr}", v)
+    return min(named)[1] if named else None
 
 
 def _has_conv(module) -> bool:

@@ -3,8 +3,9 @@
 Notebook 10 and the run report end with "the change in your code". For the built-in job that is the diff between
 its baseline and its optimized variant, shown on the loop every PyTorch user writes (:data:`LOOP`): the edits are
 the ones :mod:`helpers.tune.rewrite` makes in a user's script, so the lines a learner reads here are the lines
-``workbook tune`` writes. Changes that are not one-line edits (the side-stream prefetcher, batched decode, the
-decoded-dataset cache) are named with the notebook whose "The change in code" cell shows them.
+``workbook tune`` writes; the side-stream prefetcher is notebook 05's own functions added to the file, with the loop
+over the loader wrapped. Changes to the built-in job's own pipeline (batched decode, the decoded-dataset cache) are
+named with the notebook whose "The change in code" cell shows them.
 """
 
 from __future__ import annotations
@@ -33,10 +34,9 @@ LOOP = textwrap.dedent('''\
         optimizer.step()
     ''')
 #: Lines of :data:`LOOP` where each kind of edit goes.
-_LINE = {"loader": 4, "optimizer": 6, "copy": 8, "forward": 9}
+_LINE = {"loader": 4, "optimizer": 6, "loop": 7, "copy": 8, "forward": 9}
 #: Optimizations that are not an edit of the loop: where their code is shown.
 _ELSEWHERE = {
-    "prefetcher": "the side-stream prefetcher wraps the loader: notebook 05's 'The change in code' cell",
     "batched_decode": "decode each batch at once on a thread pool: notebook 02's 'The change in code' cell",
     "dataset_cache": "decode the dataset once and keep it: notebook 02",
 }
@@ -87,10 +87,14 @@ def change_as_code(optimizations: Sequence[str], *, num_workers: int = 2, amp_dt
                          "it")
     if "channels_last" in opts:
         edits.append(Edit("channels_last", path, _LINE["optimizer"], {"name": "model"}, "channels_last"))
+    if "prefetcher" in opts:
+        edits.append(Edit("prefetch", path, _LINE["loop"], {"device": "device"}, "side_stream"))
+        if device_type == "cpu":
+            notes.append("the side-stream prefetcher overlaps copies only where the device has streams (CUDA, NPU)")
     for name in optimizations:
         if name in _ELSEWHERE:
             notes.append(_ELSEWHERE[name])
-        elif name not in ("dataloader_workers", "pinned_memory", "mixed_precision", "channels_last"):
+        elif name not in ("dataloader_workers", "pinned_memory", "mixed_precision", "channels_last", "prefetcher"):
             notes.append(f"{name}: see its notebook")
     if not edits:
         return "", notes

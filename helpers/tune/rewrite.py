@@ -14,6 +14,11 @@ each at a file and line that :mod:`helpers.tune.hook` took from the running fram
   the line becomes ``module.to(memory_format=torch.channels_last)`` instead, so that DDP's gradient buckets take
   the channels_last strides;
 - ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark = True`` inserted before that same statement;
+- ``prefetch``: the ``for`` loop over the DataLoader on that line made ``for ... in prefetch(<loader>, <device>):``
+  (``params["device"]``: an expression for the model's device, valid at the loop), and notebook 05's side-stream
+  prefetcher (:data:`helpers.pipeline.side_stream.SOURCE`) added after the file's imports, with the imports it needs
+  (:data:`helpers.pipeline.side_stream.IMPORTS`) where the file lacks them. Where the file already binds one of its names at the top level, or no device
+  expression was found, the edit is skipped with that reason;
 - ``argparse_default``: the ``default=`` of the ``add_argument(...)`` call on that line set. A ``loader`` keyword
   whose value in the call is the script's own option (``num_workers=args.workers``) is written there, as the
   option's new default, and the keywords that need workers follow that value
@@ -39,12 +44,15 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from helpers.errors import ParameterError
+from helpers.pipeline import side_stream
 
 __all__ = ["Edit", "apply_edits", "framework_calls", "loader_elsewhere", "loader_label", "techniques_of",
            "unified_diff"]
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
-         "argparse_default")
+         "argparse_default", "prefetch")
+#: The names the ``prefetch`` edit defines at the top of a file (helpers.pipeline.side_stream's functions).
+PREFETCH_NAMES = ("side_stream", "copy_batch", "prefetch")
 #: The qualified names a script reaches ``DistributedDataParallel`` by (torch.nn.parallel's exports).
 DDP_NAMES = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 
@@ -76,7 +84,8 @@ class Edit:
         ``loader``: the keyword arguments to set; ``autocast``: ``device_type`` and ``dtype`` (a torch dtype
         name); ``channels_last``: ``name`` (the model's variable) and ``assign`` (bool: ``name = name.to(...)``
         rather than ``name.to(...)``, which would make a global a local inside a function); ``call_keywords``:
-        ``call`` (the called name as written last, e.g. ``TrainingArguments``) and ``values`` (the keywords).
+        ``call`` (the called name as written last, e.g. ``TrainingArguments``) and ``values`` (the keywords);
+        ``prefetch``: ``device`` (an expression for the model's device at the loop, or None where none was found).
     technique : str
         The candidate's technique (for the report's hunk labels).
     """
@@ -186,6 +195,7 @@ class _Editor(cst.CSTTransformer):
         self.edits = list(edits)
         self.done: set[int] = set()
         self.needs_torch = False
+        self.prefetcher = False  # a loop was wrapped: the module gets side_stream.SOURCE
 
     def _span(self, node) -> tuple[int, int]:
         pos = self.get_metadata(PositionProvider, node)
@@ -217,6 +227,21 @@ class _Editor(cst.CSTTransformer):
                     updated = wrapped
                     self.done.add(i)
                     self.needs_torch = True
+        return updated
+
+    # ---------------------------------------------------------------- loops: prefetch
+
+    def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
+        start, end = self._span(original.iter)
+        for i, e in enumerate(self.edits):
+            if e.kind == "prefetch" and start <= e.line <= end and e.params.get("device") and i not in self.done \
+                    and not self.taken:
+                call = cst.Call(func=cst.Name("prefetch"), args=[
+                    cst.Arg(updated.iter, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                    cst.Arg(cst.parse_expression(e.params["device"]))])
+                updated = updated.with_changes(iter=call)
+                self.done.add(i)
+                self.needs_torch = self.prefetcher = True
         return updated
 
     # ---------------------------------------------------------------- statements: autocast, channels_last
@@ -259,26 +284,61 @@ class _Editor(cst.CSTTransformer):
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
         return updated.with_changes(body=self._edit_block(original.body, updated.body))
 
+    def visit_Module(self, node: cst.Module) -> None:
+        self.taken = _top_level_names(node) & set(PREFETCH_NAMES)  # a name of the prefetcher's the file binds
+
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = self._edit_block(original.body, updated.body)
-        if self.needs_torch and not _imports_torch(original):
-            body = _add_import_torch(body)
-        return updated.with_changes(body=body)
+        at = _after_imports(body)
+        added: list[cst.BaseStatement] = []
+        wanted = [m for m in side_stream.IMPORTS if self.prefetcher] + ["torch"] * self.needs_torch
+        added += [cst.parse_statement(f"import {m}\n") for m in dict.fromkeys(wanted) if not _imports(original, m)]
+        if self.prefetcher:  # notebook 05's functions, two blank lines before each (PEP 8)
+            two = [cst.EmptyLine(), cst.EmptyLine()]
+            added += [stmt.with_changes(leading_lines=two + [ln for ln in stmt.leading_lines if ln.comment])
+                      for stmt in cst.parse_module("pass\n" + side_stream.SOURCE).body[1:]]  # its comment kept
+            if at < len(body) and len(body[at].leading_lines) < 2:
+                body[at] = body[at].with_changes(leading_lines=two)
+        return updated.with_changes(body=body[:at] + added + body[at:])
 
 
-def _imports_torch(module: cst.Module) -> bool:
+def _top_level_names(module: cst.Module) -> set[str]:
+    """The names the module's top level binds: functions, classes, assignment targets, imports."""
+    names: set[str] = set()
+    for stmt in module.body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            names.add(stmt.name.value)
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                    names |= {(a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name) else
+                               _dotted(a.name).split(".")[0]) for a in small.names}
+                elif isinstance(small, (cst.Assign, cst.AnnAssign)):
+                    targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                    names |= {t.value for t in targets if isinstance(t, cst.Name)}
+    return names
+
+
+def _dotted(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted(node.value)}.{node.attr.value}"
+    return node.value if isinstance(node, cst.Name) else ""
+
+
+def _imports(module: cst.Module, name: str) -> bool:
+    """Whether the module's top level has ``import <name>`` (no alias)."""
     for stmt in module.body:
         if isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:
                 if isinstance(small, cst.Import) and any(
-                        isinstance(a.name, cst.Name) and a.name.value == "torch" and a.asname is None
+                        isinstance(a.name, cst.Name) and a.name.value == name and a.asname is None
                         for a in small.names):
                     return True
     return False
 
 
-def _add_import_torch(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """``import torch`` after the module's last top-level import (or its docstring), before other code."""
+def _after_imports(body: Sequence[cst.BaseStatement]) -> int:
+    """The index after the module's last top-level import (or its docstring), before other code."""
     at = 0
     for i, stmt in enumerate(body):
         if isinstance(stmt, cst.SimpleStatementLine) and all(
@@ -287,7 +347,7 @@ def _add_import_torch(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
             at = i + 1
         elif i > 0:
             break
-    return body[:at] + [cst.parse_statement("import torch\n")] + body[at:]
+    return at
 
 
 def apply_edits(source: str, edits: Sequence[Edit], *,
@@ -334,9 +394,21 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
                "cudnn_benchmark": "the optimizer's construction is not a statement of its own line",
                "call_keywords": "no {call}(...) call starts on that line"}
     reasons["argparse_default"] = "no add_argument(...) call starts on that line"
-    skipped = options_skipped + [(e, f"{reasons[e.kind].format(call=e.params.get('call'))} (line {e.line})")
+    taken = sorted(_top_level_names(module) & set(PREFETCH_NAMES))
+    reasons["prefetch"] = (
+        f"the file already defines {', '.join(taken)} at its top level: wrap the loop in notebook 05's prefetch() "
+        f"by hand" if taken else "no for loop over the DataLoader on that line")
+    skipped = options_skipped + [(e, f"{_reason(e, reasons)} (line {e.line})")
                                  for i, e in enumerate(edits) if i not in editor.done]
     return new.code, made, skipped
+
+
+def _reason(e: Edit, reasons: dict[str, str]) -> str:
+    """Why ``e`` was not made."""
+    if e.kind == "prefetch" and not e.params.get("device"):
+        return ("no variable at the loop holds the model's device, nor is the model in scope there: wrap the loop "
+                "as prefetch(loader, device) by hand")
+    return reasons[e.kind].format(call=e.params.get("call"))
 
 
 #: DataLoader keywords that torch accepts only with workers, and their value where the workers are an option's.

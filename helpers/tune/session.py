@@ -191,6 +191,10 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
         elif opt.get("file") and names:
             edits.append(Edit("channels_last", opt["file"], opt["line"], {"name": names[0], "assign": True},
                               "channels_last"))
+    if merged.get("prefetch"):
+        for site in probe.get("loop_sites") or []:
+            edits.append(Edit("prefetch", site["file"], site["line"], {"device": site.get("device_expr")},
+                              "side_stream"))
     for c in winners:  # a framework's setting: keywords of its call in the script
         edits += call_edits(c, script)
     return edits
@@ -435,7 +439,9 @@ def _edit_text(e: Edit) -> str:
                              if e.params.get("wrap_arg") else
                              f"{e.params.get('name', 'model')} = {e.params.get('name', 'model')}"
                              f".to(memory_format=torch.channels_last)",
-            "cudnn_benchmark": "torch.backends.cudnn.benchmark = True"}.get(e.kind, e.kind)
+            "cudnn_benchmark": "torch.backends.cudnn.benchmark = True",
+            "prefetch": f"for ... in prefetch(loader, {e.params.get('device') or 'device'}): with notebook 05's "
+                        f"prefetch() added to the file"}.get(e.kind, e.kind)
 
 
 def _write_outputs(res: TuneResult, command: Command, apply: bool) -> None:
