@@ -499,3 +499,84 @@ def test_the_side_stream_prefetcher_runs_in_the_users_loop_and_is_written_there(
             for name in ("train.py", "rewritten.py")]
     assert all(r.returncode == 0 for r in runs), runs[1].stderr[-2000:]
     assert runs[0].stdout == runs[1].stdout and runs[0].stdout.startswith("final loss")
+
+
+# A user's loop in a function of its own, with gradient clipping; ``boost`` scales the loss up so that float16's
+# gradients overflow until the GradScaler has backed its scale off.
+CLIPPED_LOOP = textwrap.dedent('''\
+    import sys
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def train(model, opt, loader, device, boost):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = torch.nn.functional.cross_entropy(model(x), y) * boost
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        return loss
+
+
+    def main():
+        torch.manual_seed(0)
+        device = "cpu"
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
+        loader = DataLoader(TensorDataset(torch.randn(480, 8), torch.randint(2, (480,))), batch_size=16)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        boost = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
+        print(f"final loss {train(model, opt, loader, device, boost).item() / boost:.2f}")
+
+
+    if __name__ == "__main__":
+        main()
+    ''')
+
+
+def test_float16_with_its_grad_scaler_runs_in_the_users_loop_and_is_written_whole(tmp_path):
+    """tune offers float16 only where the device lacks bfloat16 (never this CPU); applied by hand here: the scaler
+    scales the loss, unscales before the clip, steps and updates; the steps it skips on overflow are still counted;
+    the rewritten file holds every one of its lines and runs as written."""
+    from helpers.tune.candidates import Candidate
+    from helpers.tune.engine import run_once
+    from helpers.tune.rewrite import apply_edits
+    from helpers.tune.session import plan_edits
+
+    script = tmp_path / "train.py"
+    script.write_text(CLIPPED_LOOP)
+    fp16 = {"autocast": "float16", "grad_scaler": True}
+    plain = run_once(parse_command(["python", "train.py"], cwd=tmp_path), "unmodified", {}, workdir=tmp_path / "w0",
+                     warmup=2, steps=20, timeout_s=120)
+    half = run_once(parse_command(["python", "train.py"], cwd=tmp_path), "fp16", fp16, workdir=tmp_path / "w1",
+                    warmup=2, steps=20, timeout_s=120)
+    assert plain.ok and half.ok, (plain.error or half.error)[-2000:]
+    assert half.result["losses"] == pytest.approx(plain.result["losses"], rel=0.02)
+    sites = {k: [s["line"] for s in plain.result[k]] for k in ("backward_sites", "step_sites", "clip_sites")}
+    assert sites == {"backward_sites": [12], "step_sites": [14], "clip_sites": [13]}
+    # 30 batches; a loss a million times larger overflows float16 until the scale is backed off from 65536 to about
+    # 1 (some 17 skipped steps): only if those count as steps does the run reach its 2 + 20 + 1
+    boosted = run_once(parse_command(["python", "train.py", "1e6"], cwd=tmp_path), "fp16", fp16,
+                       workdir=tmp_path / "w2", warmup=2, steps=20, timeout_s=120)
+    assert boosted.ok and boosted.result["status"] == "steps", boosted.result["status"]
+
+    winner = Candidate("autocast float16 + GradScaler", "autocast", fp16)
+    new, made, skipped = apply_edits(CLIPPED_LOOP, plan_edits(plain.result, [winner], script))
+    assert sorted(e.kind for e in made) == ["autocast", "grad_scaler"] and not skipped, skipped
+    for line in ('grad_scaler = torch.amp.GradScaler("cpu")', "        grad_scaler.scale(loss).backward()\n",
+                 "        grad_scaler.unscale_(opt)\n        torch.nn.utils.clip_grad_norm_(",
+                 "        grad_scaler.step(opt)\n        grad_scaler.update()\n",
+                 '        with torch.autocast(device_type="cpu", dtype=torch.float16):\n            loss = '):
+        assert line in new, line
+    (tmp_path / "rewritten.py").write_text(new)
+    done = subprocess.run([sys.executable, "rewritten.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("final loss"), done.stderr[-2000:]
+    # a step that is not a statement of its own: neither float16 nor its scaler is written
+    odd = CLIPPED_LOOP.replace("        opt.step()\n", "        _ = opt.step()\n")
+    assert odd != CLIPPED_LOOP
+    new, made, skipped = apply_edits(odd, plan_edits(plain.result, [winner], script))
+    assert new == odd and not made and len(skipped) == 2
+    assert all("written together or not at all" in why for _, why in skipped)

@@ -101,7 +101,16 @@ def test_candidates_follow_what_the_script_does():
     assert chosen[4].apply == {"loader": {"pin_memory": True}, "prefetch": True}
     set_already = _probe(model={**cuda["model"], "cudnn_benchmark": True})
     assert "already sets" in dict(candidates.choose(set_already, cores=2)[1])["cudnn_benchmark"]
-    assert "GradScaler" in dict(skipped)["autocast"]
+    assert "GradScaler" in dict(skipped)["autocast"]  # no backward() or step() seen: float16 is not tried
+    sites = {"backward_sites": [{"file": "/s/train.py", "line": 16, "count": 20}],
+             "step_sites": [{"file": "/s/train.py", "line": 17, "count": 20}]}
+    chosen, skipped = candidates.choose({**cuda, **sites}, cores=2)
+    fp16 = [c for c in chosen if c.technique == "autocast"]
+    assert [(c.name, c.apply) for c in fp16] == [("autocast float16 + GradScaler",
+                                                  {"autocast": "float16", "grad_scaler": True})]
+    edits = plan_edits({**cuda, **sites, "clip_sites": []}, fp16, Path("/s/train.py"))
+    assert [(e.kind, e.line, e.params.get("dtype") or e.params.get("backward")) for e in edits] == [
+        ("autocast", 15, "float16"), ("grad_scaler", 17, [16])]
     npu = _probe(model={**_probe()["model"], "param_device": "npu"}, autocast_in_use=True,
                  loaders=[{"file": "/s/train.py", "line": 8, "effective": {"num_workers": 8, "pin_memory": True}}])
     chosen, skipped = candidates.choose(npu, cores=8)

@@ -15,15 +15,17 @@ technique           the change                                                  
 ``pin_memory``      ``DataLoader(..., pin_memory=True)`` and                      04
                     ``x.to(device, non_blocking=True)``
 ``autocast``        ``with torch.autocast(device_type=..., dtype=torch.bfloat16)``  06
-                    around the forward call
+                    around the forward call; float16 with a ``GradScaler``
+                    where the device has no bfloat16
 ``channels_last``   ``model = model.to(memory_format=torch.channels_last)``      07
 ``cudnn_benchmark``  ``torch.backends.cudnn.benchmark = True`` (CUDA, Conv2d)        07
 ``side_stream``     ``for x, y in prefetch(loader, device):`` (CUDA, NPU), with      05
                     ``pin_memory=True``; :mod:`helpers.pipeline.side_stream`
 ==================  ==========================================================  ========
 
-fp16 autocast is not tried: it needs a ``torch.amp.GradScaler`` around ``backward()`` and ``step()``, an edit of
-three statements that tune does not write; where the device has no bfloat16 the report says so.
+Where the device has no bfloat16 (or it is not known to: an Ascend NPU, an older GPU), float16 autocast is tried
+with a ``torch.amp.GradScaler``, as notebook 06 and the PyTorch AMP recipe write it: the loss scaled before
+``backward()``, the gradients unscaled before a clip, ``scaler.step(optimizer)`` and ``scaler.update()``.
 
 ``prefetch_factor`` acts only where there are DataLoader workers. Where the script's loader has them, it is a
 candidate like the others; where tune adds them, it is a follow-up (:func:`follow_up`), measured on top of the
@@ -269,9 +271,17 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
     elif model.get("bf16_supported") is True:
         out.append(Candidate("autocast bfloat16", "autocast", {"autocast": "bfloat16"},
                              f"the forward runs in float32 on the {device}"))
+    elif not on_device:
+        skipped.append(("autocast", f"bfloat16 is not known to be supported on this {device}, and float16 is "
+                                    f"not tried there"))
+    elif not (probe.get("backward_sites") and probe.get("step_sites")):
+        skipped.append(("autocast", f"bfloat16 is not known to be supported on this {device}, and float16 needs a "
+                                    f"GradScaler at the loss's backward() and the optimizer's step(), which were "
+                                    f"not seen in the script's own files"))
     else:
-        skipped.append(("autocast", f"bfloat16 is not known to be supported on this {device}; float16 needs a "
-                                    f"GradScaler, which tune does not write (notebook 06 shows it)"))
+        out.append(Candidate("autocast float16 + GradScaler", "autocast", {"autocast": "float16", "grad_scaler": True},
+                             f"the forward runs in float32 on the {device}, where bfloat16 is not known to be "
+                             f"supported"))
     if device == "cuda" and model.get("has_conv2d"):
         if model.get("cudnn_benchmark"):
             skipped.append(("cudnn_benchmark", "the script already sets torch.backends.cudnn.benchmark"))

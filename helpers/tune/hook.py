@@ -12,14 +12,18 @@ What it watches (every run, so that the baseline and the candidates carry the sa
 - the loss: the last scalar a ``Tensor.backward`` was called on before each step (kept as a tensor and read at
   the end, so no extra synchronize per step);
 - the call sites, in the user's own files, of ``DataLoader(...)``, of the optimizer's construction (and the
-  names that the model has in that frame), of the model's forward call and of host-to-device ``.to()`` /
-  ``.cuda()`` copies: file and line, taken from the frames while it runs; :mod:`helpers.tune.rewrite` edits there;
+  names that the model has in that frame), of the model's forward call, of the loss's ``backward()``, of the
+  optimizer's ``step()``, of gradient clipping (``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_``) and of
+  host-to-device ``.to()`` / ``.cuda()`` copies: file and line, taken from the frames while it runs;
+  :mod:`helpers.tune.rewrite` edits there;
 - the loops over a DataLoader built in the user's files: the ``for`` statement's file and line, and an expression
   valid there for the model's device (a variable that holds it, else the model's own), for the ``prefetch`` edit;
 - ``torch.save``: redirected into the run's scratch folder, so that no checkpoint of the user's is overwritten.
 
 What it applies (only what the spec's ``apply`` asks for): DataLoader keyword arguments, ``non_blocking=True``
-on the host-to-device copies, ``torch.autocast`` around the model's forward, ``channels_last`` on the model,
+on the host-to-device copies, ``torch.autocast`` around the model's forward (for float16 with a
+``torch.amp.GradScaler``: the loss scaled before ``backward()``, the gradients unscaled before a clip, the step
+taken and the scale updated through it), ``channels_last`` on the model,
 ``torch.backends.cudnn.benchmark = True`` (set where the optimizer is built), and the loops' batches handed over by
 notebook 05's side-stream prefetcher (:func:`helpers.pipeline.side_stream.prefetch`, onto the model's device).
 
@@ -84,6 +88,12 @@ class Recorder:
         self.forward_calls = 0
         self.to_sites: dict[tuple[str, int], dict[str, Any]] = {}
         self.loop_sites: dict[tuple[str, int], dict[str, Any]] = {}
+        self.backward_sites: dict[tuple[str, int], dict[str, Any]] = {}
+        self.step_sites: dict[tuple[str, int], dict[str, Any]] = {}
+        self.clip_sites: dict[tuple[str, int], dict[str, Any]] = {}
+        self.scaler = None  # the GradScaler of apply["grad_scaler"], made with the first optimizer
+        self.unscaled = False  # its gradients were unscaled this step (before a clip)
+        self.optimizer_obj = None  # the optimizer the scaler steps
         self.autocast_in_use = False
         self.saved: list[dict[str, str]] = []
         self.notes: list[str] = []
@@ -126,6 +136,16 @@ class Recorder:
         return {"file": str(Path(frame.f_code.co_filename).resolve()), "line": int(frame.f_lineno),
                 "function": frame.f_code.co_name}
 
+    def count_site(self, sites: dict[tuple[str, int], dict[str, Any]], start) -> None:
+        """Count the user's frame at or above ``start`` in ``sites`` (only while fewer than :data:`SITE_SAMPLES`
+        steps were made: a frame walk each)."""
+        if len(self.step_t) >= SITE_SAMPLES:
+            return
+        frame = self.user_frame(start)
+        if frame is not None:
+            key = (str(Path(frame.f_code.co_filename).resolve()), int(frame.f_lineno))
+            sites.setdefault(key, {**self.site(frame), "count": 0})["count"] += 1
+
     # ------------------------------------------------------------------ steps
 
     def on_step(self, optimizer, args, kwargs) -> None:
@@ -134,6 +154,7 @@ class Recorder:
             self.optimizer_id = id(optimizer)
         if id(optimizer) != self.optimizer_id:
             return
+        self.count_site(self.step_sites, sys._getframe(1))
         if self.sync is None:
             self.sync = _sync_for(optimizer)
         if self.sync:
@@ -171,6 +192,8 @@ class Recorder:
             "other_optimizers": self.other_optimizers,
             "forward_sites": [{"file": f, "line": ln, "count": c} for (f, ln), c in self.forward_sites.items()],
             "to_sites": list(self.to_sites.values()), "loop_sites": list(self.loop_sites.values()),
+            "backward_sites": list(self.backward_sites.values()), "step_sites": list(self.step_sites.values()),
+            "clip_sites": list(self.clip_sites.values()),
             "autocast_in_use": self.autocast_in_use, "saved": self.saved, "notes": self.notes,
             "frameworks": sorted(m for m in ("lightning", "pytorch_lightning", "transformers", "accelerate")
                                  if m in sys.modules),
@@ -253,6 +276,9 @@ def install(rec: Recorder) -> None:
     def backward(self, *args, **kwargs):
         if self.numel() == 1:
             rec._loss = self.detach()
+            rec.count_site(rec.backward_sites, sys._getframe(1))
+            if rec.scaler is not None:
+                return orig_backward(rec.scaler.scale(self), *args, **kwargs)
         return orig_backward(self, *args, **kwargs)
 
     torch.Tensor.backward = backward
@@ -304,9 +330,12 @@ def install(rec: Recorder) -> None:
         rec.optimizer = {**rec.site(frame), "class": type(self).__name__, "model_names": names}
         if model is not None:
             _take_model(rec, model)
+            if rec.apply.get("grad_scaler"):
+                _scale_steps(rec, self)
 
     torch.optim.Optimizer.__init__ = opt_init
     _watch_ddp(rec)
+    _watch_clips(rec)
 
     autocast_cls = torch.amp.autocast_mode.autocast
     orig_enter = autocast_cls.__enter__
@@ -353,6 +382,57 @@ def _watch_ddp(rec: Recorder) -> None:
         return orig_init(self, module, *args, **kwargs)
 
     DistributedDataParallel.__init__ = ddp_init
+
+
+def _scale_steps(rec: Recorder, optimizer) -> None:
+    """float16's loss scaling, as notebook 06 writes it, applied to the first optimizer: a ``torch.amp.GradScaler``
+    on the model's device; ``backward()`` takes the scaled loss (the ``backward`` hook), a clip is preceded by
+    ``unscale_`` (:func:`_watch_clips`), and ``optimizer.step()`` becomes ``scaler.step(optimizer)`` then
+    ``scaler.update()``. A step the scaler skips (inf or NaN gradients) is still timed as one of the script's."""
+    import torch
+
+    rec.scaler = torch.amp.GradScaler(rec.model_info.get("param_device") or "cpu")
+    rec.optimizer_obj = optimizer
+    orig_step = optimizer.step
+    inside = [False]
+
+    def step(*args, **kwargs):
+        if inside[0]:  # the scaler's own call of optimizer.step()
+            return orig_step(*args, **kwargs)
+        inside[0] = True
+        n = len(rec.step_t)
+        try:
+            out = rec.scaler.step(optimizer, *args, **kwargs)
+            rec.scaler.update()
+        finally:
+            inside[0] = False
+            rec.unscaled = False
+        if len(rec.step_t) == n:  # skipped by the scaler: the post-hook did not run
+            rec.on_step(optimizer, args, kwargs)
+        return out
+
+    optimizer.step = step
+
+
+def _watch_clips(rec: Recorder) -> None:
+    """Record where the user's files clip gradients (``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_``);
+    with a GradScaler, unscale the gradients first (once a step), as the PyTorch AMP recipe does."""
+    import torch.nn.utils
+    import torch.nn.utils.clip_grad as clip_mod
+
+    def wrap(orig):
+        def clip(*args, **kwargs):
+            rec.count_site(rec.clip_sites, sys._getframe(1))
+            if rec.scaler is not None and not rec.unscaled and rec.optimizer_obj is not None:
+                rec.scaler.unscale_(rec.optimizer_obj)
+                rec.unscaled = True
+            return orig(*args, **kwargs)
+        return clip
+
+    for name in ("clip_grad_norm_", "clip_grad_value_"):
+        patched = wrap(getattr(clip_mod, name))
+        setattr(clip_mod, name, patched)
+        setattr(torch.nn.utils, name, patched)
 
 
 def _watch_loops(rec: Recorder) -> None:

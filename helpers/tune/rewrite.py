@@ -19,6 +19,12 @@ each at a file and line that :mod:`helpers.tune.hook` took from the running fram
   prefetcher (:data:`helpers.pipeline.side_stream.SOURCE`) added after the file's imports, with the imports it needs
   (:data:`helpers.pipeline.side_stream.IMPORTS`) where the file lacks them. Where the file already binds one of its names at the top level, or no device
   expression was found, the edit is skipped with that reason;
+- ``grad_scaler`` (with a float16 ``autocast`` edit): the PyTorch AMP recipe's loss scaling, as notebook 06 shows it:
+  ``grad_scaler = torch.amp.GradScaler("<device>")`` after the file's imports, ``loss.backward()`` made
+  ``grad_scaler.scale(loss).backward()`` on each line of ``params["backward"]``, ``grad_scaler.unscale_(optimizer)``
+  inserted before each gradient clip (``params["clip"]``), and the ``optimizer.step()`` statement on the edit's
+  line made ``grad_scaler.step(optimizer)`` followed by ``grad_scaler.update()``. Every one of these lines, and the
+  float16 autocast, is written, or none is: a scaled loss without its unscaled step would train wrongly;
 - ``argparse_default``: the ``default=`` of the ``add_argument(...)`` call on that line set. A ``loader`` keyword
   whose value in the call is the script's own option (``num_workers=args.workers``) is written there, as the
   option's new default, and the keywords that need workers follow that value
@@ -50,7 +56,9 @@ __all__ = ["Edit", "apply_edits", "framework_calls", "loader_elsewhere", "loader
            "unified_diff"]
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
-         "argparse_default", "prefetch")
+         "argparse_default", "prefetch", "grad_scaler")
+#: The variable the ``grad_scaler`` edit binds at the top of a file.
+SCALER = "grad_scaler"
 #: The names the ``prefetch`` edit defines at the top of a file (helpers.pipeline.side_stream's functions).
 PREFETCH_NAMES = ("side_stream", "copy_batch", "prefetch")
 #: The qualified names a script reaches ``DistributedDataParallel`` by (torch.nn.parallel's exports).
@@ -85,7 +93,9 @@ class Edit:
         name); ``channels_last``: ``name`` (the model's variable) and ``assign`` (bool: ``name = name.to(...)``
         rather than ``name.to(...)``, which would make a global a local inside a function); ``call_keywords``:
         ``call`` (the called name as written last, e.g. ``TrainingArguments``) and ``values`` (the keywords);
-        ``prefetch``: ``device`` (an expression for the model's device at the loop, or None where none was found).
+        ``prefetch``: ``device`` (an expression for the model's device at the loop, or None where none was found);
+        ``grad_scaler``: ``device_type``, ``backward`` (lines of the loss's ``backward()``), ``clip`` (lines of
+        gradient clipping; may be empty); its ``line`` is the ``optimizer.step()`` statement's.
     technique : str
         The candidate's technique (for the report's hunk labels).
     """
@@ -196,6 +206,18 @@ class _Editor(cst.CSTTransformer):
         self.done: set[int] = set()
         self.needs_torch = False
         self.prefetcher = False  # a loop was wrapped: the module gets side_stream.SOURCE
+        self.parts: dict[int, set[tuple[str, int]]] = {}  # grad_scaler edits: the lines placed so far
+        self.scaler_device = ""  # a grad_scaler edit was placed: the module binds SCALER
+
+    def _part(self, i: int, part: str, line: int) -> None:
+        self.parts.setdefault(i, set()).add((part, line))
+
+    def complete(self, i: int) -> bool:
+        """Whether grad_scaler edit ``i`` has every one of its lines placed."""
+        e = self.edits[i]
+        want = {("step", e.line)} | {("backward", n) for n in e.params.get("backward") or []} \
+            | {("clip", n) for n in e.params.get("clip") or []}
+        return bool(e.params.get("backward")) and want <= self.parts.get(i, set())
 
     def _span(self, node) -> tuple[int, int]:
         pos = self.get_metadata(PositionProvider, node)
@@ -220,6 +242,13 @@ class _Editor(cst.CSTTransformer):
             elif e.kind == "call_keywords" and start == e.line and name == e.params.get("call"):
                 updated = _set_keywords(updated, e.params.get("values") or {})
                 self.done.add(i)
+            elif e.kind == "grad_scaler" and name == "backward" and isinstance(original.func, cst.Attribute) \
+                    and start in (e.params.get("backward") or []) and SCALER not in self.taken_scaler:
+                loss = updated.func.value  # "(loss / 2).backward()": its parentheses are the call's now
+                loss = loss.with_changes(lpar=[], rpar=[]) if getattr(loss, "lpar", None) else loss
+                scaled = cst.Call(func=cst.parse_expression(f"{SCALER}.scale"), args=[cst.Arg(loss)])
+                updated = updated.with_changes(func=updated.func.with_changes(value=scaled))
+                self._part(i, "backward", start)
             elif e.kind == "channels_last" and e.params.get("wrap_arg") and start == e.line and i not in self.done \
                     and {q.name for q in self.get_metadata(QualifiedNameProvider, original.func, set())} & DDP_NAMES:
                 wrapped = _channels_last_arg(updated)
@@ -256,6 +285,9 @@ class _Editor(cst.CSTTransformer):
             start, end = self._span(orig)
             wrapped = stmt
             for i, e in enumerate(self.edits):
+                if e.kind == "grad_scaler" and e.params.get("optimizer") and SCALER not in self.taken_scaler:
+                    wrapped = self._scaler_lines(i, e, start, end, wrapped, out)
+                    continue
                 if i in self.done or not start <= e.line <= end:
                     continue
                 if e.kind in ("channels_last", "cudnn_benchmark") and not e.params.get("wrap_arg"):
@@ -281,11 +313,38 @@ class _Editor(cst.CSTTransformer):
             out.append(wrapped)
         return out
 
+    def _scaler_lines(self, i: int, e: Edit, start: int, end: int, stmt: cst.SimpleStatementLine,
+                      out: list[cst.BaseStatement]) -> cst.BaseStatement:
+        """A grad_scaler edit's statements: ``unscale_`` before a clip on these lines; the step made
+        ``grad_scaler.step(optimizer)``, ``grad_scaler.update()`` appended to ``out`` after it."""
+        opt = e.params["optimizer"]
+        for n in e.params.get("clip") or []:
+            if start <= n <= end and ("clip", n) not in self.parts.get(i, set()):
+                out.append(cst.parse_statement(f"{SCALER}.unscale_({opt})\n").with_changes(
+                    leading_lines=stmt.leading_lines))
+                stmt = stmt.with_changes(leading_lines=[])
+                self._part(i, "clip", n)
+        if not start <= e.line <= end or len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Expr):
+            return stmt
+        call = stmt.body[0].value
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "step"):
+            return stmt
+        new = cst.Call(func=cst.parse_expression(f"{SCALER}.step"),
+                       args=[cst.Arg(call.func.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                             if call.args else cst.Arg(call.func.value)] + list(call.args))
+        out.append(stmt.with_changes(body=[stmt.body[0].with_changes(value=new)]))
+        self._part(i, "step", e.line)
+        self.needs_torch = True
+        self.scaler_device = e.params.get("device_type", "cuda")
+        return cst.parse_statement(f"{SCALER}.update()\n")
+
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
         return updated.with_changes(body=self._edit_block(original.body, updated.body))
 
     def visit_Module(self, node: cst.Module) -> None:
-        self.taken = _top_level_names(node) & set(PREFETCH_NAMES)  # a name of the prefetcher's the file binds
+        names = _top_level_names(node)
+        self.taken = names & set(PREFETCH_NAMES)  # a name of the prefetcher's the file binds
+        self.taken_scaler = names & {SCALER}
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = self._edit_block(original.body, updated.body)
@@ -293,6 +352,10 @@ class _Editor(cst.CSTTransformer):
         added: list[cst.BaseStatement] = []
         wanted = [m for m in side_stream.IMPORTS if self.prefetcher] + ["torch"] * self.needs_torch
         added += [cst.parse_statement(f"import {m}\n") for m in dict.fromkeys(wanted) if not _imports(original, m)]
+        if self.scaler_device:
+            added.append(cst.parse_statement(f'{SCALER} = torch.amp.GradScaler("{self.scaler_device}")  # float16 '
+                                             f'needs its loss scaled (the workbook\'s notebook 06)\n').with_changes(
+                leading_lines=[cst.EmptyLine()] if at else []))
         if self.prefetcher:  # notebook 05's functions, two blank lines before each (PEP 8)
             two = [cst.EmptyLine(), cst.EmptyLine()]
             added += [stmt.with_changes(leading_lines=two + [ln for ln in stmt.leading_lines if ln.comment])
@@ -382,8 +445,25 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
     except cst.ParserSyntaxError as exc:
         raise ParameterError(f"rewrite: the file does not parse: {exc}") from None
     edits, options_skipped = _through_options(module, list(edits), passed)
+    edits = _with_step_receivers(module, edits)
     editor = _Editor(edits)
     new = MetadataWrapper(module).visit(editor)
+    broken = [i for i, e in enumerate(edits) if e.kind == "grad_scaler" and not editor.complete(i)]
+    broken += [i for i, e in enumerate(edits) if e.kind == "autocast" and e.params.get("dtype") == "float16"
+               and i not in editor.done]
+    group_skipped: list[tuple[Edit, str]] = []
+    if broken:  # float16 goes with its whole GradScaler, or neither is written
+        why = "; ".join(_scaler_reason(edits[i], editor, module) for i in broken)
+        group = [i for i, e in enumerate(edits) if e.kind == "grad_scaler"
+                 or (e.kind == "autocast" and e.params.get("dtype") == "float16")]
+        group_skipped = [(edits[i], f"float16 autocast and its GradScaler are written together or not at all: {why}")
+                         for i in group]
+        edits = [e for i, e in enumerate(edits) if i not in group]
+        editor = _Editor(edits)
+        new = MetadataWrapper(module).visit(editor)
+    for i, e in enumerate(edits):
+        if e.kind == "grad_scaler" and editor.complete(i):
+            editor.done.add(i)
     made = [e for i, e in enumerate(edits) if i in editor.done]
     reasons = {"loader": "no DataLoader(...) call starts on that line",
                "non_blocking": "no .to(...) or .cuda(...) call on that line",
@@ -394,13 +474,51 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
                "cudnn_benchmark": "the optimizer's construction is not a statement of its own line",
                "call_keywords": "no {call}(...) call starts on that line"}
     reasons["argparse_default"] = "no add_argument(...) call starts on that line"
+    reasons["grad_scaler"] = "its lines could not all be placed"
     taken = sorted(_top_level_names(module) & set(PREFETCH_NAMES))
     reasons["prefetch"] = (
         f"the file already defines {', '.join(taken)} at its top level: wrap the loop in notebook 05's prefetch() "
         f"by hand" if taken else "no for loop over the DataLoader on that line")
-    skipped = options_skipped + [(e, f"{_reason(e, reasons)} (line {e.line})")
-                                 for i, e in enumerate(edits) if i not in editor.done]
+    skipped = options_skipped + group_skipped + [(e, f"{_reason(e, reasons)} (line {e.line})")
+                                                 for i, e in enumerate(edits) if i not in editor.done]
     return new.code, made, skipped
+
+
+def _with_step_receivers(module: cst.Module, edits: list[Edit]) -> list[Edit]:
+    """``edits`` with each grad_scaler edit's ``optimizer`` param set: the code of the object whose ``.step(...)`` is
+    called on its line (``opt`` in ``opt.step()``), or "" where there is no such call."""
+    if not any(e.kind == "grad_scaler" for e in edits):
+        return edits
+    steps: dict[int, str] = {}
+
+    class Steps(cst.CSTVisitor):
+        METADATA_DEPENDENCIES = (PositionProvider,)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value == "step":
+                steps.setdefault(self.get_metadata(PositionProvider, node).start.line,
+                                 module.code_for_node(node.func.value).strip())
+
+    MetadataWrapper(module).visit(Steps())
+    return [Edit(e.kind, e.file, e.line, {**e.params, "optimizer": steps.get(e.line, "")}, e.technique)
+            if e.kind == "grad_scaler" else e for e in edits]
+
+
+def _scaler_reason(e: Edit, editor: _Editor, module: cst.Module) -> str:
+    """Why a float16 edit (its autocast or its GradScaler) was not placed whole."""
+    if e.kind == "autocast":
+        return f"the forward call on line {e.line} is not a statement of its own line"
+    if SCALER in _top_level_names(module):
+        return f"the file already binds {SCALER} at its top level"
+    placed = editor.parts.get(editor.edits.index(e), set())
+    if not e.params.get("optimizer") or ("step", e.line) not in placed:
+        return f"the optimizer's step() on line {e.line} is not a statement of its own"
+    missing = [f"{part} on line {n}" for part, n in
+               [("backward()", n) for n in e.params.get("backward") or []] + [("the clip", n) for n in
+                                                                              e.params.get("clip") or []]
+               if (("backward" if part == "backward()" else "clip"), n) not in placed]
+    return "no loss.backward() was seen" if not e.params.get("backward") else \
+        f"{', '.join(missing) or 'a line'} could not be changed"
 
 
 def _reason(e: Edit, reasons: dict[str, str]) -> str:

@@ -178,6 +178,15 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
             edits.append(Edit("autocast", best["file"], best["line"],
                               {"device_type": model.get("param_device") or "cpu", "dtype": merged["autocast"]},
                               "autocast"))
+    if merged.get("grad_scaler"):
+        steps = probe.get("step_sites") or []
+        if steps:  # its lines in the file of the optimizer's step (where the loop is)
+            step = max(steps, key=lambda x: x["count"])
+            here = [x["line"] for x in probe.get("backward_sites") or [] if x["file"] == step["file"]]
+            clips = [x["line"] for x in probe.get("clip_sites") or [] if x["file"] == step["file"]]
+            edits.append(Edit("grad_scaler", step["file"], step["line"],
+                              {"device_type": model.get("param_device") or "cpu", "backward": sorted(here),
+                               "clip": sorted(clips)}, "autocast"))
     if merged.get("cudnn_benchmark"):
         opt = probe.get("optimizer") or {}
         if opt.get("file"):
@@ -440,6 +449,9 @@ def _edit_text(e: Edit) -> str:
                              f"{e.params.get('name', 'model')} = {e.params.get('name', 'model')}"
                              f".to(memory_format=torch.channels_last)",
             "cudnn_benchmark": "torch.backends.cudnn.benchmark = True",
+            "grad_scaler": f"grad_scaler = torch.amp.GradScaler({e.params.get('device_type', 'cuda')!r}); "
+                           f"grad_scaler.scale(loss).backward(); grad_scaler.unscale_(optimizer) before a clip; "
+                           f"grad_scaler.step(optimizer); grad_scaler.update()",
             "prefetch": f"for ... in prefetch(loader, {e.params.get('device') or 'device'}): with notebook 05's "
                         f"prefetch() added to the file"}.get(e.kind, e.kind)
 
