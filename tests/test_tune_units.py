@@ -699,3 +699,15 @@ def test_the_loops_device_is_named_as_the_script_names_it():
     assert expr(mode="cpu") is None  # a string names a device only in a variable named for one
     assert expr("cuda:0", device="cuda") == "device"  # torch.device("cuda") is the current device
     assert expr("cuda:0", device="cuda:1") is None and expr("cuda:0", device=cpu) is None
+
+
+def test_edits_skipped_together_for_one_reason_are_one_line(tmp_path):
+    from helpers.tune.session import TuneResult
+
+    why = "float16 autocast and its GradScaler are written together or not at all: the step on line 9 is not a " \
+          "statement of its own"
+    res = TuneResult(command=None, out_dir=tmp_path, probe={})
+    res.edits_skipped = [(Edit("autocast", "f", 5, {"dtype": "float16"}, "autocast"), why),
+                         (Edit("grad_scaler", "f", 9, {}, "autocast"), why),
+                         (Edit("loader", "f", 3, {"num_workers": 2}, "num_workers"), "elsewhere")]
+    assert res.not_written() == [f"autocast: {why}", "num_workers: elsewhere"]

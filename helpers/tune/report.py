@@ -49,7 +49,7 @@ def markdown(res: Any) -> str:
                              NOTEBOOK.get(c.technique, "") if c else ""]))
         out += [""] + [f"- **{j.variant}**: {j.reason}." for j in res.judgements] + [""]
     if res.edits_skipped:
-        out += ["## Not written", ""] + [f"- {e.technique or e.kind}: {r}" for e, r in res.edits_skipped] + [""]
+        out += ["## Not written", ""] + [f"- {line}" for line in res.not_written()] + [""]
     if res.skipped:
         out += ["## Not tried", ""] + [f"- {t}{f' (notebook {NOTEBOOK[t]})' if t in NOTEBOOK else ''}: {r}"
                                        for t, r in res.skipped] + [""]

@@ -127,6 +127,11 @@ class TuneResult:
         return (f"The runtime gain did not hold when the rewritten script ran as written "
                 f"({self.proof.figure if self.proof else 'not measured'}): no change is proposed.")
 
+    def not_written(self) -> list[str]:
+        """One line per winner tune could not write, ``"technique: reason"``; edits skipped together for one reason
+        (float16 and its GradScaler) make one line."""
+        return list(dict.fromkeys(f"{e.technique or e.kind}: {why}" for e, why in self.edits_skipped))
+
     def figure(self, j: Judgement) -> str:
         """``j``'s figure, with what it was judged against where that is not the unmodified script (a follow-up)."""
         against = next((c.against for c in self.candidates if c.name == j.variant and c.against), "")

@@ -522,8 +522,8 @@ def _tune(args) -> int:
         print(f"  {j.variant}: {j.verdict}, {res.figure(j)}")
         if j.verdict in ("rejected", "inconclusive"):
             print(f"    {j.reason}")
-    for e, why in res.edits_skipped:  # a winner tune could not write: the user sets it where it is
-        print(f"  not written: {e.technique or e.kind}: {why}")
+    for line in res.not_written():  # a winner tune could not write: the user sets it where it is
+        print(f"  not written: {line}")
     if res.diff:
         print(f"the change: {out / 'change.diff'}  (rewritten script: {out / command.script.name})")
     if res.applied_to:
