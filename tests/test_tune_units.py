@@ -445,6 +445,11 @@ def test_the_headline_says_what_the_diff_holds_and_a_busy_machine_is_not_no_gain
     assert res.headline.startswith("No change was proven faster, but 1 of 1 could not be judged (the machine was busy")
     res.judgements = [judge("num_workers=2", _runs("u", [100, 101]), _runs("n", [100, 101]), QUIET)]
     assert res.headline == "No change made this script faster here: nothing to rewrite."
+    res.judgements = [judge("num_workers=2", _runs("u", [100, 101]), _runs("n", [50, 51]), QUIET)]
+    res.winners, res.edits_made = ["num_workers=2"], [Edit("loader", "f", 3, {"num_workers": 2}, "num_workers")]
+    res.proof = judge("rewritten", _runs("original", [100, 101]), _runs("rewritten", [50, 51], status="error"), QUIET)
+    assert res.headline == ("The rewritten script was rejected when it ran as written (the script failed with this "
+                            "change (round 1): ValueError: bad): no change is proposed.")
 
 
 def test_proven_names_only_the_changes_the_diff_holds(tmp_path, monkeypatch):
@@ -711,3 +716,34 @@ def test_edits_skipped_together_for_one_reason_are_one_line(tmp_path):
                          (Edit("grad_scaler", "f", 9, {}, "autocast"), why),
                          (Edit("loader", "f", 3, {"num_workers": 2}, "num_workers"), "elsewhere")]
     assert res.not_written() == [f"autocast: {why}", "num_workers: elsewhere"]
+
+
+@pytest.mark.parametrize("binding", [
+    "def train(loader, device, prefetch=False):\n",  # a parameter
+    "def train(loader, device):\n    prefetch = None\n",  # a local
+    "from utils import *\ndef train(loader, device):\n",  # a star import may bind any name
+])
+def test_a_name_the_file_uses_already_is_never_shadowed_by_the_prefetcher(binding):
+    src = f"import torch\n{binding}    for x in loader:\n        print(x)\n"
+    line = next(i for i, ln in enumerate(src.splitlines(), 1) if ln.lstrip().startswith("for x"))
+    new, made, skipped = apply_edits(src, [Edit("prefetch", "f", line, {"device": "device"})])
+    assert new == src and not made
+    assert ("star import" if "*" in binding else "already uses the name prefetch") in skipped[0][1]
+    # keyword arguments and attributes bind no name: the edit is made
+    other = "import torch\ndef train(loader, args):\n    f(prefetch=args.prefetch)\n    for x in loader:\n        g(x)\n"
+    new, made, _ = apply_edits(other, [Edit("prefetch", "f", 4, {"device": "args.device"})])
+    assert made and "    for x in prefetch(loader, args.device):\n" in new
+
+
+def test_the_grad_scaler_goes_after_the_last_import_where_code_sits_between_imports():
+    src = ("import os\nos.environ.setdefault(\"OMP_NUM_THREADS\", \"1\")\nimport torch\n\n\n"
+           "def train(model, opt, x):\n    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n")
+    edits = [Edit("autocast", "f", 7, {"device_type": "cuda", "dtype": "float16"}),
+             Edit("grad_scaler", "f", 9, {"device_type": "cuda", "backward": [8], "clip": []})]
+    new, made, skipped = apply_edits(src, edits)
+    assert len(made) == 2 and not skipped
+    assert new.index("import torch\n") < new.index("grad_scaler = torch.amp.GradScaler(\"cuda\")")
+    compile(new, "rewritten.py", "exec")
+    taken = src.replace("def train(model, opt, x):", "def train(model, opt, x, grad_scaler=None):")
+    new, made, skipped = apply_edits(taken, edits)
+    assert new == taken and not made and "already uses the name grad_scaler" in skipped[0][1]

@@ -245,9 +245,9 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
         if not on_device:
             skipped.append(("side_stream", f"the model is on the {device}: there is no host-to-device copy to "
                                            f"overlap"))
-        elif not probe.get("loop_sites"):
+        elif not [x for x in probe.get("loop_sites") or [] if x.get("is_for", True)]:
             skipped.append(("side_stream", "the script's own files have no for loop over the DataLoader they build "
-                                           "(a framework's loop is its own)"))
+                                           "(a loop of next() calls, or a framework's loop, is not rewritten)"))
         else:
             out.append(Candidate("side-stream prefetch", "side_stream",
                                  {"loader": {"pin_memory": True}, "prefetch": True},

@@ -449,17 +449,39 @@ def _watch_loops(rec: Recorder) -> None:
         batches = orig_iter(self)
         if not getattr(self, "_workbook_tune_user", False):
             return batches
-        frame = rec.user_frame(sys._getframe(1))
+        start = sys._getframe(1)
+        while start is not None and isinstance(start.f_locals.get("self"), DataLoader):
+            start = start.f_back  # a DataLoader subclass's own method: the loop is its caller's
+        frame = rec.user_frame(start)
         device = _model_device(rec)
         if frame is not None:
             key = (str(Path(frame.f_code.co_filename).resolve()), int(frame.f_lineno))
             if key not in rec.loop_sites:
-                rec.loop_sites[key] = {**rec.site(frame), "device_expr": _device_expr(frame, rec.model, device)}
+                rec.loop_sites[key] = {**rec.site(frame), "is_for": _in_for_header(*key),
+                                       "device_expr": _device_expr(frame, rec.model, device)}
         if rec.apply.get("prefetch") and device is not None:
             return prefetch(batches, device)
         return batches
 
     DataLoader.__iter__ = loader_iter
+
+
+_FOR_HEADERS: dict[str, list[tuple[int, int]]] = {}
+
+
+def _in_for_header(filename: str, line: int) -> bool:
+    """Whether ``line`` of ``filename`` is within the iterable of a ``for`` statement (not a comprehension, not an
+    ``iter()`` call on a line of its own): the loops the ``prefetch`` edit can wrap. Each file is parsed once."""
+    import ast
+
+    if filename not in _FOR_HEADERS:
+        try:
+            tree = ast.parse(Path(filename).read_text(encoding="utf-8"), filename=filename)
+        except (OSError, SyntaxError, ValueError):
+            tree = None
+        _FOR_HEADERS[filename] = [(n.iter.lineno, n.iter.end_lineno or n.iter.lineno) for n in ast.walk(tree)
+                                  if isinstance(n, ast.For)] if tree is not None else []
+    return any(a <= line <= b for a, b in _FOR_HEADERS[filename])
 
 
 def _model_device(rec: Recorder):

@@ -342,13 +342,13 @@ class _Editor(cst.CSTTransformer):
         return updated.with_changes(body=self._edit_block(original.body, updated.body))
 
     def visit_Module(self, node: cst.Module) -> None:
-        names = _top_level_names(node)
-        self.taken = names & set(PREFETCH_NAMES)  # a name of the prefetcher's the file binds
-        self.taken_scaler = names & {SCALER}
+        names = _names_used(node)
+        self.taken = names & (set(PREFETCH_NAMES) | {"*"})  # a name of the prefetcher's the file uses already
+        self.taken_scaler = names & {SCALER, "*"}
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = self._edit_block(original.body, updated.body)
-        at = _after_imports(body)
+        at = _after_imports(body) if not self.scaler_device else _after_last_import(body)
         added: list[cst.BaseStatement] = []
         wanted = [m for m in side_stream.IMPORTS if self.prefetcher] + ["torch"] * self.needs_torch
         added += [cst.parse_statement(f"import {m}\n") for m in dict.fromkeys(wanted) if not _imports(original, m)]
@@ -365,27 +365,35 @@ class _Editor(cst.CSTTransformer):
         return updated.with_changes(body=body[:at] + added + body[at:])
 
 
-def _top_level_names(module: cst.Module) -> set[str]:
-    """The names the module's top level binds: functions, classes, assignment targets, imports."""
-    names: set[str] = set()
-    for stmt in module.body:
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            names.add(stmt.name.value)
-        elif isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
-                    names |= {(a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name) else
-                               _dotted(a.name).split(".")[0]) for a in small.names}
-                elif isinstance(small, (cst.Assign, cst.AnnAssign)):
-                    targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
-                    names |= {t.value for t in targets if isinstance(t, cst.Name)}
-    return names
+def _names_used(module: cst.Module) -> set[str]:
+    """Every name the file binds or reads, at any depth (parameters, locals, globals; not attributes or keyword
+    arguments), with ``"*"`` where it has a star import (which may bind any name)."""
+    found: set[str] = set()
+
+    class Names(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            node.value.visit(self)  # "args.prefetch": only the object's name counts
+            return False
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            node.value.visit(self)  # "f(prefetch=True)": the keyword binds nothing in the file
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+        def visit_ImportStar(self, node: cst.ImportStar) -> None:
+            found.add("*")
+
+    module.visit(Names())
+    return found
 
 
-def _dotted(node: cst.BaseExpression) -> str:
-    if isinstance(node, cst.Attribute):
-        return f"{_dotted(node.value)}.{node.attr.value}"
-    return node.value if isinstance(node, cst.Name) else ""
+def _taken_text(taken: Sequence[str], what: str) -> str:
+    """Why an edit that adds ``what`` was not made: the names of its the file uses already."""
+    if "*" in taken:
+        return f"the file has a star import (from ... import *), which may bind a name {what} needs"
+    return f"the file already uses the name{'s' if len(taken) > 1 else ''} {', '.join(taken)}"
 
 
 def _imports(module: cst.Module, name: str) -> bool:
@@ -398,6 +406,17 @@ def _imports(module: cst.Module, name: str) -> bool:
                         for a in small.names):
                     return True
     return False
+
+
+def _after_last_import(body: Sequence[cst.BaseStatement]) -> int:
+    """The index after the module's last top-level import statement, wherever it is (a script may set
+    ``os.environ`` between its imports): a statement that runs at import time and uses torch goes there."""
+    last = _after_imports(body)
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(x, (cst.Import, cst.ImportFrom))
+                                                             for x in stmt.body):
+            last = max(last, i + 1)
+    return last
 
 
 def _after_imports(body: Sequence[cst.BaseStatement]) -> int:
@@ -475,10 +494,10 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
                "call_keywords": "no {call}(...) call starts on that line"}
     reasons["argparse_default"] = "no add_argument(...) call starts on that line"
     reasons["grad_scaler"] = "its lines could not all be placed"
-    taken = sorted(_top_level_names(module) & set(PREFETCH_NAMES))
+    taken = sorted(_names_used(module) & (set(PREFETCH_NAMES) | {"*"}))
     reasons["prefetch"] = (
-        f"the file already defines {', '.join(taken)} at its top level: wrap the loop in notebook 05's prefetch() "
-        f"by hand" if taken else "no for loop over the DataLoader on that line")
+        _taken_text(taken, "notebook 05's prefetcher") + ": rename yours, or add notebook 05's three functions "
+        "under other names by hand" if taken else "no for loop over the DataLoader on that line")
     skipped = options_skipped + group_skipped + [(e, f"{_reason(e, reasons)} (line {e.line})")
                                                  for i, e in enumerate(edits) if i not in editor.done]
     return new.code, made, skipped
@@ -508,8 +527,9 @@ def _scaler_reason(e: Edit, editor: _Editor, module: cst.Module) -> str:
     """Why a float16 edit (its autocast or its GradScaler) was not placed whole."""
     if e.kind == "autocast":
         return f"the forward call on line {e.line} is not a statement of its own line"
-    if SCALER in _top_level_names(module):
-        return f"the file already binds {SCALER} at its top level"
+    taken = sorted(_names_used(module) & {SCALER, "*"})
+    if taken:
+        return _taken_text(taken, "the GradScaler")
     placed = editor.parts.get(editor.edits.index(e), set())
     if not e.params.get("optimizer") or ("step", e.line) not in placed:
         return f"the optimizer's step() on line {e.line} is not a statement of its own"

@@ -124,6 +124,9 @@ class TuneResult:
             return "No change made this script faster here: nothing to rewrite."
         if not self.edits_made:
             return "Changes won at runtime, but none could be written into the script (see 'Not written')."
+        if self.proof is not None and self.proof.verdict == "rejected":
+            return (f"The rewritten script was rejected when it ran as written ({self.proof.reason.splitlines()[0]}): "
+                    f"no change is proposed.")
         return (f"The runtime gain did not hold when the rewritten script ran as written "
                 f"({self.proof.figure if self.proof else 'not measured'}): no change is proposed.")
 
@@ -206,7 +209,7 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
             edits.append(Edit("channels_last", opt["file"], opt["line"], {"name": names[0], "assign": True},
                               "channels_last"))
     if merged.get("prefetch"):
-        for site in probe.get("loop_sites") or []:
+        for site in [x for x in probe.get("loop_sites") or [] if x.get("is_for", True)]:  # a peek is no loop
             edits.append(Edit("prefetch", site["file"], site["line"], {"device": site.get("device_expr")},
                               "side_stream"))
     for c in winners:  # a framework's setting: keywords of its call in the script
