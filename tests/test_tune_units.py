@@ -747,3 +747,19 @@ def test_the_grad_scaler_goes_after_the_last_import_where_code_sits_between_impo
     taken = src.replace("def train(model, opt, x):", "def train(model, opt, x, grad_scaler=None):")
     new, made, skipped = apply_edits(taken, edits)
     assert new == taken and not made and "already uses the name grad_scaler" in skipped[0][1]
+
+
+def test_progress_says_when_a_failed_change_is_not_run_again(tmp_path, monkeypatch):
+    def fake_run_once(command, name, apply, **kw):
+        ok = name != "bad"
+        return Run(name, kw["round_"], "steps" if ok else "error", [0.01] * 5 if ok else [], [1.0] * 5, 1.0,
+                   "" if ok else "ValueError: bad", {})
+
+    monkeypatch.setattr(engine, "run_once", fake_run_once)
+    lines: list[str] = []
+    variants = [("unmodified", {}, None), ("bad", {"x": 1}, None), ("good", {"y": 1}, None)]
+    runs, _ = engine.measure(None, variants, rounds=3, workdir=tmp_path, warmup=1, steps=5, timeout_s=10,
+                             progress=lines.append)
+    assert len(runs["bad"]) == 1 and len(runs["good"]) == 3
+    assert lines[1] == "[2/7] round 1: bad: error (its 2 later runs skipped)"
+    assert lines[-1].startswith("[7/7] ")

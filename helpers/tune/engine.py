@@ -488,13 +488,16 @@ def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path
                            give_up_step_s=None if name == reference or r > 0 else give_up_step_s)
             runs[name].append(run)
             k += 1
+            skipped = 0
             if name != reference and not run.ok:
                 dropped.add(name)
-                total -= rounds - 1 - r
+                skipped = rounds - 1 - r
+                total -= skipped
             if progress:
                 med = f"{statistics.fmean(run.step_times_s) * 1e3:.1f} ms/step" if run.step_times_s else run.status
                 progress(f"[{k}/{total}] round {r + 1}: {name}: {med}"
-                         + (" (stopped: too slow to be worth timing further)" if run.status == "slow" else ""))
+                         + (" (stopped: too slow to be worth timing further)" if run.status == "slow" else "")
+                         + (f" (its {skipped} later run{'s' if skipped > 1 else ''} skipped)" if skipped else ""))
     busy = machine.check(before, machine.snapshot())
     return runs, busy
 
