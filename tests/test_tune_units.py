@@ -730,7 +730,8 @@ def test_a_name_the_file_uses_already_is_never_shadowed_by_the_prefetcher(bindin
     assert new == src and not made
     assert ("star import" if "*" in binding else "already uses the name prefetch") in skipped[0][1]
     # keyword arguments and attributes bind no name: the edit is made
-    other = "import torch\ndef train(loader, args):\n    f(prefetch=args.prefetch)\n    for x in loader:\n        g(x)\n"
+    other = ("import torch\ndef train(loader, args):\n    f(prefetch=args.prefetch)\n    for x in loader:\n"
+             "        g(x)\n")
     new, made, _ = apply_edits(other, [Edit("prefetch", "f", 4, {"device": "args.device"})])
     assert made and "    for x in prefetch(loader, args.device):\n" in new
 

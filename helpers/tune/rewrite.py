@@ -17,8 +17,8 @@ each at a file and line that :mod:`helpers.tune.hook` took from the running fram
 - ``prefetch``: the ``for`` loop over the DataLoader on that line made ``for ... in prefetch(<loader>, <device>):``
   (``params["device"]``: an expression for the model's device, valid at the loop), and notebook 05's side-stream
   prefetcher (:data:`helpers.pipeline.side_stream.SOURCE`) added after the file's imports, with the imports it needs
-  (:data:`helpers.pipeline.side_stream.IMPORTS`) where the file lacks them. Where the file already binds one of its names at the top level, or no device
-  expression was found, the edit is skipped with that reason;
+  (:data:`helpers.pipeline.side_stream.IMPORTS`) where the file lacks them. Where the file already uses one of its
+  names anywhere (or has a star import), or no device expression was found, the edit is skipped with that reason;
 - ``grad_scaler`` (with a float16 ``autocast`` edit): the PyTorch AMP recipe's loss scaling, as notebook 06 shows it:
   ``grad_scaler = torch.amp.GradScaler("<device>")`` after the file's imports, ``loss.backward()`` made
   ``grad_scaler.scale(loss).backward()`` on each line of ``params["backward"]``, ``grad_scaler.unscale_(optimizer)``
@@ -533,12 +533,11 @@ def _scaler_reason(e: Edit, editor: _Editor, module: cst.Module) -> str:
     placed = editor.parts.get(editor.edits.index(e), set())
     if not e.params.get("optimizer") or ("step", e.line) not in placed:
         return f"the optimizer's step() on line {e.line} is not a statement of its own"
-    missing = [f"{part} on line {n}" for part, n in
-               [("backward()", n) for n in e.params.get("backward") or []] + [("the clip", n) for n in
-                                                                              e.params.get("clip") or []]
-               if (("backward" if part == "backward()" else "clip"), n) not in placed]
-    return "no loss.backward() was seen" if not e.params.get("backward") else \
-        f"{', '.join(missing) or 'a line'} could not be changed"
+    if not e.params.get("backward"):
+        return "no loss.backward() was seen"
+    missing = [f"backward() on line {n}" for n in e.params["backward"] if ("backward", n) not in placed]
+    missing += [f"the clip on line {n}" for n in e.params.get("clip") or [] if ("clip", n) not in placed]
+    return f"{', '.join(missing) or 'a line'} could not be changed"
 
 
 def _reason(e: Edit, reasons: dict[str, str]) -> str:
