@@ -529,6 +529,7 @@ CLIPPED_LOOP = textwrap.dedent('''\
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            sched.step()
         return loss
 
 
@@ -538,6 +539,8 @@ CLIPPED_LOOP = textwrap.dedent('''\
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
         loader = DataLoader(TensorDataset(torch.randn(480, 8), torch.randint(2, (480,))), batch_size=16)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        global sched
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)  # it wraps opt.step as a method
         boost = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
         print(f"final loss {train(model, opt, loader, device, boost).item() / boost:.2f}")
 
@@ -585,9 +588,43 @@ def test_float16_with_its_grad_scaler_runs_in_the_users_loop_and_is_written_whol
     done = subprocess.run([sys.executable, "rewritten.py"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("final loss"), done.stderr[-2000:]
+    # the proof runs the rewritten file under the hook: its step's loss is the loss, not the scaled loss
+    proof = run_once(parse_command(["python", "train.py"], cwd=tmp_path), "rewritten", {}, workdir=tmp_path / "w3",
+                     warmup=2, steps=20, timeout_s=120, script=tmp_path / "rewritten.py")
+    assert proof.ok and proof.result["losses"] == pytest.approx(plain.result["losses"], rel=0.05)
     # a step that is not a statement of its own: neither float16 nor its scaler is written
     odd = CLIPPED_LOOP.replace("        opt.step()\n", "        _ = opt.step()\n")
     assert odd != CLIPPED_LOOP
     new, made, skipped = apply_edits(odd, plan_edits(plain.result, [winner], script))
     assert new == odd and not made and len(skipped) == 2
     assert all("written together or not at all" in why for _, why in skipped)
+
+
+def test_an_optimizer_stepped_with_a_closure_gets_no_float16(tmp_path):
+    from helpers.tune import candidates
+    from helpers.tune.engine import run_once
+
+    (tmp_path / "train.py").write_text(textwrap.dedent('''\
+        import torch
+
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.LBFGS(model.parameters(), lr=0.1)
+        x, y = torch.randn(32, 4), torch.randn(32, 1)
+
+
+        def closure():
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+
+        for _ in range(40):
+            opt.step(closure)
+        '''))
+    run = run_once(parse_command(["python", "train.py"], cwd=tmp_path), "unmodified", {}, workdir=tmp_path / "w",
+                   warmup=2, steps=10, timeout_s=120)
+    assert run.ok and run.result["step_closure"] is True
+    probe = {**run.result, "model": {**run.result["model"], "param_device": "cuda", "bf16_supported": False}}
+    _, skipped = candidates.choose(probe, cores=2)
+    assert "does not take the closure" in dict(skipped)["autocast"]

@@ -764,3 +764,39 @@ def test_progress_says_when_a_failed_change_is_not_run_again(tmp_path, monkeypat
     assert len(runs["bad"]) == 1 and len(runs["good"]) == 3
     assert lines[1] == "[2/7] round 1: bad: error (its 2 later runs skipped)"
     assert lines[-1].startswith("[7/7] ")
+
+
+def test_float16_is_not_written_where_a_line_of_it_is_outside_the_script_or_the_step_takes_a_closure(tmp_path):
+    from helpers.tune.session import _float16_in_one_file
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    command = parse_command(["python", "train.py"], cwd=tmp_path)
+    mine, other = str(script.resolve()), str(tmp_path / "engine_utils.py")
+    group = [Edit("autocast", mine, 10, {"device_type": "cuda", "dtype": "float16"}, "autocast"),
+             Edit("grad_scaler", mine, 14, {"backward": [], "clip": [], "elsewhere": [(other, 6)]}, "autocast")]
+    loader = Edit("loader", mine, 3, {"num_workers": 2}, "num_workers")
+    kept, skipped = _float16_in_one_file(group + [loader], script, command)
+    assert kept == [loader] and len(skipped) == 2
+    assert "engine_utils.py, line 6: tune edits only the script you gave" in skipped[0][1]
+    assert _float16_in_one_file(group[:1] + [loader], script, command) == (group[:1] + [loader], [])
+    # a step given a closure (LBFGS) stays as it is, and so does the float16 autocast
+    src = "import torch\nloss = model(x)\nloss.backward()\nopt.step(closure)\n"
+    new, made, skipped = apply_edits(src, [Edit("autocast", "f", 2, {"device_type": "cuda", "dtype": "float16"}),
+                                           Edit("grad_scaler", "f", 4, {"device_type": "cuda", "backward": [3]})])
+    assert new == src and not made and "takes arguments" in skipped[0][1]
+
+
+def test_a_rewritten_scripts_traceback_shows_its_own_lines(tmp_path, monkeypatch):
+    import traceback
+
+    from helpers.tune.hook import _run_as_main
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the runner puts the script's folder first, as python does
+
+    (tmp_path / "train.py").write_text("x = 1\ny = 2\nz = 3\n")
+    (tmp_path / "rewritten.py").write_text("import sys\nx = 1\nraise ValueError('in the rewritten file')\n")
+    with pytest.raises(ValueError) as info:
+        _run_as_main(str(tmp_path / "train.py"), str(tmp_path / "rewritten.py"))
+    text = "".join(traceback.format_exception(info.value))
+    assert "raise ValueError('in the rewritten file')" in text and "y = 2" not in text

@@ -264,7 +264,8 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
     elif others:
         names = ", ".join(n for o in others for n in (o.get("model_names") or ["?"])[:1])
         skipped.append(("autocast", f"the script builds {len(others) + 1} optimizers (the other model: {names}): "
-                                    f"autocast around one model's forward would hand bfloat16 to the other; put "
+                                    f"autocast around one model's forward would hand its lower precision to the "
+                                    f"other; put "
                                     f"the whole step under torch.autocast by hand (notebook 06)"))
     elif model.get("param_dtype") not in ("float32", None):
         skipped.append(("autocast", f"the model's parameters are already {model['param_dtype']}"))
@@ -274,6 +275,10 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
     elif not on_device:
         skipped.append(("autocast", f"bfloat16 is not known to be supported on this {device}, and float16 is "
                                     f"not tried there"))
+    elif probe.get("step_closure"):
+        skipped.append(("autocast", f"bfloat16 is not known to be supported on this {device}, and float16 needs a "
+                                    f"GradScaler, whose step() does not take the closure this optimizer's step() is "
+                                    f"given (LBFGS)"))
     elif not (probe.get("backward_sites") and probe.get("step_sites")):
         skipped.append(("autocast", f"bfloat16 is not known to be supported on this {device}, and float16 needs a "
                                     f"GradScaler at the loss's backward() and the optimizer's step(), which were "

@@ -94,6 +94,8 @@ class Recorder:
         self.scaler = None  # the GradScaler of apply["grad_scaler"], made with the first optimizer
         self.unscaled = False  # its gradients were unscaled this step (before a clip)
         self.optimizer_obj = None  # the optimizer the scaler steps
+        self._scaled = None  # (the last tensor a GradScaler scaled, the tensor before scaling)
+        self.step_closure = False  # the optimizer's step() was given a closure (LBFGS)
         self.autocast_in_use = False
         self.saved: list[dict[str, str]] = []
         self.notes: list[str] = []
@@ -155,6 +157,7 @@ class Recorder:
         if id(optimizer) != self.optimizer_id:
             return
         self.count_site(self.step_sites, sys._getframe(1))
+        self.step_closure = self.step_closure or bool(args) or "closure" in (kwargs or {})
         if self.sync is None:
             self.sync = _sync_for(optimizer)
         if self.sync:
@@ -193,7 +196,7 @@ class Recorder:
             "forward_sites": [{"file": f, "line": ln, "count": c} for (f, ln), c in self.forward_sites.items()],
             "to_sites": list(self.to_sites.values()), "loop_sites": list(self.loop_sites.values()),
             "backward_sites": list(self.backward_sites.values()), "step_sites": list(self.step_sites.values()),
-            "clip_sites": list(self.clip_sites.values()),
+            "clip_sites": list(self.clip_sites.values()), "step_closure": self.step_closure,
             "autocast_in_use": self.autocast_in_use, "saved": self.saved, "notes": self.notes,
             "frameworks": sorted(m for m in ("lightning", "pytorch_lightning", "transformers", "accelerate")
                                  if m in sys.modules),
@@ -273,9 +276,19 @@ def install(rec: Recorder) -> None:
 
     orig_backward = torch.Tensor.backward
 
+    orig_scale = torch.amp.GradScaler.scale
+
+    def scale(self, outputs):  # a loss the script scales itself: its step's loss is the unscaled one
+        out = orig_scale(self, outputs)
+        rec._scaled = (out, outputs.detach()) if isinstance(outputs, torch.Tensor) else None
+        return out
+
+    torch.amp.GradScaler.scale = scale
+
     def backward(self, *args, **kwargs):
         if self.numel() == 1:
-            rec._loss = self.detach()
+            scaled, rec._scaled = rec._scaled, None
+            rec._loss = scaled[1] if scaled is not None and scaled[0] is self else self.detach()
             rec.count_site(rec.backward_sites, sys._getframe(1))
             if rec.scaler is not None:
                 return orig_backward(rec.scaler.scale(self), *args, **kwargs)
@@ -389,6 +402,8 @@ def _scale_steps(rec: Recorder, optimizer) -> None:
     on the model's device; ``backward()`` takes the scaled loss (the ``backward`` hook), a clip is preceded by
     ``unscale_`` (:func:`_watch_clips`), and ``optimizer.step()`` becomes ``scaler.step(optimizer)`` then
     ``scaler.update()``. A step the scaler skips (inf or NaN gradients) is still timed as one of the script's."""
+    import types
+
     import torch
 
     rec.scaler = torch.amp.GradScaler(rec.model_info.get("param_device") or "cpu")
@@ -396,22 +411,22 @@ def _scale_steps(rec: Recorder, optimizer) -> None:
     orig_step = optimizer.step
     inside = [False]
 
-    def step(*args, **kwargs):
+    def step(self, *args, **kwargs):  # a method, as an LR scheduler's wrap of optimizer.step expects (__func__)
         if inside[0]:  # the scaler's own call of optimizer.step()
             return orig_step(*args, **kwargs)
         inside[0] = True
         n = len(rec.step_t)
         try:
-            out = rec.scaler.step(optimizer, *args, **kwargs)
+            out = rec.scaler.step(self, *args, **kwargs)
             rec.scaler.update()
         finally:
             inside[0] = False
             rec.unscaled = False
         if len(rec.step_t) == n:  # skipped by the scaler: the post-hook did not run
-            rec.on_step(optimizer, args, kwargs)
+            rec.on_step(self, args, kwargs)
         return out
 
-    optimizer.step = step
+    optimizer.step = types.MethodType(step, optimizer)
 
 
 def _watch_clips(rec: Recorder) -> None:
@@ -712,7 +727,12 @@ def _run_as_main(script: str, source: str) -> None:
     import builtins
     import types
 
-    code = compile(Path(source).read_text(encoding="utf-8"), script, "exec")
+    text = Path(source).read_text(encoding="utf-8")
+    code = compile(text, script, "exec")
+    if source != script:  # a traceback shows the rewritten lines, not the original file's at those numbers
+        import linecache
+
+        linecache.cache[script] = (len(text), None, text.splitlines(True), script)
     module = types.ModuleType("__main__")
     module.__dict__.update(__file__=script, __builtins__=builtins, __spec__=None, __loader__=None,
                            __package__=None, __cached__=None)

@@ -327,11 +327,10 @@ class _Editor(cst.CSTTransformer):
         if not start <= e.line <= end or len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Expr):
             return stmt
         call = stmt.body[0].value
-        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "step"):
+        plain = isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "step"
+        if not plain or call.args:  # with arguments (LBFGS's closure): GradScaler.step does not take them
             return stmt
-        new = cst.Call(func=cst.parse_expression(f"{SCALER}.step"),
-                       args=[cst.Arg(call.func.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-                             if call.args else cst.Arg(call.func.value)] + list(call.args))
+        new = cst.Call(func=cst.parse_expression(f"{SCALER}.step"), args=[cst.Arg(call.func.value)])
         out.append(stmt.with_changes(body=[stmt.body[0].with_changes(value=new)]))
         self._part(i, "step", e.line)
         self.needs_torch = True
@@ -532,7 +531,8 @@ def _scaler_reason(e: Edit, editor: _Editor, module: cst.Module) -> str:
         return _taken_text(taken, "the GradScaler")
     placed = editor.parts.get(editor.edits.index(e), set())
     if not e.params.get("optimizer") or ("step", e.line) not in placed:
-        return f"the optimizer's step() on line {e.line} is not a statement of its own"
+        return (f"the optimizer's step() on line {e.line} is not a plain optimizer.step() statement on a line of its "
+                f"own (it shares the line, is part of a one-line if, or takes arguments)")
     if not e.params.get("backward"):
         return "no loss.backward() was seen"
     missing = [f"backward() on line {n}" for n in e.params["backward"] if ("backward", n) not in placed]

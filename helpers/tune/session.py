@@ -188,13 +188,15 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
                               "autocast"))
     if merged.get("grad_scaler"):
         steps = probe.get("step_sites") or []
-        if steps:  # its lines in the file of the optimizer's step (where the loop is)
+        if steps:  # its lines in the file of the optimizer's step (where the loop is); others are named
             step = max(steps, key=lambda x: x["count"])
-            here = [x["line"] for x in probe.get("backward_sites") or [] if x["file"] == step["file"]]
-            clips = [x["line"] for x in probe.get("clip_sites") or [] if x["file"] == step["file"]]
-            edits.append(Edit("grad_scaler", step["file"], step["line"],
-                              {"device_type": model.get("param_device") or "cpu", "backward": sorted(here),
-                               "clip": sorted(clips)}, "autocast"))
+            sites = [("backward", x) for x in probe.get("backward_sites") or []] + \
+                [("clip", x) for x in probe.get("clip_sites") or []]
+            edits.append(Edit("grad_scaler", step["file"], step["line"], {
+                "device_type": model.get("param_device") or "cpu",
+                "backward": sorted(x["line"] for kind, x in sites if kind == "backward" and x["file"] == step["file"]),
+                "clip": sorted(x["line"] for kind, x in sites if kind == "clip" and x["file"] == step["file"]),
+                "elsewhere": [(x["file"], x["line"]) for _, x in sites if x["file"] != step["file"]]}, "autocast"))
     if merged.get("cudnn_benchmark"):
         opt = probe.get("optimizer") or {}
         if opt.get("file"):
@@ -366,7 +368,7 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     script = command.script
     assert script is not None
     source = script.read_text(encoding="utf-8")
-    edits = plan_edits(res.probe, winners, script)
+    edits, split = _float16_in_one_file(plan_edits(res.probe, winners, script), script, command)
     here = [e for e in edits if e.file == str(script.resolve())]
     elsewhere: list[tuple[Edit, list[str]]] = []
     for e in edits:
@@ -385,6 +387,7 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
                 continue
         elsewhere.append((e, advice))
     new, made, skipped = apply_edits(source, here, passed=command.args)
+    skipped += split
     for e, advice in elsewhere:
         if not advice:
             what = f"set it there: {_edit_text(e)}"
@@ -415,6 +418,24 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
         res.rewritten = new
         return True
     return False
+
+
+def _float16_in_one_file(edits: list[Edit], script: Path,
+                         command: Command) -> tuple[list[Edit], list[tuple[Edit, str]]]:
+    """``edits`` without float16's autocast and GradScaler edits where any of their lines (the forward, a
+    backward(), a clip, the step) lies outside the script: tune writes only the script, and float16 without all of
+    its scaler's lines would train wrongly. Those edits come back as skipped, with the line outside."""
+    group = [e for e in edits
+             if e.kind == "grad_scaler" or (e.kind == "autocast" and e.params.get("dtype") == "float16")]
+    mine = str(script.resolve())
+    outside = [(e.file, e.line) for e in group if e.file != mine]
+    outside += [tuple(x) for e in group for x in e.params.get("elsewhere") or []]
+    if not outside:
+        return edits, []
+    file, line = outside[0]
+    why = (f"float16 autocast and its GradScaler are written together or not at all, and one of their lines is in "
+           f"{_where(file, command)}, line {line}: tune edits only the script you gave")
+    return [e for e in edits if e not in group], [(e, why) for e in group]
 
 
 def _variant(c: Candidate, command: Command, work: Path, res: TuneResult) -> tuple[str, dict, Path | None] | None:
