@@ -3,8 +3,8 @@
 Notebook 10 and the run report end with "the change in your code". For the built-in job that is the diff between
 its baseline and its optimized variant, shown on the loop every PyTorch user writes (:data:`LOOP`): the edits are
 the ones :mod:`helpers.tune.rewrite` makes in a user's script, so the lines a learner reads here are the lines
-``workbook tune`` writes; the side-stream prefetcher is notebook 05's own functions added to the file, with the loop
-over the loader wrapped. Changes to the built-in job's own pipeline (batched decode, the decoded-dataset cache) are
+``workbook tune`` writes; on a device with streams, the side-stream prefetcher is notebook 05's own functions added
+to the file, with the loop over the loader wrapped (on a CPU it is only named: it would change nothing there). Changes to the built-in job's own pipeline (batched decode, the decoded-dataset cache) are
 named with the notebook whose "The change in code" cell shows them.
 """
 
@@ -87,10 +87,11 @@ def change_as_code(optimizations: Sequence[str], *, num_workers: int = 2, amp_dt
                          "it")
     if "channels_last" in opts:
         edits.append(Edit("channels_last", path, _LINE["optimizer"], {"name": "model"}, "channels_last"))
-    if "prefetcher" in opts:
+    if "prefetcher" in opts and device_type == "cpu":  # no stream: notebook 05's functions would change nothing
+        notes.append("the side-stream prefetcher (notebook 05's 'The change in code') overlaps copies only where the "
+                     "device has streams (CUDA, NPU): on a CPU it changes nothing, so it is not in the diff")
+    elif "prefetcher" in opts:
         edits.append(Edit("prefetch", path, _LINE["loop"], {"device": "device"}, "side_stream"))
-        if device_type == "cpu":
-            notes.append("the side-stream prefetcher overlaps copies only where the device has streams (CUDA, NPU)")
     for name in optimizations:
         if name in _ELSEWHERE:
             notes.append(_ELSEWHERE[name])
