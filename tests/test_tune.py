@@ -502,9 +502,9 @@ def test_the_side_stream_prefetcher_runs_in_the_users_loop_and_is_written_there(
     new, made, skipped = apply_edits(PLAIN_LOOP, edits)
     assert [e.kind for e in made] == ["prefetch"] and not skipped
     assert "        for step, (x, y) in prefetch(enumerate(loader), args.device):  # the training loop\n" in new
-    assert SOURCE in new and new.startswith("import argparse\n\nimport torch\nfrom torch.utils.data import "
-                                             "DataLoader, TensorDataset\nimport contextlib\nimport functools\n\n\n"
-                                             "# A side-stream")
+    assert SOURCE in new and new.startswith("import argparse\nimport contextlib\nimport functools\n\nimport torch\n"
+                                             "from torch.utils.data import DataLoader, TensorDataset\n\n\n"
+                                             "# A side-stream")  # the standard library's imports with its own
     (tmp_path / "rewritten.py").write_text(new)
     runs = [subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=120)
             for name in ("train.py", "rewritten.py")]

@@ -530,7 +530,7 @@ def test_notebook_10s_change_is_the_loop_edited_by_tunes_own_rewriter():
     from helpers.pipeline.side_stream import SOURCE
 
     added = "\n".join(ln[1:] for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++"))
-    assert SOURCE.rstrip("\n") in added and "+import contextlib\n+import functools\n" in diff  # notebook 05's, as is
+    assert SOURCE.rstrip("\n") in added and "+import contextlib\n+import functools\n+\n import torch" in diff
     diff, notes = change_as_code(["prefetcher"], device_type="cpu")
     assert diff == "" and "only where the device has streams" in notes[0] and "notebook 05" in notes[0]
     _, notes = change_as_code(["pinned_memory"], device_type="cpu")

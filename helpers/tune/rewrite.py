@@ -43,6 +43,7 @@ with its reason, never guessed.
 from __future__ import annotations
 
 import difflib
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -348,9 +349,10 @@ class _Editor(cst.CSTTransformer):
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = self._edit_block(original.body, updated.body)
         at = _after_imports(body) if not self.scaler_device else _after_last_import(body)
-        added: list[cst.BaseStatement] = []
         wanted = [m for m in side_stream.IMPORTS if self.prefetcher] + ["torch"] * self.needs_torch
-        added += [cst.parse_statement(f"import {m}\n") for m in dict.fromkeys(wanted) if not _imports(original, m)]
+        new_imports = [m for m in dict.fromkeys(wanted) if not _imports(original, m)]
+        std = [cst.parse_statement(f"import {m}\n") for m in new_imports if m in sys.stdlib_module_names]
+        added = [cst.parse_statement(f"import {m}\n") for m in new_imports if m not in sys.stdlib_module_names]
         if self.scaler_device:
             added.append(cst.parse_statement(f'{SCALER} = torch.amp.GradScaler("{self.scaler_device}")  # float16 '
                                              f'needs its loss scaled (the workbook\'s notebook 06)\n').with_changes(
@@ -361,7 +363,11 @@ class _Editor(cst.CSTTransformer):
                       for stmt in cst.parse_module("pass\n" + side_stream.SOURCE).body[1:]]  # its comment kept
             if at < len(body) and len(body[at].leading_lines) < 2:
                 body[at] = body[at].with_changes(leading_lines=two)
-        return updated.with_changes(body=body[:at] + added + body[at:])
+        std_at = _stdlib_imports_end(body) if std else at  # the standard library's imports first, as isort has them
+        if std and std_at < len(body) and _import_root(body[std_at]) not in ("", *sys.stdlib_module_names) \
+                and not body[std_at].leading_lines:
+            body[std_at] = body[std_at].with_changes(leading_lines=[cst.EmptyLine()])  # then the third-party group
+        return updated.with_changes(body=body[:std_at] + std + body[std_at:at] + added + body[at:])
 
 
 def _names_used(module: cst.Module) -> set[str]:
@@ -405,6 +411,39 @@ def _imports(module: cst.Module, name: str) -> bool:
                         for a in small.names):
                     return True
     return False
+
+
+def _import_root(stmt: cst.BaseStatement) -> str:
+    """The top-level module a one-import statement imports (``os`` for ``import os.path``), "" for anything else
+    (a relative import, code)."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return ""
+    small = stmt.body[0]
+    if isinstance(small, cst.Import):
+        return _module_root(small.names[0].name)
+    if isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None:
+        return _module_root(small.module)
+    return ""
+
+
+def _module_root(node: cst.BaseExpression) -> str:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else ""
+
+
+def _stdlib_imports_end(body: Sequence[cst.BaseStatement]) -> int:
+    """Where a new standard-library import goes: after the last one of the leading import block (``__future__``
+    aside), else at the start of that block (after the docstring and any ``from __future__`` import)."""
+    end = _after_imports(body)
+    start = 1 if body and isinstance(body[0], cst.SimpleStatementLine) and not _import_root(body[0]) \
+        and isinstance(body[0].body[0], cst.Expr) else 0
+    at = start
+    for i in range(start, end):
+        root = _import_root(body[i])
+        if root == "__future__" or root in sys.stdlib_module_names:
+            at = i + 1
+    return at
 
 
 def _after_last_import(body: Sequence[cst.BaseStatement]) -> int:
