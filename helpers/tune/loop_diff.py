@@ -4,8 +4,9 @@ Notebook 10 and the run report end with "the change in your code". For the built
 its baseline and its optimized variant, shown on the loop every PyTorch user writes (:data:`LOOP`): the edits are
 the ones :mod:`helpers.tune.rewrite` makes in a user's script, so the lines a learner reads here are the lines
 ``workbook tune`` writes; on a device with streams, the side-stream prefetcher is notebook 05's own functions added
-to the file, with the loop over the loader wrapped (on a CPU it is only named: it would change nothing there). Changes to the built-in job's own pipeline (batched decode, the decoded-dataset cache) are
-named with the notebook whose "The change in code" cell shows them.
+to the file, with the loop over the loader wrapped (on a CPU it is only named: it would change nothing there).
+Changes to the built-in job's own pipeline (batched decode, the decoded-dataset cache) are named with the notebook
+whose "The change in code" cell shows them.
 """
 
 from __future__ import annotations
