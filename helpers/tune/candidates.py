@@ -265,8 +265,7 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
         names = ", ".join(n for o in others for n in (o.get("model_names") or ["?"])[:1])
         skipped.append(("autocast", f"the script builds {len(others) + 1} optimizers (the other model: {names}): "
                                     f"autocast around one model's forward would hand its lower precision to the "
-                                    f"other; put "
-                                    f"the whole step under torch.autocast by hand (notebook 06)"))
+                                    f"other; put the whole step under torch.autocast by hand (notebook 06)"))
     elif model.get("param_dtype") not in ("float32", None):
         skipped.append(("autocast", f"the model's parameters are already {model['param_dtype']}"))
     elif model.get("bf16_supported") is True:

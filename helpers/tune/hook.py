@@ -134,6 +134,11 @@ class Recorder:
         return None
 
     @staticmethod
+    def key(frame) -> tuple[str, int]:
+        """A call site's key in the ``*_sites`` dicts: (the file's resolved path, the line)."""
+        return str(Path(frame.f_code.co_filename).resolve()), int(frame.f_lineno)
+
+    @staticmethod
     def site(frame) -> dict[str, Any]:
         return {"file": str(Path(frame.f_code.co_filename).resolve()), "line": int(frame.f_lineno),
                 "function": frame.f_code.co_name}
@@ -145,8 +150,7 @@ class Recorder:
             return
         frame = self.user_frame(start)
         if frame is not None:
-            key = (str(Path(frame.f_code.co_filename).resolve()), int(frame.f_lineno))
-            sites.setdefault(key, {**self.site(frame), "count": 0})["count"] += 1
+            sites.setdefault(self.key(frame), {**self.site(frame), "count": 0})["count"] += 1
 
     # ------------------------------------------------------------------ steps
 
@@ -470,7 +474,7 @@ def _watch_loops(rec: Recorder) -> None:
         frame = rec.user_frame(start)
         device = _model_device(rec)
         if frame is not None:
-            key = (str(Path(frame.f_code.co_filename).resolve()), int(frame.f_lineno))
+            key = rec.key(frame)
             if key not in rec.loop_sites:
                 rec.loop_sites[key] = {**rec.site(frame), "is_for": _in_for_header(*key),
                                        "device_expr": _device_expr(frame, rec.model, device)}
@@ -584,7 +588,7 @@ def _take_model(rec: Recorder, model) -> None:
         if rec.forward_calls <= SITE_SAMPLES:
             frame = rec.user_frame(sys._getframe(1))
             if frame is not None:
-                key = (str(Path(frame.f_code.co_filename).resolve()), int(frame.f_lineno))
+                key = rec.key(frame)
                 rec.forward_sites[key] = rec.forward_sites.get(key, 0) + 1
         if dtype:
             ctx = torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
@@ -637,7 +641,7 @@ def _watch_copies(rec: Recorder) -> None:
         frame = rec.user_frame(sys._getframe(2))
         if frame is None:
             return False
-        key = (str(Path(frame.f_code.co_filename).resolve()), int(frame.f_lineno))
+        key = rec.key(frame)
         entry = rec.to_sites.setdefault(key, {**rec.site(frame), "method": method, "count": 0})
         entry["count"] += 1
         return True

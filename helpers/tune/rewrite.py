@@ -53,8 +53,8 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 from helpers.errors import ParameterError
 from helpers.pipeline import side_stream
 
-__all__ = ["Edit", "apply_edits", "framework_calls", "loader_elsewhere", "loader_label", "techniques_of",
-           "unified_diff"]
+__all__ = ["Edit", "apply_edits", "float16_part", "framework_calls", "loader_elsewhere", "loader_label",
+           "techniques_of", "unified_diff"]
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
          "argparse_default", "prefetch", "grad_scaler")
@@ -505,14 +505,12 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
     edits = _with_step_receivers(module, edits)
     editor = _Editor(edits)
     new = MetadataWrapper(module).visit(editor)
-    broken = [i for i, e in enumerate(edits) if e.kind == "grad_scaler" and not editor.complete(i)]
-    broken += [i for i, e in enumerate(edits) if e.kind == "autocast" and e.params.get("dtype") == "float16"
-               and i not in editor.done]
+    broken = [i for i, e in enumerate(edits) if float16_part(e)
+              and not (editor.complete(i) if e.kind == "grad_scaler" else i in editor.done)]
     group_skipped: list[tuple[Edit, str]] = []
     if broken:  # float16 goes with its whole GradScaler, or neither is written
         why = "; ".join(_scaler_reason(edits[i], editor, module) for i in broken)
-        group = [i for i, e in enumerate(edits) if e.kind == "grad_scaler"
-                 or (e.kind == "autocast" and e.params.get("dtype") == "float16")]
+        group = [i for i, e in enumerate(edits) if float16_part(e)]
         group_skipped = [(edits[i], f"float16 autocast and its GradScaler are written together or not at all: {why}")
                          for i in group]
         edits = [e for i, e in enumerate(edits) if i not in group]
@@ -539,6 +537,11 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
     skipped = options_skipped + group_skipped + [(e, f"{_reason(e, reasons)} (line {e.line})")
                                                  for i, e in enumerate(edits) if i not in editor.done]
     return new.code, made, skipped
+
+
+def float16_part(e: Edit) -> bool:
+    """Whether ``e`` is one of float16's edits (its autocast, its GradScaler): written together or not at all."""
+    return e.kind == "grad_scaler" or (e.kind == "autocast" and e.params.get("dtype") == "float16")
 
 
 def _with_step_receivers(module: cst.Module, edits: list[Edit]) -> list[Edit]:

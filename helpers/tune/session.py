@@ -36,8 +36,8 @@ from helpers.tune.candidates import Candidate
 from helpers.tune.engine import (Command, Judgement, Run, ScriptError, exploding, judge, measure, nonfinite_step,
                                  run_once)
 from helpers.tune.report import write_report
-from helpers.tune.rewrite import (Edit, apply_edits, framework_calls, loader_elsewhere, loader_label, techniques_of,
-                                  unified_diff)
+from helpers.tune.rewrite import (Edit, apply_edits, float16_part, framework_calls, loader_elsewhere, loader_label,
+                                  techniques_of, unified_diff)
 
 __all__ = ["TuneOptions", "TuneResult", "tune", "plan_edits", "call_edits"]
 
@@ -425,8 +425,7 @@ def _float16_in_one_file(edits: list[Edit], script: Path,
     """``edits`` without float16's autocast and GradScaler edits where any of their lines (the forward, a
     backward(), a clip, the step) lies outside the script: tune writes only the script, and float16 without all of
     its scaler's lines would train wrongly. Those edits come back as skipped, with the line outside."""
-    group = [e for e in edits
-             if e.kind == "grad_scaler" or (e.kind == "autocast" and e.params.get("dtype") == "float16")]
+    group = [e for e in edits if float16_part(e)]
     mine = str(script.resolve())
     outside = [(e.file, e.line) for e in group if e.file != mine]
     outside += [tuple(x) for e in group for x in e.params.get("elsewhere") or []]
