@@ -24,7 +24,7 @@ __all__ = ["COMMON", "DATA", "DEVICE_CHOICES", "JOB", "PROFILES", "batch", "inje
            "validate_params"]
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
-PROFILES = ("smoke", "quick", "full")
+PROFILES = ("smoke", "quick", "full", "classroom")
 
 #: Every notebook's first parameters: the device, where results go, and the busy-machine threshold.
 COMMON: tuple[Param, ...] = (

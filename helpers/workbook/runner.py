@@ -60,7 +60,7 @@ class RunOptions:
     Attributes
     ----------
     profile : str or None
-        Parameter profile: "smoke", "quick" or "full" (notebooks/profiles/<name>.yaml);
+        Parameter profile: "smoke", "quick", "full" or "classroom" (notebooks/profiles/<name>.yaml);
         None = "quick" for a new run, the stored one when resuming.
     device : str or None
         "auto", "cpu", "cuda" or "npu"; None = "auto" (new run) or the stored one (resume).
