@@ -4,10 +4,11 @@ The test starts JupyterLab on loopback with a token and the settings ``make lab`
 copy of notebook 01 with the smoke profile's parameters injected (papermill's parameterize), runs all cells and
 checks, on the page and in the saved file: no cell has an error output, the figures rendered (every output image
 decoded), the "try it" panel is there. Then it moves one knob (batch_size), presses Measure, and checks that the
-panel's chart changed and a record marked interactive with that batch size was appended to results.jsonl. Last,
-it saves, shuts the kernel down and reloads the page: the panel shows its last output (widget state saved with
-the notebook), not "Error displaying widget: model not found". Opening the committed notebook did not mark it
-modified (its kernel display name is the one ipykernel installs).
+panel's chart changed and holds the bars it should (its pixels read: the reference and the new point), and a record
+marked interactive with that batch size was appended to results.jsonl. Last, it saves, shuts the kernel down and
+reloads the page: the panel shows its last output (widget state saved with the notebook), not "Error displaying
+widget: model not found". Opening the committed notebook did not mark it modified (its kernel display name is the
+one ipykernel installs).
 
 Screenshots of every stage are written to ``runs/browser-test/`` (or ``$WORKBOOK_BROWSER_ARTIFACTS``) and kept,
 with JupyterLab's log, so a failing run can be looked at. Chromium missing: skipped, or failed under
@@ -31,6 +32,7 @@ import nbformat
 import pytest
 
 from browser_support import chromium
+from chart_pixels import bars
 from helpers.workbook.profiles import build_parameters, load_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.notebook]
@@ -181,7 +183,10 @@ def test_notebook_01_runs_in_jupyterlab_and_its_panel_measures_live(lab):
             stage = "measure"
             panel = page.locator(".workbook-try-it").last
             panel.scroll_into_view_if_needed()
-            chart_before = panel.locator(".workbook-try-it-chart img").last.get_attribute("src")
+            chart = panel.locator("img.workbook-try-it-chart").last
+            chart_before = chart.get_attribute("src")
+            drawn = bars(chart.screenshot())
+            assert drawn["reference"] == 1 and drawn["live"] == 0, f"the chart before Measure: {drawn}"
             records_before = _try_records(lab["run_dir"])
             panel.locator(".widget-dropdown:has(label:text-is('batch_size')) select").select_option("16")
             panel.get_by_role("button", name="Measure").click()
@@ -192,8 +197,12 @@ def test_notebook_01_runs_in_jupyterlab_and_its_panel_measures_live(lab):
             shot("03-measured")
             assert "could not measure" not in status and "1 new point(s)" in status, status
             page.wait_for_function("(before) => { const ims = Array.from(document.querySelectorAll("
-                                   "'.workbook-try-it-chart img')); return ims.length && "
+                                   "'img.workbook-try-it-chart')); return ims.length && "
                                    "ims[ims.length - 1].src !== before; }", arg=chart_before, timeout=30_000)
+            time.sleep(0.5)
+            drawn = bars(chart.screenshot())  # the pixels: a blank or bar-less chart fails here
+            assert drawn["live"] == 1 and drawn["reference"] == 1, f"the chart after Measure: {drawn}"
+            shot("03b-chart")
             records = _try_records(lab["run_dir"])
             assert len(records) == len(records_before) + 1
             new = records[-1]
@@ -225,6 +234,8 @@ def test_notebook_01_runs_in_jupyterlab_and_its_panel_measures_live(lab):
             shot("04-reopened")
             text = page.evaluate("() => document.body.textContent")
             assert "model not found" not in text and "Error displaying widget" not in text
+            drawn = bars(page.locator("img.workbook-try-it-chart").last.screenshot())
+            assert drawn["live"] == 1 and drawn["reference"] == 1, f"the chart after reopening: {drawn}"
             # (reopened with saved widget state, jupyterlab_widgets marks the notebook modified as it restores the
             # widget models into the new kernel's manager: its own behaviour with saveState, not a metadata change)
         except BaseException:

@@ -220,6 +220,32 @@ def test_smoke_run_notebooks_show_their_figures(smoke_run):
     assert pages and not [p.name for p in pages if "No description has been provided for this image" in p.read_text()]
 
 
+@pytest.mark.notebook
+def test_smoke_run_every_try_it_panel_draws_its_bars(smoke_run):
+    """Every notebook's "try it" chart holds bars (its pixels read), not a blank or bar-less image."""
+    import base64
+
+    from chart_pixels import bars
+
+    run_dir, _ = smoke_run
+    seen = {}
+    for path in sorted(run_dir.glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        cell = next((c for c in nb.cells if c.cell_type == "code" and "try_it(" in c.source), None)
+        if cell is None:
+            continue
+        text = "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+        if "not available here" in text:
+            seen[path.stem[:2]] = "not available"
+            continue
+        pngs = [o["data"]["image/png"] for o in cell.outputs if "image/png" in o.get("data", {})]
+        assert pngs, f"{path.stem}: the try-it cell shows no chart (outputs: {text[:300]!r})"
+        counted = bars(base64.b64decode(pngs[-1]))
+        assert counted["live"] >= 1, f"{path.stem}: the try-it chart has no bar of the live point: {counted}"
+        seen[path.stem[:2]] = counted
+    assert len(seen) >= 9, f"expected a try-it panel in notebooks 01-10, found {sorted(seen)}"
+
+
 # ---------------------------------------------------------------- the committed outputs (what nbval checked)
 
 #: nbval's keys that are never compared (nbval 0.11's IPyNbFile.skip_compare, images included: no --nbdime).

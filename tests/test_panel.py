@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import ipywidgets
 import pytest
 
+from chart_pixels import bars
+
 from helpers.errors import ParameterError
 from helpers.live import LivePoint
 from helpers.results import ResultsStore, load_results
@@ -114,6 +116,29 @@ def test_interactive_measure_button_uses_the_knobs_current_values_and_marks_reco
     # the chart was redrawn with the reference and both points (3 bars)
     fig = p.figure()
     assert len(fig.axes[0].patches) == 3
+    # and the widget the learner sees holds them: its pixels, not only a changed image
+    assert bars(p._widgets["chart"].value) == {**bars(p._widgets["chart"].value), "live": 2, "reference": 1}
+
+
+def test_every_press_redraws_the_chart_widget_with_a_bar_per_point(ctx, shown):
+    """The chart is an Image widget whose value is set on each point: no Output widget whose capture can race."""
+    p = try_it(ctx, "loader", lambda num_workers: point(f"nw={num_workers}", 2.0 + num_workers),
+               reference=point("notebook", 1.0), num_workers=ipywidgets.Dropdown(options=[0, 1, 2], value=0))
+    chart = p._widgets["chart"]
+    assert isinstance(chart, ipywidgets.Image)
+    assert bars(chart.value)["reference"] == 1 and bars(chart.value)["live"] == 0  # before any press
+    for n in range(1, 4):
+        p._widgets["interactive"].manual_button.click()
+        assert bars(chart.value)["live"] == n and bars(chart.value)["reference"] == 1
+        assert chart.tooltip.startswith("Chart: Try it: loader")
+    # a blank image is told apart: the check reads pixels
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (400, 300), "white").save(buf, format="PNG")
+    assert bars(buf.getvalue())["live"] == 0 and bars(buf.getvalue())["reference"] == 0
 
 
 def test_interrupt_keeps_the_points_that_finished(ctx, shown):

@@ -5,7 +5,8 @@
 - the knobs (ipywidgets controls or their abbreviations, as ``ipywidgets.interact`` takes them) and a
   **Measure** button (``ipywidgets.interactive`` in manual mode: the button is disabled while it measures);
 - a progress bar fed by the measurement's own ``progress(done, total)`` calls (steps, sizes, settings);
-- a chart that grows by one bar per point as points arrive, beside the notebook's own result (``reference``);
+- a chart (an ``ipywidgets.Image``, redrawn by setting its value) that grows by one bar per point as points
+  arrive, beside the notebook's own result (``reference``);
 - under it, one line per point with the machine's state over that point (quiet or busy: a point measured while
   other processes took more than ``busy_cpu_share`` of the cores is drawn hatched and says so).
 
@@ -152,13 +153,16 @@ class TryIt:
         fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
         alt = figure_alt(fig, fallback=f"Try it: {self.name}")
         plt.close(fig)
-        out = self._widgets.get("chart")
-        if out is None:
+        chart = self._widgets.get("chart")
+        if chart is None:
             show_png(buf.getvalue(), alt)
         else:
-            with out:
-                out.clear_output(wait=True)
-                show_png(buf.getvalue(), alt)
+            # An Image widget's value is widget state, set in one message: nothing is routed through an Output
+            # widget. Drawing into an Output (clear_output(wait=True), then display) from inside the log's own
+            # Output context left the chart blank in 3 of 6 presses on a busy machine: the two widgets' output
+            # captures raced, and the new image went to neither.
+            chart.value = buf.getvalue()
+            chart.tooltip = alt
 
     # -- showing -----------------------------------------------------------------------------------------------
     def show(self) -> "TryIt":
@@ -184,7 +188,8 @@ class TryIt:
         status = w.HTML(value=(f"<i>not available here: {self.unavailable}</i>" if self.unavailable else
                                "Set the knobs and press <b>Measure</b>; Kernel &gt; Interrupt stops it and keeps "
                                "what finished."))
-        chart, log = w.Output(), w.Output()
+        chart = w.Image(format="png", layout=w.Layout(max_width="100%", height="auto"))
+        log = w.Output()
         self._widgets.update(progress=progress, status=status, chart=chart, log=log)
 
         def report(done: int, total: int) -> None:
