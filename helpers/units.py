@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["NO_VALUE", "format_bytes", "format_number", "format_percent", "format_value", "is_number"]
+__all__ = ["NO_VALUE", "format_bytes", "format_interval", "format_number", "format_percent", "format_value",
+           "is_number"]
 
 #: What a missing number reads as.
 NO_VALUE = "—"
@@ -95,6 +96,41 @@ def format_value(value: Any, unit: str | None) -> str:
     if unit == "bool":
         return "yes" if value else "no"
     return f"{format_number(value)} {unit}".strip()
+
+
+def format_interval(spread: Any, unit: str | None = None) -> str:
+    """The interval of a spread dict: ``"95% CI 1.10–1.30"`` or ``"IQR 64%–70%"``; "" when it holds none.
+
+    Parameters
+    ----------
+    spread : dict or None
+        ``{"ci_low", "ci_high"[, "confidence"]}`` (a bootstrap interval, confidence 0..1, default 0.95) or
+        ``{"p25", "p75"}`` (the interquartile range), in ``unit``.
+    unit : str, optional
+        ``"fraction"``: the bounds as percent (:func:`format_percent`), each clipped to 0-100% (a share cannot
+        leave it); ``"x"``: two decimals; otherwise :func:`format_number`.
+
+    Returns
+    -------
+    str
+    """
+    if not isinstance(spread, dict):
+        return ""
+
+    def v(x: float) -> str:
+        if unit == "fraction":
+            return format_percent(min(1.0, max(0.0, float(x))))
+        if unit == "x":
+            return f"{x:.2f}"
+        return format_number(x)
+
+    if is_number(spread.get("ci_low")) and is_number(spread.get("ci_high")):
+        conf = spread.get("confidence", 0.95)
+        conf = conf if is_number(conf) else 0.95
+        return f"{int(round(100 * conf))}% CI {v(spread['ci_low'])}–{v(spread['ci_high'])}"
+    if is_number(spread.get("p25")) and is_number(spread.get("p75")):
+        return f"IQR {v(spread['p25'])}–{v(spread['p75'])}"
+    return ""
 
 
 def format_bytes(nbytes: float) -> str:

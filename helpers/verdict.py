@@ -5,7 +5,7 @@ notebook records it with :meth:`helpers.results.ResultsStore.add_verdict`.
 The decision itself is in :attr:`Verdict.action` (which setting to apply and
 its value), so nothing downstream has to parse the reason's wording.
 
-Part of the foundation: imports only :mod:`helpers.errors`.
+Part of the foundation: imports only :mod:`helpers.errors` and :mod:`helpers.units`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from helpers.errors import ParameterError
+from helpers.units import format_interval, format_value
 
-__all__ = ["Action", "RECOMMENDATIONS", "Verdict"]
+__all__ = ["Action", "HEADLINE_CHARS", "RECOMMENDATIONS", "Verdict", "detail_lines", "reason_clauses"]
 
 #: The recommendations a verdict may make. "enable" / "leave off" decide a setting; "not applicable" says the
 #: machine cannot do it; notebook 01 calls the job "host-bound", "balanced", "device-bound"
@@ -25,6 +26,60 @@ __all__ = ["Action", "RECOMMENDATIONS", "Verdict"]
 #: measuring for the figures to be trusted (helpers.machine).
 RECOMMENDATIONS: tuple[str, ...] = ("enable", "leave off", "not applicable", "host-bound", "balanced",
                                     "device-bound", "communication-bound", "inconclusive")
+
+
+#: The longest first line of a printed verdict: what to do, the number and its interval. A reader scans the first
+#: line of each verdict, as a compiler's diagnostic or HTA's summary leads with one; the evidence follows below.
+HEADLINE_CHARS = 120
+
+#: What to do, for a label that decides no setting itself (notebook 01's and a trace's).
+_LABEL_ADVICE = {
+    "host-bound": "speed up the input first",
+    "balanced": "both the input and the compute pay",
+    "device-bound": "speed up the compute first",
+    "communication-bound": "overlap or shrink the communication first",
+}
+
+
+def reason_clauses(reason: str) -> list[str]:
+    """A verdict's reason split into its clauses: at ``"; "`` outside brackets, whitespace collapsed, empties dropped;
+    each clause but the last keeps its ``";"``, so that joining them with spaces gives the reason back.
+
+    Parameters
+    ----------
+    reason : str
+
+    Returns
+    -------
+    list of str
+    """
+    parts, depth, cur = [], 0, []
+    text = " ".join(str(reason).split())
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        depth += ch in "(["
+        depth = max(0, depth - (ch in ")]"))
+        if depth == 0 and text.startswith("; ", i):
+            parts.append("".join(cur))
+            cur, i = [], i + 2
+            continue
+        cur.append(ch)
+        i += 1
+    parts.append("".join(cur))
+    parts = [p.strip() for p in parts if p.strip()]
+    return [p + ";" for p in parts[:-1]] + parts[-1:]  # lossless: "; ".join gives the reason back
+
+
+def detail_lines(reason: str, width: int = HEADLINE_CHARS) -> list[str]:
+    """A verdict's reason as the lines under its headline: ``"  - clause"`` per :func:`reason_clauses` clause,
+    wrapped at ``width`` characters with continuation lines indented (``textwrap``)."""
+    import textwrap
+
+    lines: list[str] = []
+    for part in reason_clauses(reason):
+        lines += textwrap.wrap(part, width=width, initial_indent="  - ", subsequent_indent="    ")
+    return lines
 
 
 def _scalar(value: Any) -> bool:
@@ -149,8 +204,64 @@ class Verdict:
             raise ParameterError(f"verdict: action must be an Action or None, got {self.action!r}")
 
     def sentence(self) -> str:
-        """``"ENABLE: <reason>"``: the line a notebook prints under its verdict."""
+        """``"ENABLE: <reason>"``: the whole verdict on one line (logs, records); notebooks print :meth:`text`."""
         return f"{self.recommendation.upper()}: {self.reason}"
+
+    def figure(self) -> str:
+        """The number and its interval, e.g. ``"speedup 1.27x (95% CI 1.13–1.30)"``; "" without a number."""
+        if self.value is None:
+            return ""
+        name = self.metric.replace("_", " ")
+        interval = format_interval(dict(self.spread) if self.spread else None, self.unit)
+        return f"{name} {format_value(self.value, self.unit)}" + (f" ({interval})" if interval else "")
+
+    def advice(self) -> str:
+        """What to do, in a few words, led by the recommendation: ``"ENABLE: pinned memory: enable"`` is written
+        ``"ENABLE pinned memory"``; a label says which side to speed up and the notebooks to open next."""
+        rec = self.recommendation
+        extra = dict(self.extra or {})
+        if rec == "inconclusive":
+            if isinstance(extra.get("divergence"), Mapping):
+                return "INCONCLUSIVE: the loss diverged, fix the job before timing it"
+            measured = extra.get("measured_recommendation")
+            machine = extra.get("machine") if isinstance(extra.get("machine"), Mapping) else {}
+            why = ("machine busy, rerun when it is quiet" if machine.get("busy") else
+                   "the interval cannot decide, rerun with more repeats")
+            return f"INCONCLUSIVE ({measured} as measured): {why}" if measured else f"INCONCLUSIVE: {why}"
+        if rec == "not applicable":
+            return "NOT APPLICABLE here"
+        if rec in _LABEL_ADVICE:
+            nxt = (extra.get("bottleneck") or {}).get("next_notebooks") if isinstance(extra.get("bottleneck"),
+                                                                                      Mapping) else None
+            where = f" (notebook {', '.join(str(n) for n in nxt)})" if nxt else ""
+            return f"{rec.upper()}: {_LABEL_ADVICE[rec]}{where}"
+        if self.action is not None:
+            text = self.action.text
+            tail = f": {rec}"
+            subject = text[: -len(tail)] if text.endswith(tail) else text
+            return f"{rec.upper()} {subject}" if text.endswith(tail) else f"{rec.upper()}: {text}"
+        return rec.upper()
+
+    def headline(self) -> str:
+        """The verdict's first line, at most :data:`HEADLINE_CHARS` characters: what to do, the number, its interval.
+
+        E.g. ``"ENABLE bf16 autocast: speedup 1.27x (95% CI 1.13–1.30)"`` or ``"HOST-BOUND: speed up the input
+        first (notebook 03, 02): exposed input fraction 62% (IQR 55%–70%)"``. Where both do not fit, the advice is
+        cut (with "…") before the number is.
+        """
+        advice, fig = self.advice(), self.figure()
+        if not fig:
+            line = advice
+        else:
+            room = HEADLINE_CHARS - len(fig) - 2
+            if len(advice) > room:
+                advice = advice[: max(room - 1, 8)].rstrip() + "…"
+            line = f"{advice}: {fig}"
+        return line if len(line) <= HEADLINE_CHARS else line[: HEADLINE_CHARS - 1] + "…"
+
+    def text(self) -> str:
+        """What a notebook prints: :meth:`headline`, then the reason, a clause per line (:func:`detail_lines`)."""
+        return "\n".join([self.headline(), *detail_lines(self.reason)])
 
     def store_fields(self) -> dict[str, Any]:
         """Keyword arguments of :meth:`helpers.results.ResultsStore.verdict` for this verdict."""

@@ -642,7 +642,11 @@ def test_checklist_why_is_the_first_clause_and_the_section_keeps_the_reason(tmp_
     md = to_markdown(tmp_path)
     row = next(line for line in md.splitlines() if line.startswith("| [stream overlap]"))
     assert "| the input is hidden, but the step got slower: the cores cost more |" in row
-    assert reason in md  # in the notebook's section, whole
+    # in the notebook's section, whole: a one-line headline (what to do, the number), then a clause per line
+    section = md[md.index('<a id="05_stream_overlap">'):]
+    assert "**LEAVE OFF: exposed input fraction 3%**" in section
+    assert "\n- the input is hidden (detail" in section and "\n- why: the worker(s) cost the step" in section
+    assert all(clause in section for clause in reason.split("; "))
     cut = report.short_reason("word " * 100)
     assert len(cut) <= report.WHY_MAX_CHARS and cut.endswith("…")
 
@@ -786,7 +790,7 @@ def test_report_md_escapes_user_strings_so_they_render_as_text(tmp_path):
     # each place that shows the name outside a command shows it escaped, the same way
     esc = md_escape(_HOSTILE)
     for start in ("Run `run` · profile **/home/u/", "Job measured: your job /home/u/", "- Failed: environment check",
-                  "**host-bound**: your job", "*Setting:* your job:", "| step | ", "**failed**: Failed at cell 3"):
+                  "- your job", "*Setting:* your job:", "| step | ", "**failed**: Failed at cell 3"):
         line = next(ln for ln in md.splitlines() if ln.startswith(start))
         assert esc in line, line
     assert md_escape(_HOSTILE) == ("&lt;script&gt;alert(1)&lt;/script&gt;\\|x\\`y\\`\\*b\\*\\_[l\\](u)\\_\\_init\\_\\_"

@@ -280,9 +280,11 @@ class CeilingResult:
         with ``exposed`` (the exposed input share, 0..1) reconciled with it (:func:`free_input_sentence`)."""
         c = self.ceiling
         f, lo, hi = self.fraction
-        at = f"it runs at {f:.0%} of its input-free ceiling (95% CI {lo:.0%}-{hi:.0%})"
+        # a share of the ceiling is at most 100%: a run that loads its input cannot beat the same steps without it,
+        # so the interval is shown within 0-100% (the ratio's own interval, in the first clause, is not cut)
+        at = f"it runs at {f:.0%} of its input-free ceiling (95% CI {max(lo, 0.0):.0%}-{min(hi, 1.0):.0%})"
         if f > 1.0:  # faster than its own ceiling: noise when the interval reaches 100%, else the machine changed
-            at = (f"it runs at its input-free ceiling, within noise ({f:.0%} measured, 95% CI {lo:.0%}-{hi:.0%})"
+            at = (f"it runs at its input-free ceiling, within noise (95% CI from {lo:.0%} to 100%)"
                   if lo <= 1.0 else
                   f"it measured faster than its input-free ceiling ({f:.0%}, 95% CI {lo:.0%}-{hi:.0%}), which a run "
                   "that still loads its input cannot be: the machine's speed changed between the runs")

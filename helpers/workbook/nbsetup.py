@@ -100,7 +100,7 @@ class NotebookContext:
             return None
         recorded = self._guarded_verdict(verdict)
         if show:
-            print(recorded.sentence())
+            print(recorded.text())
         return recorded
 
     def _guarded_verdict(self, verdict):

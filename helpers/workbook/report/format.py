@@ -14,10 +14,13 @@ import re
 
 import pandas as pd
 
+from helpers.errors import ParameterError
+from helpers.units import format_interval
 from helpers.units import format_number as _fmt
 from helpers.units import format_percent as _pct
 from helpers.units import format_value as _fmt_value
 from helpers.units import is_number as _is_num
+from helpers.verdict import Verdict, reason_clauses
 
 #: Records shown per notebook section; the rest stay in results.jsonl.
 MAX_RECORD_ROWS = 40
@@ -48,24 +51,9 @@ GLOSSARY = (
 
 
 def _spread_text(spread, unit: str | None = None) -> str:
-    """The interval of a spread dict: ``95% CI 1.1–1.3`` or ``IQR 64–70%``; "" when none."""
-    if not isinstance(spread, dict):
-        return ""
-
-    def v(x):
-        if unit == "fraction":
-            return _pct(x)
-        if unit == "x":
-            return f"{x:.2f}"
-        return _fmt(x)
-
-    if _is_num(spread.get("ci_low")) and _is_num(spread.get("ci_high")):
-        conf = spread.get("confidence", 0.95)
-        conf = conf if _is_num(conf) else 0.95
-        return f"{int(round(100 * conf))}% CI {v(spread['ci_low'])}–{v(spread['ci_high'])}"
-    if _is_num(spread.get("p25")) and _is_num(spread.get("p75")):
-        return f"IQR {v(spread['p25'])}–{v(spread['p75'])}"
-    return ""
+    """The interval of a spread dict: ``95% CI 1.10–1.30`` or ``IQR 64%–70%``; "" when none
+    (:func:`helpers.units.format_interval`)."""
+    return format_interval(spread, unit)
 
 
 def headline(verdict: pd.Series | dict | None) -> str:
@@ -97,6 +85,25 @@ def headline(verdict: pd.Series | dict | None) -> str:
         # includes 1 is no measured effect, however large the point estimate of a noisy run
         return f"no measurable effect ({text}, {spread})"
     return f"{text} ({spread})" if spread else text
+
+
+def verdict_lines(verdict: pd.Series | dict | None) -> tuple[str, list[str]]:
+    """A verdict record as the report leads with it: its one-line headline (what to do, the number, its interval;
+    :meth:`helpers.verdict.Verdict.headline`) and the reason's clauses, one per line below it.
+
+    Returns
+    -------
+    tuple of (str, list of str)
+        ``("", [])`` for no verdict; for a record that is no valid verdict, its recommendation and its reason.
+    """
+    if verdict is None:
+        return "", []
+    v = dict(verdict)
+    try:
+        rebuilt = Verdict.from_record(v)
+    except (ParameterError, TypeError, ValueError):
+        return str(v.get("recommendation") or ""), reason_clauses(str(v.get("reason") or ""))
+    return rebuilt.headline(), reason_clauses(rebuilt.reason)
 
 
 def _context(verdict: dict | None) -> str:

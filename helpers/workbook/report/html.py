@@ -8,7 +8,8 @@ from pathlib import Path
 
 from helpers.workbook.report.collect import (Report, _advice, _artifacts, _job_line, _rec_text, _status_line, _why,
                                              change_in_code, collect, overall_verdict)
-from helpers.workbook.report.format import GLOSSARY, _context, _fmt, _records_caption, _records_table, headline
+from helpers.workbook.report.format import (GLOSSARY, _context, _fmt, _records_caption, _records_table, headline,
+                                             verdict_lines)
 
 #: Sections whose records table is shown unfolded when it has at most this many rows.
 OPEN_RECORD_ROWS = 8
@@ -117,7 +118,9 @@ def to_html(run_dir: Path | Report) -> str:
         title = f"{s.number} {s.item}".strip()
         parts.append(f"<section><h2 id='{e(s.id)}'>{e(title)} {_badge(_rec_text(s))}</h2>")
         if s.verdict:
-            parts.append(f"<p>{e(str(s.verdict.get('reason') or ''))}</p>"
+            head, clauses = verdict_lines(s.verdict)
+            parts.append(f"<p class='verdict-headline'><b>{e(head)}</b></p>"
+                         "<ul class='verdict-details'>" + "".join(f"<li>{e(c)}</li>" for c in clauses) + "</ul>"
                          f"<p class='meta'>Measured: {e(str(s.verdict.get('metric')))} = {e(headline(s.verdict))}"
                          + (f" · ran {e(_fmt(s.duration_s))} s" if s.duration_s is not None else "") + "</p>")
             if _context(s.verdict):

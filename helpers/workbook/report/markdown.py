@@ -16,7 +16,8 @@ import pandas as pd
 
 from helpers.workbook.report.collect import (Report, _advice, _artifacts, _job_line, _rec_text, _status_line, _why,
                                              change_in_code, collect, overall_verdict)
-from helpers.workbook.report.format import GLOSSARY, _context, _records_caption, _records_table, headline
+from helpers.workbook.report.format import (GLOSSARY, _context, _records_caption, _records_table, headline,
+                                             verdict_lines)
 
 
 #: Markdown's inline markup characters, escaped with a backslash by :func:`md_escape`; a ``]`` only where a link or
@@ -135,7 +136,8 @@ def to_markdown(run_dir: Path | Report) -> str:
     for s in rep.sections:
         lines += ["", f'<a id="{s.id}"></a>', "", f"## {s.number} {e(s.item)}".strip() + f" ({md_code(s.id)})", ""]
         if s.verdict:
-            lines.append(f"**{e(s.verdict.get('recommendation'))}**: {md_code_spans(s.verdict.get('reason'))}  ")
+            head, clauses = verdict_lines(s.verdict)
+            lines += [f"**{e(head)}**", ""] + [f"- {md_code_spans(c)}" for c in clauses] + [""]
             lines.append(f"Measured: {e(s.verdict.get('metric'))} = {e(headline(s.verdict))}")
             if _context(s.verdict):
                 lines += ["", f"*Setting:* {e(_context(s.verdict))}"]
