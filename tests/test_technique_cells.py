@@ -117,22 +117,28 @@ def test_the_change_is_the_code_tune_writes(nn):
 
 
 def test_06s_float16_lines_are_the_ones_tune_writes():
-    """Where the device has no bfloat16, tune writes float16 with the AMP recipe's loss scaling; each of those lines
-    is in notebook 06's cell (the GradScaler's device masked as the autocast's is)."""
+    """Where the device has no bfloat16, tune writes float16 with the AMP recipe's loss scaling, and
+    ``unscale_`` before a gradient clip; notebook 06's cell holds those lines in tune's order: the scaler, then the
+    step from the autocast to ``update()`` as one block (the GradScaler's device masked as the autocast's is)."""
     nb = nbformat.read(notebook("06"), as_version=4)
     cell = "\n".join(nb.cells[i].source for i in technique_cells(nb))
     before = ("import torch\nloss = model(x).square().mean()\noptimizer.zero_grad()\nloss.backward()\n"
-              "optimizer.step()\n")
+              "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\noptimizer.step()\n")
     edits = [Edit("autocast", "cell.py", 2, {"device_type": "cpu", "dtype": "float16"}),
-             Edit("grad_scaler", "cell.py", 5, {"device_type": "cpu", "backward": [4], "clip": []})]
+             Edit("grad_scaler", "cell.py", 6, {"device_type": "cpu", "backward": [4], "clip": [5]})]
     after, made, skipped = apply_edits(before, edits)
     assert not skipped and len(made) == 2, skipped
     new = [x for x in after.splitlines() if x.strip() and x not in before.splitlines()]
-    assert len(new) == 6, new  # the scaler, the with, the loss inside it, scale/backward, step, update
-    masked = re.sub(r"GradScaler\([^)]*\)", "GradScaler(<device>)", cell)
-    for line in new:
-        assert _holds_block(masked, [re.sub(r"GradScaler\([^)]*\)", "GradScaler(<device>)", line)]), (
-            f"notebook 06's cell lacks tune's line {line!r}")
+    assert len(new) == 7, new  # the scaler, the with, the loss inside it, scale/backward, unscale_, step, update
+
+    def mask(text: str) -> str:
+        return re.sub(r"GradScaler\([^)]*\)", "GradScaler(<device>)", text)
+
+    scaler = next(x for x in new if "GradScaler(" in x)
+    step = after.split(scaler, 1)[1].strip("\n").splitlines()  # with ... through update(), in tune's order
+    assert [x for x in step if x in new] == [x for x in new if x != scaler]
+    assert _holds_block(mask(cell), [mask(scaler)]), f"notebook 06's cell lacks tune's line {scaler!r}"
+    assert _holds_block(mask(cell), step), "notebook 06's cell lacks tune's step, in its order\n" + "\n".join(step)
 
 
 def test_05s_prefetcher_is_the_one_tune_runs_and_writes():
