@@ -229,12 +229,12 @@ def test_overlap_bench_reports_a_note(monkeypatch):
     """overlap_bench's dict carries the verdict's interval and a note saying why the overlap could not work."""
     monkeypatch.setattr(ov.PPOJob, "from_data", classmethod(lambda cls, workload, *a, **k: SimpleNamespace(
         workload=workload)))
-    runs = {"before": _fake_run([0.04] * 5, [0.1] * 5, "before", num_workers=0, batches_per_epoch=1)}
-
-    def fake_variant(job, acc, *, label, num_workers, **kw):
-        return runs.get(label) or _fake_run([0.05, 0.051, 0.049, 0.05, 0.05], [0.1] * 5, label,
-                                            num_workers=num_workers, batches_per_epoch=1, torch_threads=1,
-                                            decode_threads=1)
+    def fake_variant(job, acc, *, label, num_workers, torch_threads=None, **kw):
+        if num_workers == 0:
+            return _fake_run([0.04] * 5, [0.1] * 5, label, num_workers=0, batches_per_epoch=1,
+                             torch_threads=torch_threads, batch_size=12)
+        return _fake_run([0.05, 0.051, 0.049, 0.05, 0.05], [0.1] * 5, label, num_workers=num_workers,
+                         batches_per_epoch=1, torch_threads=torch_threads, decode_threads=1, batch_size=12)
 
     monkeypatch.setattr(overlap_runs, "run_overlap_variant", fake_variant)  # run_overlap calls it there
     out = ov.overlap_bench(batch_size=12, num_workers=1, steps=5)
@@ -243,6 +243,7 @@ def test_overlap_bench_reports_a_note(monkeypatch):
     assert out["recommendation"] == "leave off"
     assert out["exposed_reduction"]["ci_high"] < 1.0  # the exposed input rose
     assert "median" in out["statistic"]
+    assert out["torch_threads"] == out["torch_threads_before"] and out["batch_size"] == 12  # like with like
 
 def _tiny_job():
     """A PPOJob on a stand-in index and tokenizer: enough for steps on synthetic batches (no images read)."""
@@ -336,12 +337,16 @@ def test_baseline_workload_reads_notebook_01s_run_or_its_defaults(tmp_path):
 # --------------------------------------------------------------------------- the notebook's result
 
 
-def _notebook_result(job, *, compute_01=None, base_width=16):
-    before = _fake_run([0.05, 0.051, 0.049, 0.05, 0.052], [0.1] * 5, "before", num_workers=0, torch_threads=2,
-                       side_stream=False, batches_per_epoch=6)
-    after = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.1, 0.101, 0.099, 0.1, 0.1], "after, 1 core per worker",
-                      torch_threads=1, side_stream=False, batches_per_epoch=6)
-    overlap = ov.OverlapResult(before, (after,), after, ov.overlap_decision(before, after))
+BEFORE, AFTER = "before, 1 torch thread(s)", "after, 1 core per worker (1 torch thread(s))"
+
+
+def _notebook_result(job, *, compute_01=None, base_width=16, overlap=None):
+    before = _fake_run([0.05, 0.051, 0.049, 0.05, 0.052], [0.1] * 5, BEFORE, num_workers=0, torch_threads=1,
+                       side_stream=False, batches_per_epoch=6, batch_size=4)
+    after = _fake_run([0.0, 0.001, 0.0, 0.0, 0.001], [0.1, 0.101, 0.099, 0.1, 0.1], AFTER,
+                      torch_threads=1, side_stream=False, batches_per_epoch=6, batch_size=4)
+    overlap = overlap or ov.OverlapResult(before, (after,), after, ov.overlap_decision(before, after),
+                                          befores=(before,))
     scaling = pd.DataFrame({"torch_threads": [1, 2], "median_s": [0.2, 0.1], "p25_s": [0.19, 0.09],
                             "p75_s": [0.21, 0.11]})
     settings = {"model_width": 4, "d_model": 8, "image_size": 16, "text_len": 4, "steps": 5, "warmup_steps": 1,
@@ -371,14 +376,15 @@ def _keys(result, tmp_path):
 def test_the_built_in_jobs_result_records_every_variant_and_names_notebook_01(tmp_path):
     at_01 = pd.DataFrame({"torch_threads": [2], "median_s": [0.3], "p25_s": [0.29], "p75_s": [0.31]})
     r = _notebook_result(_tiny_job(), compute_01=at_01)
-    variants = [(e, v, m, u) for v in ("before", "after, 1 core per worker") for e, m, u in VARIANT_RECORDS]
+    variants = [(e, v, m, u) for v in (BEFORE, AFTER) for e, m, u in VARIANT_RECORDS]
     assert _keys(r, tmp_path) == [
         ("dataset", "usable images", "images", "images"),
         ("correctness", "prefetched vs synchronous", "identical_batches", "batches"),
         ("compute only", "1 torch thread(s)", "time_per_step", "s"), ("compute only", "2 torch thread(s)", "time_per_step", "s"),
         ("compute only", "model_width 16 (notebook 01's), 2 torch thread(s)", "time_per_step", "s"),
         *variants,
-        ("exposed input per step", "after vs before", "reduction", "x"), ("step time", "after vs before", "speedup", "x")]
+        ("exposed input per step", f"{AFTER} vs {BEFORE}", "reduction", "x"),
+        ("step time", f"{AFTER} vs {BEFORE}", "speedup", "x")]
     v = r.verdict()
     assert v.notebook == "05_stream_overlap" and v.recommendation == "enable" and v.extra["model_width_01"] == 16
     assert v.context.startswith("PPO on a multimodal policy (4-channel conv stem, d_model 8; notebook 01 trains "
@@ -386,11 +392,16 @@ def test_the_built_in_jobs_result_records_every_variant_and_names_notebook_01(tm
     assert "100 ms compute vs 50 ms input work, 300 ms at 01's width), batch 4 of 16 px from 24 images" in v.context
     assert v.context.endswith("5 measured steps each on cpu; figures are medians over the steps, fractions ratios of "
                               "those medians")
+    assert "before: num_workers=0, synchronous copy, 1 torch thread(s), batch 4; after: 1 worker(s)" in v.context
+    assert "DevicePrefetcher (synchronous copy), 1 torch thread(s), batch 4;" in v.context
+    assert "both at 1 torch thread(s), batch 4" in v.reason
+    assert (v.extra["a_torch_threads"], v.extra["b_torch_threads"], v.extra["b_batch_size"]) == (1, 1, 4)
     assert r.dataset_text().startswith("24 images, 3 class(es), 0 file(s) skipped, 6 batch(es) of 4 per epoch")
     assert "few batches per epoch" in r.dataset_text()
     assert r.identical_text() == "6 of 6 prefetched batches are bit-identical to the synchronous copy"
     assert "300.0 ms at notebook 01's 16, which covers it" in r.variants_text()
-    assert r.kept_split == "1 core per worker" and list(r.overlap_table()["variant"]) == ["before", "after, 1 core per worker"]
+    assert r.kept_split == "1 core per worker" and list(r.overlap_table()["variant"]) == [BEFORE, AFTER]
+    assert list(r.overlap_table()["torch threads"]) == [1, 1] and list(r.overlap_table()["batch"]) == [4, 4]
     spec = r.try_it(get_accelerator("cpu"), {"num_workers": 1, "model_width": 4, "prefetch_factor": 2, "steps": 20,
                                              "warmup_steps": 3})
     assert set(spec.knobs) == {"num_workers", "model_width", "threads"} and spec.knobs["model_width"].value == 4
@@ -410,3 +421,88 @@ def test_a_users_jobs_result_records_its_items_and_offers_no_model_width(tmp_pat
     spec = r.try_it(get_accelerator("cpu"), {"num_workers": 1, "model_width": 4, "prefetch_factor": 2, "steps": 20,
                                              "warmup_steps": 3})
     assert "model_width" not in spec.knobs and spec.reference.label == "1 worker(s), 1 core per worker"
+
+
+# --------------------------------------------------------------------------- like with like
+
+
+def _split_runs(monkeypatch, *, legacy=False):
+    """run_overlap on a busy 2-core machine, faked: the step costs 100 ms of compute at 1 torch thread and 300 ms at
+    2 (oversubscribed), the before waits 50 ms for its input, the after none. ``legacy``: the before ignores the
+    thread count it is given and runs at all cores, as notebook 05 did before it compared like with like."""
+    calls = []
+
+    def fake_variant(job, acc, *, label, num_workers, torch_threads=None, **kw):
+        threads = 2 if legacy and num_workers == 0 else torch_threads
+        calls.append((num_workers, threads))
+        compute = [0.1, 0.101, 0.099, 0.1, 0.1] if threads == 1 else [0.3, 0.301, 0.299, 0.3, 0.3]
+        data = [0.05, 0.051, 0.049, 0.05, 0.05] if num_workers == 0 else [0.0, 0.001, 0.0, 0.0, 0.001]
+        return _fake_run(data, compute, label, num_workers=num_workers, torch_threads=threads, batch_size=4,
+                         prefetcher=num_workers > 0, side_stream=False, batches_per_epoch=6, cores=2)
+
+    monkeypatch.setattr(overlap_runs, "run_overlap_variant", fake_variant)
+    job = SimpleNamespace(workload=Workload(batch_size=4))
+    return ov.run_overlap(job, get_accelerator("cpu"), steps=5, warmup_steps=0, num_workers=1, cores=2), calls
+
+
+def _records(result, tmp_path):
+    from helpers.results import ResultsStore
+
+    return ResultsStore(tmp_path / "r.jsonl", notebook=ov.NOTEBOOK).write(result.records())
+
+
+def test_each_before_runs_at_the_torch_threads_of_the_after_it_is_compared_with(monkeypatch, tmp_path):
+    """The issue: 05 credited a 3.23x speedup to the overlap that came from the step running on 1 torch thread
+    instead of 2. Each split now has its own before at its thread count; the threads' effect is apart."""
+    from helpers.conditions import unlike_records
+
+    r, calls = _split_runs(monkeypatch)
+    assert calls == [(0, 1), (1, 1), (0, 2), (1, 2)]  # before then after, per split: 1 core per worker, all cores
+    assert r.after.settings["torch_threads"] == r.before.settings["torch_threads"] == 1
+    assert [b.settings["torch_threads"] for b in r.befores] == [c.settings["torch_threads"] for c in r.candidates]
+    assert r.verdict["step"].ratio == pytest.approx(0.15 / 0.1, rel=0.02)  # the overlap's own gain, not 0.35 / 0.1
+    assert r.thread_effect["before"].ratio == pytest.approx(0.35 / 0.15, rel=0.02)  # 1 vs 2 threads, apart
+    assert r.thread_effect["after"].ratio == pytest.approx(0.3 / 0.1, rel=0.02)
+    result = _notebook_result(_tiny_job(), overlap=r)
+    records = _records(result, tmp_path)
+    assert unlike_records(records) == []
+    pairs = [x for x in records if x.experiment == "step time" and x.metric == "speedup"]
+    assert [x.extra["kept"] for x in pairs] == [True, False]
+    assert all(x.extra["a_torch_threads"] == x.extra["b_torch_threads"] for x in pairs)
+    split = [x for x in records if x.experiment == "thread split"]
+    assert len(split) == 2 and all(x.extra["changes"] == ["torch_threads"] for x in split)
+    assert {(x.extra["a_torch_threads"], x.extra["b_torch_threads"]) for x in split} == {(2, 1)}
+    text = result.variants_text()
+    assert "against before, 1 torch thread(s): both at 1 torch thread(s), batch 4" in text
+    assert "thread split alone (before, same variant at two torch thread counts): before, 1 torch thread(s) 2.33x " \
+           "faster per step than before, 2 torch thread(s)" in text and "not the overlap's" in text
+    v = result.verdict()
+    assert v.extra["thread_effect"]["before"]["ratio"] == pytest.approx(0.35 / 0.15, rel=0.02)
+    assert "both at 1 torch thread(s), batch 4" in v.reason
+
+
+def test_the_like_with_like_check_fails_on_the_old_thread_split(monkeypatch, tmp_path):
+    """The old behaviour (one before at all cores, compared with an after at 1 torch thread) is what the check of
+    tests/test_like_with_like.py catches: its comparison records name two thread counts."""
+    from helpers.conditions import unlike_records
+
+    r, calls = _split_runs(monkeypatch, legacy=True)
+    assert calls == [(0, 2), (1, 1), (0, 2), (1, 2)]
+    assert r.verdict["step"].ratio == pytest.approx(0.35 / 0.1, rel=0.02)  # the lie: 3.5x, mostly the threads'
+    assert "NOT like with like: before at 2 torch thread(s)" in r.verdict["reason"]
+    problems = unlike_records(_records(_notebook_result(_tiny_job(), overlap=r), tmp_path))
+    assert problems and any("different torch_threads: 2 (A) and 1 (B)" in p for p in problems)
+    # and so on the old result's shape: one before for every candidate
+    old = ov.OverlapResult(r.befores[0], r.candidates, r.candidates[0], r.verdict)
+    assert old.befores == (r.befores[0], r.befores[0])
+    assert unlike_records(_records(_notebook_result(_tiny_job(), overlap=old), tmp_path / "old"))
+
+
+def test_thread_split_effect_compares_one_variant_only():
+    one = _fake_run([0.0] * 3, [0.1] * 3, "a", torch_threads=1, num_workers=1)
+    two = _fake_run([0.0] * 3, [0.2] * 3, "b", torch_threads=2, num_workers=1)
+    c = ov.thread_split_effect([one, two])
+    assert (c.a.name, c.b.name) == ("b", "a") and c.ratio == pytest.approx(2.0)
+    assert ov.thread_split_effect([one]) is None and ov.thread_split_effect([one, one]) is None
+    with pytest.raises(ParameterError, match="num_workers"):
+        ov.thread_split_effect([one, _fake_run([0.0] * 3, [0.2] * 3, "c", torch_threads=2, num_workers=0)])

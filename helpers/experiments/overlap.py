@@ -3,8 +3,9 @@
 Each variant trains the job on its batched pipeline with one input setting
 (:func:`run_overlap_variant`): *before* (the loader in the main process, the
 copy in the step) and *after* (DataLoader worker processes and a
-:class:`helpers.pipeline.prefetch.DevicePrefetcher`, with each thread split
-of :func:`thread_splits`, keeping the fastest). :func:`run_overlap` runs the
+:class:`helpers.pipeline.prefetch.DevicePrefetcher`), a pair at each thread
+split of :func:`thread_splits` (both sides at the split's torch thread count),
+keeping the split whose *after* is fastest. :func:`run_overlap` runs the
 whole comparison; notebook 05 and ``python -m helpers bench input-pipeline``
 (:func:`overlap_bench`) both call it.
 
@@ -39,6 +40,7 @@ import pandas as pd
 
 from helpers import checklist, specs
 from helpers.checklist import Item
+from helpers.conditions import CONDITIONS, sides
 from helpers.device import Accelerator, get_accelerator, usable_cores
 from helpers.errors import DataError, ParameterError
 from helpers.experiments import registry
@@ -49,6 +51,7 @@ from helpers.experiments.overlap_decision import (
     NOTHING_TO_HIDE,
     overlap_decision,
     overlap_limits,
+    ran_alike,
 )
 from helpers.experiments.overlap_runs import (
     OverlapResult,
@@ -57,6 +60,7 @@ from helpers.experiments.overlap_runs import (
     fastest,
     run_overlap,
     run_overlap_variant,
+    thread_split_effect,
     thread_splits,
 )
 from helpers.experiments.overlap_text import OverlapChecksTexts, StreamOverlapResultTexts
@@ -75,9 +79,9 @@ __all__ = [
     "OverlapRun", "OverlapStats", "input_work_per_step", "overlap_stats", "timeline_frame",
     # the variants, timed (helpers.experiments.overlap_runs)
     "OverlapResult", "choose_threads", "compute_thread_scaling", "fastest", "run_overlap", "run_overlap_variant",
-    "thread_splits",
+    "thread_split_effect", "thread_splits",
     # the decision (helpers.experiments.overlap_decision)
-    "EXPOSED_FLOOR_S", "FEW_BATCHES_PER_EPOCH", "NOTHING_TO_HIDE", "overlap_decision", "overlap_limits",
+    "EXPOSED_FLOOR_S", "FEW_BATCHES_PER_EPOCH", "NOTHING_TO_HIDE", "overlap_decision", "overlap_limits", "ran_alike",
     # this module
     "BASELINE_NOTEBOOK", "EXPERIMENT", "NOTEBOOK", "SPLITS", "OverlapChecks", "StreamOverlapResult",
     "baseline_workload", "check", "live_point", "overlap_bench", "run", "try_overlap", "verdict",
@@ -134,11 +138,12 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
                   device: str = "cpu", prepared: tuple | None = None) -> dict:
     """The ``exposed_input_fraction`` of ``python -m helpers bench input-pipeline``.
 
-    Trains the workload twice on the batched pipeline: *before* (the loader
-    in the main process, the copy in the step: ``num_workers=0``, no
+    Trains the workload on the batched pipeline: *before* (the loader in
+    the main process, the copy in the step: ``num_workers=0``, no
     prefetcher) and *after* (``num_workers`` worker processes and the
-    :class:`DevicePrefetcher`, with each thread split of
-    :func:`thread_splits`, keeping the fastest, as notebook 05 does). The
+    :class:`DevicePrefetcher`), a pair at each thread split of
+    :func:`thread_splits` (both sides at its torch thread count), keeping
+    the split whose *after* is fastest, as notebook 05 does. The
     defaults are notebook 05's quick profile; the compute per step is chosen
     (``model_width``) to be at least the input work per step, and both are
     reported so that this can be checked.
@@ -165,8 +170,10 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
         ``compute_time_s`` (after: medians per step, seconds),
         ``step_time_s_before`` / ``step_time_s_after`` (medians),
         ``after_variant`` (the thread split kept), ``step_time_s_candidates``
-        (median step time of each split), ``num_workers``,
-        ``torch_threads``, ``decode_threads``, ``cores``, ``steps``,
+        and ``step_time_s_befores`` (median step time of each split's after
+        and before), ``num_workers``, ``torch_threads`` and
+        ``torch_threads_before`` (equal: a split's pair runs at one count),
+        ``batch_size``, ``decode_threads``, ``cores``, ``steps``,
         ``batches_per_epoch``, ``statistic`` (what the figures are),
         ``recommendation`` and ``exposed_reduction`` (``ratio``, ``ci_low``,
         ``ci_high``, ``confidence``: exposed input before / after) from
@@ -202,8 +209,11 @@ def _bench_figures(result: OverlapResult, *, num_workers: int, steps: int, devic
         "step_time_s_after": after.stats.median_step_s,
         "after_variant": after.label,
         "step_time_s_candidates": {r.label: r.stats.median_step_s for r in candidates},
+        "step_time_s_befores": {r.label: r.stats.median_step_s for r in result.befores},
         "num_workers": num_workers,
         "torch_threads": after.settings["torch_threads"],
+        "torch_threads_before": before.settings["torch_threads"],
+        "batch_size": after.settings.get("batch_size"),
         "decode_threads": after.settings["decode_threads"],
         "cores": choose_threads(num_workers)["cores"],
         "steps": steps,
@@ -240,15 +250,21 @@ def verdict(result: OverlapResult, *, context: str, model_width_01: int) -> Verd
         the quartiles of the same statistic (:attr:`OverlapStats.exposed_fraction_p25` and ``_p75``: the per-step
         exposed input over the median step), so that the value lies inside its spread; ``extra``: ``before``,
         ``hidden_fraction``, ``input_time_s``, ``compute_time_s`` (seconds per step, medians), ``notes``,
-        ``model_width_01``.
+        ``model_width_01``, the torch threads and batch of each side (:func:`helpers.conditions.sides`: before as
+        A, after as B), and ``thread_effect``: per variant (``before``, ``after``) the step time's ratio at the
+        splits' two thread counts (``ratio``, ``ci_low``, ``ci_high``, ``a``, ``b``: the runs; empty with one
+        split), the threads' own effect, not counted in the overlap's.
     """
     v, a, b = result.verdict, result.after.stats, result.before.stats
+    effect = {name: {"ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high, "a": c.a.name, "b": c.b.name}
+              for name, c in result.thread_effect.items()}
     return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=a.exposed_fraction, unit="fraction",
                    repeats=a.steps, recommendation=v["recommendation"], reason=v["reason"], context=context,
                    action=v["action"], spread={"p25": a.exposed_fraction_p25, "p75": a.exposed_fraction_p75},
                    extra={"before": b.exposed_fraction, "hidden_fraction": a.hidden_fraction,
                           "input_time_s": a.median_input_work_s, "compute_time_s": a.median_compute_s,
-                          "notes": v["notes"], "model_width_01": model_width_01})
+                          "notes": v["notes"], "model_width_01": model_width_01,
+                          **sides(_ran(result.before), _ran(result.after)), "thread_effect": effect})
 
 
 # --------------------------------------------------------------------------- the "try it" panel
@@ -374,6 +390,7 @@ def try_overlap(job: Job, acc: Accelerator, *, num_workers: int, model_width: in
     total = runs * (warmup_steps + steps)
     if runs == 2:  # a user's job: its synchronous run's exposed input is its input work (run_overlap does the same)
         sync_run = run_overlap_variant(job, acc, label="synchronous", num_workers=0, prefetcher=False,
+                                       torch_threads=split["torch_threads"],
                                        progress=lambda done, _n: progress(done, total), **common)
         common["input_work_s"] = (sync_run.run.steps["data"] + sync_run.run.steps["h2d"]).tolist()
     offset = total - (warmup_steps + steps)
@@ -483,7 +500,10 @@ class StreamOverlapResult(OverlapChecks, StreamOverlapResultTexts, ExperimentRes
 
     def records(self) -> Records:
         """The data, the prefetcher's check, the compute per thread count (and at notebook 01's width), each
-        variant's overlap, step time, input work and compute, then the two before/after comparisons."""
+        variant's overlap, step time, input work and compute, then each thread split's two before/after comparisons
+        (``kept``: the verdict's) and the thread split's own effect on each variant (``thread split``). Every
+        variant's record carries the ``torch_threads`` and ``batch_size`` it ran with, every comparison both
+        sides' (:func:`helpers.conditions.sides`)."""
         out = Records()
         if self.job.is_builtin:
             out.add("dataset", "usable images", "images", self.n_items, "images", skipped=self.dataset["skipped"],
@@ -496,15 +516,23 @@ class StreamOverlapResult(OverlapChecks, StreamOverlapResultTexts, ExperimentRes
                 batches=c["batches"], side_stream=c["side_stream"])
         for _, r in self.scaling.iterrows():
             out.add("compute only", f"{int(r['torch_threads'])} torch thread(s)", "time_per_step", r["median_s"], "s",
-                    spread={"p25": r["p25_s"], "p75": r["p75_s"]})
+                    spread={"p25": r["p25_s"], "p75": r["p75_s"]}, **_row_ran(r, self.batch_size))
         if self.compute_01 is not None:
             w, r = self.base["model_width"], self.compute_01.iloc[0]
             out.add("compute only", f"model_width {w} (notebook 01's), {self.cores} torch thread(s)", "time_per_step",
-                    self.compute_01_s, "s", model_width=w, spread={"p25": float(r["p25_s"]), "p75": float(r["p75_s"])})
+                    self.compute_01_s, "s", model_width=w, spread={"p25": float(r["p25_s"]), "p75": float(r["p75_s"])},
+                    **_row_ran(r, self.batch_size))
         for v in self.overlap.variants:
             _variant_records(out, v, self.batch_size)
-        out.add_comparison("exposed input per step", self.overlap.verdict["exposed"], metric="reduction", unit="x")
-        out.add_comparison("step time", self.overlap.verdict["step"])
+        for (before, after), d in zip(self.overlap.pairs, self.overlap.decisions(self.job.workload.seed)):
+            alike, kept = sides(_ran(before), _ran(after)), after is self.overlap.after
+            out.add_comparison("exposed input per step", d["exposed"], metric="reduction", unit="x", kept=kept,
+                               **alike)
+            out.add_comparison("step time", d["step"], kept=kept, **alike)
+        for name, c in self.overlap.thread_effect.items():  # the threads' own effect, apart from the overlap's
+            runs = {v.label: v for v in self.overlap.variants}
+            out.add_comparison("thread split", c, variant_kind=name,
+                               **sides(_ran(runs[c.a.name]), _ran(runs[c.b.name]), changes=["torch_threads"]))
         return out
 
     def verdict(self) -> Verdict:
@@ -542,23 +570,36 @@ class StreamOverlapResult(OverlapChecks, StreamOverlapResultTexts, ExperimentRes
                        knobs, reference=live_point(self.overlap.after, label))
 
 
+def _ran(v: OverlapRun) -> dict[str, Any]:
+    """What a run ran with (:data:`helpers.conditions.CONDITIONS`), from its settings (read while it ran); a setting
+    its settings do not state is left out."""
+    return {k: v.settings[k] for k in CONDITIONS if k in v.settings}
+
+
+def _row_ran(row: Any, batch_size: int) -> dict[str, Any]:
+    """What a row of :func:`compute_thread_scaling` ran with (its own ``batch_size`` where it has one)."""
+    batch = row["batch_size"] if "batch_size" in row else batch_size
+    return {"torch_threads": int(row["torch_threads"]), "batch_size": int(batch)}
+
+
 def _variant_records(out: Records, v: OverlapRun, batch_size: int) -> None:
-    """One variant's records: exposed and hidden fractions, step time (and throughput), input work, compute.
-    The exposed fraction's spread is that of its own statistic (:attr:`OverlapStats.exposed_fraction_p25`)."""
-    s = v.stats
+    """One variant's records: exposed and hidden fractions, step time (and throughput), input work, compute, each
+    with the ``torch_threads`` and ``batch_size`` it ran with. The exposed fraction's spread is that of its own
+    statistic (:attr:`OverlapStats.exposed_fraction_p25`)."""
+    s, ran = v.stats, _ran(v)
     out.add("overlap", v.label, "exposed_input_fraction", s.exposed_fraction, "fraction", repeats=s.steps,
             spread={"p25": s.exposed_fraction_p25, "p75": s.exposed_fraction_p75},
             statistic="median exposed / median step; spread: quartiles of exposed per step / median step",
-            exposed_fraction_per_step=s.exposed_fraction_per_step, **v.settings)
+            exposed_fraction_per_step=s.exposed_fraction_per_step, **{**v.settings, **ran})
     out.add("overlap", v.label, "hidden_fraction", s.hidden_fraction, "fraction", repeats=s.steps,
             statistic="1 - median exposed / median input work",
-            exposed_over_work=s.exposed_over_work if s.exposed_over_work != float("inf") else None)
+            exposed_over_work=s.exposed_over_work if s.exposed_over_work != float("inf") else None, **ran)
     step_m = Measurement(name=v.label, times_s=tuple(v.run.steps["step_s"]), warmup=v.run.warmup_steps,
                          items_per_call=batch_size)
     out.add_measurement("step time", v.label, step_m, metric="time_per_step", unit="s",
-                        rate_metric="throughput", rate_unit="samples/s")
-    out.add("input work", v.label, "input_work_per_step", s.median_input_work_s, "s", repeats=s.steps)
-    out.add("compute", v.label, "compute_per_step", s.median_compute_s, "s", repeats=s.steps)
+                        rate_metric="throughput", rate_unit="samples/s", **ran)
+    out.add("input work", v.label, "input_work_per_step", s.median_input_work_s, "s", repeats=s.steps, **ran)
+    out.add("compute", v.label, "compute_per_step", s.median_compute_s, "s", repeats=s.steps, **ran)
 
 
 def _check_prefetcher(job: Job, acc: Accelerator) -> dict[str, Any]:

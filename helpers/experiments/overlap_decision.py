@@ -12,7 +12,8 @@ from helpers.pipeline.overlap_metric import OverlapRun
 from helpers.timing import Comparison, Measurement
 from helpers.verdict import Action
 
-__all__ = ["EXPOSED_FLOOR_S", "FEW_BATCHES_PER_EPOCH", "NOTHING_TO_HIDE", "overlap_decision", "overlap_limits"]
+__all__ = ["EXPOSED_FLOOR_S", "FEW_BATCHES_PER_EPOCH", "NOTHING_TO_HIDE", "overlap_decision", "overlap_limits",
+           "ran_alike"]
 
 
 #: Floor applied to per-step exposed times before forming a ratio, seconds: below the
@@ -100,6 +101,29 @@ def overlap_limits(before: OverlapRun, after: OverlapRun, *, compute: Any = None
     return notes
 
 
+def ran_alike(before: OverlapRun, after: OverlapRun) -> str:
+    """What the two sides ran with, in words: ``"both at 1 torch thread(s), batch 32"``, or each side's where they
+    differ (then the comparison is not like with like, and the sentence says so); empty where the runs' settings
+    do not state them.
+
+    Parameters
+    ----------
+    before, after : OverlapRun
+        Their ``settings``' ``torch_threads`` (count) and ``batch_size`` (samples) are read.
+
+    Returns
+    -------
+    str
+    """
+    s_b, s_a = before.settings, after.settings
+    if not all(k in s for s in (s_b, s_a) for k in ("torch_threads", "batch_size")):
+        return ""
+    if (s_b["torch_threads"], s_b["batch_size"]) == (s_a["torch_threads"], s_a["batch_size"]):
+        return f"both at {s_a['torch_threads']} torch thread(s), batch {s_a['batch_size']}"
+    return (f"NOT like with like: before at {s_b['torch_threads']} torch thread(s), batch {s_b['batch_size']}, "
+            f"after at {s_a['torch_threads']} torch thread(s), batch {s_a['batch_size']}")
+
+
 def overlap_decision(before: OverlapRun, after: OverlapRun, *, seed: int = 0) -> dict[str, Any]:
     """Decide whether to enable the overlap, from two runs of :func:`run_overlap_variant`.
 
@@ -121,9 +145,11 @@ def overlap_decision(before: OverlapRun, after: OverlapRun, *, seed: int = 0) ->
     Returns
     -------
     dict
-        ``recommendation``, ``reason`` (a sentence with the numbers),
+        ``recommendation``, ``reason`` (a sentence with the numbers and the
+        torch threads and batch of each side, :func:`ran_alike`),
         ``exposed``, ``step`` and ``compute`` (:class:`helpers.timing.Comparison`
-        per step: before as A, after as B; ratio > 1 means after is shorter),
+        per step: before as A, after as B, named by the runs' labels; ratio > 1
+        means after is shorter),
         ``dropped`` and ``slower`` (bool), ``notes`` (list of str, from
         :func:`overlap_limits`; empty when nothing limited the overlap).
     """
@@ -134,22 +160,24 @@ def overlap_decision(before: OverlapRun, after: OverlapRun, *, seed: int = 0) ->
     def per_step(v: OverlapRun, column: str) -> tuple[float, ...]:
         return tuple(np.maximum(v.run.steps[column].to_numpy(dtype=float), EXPOSED_FLOOR_S))
 
-    exposed_cmp = Comparison.from_measurements(Measurement("before", exposed(before), warmup=0),
-                                               Measurement("after", exposed(after), warmup=0), seed=seed)
-    step_cmp = Comparison.from_measurements(Measurement("before", per_step(before, "step_s"), warmup=0),
-                                            Measurement("after", per_step(after, "step_s"), warmup=0), seed=seed)
-    compute_cmp = Comparison.from_measurements(Measurement("before", per_step(before, "compute"), warmup=0),
-                                               Measurement("after", per_step(after, "compute"), warmup=0),
+    a, b = before.label, after.label
+    exposed_cmp = Comparison.from_measurements(Measurement(a, exposed(before), warmup=0),
+                                               Measurement(b, exposed(after), warmup=0), seed=seed)
+    step_cmp = Comparison.from_measurements(Measurement(a, per_step(before, "step_s"), warmup=0),
+                                            Measurement(b, per_step(after, "step_s"), warmup=0), seed=seed)
+    compute_cmp = Comparison.from_measurements(Measurement(a, per_step(before, "compute"), warmup=0),
+                                               Measurement(b, per_step(after, "compute"), warmup=0),
                                                seed=seed)
     dropped = exposed_cmp.ci_low > 1.0
     slower = step_cmp.ci_high < 1.0
     b, a = before.stats, after.stats
     workers = after.settings.get("num_workers", "?")
+    alike = ran_alike(before, after)
     numbers = (f"exposed input {b.exposed_fraction:.0%} -> {a.exposed_fraction:.0%} of the step "
                f"({b.median_exposed_s * 1e3:.1f} -> {a.median_exposed_s * 1e3:.1f} ms, before/after "
                f"{_interval(exposed_cmp)}), {a.hidden_fraction:.0%} of the input work hidden behind compute, "
                f"step {b.median_step_s * 1e3:.0f} -> {a.median_step_s * 1e3:.0f} ms (before/after "
-               f"{_interval(step_cmp)}); medians of {a.steps} steps")
+               f"{_interval(step_cmp)}); medians of {a.steps} steps" + (f", {alike}" if alike else ""))
     notes = overlap_limits(before, after, compute=compute_cmp)
     why = ("; why: " + "; ".join(notes)) if notes else ""
     if dropped and not slower:

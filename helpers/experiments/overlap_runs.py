@@ -2,23 +2,27 @@
 
 :func:`run_overlap_variant` trains the job on its DataLoader (and a :class:`helpers.pipeline.prefetch.DevicePrefetcher`)
 through the phase-timed loop and measures the overlap (:mod:`helpers.pipeline.overlap_metric`); :func:`run_overlap`
-runs *before* and *after* with each thread split of :func:`thread_splits`, keeps the fastest (:func:`fastest`) and
-decides (:func:`helpers.experiments.overlap_decision.overlap_decision`); :func:`compute_thread_scaling` times the
-step alone per torch thread count. :mod:`helpers.experiments.overlap` runs it for notebook 05, ``bench
-input-pipeline`` and the try-it panel.
+runs, for each thread split of :func:`thread_splits`, *before* and *after* at that split's torch thread count (like
+with like: the two sides of each A/B differ only in the overlap), keeps the split whose *after* is fastest
+(:func:`fastest`) and decides from that split's own pair
+(:func:`helpers.experiments.overlap_decision.overlap_decision`); the thread split's own effect on the step is measured
+apart (:func:`thread_split_effect`: the same variant at two thread counts), never folded into the overlap's gain.
+:func:`compute_thread_scaling` times the step alone per torch thread count. :mod:`helpers.experiments.overlap` runs
+it for notebook 05, ``bench input-pipeline`` and the try-it panel.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 import torch
 
 from helpers.compute.train import TimedLoop, epochs
+from helpers.conditions import ran_with
 from helpers.device import Accelerator, usable_cores
 from helpers.errors import ParameterError
 from helpers.experiments.overlap_decision import overlap_decision
@@ -28,12 +32,12 @@ from helpers.live import Progress
 from helpers.pipeline.loader import LoaderConfig, close_loader
 from helpers.pipeline.overlap_metric import OverlapRun, input_work_per_step, overlap_stats
 from helpers.pipeline.prefetch import ConsumerStreamSync, DevicePrefetcher, RecordingLoader, prefetched
-from helpers.timing import measure
+from helpers.timing import Comparison, Measurement, measure
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["OverlapResult", "choose_threads", "compute_thread_scaling", "fastest", "run_overlap",
-           "run_overlap_variant", "thread_splits"]
+           "run_overlap_variant", "thread_split_effect", "thread_splits"]
 
 
 def choose_threads(num_workers: int, cores: int | None = None) -> dict[str, Any]:
@@ -78,7 +82,8 @@ def thread_splits(num_workers: int, cores: int | None = None, *, is_cpu: bool = 
     Which is faster depends on how busy a worker is: a worker that needs a
     quarter of a core wastes most of a dedicated one, while a busy worker
     slows down every parallel region of the step it shares cores with. So
-    on a CPU both are run and the faster one is kept (:func:`fastest`):
+    on a CPU both are run, each *after* beside a *before* at its own torch
+    thread count, and the faster *after* is kept (:func:`run_overlap`):
 
     - ``"1 core per worker"``: :func:`choose_threads`;
     - ``"all cores to torch"``: torch keeps one thread per core, each worker
@@ -145,7 +150,8 @@ def compute_thread_scaling(job: Job, acc: Accelerator, *, threads: Sequence[int]
     Returns
     -------
     pandas.DataFrame
-        ``torch_threads``, ``median_s``, ``p25_s``, ``p75_s`` (seconds per step).
+        ``torch_threads`` (as read while the count was timed), ``batch_size`` (samples), ``median_s``, ``p25_s``,
+        ``p75_s`` (seconds per step).
 
     Raises
     ------
@@ -166,7 +172,8 @@ def compute_thread_scaling(job: Job, acc: Accelerator, *, threads: Sequence[int]
             step = job.make_step(job.make_model(acc), acc)
             m = measure(lambda: step(batch), repeats=repeats, warmup=warmup, sync=acc.synchronize,
                         name=f"{t} thread(s)")
-            rows.append({"torch_threads": t, "median_s": m.median_s, "p25_s": m.p25_s, "p75_s": m.p75_s})
+            rows.append({**ran_with(job.workload.batch_size), "median_s": m.median_s, "p25_s": m.p25_s,
+                         "p75_s": m.p75_s})
     finally:
         torch.set_num_threads(previous)
     return pd.DataFrame(rows)
@@ -200,7 +207,8 @@ def run_overlap_variant(job: Job, acc: Accelerator, *, label: str, steps: int, w
     prefetcher : bool, default True
         Wrap the loader in a DevicePrefetcher; False transfers in the ``h2d`` phase (synchronous).
     torch_threads, decode_threads : int, optional
-        Default from :func:`choose_threads`. ``torch.set_num_threads`` is restored afterwards.
+        Default from :func:`choose_threads`. ``torch.set_num_threads`` is restored afterwards; the settings'
+        ``torch_threads`` and ``batch_size`` are read while the variant runs (:func:`helpers.conditions.ran_with`).
     timeout_s : float
         Loader timeout: a hung worker becomes an error (Optimization-AI/LibAUC#60,
         pytorch/pytorch#47445).
@@ -237,6 +245,7 @@ def run_overlap_variant(job: Job, acc: Accelerator, *, label: str, steps: int, w
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(torch_threads)
     try:
+        ran = ran_with(w.batch_size)  # what the variant runs with, read while it runs
         run = _timed_run(job, acc, recorder, [dataset, sampler], to_device, pin=pin, steps=steps,
                          warmup_steps=warmup_steps, progress=progress)
     finally:
@@ -250,8 +259,8 @@ def run_overlap_variant(job: Job, acc: Accelerator, *, label: str, steps: int, w
     stats = overlap_stats(run.steps, work)
     settings = {"num_workers": num_workers, "prefetch_factor": prefetch_factor if num_workers > 0 else None,
                 "prefetcher": bool(prefetcher), "side_stream": bool(source is not None and source.uses_side_stream),
-                "pin_memory": pin, "torch_threads": torch_threads, "decode_threads": decode_threads,
-                "batch_size": w.batch_size, "steps": steps, "warmup_steps": warmup_steps,
+                "pin_memory": pin, "torch_threads": ran["torch_threads"], "decode_threads": decode_threads,
+                "batch_size": ran["batch_size"], "steps": steps, "warmup_steps": warmup_steps,
                 "batches_per_epoch": len(dataset) // w.batch_size, "cores": split["cores"],
                 "step_on_cpu": acc.is_cpu, "input_work_from": work_from}
     logger.info("%s: exposed %.1f%% of the step, %.0f%% of the input hidden", label,
@@ -310,40 +319,120 @@ def _input_work(label: str, batches: pd.DataFrame, run: Any, copies: pd.DataFram
 
 @dataclass(frozen=True)
 class OverlapResult:
-    """Notebook 05's comparison: the job before and after overlapping its input.
+    """Notebook 05's comparison: the job before and after overlapping its input, like with like.
+
+    Each thread split of :func:`thread_splits` is one A/B: a *before* and an *after* at the same torch thread count,
+    batch, seed and data, so that the pair differs only in the overlap. The split whose *after* is fastest is kept,
+    and the verdict is its own pair's. What the thread count itself does to the step is :attr:`thread_effect`,
+    apart from the overlap's gain.
 
     Attributes
     ----------
     before : OverlapRun
-        ``num_workers=0``, synchronous copy.
+        ``num_workers=0``, synchronous copy, at the kept *after*'s torch thread count.
     candidates : tuple of OverlapRun
         The overlapped job with each thread split of :func:`thread_splits`.
     after : OverlapRun
         The fastest candidate (shortest median step).
     verdict : dict
         :func:`overlap_decision` of before vs after.
+    befores : tuple of OverlapRun
+        One *before* per candidate, in the same order, each at its candidate's torch thread count; default
+        ``(before,) * len(candidates)`` (one *before* for every candidate: alike only where they all ran at its
+        thread count, which the records say and ``tests/test_like_with_like.py`` checks).
+    thread_effect : dict
+        ``{"before": Comparison, "after": Comparison}`` (:func:`thread_split_effect`): the step time of the same
+        variant at the last split's thread count (A) and the first's (B); empty with one split.
     """
 
     before: OverlapRun
     candidates: tuple[OverlapRun, ...]
     after: OverlapRun
     verdict: dict
+    befores: tuple[OverlapRun, ...] = ()
+    thread_effect: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.befores:
+            object.__setattr__(self, "befores", tuple(self.before for _ in self.candidates))
+        if len(self.befores) != len(self.candidates):
+            raise ParameterError(f"OverlapResult: {len(self.befores)} before(s) for {len(self.candidates)} "
+                                 "candidate(s); give one before per candidate")
+
+    @property
+    def pairs(self) -> tuple[tuple[OverlapRun, OverlapRun], ...]:
+        """``(before, after)`` of each thread split, in the order they ran."""
+        return tuple(zip(self.befores, self.candidates))
 
     @property
     def variants(self) -> tuple[OverlapRun, ...]:
-        """Before, then every candidate."""
-        return (self.before, *self.candidates)
+        """Every run once, each split's before then its after, in the order they ran."""
+        out: list[OverlapRun] = []
+        for run in (r for pair in self.pairs for r in pair):
+            if not any(run is seen for seen in out):
+                out.append(run)
+        return tuple(out)
+
+    def decisions(self, seed: int = 0) -> tuple[dict, ...]:
+        """:func:`overlap_decision` of each split's pair (the kept one's is :attr:`verdict`), in :attr:`pairs`'
+        order."""
+        return tuple(self.verdict if a is self.after else overlap_decision(b, a, seed=seed) for b, a in self.pairs)
+
+
+def thread_split_effect(runs: Sequence[OverlapRun], *, seed: int = 0) -> Comparison | None:
+    """The thread split's own effect on one variant: its step time at two torch thread counts, everything else alike.
+
+    Parameters
+    ----------
+    runs : sequence of OverlapRun
+        The same variant (the same ``num_workers`` and prefetcher) at each thread split, in :func:`thread_splits`'
+        order.
+    seed : int
+        Seed of the bootstrap.
+
+    Returns
+    -------
+    helpers.timing.Comparison or None
+        Step time per step (seconds) of the last run (A) against the first (B): ratio > 1 means the first split's
+        thread count gives the shorter step. None with fewer than two runs or when their torch threads are the
+        same.
+
+    Raises
+    ------
+    ParameterError
+        Runs of different variants (workers, prefetcher or batch differ): their difference is not the threads'.
+    """
+    if len(runs) < 2:
+        return None
+    first, last = runs[0], runs[-1]
+    for k in ("num_workers", "prefetcher", "batch_size"):
+        if first.settings.get(k) != last.settings.get(k):
+            raise ParameterError(f"thread_split_effect: {first.label!r} and {last.label!r} differ in {k} "
+                                 f"({first.settings.get(k)} vs {last.settings.get(k)}), not only in their threads")
+    if first.settings.get("torch_threads") == last.settings.get("torch_threads"):
+        return None
+
+    def steps(v: OverlapRun) -> Measurement:
+        return Measurement(v.label, tuple(float(x) for x in v.run.steps["step_s"]), warmup=0)
+
+    return Comparison.from_measurements(steps(last), steps(first), seed=seed)
 
 
 def run_overlap(job: Job, acc: Accelerator, *, steps: int, warmup_steps: int, num_workers: int,
                 prefetch_factor: int = 2, cores: int | None = None) -> OverlapResult:
-    """Run notebook 05's experiment: *before*, then *after* with each thread split, and the verdict.
+    """Run notebook 05's experiment: per thread split a *before* and an *after* at its torch thread count, the
+    verdict of the kept split's pair, and the thread split's own effect.
+
+    Each split's *before* (``num_workers=0``, synchronous copy) runs just before its *after*, with the same torch
+    thread count, batch, seed and data; the *after* with the shortest median step is kept (:func:`fastest`) and
+    decided against its own *before*. On an accelerator, or without workers, there is one split: two runs; on a
+    CPU with workers, two splits: four runs.
 
     Parameters
     ----------
     job : helpers.jobs.base.Job
         The built-in job (batched pipeline, per-batch preparation times) or a user's (its own dataset; input
-        work per step taken from the synchronous run, see :func:`run_overlap_variant`)
+        work per step taken from each split's synchronous run, see :func:`run_overlap_variant`)
     acc : helpers.device.Accelerator
     steps, warmup_steps : int
         Measured and warm-up steps per variant.
@@ -356,14 +445,22 @@ def run_overlap(job: Job, acc: Accelerator, *, steps: int, warmup_steps: int, nu
     -------
     OverlapResult
     """
-    common = dict(steps=steps, warmup_steps=warmup_steps)
-    before = run_overlap_variant(job, acc, label="before", num_workers=0, prefetcher=False, **common)
-    if before.batches is not None and "prep_s" not in before.batches:  # a user's job: the serial run gives its input work
-        common["input_work_s"] = (before.run.steps["data"] + before.run.steps["h2d"]).tolist()
-    candidates = tuple(
-        run_overlap_variant(job, acc, label=f"after, {split['label']}", num_workers=num_workers,
-                            prefetch_factor=prefetch_factor, prefetcher=True, torch_threads=split["torch_threads"],
-                            decode_threads=split["decode_threads"], **common)
-        for split in thread_splits(num_workers, cores, is_cpu=acc.is_cpu))
+    befores, candidates = [], []
+    for split in thread_splits(num_workers, cores, is_cpu=acc.is_cpu):
+        threads = split["torch_threads"]
+        common = dict(steps=steps, warmup_steps=warmup_steps, torch_threads=threads)
+        before = run_overlap_variant(job, acc, label=f"before, {threads} torch thread(s)", num_workers=0,
+                                     prefetcher=False, **common)
+        if before.batches is not None and "prep_s" not in before.batches:  # a user's job: its input work
+            common["input_work_s"] = (before.run.steps["data"] + before.run.steps["h2d"]).tolist()
+        befores.append(before)
+        candidates.append(run_overlap_variant(
+            job, acc, label=f"after, {split['label']} ({threads} torch thread(s))", num_workers=num_workers,
+            prefetch_factor=prefetch_factor, prefetcher=True, decode_threads=split["decode_threads"], **common))
     after = fastest(candidates)
-    return OverlapResult(before, candidates, after, overlap_decision(before, after, seed=job.workload.seed))
+    before = befores[next(i for i, c in enumerate(candidates) if c is after)]
+    seed = job.workload.seed
+    effect = {name: c for name, c in (("before", thread_split_effect(befores, seed=seed)),
+                                      ("after", thread_split_effect(candidates, seed=seed))) if c is not None}
+    return OverlapResult(before, tuple(candidates), after, overlap_decision(before, after, seed=seed),
+                         befores=tuple(befores), thread_effect=effect)

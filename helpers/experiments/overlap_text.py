@@ -52,9 +52,12 @@ class StreamOverlapResultTexts:
     """The texts of :class:`helpers.experiments.overlap.StreamOverlapResult` (sections 3, 4 and 6) and its context."""
 
     def splits_text(self) -> str:
-        """Section 3: the cores and the splits tried, each with its reason."""
-        return "\n".join([f"{self.cores} usable core(s); splits to try:"]
-                         + [f"  {s['label']}: {s['reason']}" for s in self.splits])
+        """Section 3: the cores and the splits tried, each with its reason, and that each split's *before* runs at
+        its torch thread count."""
+        return "\n".join([f"{self.cores} usable core(s); splits to try, each with a before at its torch thread "
+                          "count (like with like):"]
+                         + [f"  {s['label']} ({s['torch_threads']} torch thread(s)): {s['reason']}"
+                            for s in self.splits])
 
     def scaling_table(self) -> pd.DataFrame:
         """Section 3: ms per step (compute alone) per torch thread count."""
@@ -79,12 +82,16 @@ class StreamOverlapResultTexts:
     def variants_text(self) -> str:
         """Section 4: each variant's medians, the one kept, and whether the compute covers the input work."""
         lines = ["medians over the measured steps (they need not add up: each is the median of its own column)"]
+        width = max(len(v.label) for v in self.overlap.variants)
         for v in self.overlap.variants:
             s = v.stats
-            lines.append(f"{v.label:28s} step {s.median_step_s * 1e3:7.1f} ms: compute {s.median_compute_s * 1e3:7.1f} "
-                         f"ms, exposed input {s.median_exposed_s * 1e3:6.1f} ms, input work "
-                         f"{s.median_input_work_s * 1e3:6.1f} ms")
-        lines.append(f"kept as 'after' (shortest median step): {self.overlap.after.label}")
+            lines.append(f"{v.label:{width}s} step {s.median_step_s * 1e3:7.1f} ms: compute "
+                         f"{s.median_compute_s * 1e3:7.1f} ms, exposed input {s.median_exposed_s * 1e3:6.1f} ms, input "
+                         f"work {s.median_input_work_s * 1e3:6.1f} ms")
+        before, after = self.overlap.before, self.overlap.after
+        lines.append(f"kept as 'after' (shortest median step): {after.label}, against {before.label}: "
+                     f"{self.sides_text()}")
+        lines.extend(self.thread_effect_lines())
 
         def covers(compute_s):
             return "covers" if compute_s * 1e3 >= self.work_ms else "does NOT cover"
@@ -101,13 +108,35 @@ class StreamOverlapResultTexts:
                             f"{covers(self.compute_01_s)} it" if width_01 != width else " (the same width as notebook 01)"))
         return "\n".join(lines)
 
+    def sides_text(self) -> str:
+        """What the verdict's two sides ran with: ``"both at 1 torch thread(s), batch 32"`` (each side's where they
+        differ)."""
+        from helpers.experiments.overlap_decision import ran_alike
+
+        return ran_alike(self.overlap.before, self.overlap.after) or "torch threads and batch not stated"
+
+    def thread_effect_lines(self) -> list[str]:
+        """Section 4: the thread split's own effect on the step, per variant (the same variant at two torch thread
+        counts), said apart from the overlap's gain; none with one split."""
+        out = []
+        for name, c in self.overlap.thread_effect.items():
+            faster, slower, ratio, lo, hi = c.b.name, c.a.name, c.ratio, c.ci_low, c.ci_high
+            if ratio < 1:
+                faster, slower, ratio, lo, hi = c.a.name, c.b.name, 1 / ratio, 1 / c.ci_high, 1 / c.ci_low
+            measurable = "" if lo > 1 or hi < 1 else ", not measurably"
+            out.append(f"thread split alone ({name}, same variant at two torch thread counts): {faster} "
+                       f"{ratio:.2f}x faster per step than {slower}{measurable} (95% CI {lo:.2f}-{hi:.2f}); the "
+                       "threads' effect, not the overlap's")
+        return out
+
     def overlap_table(self) -> pd.DataFrame:
-        """Section 6: per variant its workers, threads and medians (ms), and both fractions (%)."""
+        """Section 6: per variant its workers, torch threads, batch and medians (ms), and both fractions (%)."""
         rows = []
         for v in self.overlap.variants:
             s = v.stats
             rows.append({"variant": v.label, "workers": v.settings["num_workers"],
-                         "torch threads": v.settings["torch_threads"], "step ms": 1e3 * s.median_step_s,
+                         "torch threads": v.settings["torch_threads"], "batch": v.settings.get("batch_size"),
+                         "step ms": 1e3 * s.median_step_s,
                          "compute ms": 1e3 * s.median_compute_s, "input work ms": 1e3 * s.median_input_work_s,
                          "exposed ms": 1e3 * s.median_exposed_s, "exposed % of step": 100 * s.exposed_fraction,
                          "hidden % of input": 100 * s.hidden_fraction})
@@ -128,8 +157,10 @@ class StreamOverlapResultTexts:
                     f"{self.batch_size} of {s['image_size']} px from {self.n_items} images ({self.per_epoch} "
                     "batch(es) per epoch), batched pipeline")
         before, after = self.overlap.before.settings, self.overlap.after.settings
-        return (f"{what}; before: num_workers=0, synchronous copy, {before['torch_threads']} torch thread(s); after: "
-                f"{s['num_workers']} worker(s), prefetch_factor {s['prefetch_factor']}, DevicePrefetcher "
-                f"({'side stream' if after['side_stream'] else 'synchronous copy'}), {after['torch_threads']} torch "
-                f"thread(s); {s['steps']} measured steps each on {self.device}; figures are medians over the steps, "
-                "fractions ratios of those medians")
+        copy = "side stream" if after["side_stream"] else "synchronous copy"
+        return (f"{what}; before: num_workers=0, synchronous copy, {before['torch_threads']} torch thread(s), batch "
+                f"{before.get('batch_size', self.batch_size)}; after: {s['num_workers']} worker(s), prefetch_factor "
+                f"{s['prefetch_factor']}, DevicePrefetcher ({copy}), {after['torch_threads']} torch thread(s), batch "
+                f"{after.get('batch_size', self.batch_size)}; "
+                f"{s['steps']} measured steps each on {self.device}; figures are medians over the steps, fractions "
+                "ratios of those medians")
