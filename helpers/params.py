@@ -540,8 +540,9 @@ def describe(spec: Sequence[Param]) -> list[dict[str, Any]]:
 
 
 def headless() -> bool:
-    """True when running without a person at the keyboard (runner, papermill, nbval, CI): no widgets, no progress bars.
+    """True when running without a person at the keyboard: no widgets, no progress bars.
 
-    The runner and the tests set ``WORKBOOK_HEADLESS=1``; CI sets ``CI``.
+    The runner and the tests set ``WORKBOOK_HEADLESS=1``; CI sets ``CI``. A papermill or nbval run started by hand
+    must set ``WORKBOOK_HEADLESS=1`` itself (docs/run_options.md).
     """
     return os.environ.get("WORKBOOK_HEADLESS", "") not in ("", "0") or bool(os.environ.get("CI"))

@@ -67,6 +67,33 @@ def test_c10d_launches_give_no_node_rank(page):
                 assert "--rdzv-id" in cmd, f"{page.name}: the launches of one job share an id: {cmd}"
 
 
+#: A papermill command line: the command, then the notebook it runs.
+_PAPERMILL = re.compile(r"\bpapermill\s+\S+\.ipynb")
+
+
+def _papermill_commands(text: str) -> list[str]:
+    """Every line of the page that runs a notebook through papermill, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line for line in joined.splitlines() if _PAPERMILL.search(line)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_papermill_commands_run_the_panels_headless(page):
+    """papermill presses no button: without ``WORKBOOK_HEADLESS=1`` (helpers.params.headless) a notebook's "Try it"
+    panel shows its widgets and measures nothing."""
+    for cmd in _papermill_commands(page.read_text()):
+        assert re.search(r"\bWORKBOOK_HEADLESS=1\s.*\bpapermill\s", cmd), (
+            f"{page.name}: set WORKBOOK_HEADLESS=1 in front of papermill, so that the panels measure: {cmd}")
+
+
+def test_the_papermill_check_finds_a_command_without_the_variable():
+    assert _papermill_commands("```bash\n.venv/bin/papermill nb.ipynb out.ipynb \\\n  -p device cpu\n```\n") == [
+        ".venv/bin/papermill nb.ipynb out.ipynb  -p device cpu"]  # continuation lines joined
+    assert _papermill_commands("`python -m papermill a.ipynb b.ipynb`") == ["`python -m papermill a.ipynb b.ipynb`"]
+    assert not _papermill_commands("papermill's cell durations; the runner (papermill) runs each notebook")
+    assert any("run_options.md" == p.name and _papermill_commands(p.read_text()) for p in PAGES)
+
+
 def test_two_nodes_on_one_machine_is_the_command_the_instrument_tests_run():
     doc = (ROOT / "docs" / "many_ranks.md").read_text()
     loop = next(c for c in _torchrun_commands(doc) if c.startswith("for n in 0 1"))
