@@ -189,6 +189,20 @@ def test_pin_thread_and_dataset_errors_are_told_apart():
     assert explain_loader_error(ValueError("bad value"), loader) is None
 
 
+@pytest.mark.skipif(not FORK, reason="needs the fork start method (Linux)")
+def test_the_fault_demo_of_the_notes_turns_each_fault_into_a_data_error(no_stray_workers):
+    """docs/notebook_notes.md (03) runs ``fault_demo(1.0)``: a worker that exits, one that hangs, each a DataError."""
+    from helpers.experiments.loader_demos import fault_demo
+
+    notes = (Path(__file__).resolve().parents[1] / "docs" / "notebook_notes.md").read_text()
+    assert "from helpers.experiments.loader_demos import fault_demo; print(fault_demo(1.0))" in notes
+    t0 = time.perf_counter()
+    text = fault_demo(1.0)
+    assert text.startswith("exit: ") and "\nhang: " in text and text.endswith("no worker process left behind")
+    assert "worker process died" in text and "timeout=1 s" in text
+    assert time.perf_counter() - t0 < 30
+
+
 # --------------------------------------------------------------------------- bad input mid-epoch
 
 
