@@ -16,8 +16,8 @@ run's results as an ``experiment="try it"`` record with the knob values, the mac
 ``interactive=True``, so nothing measured live is lost. Kernel > Interrupt stops a measurement: the points that
 finished are kept (drawn and recorded), the panel says how many.
 
-Headless (runner, papermill, nbval, CI; :func:`helpers.params.headless`) the panel measures once at the knobs'
-initial values (those ``ipywidgets.interact`` would start at, see :func:`helpers.workbook.widgets._initial`),
+Headless (the runner, CI, or ``WORKBOOK_HEADLESS=1``: :func:`helpers.params.headless`) the panel measures once at the
+knobs' initial values (those ``ipywidgets.interact`` would start at, see :func:`helpers.workbook.widgets._initial`),
 prints the point, records it with ``interactive=False`` and shows the chart as a static figure, so its code path
 runs in every test of the notebook and no widget state is left in the executed notebook.
 """
