@@ -20,7 +20,7 @@ from typing import Any
 
 from helpers.errors import ParameterError
 
-__all__ = ["CONDITIONS", "ran_with", "sides", "unlike", "unlike_records"]
+__all__ = ["CONDITIONS", "held", "ran_with", "sides", "unlike", "unlike_records"]
 
 #: The settings every variant of a comparison states and, unless one is the change itself, shares with the other
 #: side: torch's intra-op threads (count) and the batch size (samples per step or per timed call).
@@ -48,6 +48,27 @@ def ran_with(batch_size: int | None, *, torch_threads: int | None = None) -> dic
 
         torch_threads = torch.get_num_threads()
     return {"torch_threads": int(torch_threads), "batch_size": None if batch_size is None else int(batch_size)}
+
+
+def held(start: Mapping[str, Any]) -> dict[str, Any]:
+    """What held throughout a measurement: :func:`ran_with` read at its start, read again at its end.
+
+    For an experiment whose variants all run in one stretch of code that sets no thread count (interleaved
+    comparisons in one process): one reading before and one after stand for every variant measured in between.
+
+    Parameters
+    ----------
+    start : mapping
+        :func:`ran_with` read when the measurement started.
+
+    Returns
+    -------
+    dict
+        ``start``, less any setting that changed in between (something the measurement ran set torch's threads):
+        a record built from it then does not claim that setting, which :func:`unlike` reports.
+    """
+    now = ran_with(start.get("batch_size"))
+    return {k: v for k, v in start.items() if now.get(k) == v}
 
 
 def sides(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, *,

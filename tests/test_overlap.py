@@ -426,16 +426,17 @@ def test_a_users_jobs_result_records_its_items_and_offers_no_model_width(tmp_pat
 # --------------------------------------------------------------------------- like with like
 
 
-def _split_runs(monkeypatch, *, legacy=False):
-    """run_overlap on a busy 2-core machine, faked: the step costs 100 ms of compute at 1 torch thread and 300 ms at
-    2 (oversubscribed), the before waits 50 ms for its input, the after none. ``legacy``: the before ignores the
-    thread count it is given and runs at all cores, as notebook 05 did before it compared like with like."""
+def _split_runs(monkeypatch, *, legacy=False, slow_threads=2):
+    """run_overlap on a busy 2-core machine, faked: the step costs 100 ms of compute at one torch thread count and
+    300 ms at the other (``slow_threads``: 2, oversubscribed), the before waits 50 ms for its input, the after none.
+    ``legacy``: the before ignores the thread count it is given and runs at all cores, as notebook 05 did before
+    it compared like with like."""
     calls = []
 
     def fake_variant(job, acc, *, label, num_workers, torch_threads=None, **kw):
         threads = 2 if legacy and num_workers == 0 else torch_threads
         calls.append((num_workers, threads))
-        compute = [0.1, 0.101, 0.099, 0.1, 0.1] if threads == 1 else [0.3, 0.301, 0.299, 0.3, 0.3]
+        compute = [0.3, 0.301, 0.299, 0.3, 0.3] if threads == slow_threads else [0.1, 0.101, 0.099, 0.1, 0.1]
         data = [0.05, 0.051, 0.049, 0.05, 0.05] if num_workers == 0 else [0.0, 0.001, 0.0, 0.0, 0.001]
         return _fake_run(data, compute, label, num_workers=num_workers, torch_threads=threads, batch_size=4,
                          prefetcher=num_workers > 0, side_stream=False, batches_per_epoch=6, cores=2)
@@ -451,50 +452,65 @@ def _records(result, tmp_path):
     return ResultsStore(tmp_path / "r.jsonl", notebook=ov.NOTEBOOK).write(result.records())
 
 
-def test_each_before_runs_at_the_torch_threads_of_the_after_it_is_compared_with(monkeypatch, tmp_path):
+def test_the_before_runs_at_the_torch_threads_of_the_after_it_is_compared_with(monkeypatch, tmp_path):
     """The issue: 05 credited a 3.23x speedup to the overlap that came from the step running on 1 torch thread
-    instead of 2. Each split now has its own before at its thread count; the threads' effect is apart."""
+    instead of 2. The verdict's before now runs at the kept after's thread count; the threads' effect is apart."""
     from helpers.conditions import unlike_records
 
     r, calls = _split_runs(monkeypatch)
-    assert calls == [(0, 1), (1, 1), (0, 2), (1, 2)]  # before then after, per split: 1 core per worker, all cores
+    assert calls == [(0, 1), (1, 1), (1, 2)]  # before, then after at each split: 1 core per worker, all cores
     assert r.after.settings["torch_threads"] == r.before.settings["torch_threads"] == 1
-    assert [b.settings["torch_threads"] for b in r.befores] == [c.settings["torch_threads"] for c in r.candidates]
     assert r.verdict["step"].ratio == pytest.approx(0.15 / 0.1, rel=0.02)  # the overlap's own gain, not 0.35 / 0.1
-    assert r.thread_effect["before"].ratio == pytest.approx(0.35 / 0.15, rel=0.02)  # 1 vs 2 threads, apart
+    assert set(r.thread_effect) == {"after"}  # the same variant at 2 and 1 threads, apart from the overlap
     assert r.thread_effect["after"].ratio == pytest.approx(0.3 / 0.1, rel=0.02)
     result = _notebook_result(_tiny_job(), overlap=r)
     records = _records(result, tmp_path)
     assert unlike_records(records) == []
     pairs = [x for x in records if x.experiment == "step time" and x.metric == "speedup"]
-    assert [x.extra["kept"] for x in pairs] == [True, False]
-    assert all(x.extra["a_torch_threads"] == x.extra["b_torch_threads"] for x in pairs)
+    assert len(pairs) == 1 and pairs[0].extra["kept"] and pairs[0].extra["a_torch_threads"] == 1
     split = [x for x in records if x.experiment == "thread split"]
-    assert len(split) == 2 and all(x.extra["changes"] == ["torch_threads"] for x in split)
-    assert {(x.extra["a_torch_threads"], x.extra["b_torch_threads"]) for x in split} == {(2, 1)}
+    assert len(split) == 1 and split[0].extra["changes"] == ["torch_threads"]
+    assert (split[0].extra["a_torch_threads"], split[0].extra["b_torch_threads"]) == (2, 1)
+    assert [v.label for v in r.variants] == ["before, 1 torch thread(s)", "after, 1 core per worker (1 torch "
+                                             "thread(s))", "after, all cores to torch (2 torch thread(s))"]
     text = result.variants_text()
     assert "against before, 1 torch thread(s): both at 1 torch thread(s), batch 4" in text
-    assert "thread split alone (before, same variant at two torch thread counts): before, 1 torch thread(s) 2.33x " \
-           "faster per step than before, 2 torch thread(s)" in text and "not the overlap's" in text
+    assert ("thread split alone (after, same variant at two torch thread counts): after, 1 core per worker (1 torch "
+            "thread(s)) 3.00x faster per step than after, all cores to torch (2 torch thread(s))") in text
     v = result.verdict()
-    assert v.extra["thread_effect"]["before"]["ratio"] == pytest.approx(0.35 / 0.15, rel=0.02)
+    assert v.extra["thread_effect"]["after"]["ratio"] == pytest.approx(0.3 / 0.1, rel=0.02)
     assert "both at 1 torch thread(s), batch 4" in v.reason
 
 
+def test_a_kept_after_at_the_other_thread_count_gets_its_own_before(monkeypatch, tmp_path):
+    from helpers.conditions import unlike_records
+
+    r, calls = _split_runs(monkeypatch, slow_threads=1)  # here all cores to torch is the faster
+    assert calls == [(0, 1), (1, 1), (1, 2), (0, 2)]
+    assert r.after.settings["torch_threads"] == r.before.settings["torch_threads"] == 2
+    assert r.verdict["step"].ratio == pytest.approx(0.15 / 0.1, rel=0.02)
+    assert r.thread_effect["before"].ratio == pytest.approx(0.15 / 0.35, rel=0.02)  # 2 (A) vs 1 (B): 1 slower here
+    records = _records(_notebook_result(_tiny_job(), overlap=r), tmp_path)
+    assert unlike_records(records) == []
+    pairs = [x for x in records if x.experiment == "step time" and x.metric == "speedup"]
+    assert [(x.extra["kept"], x.extra["a_torch_threads"]) for x in pairs] == [(False, 1), (True, 2)]
+    assert len([x for x in records if x.experiment == "thread split"]) == 2
+
+
 def test_the_like_with_like_check_fails_on_the_old_thread_split(monkeypatch, tmp_path):
-    """The old behaviour (one before at all cores, compared with an after at 1 torch thread) is what the check of
-    tests/test_like_with_like.py catches: its comparison records name two thread counts."""
+    """The old behaviour (one before at all cores, compared with the fastest after, at 1 torch thread) is what the
+    check of tests/test_like_with_like.py catches: its comparison records name two thread counts."""
     from helpers.conditions import unlike_records
 
     r, calls = _split_runs(monkeypatch, legacy=True)
-    assert calls == [(0, 2), (1, 1), (0, 2), (1, 2)]
+    assert calls[:3] == [(0, 2), (1, 1), (1, 2)]
     assert r.verdict["step"].ratio == pytest.approx(0.35 / 0.1, rel=0.02)  # the lie: 3.5x, mostly the threads'
     assert "NOT like with like: before at 2 torch thread(s)" in r.verdict["reason"]
     problems = unlike_records(_records(_notebook_result(_tiny_job(), overlap=r), tmp_path))
     assert problems and any("different torch_threads: 2 (A) and 1 (B)" in p for p in problems)
-    # and so on the old result's shape: one before for every candidate
-    old = ov.OverlapResult(r.befores[0], r.candidates, r.candidates[0], r.verdict)
-    assert old.befores == (r.befores[0], r.befores[0])
+    # and so on the old result's shape: one before, compared with the fastest after
+    old = ov.OverlapResult(r.befores[0], r.candidates, r.after, r.verdict)
+    assert old.befores == (r.befores[0],)
     assert unlike_records(_records(_notebook_result(_tiny_job(), overlap=old), tmp_path / "old"))
 
 

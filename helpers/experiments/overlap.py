@@ -3,9 +3,9 @@
 Each variant trains the job on its batched pipeline with one input setting
 (:func:`run_overlap_variant`): *before* (the loader in the main process, the
 copy in the step) and *after* (DataLoader worker processes and a
-:class:`helpers.pipeline.prefetch.DevicePrefetcher`), a pair at each thread
-split of :func:`thread_splits` (both sides at the split's torch thread count),
-keeping the split whose *after* is fastest. :func:`run_overlap` runs the
+:class:`helpers.pipeline.prefetch.DevicePrefetcher`, with each thread split
+of :func:`thread_splits`, keeping the fastest), the verdict's *before* at
+the kept *after*'s torch thread count. :func:`run_overlap` runs the
 whole comparison; notebook 05 and ``python -m helpers bench input-pipeline``
 (:func:`overlap_bench`) both call it.
 
@@ -141,9 +141,9 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
     Trains the workload on the batched pipeline: *before* (the loader in
     the main process, the copy in the step: ``num_workers=0``, no
     prefetcher) and *after* (``num_workers`` worker processes and the
-    :class:`DevicePrefetcher`), a pair at each thread split of
-    :func:`thread_splits` (both sides at its torch thread count), keeping
-    the split whose *after* is fastest, as notebook 05 does. The
+    :class:`DevicePrefetcher`, with each thread split of
+    :func:`thread_splits`, keeping the fastest), compared with a *before*
+    at the same torch thread count, as notebook 05 does. The
     defaults are notebook 05's quick profile; the compute per step is chosen
     (``model_width``) to be at least the input work per step, and both are
     reported so that this can be checked.
@@ -170,9 +170,9 @@ def overlap_bench(*, data_dir: str | None = None, max_images: int = 0, batch_siz
         ``compute_time_s`` (after: medians per step, seconds),
         ``step_time_s_before`` / ``step_time_s_after`` (medians),
         ``after_variant`` (the thread split kept), ``step_time_s_candidates``
-        and ``step_time_s_befores`` (median step time of each split's after
-        and before), ``num_workers``, ``torch_threads`` and
-        ``torch_threads_before`` (equal: a split's pair runs at one count),
+        and ``step_time_s_befores`` (median step time of each after and of
+        each before run), ``num_workers``, ``torch_threads`` and
+        ``torch_threads_before`` (equal: the two sides run at one count),
         ``batch_size``, ``decode_threads``, ``cores``, ``steps``,
         ``batches_per_epoch``, ``statistic`` (what the figures are),
         ``recommendation`` and ``exposed_reduction`` (``ratio``, ``ci_low``,

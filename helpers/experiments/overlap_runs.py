@@ -2,10 +2,9 @@
 
 :func:`run_overlap_variant` trains the job on its DataLoader (and a :class:`helpers.pipeline.prefetch.DevicePrefetcher`)
 through the phase-timed loop and measures the overlap (:mod:`helpers.pipeline.overlap_metric`); :func:`run_overlap`
-runs, for each thread split of :func:`thread_splits`, *before* and *after* at that split's torch thread count (like
-with like: the two sides of each A/B differ only in the overlap), keeps the split whose *after* is fastest
-(:func:`fastest`) and decides from that split's own pair
-(:func:`helpers.experiments.overlap_decision.overlap_decision`); the thread split's own effect on the step is measured
+runs *after* with each thread split of :func:`thread_splits`, keeps the fastest (:func:`fastest`) and decides
+(:func:`helpers.experiments.overlap_decision.overlap_decision`) against a *before* at the same torch thread count
+(like with like: the two sides differ only in the overlap); the thread split's own effect on the step is measured
 apart (:func:`thread_split_effect`: the same variant at two thread counts), never folded into the overlap's gain.
 :func:`compute_thread_scaling` times the step alone per torch thread count. :mod:`helpers.experiments.overlap` runs
 it for notebook 05, ``bench input-pipeline`` and the try-it panel.
@@ -82,8 +81,8 @@ def thread_splits(num_workers: int, cores: int | None = None, *, is_cpu: bool = 
     Which is faster depends on how busy a worker is: a worker that needs a
     quarter of a core wastes most of a dedicated one, while a busy worker
     slows down every parallel region of the step it shares cores with. So
-    on a CPU both are run, each *after* beside a *before* at its own torch
-    thread count, and the faster *after* is kept (:func:`run_overlap`):
+    on a CPU both are run and the faster *after* is kept, compared with a
+    *before* at its own torch thread count (:func:`run_overlap`):
 
     - ``"1 core per worker"``: :func:`choose_threads`;
     - ``"all cores to torch"``: torch keeps one thread per core, each worker
@@ -321,10 +320,10 @@ def _input_work(label: str, batches: pd.DataFrame, run: Any, copies: pd.DataFram
 class OverlapResult:
     """Notebook 05's comparison: the job before and after overlapping its input, like with like.
 
-    Each thread split of :func:`thread_splits` is one A/B: a *before* and an *after* at the same torch thread count,
-    batch, seed and data, so that the pair differs only in the overlap. The split whose *after* is fastest is kept,
-    and the verdict is its own pair's. What the thread count itself does to the step is :attr:`thread_effect`,
-    apart from the overlap's gain.
+    The *after* with the shortest step among the thread splits of :func:`thread_splits` is kept, and the verdict
+    compares it with a *before* at the same torch thread count, batch, seed and data, so that the pair differs only
+    in the overlap. What the thread count itself does to the step is :attr:`thread_effect`, apart from the
+    overlap's gain.
 
     Attributes
     ----------
@@ -337,12 +336,10 @@ class OverlapResult:
     verdict : dict
         :func:`overlap_decision` of before vs after.
     befores : tuple of OverlapRun
-        One *before* per candidate, in the same order, each at its candidate's torch thread count; default
-        ``(before,) * len(candidates)`` (one *before* for every candidate: alike only where they all ran at its
-        thread count, which the records say and ``tests/test_like_with_like.py`` checks).
+        Every *before* run, in the order they ran (one per torch thread count measured); default ``(before,)``.
     thread_effect : dict
-        ``{"before": Comparison, "after": Comparison}`` (:func:`thread_split_effect`): the step time of the same
-        variant at the last split's thread count (A) and the first's (B); empty with one split.
+        ``{"after": Comparison}``, and ``"before"`` where two befores ran (:func:`thread_split_effect`): the step
+        time of the same variant at the last split's thread count (A) and the first's (B); empty with one split.
     """
 
     before: OverlapRun
@@ -354,28 +351,35 @@ class OverlapResult:
 
     def __post_init__(self) -> None:
         if not self.befores:
-            object.__setattr__(self, "befores", tuple(self.before for _ in self.candidates))
-        if len(self.befores) != len(self.candidates):
-            raise ParameterError(f"OverlapResult: {len(self.befores)} before(s) for {len(self.candidates)} "
-                                 "candidate(s); give one before per candidate")
+            object.__setattr__(self, "befores", (self.before,))
+        if not any(b is self.before for b in self.befores):
+            raise ParameterError("OverlapResult: befores must hold the before the verdict compares")
+
+    def before_of(self, candidate: OverlapRun) -> OverlapRun | None:
+        """The *before* compared with ``candidate``: :attr:`before` for the kept one, else a *before* at its torch
+        thread count (None where none ran)."""
+        if candidate is self.after:
+            return self.before
+        threads = candidate.settings.get("torch_threads")
+        return next((b for b in self.befores if b.settings.get("torch_threads") == threads), None)
 
     @property
     def pairs(self) -> tuple[tuple[OverlapRun, OverlapRun], ...]:
-        """``(before, after)`` of each thread split, in the order they ran."""
-        return tuple(zip(self.befores, self.candidates))
+        """``(before, after)`` of each candidate that has a *before* (:meth:`before_of`), in the candidates' order;
+        the kept one always."""
+        return tuple((self.before_of(c), c) for c in self.candidates if self.before_of(c) is not None)
 
     @property
     def variants(self) -> tuple[OverlapRun, ...]:
-        """Every run once, each split's before then its after, in the order they ran."""
+        """Every run once: each candidate after its *before*, then any *before* left."""
         out: list[OverlapRun] = []
-        for run in (r for pair in self.pairs for r in pair):
-            if not any(run is seen for seen in out):
+        for run in [r for c in self.candidates for r in (self.before_of(c), c)] + list(self.befores):
+            if run is not None and not any(run is seen for seen in out):
                 out.append(run)
         return tuple(out)
 
     def decisions(self, seed: int = 0) -> tuple[dict, ...]:
-        """:func:`overlap_decision` of each split's pair (the kept one's is :attr:`verdict`), in :attr:`pairs`'
-        order."""
+        """:func:`overlap_decision` of each pair (the kept one's is :attr:`verdict`), in :attr:`pairs`' order."""
         return tuple(self.verdict if a is self.after else overlap_decision(b, a, seed=seed) for b, a in self.pairs)
 
 
@@ -420,19 +424,21 @@ def thread_split_effect(runs: Sequence[OverlapRun], *, seed: int = 0) -> Compari
 
 def run_overlap(job: Job, acc: Accelerator, *, steps: int, warmup_steps: int, num_workers: int,
                 prefetch_factor: int = 2, cores: int | None = None) -> OverlapResult:
-    """Run notebook 05's experiment: per thread split a *before* and an *after* at its torch thread count, the
-    verdict of the kept split's pair, and the thread split's own effect.
+    """Run notebook 05's experiment: *before*, *after* at each thread split, the kept *after*'s verdict against a
+    *before* at its own torch thread count, and the thread split's own effect.
 
-    Each split's *before* (``num_workers=0``, synchronous copy) runs just before its *after*, with the same torch
-    thread count, batch, seed and data; the *after* with the shortest median step is kept (:func:`fastest`) and
-    decided against its own *before*. On an accelerator, or without workers, there is one split: two runs; on a
-    CPU with workers, two splits: four runs.
+    *Before* (``num_workers=0``, synchronous copy) runs first, at the first split's torch thread count
+    (:func:`choose_threads`); then *after* at each split of :func:`thread_splits`. The *after* with the shortest
+    median step is kept (:func:`fastest`); where it ran at another thread count than the first *before*, a second
+    *before* runs at its count, so that the verdict's two sides differ only in the overlap (torch threads, batch,
+    seed and data alike). On an accelerator, or without workers, there is one split (two runs); on a CPU with
+    workers three runs, four when the second split's *after* is the faster.
 
     Parameters
     ----------
     job : helpers.jobs.base.Job
         The built-in job (batched pipeline, per-batch preparation times) or a user's (its own dataset; input
-        work per step taken from each split's synchronous run, see :func:`run_overlap_variant`)
+        work per step taken from the first synchronous run, see :func:`run_overlap_variant`)
     acc : helpers.device.Accelerator
     steps, warmup_steps : int
         Measured and warm-up steps per variant.
@@ -445,22 +451,26 @@ def run_overlap(job: Job, acc: Accelerator, *, steps: int, warmup_steps: int, nu
     -------
     OverlapResult
     """
-    befores, candidates = [], []
-    for split in thread_splits(num_workers, cores, is_cpu=acc.is_cpu):
-        threads = split["torch_threads"]
-        common = dict(steps=steps, warmup_steps=warmup_steps, torch_threads=threads)
-        before = run_overlap_variant(job, acc, label=f"before, {threads} torch thread(s)", num_workers=0,
-                                     prefetcher=False, **common)
-        if before.batches is not None and "prep_s" not in before.batches:  # a user's job: its input work
-            common["input_work_s"] = (before.run.steps["data"] + before.run.steps["h2d"]).tolist()
-        befores.append(before)
-        candidates.append(run_overlap_variant(
-            job, acc, label=f"after, {split['label']} ({threads} torch thread(s))", num_workers=num_workers,
-            prefetch_factor=prefetch_factor, prefetcher=True, decode_threads=split["decode_threads"], **common))
+    splits = thread_splits(num_workers, cores, is_cpu=acc.is_cpu)
+    common = dict(steps=steps, warmup_steps=warmup_steps)
+
+    def before_at(threads: int) -> OverlapRun:
+        return run_overlap_variant(job, acc, label=f"before, {threads} torch thread(s)", num_workers=0,
+                                   prefetcher=False, torch_threads=threads, **common)
+
+    befores = [before_at(splits[0]["torch_threads"])]
+    if befores[0].batches is not None and "prep_s" not in befores[0].batches:  # a user's job: its input work
+        common["input_work_s"] = (befores[0].run.steps["data"] + befores[0].run.steps["h2d"]).tolist()
+    candidates = tuple(
+        run_overlap_variant(job, acc, label=f"after, {split['label']} ({split['torch_threads']} torch thread(s))",
+                            num_workers=num_workers, prefetch_factor=prefetch_factor, prefetcher=True,
+                            torch_threads=split["torch_threads"], decode_threads=split["decode_threads"], **common)
+        for split in splits)
     after = fastest(candidates)
-    before = befores[next(i for i, c in enumerate(candidates) if c is after)]
-    seed = job.workload.seed
+    if after.settings["torch_threads"] != befores[0].settings["torch_threads"]:  # like with like: its own before
+        befores.append(before_at(after.settings["torch_threads"]))
+    before, seed = befores[-1], job.workload.seed
     effect = {name: c for name, c in (("before", thread_split_effect(befores, seed=seed)),
                                       ("after", thread_split_effect(candidates, seed=seed))) if c is not None}
-    return OverlapResult(before, tuple(candidates), after, overlap_decision(before, after, seed=seed),
+    return OverlapResult(before, candidates, after, overlap_decision(before, after, seed=seed),
                          befores=tuple(befores), thread_effect=effect)

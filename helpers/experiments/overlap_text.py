@@ -52,10 +52,10 @@ class StreamOverlapResultTexts:
     """The texts of :class:`helpers.experiments.overlap.StreamOverlapResult` (sections 3, 4 and 6) and its context."""
 
     def splits_text(self) -> str:
-        """Section 3: the cores and the splits tried, each with its reason, and that each split's *before* runs at
-        its torch thread count."""
-        return "\n".join([f"{self.cores} usable core(s); splits to try, each with a before at its torch thread "
-                          "count (like with like):"]
+        """Section 3: the cores and the splits tried, each with its torch threads and reason, and that the kept one
+        is compared with a *before* at its torch thread count."""
+        return "\n".join([f"{self.cores} usable core(s); splits to try (the faster after is compared with a before "
+                          "at its own torch thread count):"]
                          + [f"  {s['label']} ({s['torch_threads']} torch thread(s)): {s['reason']}"
                             for s in self.splits])
 
