@@ -22,6 +22,7 @@ from helpers import specs
 from helpers.checklist import PHASES
 from helpers.checklist import Item
 from helpers.compute.train import TrainRun
+from helpers.conditions import sides
 from helpers.experiments.base import Experiment, ExperimentResult, checked_fields
 from helpers.experiments.three_run import CeilingResult, spare_cores
 from helpers.jobs.base import description_text
@@ -480,7 +481,9 @@ class BaselineResult(BaselineData, ExperimentResult):
         fractions = Measurement(name="exposed", times_s=tuple(run.steps["exposed_fraction"]), warmup=self.warmup_steps)
         out.add("baseline step", "exposed input", "exposed_input_fraction", run.exposed_fraction, "fraction",
                 repeats=fractions.repeats, spread={"p25": fractions.p25_s, "p75": fractions.p75_s})
-        out.add_comparison("input-free ceiling", self.ceiling.ceiling, metric="free_input_speedup", unit="x")
+        ran = self.ceiling.ran  # both runs' torch threads and batch (helpers.conditions)
+        out.add_comparison("input-free ceiling", self.ceiling.ceiling, metric="free_input_speedup", unit="x",
+                           **sides(ran, ran))
         f, lo, hi = self.ceiling.fraction
         out.add("input-free ceiling", "real / synthetic", "ceiling_fraction", f, "fraction",
                 repeats=self.ceiling.ceiling.b.repeats, spread={"ci_low": lo, "ci_high": hi})

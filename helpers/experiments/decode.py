@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from helpers import specs
 from helpers.checklist import Item
+from helpers.conditions import held, ran_with, sides
 from helpers.device import get_accelerator
 from helpers.errors import ParameterError
 from helpers.experiments import registry
@@ -573,6 +574,10 @@ class DecodeResult(DecodeChecks, DecodeResultTexts, ExperimentResult):
         GPU decode (``gpu_psnr``: its PSNRs; ``gpu_why``: why not measured).
     npu_note : str
         :func:`helpers.pipeline.decode.npu_decode_note`.
+    ran : dict or None
+        :func:`helpers.conditions.ran_with` read while the comparisons ran (torch threads, images per batch): both
+        sides of every comparison ran in one process with them (the decode threads of the ``gil`` comparison are its
+        change, not torch's); None where not stated.
     """
 
     _: KW_ONLY
@@ -588,6 +593,7 @@ class DecodeResult(DecodeChecks, DecodeResultTexts, ExperimentResult):
     gpu_psnr: tuple[float, ...]
     gpu_why: str
     npu_note: str
+    ran: Mapping[str, Any] | None = None
 
     @property
     def adopt_flags(self) -> bool:
@@ -597,8 +603,10 @@ class DecodeResult(DecodeChecks, DecodeResultTexts, ExperimentResult):
     # -- records and verdict ----------------------------------------------------------------------------------
     def records(self) -> Records:
         """The records of notebook 02, in its sections' order (dataset, dct scaling, correctness, gil, decoder
-        flags, preprocess, decode efficiency, tokenize, dataset cache, gpu decode, npu decode)."""
-        r, p, check = Records(), self.params, self.check
+        flags, preprocess, decode efficiency, tokenize, dataset cache, gpu decode, npu decode); each comparison with
+        the torch threads and batch of both sides (:func:`helpers.conditions.sides`), each timed variant with its
+        own."""
+        r, p, check, alike, ran = Records(), self.params, self.check, sides(self.ran, self.ran), self.ran or {}
         r.add("dataset", "usable images", "images", self.images, "images", skipped=self.skipped, classes=self.classes,
               source=self.source)
         r.add("dct scaling", "epoch 0", "decoded_pixel_fraction", self.pixel_fraction, "fraction",
@@ -611,29 +619,30 @@ class DecodeResult(DecodeChecks, DecodeResultTexts, ExperimentResult):
               rejected=int((routes["route"] == "rejected").sum()),
               reference_route=int((routes["route"] == "reference").sum()))
         if self.gil is not None:
-            r.add_comparison("gil", self.gil, metric="thread_speedup", unit="x", threads=self.threads)
+            r.add_comparison("gil", self.gil, metric="thread_speedup", unit="x", threads=self.threads, **alike)
         else:
             r.add("gil", "1 vs N threads", "thread_speedup", None, "x", recommendation="not applicable",
                   reason=_ONE_THREAD)
-        r.add_comparison("decoder flags", self.flags, metric="speedup", unit="x", psnr_min_db=float(self.flag_psnr))
+        r.add_comparison("decoder flags", self.flags, metric="speedup", unit="x", psnr_min_db=float(self.flag_psnr),
+                         **alike)
         pre, eff = self.pre, self.eff
-        r.add_comparison("preprocess", pre, metric="speedup", unit="x", threads=self.threads)
+        r.add_comparison("preprocess", pre, metric="speedup", unit="x", threads=self.threads, **alike)
         for m in (pre.a, pre.b):
             r.add_measurement("preprocess", m.name, m, metric="time_per_batch", unit="s", rate_metric="throughput",
-                              rate_unit="images/s")
+                              rate_unit="images/s", **ran)
         r.add("decode efficiency", f"{eff.b.name} vs {eff.a.name}", "decode_efficiency", eff.ratio, "fraction",
               repeats=min(eff.a.repeats, eff.b.repeats),
               spread={"ci_low": eff.ci_low, "ci_high": eff.ci_high, "confidence": eff.confidence},
-              raw_decode_rate=eff.a.rate, batched_host_rate=eff.b.rate)
+              raw_decode_rate=eff.a.rate, batched_host_rate=eff.b.rate, **alike)
         for m in (eff.a, eff.b):
             r.add_measurement("decode efficiency", m.name, m, metric="time_per_batch", unit="s",
-                              rate_metric="throughput", rate_unit="images/s")
+                              rate_metric="throughput", rate_unit="images/s", **ran)
         self._later_records(r)
         return r
 
     def _later_records(self, r: Records) -> None:
-        s, c = self.share, self.cache
-        r.add_comparison("tokenize", self.tok, metric="tokenize_speedup", unit="x")
+        s, c, alike = self.share, self.cache, sides(self.ran, self.ran)
+        r.add_comparison("tokenize", self.tok, metric="tokenize_speedup", unit="x", **alike)
         r.add("tokenize", self.eff.b.name, "tokenize_share", s["batched_share"], "fraction",
               tokenize_s=s["tokenize_batch_s"], batch_s=s["host_s"])
         r.add("tokenize", self.pre.a.name, "tokenize_share", s["per_sample_share"], "fraction",
@@ -641,12 +650,13 @@ class DecodeResult(DecodeChecks, DecodeResultTexts, ExperimentResult):
         if c.cmp is not None:
             r.add("dataset cache", "decode-once cache", "cache_size", c.mib, "MiB", images=c.images, failed=c.failed,
                   build_s=c.build_s)
-            r.add_comparison("dataset cache", c.cmp, metric="speedup", unit="x", psnr_min_db=min(c.psnr))
+            r.add_comparison("dataset cache", c.cmp, metric="speedup", unit="x", psnr_min_db=min(c.psnr), **alike)
         else:
             r.add("dataset cache", "decode-once cache", "speedup", None, "x", recommendation="not applicable",
                   reason=c.why)
         if self.gpu is not None:
-            r.add_comparison("gpu decode", self.gpu, metric="speedup", unit="x", psnr_min_db=min(self.gpu_psnr))
+            r.add_comparison("gpu decode", self.gpu, metric="speedup", unit="x", psnr_min_db=min(self.gpu_psnr),
+                             **alike)
         else:
             r.add("gpu decode", "torchvision nvjpeg", "speedup", None, "x", recommendation="not applicable",
                   reason=self.gpu_why)
@@ -884,6 +894,7 @@ def run(params: Mapping[str, Any], acc, checks: DecodeChecks | None = None, *,
     c = checks if checks is not None else check(params, acc, expect=expect)
     dataset, bench, index, tokenizer = c.dataset, c.bench, c.index, c.tokenizer
     try:
+        ran = ran_with(p["batch_size"])  # read as the comparisons start: nothing below sets torch's threads
         gil = bench.compare_threads(1) if dataset.threads > 1 else None
         flags = DecodeConfig(fastdct=True, fastupsample=True)
         flag_dataset = BatchedDataset(index, tokenizer, image_size=p["image_size"], text_len=p["text_len"],
@@ -901,7 +912,8 @@ def run(params: Mapping[str, Any], acc, checks: DecodeChecks | None = None, *,
         gpu, gpu_psnr = bench.compare_gpu_decode() if gpu_ok else (None, ())
         return DecodeResult(**{**checked_fields(c), "dataset": None, "bench": None}, gil=gil, flags=flag_cmp,
                             flag_psnr=flag_psnr, pre=pre, eff=eff, tok=tok, share=share, cache=cache, gpu=gpu,
-                            gpu_psnr=tuple(gpu_psnr), gpu_why="" if gpu_ok else gpu_why, npu_note=npu_decode_note())
+                            gpu_psnr=tuple(gpu_psnr), gpu_why="" if gpu_ok else gpu_why, npu_note=npu_decode_note(),
+                            ran=held(ran))
     finally:
         dataset.close()
 

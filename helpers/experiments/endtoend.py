@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from helpers import bottleneck, specs
 from helpers.checklist import Item
+from helpers.conditions import held, ran_with, sides
 from helpers.experiments import crosscheck
 from helpers.experiments.base import Experiment, ExperimentResult
 from helpers.experiments.e2e_checks import (Projection, ablation_frame, attribute, compute_side_lines, cross_checks,
@@ -261,6 +262,9 @@ class EndToEndResult(ExperimentResult):
     divergence : helpers.jobs.check.Divergence
     ablation : Ablation or None
     projection : Projection
+    ran : dict or None
+        :func:`helpers.conditions.ran_with` over the interleaved rotation (torch threads, batch): every job, the
+        ceiling and the ablation's stepped with them; None where not stated.
     """
 
     setup: EndToEndSetup
@@ -278,6 +282,7 @@ class EndToEndResult(ExperimentResult):
     divergence: Any
     ablation: Ablation | None
     projection: Projection
+    ran: Mapping[str, Any] | None = None
 
     # -- what the sections print -----------------------------------------------------------------------------
     @property
@@ -449,23 +454,25 @@ class EndToEndResult(ExperimentResult):
     def records(self) -> Records:
         """Every record of notebook 10, in the notebook's order: the same input, the step times and exposed input
         of each job, the speedup, the ceiling, the device memory (not on a CPU), the cross-checks, the learning
-        check, the ablation and the projection (hours)."""
-        r = Records()
+        check, the ablation and the projection (hours); each timed job and comparison with the torch threads and
+        batch it ran with (:func:`helpers.conditions.sides`)."""
+        r, ran, alike = Records(), self.ran or {}, sides(self.ran, self.ran)
         s = self.same_input
         r.add("same input", "first batch", "mean_abs_pixel_difference", s.mean_abs_levels, "levels",
               max_abs_levels=s.max_abs_levels)
         for name, summary in self.summaries.items():
             r.add_measurement("step time", name, self.measurements[name], metric="time_per_step", unit="s",
-                              rate_metric="throughput", rate_unit="samples/s", optimizations=summary.optimizations)
+                              rate_metric="throughput", rate_unit="samples/s", optimizations=summary.optimizations,
+                              **ran)
             r.add("exposed input", name, "exposed_input_fraction", summary.exposed_fraction, "fraction",
                   definition="(median data + median h2d) / sum of the phase medians")
         r.add_comparison("throughput", self.full, metric="speedup", unit="x",
-                         optimizations=self.setup.optimized.label())
+                         optimizations=self.setup.optimized.label(), **alike)
         r.add_measurement("step time", "input-free ceiling", self.measurements["input-free ceiling"],
-                          metric="time_per_step", unit="s", rate_metric="throughput", rate_unit="samples/s")
+                          metric="time_per_step", unit="s", rate_metric="throughput", rate_unit="samples/s", **ran)
         c = self.ceiling
         r.add("input-free ceiling", "optimized / ceiling", "ceiling_fraction", c["fraction"], "fraction",
-              repeats=c["comparison"].a.repeats, spread={"ci_low": c["ci_low"], "ci_high": c["ci_high"]})
+              repeats=c["comparison"].a.repeats, spread={"ci_low": c["ci_low"], "ci_high": c["ci_high"]}, **alike)
         if not self.setup.acc.is_cpu:
             for job in (self.baseline, self.optimized):
                 if job.peak_memory_bytes:
@@ -494,15 +501,15 @@ class EndToEndResult(ExperimentResult):
     def _ablation_records(self, r: Records) -> None:
         if self.ablation is None:
             return
-        a = self.ablation
+        a, alike = self.ablation, sides(self.ran, self.ran)
         for name, c in a.without.items():
             at = a.attributions[name]
-            r.add_comparison("ablation", c, metric="speedup", unit="x", removed=name)
+            r.add_comparison("ablation", c, metric="speedup", unit="x", removed=name, **alike)
             r.add_comparison("ablation contribution", a.contributions[name], metric="contribution", unit="x",
-                             optimization=name, decision=at.decision, note=at.note)
+                             optimization=name, decision=at.decision, note=at.note, **alike)
             if at.phase is not None:
                 r.add_comparison("ablation phase contribution", at.phase, metric="contribution", unit="x",
-                                 optimization=name, phases=list(at.phases), decision=at.decision)
+                                 optimization=name, phases=list(at.phases), decision=at.decision, **alike)
 
     def _projection_records(self, r: Records) -> None:
         proj = self.projection
@@ -589,7 +596,9 @@ def run(setup: EndToEndSetup, same_input: SameInput | None = None, *, progress: 
         jobs = {v.config.name: v for v in built}
         # the optimized step on batches already on the device: the input-free ceiling, in the same rotation
         built.append(JobVariant(replace(setup.optimized, name="input-free ceiling"), job, acc, input_free=True))
+        ran = ran_with(job.workload.batch_size)  # read as the rotation starts, held to its end
         run_interleaved(built, steps=P["steps"], warmup_steps=P["warmup_steps"], block=BLOCK, progress=progress)
+        ran = held(ran)
         timed = _timed(jobs, built[-1], P["seed"], acc)
         earlier_phases, not_compared = earlier_baseline_phases(setup.results, Workload.from_params(P), P)
         cross = cross_checks(jobs["baseline"], jobs["optimized"], timed["full"], earlier_phases=earlier_phases,
@@ -601,7 +610,8 @@ def run(setup: EndToEndSetup, same_input: SameInput | None = None, *, progress: 
             v.close()
     return EndToEndResult(setup=setup, same_input=same_input, **timed, cross=tuple(cross), not_compared=not_compared,
                           **learned, ablation=ablation,
-                          projection=project(P["projection_steps"], timed["measurements"]["baseline"], timed["full"]))
+                          projection=project(P["projection_steps"], timed["measurements"]["baseline"], timed["full"]),
+                          ran=ran)
 
 
 def _timed(jobs: Mapping[str, JobVariant], ceiling_job: JobVariant, seed: int, acc) -> dict[str, Any]:

@@ -38,6 +38,7 @@ import torch
 
 from helpers import specs
 from helpers.checklist import Item
+from helpers.conditions import held, ran_with, sides
 from helpers.errors import ParameterError
 from helpers.experiments.base import Experiment, ExperimentResult, Optimization, checked_fields, no_expected_warnings
 from helpers.experiments.loader_demos import FaultyDataset, MetadataDataset, fault_demo
@@ -403,6 +404,10 @@ class LoaderResult(LoaderChecks, LoaderResultTexts, ExperimentResult):
     confirmation : SweepResult or None
         Held-out trials of the best setting against num_workers=0 (None when num_workers=0 won).
     confirm_batches : int
+    ran : dict or None
+        :func:`helpers.conditions.ran_with` of the training process over the sweep and the confirmation (torch
+        threads, batch size): every setting ran with them (the workers and their decode threads are the change);
+        None where not stated.
     """
 
     settings: tuple
@@ -412,6 +417,7 @@ class LoaderResult(LoaderChecks, LoaderResultTexts, ExperimentResult):
     bad_input: Any
     confirmation: SweepResult | None
     confirm_batches: int
+    ran: Mapping[str, Any] | None = None
 
     # -- derived figures ----------------------------------------------------------------------------------------
     @property
@@ -490,10 +496,11 @@ class LoaderResult(LoaderChecks, LoaderResultTexts, ExperimentResult):
     def records(self) -> Records:
         """Notebook 03's records in its sections' order: machine, dataset, loader sweep and first batch per setting,
         best vs next, best vs num_workers=0 (sweep), worker randomness, epoch in workers, worker memory, bad input,
-        the held-out confirmation."""
+        the held-out confirmation; each setting's and each comparison's with the torch threads and batch it ran with
+        (:func:`helpers.conditions.sides`)."""
         from helpers.pipeline.randomness import VARIANTS
 
-        r, p = Records(), self.params
+        r, p, ran, alike = Records(), self.params, self.ran or {}, sides(self.ran, self.ran)
         r.add("machine", "this machine", "usable_cores", self.cores, "cores", start_method=self.method.method,
               start_method_source=self.method.source)
         if self.builtin:
@@ -505,14 +512,14 @@ class LoaderResult(LoaderChecks, LoaderResultTexts, ExperimentResult):
         for s in self.settings:
             r.add_measurement("loader sweep", s.label, self.sweep.measurement(s.label), metric="time_per_trial",
                               unit="s", rate_metric="throughput", rate_unit="images/s", num_workers=s.num_workers,
-                              prefetch_factor=s.prefetch_factor, persistent_workers=s.persistent_workers)
+                              prefetch_factor=s.prefetch_factor, persistent_workers=s.persistent_workers, **ran)
             first = self.sweep.trials.loc[self.sweep.trials["setting"] == s.label, "first_batch_s"]
             r.add("first batch", s.label, "first_batch_latency", float(first.median()), "s", repeats=len(first),
                   spread={"min": float(first.min()), "max": float(first.max())})
         if self.margin is not None:
-            r.add_comparison("best vs next", self.margin, unit="x")
+            r.add_comparison("best vs next", self.margin, unit="x", **alike)
         if self.sweep_over_zero is not None:
-            r.add_comparison("best vs num_workers=0 (sweep, best chosen)", self.sweep_over_zero, unit="x")
+            r.add_comparison("best vs num_workers=0 (sweep, best chosen)", self.sweep_over_zero, unit="x", **alike)
         summary = self.probe.summary
         for variant in VARIANTS:
             sub = summary[summary["variant"] == variant]
@@ -536,7 +543,8 @@ class LoaderResult(LoaderChecks, LoaderResultTexts, ExperimentResult):
                   batches=rep.batches, images=rep.items, files=[{"file": f, "reason": w} for f, w, _ in rep.skipped])
         if self.over_zero is not None:
             r.add_comparison("best vs num_workers=0 (held-out confirmation)", self.over_zero, unit="x",
-                             batches_per_trial=self.confirm_batches, trials=self.params["trials"])
+                             batches_per_trial=self.confirm_batches, trials=self.params["trials"],
+                             **sides(self.ran, self.ran))
 
     def verdict(self) -> Verdict:
         """Notebook 03's verdict (:func:`verdict`) from the held-out confirmation."""
@@ -753,6 +761,7 @@ def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., 
     make, n_items, base = c.make_dataset, c.n_items, c.base
     data = job.image_data()
     settings = sweep_settings(p["num_workers_list"], p["prefetch_factor_list"])
+    ran = ran_with(base.batch_size)  # the training process's, read as the sweep starts (held to the end)
     with expect("the sweep tries more workers than cores on purpose, to show where they stop paying",
                 match=r"more than the \d+ usable CPU core"):
         sweep = run_sweep(lambda s: make(s.num_workers), n_items, settings, base=base,
@@ -765,7 +774,7 @@ def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., 
         lambda s: make(s.num_workers), n_items, (LoaderSetting(0), best), base=base,
         batches_per_trial=confirm_batches, trials=p["trials"], acc=acc, name="confirmation")
     return LoaderResult(**checked_fields(c), settings=settings, sweep=sweep, memory=memory, growth=growth,
-                        bad_input=bad, confirmation=confirmation, confirm_batches=confirm_batches)
+                        bad_input=bad, confirmation=confirmation, confirm_batches=confirm_batches, ran=held(ran))
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

@@ -50,6 +50,7 @@ from helpers.compute.memory import (
     measure_empty_cache,
     trace_memory,
 )
+from helpers.conditions import held, ran_with, sides
 from helpers.device import Accelerator, get_accelerator
 from helpers.errors import ParameterError
 from helpers.experiments.base import Experiment, ExperimentResult
@@ -580,6 +581,9 @@ class MemoryResult(MemoryResultTexts, ExperimentResult):
     compare_note : str
     make_step : callable
         ``make_step(batch_size) -> step`` (:func:`job_step_factory`), for the "try it" panel.
+    ran : dict or None
+        :func:`helpers.conditions.ran_with` over the finder and the comparison: the torch threads every size
+        stepped with (``batch_size`` None: the batch is what the finder changes); None where not stated.
     """
 
     device_kind: str
@@ -605,6 +609,7 @@ class MemoryResult(MemoryResultTexts, ExperimentResult):
     comparison: Comparison | None
     compare_note: str
     make_step: Callable[[int], Callable[[], Any]] = field(repr=False)
+    ran: Mapping[str, Any] | None = None
 
     # -- derived figures (what the cells print: MemoryResultTexts) -------------------------------
 
@@ -630,19 +635,25 @@ class MemoryResult(MemoryResultTexts, ExperimentResult):
     # -- records, verdict and the panel ----------------------------------------------------------
 
     def records(self) -> Records:
-        """The memory trace, the allocator settings, each finder size and the current-vs-best ratio; in order."""
+        """The memory trace, the allocator settings, each finder size and the current-vs-best ratio; in order. Each
+        finder size and both sides of the ratio state the torch threads and batch they ran with; the ratio names the
+        batch as its change (``changes``: :func:`helpers.conditions.sides`), the only setting its sides differ in."""
         out = Records()
         self._trace_records(out)
         self._allocator_records(out)
+        threads = {k: v for k, v in (self.ran or {}).items() if k == "torch_threads"}
         for row in self.found.frame.to_dict("records"):
             out.add("batch_size_finder", f"batch {row['batch']}", "throughput", _finite(row["throughput"]),
                     "samples/s", repeats=self.finder_steps, batch=int(row["batch"]), status=row["status"],
-                    phase=row["phase"], peak_mib=_finite(row["peak_mib"]), error=row["error"])
+                    phase=row["phase"], peak_mib=_finite(row["peak_mib"]), error=row["error"], **threads,
+                    batch_size=int(row["batch"]))
         c, gain = self.comparison, self.gain
         if c is not None:
+            alike = sides({**threads, "batch_size": self.batch_size}, {**threads, "batch_size": self.best},
+                          changes=["batch_size"])
             out.add("batch_size_finder", f"batch {self.best} vs batch {self.batch_size}", "throughput_ratio", gain[0],
                     "x", repeats=self.steps, spread={"ci_low": gain[1], "ci_high": gain[2], "confidence": c.confidence},
-                    current_rate=c.a.rate, best_rate=c.b.rate, interleaved=True)
+                    current_rate=c.a.rate, best_rate=c.b.rate, interleaved=True, **alike)
         return out
 
     def _trace_records(self, out: Records) -> None:
@@ -821,9 +832,11 @@ def run(ctx: Any, plan_: MemoryPlan | None = None) -> MemoryResult:
     fcfg = FinderConfig(start_batch=start_b, max_batch=max(P["finder_max_batch"], start_b, cur),
                         steps=P["finder_steps"], budget_bytes=budget_bytes, safety_margin=P["safety_margin"],
                         warmup=1, multiple_of=horizon, refine_steps=2)
+    ran = ran_with(None)  # the finder changes the batch; the threads are read as it starts, held to the comparison's end
     found = find_batch_size(make_step, acc, fcfg)
     best, comparison, note = _gain_comparison(make_step, acc, found, current=cur, steps=P["steps"],
                                               finder_steps=P["finder_steps"])
+    ran = held(ran)
     w = job.workload
     what = (f"PPO step (rollout + {job.backward_passes} updates) of a {w.model_width}-channel conv + d_model "
             f"{w.d_model} policy, {w.image_size} px" if job.is_builtin else f"your job's training step ({P['job']})")
@@ -833,7 +846,8 @@ def run(ctx: Any, plan_: MemoryPlan | None = None) -> MemoryResult:
                         safety_margin=P["safety_margin"], budget_set=P["memory_budget_mib"] > 0,
                         alloc_confs=tuple(alloc_confs), alloc_conf_var=alloc_conf_var(acc.kind), trace=trace,
                         allocator=allocator, budget_bytes=budget_bytes, budget_why=budget_why, finder=fcfg,
-                        found=found, best=best, comparison=comparison, compare_note=note, make_step=make_step)
+                        found=found, best=best, comparison=comparison, compare_note=note, make_step=make_step,
+                        ran=ran)
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

@@ -31,6 +31,7 @@ from helpers import specs
 from helpers.checklist import Item
 from helpers.compute.memory_format import (FORMATS, FormatTrace, channels_last_status, conv_step, max_abs_diff,
                                            output_tolerance, to_memory_format, trace_memory_format)
+from helpers.conditions import held, ran_with, sides
 from helpers.errors import ParameterError
 from helpers.experiments.base import Experiment, ExperimentResult, Optimization, checked_fields
 from helpers.experiments.training import fixed_batches, step_options_comparison
@@ -504,6 +505,9 @@ class ChannelsLastResult(ChannelsLastChecks, ExperimentResult):
         :func:`helpers.diagnose.environment.cpu_bf16_support` on a CPU, else None.
     attention : AttentionOutcome
     compiled : CompileOutcome
+    ran : dict or None
+        :func:`helpers.conditions.ran_with` over every timed comparison (torch threads, batch): both sides of each ran
+        with them; None where not stated.
     """
 
     settings: Mapping[str, Any]
@@ -512,6 +516,7 @@ class ChannelsLastResult(ChannelsLastChecks, ExperimentResult):
     cpu_bf16: Mapping[str, Any] | None
     attention: AttentionOutcome
     compiled: CompileOutcome
+    ran: Mapping[str, Any] | None = None
 
     # -- what the cells print (sections 1 and 2: ChannelsLastChecks) ---------------------------------------------
 
@@ -571,8 +576,9 @@ class ChannelsLastResult(ChannelsLastChecks, ExperimentResult):
 
     def records(self) -> Records:
         """The fixed batches, the layout trace, the outputs per precision, NCHW against channels_last per
-        precision, SDPA (its difference and its speedup), then torch.compile (or why it was not measured)."""
-        out = Records()
+        precision, SDPA (its difference and its speedup), then torch.compile (or why it was not measured); each
+        comparison with the torch threads and batch both sides ran with (:func:`helpers.conditions.sides`)."""
+        out, alike = Records(), sides(self.ran, self.ran)
         out.add("dataset", "fixed batches", "batches", len(self.images), "batches", images=self.n_images,
                 batch_shape=list(self.batch_shape))
         if self.trace is not None:
@@ -586,15 +592,16 @@ class ChannelsLastResult(ChannelsLastChecks, ExperimentResult):
             out.add("correctness", f"channels_last vs NCHW ({label})", "max_abs_diff", diff, "1", rtol=rtol, atol=atol)
         for label, c in self.comparisons.items():
             out.add_comparison("channels_last", c, precision=label,
-                               **({} if self.job.is_builtin else {"job": self.settings["job"]}))
+                               **({} if self.job.is_builtin else {"job": self.settings["job"]}), **alike)
         a = self.attention
         out.add("correctness", "SDPA vs manual attention", "max_abs_diff", a.max_abs_diff, "1", shape=list(a.shape))
-        out.add_comparison("attention", a.comparison, max_abs_diff=a.max_abs_diff)
+        out.add_comparison("attention", a.comparison, max_abs_diff=a.max_abs_diff, **alike)
         k = self.compiled
         if k.status == "measured":
             out.add("correctness", "compiled vs eager", "max_abs_diff", k.max_abs_diff, "1")
             out.add("compile", "torch.compile", "first_call_time", k.first_call_s, "s")
-            out.add_comparison("compile", k.comparison, first_call_s=k.first_call_s, max_abs_diff=k.max_abs_diff)
+            out.add_comparison("compile", k.comparison, first_call_s=k.first_call_s, max_abs_diff=k.max_abs_diff,
+                               **alike)
         else:
             out.add("compile", "torch.compile", "first_call_time", None, "s", recommendation="not applicable",
                     reason=k.why)
@@ -844,6 +851,7 @@ def run(ctx: Any, checks: ChannelsLastChecks | None = None) -> ChannelsLastResul
 
     P, acc = ctx.params, ctx.acc
     c = checks if checks is not None else check(ctx)
+    ran = ran_with(P["batch_size"])  # read as the timing starts, held to its end
     comparisons = (_precision_comparisons(c.job, acc, c.model, c.cl_model, list(c.images), c.low,
                                           steps=P["steps"], warmup_steps=P["warmup_steps"], seed=P["seed"],
                                           batch_size=P["batch_size"]) if c.applicable else {})
@@ -853,7 +861,7 @@ def run(ctx: Any, checks: ChannelsLastChecks | None = None) -> ChannelsLastResul
         **checked_fields(c), settings={k: P.get(k) for k in ("steps", "warmup_steps", "seed", "job")},
         comparisons=comparisons, cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
         cpu_bf16=cpu_bf16_support() if acc.is_cpu and c.applicable and c.job.is_builtin else None,
-        attention=attention, compiled=compiled)
+        attention=attention, compiled=compiled, ran=held(ran))
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

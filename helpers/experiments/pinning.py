@@ -49,6 +49,7 @@ import torch
 
 from helpers import specs
 from helpers.checklist import Item
+from helpers.conditions import held, ran_with, sides
 from helpers.diagnose.pcie import GB, LinkInfo
 from helpers.errors import DataError, DeviceUnavailableError, ParameterError
 from helpers.experiments.base import Experiment, ExperimentResult, Optimization
@@ -505,6 +506,9 @@ class PinningResult(PinningResultTexts, ExperimentResult):
         :func:`job_batch_comparison`); empty where pinning does not apply.
     repeats, warmup : int
         Timed and untimed copies per size and method.
+    ran : dict or None
+        :func:`helpers.conditions.ran_with` over the per-batch comparisons (torch threads, the batch's samples):
+        every method copied the same batch with them; None where not stated.
     """
 
     device: str
@@ -523,6 +527,7 @@ class PinningResult(PinningResultTexts, ExperimentResult):
     comparisons: Mapping[str, Comparison]
     repeats: int
     warmup: int
+    ran: Mapping[str, Any] | None = None
 
     # -- what the cells print ----------------------------------------------------------------
 
@@ -552,8 +557,9 @@ class PinningResult(PinningResultTexts, ExperimentResult):
 
     def records(self) -> Records:
         """The link, each method's round trip, the bandwidth summary (:func:`bandwidth_records`) and, per method,
-        one batch's comparison, time and rate; in that order."""
-        out = Records()
+        one batch's comparison, time and rate, with the torch threads and batch both sides ran with
+        (:func:`helpers.conditions.sides`); in that order."""
+        out, ran = Records(), self.ran or {}
         link = self.link
         out.add("link", "host-device link", "link_limit", link.limit_gbps, "GB/s", source=link.source,
                 detail=link.detail, notes=list(link.notes), address=link.address, generation=link.generation,
@@ -566,10 +572,10 @@ class PinningResult(PinningResultTexts, ExperimentResult):
         rows = self.batch_rows.set_index("method")
         first = True
         for c in self.comparisons.values():
-            out.add_comparison("per-batch copy", c, shape=shape, nbytes=self.batch_bytes)
+            out.add_comparison("per-batch copy", c, shape=shape, nbytes=self.batch_bytes, **sides(self.ran, self.ran))
             for m in ((c.a,) if first else ()) + (c.b,):
                 r = rows.loc[m.name]
-                out.add_measurement("per-batch copy", m.name, m, metric="time_per_batch", unit="s")
+                out.add_measurement("per-batch copy", m.name, m, metric="time_per_batch", unit="s", **ran)
                 out.add("per-batch copy", m.name, "bandwidth", float(r["gbps"]), "GB/s", repeats=m.repeats,
                         spread={"p25": float(r["gbps_p25"]), "p75": float(r["gbps_p75"])})
             first = False
@@ -686,6 +692,7 @@ def run(ctx: Any, *, progress: Callable[[str], None] | None = None) -> PinningRe
     cache = last_level_cache_bytes()
     summary = bandwidth_summary(table, cache_bytes=cache)
     batch_repeats = max(repeats, 10)
+    ran = ran_with(job.workload.batch_size if job is not None else P["batch_size"])  # held over the comparisons
     if job is not None:  # pageable, pinned per batch and the loader's pin thread, on the job's own batch
         comparisons = job_batch_comparison(
             acc, host_batch, lambda b, non_blocking=False: job.to_device(b, acc, non_blocking=non_blocking),
@@ -696,7 +703,7 @@ def run(ctx: Any, *, progress: Callable[[str], None] | None = None) -> PinningRe
                          sizes=tuple(sizes), batch_shape=batch_shape, batch_bytes=int(batch_bytes),
                          job_name=None if job is None else job.name, correct=correct, table=table,
                          cache_bytes=cache, summary=summary, reference=memcpy_reference(summary, cache_bytes=cache),
-                         comparisons=comparisons, repeats=repeats, warmup=warmup)
+                         comparisons=comparisons, repeats=repeats, warmup=warmup, ran=held(ran))
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

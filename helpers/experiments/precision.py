@@ -27,6 +27,7 @@ from helpers.checklist import Item
 from helpers.compute.amp import (make_grad_scaler, overflow_flags, probe_autocast_ops, record_output_dtypes,
                                  resolve_autocast_dtype)
 from helpers.compute.ppo import PPOTrainer
+from helpers.conditions import held, ran_with, sides
 from helpers.diagnose.environment import cpu_bf16_support
 from helpers.errors import DataError, ParameterError
 from helpers.experiments.base import Experiment, ExperimentResult, Optimization, checked_fields
@@ -631,6 +632,9 @@ class PrecisionResult(PrecisionChecks, ExperimentResult):
     steps, warmup_steps : int
     init_scale : float
     growth_interval, seed : int
+    ran : dict or None
+        :func:`helpers.conditions.ran_with` over the interleaved step times (torch threads, batch): both precisions
+        stepped with them; None where not stated.
     """
 
     curves: LossCurves
@@ -642,6 +646,7 @@ class PrecisionResult(PrecisionChecks, ExperimentResult):
     init_scale: float
     growth_interval: int
     seed: int
+    ran: Mapping[str, Any] | None = None
 
     @property
     def builtin(self) -> bool:
@@ -674,13 +679,15 @@ class PrecisionResult(PrecisionChecks, ExperimentResult):
     # -- records, verdict and the panel ----------------------------------------------------------
 
     def records(self) -> Records:
-        """The capabilities, the learning gate (or where a loss diverged), the fp16 scaler, the step times and the
-        peak memory; in that order."""
+        """The capabilities, the learning gate (or where a loss diverged), the fp16 scaler, the step times (with the
+        torch threads and batch both precisions ran with, :func:`helpers.conditions.sides`) and the peak memory; in
+        that order."""
         r = Records().extend(self.caps.records()).extend(self.curves.records())
-        r.add_comparison("step time", self.cmp, metric="speedup", unit="x", dtype=self.dtype_name)
+        r.add_comparison("step time", self.cmp, metric="speedup", unit="x", dtype=self.dtype_name,
+                         **sides(self.ran, self.ran))
         for m in (self.cmp.a, self.cmp.b):
             r.add_measurement("step time", m.name, m, metric="time_per_step", unit="s",
-                              rate_metric="throughput", rate_unit="samples/s")
+                              rate_metric="throughput", rate_unit="samples/s", **(self.ran or {}))
         if self.memory is not None:
             r.extend(self.memory.records())
         return r
@@ -901,6 +908,7 @@ def run(ctx: Any, checks: PrecisionChecks | None = None) -> PrecisionResult:
               if use_scaler and job.is_builtin else None)
     curves = _curves(job, acc, batches, amp_dtype, dtype_name, scaler, P)
     names = ("fp32", f"{dtype_name} autocast")
+    ran = ran_with(job.workload.batch_size)  # read as the interleaved timing starts, held to its end
     if job.is_builtin:
         cmp, memory = _builtin_timing(job, acc, batches, amp_dtype, dtype_name, scaler, P)
         what = (f"PPO step (rollout + {job.ppo.ppo_epochs} updates) of a {P['model_width']}-channel conv + d_model "
@@ -916,7 +924,7 @@ def run(ctx: Any, checks: PrecisionChecks | None = None) -> PrecisionResult:
                f"{P['warmup_steps']} warm-up")
     return PrecisionResult(**checked_fields(c), curves=curves, cmp=cmp, memory=memory, context=context,
                            steps=P["steps"], warmup_steps=P["warmup_steps"], init_scale=P["init_scale"],
-                           growth_interval=P["growth_interval"], seed=P["seed"])
+                           growth_interval=P["growth_interval"], seed=P["seed"], ran=held(ran))
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

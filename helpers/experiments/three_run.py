@@ -29,6 +29,7 @@ from typing import Any
 
 from helpers import bottleneck, machine
 from helpers.compute.train import TimedLoop
+from helpers.conditions import held, ran_with
 from helpers.errors import ParameterError
 from helpers.experiments.training import clone_batch, prepare_job
 from helpers.jobs.base import Job, close_dataset
@@ -79,6 +80,9 @@ class ThreeRunResult:
     divergence : helpers.jobs.check.Divergence or None
         Where the loss became NaN or infinite in each run (read from the steps' losses after the runs); when
         it did, the job diverges: :meth:`lines` says so instead of a verdict.
+    ran : dict or None
+        :func:`helpers.conditions.ran_with` over the interleaved runs (torch threads, batch): all three ran with
+        them; None where not stated.
     """
 
     job: str
@@ -92,6 +96,7 @@ class ThreeRunResult:
     next_notebook: str
     bottleneck: Any = None
     divergence: Any = None
+    ran: Any = None
 
     @property
     def diverged(self) -> bool:
@@ -135,7 +140,7 @@ class ThreeRunResult:
                 "step_ms": {r: self.median_ms(r) for r in RUNS}, "free_input_speedup": cmp(self.ceiling),
                 "no_loader_speedup": cmp(self.loader), "next_notebook": self.next_notebook,
                 "bottleneck": self.bottleneck.as_dict() if self.bottleneck is not None else None,
-                "machine": self.machine.as_dict()}
+                "machine": self.machine.as_dict(), "ran_with": dict(self.ran) if self.ran is not None else None}
 
 
 def exposed_ceiling(exposed_fraction: float) -> float:
@@ -262,12 +267,16 @@ class CeilingResult:
     ceiling : helpers.timing.Comparison
         A = real, B = synthetic step times: ``ratio`` = how many times faster the job would be with free input.
     machine : helpers.machine.BusyCheck
+    ran : dict or None
+        :func:`helpers.conditions.ran_with` over the interleaved runs (torch threads, batch): both ran with them;
+        None where not stated.
     """
 
     job: str
     steps: dict
     ceiling: Any
     machine: Any
+    ran: Any = None
 
     @property
     def fraction(self) -> tuple[float, float, float]:
@@ -332,6 +341,7 @@ def input_free_ceiling(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3,
     options = options or StepOptions()
     pipeline = pipeline or job.pipelines[0]
     before = machine.snapshot()
+    ran = ran_with(job.workload.batch_size)  # read as the runs start, held to their end
     real = prepare_job(job, acc, pipeline=pipeline, loader=loader, options=options)
     try:
         host = _host_batches(job, cache_batches, pipeline)
@@ -346,7 +356,8 @@ def input_free_ceiling(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3,
     check = machine.check(before, machine.snapshot())
     meas = {n: Measurement(n, tuple(float(x) for x in frames[n]["step_s"]), warmup_steps) for n in frames}
     return CeilingResult(job=job.describe().get("job", job.name), steps=frames,
-                         ceiling=Comparison.from_measurements(meas["real"], meas["synthetic"]), machine=check)
+                         ceiling=Comparison.from_measurements(meas["real"], meas["synthetic"]), machine=check,
+                         ran=held(ran))
 
 
 def three_run(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: int = 2, cache_batches: int = 8,
@@ -383,6 +394,7 @@ def three_run(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: i
         raise ParameterError(f"threshold must be in (0, 1), got {threshold!r}")
     pipeline = job.pipelines[0]
     before = machine.snapshot()
+    ran = ran_with(job.workload.batch_size)  # read as the runs start, held to their end
     real = prepare_job(job, acc, pipeline=pipeline)
     loops = {"real": real.loop}
     try:
@@ -412,4 +424,4 @@ def three_run(job: Job, acc, *, steps: int = 20, warmup_steps: int = 3, block: i
                             compute_fraction=None if compute is None else min(1.0, max(0.0, compute)))
     return ThreeRunResult(job=job.describe().get("job", job.name), steps=frames, exposed_fraction=exposed,
                           recommendation=b.label, reason=b.reason, ceiling=ceiling, loader=loader, machine=check,
-                          next_notebook=b.next_text(), bottleneck=b, divergence=divergence)
+                          next_notebook=b.next_text(), bottleneck=b, divergence=divergence, ran=held(ran))
