@@ -71,15 +71,10 @@ def reason_clauses(reason: str) -> list[str]:
     return [p + ";" for p in parts[:-1]] + parts[-1:]  # lossless: "; ".join gives the reason back
 
 
-def detail_lines(reason: str, width: int = HEADLINE_CHARS) -> list[str]:
+def detail_lines(reason: str) -> list[str]:
     """A verdict's reason as the lines under its headline: ``"  - clause"`` per :func:`reason_clauses` clause,
-    wrapped at ``width`` characters with continuation lines indented (``textwrap``)."""
-    import textwrap
-
-    lines: list[str] = []
-    for part in reason_clauses(reason):
-        lines += textwrap.wrap(part, width=width, initial_indent="  - ", subsequent_indent="    ")
-    return lines
+    each whole on its line (a notebook, a terminal and a browser wrap it; a search finds it)."""
+    return [f"  - {part}" for part in reason_clauses(reason)]
 
 
 def _scalar(value: Any) -> bool:
@@ -217,16 +212,19 @@ class Verdict:
 
     def advice(self) -> str:
         """What to do, in a few words, led by the recommendation: ``"ENABLE: pinned memory: enable"`` is written
-        ``"ENABLE pinned memory"``; a label says which side to speed up and the notebooks to open next."""
+        ``"ENABLE pinned memory"``; a label says which side to speed up and the notebooks to open next; an
+        inconclusive verdict says why (a busy machine, a diverged loss, ``extra["inconclusive_why"]``, else an
+        interval that cannot decide) and what was measured (``extra["measured_recommendation"]``)."""
         rec = self.recommendation
         extra = dict(self.extra or {})
         if rec == "inconclusive":
             if isinstance(extra.get("divergence"), Mapping):
                 return "INCONCLUSIVE: the loss diverged, fix the job before timing it"
             measured = extra.get("measured_recommendation")
+            measured = None if measured == "inconclusive" else measured
             machine = extra.get("machine") if isinstance(extra.get("machine"), Mapping) else {}
             why = ("machine busy, rerun when it is quiet" if machine.get("busy") else
-                   "the interval cannot decide, rerun with more repeats")
+                   str(extra.get("inconclusive_why") or "the interval cannot decide, rerun with more repeats"))
             return f"INCONCLUSIVE ({measured} as measured): {why}" if measured else f"INCONCLUSIVE: {why}"
         if rec == "not applicable":
             return "NOT APPLICABLE here"

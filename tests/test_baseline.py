@@ -169,8 +169,20 @@ def test_run_on_small_data(tmp_path):
     assert len(seen) == baseline.timed_steps(P)
     assert r.dataset.images == 12 and r.per_image.repeats == 4 and len(r.run.steps) == 3
     assert r.trace_file and r.trace_file.startswith("artifacts/")
-    assert r.profile_text().startswith("trace: <run folder>/")
+    assert r.profile_text() == f"trace: {tmp_path / 'run' / r.trace_file}"  # the whole path, to open
     assert r.trace is not None and r.trace_text().startswith("this job's own trace")
+    # where the trace's label and the timing's differ, the notebook says why, from both figures
+    from dataclasses import replace
+
+    from helpers.traces.analysis import PhaseStat
+
+    other = "host-bound" if r.verdict().recommendation != "host-bound" else "device-bound"
+    fake = SimpleNamespace(label=other, limits=(), job=SimpleNamespace(
+        exposed_fraction=0.05, steps=2, phases={"compute": PhaseStat(0.05, 0.04, 0.06, 2)}))
+    text = replace(r, trace=fake).trace_text()
+    assert "why they differ: the trace holds 2 profiled step(s), section 3 times 3" in text
+    assert "its compute phase is 50 ms per step against" in text and "act on section 6's verdict" in text
+    assert "why they differ" not in replace(r, trace=replace_label(r.trace, r.verdict().recommendation)).trace_text()
     keys = _keys(r.records(), tmp_path)
     assert {k[0] for k in keys} == {"dataset", "preprocess", "baseline step", "input-free ceiling", "your trace"}
     v = r.verdict()
@@ -192,3 +204,8 @@ def test_the_panel_measures_the_baseline_again(tmp_path):
     assert point.label == "bs=4, 16px" and point.metric == "exposed_input_fraction" and 0 <= point.value <= 1
     assert point.repeats == 3 and seen[-1] == (5, 5)  # 2 warm-up steps and min(steps, 10) measured
     assert point.extra["verdict"] in ("host-bound", "balanced", "device-bound")
+
+
+def replace_label(trace, label):
+    """``trace`` whose job's label reads ``label`` (a stand-in with the same job figures)."""
+    return SimpleNamespace(label=label, limits=(), job=trace.job)

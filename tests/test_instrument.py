@@ -70,7 +70,7 @@ def test_several_epochs_and_too_few_steps():
 
 
 @pytest.mark.parametrize("batches, warmup, said", [
-    (5, 3, "only 2 steps measured after the 3 warm-up steps: too few for a verdict; run more steps"),
+    (5, 3, "only 2 steps measured after the 3 warm-up steps: too few for a verdict;\n  - run more steps"),
     (2, 3, "only 0 steps measured after the 3 warm-up steps (the loop ran 2 in all): too few for a verdict"),
 ])
 def test_report_with_too_few_steps_says_so_and_never_raises(capsys, batches, warmup, said):
@@ -83,6 +83,7 @@ def test_report_with_too_few_steps_says_so_and_never_raises(capsys, batches, war
     out = capsys.readouterr().out
     assert isinstance(r, inst.LoopReport) and r.recommendation == "inconclusive"
     assert said in out and out.startswith(f"short loop: {max(0, batches - warmup)} step")
+    assert out.splitlines()[1].startswith("INCONCLUSIVE: too few steps, run at least 3 after the warm-up")
     assert "next: run more steps (at least 3 after the warm-up), then report() again" in out
 
 
@@ -95,7 +96,9 @@ def test_a_busy_machine_makes_the_verdict_inconclusive(monkeypatch):
         pass
     r = steps.result()
     assert r.recommendation == "inconclusive" and r.measured_recommendation == "host-bound"
-    assert r.lines()[1].startswith("inconclusive: measured on a busy machine")
+    lines = r.lines()
+    assert lines[1].startswith("INCONCLUSIVE (host-bound as measured): machine busy, rerun when it is quiet: exposed")
+    assert lines[2].startswith("  - what it measured: host-bound: ")
 
 
 @pytest.mark.slow
@@ -119,13 +122,16 @@ def test_the_three_lines_say_one_verdict_and_follow_the_idle_cores(monkeypatch, 
         time.sleep(0.001)
     r = steps.result()
     lines = r.lines()
-    assert r.measured_recommendation == "host-bound" and "the input is the larger lever" in lines[1]
-    assert "larger lever here" not in lines[1] and "compute is the larger lever" not in lines[1]
-    assert lines[3].startswith(f"next: notebook {first} (notebooks/")
+    assert lines[1].startswith(f"HOST-BOUND: speed up the input first (notebook {first}")
+    verdict = "\n".join(lines[1:lines.index(next(ln for ln in lines if ln.startswith("median step")))])
+    assert r.measured_recommendation == "host-bound" and "the input is the larger lever" in verdict
+    assert "larger lever here" not in verdict and "compute is the larger lever" not in verdict
+    nxt = next(ln for ln in lines if ln.startswith("next: "))
+    assert nxt.startswith(f"next: notebook {first} (notebooks/")
     if spare == 0:
-        assert "leaves none" in lines[3] and "reduced size" in lines[3]
+        assert "leaves none" in nxt and "reduced size" in nxt
     else:
-        assert "4 idle core(s)" in lines[3]
+        assert "4 idle core(s)" in nxt
 
 
 # --------------------------------------------------------------------------- a loss that turns NaN (issue 36)
@@ -145,9 +151,12 @@ def test_a_nan_loss_makes_the_report_say_the_job_diverges_in_notebook_01s_words(
     assert r.recommendation == "inconclusive" and r.divergence.diverged and r.bottleneck is None
     assert r.divergence.first == {"my loop": (3, "loss", pytest.approx(float("nan"), nan_ok=True))}
     assert lines[0] == "my loop: 7 steps measured"
-    # the one sentence of notebooks 01, 06 and 10 and of diagnose, from the same function
-    assert lines[1] == r.reason == loss_divergence({"my loop": losses}).sentence()
-    assert lines[1].startswith("your job diverges: its loss is nan at step 3 in my loop; ")
+    # the one sentence of notebooks 01, 06 and 10 and of diagnose, from the same function, under a one-line headline
+    assert lines[1].startswith("INCONCLUSIVE: the loss diverged, fix the job before timing it")
+    assert r.reason == loss_divergence({"my loop": losses}).sentence()
+    assert lines[2].startswith("  - your job diverges: its loss is nan at step 3 in my loop;")
+    body = lines[2:lines.index(next(ln for ln in lines if ln.startswith("median step")))]
+    assert " ".join(ln.removeprefix("  - ") for ln in body) == r.reason
     assert not any(w in "\n".join(lines) for w in ("host-bound", "balanced", "device-bound", "next:"))
 
 

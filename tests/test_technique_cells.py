@@ -217,3 +217,29 @@ def test_jpeg_bytes_gives_the_files_simplejpeg_decodes(tmp_path):
     Image.new("RGB", (32, 24)).save(pngs / "e.png")
     with pytest.raises(DataError, match="no file of"):
         jpeg_bytes(str(pngs), n=4)
+
+
+@pytest.mark.slow
+def test_notebook_01_shows_the_three_line_instrument_on_a_plain_loop(tmp_path):
+    """01's technique: a plain loop (a PIL Dataset, a small CNN) timed with the instrument's three lines, as a
+    learner pastes them into their own loop; it prints the phase split and a one-line verdict."""
+    from helpers.device import get_accelerator
+    from helpers.verdict import HEADLINE_CHARS
+
+    nb = nbformat.read(notebook("01"), as_version=4)
+    cells = technique_cells(nb)
+    assert len(cells) == 1
+    source = nb.cells[cells[0]].source
+    for line in ("steps = instrument(loader, device=device", "for x, y in steps:", "steps.copied()",
+                 "steps.report()"):
+        assert line in source, line
+    assert not is_check_cell(nb.cells[cells[0]])
+    namespace = {"P": smoke_params("01", tmp_path), "acc": get_accelerator("cpu")}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(source, "<notebook 01, technique>", "exec"), namespace)  # noqa: S102
+    lines = out.getvalue().splitlines()
+    assert re.match(r"your loop: \d+ steps measured$", lines[0]), lines
+    assert re.match(r"(HOST-BOUND|BALANCED|DEVICE-BOUND|INCONCLUSIVE)", lines[1]) and len(lines[1]) <= HEADLINE_CHARS
+    assert any(line.startswith("median step ") and "data " in line and "copy " in line and "compute " in line
+               for line in lines), lines

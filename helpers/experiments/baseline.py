@@ -78,6 +78,11 @@ def classify(exposed_fraction: float, threshold: float, *, device_kind: str = ""
     return b.label, b.reason
 
 
+def _share(fraction: float | None) -> str:
+    """A share of the step as percent, or "not measurable" for None."""
+    return "not measurable" if fraction is None else f"{fraction:.0%}"
+
+
 def verdict(run: TrainRun, per_image: Measurement | None, *, threshold: float, device_kind: str,
             description: Mapping[str, Any], steps: int, ceiling: Any = None, divergence: Any = None) -> Verdict:
     """Notebook 01's verdict: host-bound, balanced or device-bound, with the phase medians it rests on; "your job
@@ -414,10 +419,11 @@ class BaselineResult(BaselineData, ExperimentResult):
                 f"= {expected * 1e3:.0f} ms predicted from the per-image timing ({med['data'] / expected:.2f}x)")
 
     def profile_text(self) -> str:
-        """Section 4: where the profiler's trace is, or why there is none."""
+        """Section 4: where the profiler's trace is (its full path, to open in Perfetto), or why there is none."""
         if self.profile is None:
             return "profiling skipped (profile_steps=0)"
-        return f"trace: <run folder>/{self.trace_file}" if self.trace_file else "no trace file was written"
+        path = getattr(self.profile, "trace_path", None) or self.trace_file
+        return f"trace: {path}" if self.trace_file else "no trace file was written"
 
     def top_ops(self) -> pd.DataFrame | None:
         """Section 4: the profiler's 12 top operators (device columns dropped where empty, as on a CPU)."""
@@ -450,10 +456,24 @@ class BaselineResult(BaselineData, ExperimentResult):
         if self.trace_given:
             lines = [f"your trace: {mine.sentence()}"]
         else:
-            lines = [f"this job's own trace: exposed input {mine.job.exposed_fraction:.0%} of the step ({mine.label}); "
-                     f"timed in section 3: {self.run.exposed_fraction:.0%} ({self.verdict().recommendation})"]
+            timed = self.verdict().recommendation
+            lines = [f"this job's own trace: exposed input {_share(mine.job.exposed_fraction)} of the step "
+                     f"({mine.label}); timed in section 3: {self.run.exposed_fraction:.0%} ({timed})"]
+            if mine.label != timed:
+                lines.append(self._why_trace_differs(mine))
         lines += [f"  the trace cannot tell: {limit}" for limit in mine.limits]
         return "\n".join(lines)
+
+    def _why_trace_differs(self, mine: Any) -> str:
+        """Why this job's own trace and section 3's timing give different labels, from the figures of both."""
+        compute = mine.job.phases.get("compute") if isinstance(mine.job.phases, Mapping) else None
+        timed_ms = self.run.phase_medians()["compute"] * 1e3
+        longer = (f"; its compute phase is {compute.median_s * 1e3:.0f} ms per step against {timed_ms:.0f} ms timed "
+                  "without it" if compute is not None and compute.median_s > 0 else "")
+        return (f"  why they differ: the trace holds {mine.job.steps} profiled step(s), section 3 times "
+                f"{self.steps}, and the profiler records every operator, which lengthens the compute it "
+                f"times{longer}. A share near the {self.threshold:.0%} threshold or the one-third rule can fall "
+                "on either side: act on section 6's verdict, measured over more steps without the profiler")
 
     # -- records, verdict and the panel ----------------------------------------------------------
 

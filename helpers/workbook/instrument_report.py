@@ -9,6 +9,7 @@ report here is made from figures already taken, and never raises for them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
@@ -18,6 +19,7 @@ from helpers import bottleneck, machine, stragglers
 from helpers.errors import ParameterError
 from helpers.experiments.baseline import spare_cores
 from helpers.jobs.check import Divergence
+from helpers.verdict import Verdict, detail_lines
 
 __all__ = ["JobReport", "LoopReport", "ddp_timers", "job_report"]
 
@@ -61,9 +63,32 @@ class LoopReport:
     bottleneck: Any = None
     divergence: Any = None
 
-    def lines(self, name: str = "your loop") -> list[str]:
-        """The printed report."""
+    def verdict(self, name: str = "your loop") -> Verdict:
+        """The report as a :class:`helpers.verdict.Verdict`: the exposed input share (fraction of the step, median
+        with the steps' interquartile range), the label or "inconclusive" and why, the notebooks to open next."""
         df = self.steps
+        spread = ({"p25": float(df["exposed_fraction"].quantile(0.25)),
+                   "p75": float(df["exposed_fraction"].quantile(0.75))} if len(df) else None)
+        value = self.exposed_fraction if len(df) and math.isfinite(self.exposed_fraction) else None
+        extra: dict[str, Any] = {"measured_recommendation": self.measured_recommendation}
+        if self.bottleneck is not None:
+            extra["bottleneck"] = {"next_notebooks": list(self.bottleneck.next_notebooks)}
+        if self.machine is not None:
+            extra["machine"] = {"busy": bool(self.machine.busy)}
+        if self.divergence is not None and self.divergence.diverged:
+            extra["divergence"] = {"first": str(self.divergence.first)}
+        elif self.bottleneck is None:
+            extra["inconclusive_why"] = f"too few steps, run at least {MIN_STEPS} after the warm-up"
+        return Verdict(notebook=name, metric="exposed_input_fraction", value=value, unit="fraction",
+                       recommendation=self.recommendation, reason=self.reason, spread=spread if value is not None
+                       else None, extra=extra)
+
+    def lines(self, name: str = "your loop") -> list[str]:
+        """The printed report: the steps measured, the verdict's headline (what to do, the exposed share and its
+        interval; :meth:`helpers.verdict.Verdict.headline`), its reason a clause per line, the phase medians,
+        the notebooks to open next and the machine's state."""
+        df = self.steps
+        verdict = self.verdict(name)
 
         def phase(col: str) -> str:
             return (f"{col} {df[col].median() * 1e3:.1f} ms (IQR {df[col].quantile(0.25) * 1e3:.1f}-"
@@ -72,19 +97,16 @@ class LoopReport:
         machine_line = [f"machine: {self.machine.sentence()}"] if self.machine is not None else []
         step_line = ([f"median step {df['step_s'].median() * 1e3:.1f} ms: {phase('data')}, {phase('copy')}, "
                       f"{phase('compute')}"] if len(df) else [])
+        counted = f"{name}: {len(df)} step{'s' if len(df) != 1 else ''} measured"
         if self.divergence is not None and self.divergence.diverged:  # a loss that is not finite: no verdict
-            return [f"{name}: {len(df)} step{'s' if len(df) != 1 else ''} measured", self.reason, *step_line,
-                    *machine_line]
+            return [counted, verdict.headline(), *detail_lines(self.reason), *step_line, *machine_line]
         if self.bottleneck is None:  # too few steps for a verdict: what it has, and what to do
-            return [f"{name}: {len(df)} step{'s' if len(df) != 1 else ''} measured",
-                    f"inconclusive: {self.reason}", *step_line, f"next: {self.next_notebook}", *machine_line]
-        head = (f"inconclusive: {self.machine.sentence()}; what it measured: " if self.recommendation == "inconclusive"
-                else "")
-        return [f"{name}: {len(df)} steps measured",
-                f"{head}{self.measured_recommendation}: {self.reason}",
-                *step_line,
-                f"next: {self.next_notebook}",
-                *machine_line]
+            return [counted, verdict.headline(), *detail_lines(self.reason), *step_line,
+                    f"next: {self.next_notebook}", *machine_line]
+        measured = (f"what it measured: {self.measured_recommendation}: " if self.recommendation == "inconclusive"
+                    else "")
+        return [counted, verdict.headline(), *detail_lines(measured + self.reason), *step_line,
+                f"next: {self.next_notebook}", *machine_line]
 
 
 #: The communication line without DDP's timers: what the instrument cannot see then.
