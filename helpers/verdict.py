@@ -214,9 +214,13 @@ class Verdict:
         """What to do, in a few words, led by the recommendation: ``"ENABLE: pinned memory: enable"`` is written
         ``"ENABLE pinned memory"``; a label says which side to speed up and the notebooks to open next; an
         inconclusive verdict says why (a busy machine, a diverged loss, ``extra["inconclusive_why"]``, else an
-        interval that cannot decide) and what was measured (``extra["measured_recommendation"]``)."""
+        interval that cannot decide) and what was measured (``extra["measured_recommendation"]``). A verdict that
+        decides no single setting words it itself (``extra["advice"]``), or names the optimizations it measured
+        together (``extra["optimizations"]``, notebook 10's)."""
         rec = self.recommendation
         extra = dict(self.extra or {})
+        if rec != "inconclusive" and isinstance(extra.get("advice"), str) and extra["advice"].strip():
+            return extra["advice"].strip()  # the verdict function's own words, for a verdict that decides no setting
         if rec == "inconclusive":
             if isinstance(extra.get("divergence"), Mapping):
                 return "INCONCLUSIVE: the loss diverged, fix the job before timing it"
@@ -233,6 +237,9 @@ class Verdict:
                                                                                       Mapping) else None
             where = f" (notebook {', '.join(str(n) for n in nxt)})" if nxt else ""
             return f"{rec.upper()}: {_LABEL_ADVICE[rec]}{where}"
+        optimizations = extra.get("optimizations")
+        if self.action is None and isinstance(optimizations, list) and optimizations:
+            return f"{rec.upper()} {' + '.join(str(o) for o in optimizations)} together"
         if self.action is not None:
             text = self.action.text
             tail = f": {rec}"

@@ -66,3 +66,13 @@ def test_every_headline_fits_and_the_details_keep_the_whole_reason():
     clauses = reason_clauses(LONG)
     assert len(clauses) == 12 and " ".join(clauses) == LONG  # split outside brackets only, nothing lost
     assert detail_lines("one; two (a; b)") == ["  - one;", "  - two (a; b)"]
+
+
+def test_a_verdict_that_decides_no_setting_says_what_to_do_in_its_own_words():
+    from helpers.experiments.environment import verdict as env_verdict
+
+    env = env_verdict(device_kind="cpu", device_name="x86", native_bf16=False, invalid_settings=2,
+                      capabilities={"pinned_memory": "not available: no accelerator"})
+    assert env.headline().startswith("CHECK: fix the 2 invalid environment setting(s) listed above: ")
+    e2e = _v(notebook="10_end_to_end", action=None, extra={"optimizations": ["num_workers", "bf16"]})
+    assert e2e.headline() == "ENABLE num_workers + bf16 together: speedup 1.27x (95% CI 1.13–1.30)"

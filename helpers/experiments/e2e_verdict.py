@@ -223,8 +223,8 @@ def e2e_verdict(comparison, learning: LearningCheck, baseline: JobSummary, optim
         extra_divergence = {"divergence": divergence.as_dict()}
     if ceiling is not None and not extra_divergence:
         reason += (f"; the optimized job runs at {ceiling['fraction']:.0%} of its input-free ceiling (95% CI "
-                   f"{ceiling['ci_low']:.0%}-{ceiling['ci_high']:.0%}; the same step on batches already on the "
-                   f"device)")
+                   f"{ceiling['ci_low']:.0%}-{min(ceiling['ci_high'], 1.0):.0%}, a share at most 100%; the same "
+                   "step on batches already on the device)")
         extra_ceiling = {"ceiling": {k: float(ceiling[k]) for k in ("fraction", "ci_low", "ci_high",
                                                                     "free_input_speedup")}}
     return Verdict(notebook=checklist.END_TO_END, metric="speedup", value=comparison.ratio, unit="x",

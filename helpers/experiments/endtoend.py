@@ -314,8 +314,8 @@ class EndToEndResult(ExperimentResult):
                   f"input-free ceiling (the optimized step on batches already on the device): "
                   f"{P['batch_size'] / self.measurements['input-free ceiling'].median_s:.0f} samples/s; the optimized "
                   f"job runs at {ceiling['fraction']:.0%} of it (95% CI {ceiling['ci_low']:.0%}-"
-                  f"{ceiling['ci_high']:.0%}); with free input the job would be {free.ratio:.2f}x the baseline "
-                  f"(95% CI {free.ci_low:.2f}-{free.ci_high:.2f})",
+                  f"{min(ceiling['ci_high'], 1.0):.0%}); with free input the job would be {free.ratio:.2f}x the "
+                  f"baseline (95% CI {free.ci_low:.2f}-{free.ci_high:.2f})",
                   f"exposed input: {b.exposed_fraction:.0%} -> {o.exposed_fraction:.0%} of the step; "
                   f"compute share of the step: {b.utilization:.0%} -> {o.utilization:.0%}"]
         if not acc.is_cpu:

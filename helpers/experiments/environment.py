@@ -118,8 +118,10 @@ def verdict(*, device_kind: str, device_name: str, capabilities: Mapping[str, ob
               + (f"not available here: {', '.join(missing)}; " if missing else "all capabilities available; ")
               + f"native CPU bf16: {'yes' if native_bf16 else 'no'}; "
               + f"{invalid_settings} invalid environment setting(s)")
+    advice = (f"CHECK: fix the {invalid_settings} invalid environment setting(s) listed above" if invalid_settings
+              else "READY: nothing to fix in the environment")
     return Verdict(notebook=NOTEBOOK, metric="invalid_env_settings", value=invalid_settings, unit="invalid settings",
-                   recommendation="not applicable", reason=reason)
+                   recommendation="not applicable", reason=reason, extra={"advice": advice})
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------
