@@ -135,6 +135,11 @@ JS_IMAGES = """() => {
 }"""
 
 
+JS_CHART = """() => Array.from(document.querySelectorAll('.workbook-try-it-chart img')).map(i => ({
+  natural: [i.naturalWidth, i.naturalHeight], shown: [i.clientWidth, i.clientHeight], complete: i.complete,
+  src: i.src.slice(0, 24)}))"""
+
+
 def test_notebook_01_runs_in_jupyterlab_and_its_panel_measures_live(lab):
     from playwright.sync_api import sync_playwright
 
@@ -183,9 +188,9 @@ def test_notebook_01_runs_in_jupyterlab_and_its_panel_measures_live(lab):
             stage = "measure"
             panel = page.locator(".workbook-try-it").last
             panel.scroll_into_view_if_needed()
-            chart = panel.locator("img.workbook-try-it-chart").last
+            chart = panel.locator(".workbook-try-it-chart img").last
             chart_before = chart.get_attribute("src")
-            drawn = bars(chart.screenshot())
+            drawn = _drawn(chart, live=0)
             assert drawn["reference"] == 1 and drawn["live"] == 0, f"the chart before Measure: {drawn}"
             records_before = _try_records(lab["run_dir"])
             panel.locator(".widget-dropdown:has(label:text-is('batch_size')) select").select_option("16")
@@ -197,11 +202,13 @@ def test_notebook_01_runs_in_jupyterlab_and_its_panel_measures_live(lab):
             shot("03-measured")
             assert "could not measure" not in status and "1 new point(s)" in status, status
             page.wait_for_function("(before) => { const ims = Array.from(document.querySelectorAll("
-                                   "'img.workbook-try-it-chart')); return ims.length && "
+                                   "'.workbook-try-it-chart img')); return ims.length && "
                                    "ims[ims.length - 1].src !== before; }", arg=chart_before, timeout=30_000)
             time.sleep(0.5)
-            drawn = bars(chart.screenshot())  # the pixels: a blank or bar-less chart fails here
-            assert drawn["live"] == 1 and drawn["reference"] == 1, f"the chart after Measure: {drawn}"
+            (art / "chart-after-measure.png").write_bytes(_blob_png(page))  # the PNG itself, kept beside the shots
+            drawn = _drawn(chart, live=1)  # the pixels: a blank or bar-less chart fails here
+            assert drawn["live"] == 1 and drawn["reference"] == 1, \
+                f"the chart after Measure: {drawn}; the image element: {page.evaluate(JS_CHART)}"
             shot("03b-chart")
             records = _try_records(lab["run_dir"])
             assert len(records) == len(records_before) + 1
@@ -234,7 +241,7 @@ def test_notebook_01_runs_in_jupyterlab_and_its_panel_measures_live(lab):
             shot("04-reopened")
             text = page.evaluate("() => document.body.textContent")
             assert "model not found" not in text and "Error displaying widget" not in text
-            drawn = bars(page.locator("img.workbook-try-it-chart").last.screenshot())
+            drawn = _drawn(page.locator(".workbook-try-it-chart img").last, live=1)
             assert drawn["live"] == 1 and drawn["reference"] == 1, f"the chart after reopening: {drawn}"
             # (reopened with saved widget state, jupyterlab_widgets marks the notebook modified as it restores the
             # widget models into the new kernel's manager: its own behaviour with saveState, not a metadata change)
@@ -248,6 +255,32 @@ def test_notebook_01_runs_in_jupyterlab_and_its_panel_measures_live(lab):
             raise
         finally:
             browser.close()
+
+
+#: How long a chart may take to show its new bars on the page (the browser decodes and paints an image after its
+#: source changes; on a busy machine that has taken over a second). A blank chart never shows them.
+PAINT_S = 20
+
+
+def _drawn(chart, *, live: int) -> dict:
+    """The bars the chart shows on screen (its screenshot's pixels), read until ``live`` live bars appear or
+    :data:`PAINT_S` seconds pass; the last reading."""
+    deadline = time.monotonic() + PAINT_S
+    while True:
+        drawn = bars(chart.screenshot())
+        if (drawn["live"] == live and drawn["reference"] == 1) or time.monotonic() > deadline:
+            return drawn
+        time.sleep(0.5)
+
+
+def _blob_png(page) -> bytes:
+    """The PNG the last try-it chart shows, fetched from its ``src`` in the page."""
+    import base64
+
+    data = page.evaluate("""async () => { const ims = document.querySelectorAll('.workbook-try-it-chart img');
+      const buf = await (await fetch(ims[ims.length - 1].src)).arrayBuffer();  // a data URI
+      let s = ''; new Uint8Array(buf).forEach(b => { s += String.fromCharCode(b); }); return btoa(s); }""")
+    return base64.b64decode(data)
 
 
 def _try_records(run_dir: Path) -> list[dict]:

@@ -5,8 +5,8 @@
 - the knobs (ipywidgets controls or their abbreviations, as ``ipywidgets.interact`` takes them) and a
   **Measure** button (``ipywidgets.interactive`` in manual mode: the button is disabled while it measures);
 - a progress bar fed by the measurement's own ``progress(done, total)`` calls (steps, sizes, settings);
-- a chart (an ``ipywidgets.Image``, redrawn by setting its value) that grows by one bar per point as points
-  arrive, beside the notebook's own result (``reference``);
+- a chart (an ``ipywidgets.HTML`` holding the PNG inline, redrawn by setting its value) that grows by one bar
+  per point as points arrive, beside the notebook's own result (``reference``);
 - under it, one line per point with the machine's state over that point (quiet or busy: a point measured while
   other processes took more than ``busy_cpu_share`` of the cores is drawn hatched and says so).
 
@@ -157,12 +157,12 @@ class TryIt:
         if chart is None:
             show_png(buf.getvalue(), alt)
         else:
-            # An Image widget's value is widget state, set in one message: nothing is routed through an Output
-            # widget. Drawing into an Output (clear_output(wait=True), then display) from inside the log's own
-            # Output context left the chart blank in 3 of 6 presses on a busy machine: the two widgets' output
-            # captures raced, and the new image went to neither.
-            chart.value = buf.getvalue()
-            chart.tooltip = alt
+            # The chart is an HTML widget's value, an <img> with the PNG inline: widget state set in one message,
+            # nothing routed through an Output widget, saved with the notebook as a string. Drawing into an Output
+            # (clear_output(wait=True), then display) from inside the log's own Output context left the chart
+            # blank in 3 of 6 presses on a busy machine: the two widgets' output captures raced. An Image widget
+            # (binary state) drew, but did not restore from a saved notebook.
+            chart.value = chart_html(buf.getvalue(), alt)
 
     # -- showing -----------------------------------------------------------------------------------------------
     def show(self) -> "TryIt":
@@ -188,7 +188,7 @@ class TryIt:
         status = w.HTML(value=(f"<i>not available here: {self.unavailable}</i>" if self.unavailable else
                                "Set the knobs and press <b>Measure</b>; Kernel &gt; Interrupt stops it and keeps "
                                "what finished."))
-        chart = w.Image(format="png", layout=w.Layout(max_width="100%", height="auto"))
+        chart = w.HTML(value="")
         log = w.Output()
         self._widgets.update(progress=progress, status=status, chart=chart, log=log)
 
@@ -239,6 +239,27 @@ class TryIt:
         box.add_class("workbook-try-it")
         display(box)
         self._draw()
+
+
+def chart_html(png: bytes, alt: str) -> str:
+    """``<img>`` markup showing ``png`` inline (a data URI) at its own size, never wider than the panel.
+
+    Parameters
+    ----------
+    png : bytes
+        A PNG file's bytes.
+    alt : str
+        Alternative text (escaped here).
+    """
+    import base64
+    import html
+    import struct
+
+    width = struct.unpack(">I", png[16:20])[0] if png[12:16] == b"IHDR" else None  # the PNG header's width, px
+    size = f' width="{width}"' if width else ""
+    data = base64.b64encode(png).decode("ascii")
+    return (f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}" title="{html.escape(alt)}"{size} '
+            'style="max-width: 100%; height: auto">')
 
 
 def try_it(ctx: Any, name: "str | TrySpec", measure: Callable[..., Any] | None = None, *,
