@@ -202,13 +202,21 @@ class Verdict:
         """``"ENABLE: <reason>"``: the whole verdict on one line (logs, records); notebooks print :meth:`text`."""
         return f"{self.recommendation.upper()}: {self.reason}"
 
-    def figure(self) -> str:
-        """The number and its interval, e.g. ``"speedup 1.27x (95% CI 1.13–1.30)"``; "" without a number."""
+    def figure(self, *, short: bool = False) -> str:
+        """The number and its interval, e.g. ``"speedup 1.27x (95% CI 1.13–1.30)"``; "" without a number.
+
+        A unit that already names the quantity (``invalid_env_settings`` counted in "invalid settings") is said
+        once; ``short`` drops a parenthetical from the unit ("samples or more (no limit found ...)").
+        """
         if self.value is None:
             return ""
         name = self.metric.replace("_", " ")
+        unit = self.unit.split(" (")[0] if short else self.unit
         interval = format_interval(dict(self.spread) if self.spread else None, self.unit)
-        return f"{name} {format_value(self.value, self.unit)}" + (f" ({interval})" if interval else "")
+        words = set(name.split())
+        said = format_value(self.value, unit)
+        head = said if unit not in ("x", "fraction", "") and set(unit.split()) <= words else f"{name} {said}"
+        return head + (f" ({interval})" if interval else "")
 
     def advice(self) -> str:
         """What to do, in a few words, led by the recommendation: ``"ENABLE: pinned memory: enable"`` is written
@@ -231,7 +239,8 @@ class Verdict:
                    str(extra.get("inconclusive_why") or "the interval cannot decide, rerun with more repeats"))
             return f"INCONCLUSIVE ({measured} as measured): {why}" if measured else f"INCONCLUSIVE: {why}"
         if rec == "not applicable":
-            return "NOT APPLICABLE here"
+            why = reason_clauses(self.reason)[0].rstrip(";") if self.reason else ""
+            return f"NOT APPLICABLE here: {why}" if why else "NOT APPLICABLE here"
         if rec in _LABEL_ADVICE:
             nxt = (extra.get("bottleneck") or {}).get("next_notebooks") if isinstance(extra.get("bottleneck"),
                                                                                       Mapping) else None
@@ -251,10 +260,12 @@ class Verdict:
         """The verdict's first line, at most :data:`HEADLINE_CHARS` characters: what to do, the number, its interval.
 
         E.g. ``"ENABLE bf16 autocast: speedup 1.27x (95% CI 1.13–1.30)"`` or ``"HOST-BOUND: speed up the input
-        first (notebook 03, 02): exposed input fraction 62% (IQR 55%–70%)"``. Where both do not fit, the advice is
-        cut (with "…") before the number is.
+        first (notebook 03, 02): exposed input fraction 62% (IQR 55%–70%)"``. Where both do not fit, the unit's
+        parenthetical goes first, then the advice is cut (with "…"); the number and its interval stay.
         """
         advice, fig = self.advice(), self.figure()
+        if fig and len(advice) + len(fig) + 2 > HEADLINE_CHARS:
+            fig = self.figure(short=True)
         if not fig:
             line = advice
         else:

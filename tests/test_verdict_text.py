@@ -76,3 +76,14 @@ def test_a_verdict_that_decides_no_setting_says_what_to_do_in_its_own_words():
     assert env.headline().startswith("CHECK: fix the 2 invalid environment setting(s) listed above: ")
     e2e = _v(notebook="10_end_to_end", action=None, extra={"optimizations": ["num_workers", "bf16"]})
     assert e2e.headline() == "ENABLE num_workers + bf16 together: speedup 1.27x (95% CI 1.13–1.30)"
+
+
+def test_a_long_unit_gives_way_before_the_advice_and_a_unit_is_said_once():
+    v = _v(notebook="09_memory_and_batch_size", metric="max_batch_size", value=32, spread=None, action=None,
+           unit="samples or more (no limit found up to finder_max_batch)", recommendation="inconclusive",
+           extra={"measured_recommendation": "leave off", "machine": {"busy": True}})
+    assert v.headline() == ("INCONCLUSIVE (leave off as measured): machine busy, rerun when it is quiet: max batch "
+                            "size 32 samples or more")
+    env = _v(metric="invalid_env_settings", value=0, unit="invalid settings", spread=None, action=None,
+             recommendation="not applicable", reason="device cpu (x86); not available here: pinned memory")
+    assert env.headline() == "NOT APPLICABLE here: device cpu (x86): 0 invalid settings"
