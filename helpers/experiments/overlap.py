@@ -500,8 +500,9 @@ class StreamOverlapResult(OverlapChecks, StreamOverlapResultTexts, ExperimentRes
 
     def records(self) -> Records:
         """The data, the prefetcher's check, the compute per thread count (and at notebook 01's width), each
-        variant's overlap, step time, input work and compute, then each thread split's two before/after comparisons
-        (``kept``: the verdict's) and the thread split's own effect on each variant (``thread split``). Every
+        variant's overlap, step time, input work and compute, then the two before/after comparisons of each after
+        that has a before at its torch threads (``kept``: the verdict's) and the thread split's own effect on each
+        variant measured at both thread counts (``thread split``). Every
         variant's record carries the ``torch_threads`` and ``batch_size`` it ran with, every comparison both
         sides' (:func:`helpers.conditions.sides`)."""
         out = Records()
@@ -529,8 +530,8 @@ class StreamOverlapResult(OverlapChecks, StreamOverlapResultTexts, ExperimentRes
             out.add_comparison("exposed input per step", d["exposed"], metric="reduction", unit="x", kept=kept,
                                **alike)
             out.add_comparison("step time", d["step"], kept=kept, **alike)
+        runs = {v.label: v for v in self.overlap.variants}
         for name, c in self.overlap.thread_effect.items():  # the threads' own effect, apart from the overlap's
-            runs = {v.label: v for v in self.overlap.variants}
             out.add_comparison("thread split", c, variant_kind=name,
                                **sides(_ran(runs[c.a.name]), _ran(runs[c.b.name]), changes=["torch_threads"]))
         return out
