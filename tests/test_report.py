@@ -18,6 +18,7 @@ from helpers.results import ResultsStore
 from helpers.workbook import report
 from helpers.workbook.cli import _parser, main
 from helpers.verdict import Action, Verdict
+from helpers.verdict import HEADLINE_CHARS
 from helpers.workbook.report import checklist_items, collect, headline, overall_verdict, to_html, to_markdown
 from helpers.workbook.report.collect import _advice
 
@@ -201,21 +202,20 @@ def test_overall_verdict_does_not_call_a_job_that_computes_otherwise_or_a_pollut
                                         reason="faster but the loss differs", learning_ok=False,
                                         spread={"ci_low": 2.08, "ci_high": 4.07, "confidence": 0.95})
     assert overall_verdict(collect(tmp_path)) == (
-        "host-bound baseline → 3.53x end to end (95% CI 2.08–4.07), but leave off: the optimized job's loss did not "
-        "agree with the baseline's (notebook 10)")
+        "host-bound baseline → leave off: 3.53x end to end (95% CI 2.08–4.07), but its loss differs from the "
+        "baseline's")
     _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=9.57, unit="x", recommendation="inconclusive",
                                         reason="inconclusive: the machine's speed changed",
                                         spread={"ci_low": 9.0, "ci_high": 10.0, "confidence": 0.95})
-    assert overall_verdict(collect(tmp_path)).startswith("host-bound baseline → end to end inconclusive: the machine "
-                                                         "was busy or its speed changed while notebook 10 measured "
-                                                         "(9.57x measured")
+    assert overall_verdict(collect(tmp_path)) == ("host-bound baseline → end to end inconclusive, machine busy or "
+                                                  "its speed changed: rerun when quiet (9.57x)")
     # notebook 10's own "inconclusive" on a quiet machine (issue 36): its interval spans 1, no busy machine to blame
     _store(tmp_path, IDS["10"]).verdict(metric="speedup", value=2.02, unit="x", recommendation="inconclusive",
                                         reason="not decided: the interval spans 1",
                                         spread={"ci_low": 0.40, "ci_high": 10.19, "confidence": 0.95})
     assert overall_verdict(collect(tmp_path)) == (
-        "host-bound baseline → end to end inconclusive: 2.02x (95% CI 0.40–10.19) spans 1, so the optimized job may "
-        "be slower or faster; more steps (--patience) narrow the interval")
+        "host-bound baseline → end to end inconclusive: 2.02x (95% CI 0.40–10.19) spans 1; rerun with --patience")
+    assert len(overall_verdict(collect(tmp_path))) <= HEADLINE_CHARS
 
 
 def test_overall_verdict_says_the_job_diverges_when_notebook_01_does(tmp_path):

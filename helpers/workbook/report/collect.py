@@ -548,7 +548,8 @@ def collect(run_dir: Path) -> Report:
 
 
 def overall_verdict(report: Report) -> str:
-    """One sentence for the top of the report: the baseline's state and, if measured, the end-to-end speedup.
+    """One line for the top of the report (at most :data:`helpers.verdict.HEADLINE_CHARS` characters for any
+    figures): the baseline's state and, if measured, the end-to-end speedup, or what to do.
 
     Examples: ``"host-bound baseline → 2.71x faster end to end (95% CI 2.5–2.9)"``;
     ``"host-bound baseline → no measurable speedup end to end (1.39x, 95% CI 0.06–31.43)"`` (an interval that
@@ -563,12 +564,10 @@ def overall_verdict(report: Report) -> str:
         state = "baseline"
     e2e_extra = e2e.get("extra") if e2e and isinstance(e2e.get("extra"), dict) else {}
     if isinstance(e2e_extra.get("divergence"), dict) and e2e_extra["divergence"].get("baseline_diverged"):
-        return (f"{state} → your job diverges: its loss becomes NaN or infinite in the baseline too (notebook 10), so "
-                "no optimization is to blame; fix its training before measuring its speed")
+        return f"{state} → your job diverges, in the baseline too (notebook 10): fix its training, then measure"
     base_extra = base.get("extra") if base and isinstance(base.get("extra"), dict) else {}
     if isinstance(base_extra.get("divergence"), dict):
-        return ("your job diverges: its loss becomes NaN or infinite in notebook 01's baseline; fix its training "
-                "before measuring its speed")
+        return "your job diverges: its loss becomes NaN or infinite in notebook 01's baseline; fix its training first"
     if e2e and e2e.get("recommendation") == "inconclusive":
         amount = f"{e2e['value']:.2f}x" if _is_num(e2e.get("value")) else "no figure"
         interval = e2e.get("spread") if isinstance(e2e.get("spread"), dict) else {}
@@ -576,15 +575,14 @@ def overall_verdict(report: Report) -> str:
         if "measured_recommendation" not in e2e_extra and _is_num(low) and _is_num(high) and low <= 1.0 <= high:
             # notebook 10's own "inconclusive" (a quiet machine, the cross-checks passed): its interval spans 1
             return (f"{state} → end to end inconclusive: {amount} ({_spread_text(interval, e2e.get('unit'))}) spans "
-                    "1, so the optimized job may be slower or faster; more steps (--patience) narrow the interval")
-        return (f"{state} → end to end inconclusive: the machine was busy or its speed changed while notebook 10 "
-                f"measured ({amount} measured; rerun when it is quiet)")
+                    "1; rerun with --patience")
+        return f"{state} → end to end inconclusive, machine busy or its speed changed: rerun when quiet ({amount})"
     if e2e and _is_num(e2e.get("value")):
         spread = _spread_text(e2e.get("spread"), e2e.get("unit"))
         extra = e2e.get("extra") if isinstance(e2e.get("extra"), dict) else {}
         if extra.get("learning_ok") is False:  # faster, but it does not compute what the baseline computes
-            return (f"{state} → {e2e['value']:.2f}x end to end" + (f" ({spread})" if spread else "")
-                    + ", but leave off: the optimized job's loss did not agree with the baseline's (notebook 10)")
+            return (f"{state} → leave off: {e2e['value']:.2f}x end to end" + (f" ({spread})" if spread else "")
+                    + ", but its loss differs from the baseline's")
         unit = e2e.get("unit") or ""
         amount = f"{e2e['value']:.2f}x" if unit == "x" else _fmt_value(e2e["value"], unit)
         interval = e2e.get("spread") if isinstance(e2e.get("spread"), dict) else {}
