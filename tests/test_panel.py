@@ -59,6 +59,9 @@ def test_headless_measures_once_at_the_initial_values_and_records_it(ctx, monkey
     assert rec["extra"]["interactive"] is False and rec["extra"]["knobs"] == {"num_workers": 2,
                                                                              "persistent_workers": False}
     assert rec["spread"] == {"p25": 29.0, "p75": 31.0} and "busy" in rec["extra"]  # an IQR, keyed as the report reads
+    import torch
+
+    assert rec["extra"]["torch_threads"] == torch.get_num_threads()  # what the point ran with, beside its figure
 
 
 def test_a_sweep_yields_one_record_per_point_and_reports_progress(ctx, monkeypatch):

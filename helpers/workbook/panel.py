@@ -12,9 +12,9 @@
 
 ``measure(**knobs)`` is one of the experiment layer's ``try_*`` functions: it times with the notebook's own
 code and returns a :class:`helpers.live.LivePoint`, or yields several (a sweep). Every point is appended to the
-run's results as an ``experiment="try it"`` record with the knob values, the machine state and
-``interactive=True``, so nothing measured live is lost. Kernel > Interrupt stops a measurement: the points that
-finished are kept (drawn and recorded), the panel says how many.
+run's results as an ``experiment="try it"`` record with the knob values, the machine state, the torch
+threads it ran with and ``interactive=True``, so nothing measured live is lost. Kernel > Interrupt stops a
+measurement: the points that finished are kept (drawn and recorded), the panel says how many.
 
 Headless (the runner, CI, or ``WORKBOOK_HEADLESS=1``: :func:`helpers.params.headless`) the panel measures once at the
 knobs' initial values (those ``ipywidgets.interact`` would start at, see :func:`helpers.workbook.widgets._initial`),
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from helpers import machine
+from helpers.conditions import ran_with
 from helpers.errors import ParameterError
 from helpers.live import Knob, LivePoint, TrySpec, no_progress
 from helpers.params import headless
@@ -48,6 +49,7 @@ class PanelPoint:
     knobs: dict
     check: Any  # helpers.machine.BusyCheck
     seconds: float
+    torch_threads: int | None = None  # torch's intra-op threads when the measurement started
 
     def line(self) -> str:
         """``"<sentence> [quiet|busy: ...] (N s)"``, one line of the panel's log."""
@@ -110,11 +112,12 @@ class TryIt:
         if self.unavailable:
             raise ParameterError(f"try it ({self.name}) cannot measure here: {self.unavailable}")
         new: list[PanelPoint] = []
+        threads = ran_with(None)["torch_threads"]  # the reference ran at the notebook's; the record says this one's
         before, t0 = machine.snapshot(), time.perf_counter()
         for point in self._points(values, progress):
             after, t1 = machine.snapshot(), time.perf_counter()
             check = machine.check(before, after, max_other_cpu_share=self._threshold())
-            pp = PanelPoint(point=point, knobs=dict(values), check=check, seconds=t1 - t0)
+            pp = PanelPoint(point=point, knobs=dict(values), check=check, seconds=t1 - t0, torch_threads=threads)
             self._record(pp)
             self.points.append(pp)
             new.append(pp)
@@ -131,7 +134,7 @@ class TryIt:
         self.ctx.store.add(EXPERIMENT, p.label, p.metric, p.value, p.unit, repeats=repeats, spread=p.spread(),
                            panel=self.name, knobs={k: v for k, v in pp.knobs.items()}, interactive=not headless(),
                            busy=pp.check.busy, other_cpu_share=pp.check.other_cpu_share, sentence=p.sentence,
-                           **extra)
+                           torch_threads=pp.torch_threads, **extra)
 
     # -- drawing -----------------------------------------------------------------------------------------------
     def figure(self):
