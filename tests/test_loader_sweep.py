@@ -233,7 +233,6 @@ def _loader_result(*, workers_win: bool, builtin: bool = True):
     growth = pd.DataFrame({"start": [10.0, 5.0], "end": [12.0, 5.5]},
                           index=pd.MultiIndex.from_tuples([("batched pipeline", "main"), ("batched pipeline", "worker 0")],
                                                           names=["loader", "role"])).assign(growth_mib=[2.0, 0.5])
-    bad = SimpleNamespace(batches=4, items=8, skipped=[("photo_4_cut_in_half.jpg", "truncated", 1)]) if builtin else None
     return S.LoaderResult(
         params={"seed": 0, "trials": 3, "batches_per_trial": 4, "batch_size": 8, "image_size": 64, "data_dir": "",
                 "num_workers_list": [0, 2], "prefetch_factor_list": [2], "probe_epochs": 2, "probe_ranks": 2,
@@ -243,7 +242,7 @@ def _loader_result(*, workers_win: bool, builtin: bool = True):
         job_describe={"job": "built-in PPO job" if builtin else "mine", "batch_size": 8}, n_items=24, batch_size=8,
         data={"images": 24, "classes": 3, "skipped": []} if builtin else {}, agreement="identical",
         settings=sweep.settings, sweep=sweep, probe=probe, epoch_result=epoch, memory=None, growth=growth,
-        bad_input=bad, confirmation=confirmation, confirm_batches=4)
+        confirmation=confirmation, confirm_batches=4)
 
 
 def _record_keys(records):
@@ -255,11 +254,11 @@ def test_the_loader_result_records_the_notebooks_sections_in_order():
     experiments = [k[0] for k in keys]
     assert experiments == ["machine", "dataset", "loader sweep", "first batch", "loader sweep", "first batch",
                            "best vs next", "best vs num_workers=0 (sweep, best chosen)", "worker randomness",
-                           "worker randomness", "epoch in workers", "epoch in workers", "worker memory", "bad input",
+                           "worker randomness", "epoch in workers", "epoch in workers", "worker memory",
                            "best vs num_workers=0 (held-out confirmation)"]
     assert keys[1] == ("dataset", "usable images") and ("worker memory", "batched pipeline, worker 0") in keys
     user = _record_keys(_loader_result(workers_win=False, builtin=False).records())
-    assert user[1] == ("dataset", "your job") and ("bad input", "truncated file mid-epoch") not in user
+    assert user[1] == ("dataset", "your job")
     assert not any(k[0].startswith("best vs num_workers=0") for k in user)  # num_workers=0 won: nothing to confirm
 
 
@@ -273,7 +272,6 @@ def test_the_loader_result_decides_from_the_held_out_confirmation():
     v = lose.verdict()
     assert v.recommendation == "leave off" and "samples/s" in v.reason and "your job's dataset (mine)" in v.context
     assert lose.confirmation_text == "num_workers=0 won the sweep: there is nothing to confirm"
-    assert "demonstrated on the built-in job's photos" in lose.bad_input_text
 
 
 def test_the_loader_results_panel_starts_at_the_chosen_setting():

@@ -399,8 +399,6 @@ class LoaderResult(LoaderChecks, LoaderResultTexts, ExperimentResult):
     sweep : SweepResult
     memory, growth : pandas.DataFrame
         USS samples, and start/end/growth per (loader, role).
-    bad_input : object or None
-        The bad-input epoch report (built-in job only).
     confirmation : SweepResult or None
         Held-out trials of the best setting against num_workers=0 (None when num_workers=0 won).
     confirm_batches : int
@@ -414,7 +412,6 @@ class LoaderResult(LoaderChecks, LoaderResultTexts, ExperimentResult):
     sweep: SweepResult
     memory: Any
     growth: Any
-    bad_input: Any
     confirmation: SweepResult | None
     confirm_batches: int
     ran: Mapping[str, Any] | None = None
@@ -495,8 +492,8 @@ class LoaderResult(LoaderChecks, LoaderResultTexts, ExperimentResult):
     # -- records and verdict ------------------------------------------------------------------------------------
     def records(self) -> Records:
         """Notebook 03's records in its sections' order: machine, dataset, loader sweep and first batch per setting,
-        best vs next, best vs num_workers=0 (sweep), worker randomness, epoch in workers, worker memory, bad input,
-        the held-out confirmation; each setting's and each comparison's with the torch threads and batch it ran with
+        best vs next, best vs num_workers=0 (sweep), worker randomness, epoch in workers, worker memory, the held-out
+        confirmation; each setting's and each comparison's with the torch threads and batch it ran with
         (:func:`helpers.conditions.sides`)."""
         from helpers.pipeline.randomness import VARIANTS
 
@@ -537,10 +534,6 @@ class LoaderResult(LoaderChecks, LoaderResultTexts, ExperimentResult):
             if role != "main":
                 r.add("worker memory", f"{label}, {role}", "uss_growth", float(row["growth_mib"]), "MiB",
                       uss_start_mib=float(row["start"]), uss_end_mib=float(row["end"]), start_method=self.method.method)
-        rep = self.bad_input
-        if rep is not None:
-            r.add("bad input", "truncated file mid-epoch", "skipped_images", sum(t for *_, t in rep.skipped), "images",
-                  batches=rep.batches, images=rep.items, files=[{"file": f, "reason": w} for f, w, _ in rep.skipped])
         if self.over_zero is not None:
             r.add_comparison("best vs num_workers=0 (held-out confirmation)", self.over_zero, unit="x",
                              batches_per_trial=self.confirm_batches, trials=self.params["trials"],
@@ -657,33 +650,6 @@ def _worker_memory(make: _Datasets, n_items: int, base: LoaderConfig, acc: Any, 
     return memory, growth
 
 
-def _bad_input(index, tokenizer, p: Mapping[str, Any], expect):
-    """Seven photos and one cut in half, read by two workers without the scan: the epoch completes (section 9)."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from helpers.pipeline.dataset import load_dataset
-    from helpers.pipeline.fast import BatchedDataset
-    from helpers.pipeline.guarded import run_epoch
-
-    with tempfile.TemporaryDirectory(prefix="workbook-bad-input-") as tmp:
-        sources = [Path(q) for q in index.paths[:7]]
-        for k, src in enumerate(sources):
-            shutil.copy(src, Path(tmp) / f"photo_{k}{src.suffix}")
-        data = sources[0].read_bytes()
-        (Path(tmp) / "photo_4_cut_in_half.jpg").write_bytes(data[: len(data) // 2])
-        bad_index = load_dataset(tmp, scan=False)
-        bad_set = BatchedDataset(bad_index, tokenizer, image_size=p["image_size"], text_len=p["text_len"],
-                                 seed=p["seed"], threads=1)
-        bad_cfg = LoaderConfig(batch_size=2, num_workers=2, shuffle=False, timeout_s=p["first_batch_timeout_s"])
-        with expect("the file cut in half is reported by the worker that met it and replaced, on purpose"):
-            report = run_epoch(make_loader(bad_set, bad_cfg, batch_sampler=make_batch_sampler(len(bad_index), bad_cfg)),
-                               name="bad-input loader")
-    assert report.batches == len(bad_index) // 2 and report.items == len(bad_index), "the epoch must complete"
-    return report
-
-
 def check(job: Any, acc: Any, params: Mapping[str, Any]) -> LoaderChecks:
     """Notebook 03 before any timing, on ``job``'s dataset: the machine, the data, the workers-vs-main-process batch
     comparison and the worker-randomness and epoch probes (sections 1-5).
@@ -730,7 +696,7 @@ def check(job: Any, acc: Any, params: Mapping[str, Any]) -> LoaderChecks:
 def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., Any] = no_expected_warnings,
         checks: LoaderChecks | None = None) -> LoaderResult:
     """Notebook 03's whole measurement on ``job``'s dataset: :func:`check` (agreement, probes), then the sweep,
-    worker memory, bad input and the confirmation.
+    worker memory and the confirmation.
 
     Parameters
     ----------
@@ -759,7 +725,6 @@ def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., 
     p = params
     c = checks if checks is not None else check(job, acc, p)
     make, n_items, base = c.make_dataset, c.n_items, c.base
-    data = job.image_data()
     settings = sweep_settings(p["num_workers_list"], p["prefetch_factor_list"])
     ran = ran_with(base.batch_size)  # the training process's, read as the sweep starts (held to the end)
     with expect("the sweep tries more workers than cores on purpose, to show where they stop paying",
@@ -767,14 +732,13 @@ def run(job: Any, acc: Any, params: Mapping[str, Any], *, expect: Callable[..., 
         sweep = run_sweep(lambda s: make(s.num_workers), n_items, settings, base=base,
                           batches_per_trial=p["batches_per_trial"], trials=p["trials"], acc=acc, name="sweep")
     memory, growth = _worker_memory(make, n_items, base, acc, job.is_builtin, p["seed"])
-    bad = _bad_input(*data, p, expect) if data is not None else None
     best = next(s for s in settings if s.label == sweep.ranking()[0])
     confirm_batches = max(p["batches_per_trial"], best.min_timed_batches)
     confirmation = None if best.num_workers == 0 else run_sweep(
         lambda s: make(s.num_workers), n_items, (LoaderSetting(0), best), base=base,
         batches_per_trial=confirm_batches, trials=p["trials"], acc=acc, name="confirmation")
     return LoaderResult(**checked_fields(c), settings=settings, sweep=sweep, memory=memory, growth=growth,
-                        bad_input=bad, confirmation=confirmation, confirm_batches=confirm_batches, ran=held(ran))
+                        confirmation=confirmation, confirm_batches=confirm_batches, ran=held(ran))
 
 
 # -- the notebook's declaration, found by helpers.experiments.registry ------------------------------------

@@ -2,8 +2,8 @@
 :class:`~helpers.experiments.loader_sweep.LoaderResult` print, and the verdict's context sentence.
 
 Two mixins without fields, read by the result classes, which hold the measurement: :class:`LoaderChecksTexts`
-(sections 1, 2 and 5) and :class:`LoaderResultTexts` (the sweep, its ranking, the worker memory growth, the bad
-input and the confirmation).
+(sections 1, 2 and 5) and :class:`LoaderResultTexts` (the sweep, its ranking, the worker memory growth and the
+confirmation).
 """
 
 from __future__ import annotations
@@ -113,18 +113,8 @@ class LoaderResultTexts:
             f"{label}: {value:+.1f} MiB" for label, value in self.worker_growth.items())
 
     @property
-    def bad_input_text(self) -> str:
-        """The corrupt-file epoch (section 9), or where it is shown for a user's job."""
-        rep = self.bad_input
-        if rep is None:
-            return "(demonstrated on the built-in job's photos; run the notebook without job= to see it)"
-        lines = [f"epoch complete: {rep.batches} batches, {rep.items} images, {len(rep.skipped)} file(s) replaced"]
-        lines += [f"  {name}: {reason} (met {times}x)" for name, reason, times in rep.skipped]
-        return "\n".join(lines)
-
-    @property
     def confirmation_text(self) -> str:
-        """The held-out confirmation (section 10)."""
+        """The held-out confirmation (section 8)."""
         c = self.over_zero
         if c is None:
             return "num_workers=0 won the sweep: there is nothing to confirm"
