@@ -1,6 +1,7 @@
-"""The notebooks: well-formed, parameters match their specs, a smoke run produces the promised records, and the cells
-marked NBVAL_CHECK_OUTPUT give their committed outputs with the default parameters (nbval's lax check, tests/
-nbval_sanitize.cfg; `pytest notebooks/NN_....ipynb` runs nbval itself on every cell).
+"""The notebooks: well-formed, parameters match their specs, their links lead to the file and heading their text
+names, a smoke run produces the promised records, and the cells marked NBVAL_CHECK_OUTPUT give their committed outputs
+with the default parameters (nbval's lax check, tests/nbval_sanitize.cfg; `pytest notebooks/NN_....ipynb` runs nbval
+itself on every cell).
 
 Every notebook is executed once per session at the smoke profile (tests/conftest.py's ``smoke_run``) and once, up to
 its last check cell, with its default parameters.
@@ -10,11 +11,14 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import nbformat
 import papermill as pm
 import pytest
+
+from test_docs import _anchors  # GitHub's heading anchors, as the docs/ pages' links are checked
 
 from helpers.results import load_results, verdicts
 from helpers.verdict import RECOMMENDATIONS
@@ -325,3 +329,50 @@ def test_the_text_between_cells_stays_short(nb):
     assert words / code <= MAX_WORDS_PER_CODE_LINE, (
         f"{nb.name}: {words} words of text for {code} lines of code ({words / code:.1f} a line); move what a learner "
         "does not need to run the next cell to docs/notebook_notes.md")
+
+
+# --------------------------------------------------------------------------- links in the text
+
+_LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
+_NAMED_FILE = re.compile(r"[\w./-]+\.(?:md|ipynb)\b")
+
+
+def _link_faults(nb: Path, markdown: str) -> list[str]:
+    """What is wrong with the relative links of one markdown cell of ``nb``: a target file that is missing, an anchor
+    that is no heading of the .md file it names, link text naming another file (``.md`` or ``.ipynb``) than the
+    target. Anchors into a notebook are not checked (JupyterLab's anchors are not GitHub's)."""
+    faults = []
+    for text, target in _LINK.findall(re.sub(r"```.*?```", "", markdown, flags=re.S)):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        dest = (nb.parent / path).resolve() if path else nb.resolve()
+        if not dest.exists():
+            faults.append(f"{target}: no such file")
+            continue
+        if anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            faults.append(f"{target}: no such heading in {dest.name}")
+        for named in _NAMED_FILE.findall(text):
+            parts = Path(named).parts
+            if (nb.parent / named).resolve() != dest and dest.parts[-len(parts):] != parts:
+                faults.append(f"[{text}]({target}): the text names {named}, the link leads to {dest.name}")
+    return faults
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem[:2])
+def test_relative_links_lead_to_a_file_and_a_heading_their_text_names(nb):
+    faults = [f"cell {c.get('id')}: {fault}" for c in nbformat.read(nb, as_version=4).cells
+              if c.cell_type == "markdown" for fault in _link_faults(nb, c.source)]
+    assert not faults, f"{nb.name}:\n" + "\n".join(faults)
+
+
+def test_the_link_check_finds_text_naming_another_file_and_a_missing_target_or_heading():
+    nb = NOTEBOOKS[0]
+    assert _link_faults(nb, "[notes](../docs/notebook_notes.md#05-stream-overlap), [docs/tune.md](../docs/tune.md), "
+                            "[notebook_notes.md](../docs/notebook_notes.md), [web](https://pytorch.org/x.md)") == []
+    faults = _link_faults(nb, "[docs/notebooks.md](../docs/notebook_notes.md#05-stream-overlap) "
+                              "[notes](../docs/no_such_page.md) [notes](../docs/notebook_notes.md#no-such-heading)")
+    assert faults == ["[docs/notebooks.md](../docs/notebook_notes.md#05-stream-overlap): the text names "
+                      "docs/notebooks.md, the link leads to notebook_notes.md",
+                      "../docs/no_such_page.md: no such file",
+                      "../docs/notebook_notes.md#no-such-heading: no such heading in notebook_notes.md"]
