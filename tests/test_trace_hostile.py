@@ -1,8 +1,9 @@
 """Hostile or corrupt Kineto traces: each gives one TraceError that says what is wrong, in bounded memory.
 
-Built in tmp_path at a scale that still crosses each limit of helpers/traces/kineto.py: nesting 200,000 deep
-(400 KB), strings of 2 MiB and 20 MB, NaN / Infinity / negative times, gzip bombs of ~200 MB of text. The worst
-cases run in a child process under RLIMIT_AS of 1 GiB whose peak resident memory (VmHWM) must stay under 512 MiB.
+Built in tmp_path at a scale that still crosses each limit of helpers/traces/kineto.py and peek.py: nesting 200,000
+deep (400 KB), strings of 2 MiB and 20 MB, NaN / Infinity / negative times, gzip bombs of ~200 MB of text, one string
+or number of 3 MiB for the header read (and of 300 MB for the command, slow). The worst cases run in a child process
+under RLIMIT_AS of 1 GiB whose peak resident memory (VmHWM) must stay under 512 MiB.
 """
 
 from __future__ import annotations
@@ -341,6 +342,116 @@ def test_the_header_read_before_the_parse_is_bounded_too(tmp_path, text, needle)
     with pytest.raises(TraceError, match=needle) as e:
         peek.kineto_header(path)
     assert "\n" not in str(e.value) and "killed" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------ one long token
+
+
+def _long_token(path: Path, head: str, block: str, total: int, tail: str) -> Path:
+    """``head``, ``block`` repeated up to ``total`` characters, ``tail``: written in blocks, never held whole."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head)
+        for _ in range(0, total, len(block)):
+            f.write(block)
+        f.write(tail)
+    return path
+
+
+LONG_TOKENS = {  # (text before, the block repeated, text after, what the error calls it)
+    "event name": ('{"traceEvents": [{"name": "', "a" * 4096, '"}]}', "a string"),
+    "whole file": ('"', "a" * 4096, '"', "a string"),
+    "key": ('{"', "a" * 4096, '": 1, "traceEvents": []}', "a string"),
+    "metadata value": ('{"schemaVersion": 1, "x": "', "a" * 4096, '", "traceEvents": []}', "a string"),
+    "escaped quotes": ('{"traceEvents": [{"name": "', '\\"' * 2048, '"}]}', "a string"),
+    "number": ('{"traceEvents": [{"ph": "X", "ts": 1', "1" * 4096, "}]}", "a number or literal"),
+}
+
+
+@pytest.mark.parametrize("kind", LONG_TOKENS)
+def test_one_long_token_is_refused_by_the_header_read_as_it_is_read(tmp_path, kind):
+    # yajl (ijson's lexer) keeps a token cut by a read and lexes it again after each read: quadratic time, and the
+    # whole token in memory. The header read measures each token across its reads and stops past the limit.
+    from helpers.traces import peek
+
+    head, block, tail, what = LONG_TOKENS[kind]
+    path = _long_token(tmp_path / "t.pt.trace.json", head, block, 3 << 20, tail)
+    with pytest.raises(TraceError) as e:
+        peek.kineto_header(path)
+    msg = str(e.value)
+    start = len(head) - 1  # the opening quote, or the number's first digit
+    assert msg.startswith(f"{path}: {what} in the JSON runs on for more than 1 MiB from byte {start:,} "), msg
+    assert "pass the .pt.trace.json torch.profiler wrote" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("read_bytes", [1, 2, 3, 5, 7, 64])
+def test_tokens_are_measured_across_reads_of_any_size(tmp_path, monkeypatch, read_bytes):
+    # tokens of up to 40 bytes, escapes (\" and \\) cut by the reads anywhere, pass a limit of 40 bytes; one that
+    # runs on past a read's end after 40 bytes is refused: any longer than the limit and a read. The metadata
+    # follows the events, so that the header read scans them all.
+    from helpers.traces import peek
+
+    monkeypatch.setattr(peek, "READ_BYTES", read_bytes)
+    monkeypatch.setattr(peek, "MAX_TOKEN_BYTES", 40)
+    names = ['a\\"b\\\\', "\\\\" * 19, '\\"' * 19, "x" * 38, "\\u00e9t\\u00e9", "\u00e9" * 19, "\\\\\\\"" * 9]
+    events = [f'{{"name": "{n}", "ts": {i}.{"1" * 37}, "ok": true, "no": null}}' for i, n in enumerate(names)]
+    text = '{"traceEvents": [' + ", ".join(events) + '], "distributedInfo": {"rank": 3, "world_size": 4}}'
+    path = tmp_path / "t.pt.trace.json"
+    path.write_text(text, encoding="utf-8")
+    h = peek.kineto_header(path)
+    assert (h.rank, h.world_size, h.complete) == (3, 4, True)
+    for long in ['"' + "y" * 120 + '"', '"' + "\\\\" * 60 + '"', "1." + "1" * 120, '"' + "\u00e9" * 60 + '"']:
+        for where, at in [("first", 9), ("event", text.index('"no"') + 6)]:
+            if where == "first":
+                bad = '{"long": ' + long + ", " + text[1:]
+            else:
+                bad = text.replace('"no": null', '"no": ' + long, 1)
+            path.write_text(bad, encoding="utf-8")
+            with pytest.raises(TraceError, match=f"runs on for more than 0 MiB from byte {at} "):
+                peek.kineto_header(path)
+
+
+def test_strings_of_real_traces_pass_the_header_read_whole(tmp_path):
+    # a kernel name of 64 KiB (torch's longest are a few KB) and 10,000 strings that straddle the reads, scanned to
+    # the metadata after them
+    from helpers.traces import peek
+
+    events = [_event(i, name="void at::native::kernel<" + "float, " * 9000 + ">") for i in range(3)]
+    events += [_event(i, name=f"op\\\\{i}\\\"" * (i % 50)) for i in range(10_000)]
+    path = tmp_path / "t.pt.trace.json"
+    path.write_text('{"traceEvents": [' + ",\n".join([STEP, *events]) + '], "distributedInfo": {"rank": 1}}')
+    h = peek.kineto_header(path)
+    assert h.complete and h.rank == 1
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.parametrize("kind", ["event name", "whole file"])
+def test_a_300_mb_trace_of_one_string_is_one_line_within_60_s_in_small_memory(tmp_path, kind):
+    # issue 44: the trace command gave no answer within 120 s on such a file (the header read's lexer, quadratic)
+    head, block, tail, what = LONG_TOKENS[kind]
+    path = _long_token(tmp_path / "long.pt.trace.json", head, "a" * (1 << 20), 300 << 20, tail)
+    code = textwrap.dedent(f"""
+        import resource, sys, time
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        sys.argv = ["helpers", "trace", {str(path)!r}, "--out", {str(tmp_path / "out")!r}]
+        from helpers.workbook.cli import main
+        t = time.monotonic()
+        rc = main()
+        took = time.monotonic() - t
+        peak = [int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")][0] / 1024
+        print(rc, took, peak)
+    """)
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    finally:
+        path.unlink()  # pytest keeps the last runs' folders: not 300 MB each
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    rc, took, peak = p.stdout.split()
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert rc != "0" and len(lines) == 1, p.stderr
+    assert lines[0].startswith(f"error: {path}: {what} in the JSON runs on for more than 1 MiB"), lines[0]
+    assert float(took) < 60, f"{float(took):.0f} s"
+    assert float(peak) < PEAK_MIB, f"peak RSS {float(peak):.0f} MiB"
 
 
 def test_metadata_after_a_long_event_array_leaves_the_header_incomplete_not_wrong(tmp_path, monkeypatch):

@@ -9,7 +9,9 @@ runs mixed, ranks missing) from these headers before any reader parses the event
   :func:`kineto_header` streams the top-level keys with ijson and stops at the first event of ``traceEvents``
   (whose ``ts``, microseconds, plus ``baseTimeNanoseconds`` is the wall-clock time the trace starts): a few KB of
   a file of any size. Only a file whose metadata follows the events (no ``schemaVersion`` before them) is
-  scanned to its end, tokenized but never built into objects.
+  scanned to its end, tokenized but never built into objects. Nesting, the bytes scanned and the length of each
+  token are bounded (:data:`MAX_DEPTH`, :data:`MAX_SCAN_BYTES`, :data:`MAX_TOKEN_BYTES`), so that a hostile file
+  is refused in one line, in bounded time and memory.
 * Ascend (a torch_npu ``*_ascend_pt`` folder): ``profiler_info_<rank>.json`` holds ``rank_id`` and
   ``end_info.collectionTimeEnd`` (ns, wall clock); ``profiler_metadata.json`` holds ``parallel_group_info``,
   whose ``default_group`` lists the ``global_ranks`` (torch_npu 2.13.0, ``profiler/profiler_interface.py``
@@ -111,8 +113,8 @@ def kineto_header(path: str | Path) -> Header:
     complete = True
     try:
         with _open(path) as raw:
-            f = _Counted(raw)
-            events = ijson.basic_parse(f, use_float=True)
+            f = _Counted(raw, path)
+            events = ijson.basic_parse(f, buf_size=READ_BYTES, use_float=True)
             ev = next(events, None)
             if ev is None or ev[0] != "start_map":
                 raise TraceError(f"{path}: the top level is not a JSON object; a Kineto trace is an object with "
@@ -165,19 +167,80 @@ MAX_DEPTH = 64
 #: Bytes (uncompressed) the header read scans for metadata written after the events before it stops: the
 #: header is then marked incomplete and the ranks are checked after the full read instead.
 MAX_SCAN_BYTES = 64 << 20
+#: The longest string, number or literal the header read lets ijson lex, bytes: one that runs on past the end of a
+#: read after more than this many bytes is refused (so one of up to this plus :data:`READ_BYTES` may pass). yajl
+#: (ijson's backend) keeps a token that runs past the end of a read in a buffer and lexes it again from its start
+#: after every read, so a token of n bytes costs ~n**2 / (2 * READ_BYTES) bytes of lexing and n bytes of memory or
+#: more: a trace of one 300 MB string took longer than the 120 s it was given (issue 44). torch.profiler's longest
+#: strings are kernel names of templated code, a few KB, and its numbers a few dozen digits: 1 MiB leaves a margin
+#: of a hundredfold, is the reader's bound on a name too (``kineto.MAX_STRING_CHARS``), and costs ~8 MiB of lexing
+#: to reach (milliseconds).
+MAX_TOKEN_BYTES = 1 << 20
+#: Bytes ijson reads at a time (its default).
+READ_BYTES = 64 << 10
+_ESCAPE = re.compile(rb"\\.", re.S)  # a backslash and the byte it escapes
+_BARE = re.compile(rb'[^\s"{}\[\],:]*')  # bytes of a number or literal (read backwards from the end of a read)
 _INCOMPLETE = object()
 
 
 class _Counted:
-    """A binary file that counts the bytes read from it."""
+    """A binary file that counts the bytes read from it and refuses a JSON token longer than
+    :data:`MAX_TOKEN_BYTES` as it reads it, before ijson's lexer holds it (see there).
 
-    def __init__(self, f) -> None:
-        self.f, self.n = f, 0
+    A string is followed from read to read by its quotes (its escapes masked first, so that ``\\"`` ends none), a
+    number or literal as a run of bytes that are neither JSON punctuation nor whitespace: a few scans of each read
+    in C, ~4 ms per MB. A token that ends within the read it starts in is not measured (ijson lexes it once).
+    ``writer`` and ``todo`` end the error: who writes such files, and what to pass instead.
+    """
+
+    def __init__(self, f, path="the trace", *, writer: str = "torch.profiler",
+                 todo: str = "pass the .pt.trace.json torch.profiler wrote, unchanged") -> None:
+        self.f, self.path, self.n = f, path, 0
+        self.writer, self.todo = writer, todo
+        self.in_string = False  # the text read so far ends inside a string
+        self.escape = False  # ... right after one of its backslashes
+        self.start = -1  # the text's byte at which the token it ends in starts; -1: it ends between tokens
 
     def read(self, size: int = -1) -> bytes:
         b = self.f.read(size)
+        if b:
+            self._watch(b)
         self.n += len(b)
         return b
+
+    def _watch(self, b: bytes) -> None:
+        skip = 1 if self.escape else 0  # the byte a backslash at the end of the last read escapes
+        base = self.n + skip  # the text's byte at s[0]
+        s = b[skip:]
+        if b"\\" in s:
+            s = _ESCAPE.sub(b"__", s)
+        self.escape = False
+        out = 0  # where the text outside strings starts in s
+        if self.in_string:
+            out = s.find(b'"') + 1
+            if out == 0:  # the string goes on past this read
+                self.escape = s.endswith(b"\\")
+                self._check(base + len(s))
+                return
+            self.in_string, self.start = False, -1
+        if s.count(b'"', out) % 2:  # outside strings, quotes open and close them in turn: the last one opens
+            self.in_string, self.start = True, base + s.rfind(b'"')
+            self.escape = s.endswith(b"\\")
+        else:
+            bare = min(_BARE.match(s[::-1]).end(), len(s) - out)  # a number or literal the read ends in
+            if bare == 0:
+                self.start = -1
+            elif bare < len(s) - out or self.start < 0:
+                self.start = base + len(s) - bare
+            # else the whole read goes on with the number or literal the last one ended in
+        self._check(base + len(s))
+
+    def _check(self, end: int) -> None:
+        if self.start >= 0 and end - self.start > MAX_TOKEN_BYTES:
+            what = "a string" if self.in_string else "a number or literal"
+            raise TraceError(f"{self.path}: {what} in the JSON runs on for more than {MAX_TOKEN_BYTES >> 20} MiB "
+                             f"from byte {self.start:,} of its text ({self.writer}'s longest strings, kernel names, "
+                             f"are a few KB), so the file is corrupt or was not written by {self.writer}; {self.todo}")
 
 
 def _too_deep(path) -> TraceError:
