@@ -2,8 +2,8 @@
 
 Built in tmp_path at a scale that still crosses each limit of helpers/traces/kineto.py and peek.py: nesting 200,000
 deep (400 KB), strings of 2 MiB and 20 MB, NaN / Infinity / negative times, gzip bombs of ~200 MB of text, one string
-or number of 3 MiB for the header read (and of 300 MB for the command, slow). The worst cases run in a child process
-under RLIMIT_AS of 1 GiB whose peak resident memory (VmHWM) must stay under 512 MiB.
+or number of 3 MiB for the header read and Ascend's trace_view.json (of 300 MB for the command, slow). The worst
+cases run in a child process under RLIMIT_AS of 1 GiB whose peak resident memory (VmHWM) must stay under 512 MiB.
 """
 
 from __future__ import annotations
@@ -421,6 +421,29 @@ def test_strings_of_real_traces_pass_the_header_read_whole(tmp_path):
     path.write_text('{"traceEvents": [' + ",\n".join([STEP, *events]) + '], "distributedInfo": {"rank": 1}}')
     h = peek.kineto_header(path)
     assert h.complete and h.rank == 1
+
+
+@pytest.mark.parametrize("where", ["second event", "first event"])
+def test_one_long_string_in_ascend_trace_view_stops_its_read_as_a_cut_does(tmp_path, where):
+    # trace_view.json is streamed by the same lexer: the string ends the read, the other files give the steps
+    import json
+
+    from helpers.traces.ascend import OUTPUT_DIR, TRACE_VIEW_FILE, read_ascend
+    from tests.ascend_fixtures import Step, build_ascend_folder
+
+    steps = [Step(n, host_s=0.1, data_s=0.05, compute_s=0.04, free_s=0.01) for n in range(3)]
+    folder = build_ascend_folder(tmp_path, steps)
+    tv = folder / OUTPUT_DIR / TRACE_VIEW_FILE
+    events = [json.dumps(e) for e in json.loads(tv.read_text())]
+    before = 1 if where == "second event" else 0
+    head = "[" + "".join(e + ", " for e in events[:before]) + '{"name": "'
+    _long_token(tv, head, "a" * 4096, 3 << 20, '"}, ' + ", ".join(events[before:]) + "]")
+    t = read_ascend(folder)
+    assert [s.step for s in t.steps] == [0, 1, 2] and all(s.data is None for s in t.steps)
+    said = [x for x in t.limits if "runs on for more than 1 MiB" in x]
+    assert len(said) == 1 and said[0].startswith(f"{tv}: a string in the JSON runs on for more than 1 MiB from byte "
+                                                 f"{len(head) - 1:,} "), t.limits
+    assert f"not written by torch_npu; the read stops there: host phases come from the {before} events" in said[0]
 
 
 @pytest.mark.slow

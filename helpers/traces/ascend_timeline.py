@@ -49,6 +49,7 @@ from helpers.traces.ascend_format import (
     _us,
 )
 from helpers.traces.model import StepPhases, TraceError
+from helpers.traces.peek import _Counted
 
 @dataclass
 class _Device:
@@ -102,15 +103,21 @@ def _read_trace_view(path: Path, limits: list[str], device: bool = False) -> _Ho
     count = 0
     cut: Exception | None = None
     try:
-        with path.open("rb") as f:
+        with path.open("rb") as raw:
+            # one string or number that runs on (a corrupt file) stops the read as a cut does, within ~2 MiB of it,
+            # before yajl lexes it again after every read (quadratic time) and holds it whole
+            f = _Counted(raw, path, writer="torch_npu", todo="the read stops there")
             for ev in ijson.items(f, "item", use_float=True, buf_size=1 << 20):
                 count += 1
                 if _take(ev, scan) and not device and (scan.steps or scan.loads or scan.opts):
                     break  # the host's own events are all read; the rest is the device timeline
     except (ijson.JSONError, ValueError, OSError) as exc:
         cut = exc
-    host_only = cut is not None and scan.host_done and not scan.phases and not scan.flows
-    if cut is not None and host_only:
+    host_only = (cut is not None and not isinstance(cut, TraceError) and scan.host_done and not scan.phases
+                 and not scan.flows)
+    if isinstance(cut, TraceError):  # a token that runs on (_Counted): the message says what and where
+        limits.append(f"{cut}: host phases come from the {count} events before it, steps after it have none")
+    elif cut is not None and host_only:
         limits.append(f"{TRACE_VIEW_FILE} ends right after its host events, without the device timeline and the "
                       "closing bracket: torch_npu leaves it so when parsing fails after the host part was written; "
                       "the host steps are whole, the device timeline is missing")
