@@ -786,6 +786,9 @@ def tune_bench(*, out: str | Path | None = None, epochs: int = 3) -> dict[str, A
 #: set-up, beside two busy loops (as .ci/run loads the machine). This benchmark times the run; the caller chooses
 #: the conditions (quiet, or beside ``python3 -c 'while True: pass' &`` twice) and the machine note says which.
 WORKBOOK_TARGETS = {"quiet_s": 300.0, "busy_with_setup_s": 600.0}
+#: The classroom profile's target (docs/teaching.md): the whole run within 600 s on a 2-core laptop beside two busy
+#: loops, set-up excluded (with OMP_NUM_THREADS=1, as the room kit says for a busy laptop).
+CLASSROOM_TARGET_S = 600.0
 
 
 def workbook_bench(*, profile: str = "quick", device: str = "auto", out: str | Path | None = None) -> dict[str, Any]:
@@ -796,7 +799,8 @@ def workbook_bench(*, profile: str = "quick", device: str = "auto", out: str | P
     dict
         ``seconds`` (the run's wall time), ``status`` (the runner's exit status), ``inconclusive`` (the notebooks
         whose verdict said so), ``targets`` (the issue's two, with whether the quiet one is met: the busy one
-        includes the set-up, which this does not time), ``run_dir``, ``machine``, ``machine_note``.
+        includes the set-up, which this does not time; for ``profile="classroom"`` its one target,
+        :data:`CLASSROOM_TARGET_S` beside two busy loops), ``run_dir``, ``machine``, ``machine_note``.
     """
     import subprocess
     import tempfile
@@ -815,12 +819,15 @@ def workbook_bench(*, profile: str = "quick", device: str = "auto", out: str | P
             undecided = sorted(str(nb) for nb, rec in zip(v["notebook"], v["recommendation"]) if rec == "inconclusive")
         except Exception:  # noqa: BLE001 - a run that wrote no results: the status says why
             undecided = []
+    targets = {"quiet_s": {"rule": "<= 300 on a quiet 2-core machine, set-up excluded",
+                           "value": round(seconds, 1), "met": seconds <= 300.0},
+               "busy_with_setup_s": {"rule": "<= 600 with set-up beside two busy loops", "value": None, "met": None}}
+    if profile == "classroom":
+        targets = {"busy_s": {"rule": f"<= {CLASSROOM_TARGET_S:.0f} beside two busy loops on a 2-core machine, "
+                                      "set-up excluded (docs/teaching.md)",
+                              "value": round(seconds, 1), "met": seconds <= CLASSROOM_TARGET_S}}
     res: dict[str, Any] = {"seconds": round(seconds, 1), "status": p.returncode, "inconclusive": undecided,
-                           "profile": profile,
-                           "targets": {"quiet_s": {"rule": "<= 300 on a quiet 2-core machine, set-up excluded",
-                                                   "value": round(seconds, 1), "met": seconds <= 300.0},
-                                       "busy_with_setup_s": {"rule": "<= 600 with set-up beside two busy loops",
-                                                             "value": None, "met": None}},
+                           "profile": profile, "targets": targets,
                            "run_dir": str(run_dir) if out is not None else None}
     res.update(_machine_keys(before))
     return res

@@ -140,7 +140,7 @@ def _add_bench(sub) -> None:
                     help="trace: size of the generated Kineto trace, MB (default: 1024)")
     be.add_argument("--out", type=Path, default=None, metavar="DIR",
                     help="trace: write the generated trace here and keep it; tune: keep tune's folder (report, diff) "
-                         "here (default: a temporary folder)")
+                         "here; workbook: keep the run folder here (default: a temporary folder)")
     be.set_defaults(handler=_bench)
 
 
