@@ -64,6 +64,16 @@ def test_headless_measures_once_at_the_initial_values_and_records_it(ctx, monkey
     assert rec["extra"]["torch_threads"] == torch.get_num_threads()  # what the point ran with, beside its figure
 
 
+def test_a_point_that_states_its_own_threads_keeps_them(ctx, monkeypatch):
+    """Notebook 05's points carry the thread count their run set (helpers.conditions); the panel's reading of the
+    count at the start does not replace it, nor collide with it."""
+    monkeypatch.setattr(panel_mod, "headless", lambda: True)
+    own = LivePoint(label="after", value=1.0, unit="x", metric="speedup", extra={"torch_threads": 1, "batch_size": 8})
+    try_it(ctx, "overlap", lambda width: own, width=[16])
+    rec = load_results(ctx.path).iloc[0]
+    assert rec["extra"]["torch_threads"] == 1 and rec["extra"]["batch_size"] == 8
+
+
 def test_a_sweep_yields_one_record_per_point_and_reports_progress(ctx, monkeypatch):
     monkeypatch.setattr(panel_mod, "headless", lambda: True)
     progress = []

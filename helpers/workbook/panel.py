@@ -134,7 +134,7 @@ class TryIt:
         self.ctx.store.add(EXPERIMENT, p.label, p.metric, p.value, p.unit, repeats=repeats, spread=p.spread(),
                            panel=self.name, knobs={k: v for k, v in pp.knobs.items()}, interactive=not headless(),
                            busy=pp.check.busy, other_cpu_share=pp.check.other_cpu_share, sentence=p.sentence,
-                           torch_threads=pp.torch_threads, **extra)
+                           **{"torch_threads": pp.torch_threads, **extra})  # a point that says its own wins
 
     # -- drawing -----------------------------------------------------------------------------------------------
     def figure(self):
