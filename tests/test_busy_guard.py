@@ -101,6 +101,9 @@ def test_not_applicable_is_kept_and_a_notebooks_own_inconclusive_gets_the_load_f
     assert out.recommendation == "inconclusive" and out.reason.startswith("measured on a busy machine")
     assert out.extra["measured_recommendation"] == "enable"  # what notebook 10 measured, not "inconclusive"
     assert out.reason.endswith("What it measured: inconclusive: a phase no optimization acts on changed")
+    # a reason that already says "inconclusive: " (crosscheck.py words it so) says it once
+    worded = guard_verdict(replace(own, reason="inconclusive: the machine's speed changed"), BUSY)
+    assert worded.reason.endswith("What it measured: inconclusive: the machine's speed changed")
 
 
 def test_a_verdict_that_says_the_job_diverges_is_kept_under_load():

@@ -294,8 +294,11 @@ def guard_verdict(verdict, check):
     state["verdict_stands"] = False
     if verdict.recommendation != "inconclusive" or "measured_recommendation" not in extra:
         extra["measured_recommendation"] = verdict.recommendation  # a notebook's own inconclusive keeps its label
+    measured = verdict.reason
+    if not measured.startswith(f"{verdict.recommendation}: "):  # a notebook's own "inconclusive: ..." says it once
+        measured = f"{verdict.recommendation}: {measured}"
     return replace(verdict, recommendation="inconclusive", action=None, extra=extra,
-                   reason=f"{why}. What it measured: {verdict.recommendation}: {verdict.reason}")
+                   reason=f"{why}. What it measured: {measured}")
 
 
 def factory_defaults(notebook: str, namespace: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
