@@ -1,7 +1,7 @@
 # The two commands a new user needs (see README.md):
 #   make workbook   set up .venv if needed, build the embedded dataset, run the workbook, print the report path
 #   make test       the same set-up if needed, then every test
-#   make test-fast  the unit tests only (no notebook, browser, torchrun or other process-heavy test): about a minute
+#   make test-fast  the unit tests only (no notebook, browser, torchrun or other process-heavy test): about 90 s
 #
 # Variables: PYTHON (interpreter used to create .venv), ARGS (extra options for `python -m helpers run`,
 # e.g. ARGS="--device cuda --profile full"), PYTEST_ARGS (extra options for pytest), TORCH_INDEX (a pip
@@ -30,7 +30,7 @@ help:
 	@echo "make setup      set up only: create .venv and install the pinned dependencies (make workbook does it too)"
 	@echo "make workbook   run the workbook (quick profile, default device); ARGS='--profile smoke --only 00 01'"
 	@echo "make test       run every test"
-	@echo "make test-fast  the unit tests only (no notebook, browser or subprocess-heavy test), about a minute"
+	@echo "make test-fast  the unit tests only (no notebook, browser or subprocess-heavy test), about 90 s"
 	@echo "make lab        open a working copy of the notebooks (lab/) in JupyterLab; reset: rm -rf lab"
 	@echo "make browser    install Chromium (system package, needs root) for the report's browser test"
 	@echo "make device-check  on a CUDA/NPU machine: device notebooks + bench, one JSON (DEVICE=cuda|npu)"
@@ -66,9 +66,11 @@ test: data
 
 # The markers are declared in pyproject.toml; tests/conftest.py marks the seconds-long tests that carry no marker.
 FAST := not notebook and not slow and not browser and not subprocess
+# In TEST_WORKERS processes as `make test`: 85 s on the quiet 2-core developer machine with the public traces of
+# ../shared/public_traces present (2,191 tests), 129 s in one process.
 test-fast: data
 	$(BYTECODE)
-	$(PY) -m pytest -m "$(FAST)" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "$(FAST)" $(PYTEST_ARGS)
 
 # On a borrowed accelerator: notebooks 02, 04-07 and 10, bench input-pipeline and the link bandwidth, in one JSON
 # summary (runs/device-check-*/device_check.json). DEVICE=cuda by default; ARGS="--profile smoke" for a faster pass.
