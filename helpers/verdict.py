@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from helpers.errors import ParameterError
 from helpers.units import format_interval, format_value
 
-__all__ = ["Action", "HEADLINE_CHARS", "RECOMMENDATIONS", "Verdict", "detail_lines", "reason_clauses"]
+__all__ = ["Action", "HEADLINE_CHARS", "RECOMMENDATIONS", "Verdict", "detail_lines", "reason_clauses", "split_outside_brackets"]
 
 #: The recommendations a verdict may make. "enable" / "leave off" decide a setting; "not applicable" says the
 #: machine cannot do it; notebook 01 calls the job "host-bound", "balanced", "device-bound"
@@ -41,6 +41,23 @@ _LABEL_ADVICE = {
 }
 
 
+def split_outside_brackets(text: str, sep: str) -> list[str]:
+    """Split ``text`` at ``sep`` (one or more characters) where it is outside parentheses and brackets."""
+    parts, depth, cur, i = [], 0, [], 0
+    while i < len(text):
+        ch = text[i]
+        depth += ch in "(["
+        depth = max(0, depth - (ch in ")]"))
+        if depth == 0 and text.startswith(sep, i):
+            parts.append("".join(cur))
+            cur, i = [], i + len(sep)
+            continue
+        cur.append(ch)
+        i += 1
+    parts.append("".join(cur))
+    return parts
+
+
 def reason_clauses(reason: str) -> list[str]:
     """A verdict's reason split into its clauses: at ``"; "`` outside brackets, whitespace collapsed, empties dropped;
     each clause but the last keeps its ``";"``, so that joining them with spaces gives the reason back.
@@ -53,21 +70,7 @@ def reason_clauses(reason: str) -> list[str]:
     -------
     list of str
     """
-    parts, depth, cur = [], 0, []
-    text = " ".join(str(reason).split())
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        depth += ch in "(["
-        depth = max(0, depth - (ch in ")]"))
-        if depth == 0 and text.startswith("; ", i):
-            parts.append("".join(cur))
-            cur, i = [], i + 2
-            continue
-        cur.append(ch)
-        i += 1
-    parts.append("".join(cur))
-    parts = [p.strip() for p in parts if p.strip()]
+    parts = [p.strip() for p in split_outside_brackets(" ".join(str(reason).split()), "; ") if p.strip()]
     return [p + ";" for p in parts[:-1]] + parts[-1:]  # lossless: "; ".join gives the reason back
 
 

@@ -20,7 +20,7 @@ from helpers.units import format_number as _fmt
 from helpers.units import format_percent as _pct
 from helpers.units import format_value as _fmt_value
 from helpers.units import is_number as _is_num
-from helpers.verdict import Verdict, reason_clauses
+from helpers.verdict import Verdict, reason_clauses, split_outside_brackets
 
 #: Records shown per notebook section; the rest stay in results.jsonl.
 MAX_RECORD_ROWS = 40
@@ -114,23 +114,6 @@ def _context(verdict: dict | None) -> str:
 # --------------------------------------------------------------------------- reasons
 
 
-def _top_level_parts(text: str, sep: str) -> list[str]:
-    """Split ``text`` at ``sep`` where it is outside parentheses and brackets."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth = max(0, depth - 1)
-        if ch == sep and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return parts
-
-
 def _drop_long_parentheticals(text: str, longest: int = 50) -> str:
     """Remove top-level ``( ... )`` asides longer than ``longest`` characters (details the section keeps)."""
     out, depth, start = [], 0, 0
@@ -178,12 +161,12 @@ def short_reason(reason: str, limit: int = WHY_MAX_CHARS) -> str:
     if len(text) <= limit and ";" not in text:
         return text
     text = _drop_long_parentheticals(text)
-    clauses = [c.strip() for c in _top_level_parts(text, ";") if c.strip()]
+    clauses = [c.strip() for c in split_outside_brackets(text, ";") if c.strip()]
     out = clauses[0] if clauses else text
     if len(out) < 40 and len(clauses) > 1 and len(out) + 2 + len(clauses[1]) <= limit:
         out = f"{out}; {clauses[1]}"
     if len(out) > limit:
-        head = _top_level_parts(out, ":")[0].strip()
+        head = split_outside_brackets(out, ":")[0].strip()
         if 40 <= len(head) < len(out):
             out = head
     if len(out) > limit:
