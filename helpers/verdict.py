@@ -18,7 +18,8 @@ from typing import Any, Mapping
 from helpers.errors import ParameterError
 from helpers.units import format_interval, format_value
 
-__all__ = ["Action", "HEADLINE_CHARS", "RECOMMENDATIONS", "Verdict", "detail_lines", "reason_clauses", "split_outside_brackets"]
+__all__ = ["Action", "HEADLINE_CHARS", "RECOMMENDATIONS", "Verdict", "detail_lines", "reason_clauses",
+           "split_outside_brackets"]
 
 #: The recommendations a verdict may make. "enable" / "leave off" decide a setting; "not applicable" says the
 #: machine cannot do it; notebook 01 calls the job "host-bound", "balanced", "device-bound"
