@@ -236,12 +236,17 @@ def test_a_corrupt_gzip_is_named(tmp_path):
     assert str(path) in str(info.value)
 
 
-def test_a_trace_without_profiler_steps_says_how_to_record_them(cpu_trace, tmp_path):
+def test_a_trace_without_any_step_marker_says_how_to_record_them(cpu_trace, tmp_path):
     doc = json.loads(cpu_trace.read_text())
     doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name")).startswith("ProfilerStep#")]
     path = tmp_path / "nosteps.json"
     path.write_text(json.dumps(doc))
-    with pytest.raises(TraceError, match=r"no ProfilerStep#N.*torch\.profiler\.schedule.*prof\.step\(\)"):
+    assert read_kineto(path).provenance["step_marker"].startswith("Optimizer.step#")  # the optimizer marks them
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name")).startswith(
+        ("Optimizer.step#", "enumerate(DataLoader)#"))]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"no ProfilerStep#N.*no Optimizer\.step#.*torch\.profiler\.schedule.*"
+                       r"prof\.step\(\)"):
         read_kineto(path)
 
 
@@ -342,8 +347,8 @@ def test_bench_trace_prints_its_figures(tmp_path):
 
 def test_a_long_trace_without_steps_stops_early(tmp_path, monkeypatch):
     path = write_synthetic_kineto(tmp_path / "t.pt.trace.json", steps=6, units_per_step=400)["path"]
-    doc = Path(path).read_text().replace("ProfilerStep#", "Iteration#")
-    Path(path).write_text(doc)
+    doc = Path(path).read_text().replace("ProfilerStep#", "Iteration#").replace("Optimizer.step#", "Opt#")
+    Path(path).write_text(doc.replace("enumerate(DataLoader)#", "Loader#"))
     monkeypatch.setattr(kineto, "CHUNK_CHARS", 65536)
     monkeypatch.setattr(kineto, "EARLY_NO_STEP_EVENTS", 1000)
     with pytest.raises(TraceError, match=r"no ProfilerStep#N annotations in its first [\d,]+ events"):
@@ -393,3 +398,56 @@ def test_a_trace_too_large_for_the_memory_available_is_refused_before_the_read(c
     monkeypatch.setattr(kineto, "_parse", lambda *a, **k: pytest.fail("read despite the memory check"))
     with pytest.raises(TraceError, match=r"needs about .* GiB of memory .* available"):
         read_kineto(cpu_trace)
+
+
+def _marked_steps(marker: str, spans: list[tuple[int, int]], *, nested: bool = False) -> list[dict]:
+    """Three iterations of [data 0-100, mm 100-600, optimizer 600-800] us every 1000 us, without ProfilerStep#N;
+    ``marker`` "optimizer" keeps the Optimizer.step# spans, "data" the DataLoader's only."""
+    events = []
+    for k in range(3):
+        t = 1000 * k
+        events += [_x(DATA_SPAN, t, 100, cat="user_annotation"), _x("aten::mm", t + 100, 500),
+                   _x("gemm_kernel", t + 110, 480, cat="kernel", pid=0, tid=7)]
+        if marker == "optimizer":
+            events.append(_x("Optimizer.step#AdamW.step", t + 600, 200, cat="user_annotation"))
+            if nested:  # a wrapper that records the same name again inside: counted once
+                events.append(_x("Optimizer.step#AdamW.step", t + 610, 150, cat="user_annotation"))
+            events.append(_x("Optimizer.zero_grad#AdamW.zero_grad", t + 820, 10, cat="user_annotation"))
+    return events
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_steps_are_taken_from_the_optimizers_step_spans_without_profiler_steps(tmp_path, nested):
+    rt = read_kineto(_write(tmp_path / "t.json", _marked_steps("optimizer", [], nested=nested),
+                            deviceProperties=[{"id": 0}]))
+    # 3 optimizer steps end at 800, 1800, 2800 us: two whole steps, from the end of one to the end of the next
+    assert [s.step for s in rt.steps] == [1, 2]
+    assert all(s.step_s == pytest.approx(1000e-6) for s in rt.steps)
+    assert all(s.data == pytest.approx(100e-6) for s in rt.steps)  # the device runs nothing under the data span
+    assert all(s.compute == pytest.approx(480e-6) for s in rt.steps)
+    assert rt.provenance["step_marker"] == "Optimizer.step#AdamW.step"
+    assert any("steps marked by the Optimizer.step#AdamW.step spans" in line and "3 spans give 2 steps" in line
+               for line in rt.limits)
+
+
+def test_steps_are_taken_from_the_dataloader_spans_where_no_optimizer_marks_them(tmp_path):
+    rt = read_kineto(_write(tmp_path / "t.json", _marked_steps("data", [])))
+    assert [s.step for s in rt.steps] == [1, 2]  # from the start of one __next__ to the start of the next
+    assert all(s.step_s == pytest.approx(1000e-6) and s.data == pytest.approx(100e-6) for s in rt.steps)
+    assert rt.provenance["step_marker"] == DATA_SPAN
+
+
+def test_one_optimizer_step_marks_no_whole_step(tmp_path):
+    events = [_x("Optimizer.step#SGD.step", 0, 100, cat="user_annotation"), _x("aten::mm", 200, 100)]
+    with pytest.raises(TraceError, match=r"only one Optimizer\.step#SGD\.step span, which marks no whole step"):
+        read_kineto(_write(tmp_path / "t.json", events))
+
+
+def test_the_verdict_says_which_marker_gave_the_steps(tmp_path):
+    from helpers.traces import read
+    from helpers.traces.analysis import analyze
+    from helpers.workbook.trace_report import summary_lines
+
+    a = analyze(read([_write(tmp_path / "t.json", _marked_steps("optimizer", []), deviceProperties=[{"id": 0}])]))
+    assert "2 steps marked by Optimizer.step#AdamW.step" in a.verdict().context
+    assert any("2 steps marked by Optimizer.step#AdamW.step" in line for line in summary_lines(a))

@@ -311,6 +311,19 @@ class TraceAnalysis:
         return max(0, self.world_size - len(present))
 
     @property
+    def step_marker(self) -> str:
+        """What marks the steps, when not ``ProfilerStep#N``: the span name (e.g. ``Optimizer.step#SGD.step``) the
+        reader took the steps from (``provenance["step_marker"]``), the ranks' distinct ones joined; "" otherwise."""
+        found = _unique(str(r.provenance.get("step_marker") or "") for r in self.ranks)
+        return " / ".join(m for m in found if m != "ProfilerStep#N")
+
+    def steps_text(self, count: str) -> str:
+        """``"5 annotated steps"``, or ``"5 steps marked by Optimizer.step#SGD.step"`` (``count``: "5", "3-5")."""
+        plural = "" if count == "1" else "s"
+        marker = self.step_marker
+        return f"{count} step{plural} marked by {marker}" if marker else f"{count} annotated step{plural}"
+
+    @property
     def job(self) -> RankSummary:
         """The rank whose verdict is the job's (see ``bounding``)."""
         return self.ranks[self.bounding]
@@ -426,7 +439,7 @@ class TraceAnalysis:
         counts = sorted({r.steps for r in self.ranks})
         steps = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
         who = "one process" if n == 1 and self.ranks[0].rank is None else f"{n} rank{'s' if n > 1 else ''}"
-        return (f"profiler trace of {who} ({fmts}, {kinds}), {steps} annotated step{'' if steps == '1' else 's'}"
+        return (f"profiler trace of {who} ({fmts}, {kinds}), {self.steps_text(steps)}"
                 f"{' per rank' if n > 1 else ''}; exposed input = time the step waits for data and the host-to-device "
                 "copy")
 

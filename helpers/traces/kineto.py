@@ -81,7 +81,7 @@ from typing import Any
 import numpy as np
 
 from helpers.live import Progress
-from helpers.traces.kineto_phases import _DEVICE_CATS, _STEP, _analyse, _Events, _no_steps
+from helpers.traces.kineto_phases import _DEVICE_CATS, _analyse, _Events, _is_marker, _no_steps
 from helpers.traces.kineto_spill import Spill
 from helpers.traces.model import RankTrace, TraceError
 
@@ -230,7 +230,7 @@ class _Columns:
         before = len(table)
         ids = np.fromiter(map(table.__getitem__, names), dtype=np.int32, count=len(names))
         if len(table) > before:
-            new = [_STEP.fullmatch(n) is not None for n in islice(table, before, None)]
+            new = [_is_marker(n) for n in islice(table, before, None)]
             self.is_step = np.concatenate([self.is_step, np.array(new, bool)])
             self.saw_step = self.saw_step or any(new)
         return ids

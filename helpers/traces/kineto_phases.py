@@ -92,6 +92,11 @@ from helpers.traces.model import RankTrace, StepPhases, TraceError
 TOP_OPS = 20
 
 _STEP = re.compile(r"ProfilerStep#(\d+)")
+#: Where a trace has no ``ProfilerStep#N``, its steps are read from the optimizer's step spans (torch's optimizer
+#: hook, torch/optim/optimizer.py: ``record_function(f"Optimizer.step#{self.__class__.__name__}.step")``), else from
+#: the DataLoader's ``__next__`` spans (torch/utils/data/dataloader.py:
+#: ``f"enumerate(DataLoader)#{self.__class__.__name__}.__next__"``), in that order.
+_OPT_STEP = re.compile(r"Optimizer\.step#[^#]*\.step")
 _COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 _HOST_CATS = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver",
                         "privateuse1_runtime", "privateuse1_driver", "xpu_runtime", "mtia_runtime"})
@@ -113,9 +118,15 @@ _COMM_WORDS = ("nccl", "rccl", "hccl")
 
 def _no_steps(path: Path, *, early: int | None = None) -> TraceError:
     seen = f" in its first {early:,} events" if early else ""
-    return TraceError(f"{path}: the trace has no ProfilerStep#N annotations{seen}, so its steps cannot be told "
+    return TraceError(f"{path}: the trace has no ProfilerStep#N annotations{seen}, and no Optimizer.step# or "
+                      "DataLoader __next__ spans to mark its steps either, so its steps cannot be told "
                       "apart; record with schedule=torch.profiler.schedule(wait=1, warmup=1, active=3) and call "
                       "prof.step() once per training step")
+
+
+def _is_marker(name: str) -> bool:
+    """Whether a span can mark steps: ``ProfilerStep#N``, an optimizer's step, a DataLoader's ``__next__``."""
+    return _STEP.fullmatch(name) is not None or _OPT_STEP.fullmatch(name) is not None or _is_data(name)
 
 
 # ------------------------------------------------------------------------------------------------ intervals
@@ -411,14 +422,7 @@ def _analyse(path: Path, parser: Any, steps: _Events, windows, *, has_device: bo
     """
     meta = parser.meta
     lk = _Lookups(steps.names, steps.cats)
-    step_mask = lk.step[steps.name] & lk.step_cat[steps.cat]
-    if not step_mask.any():
-        raise _no_steps(path)
-    step_thread = int(np.bincount(steps.thread[step_mask]).argmax())
-    sidx = np.flatnonzero(step_mask & (steps.thread == step_thread))
-    sidx = sidx[np.argsort(steps.ts[sidx], kind="stable")]
-    lo, hi = steps.ts[sidx], steps.end[sidx]
-    numbers = [int(_STEP.fullmatch(steps.names[i]).group(1)) for i in steps.name[sidx]]
+    step_thread, lo, hi, numbers, marker = _step_spans(path, steps, lk)
     length = hi - lo
     device_kind = _device_kind(steps.names, steps.cats, meta, has_device)
     plan = _Plan(lo=lo, hi=hi, numbers=numbers, step_thread=step_thread, device=device_kind != "cpu")
@@ -428,6 +432,11 @@ def _analyse(path: Path, parser: Any, steps: _Events, windows, *, has_device: bo
         del ev
 
     limits: list[str] = []
+    if marker != "ProfilerStep#N":
+        how = ("from the end of one to the end of the next" if marker.startswith("Optimizer")
+               else "from the start of one to the start of the next")
+        limits.append(f"steps marked by the {marker} spans (the trace has no ProfilerStep#N annotation): a step runs "
+                      f"{how}, so {len(lo) + 1} spans give {len(lo)} steps, numbered in order")
     get = sums.get
     data = get("data") if "data" in sums.flags else None
     if data is None:
@@ -508,12 +517,46 @@ def _analyse(path: Path, parser: Any, steps: _Events, windows, *, has_device: bo
     start_unix = _start_unix(meta, int(lo[0]))
     prov = _provenance(path, parser, events, start_unix, steps.threads[step_thread])
     prov["pid"] = steps.threads[step_thread][0]
+    prov["step_marker"] = marker
     if unrecorded:
         prov["device_not_recorded"] = True
     return RankTrace(
         source=path, format="kineto", device_kind=device_kind, steps=tuple(steps_out), rank=rank, world_size=world,
         node=_node(path, meta), run_id=_run_id(dist), top_ops=_top_ops(sums, steps.names), limits=tuple(limits),
         provenance=prov, collectives=tuple(_collectives(sums, steps.names, lo, hi, numbers)))
+
+
+def _step_spans(path: Path, steps: _Events, lk: _Lookups) -> tuple[int, np.ndarray, np.ndarray, list[int], str]:
+    """(training thread, step starts, step ends (int64 ns), step numbers, the marker read) from the spans that mark
+    steps: the ``ProfilerStep#N`` spans (numbered N); where there are none, the spans of the most frequent
+    ``Optimizer.step#<class>.step`` name (a step from the end of one to the end of the next), else the DataLoader's
+    ``__next__`` spans (from the start of one to the start of the next); nested spans of the same name count once,
+    and such steps are numbered 1, 2, ... in order. Raises :class:`TraceError` where no marker gives a step."""
+    host = lk.step_cat[steps.cat]
+    step_mask = lk.step[steps.name] & host
+    if step_mask.any():
+        thread = int(np.bincount(steps.thread[step_mask]).argmax())
+        sidx = np.flatnonzero(step_mask & (steps.thread == thread))
+        sidx = sidx[np.argsort(steps.ts[sidx], kind="stable")]
+        numbers = [int(_STEP.fullmatch(steps.names[i]).group(1)) for i in steps.name[sidx]]
+        return thread, steps.ts[sidx], steps.end[sidx], numbers, "ProfilerStep#N"
+    is_opt = np.fromiter((_OPT_STEP.fullmatch(n) is not None for n in steps.names), bool, len(steps.names))
+    for kind, by_name in (("optimizer", is_opt), ("data", lk.data)):
+        mask = by_name[steps.name] & host
+        if not mask.any():
+            continue
+        name = int(np.bincount(steps.name[mask]).argmax())  # one optimizer's spans: one per step
+        mask &= steps.name == name
+        thread = int(np.bincount(steps.thread[mask]).argmax())
+        s, e = _union(steps.ts[mask & (steps.thread == thread)], steps.end[mask & (steps.thread == thread)])
+        marker = steps.names[name]
+        if len(s) < 2:
+            raise TraceError(f"{path}: the trace has no ProfilerStep#N annotations and only one {marker} span, "
+                             "which marks no whole step; record with schedule=torch.profiler.schedule(wait=1, "
+                             "warmup=1, active=3) and call prof.step() once per training step")
+        lo, hi = (e[:-1], e[1:]) if kind == "optimizer" else (s[:-1], s[1:])
+        return thread, lo, hi, list(range(1, len(lo) + 1)), marker
+    raise _no_steps(path)
 
 
 def _host_copies(sums: _Sums, lk: _Lookups):

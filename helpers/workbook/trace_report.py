@@ -195,8 +195,7 @@ def _summary(a: TraceAnalysis) -> str:
     kinds = "/".join(dict.fromkeys(r.device_kind for r in a.ranks))
     fmts = "/".join(dict.fromkeys(r.format for r in a.ranks))
     return (f"{n} trace{'s' if n > 1 else ''} ({fmts}, {kinds}) · "
-            f"{steps[0] if len(steps) == 1 else f'{steps[0]}–{steps[-1]}'} annotated "
-            f"step{'' if steps == [1] else 's'}"
+            f"{a.steps_text(str(steps[0]) if len(steps) == 1 else f'{steps[0]}–{steps[-1]}')}"
             f"{' per rank' if n > 1 else ''} · threshold {_fmt_value(a.threshold, 'fraction')}")
 
 
