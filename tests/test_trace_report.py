@@ -183,7 +183,10 @@ def test_many_ranks_job_verdict_is_the_slowest_ranks_and_the_stragglers_rule_is_
     assert a.job.rank == 3 and a.label == HOST_BOUND  # the other ranks alone would be device-bound
     assert [r.label_text for r in a.ranks] == [DEVICE_BOUND] * 3 + [HOST_BOUND]
     v = a.verdict()
-    assert "slowest rank" in v.reason and "synchronous" in v.reason and "rank 3 (node-b)" in v.reason
+    # no rank named by the rule (the stub has no primary) and no communication measured: the longest step's rank,
+    # never called the pace-setter
+    assert "longest median step" in v.reason and "synchronous" in v.reason and "rank 3 (node-b)" in v.reason
+    assert "slowest rank" not in v.reason and "steps at the pace" not in v.reason
     assert v.extra["stragglers"] == {"slow_ranks": [3], "node": "node-b", "phase": "data"}
     assert a.slow_rank_sentence().startswith("rank 3 (node-b) is slow")
     assert v.extra["bounding_rank"] == "rank 3 (node-b)" and len(v.extra["ranks"]) == 4
@@ -204,6 +207,38 @@ def test_in_ddp_the_jobs_verdict_is_the_slow_ranks_not_the_longest_step():
     assert "the slow rank" in a.verdict().reason and "waiting for it" in a.verdict().reason
 
 
+def _one_step_ranks(last_at: dict[int, int]) -> list[RankTrace]:
+    """8 ranks of 1 step: rank 1's step is the longest (it waits most: 60 ms of exposed communication); 3 matched
+    allreduces, each 20 ms late, rank ``last_at[k]`` arriving last at the k-th (the shortest duration)."""
+    ranks = []
+    for r in range(8):
+        coll = [(0, "ncclDevKernel_AllReduce", 0.005 if last_at[k] == r else 0.025) for k in range(3)]
+        step, wait = (0.160, 0.060) if r == 1 else (0.150, 0.050 - 0.004 * (r == 7))
+        ranks.append(_trace(data=0.002, h2d=None, step=step, n=1, rank=r, compute=0.080, comm_exposed=wait,
+                            idle=0.010, collectives=coll, world=8, name=f"r{r}.json"))
+    return ranks
+
+
+def test_the_longest_step_is_not_called_the_pace_setter_and_arrival_points_with_its_odds():
+    a = analyze(_one_step_ranks({0: 7, 1: 7, 2: 3}))
+    assert a.arrival.straggler is None and a.arrival.pointed()[:2] == ("rank 7", 2)
+    assert a.job.rank == 7  # the rank the arrivals point to, not rank 1 whose step is the longest
+    head = a.headline()
+    assert "rank 1" not in head.split(":", 1)[0] and "slowest" not in head and "pace of its" not in head
+    odds = a.arrival.pointed()[2]
+    assert "rank 7's, the rank the collectives point to" in head and "2 of 3 late collectives" in head
+    assert f"{odds:.0%} of the time" in head and 0.01 < odds < 1
+
+
+def test_without_a_pointed_rank_the_rank_that_waits_least_is_read_and_the_longest_step_called_the_waiting_one():
+    a = analyze(_one_step_ranks({0: 7, 1: 3, 2: 5}))  # each late collective has another last rank
+    assert a.arrival.straggler is None and a.arrival.pointed() is None
+    assert a.job.rank == 7  # 4.6 ms less exposed communication than the others
+    reason = a.verdict().reason
+    assert "waits least in communication" in reason and "rank 1, 160 ms) is the one that waits most" in reason
+    assert "slowest rank" not in reason
+
+
 def test_the_stragglers_rule_runs_on_real_ranks():
     ranks = [_trace(data=0.005, step=0.100, rank=r, name=f"r{r}.json") for r in range(3)]
     ranks.append(_trace(data=0.060, step=0.200, rank=3, name="r3.json"))
@@ -219,7 +254,7 @@ def test_a_single_trace_calls_no_stragglers_rule(monkeypatch):
 
 def test_slowest_rank_without_data_annotation_makes_the_job_inconclusive():
     a = analyze([_trace(rank=0, step=0.1), _trace(data=None, h2d=None, rank=1, step=0.2)])
-    assert a.label == "inconclusive" and any("rank, rank 1, has no data-loading annotation" in lim for lim in a.limits)
+    assert a.label == "inconclusive" and any("rank 1, has no data-loading annotation" in lim for lim in a.limits)
 
 
 def test_exposed_communication_is_named_as_a_lever():

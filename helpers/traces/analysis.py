@@ -6,8 +6,10 @@ gives a :class:`TraceAnalysis`: per rank the median of each phase with its inter
 input share, notebook 01's figure (the median over steps of (data + h2d) / step time,
 :attr:`helpers.traces.model.StepPhases.exposed_fraction`, as :attr:`helpers.compute.train.TrainRun.exposed_fraction`);
 its classification by the one rule, :func:`helpers.bottleneck.classify`; the notebook to open next; the top
-operators; and the limits of the trace. With several ranks the job's verdict is the slowest rank's (a synchronous
-job steps at the pace of its slowest rank) and :func:`helpers.stragglers.find` names the slow ranks.
+operators; and the limits of the trace. With several ranks the job's verdict is the rank that sets the pace (the
+one that arrives last at the collectives, else the one slow in its own work: :func:`helpers.stragglers.find`); where
+the evidence names none, the rank the arrivals point to (with the odds that chance gives it), else the one that waits
+least, never the longest step's as such: in a synchronous job the longest step is the one that waits most.
 
 Where no step of a rank has a data-loading annotation, its exposed input cannot be measured: the rank gets no label
 (the verdict is "inconclusive", value None) and the limits say why and what to do.
@@ -275,8 +277,10 @@ class TraceAnalysis:
         Index in ``ranks`` of the rank the job's verdict is read from: the rank that arrives last at the
         collectives (:func:`helpers.traces.arrival.find_last`), else the slow rank named by
         :func:`helpers.stragglers.find` from its own work phases (the others wait for it in the allreduce, so their
-        own traces understate its cause), else the one with the longest median step (a synchronous job steps at the
-        pace of its slowest rank); 0 for a single trace.
+        own traces understate its cause), else the rank the arrivals point to without naming it
+        (:meth:`~helpers.traces.arrival.Arrival.pointed`), else the one whose exposed communication is least (in a
+        synchronous job the longest step is the one that waits most), else the longest median step's; 0 for a
+        single trace.
     stragglers : object or None
         :func:`helpers.stragglers.find`'s result for two or more ranks (``sentence()``, ``as_dict()``); None for one.
     limits : tuple of str
@@ -391,10 +395,21 @@ class TraceAnalysis:
             return (f"the job's verdict is {self.job.label}'s, the slow rank: a synchronous job steps at the pace of "
                     "its slowest rank, and the other ranks spend the difference waiting for it (their own steps look "
                     "less host-bound than the job is); ")
-        fastest = min(self.ranks, key=lambda r: r.step_s)
-        return (f"the job's verdict is {self.job.label}'s, its slowest rank (median step {_ms(self.job.step_s)}, "
-                f"the fastest {fastest.label} {_ms(fastest.step_s)}): a synchronous job steps at the pace of its "
-                f"slowest rank; ")
+        pointed = self.arrival.pointed() if self.arrival is not None else None
+        if pointed is not None and pointed[0] == self.job.label:
+            _, n, odds = pointed
+            return (f"the job's verdict is {self.job.label}'s, the rank the collectives point to: it arrived last at "
+                    f"{n} of {self.arrival.late} late collectives, which ranks that are all alike give some rank "
+                    f"{odds:.0%} of the time, too often to name it the slow rank; ")
+        longest = max(self.ranks, key=lambda r: r.step_s)
+        if _waits_differ(self.ranks):
+            return (f"the job's verdict is {self.job.label}'s, the rank that waits least in communication "
+                    f"({self.job.wait_share():.0%} of its step; no rank is named slow from this evidence): in a "
+                    f"synchronous job the longest step ({longest.label}, {_ms(longest.step_s)}) is the one that "
+                    "waits most, not the one that sets the pace; ")
+        return (f"the job's verdict is {self.job.label}'s, the rank with the longest median step "
+                f"({_ms(self.job.step_s)}); no rank is named slow from this evidence, and in a synchronous job the "
+                "longest step may be the one that waits most; ")
 
     def _reason(self, *, brief: bool = False) -> str:
         """The verdict's reason: the job's rank, the classification, (not ``brief``) the phase medians, the
@@ -545,6 +560,13 @@ class TraceAnalysis:
                 "limits": list(self.limits), "provenance": list(self.provenance), "context": v.context}
 
 
+def _waits_differ(rows: Sequence[RankSummary]) -> bool:
+    """Whether two or more ranks measured their exposed communication and it differs by 1 point of the step or
+    more (then the rank that waits least is told apart from the others)."""
+    waits = [r.wait_share() for r in rows if r.shares is not None and r.shares.comm_exposed is not None]
+    return len(waits) > 1 and max(waits) - min(waits) >= 0.01
+
+
 def _merge_limits(rows: Sequence[RankSummary]) -> list[str]:
     """Every rank's limits, each said once: a sentence several ranks share ("rank 0: no copy is annotated") is
     written once with the ranks it holds for ("every rank: ..." when it holds for all of them)."""
@@ -619,12 +641,22 @@ def analyze(traces: Sequence[RankTrace], *, threshold: float = 0.10) -> TraceAna
     culprit = last if last is not None else (primary.label if primary is not None else None)
     # In a synchronous job every rank's step lasts as long as the slowest one's (the others wait in the
     # collectives, where their own trace shows communication): the job's verdict is the rank that arrives last,
-    # else the rank slow in its own work, else the longest step's.
+    # else the rank slow in its own work. Without either, the longest step is the one that waits most, not the
+    # pace-setter: the rank the arrivals point to, else the one that waits least in communication, else (no
+    # communication measured) the longest median step's.
     by_label = {r.label: i for i, r in enumerate(rows)}
-    bounding = by_label[culprit] if culprit in by_label else max(range(len(rows)), key=lambda i: rows[i].step_s)
+    pointed = arrival.pointed() if arrival is not None and culprit is None else None
+    if culprit in by_label:
+        bounding = by_label[culprit]
+    elif pointed is not None and pointed[0] in by_label:
+        bounding = by_label[pointed[0]]
+    elif _waits_differ(rows):
+        bounding = min(range(len(rows)), key=lambda i: (rows[i].wait_share(), -rows[i].step_s))
+    else:
+        bounding = max(range(len(rows)), key=lambda i: rows[i].step_s)
     limits = _merge_limits(rows)
     if len(rows) > 1 and any(r.measurable for r in rows) and not rows[bounding].measurable:
-        why = "the slow rank" if culprit is not None else "the slowest rank"
+        why = "the slow rank" if culprit is not None else "the rank the verdict is read from"
         limits.append(f"{why}, {rows[bounding].label}, has no data-loading annotation: its input's share is "
                       "not measured although other ranks' are")
     worlds = [t.world_size for t in traces if t.world_size]
@@ -651,10 +683,11 @@ def _evidence(rows: Sequence[RankSummary], job: RankSummary, world: int | None, 
     n = len(present)
     missing = world - n
     article = "an" if str(world)[0] == "8" or str(world).startswith(("11", "18")) else "a"
-    head = (f"{n} of {world} ranks ({per} steps each)" if n > 1 else f"one rank ({job.label}) of {article} "
+    each = f"{per} step{'' if per == '1' else 's'} each"
+    head = (f"{n} of {world} ranks ({each})" if n > 1 else f"one rank ({job.label}) of {article} "
             f"{world}-rank job ({per} step{'' if per == '1' else 's'})")
     if missing <= 0:
-        return f"all {world} ranks ({per} steps each)", ""
+        return f"all {world} ranks ({each})", ""
     evidence = (f"{head}: the verdict covers {'these' if n > 1 else 'this rank'}; "
                 + (f"one of the {missing} missing ranks may be the slow one" if missing > 1
                    else "the missing rank may be the slow one"))

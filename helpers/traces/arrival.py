@@ -101,6 +101,18 @@ class Arrival:
             return None
         return self.lateness_s / self.step_s
 
+    def pointed(self) -> tuple[str, int, float] | None:
+        """The rank the arrivals point to when the evidence does not name a straggler: (label, late collectives it
+        arrived last at, the chance that ranks all alike give some rank that count or more, :func:`chance_of`);
+        None where a straggler is named, no collective is late, or two ranks share the highest count."""
+        if self.straggler is not None or self.late < 1 or not self.last_counts:
+            return None
+        counts = sorted(self.last_counts.values(), reverse=True)
+        if counts[0] == 0 or (len(counts) > 1 and counts[1] == counts[0]):
+            return None
+        top = max(self.last_counts, key=self.last_counts.get)
+        return top, counts[0], chance_of(counts[0], self.late, len(self.ranks) or len(self.last_counts))
+
     def sentence(self) -> str:
         """The finding in words, with its evidence (how many collectives it rests on)."""
         if self.matched == 0:
