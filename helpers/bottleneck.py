@@ -22,19 +22,26 @@ The rule compares the levers of a step whose exposed input (input + copy) is X o
 
 - making the input free saves X of the step;
 - making the computation twice as fast saves compute / 2 (at most (1 - X) / 2 when not measured);
-- hiding the exposed communication saves comm_exposed.
+- hiding the exposed communication saves comm_exposed;
+- removing the host's own work (kernel launches, Python, synchronizations) saves the device idle time that the
+  input wait does not explain, idle - X (an accelerator whose idle time was measured).
 
-A device busy computing for :data:`DEVICE_BUSY` (90%) or more of the step is **device-bound**, whatever else.
-Exposed communication above the threshold that is the largest lever makes the step **communication-bound**
-(notebook 08, and in a job of many ranks: the rank the others wait for). A job whose exposed input is at most
-the threshold (notebook 01's ``host_bound_threshold``, 0.10 by default) is **device-bound**, unless the device
-sits idle for more than the threshold beyond the input wait: then the host's own work (kernel launches, Python,
-synchronizations) starves it, and it is **host-bound** with that cause named. Above the threshold, the job is
-**host-bound** when the input is the larger lever (X >= compute / 2; with compute = 1 - X that is X >= 1/3),
-else **balanced**: the input is worth fixing, but a 2x faster computation would save more. The notebook to
-open next follows the label and what the machine allows: DataLoader workers hide input only on cores the step
-leaves idle (:func:`spare_cores`); with none (on a CPU the computation itself uses the cores), the advice points
-at the levers that can pay there, a cheaper sample and a cheaper computation, instead of the workers.
+One rule labels the step by its largest lever. A device busy computing for :data:`DEVICE_BUSY` (90%) or more of
+the step is **device-bound**, whatever else. Exposed communication above the threshold that is the largest lever
+makes the step **communication-bound** (notebook 08, and in a job of many ranks: the rank the others wait for).
+Otherwise the host side's lever is the larger of the input and the host's own work: at most the threshold
+(notebook 01's ``host_bound_threshold``, 0.10 by default), the job is **device-bound**; at least the compute's
+lever, **host-bound**, with the larger of the two as its cause (input: X >= compute / 2, with compute = 1 - X that
+is X >= 1/3); else **balanced**: the host side is worth fixing, but a 2x faster computation would save more. So a
+device computing 78% of the step and idle 19% of it is balanced, not host-bound: a 2x faster compute saves 39%.
+A share within :data:`AT_THRESHOLD` of the 90% rule or of the threshold is said to be at it, with the label the
+other side of it would give (:attr:`Bottleneck.at_threshold`). The notebook to open next follows the label and
+what the machine and the trace allow: DataLoader workers hide input only on cores the step leaves idle
+(:func:`spare_cores`); with none (on a CPU the computation itself uses the cores), the advice points at the levers
+that can pay there, a cheaper sample and a cheaper computation, instead of the workers. Mixed precision (notebook
+06) is left out where a :class:`ComputeMix` shows the matrix work already in 16-bit or lower precision (what it
+could still save, the rest of the compute lever, is at most the threshold), and channels_last (notebook 07) where
+it shows no convolution.
 
 :func:`judge` applies the same rule to a :class:`StepShares` whose input was not measured (a profiler trace
 without DataLoader spans): the device timeline still decides where it can (busy computing 90% or more:
@@ -55,8 +62,8 @@ from helpers.checklist import notebook_ref
 from helpers.device import usable_cores
 from helpers.errors import ParameterError
 
-__all__ = ["BALANCED", "Bottleneck", "COMM_BOUND", "DEVICE_BOUND", "DEVICE_BUSY", "HOST_BOUND", "LABELS",
-           "StepShares", "classify", "judge", "spare_cores"]
+__all__ = ["AT_THRESHOLD", "BALANCED", "Bottleneck", "COMM_BOUND", "ComputeMix", "DEVICE_BOUND", "DEVICE_BUSY",
+           "HOST_BOUND", "LABELS", "StepShares", "classify", "judge", "spare_cores"]
 
 HOST_BOUND = "host-bound"
 BALANCED = "balanced"
@@ -68,6 +75,10 @@ LABELS: tuple[str, ...] = (HOST_BOUND, BALANCED, DEVICE_BOUND, COMM_BOUND)
 #: issue's rule for traces without DataLoader spans, and the point where any input or communication lever is
 #: below the 10% threshold's reach.
 DEVICE_BUSY = 0.90
+#: A share this close to a rule's threshold (either side) is at the threshold: the trace reader's shares agree with
+#: HolisticTraceAnalysis' within 5 points on real traces (tests/test_trace_public.py, POINTS), and no closer, so a
+#: share within 5 points of a threshold may lie on its other side (device busy 91% here, 88% by HTA, on one trace).
+AT_THRESHOLD = 0.05
 
 #: The notebooks the advice names, by id (tests/test_checklist.py checks each is a notebook of the registry).
 _DECODE, _WORKERS, _PINNED, _OVERLAP, _AMP, _NHWC = ("02_batched_decode", "03_dataloader_tuning", "04_pinned_memory",
@@ -147,6 +158,11 @@ class Bottleneck:
     compute_fraction, comm_fraction, idle_fraction : float or None
         The measured shares of computation, exposed communication and device idle it was classified with
         (None: not measured).
+    at_threshold : str
+        Where a share is within :data:`AT_THRESHOLD` of a rule's threshold: which, and the label its other side
+        would give (``"device busy 91% against the 90% rule; below it: balanced"``); "" otherwise.
+    precision : str
+        What the trace says of the computation's precision (:attr:`ComputeMix.text`), "" where nothing.
     """
 
     label: str
@@ -161,6 +177,8 @@ class Bottleneck:
     compute_fraction: float | None = None
     comm_fraction: float | None = None
     idle_fraction: float | None = None
+    at_threshold: str = ""
+    precision: str = ""
 
     @property
     def workers_can_hide_input(self) -> bool | None:
@@ -179,6 +197,46 @@ class Bottleneck:
         d["next_notebooks"] = list(self.next_notebooks)
         d["next"] = self.next_text()
         return d
+
+
+@dataclass(frozen=True)
+class ComputeMix:
+    """What precision the computation's matrix work (GEMMs, convolutions, attention) runs in, as a trace records it.
+
+    Attributes
+    ----------
+    low : float or None
+        Share of the matrix kernels' device time whose kernel names say 16-bit or lower precision (fp8, bf16,
+        fp16), 0..1, of the time whose precision the names say; None where no kernel name says one.
+    dtype : str
+        The precision with the most matrix kernel time ("fp8", "bf16", "fp16", "tf32", "fp32", "fp64"), else the
+        one most matrix operators take (their ``Input type``); "" where neither says.
+    conv : float or None
+        Share of the matrix kernels' device time in convolutions, 0..1; None where the trace has no matrix kernel
+        (a CPU trace: then 0 where no convolution operator ran, else None).
+    ops_low, ops : int
+        Matrix operators (``aten::mm``, ``aten::addmm``, ``aten::convolution``, ...) whose ``Input type`` is a
+        16-bit or lower float, and all those with a float ``Input type`` (0: not recorded, e.g. without
+        ``record_shapes=True``).
+    text : str
+        The evidence in words: ``"bf16 on 97% of matrix kernel time (kernel names), 1,008 of 1,008 matrix ops
+        (Input type)"``.
+    """
+
+    low: float | None = None
+    dtype: str = ""
+    conv: float | None = None
+    ops_low: int = 0
+    ops: int = 0
+    text: str = ""
+
+    @property
+    def low_share(self) -> float | None:
+        """The share of the matrix work in 16-bit or lower precision, 0..1: the kernels' where their names say,
+        else the operators' ``Input type``; None where neither says."""
+        if self.low is not None:
+            return self.low
+        return self.ops_low / self.ops if self.ops else None
 
 
 def _check_share(name: str, v: Any) -> float:
@@ -261,7 +319,8 @@ class StepShares:
 def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: str = "",
              spare_cores: int | None = None, copy_share: float | None = None,
              compute_fraction: float | None = None, comm_fraction: float | None = None,
-             idle_fraction: float | None = None, input_measured: bool = True) -> Bottleneck:
+             idle_fraction: float | None = None, input_measured: bool = True,
+             compute_mix: ComputeMix | None = None) -> Bottleneck:
     """Classify a step from its measured shares: host-bound, balanced, device-bound or communication-bound.
 
     Parameters
@@ -289,6 +348,9 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
     input_measured : bool, default True
         False where the input was not recorded (``exposed_fraction`` is then 0 only for the rule, and the
         sentences say "not recorded" instead of a share).
+    compute_mix : ComputeMix, optional
+        The precision of the matrix work, as a trace records it: mixed precision is not advised where it is already
+        low, channels_last not where there is no convolution (None: not known, both advised).
 
     Returns
     -------
@@ -297,7 +359,8 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
     Raises
     ------
     ParameterError
-        For a share outside [0, 1] or not finite, or a negative ``spare_cores``.
+        For a share outside [0, 1] or not finite, a negative ``spare_cores``, or a ``compute_mix`` that is not a
+        :class:`ComputeMix`.
     """
     x = _check_share("exposed_fraction", exposed_fraction)
     thr = _check_share("threshold", threshold)
@@ -308,21 +371,17 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
     if spare_cores is not None and (isinstance(spare_cores, bool) or not isinstance(spare_cores, int)
                                     or spare_cores < 0):
         raise ParameterError(f"classify: spare_cores must be an int >= 0 or None, got {spare_cores!r}")
+    if compute_mix is not None and not isinstance(compute_mix, ComputeMix):
+        raise ParameterError(f"classify: compute_mix must be a ComputeMix or None, got {compute_mix!r}")
     accel = device_kind != "cpu"
     compute_saving = (c if c is not None else max(0.0, 1.0 - x)) / 2
     comm_saving = m or 0.0
     input_saving = x
-    starved = idle - x if (accel and idle is not None) else 0.0  # device idle the input wait does not explain
-    if accel and c is not None and c >= DEVICE_BUSY - 1e-12:
-        label = DEVICE_BOUND
-    elif comm_saving > thr and comm_saving >= max(x, compute_saving):
-        label = COMM_BOUND
-    elif x <= thr:
-        label = HOST_BOUND if starved > thr else DEVICE_BOUND
-    elif 2 * x >= (c if c is not None else max(0.0, 1.0 - x)) - 1e-12:  # x >= compute / 2
-        label = HOST_BOUND
-    else:
-        label = BALANCED
+    # the device idle time the input wait does not explain: the host's own work keeps the device waiting
+    starved = max(0.0, idle - x) if (accel and idle is not None) else 0.0
+    label = _label(x, c, m, starved, thr, accel)
+    host_work = label in (HOST_BOUND, BALANCED) and starved > x  # the host side's lever is its own work
+    at = _at_threshold(x, c, m, starved, thr, accel, label, input_measured)
 
     pct, thr_pct = 100 * x, 100 * thr
     in_txt = f"input exposed {pct:.0f}%" if input_measured else "input not recorded"
@@ -335,55 +394,127 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
         lever = f"a 2x faster compute at most {round(100 - pct, 9) / 2:.0f}%"
     comm_txt = f", communication not hidden behind compute {100 * m:.0f}%" if m else ""
     idle_txt = f", the device is idle for {100 * idle:.0f}%" if idle is not None and accel else ""
+    levers, _, prec = _compute_levers(compute_mix, compute_saving, thr)
+    device_side = f"device-side optimizations ({levers}) pay off first{prec}"
+    waits_for = ("the host's own work (kernel launches, Python, synchronizations)" if input_measured else
+                 "the host (its input or its own work: the trace records no wait for data to tell them apart)")
     if label == DEVICE_BOUND and c is not None and c >= DEVICE_BUSY - 1e-12 and accel:
-        reason = (f"the device computes for {100 * c:.0f}% of each step ({in_txt}{comm_txt}): "
-                  "device-side optimizations (mixed precision, memory format, fusion) pay off first")
+        reason = f"the device computes for {100 * c:.0f}% of each step ({in_txt}{comm_txt}): {device_side}"
     elif label == COMM_BOUND:
         reason = (f"communication not hidden behind compute takes {100 * m:.0f}% of each step, the largest lever "
                   f"({in_txt}, {lever}{idle_txt}): in a job of many ranks this is mostly time "
                   "spent waiting for the rank that arrives last at the collectives; then the collectives themselves")
-    elif label == HOST_BOUND and x <= thr:
-        reason = (f"the device is idle for {100 * idle:.0f}% of each step while the input is exposed for only "
-                  f"{pct:.0f}%: the host's own work (kernel launches, Python, synchronizations) keeps the device "
-                  f"waiting; {busy}{comm_txt}")
+    elif label == HOST_BOUND and host_work:
+        reason = (f"the device is idle for {100 * idle:.0f}% of each step while the input explains only "
+                  f"{pct:.0f}%: {waits_for} keeps the device waiting for {100 * starved:.0f}%, at least the "
+                  f"{lever[20:]} a 2x faster compute would save; {busy}{comm_txt}")
+    elif label == BALANCED and host_work:
+        reason = (f"{busy} of each step{comm_txt}, so a 2x faster compute would save {lever[20:]}, more than the "
+                  f"{100 * starved:.0f}% the device waits for {waits_for} (idle {100 * idle:.0f}%, {in_txt}); the "
+                  f"compute is the larger lever, the host's own work the next one{prec}")
     elif label == DEVICE_BOUND and not input_measured:
         reason = (f"the device is idle for at most {100 * (idle or 0):.0f}% of each step, so the input (not recorded, "
-                  f"and idle while the device waits) cannot be a lever; {busy}{comm_txt}: device-side "
-                  "optimizations (mixed precision, memory format, fusion) pay off first")
+                  f"and idle while the device waits) cannot be a lever; {busy}{comm_txt}: {device_side}")
     elif label == DEVICE_BOUND:
         reason = (f"input is exposed for only {pct:.0f}% of each step (threshold {thr_pct:.0f}%) and {busy}"
-                  f"{comm_txt}{idle_txt}: device-side optimizations (mixed precision, memory format, fusion) pay "
-                  "off first")
+                  f"{comm_txt}{idle_txt}: {device_side}")
     else:
         head = (f"input preparation and copy are exposed for {pct:.0f}% of each step (threshold {thr_pct:.0f}%), "
                 f"{busy}{comm_txt}{idle_txt}: removing the exposed input would save {pct:.0f}% of the step, "
                 f"{lever}")
         reason = (f"{head}; the input is the larger lever" if label == HOST_BOUND
-                  else f"{head}; the compute is the larger lever, the input the next one")
+                  else f"{head}; the compute is the larger lever, the input the next one{prec}")
+    if at:
+        reason = f"at the threshold ({at}): {reason}"
 
     nxt, why = _next(label, device_kind=device_kind, spare=spare_cores, copy_share=copy_share,
                      input_saving=input_saving, compute_saving=compute_saving, threshold=thr,
-                     launch_bound=(label == HOST_BOUND and x <= thr), input_measured=input_measured)
+                     launch_bound=host_work, input_measured=input_measured, compute_mix=compute_mix)
     return Bottleneck(label=label, exposed_fraction=x, threshold=thr, input_saving=input_saving,
                       compute_saving=compute_saving, next_notebooks=nxt, next_reason=why, reason=reason,
-                      spare_cores=spare_cores, compute_fraction=c, comm_fraction=m, idle_fraction=idle)
+                      spare_cores=spare_cores, compute_fraction=c, comm_fraction=m, idle_fraction=idle,
+                      at_threshold=at, precision=compute_mix.text if compute_mix is not None else "")
 
 
-def judge(shares: StepShares, threshold: float = 0.10, *,
-          spare_cores: int | None = None) -> tuple[Bottleneck | None, str]:
+def _label(x: float, c: float | None, m: float | None, starved: float, thr: float, accel: bool, *,
+           busy_rule: bool = True) -> str:
+    """The one rule (see the module notes): the side of the largest lever, shares 0..1 of the step."""
+    compute_saving = (c if c is not None else max(0.0, 1.0 - x)) / 2
+    host = max(x, starved)  # the host side's lever: its input or its own work, whichever saves more
+    if busy_rule and accel and c is not None and c >= DEVICE_BUSY - 1e-12:
+        return DEVICE_BOUND
+    if (m or 0.0) > thr and (m or 0.0) >= max(host, compute_saving):
+        return COMM_BOUND
+    if host <= thr:
+        return DEVICE_BOUND
+    if host >= compute_saving - 1e-12:  # ties go to the host side, the cheaper fix (x = 1/3 with compute 1 - x)
+        return HOST_BOUND
+    return BALANCED
+
+
+def _at_threshold(x: float, c: float | None, m: float | None, starved: float, thr: float, accel: bool, label: str,
+                  input_measured: bool) -> str:
+    """Which rule's threshold a share is within :data:`AT_THRESHOLD` of, and the label on its other side; ""."""
+    if accel and c is not None and abs(c - DEVICE_BUSY) <= AT_THRESHOLD + 1e-12:
+        other = _label(x, c, m, starved, thr, accel, busy_rule=False) if c >= DEVICE_BUSY - 1e-12 else DEVICE_BOUND
+        side = "below" if c >= DEVICE_BUSY - 1e-12 else "at or above"
+        return (f"the device computes for {100 * c:.0f}% against the {100 * DEVICE_BUSY:.0f}% rule, within the "
+                f"{100 * AT_THRESHOLD:.0f} points the reader and HTA may differ; {side} it: "
+                + ("the same label" if other == label else other))
+    if input_measured and label in (HOST_BOUND, DEVICE_BOUND, BALANCED) and abs(x - thr) <= AT_THRESHOLD + 1e-12 \
+            and starved <= thr and not (c is not None and accel and c >= DEVICE_BUSY - 1e-12):
+        other = _label(thr + 1e-9 if x <= thr else thr, c, m, starved, thr, accel)  # just across the threshold
+        if other != label:
+            return (f"input exposed {100 * x:.0f}% against the {100 * thr:.0f}% threshold, within "
+                    f"{100 * AT_THRESHOLD:.0f} points; on its other side: {other}")
+    return ""
+
+
+def _compute_levers(mix: ComputeMix | None, compute_saving: float, thr: float) -> tuple[str, tuple[str, ...], str]:
+    """(the device-side levers in words, their notebooks, a clause on the precision evidence or ""): mixed precision
+    (06) unless the matrix work is already in 16-bit or lower precision (it could then save at most the rest of
+    the compute lever, (1 - low) * compute / 2, and that is at most the threshold); channels_last (07) unless the
+    trace shows no convolution; fusion always (no notebook: torch.compile)."""
+    words, nbs = [], []
+    low = mix.low_share if mix is not None else None
+    amp_open = low is None or (1.0 - low) * compute_saving > thr
+    if amp_open:
+        words.append("mixed precision")
+        nbs.append(_NUMBER[_AMP])
+    conv_open = mix is None or mix.conv is None or mix.conv > 0
+    if conv_open:
+        words.append("memory format")
+        nbs.append(_NUMBER[_NHWC])
+    words.append("fusion")
+    note = []
+    if not amp_open:
+        note.append(f"precision is already low ({mix.text}), so mixed precision could save at most "
+                    f"{(1.0 - low) * compute_saving:.0%} of the step")
+    if not conv_open:
+        note.append("the trace shows no convolution, so channels_last has nothing to change")
+    if not nbs:  # neither is open: the checklist's compute notebooks are spent
+        nbs.append(_NUMBER[_MEMORY])
+    return ", ".join(words), tuple(nbs), ("; " + "; ".join(note)) if note else ""
+
+
+def judge(shares: StepShares, threshold: float = 0.10, *, spare_cores: int | None = None,
+          compute_mix: ComputeMix | None = None) -> tuple[Bottleneck | None, str]:
     """The label from a :class:`StepShares`, or no label and why the evidence cannot decide.
 
     Where the exposed input was measured this is :func:`classify` with every measured share. Where it was not
     (a trace without DataLoader spans), the device timeline decides when it can: busy computing for
     :data:`DEVICE_BUSY` or more, device-bound; exposed communication the largest lever and above the threshold,
     communication-bound; idle at most the threshold (the input, which shows as idle, cannot be a lever),
-    device-bound. Otherwise no label.
+    device-bound; idle less than a 2x faster compute would save (the compute is the largest lever, whatever the
+    idle time waits for), device-bound or balanced by the one rule. Otherwise no label.
 
     Parameters
     ----------
     shares : StepShares
     threshold : float, default 0.10
     spare_cores : int, optional
+    compute_mix : ComputeMix, optional
+        As :func:`classify`.
 
     Returns
     -------
@@ -399,7 +530,7 @@ def judge(shares: StepShares, threshold: float = 0.10, *,
     kind = shares.device_kind
     x = shares.exposed_input
     kw = dict(device_kind=kind, spare_cores=spare_cores, compute_fraction=shares.compute,
-              comm_fraction=shares.comm_exposed, idle_fraction=shares.idle)
+              comm_fraction=shares.comm_exposed, idle_fraction=shares.idle, compute_mix=compute_mix)
     if x is not None and shares.input is not None:
         return classify(x, thr, copy_share=shares.copy_share, **kw), ""
     c, m, idle = shares.compute, shares.comm_exposed or 0.0, shares.idle
@@ -408,7 +539,7 @@ def judge(shares: StepShares, threshold: float = 0.10, *,
         return classify(0.0, thr, input_measured=False, **kw), ""
     if m > thr and m >= (c or 0.0) / 2 and (idle is None or m >= idle):
         return classify(0.0, thr, input_measured=False, **kw), ""
-    if accel and idle is not None and c is not None and idle <= thr:
+    if accel and idle is not None and c is not None and (idle <= thr or c / 2 > idle):
         return classify(0.0, thr, input_measured=False, **kw), ""
     if accel and idle is not None:
         why = (f"the device is idle for {idle:.0%} of the step (computing {c or 0:.0%}), and the trace records "
@@ -425,21 +556,32 @@ def judge(shares: StepShares, threshold: float = 0.10, *,
 
 def _next(label: str, *, device_kind: str, spare: int | None, copy_share: float | None,
           input_saving: float, compute_saving: float, threshold: float,
-          launch_bound: bool = False, input_measured: bool = True) -> tuple[tuple[str, ...], str]:
-    """(notebook numbers, why) for a label on this machine."""
-    compute = (_NUMBER[_AMP], _NUMBER[_NHWC])
+          launch_bound: bool = False, input_measured: bool = True,
+          compute_mix: ComputeMix | None = None) -> tuple[tuple[str, ...], str]:
+    """(notebook numbers, why) for a label on this machine and what the trace says of its precision."""
+    words, compute, prec = _compute_levers(compute_mix, compute_saving, threshold)
+    spent = (f" ({prec[2:]}; a larger batch may still use the device better)" if compute == (_NUMBER[_MEMORY],)
+             else f" ({prec[2:]})" if prec else "")
     if label == DEVICE_BOUND:
         free = f"free input {input_saving:.0%}" if input_measured else "the input is not recorded"
         return compute, (f"the step is the computation: a 2x faster compute would save {compute_saving:.0%} of the "
-                         f"step, {free}")
+                         f"step, {free}{spent}")
     if label == COMM_BOUND:
         return (_NUMBER[_COMM],), ("find the rank the others wait for (the slow-rank finding names it), then "
                                    "measure the collectives and DDP's buckets")
-    if launch_bound:
-        return (_NUMBER[_MEMORY],) + compute, (
-            "the host cannot launch the device's work fast enough: a larger batch does more work per launch "
-            "(notebook 09 finds the largest that fits); fewer, larger kernels (torch.compile, CUDA graphs) do the "
-            "same but are outside this checklist")
+    launch = (_NUMBER[_MEMORY],), ("the host cannot launch the device's work fast enough: a larger batch does more "
+                                   "work per launch (notebook 09 finds the largest that fits); fewer, larger "
+                                   "kernels (torch.compile, CUDA graphs) do the same but are outside this checklist")
+    if launch_bound and not input_measured:  # balanced: the compute first; what the idle waits for is not known
+        return compute, (f"a 2x faster compute would save {compute_saving:.0%} of the step, more than all the "
+                         f"device's idle time{spent}; then find what the device waits for: record the DataLoader "
+                         "inside the profiled steps")
+    if launch_bound and label == HOST_BOUND:
+        more = tuple(n for n in compute if n != _NUMBER[_MEMORY])
+        return launch[0] + more, launch[1]
+    if launch_bound:  # balanced, the host's own work the next lever
+        return tuple(dict.fromkeys(compute + launch[0])), (f"a 2x faster compute ({words}) saves more than the host's "
+                                                           f"own work would{spent}; then {launch[1]}")
     copy_bound = copy_share is not None and copy_share > COPY_MAJORITY and device_kind != "cpu"
     if copy_bound:  # pinned memory and a side stream need no idle cores
         inputs, in_why = (_NUMBER[_PINNED], _NUMBER[_OVERLAP]), ("the copy is most of the exposed input: pinned "
@@ -458,8 +600,9 @@ def _next(label: str, *, device_kind: str, spare: int | None, copy_share: float 
     if label == HOST_BOUND:
         if spare == 0 and not copy_bound and compute_saving >= threshold:
             # without idle cores the computation's own share is the other lever that pays, when it is worth it
-            return inputs + compute, (f"{in_why}; then make the computation cheaper (mixed precision, memory "
-                                      f"format: a 2x faster compute would save {compute_saving:.0%} of the step)")
+            return inputs + compute, (f"{in_why}; then make the computation cheaper ({words}: a 2x faster "
+                                      f"compute would save {compute_saving:.0%} of the step{prec})")
         return inputs, in_why
     # balanced: the compute is the larger lever, the input the next one
-    return compute + inputs, f"a 2x faster compute saves more than free input would; then the input: {in_why}"
+    return compute + inputs, (f"a 2x faster compute saves more than free input would{spent}; then the input: "
+                              f"{in_why}")

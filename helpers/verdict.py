@@ -36,7 +36,7 @@ HEADLINE_CHARS = 120
 #: What to do, for a label that decides no setting itself (notebook 01's and a trace's).
 _LABEL_ADVICE = {
     "host-bound": "speed up the input first",
-    "balanced": "both the input and the compute pay",
+    "balanced": "speed up the compute first, then the host side",
     "device-bound": "speed up the compute first",
     "communication-bound": "overlap or shrink the communication first",
 }

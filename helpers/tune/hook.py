@@ -101,6 +101,7 @@ class Recorder:
         self.notes: list[str] = []
         self.sync = None
         self.gave_up = False
+        self.batches = 0  # batches drawn from the user's loaders
         roots = [Path(r).resolve() for r in spec.get("user_roots") or []]
         self.roots = [str(r) + os.sep for r in roots]
         here = Path(__file__).resolve().parents[1]  # the helpers package
@@ -204,8 +205,15 @@ class Recorder:
             "autocast_in_use": self.autocast_in_use, "saved": self.saved, "notes": self.notes,
             "frameworks": sorted(m for m in ("lightning", "pytorch_lightning", "transformers", "accelerate")
                                  if m in sys.modules),
+            "batches_drawn": self.batches, "python": {"executable": sys.executable, "version": sys.version.split()[0],
+                                                        "torch": _torch_version()},
             "applied": self.apply,
         }
+
+
+def _torch_version() -> str | None:
+    torch = sys.modules.get("torch")
+    return getattr(torch, "__version__", None) if torch is not None else None
 
 
 def _sync_for(optimizer):
@@ -477,12 +485,54 @@ def _watch_loops(rec: Recorder) -> None:
             key = rec.key(frame)
             if key not in rec.loop_sites:
                 rec.loop_sites[key] = {**rec.site(frame), "is_for": _in_for_header(*key),
-                                       "device_expr": _device_expr(frame, rec.model, device)}
+                                       "device_expr": _device_expr(frame, rec.model, device),
+                                       "batches": _safe_len(self), "epochs": _epochs_in(frame)}
+        try:
+            batches._workbook_tune_user = True  # its batches are counted (batches per optimizer step)
+        except AttributeError:
+            pass
         if rec.apply.get("prefetch") and device is not None:
             return prefetch(batches, device)
         return batches
 
     DataLoader.__iter__ = loader_iter
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    orig_next = _BaseDataLoaderIter.__next__
+
+    def counted_next(self):
+        out = orig_next(self)
+        if getattr(self, "_workbook_tune_user", False):
+            rec.batches += 1
+        return out
+
+    _BaseDataLoaderIter.__next__ = counted_next
+
+
+#: Names a script gives its number of epochs (argparse options, configs, Lightning's and transformers' arguments).
+EPOCH_NAMES = ("epochs", "num_epochs", "n_epochs", "max_epochs", "nepochs", "epoch_count", "num_train_epochs")
+
+
+def _epochs_in(frame) -> dict[str, Any] | None:
+    """The number of epochs in scope at a loop over a DataLoader: ``{"expr": "args.epochs", "value": 5}`` from a
+    positive int named as in :data:`EPOCH_NAMES`, in the frame or as an attribute of ``args``/``cfg``/``config``/
+    ``opts``/``options``/``hparams``/``self``; None where none is seen."""
+    scopes = [frame.f_locals] + ([frame.f_globals] if frame.f_globals is not frame.f_locals else [])
+    for scope in scopes:
+        for name in EPOCH_NAMES:
+            v = scope.get(name)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return {"expr": name, "value": v}
+        for owner in ("args", "cfg", "config", "opts", "options", "hparams", "self"):
+            obj = scope.get(owner)
+            for name in EPOCH_NAMES:
+                try:
+                    v = getattr(obj, name, None) if obj is not None else None
+                except Exception:  # noqa: BLE001 - a property that fails is not the epochs
+                    v = None
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    return {"expr": f"{owner}.{name}", "value": v}
+    return None
 
 
 _FOR_HEADERS: dict[str, list[tuple[int, int]]] = {}
@@ -672,6 +722,83 @@ def _safe_len(dataset) -> int | None:
         return None
 
 
+#: The folder beside a run's result where its processes keep the user's files before changing them
+#: (:class:`UserFiles`); :func:`helpers.tune.engine.restore_user_files` puts them back after the run.
+KEEP_SUFFIX = ".kept"
+#: ``os.open`` flags that make an open a write (``open()`` passes the flags its mode means to the ``open`` event).
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+class UserFiles:
+    """An audit hook (PEP 578, ``sys.addaudithook``) that keeps a copy of every file outside the run folder before
+    the run first changes it, so that tune's runs lose nothing of the user's (a ``metrics.csv`` truncated, a log
+    appended to): the events ``open`` with a write mode or flags, ``os.rename`` (also raised by ``os.replace`` and
+    ``shutil.move``: both paths), ``os.remove`` / ``os.unlink``, ``os.truncate`` and ``os.mkdir`` (a folder the run
+    creates), as listed in https://docs.python.org/3/library/audit_events.html.
+
+    Each process (a DataLoader worker too) appends one JSON line per path to ``KEEP/<pid>.jsonl`` before the change
+    happens: ``{"path", "t" (unix time, s), "kept" (the copy, or None where the path did not exist), "dir"}``.
+    Writes by C code that bypasses Python's ``open`` are not seen (``torch.save`` is redirected instead).
+    """
+
+    def __init__(self, keep_dir: str, own_dirs: list[str]) -> None:
+        self.keep = Path(keep_dir)
+        self.own = [os.path.abspath(d) + os.sep for d in own_dirs] + [os.path.abspath(keep_dir) + os.sep]
+        self.seen: set[str] = set()
+        self.local = threading.local()
+        self.n = 0
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if event == "open":
+            if len(args) < 3 or not isinstance(args[2], int) or not args[2] & _WRITE_FLAGS:
+                return
+            paths = args[:1]
+        elif event == "os.rename":
+            paths = args[:2]
+        elif event in ("os.remove", "os.truncate", "os.mkdir"):
+            paths = args[:1]
+        else:
+            return
+        if getattr(self.local, "inside", False):
+            return
+        self.local.inside = True
+        try:
+            for path in paths:
+                self.keep_one(path, folder=event == "os.mkdir")
+        except Exception:  # noqa: BLE001 - the guard must never break the user's script
+            pass
+        finally:
+            self.local.inside = False
+
+    def skips(self, path: str) -> bool:
+        """Whether ``path`` (absolute) is not the user's to keep: the run folder, devices, bytecode caches."""
+        return (path.startswith(("/dev/", "/proc/", "/sys/")) or any(path.startswith(d) for d in self.own)
+                or f"{os.sep}__pycache__{os.sep}" in path)
+
+    def keep_one(self, path: Any, *, folder: bool = False) -> None:
+        """Record ``path`` and copy it where it is a file, the first time this process changes it."""
+        import shutil
+
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            return  # a file descriptor: opened by path already
+        p = os.path.abspath(os.fsdecode(path))
+        if p in self.seen or self.skips(p):
+            return
+        self.seen.add(p)
+        if os.path.exists(p) and not os.path.isfile(p):
+            return  # an existing folder: its files are kept one by one
+        self.keep.mkdir(parents=True, exist_ok=True)
+        pid = os.getpid()
+        entry: dict[str, Any] = {"path": p, "t": time.time(), "kept": None, "dir": folder}
+        if os.path.isfile(p):
+            self.n += 1
+            kept = self.keep / f"{pid}-{self.n}-{os.path.basename(p)}"
+            shutil.copy2(p, kept)
+            entry["kept"] = str(kept)
+        with open(self.keep / f"{pid}.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
 #: Seconds between two writes of a run's progress (its optimizer steps so far): what a hung run is judged by.
 HEARTBEAT_S = 1.0
 #: The heartbeat's file is the result's path with this added.
@@ -690,18 +817,21 @@ def _rank_path(out: str, spec: dict[str, Any]) -> str:
 
 
 def _heartbeat(rec: "Recorder", path: str) -> None:
-    """Write ``{"steps": N, "wall": unix time of the last step or of the start}`` to ``path`` every
-    :data:`HEARTBEAT_S` seconds from a daemon thread, so that a run stopped for hanging says how far it got."""
+    """Write ``{"steps": N, "wall": unix time of the last step or of the start, "slowest": the longest step so far,
+    s}`` to ``path`` every :data:`HEARTBEAT_S` seconds from a daemon thread, so that a run stopped for hanging says
+    how far it got, and a run whose steps stop is seen to stall (:func:`helpers.tune.engine.stalled`)."""
     started = time.time()
 
     def beat():
         last_n, last_wall = -1, started
         while True:
-            n = len(rec.step_t)
+            t = list(rec.step_t)
+            n = len(t)
             if n != last_n:
                 last_n, last_wall = n, time.time()
+                slowest = max((b - a for a, b in zip(t, t[1:])), default=0.0)
                 try:
-                    _write(path, {"steps": n, "wall": last_wall})
+                    _write(path, {"steps": n, "wall": last_wall, "slowest": slowest})
                 except OSError:
                     return
             time.sleep(HEARTBEAT_S)
@@ -750,19 +880,53 @@ def _run_as_main(script: str, source: str) -> None:
             sys.modules["__main__"] = saved
 
 
+def _run_module_as_main(module: str, source: str | None) -> None:
+    """Run ``module`` as ``python -m module`` does (``runpy.run_module``: its package imported first, so its
+    relative imports work); with ``source``, that file's text in the module's place (the rewritten module), its
+    ``__file__``, ``__spec__`` and frames the module's own."""
+    if source is None:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
+    import builtins
+    import importlib.util
+    import linecache
+    import types
+
+    spec = importlib.util.find_spec(module)
+    if spec is not None and spec.submodule_search_locations is not None:  # a package: its __main__, as -m runs
+        spec = importlib.util.find_spec(module + ".__main__")
+    if spec is None or not spec.origin:
+        raise ImportError(f"No module named {module!r}")
+    text = Path(source).read_text(encoding="utf-8")
+    linecache.cache[spec.origin] = (len(text), None, text.splitlines(True), spec.origin)
+    main_module = types.ModuleType("__main__")
+    main_module.__dict__.update(__file__=spec.origin, __builtins__=builtins, __spec__=spec, __loader__=spec.loader,
+                                __package__=spec.parent, __cached__=None)
+    sys.argv[0] = spec.origin
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main_module
+    try:
+        exec(compile(text, spec.origin, "exec"), main_module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the spec's script under the hooks; write the result JSON; return the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0], encoding="utf-8") as f:
         spec = json.load(f)
     rec = Recorder(spec)
+    if spec.get("keep"):  # before anything of the user's runs: every file it changes is kept first
+        sys.addaudithook(UserFiles(spec["keep"], [spec["scratch"]]))
     install(rec)
     sys.argv = list(spec["argv"])
     status, code, error = "script_end", 0, ""
     failed_at = None  # wall clock of a failure: under torchrun, the first rank to fail is the cause
     try:
         if spec.get("module"):
-            runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+            _run_module_as_main(spec["module"], spec.get("source"))
         else:
             _run_as_main(spec["script"], spec.get("source") or spec["script"])
     except _Stop:

@@ -33,8 +33,8 @@ from helpers.device import usable_cores
 from helpers.errors import ParameterError
 from helpers.tune import candidates as cand_mod
 from helpers.tune.candidates import Candidate
-from helpers.tune.engine import (Command, Judgement, Run, ScriptError, exploding, judge, measure, nonfinite_step,
-                                 run_once)
+from helpers.tune.engine import (GIVE_UP_RATIO, STALL_FLOOR_S, Command, Judgement, Run, ScriptError, exploding,
+                                 judge, measure, nonfinite_step, run_once)
 from helpers.tune.report import write_report
 from helpers.tune.rewrite import (Edit, apply_edits, float16_part, framework_calls, loader_elsewhere, loader_label,
                                   techniques_of, unified_diff)
@@ -47,10 +47,6 @@ __all__ = ["TuneOptions", "TuneResult", "tune", "plan_edits", "call_edits"]
 FIX_DIVERGENCE = ("so tune cannot check that a change keeps the results; fix the divergence first (a learning rate "
                   "too high for the model, or NaN or inf in the data)")
 
-#: A candidate whose first timed steps take longer than this many times the probe's median step is stopped and
-#: called slower (bf16 autocast on a CPU without bf16 instructions: 5x and more), so that it does not take most of
-#: the session's time.
-GIVE_UP_RATIO = 2.5
 
 
 @dataclass(frozen=True)
@@ -108,6 +104,21 @@ class TuneResult:
     seconds: float = 0.0
     framework_calls: list[dict[str, Any]] = field(default_factory=list)
     proof_tries: int = 0
+    options: Any = None
+    python: str = ""
+    job: dict[str, Any] = field(default_factory=dict)
+    proof_runs: dict[str, list[Run]] = field(default_factory=dict)
+    proof_failures: list[str] = field(default_factory=list)
+
+    @property
+    def user_files(self) -> list[dict[str, str]]:
+        """The user's files that tune's runs changed and that were put back after each run (``{"path", "action"}``,
+        :func:`helpers.tune.engine.restore_user_files`), each path once."""
+        seen: dict[str, str] = {}
+        for files in [self.probe.get("user_files")] + [r.result.get("user_files") for r in self.runs]:
+            for f in files or []:
+                seen.setdefault(f["path"], f["action"])
+        return [{"path": p, "action": a} for p, a in seen.items()]
 
     @property
     def headline(self) -> str:
@@ -122,6 +133,11 @@ class TuneResult:
                         f"judged (the machine was busy, or the rounds disagreed): rerun tune when the machine is "
                         f"quiet; the report gives each reason.")
             return "No change made this script faster here: nothing to rewrite."
+        if self.proof_failures:  # a rewritten script that failed: its error, even where a smaller proof followed
+            then = (f"; the best change alone then gave {self.proof.figure} ({self.proof.verdict})"
+                    if self.proof is not None and self.proof.verdict != "rejected" else "")
+            return (f"The rewritten script was rejected when it ran as written ({'; '.join(self.proof_failures)})"
+                    f"{then}: no change is proposed.")
         if not self.edits_made:
             return "Changes won at runtime, but none could be written into the script (see 'Not written')."
         if self.proof is not None and self.proof.verdict == "rejected":
@@ -131,9 +147,14 @@ class TuneResult:
                 f"({self.proof.figure if self.proof else 'not measured'}): no change is proposed.")
 
     def not_written(self) -> list[str]:
-        """One line per winner tune could not write, ``"technique: reason"``; edits skipped together for one reason
-        (float16 and its GradScaler) make one line."""
-        return list(dict.fromkeys(f"{e.technique or e.kind}: {why}" for e, why in self.edits_skipped))
+        """One line per reason a winner could not be written, ``"technique: reason"``; edits skipped for one reason
+        (float16 and its GradScaler, two changes of one call) make one line, ``"a, b: reason"``."""
+        by_why: dict[str, list[str]] = {}
+        for e, why in self.edits_skipped:
+            names = by_why.setdefault(why, [])
+            if (e.technique or e.kind) not in names:
+                names.append(e.technique or e.kind)
+        return [f"{', '.join(names)}: {why}" for why, names in by_why.items()]
 
     def figure(self, j: Judgement) -> str:
         """``j``'s figure, with what it was judged against where that is not the unmodified script (a follow-up)."""
@@ -151,8 +172,99 @@ class TuneResult:
             "proof": self.proof.as_dict() if self.proof else None, "proven": self.proven,
             "busy": self.busy, "applied_to": self.applied_to, "backup": self.backup,
             "device": (self.probe.get("model") or {}).get("param_device"), "seconds": self.seconds,
-            "diff": "change.diff" if self.diff else None,
+            "diff": "change.diff" if self.diff else None, "python": self.python, "job": self.job,
+            "user_files": self.user_files,
         }
+
+
+def interpreter_text(command: Command, probe: dict[str, Any] | None = None) -> str:
+    """Which interpreter runs the user's command: ``"your `python` is /path/bin/python (Python 3.11.7, torch
+    2.13.0): the interpreter tune runs under, as in an activated environment"``; the version and torch's once the
+    probe has run (``probe``, its result)."""
+    info = (probe or {}).get("python") or {}
+    versions = ", ".join(x for x in (f"Python {info['version']}" if info.get("version") else "",
+                                     f"torch {info['torch']}" if info.get("torch") else "") if x)
+    exe = f"{command.python}{f' ({versions})' if versions else ''}"
+    if command.launcher:
+        return f"torchrun's processes run {exe} (torch.distributed.run of the interpreter tune runs under)"
+    word = command.python_word or Path(command.python).name
+    if "/" not in word and "\\" not in word:
+        return f"your `{word}` is {exe}: the interpreter tune runs under, as in an activated environment"
+    return f"with {exe}"
+
+
+def files_text(files: Sequence[dict[str, str]]) -> str:
+    """One line: the user's files a run changed and that were put back (``[{"path", "action"}]``)."""
+    restored = [f["path"] for f in files if f["action"] == "restored"]
+    removed = [f["path"] for f in files if f["action"] == "removed"]
+    other = [f"{f['path']} ({f['action']})" for f in files if f["action"] not in ("restored", "removed")]
+    parts = ([f"restored {', '.join(restored)} as it was before the run"] if restored else []) + \
+        ([f"removed {', '.join(removed)}, which the run created"] if removed else []) + other
+    return "your script wrote files outside tune's folder: " + "; ".join(parts)
+
+
+def job_effect(res: "TuneResult") -> dict[str, Any]:
+    """The proof's effect on the whole job, beside its per-step figure.
+
+    The optimizer steps the command would run are projected from the probe: the batches per epoch of the loader the
+    script loops over (``len(DataLoader)``) x its epochs (a positive int named ``epochs``, ``args.epochs`` and the
+    like in scope at the loop: :func:`helpers.tune.hook._epochs_in`) / the batches drawn per optimizer step
+    (gradient accumulation). The start-up is measured: from the hook's start (before ``import torch``) to the first
+    optimizer step, in each proof run. The projected whole-run time is start-up + (steps - 1) x the mean step time;
+    what the script does after its last step (saving, a last evaluation) is not in it.
+
+    Returns
+    -------
+    dict
+        ``steps`` (int or None), ``how`` (how they were counted, or why not), and per ``"original"`` /
+        ``"rewritten"``: ``startup_s`` (mean), ``startup_range_s`` ((min, max)), ``step_s`` (mean), ``projected_s``
+        (None without ``steps``); ``speedup`` (projected original / rewritten, None without). Empty without a proof.
+    """
+    if not res.proof_runs:
+        return {}
+    probe = res.probe
+    loops = [x for x in probe.get("loop_sites") or [] if x.get("batches")]
+    loop = next((x for x in loops if x.get("epochs")), loops[0] if loops else None)
+    seen, drawn = int(probe.get("steps_seen") or 0), int(probe.get("batches_drawn") or 0)
+    steps, how = None, ""
+    if loop is None:
+        how = "the probe saw no loop over a DataLoader of known length in your files"
+    elif not loop.get("epochs"):
+        how = (f"the probe saw {loop['batches']} batches per epoch but no number of epochs in scope at the loop "
+               f"(epochs, args.epochs, ...)")
+    elif not (seen and drawn):
+        how = "the probe saw no batch drawn before its optimizer steps"
+    else:
+        per_step = drawn / seen
+        ep = loop["epochs"]
+        steps = max(1, round(loop["batches"] * ep["value"] / per_step))
+        how = (f"{loop['batches']} batches per epoch x {ep['value']} epochs ({ep['expr']}) / {per_step:.2g} batches "
+               f"per optimizer step")
+    out: dict[str, Any] = {"steps": steps, "how": how}
+    for name, runs in res.proof_runs.items():
+        ok = [r for r in runs if r.ok]
+        starts = [float(r.result["first_step_s"]) for r in ok if r.result.get("first_step_s") is not None]
+        times = [t for r in ok for t in r.step_times_s]
+        if not starts or not times:
+            continue
+        start, step = sum(starts) / len(starts), sum(times) / len(times)
+        out[name] = {"startup_s": start, "startup_range_s": (min(starts), max(starts)), "step_s": step,
+                     "projected_s": start + (steps - 1) * step if steps else None}
+    a, b = out.get("original", {}).get("projected_s"), out.get("rewritten", {}).get("projected_s")
+    out["speedup"] = a / b if a and b else None
+    return out
+
+
+def job_text(job: dict[str, Any]) -> str:
+    """One line for the terminal: the whole job's projected effect, or its start-up alone."""
+    o, r = job.get("original"), job.get("rewritten")
+    if not o or not r:
+        return ""
+    start = f"start-up {o['startup_s']:.1f} s against {r['startup_s']:.1f} s (yours, then rewritten; measured)"
+    if not job.get("steps"):
+        return f"the whole job: {start}; its steps are not known ({job['how']}), so only per-step figures"
+    return (f"the whole job, projected: {job['steps']} optimizer steps ({job['how']}), {o['projected_s']:.0f} s "
+            f"against {r['projected_s']:.0f} s, {job['speedup']:.2f}x; {start}")
 
 
 def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path) -> list[Edit]:
@@ -266,21 +378,28 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
     say = progress or (lambda line: None)
     t_start = time.perf_counter()
     if command.script is None:
-        raise ParameterError("tune: python -m MODULE is measured only by running it; tune edits a script file: "
-                             "give python path/to/train.py ARGS")
+        raise ParameterError("tune: python -m MODULE needs the module's file, to edit it: give python -m "
+                             "package.train from the folder that holds package/")
     scratch = Path(tempfile.mkdtemp(prefix="workbook-tune-"))
     try:
-        say(f"probe: running your script unmodified for up to {options.warmup + options.steps + 1} optimizer steps")
+        say(f"probe: running your script unmodified for up to {options.warmup + options.steps + 1} optimizer steps, "
+            f"{interpreter_text(command)}")
         probe = run_once(command, "probe", {}, workdir=scratch, warmup=options.warmup, steps=options.steps,
                          timeout_s=options.timeout_s, round_=-1, watch_copies=_may_have_device(),
                          still=lambda line: say(f"probe: {line}"))
+        if probe.result.get("user_files"):
+            say(f"probe: {files_text(probe.result['user_files'])}")
         _check_probe(probe, options)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     timeout = 3.0 * probe.wall_s + 60.0
     out_dir.mkdir(parents=True, exist_ok=False)
     work = out_dir / "runs"
-    res = TuneResult(str(command), out_dir, probe.result, script_dir=str(command.script.parent))
+    res = TuneResult(str(command), out_dir, probe.result, script_dir=str(command.script.parent), options=options,
+                     python=interpreter_text(command, probe.result))
+    # a run whose steps stop advancing is ended (engine.stalled): the probe's slowest step and start-up set the limits
+    stall = {"stall_step_s": max(probe.result.get("all_step_times_s") or probe.step_times_s),
+             "start_s": 3.0 * float(probe.result.get("first_step_s") or probe.wall_s) + STALL_FLOOR_S}
     watch = (probe.result.get("model") or {}).get("param_device") in ("cuda", "npu")
     say(f"probe: {probe.result['steps_seen']} steps, "
         f"{1e3 * sorted(probe.step_times_s)[len(probe.step_times_s) // 2]:.1f} ms/step, {probe.wall_s:.1f} s")
@@ -302,7 +421,7 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
         probe_step = sorted(probe.step_times_s)[len(probe.step_times_s) // 2]
         runs, busy = measure(command, variants, rounds=options.rounds, workdir=work, warmup=options.warmup,
                              steps=options.steps, timeout_s=timeout, watch_copies=watch,
-                             give_up_step_s=GIVE_UP_RATIO * probe_step, progress=say)
+                             give_up_step_s=GIVE_UP_RATIO * probe_step, progress=say, **stall)
         _append(jsonl, [r for rs in runs.values() for r in rs])
         res.runs += [r for rs in runs.values() for r in rs]
         res.busy = f"while the changes ran, {busy.sentence()}"
@@ -313,11 +432,12 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
                               f"once: {bad.status}", bad.error)
         res.judgements = [judge(c.name, base, runs[c.name], busy) for c in res.candidates]
         winners = _best_per_technique(res.candidates, res.judgements)
-        winners = _follow_up(command, winners, res, options, work, timeout, watch, say)
+        winners = _follow_up(command, winners, res, options, work, timeout, watch, say, stall)
         res.winners = [c.name for c in winners]
         for attempt in _attempts(winners, res.probe, command.script):
-            if _prove(command, attempt, res, options, work, timeout, watch, say):
+            if _prove(command, attempt, res, options, work, timeout, watch, say, stall):
                 break
+    res.job = job_effect(res)
     _write_outputs(res, command, apply)
     res.seconds = time.perf_counter() - t_start
     (out_dir / "summary.json").write_text(json.dumps(res.as_dict(), indent=2, default=str), encoding="utf-8")
@@ -334,7 +454,8 @@ def _attempts(winners: list[Candidate], probe: dict[str, Any], script: Path) -> 
 
 
 def _follow_up(command: Command, winners: list[Candidate], res: TuneResult, options: TuneOptions, work: Path,
-               timeout: float, watch: bool, say: Callable[[str], None]) -> list[Candidate]:
+               timeout: float, watch: bool, say: Callable[[str], None],
+               stall: dict[str, float] | None = None) -> list[Candidate]:
     """Measure :func:`helpers.tune.candidates.follow_up` (``prefetch_factor`` on top of the winning workers)
     against the winner it builds on, interleaved; where it is faster it takes that winner's place."""
     extra, why_not = cand_mod.follow_up(winners, res.probe, res.framework_calls)
@@ -350,7 +471,7 @@ def _follow_up(command: Command, winners: list[Candidate], res: TuneResult, opti
     ref = _variant(base, command, work, res)
     runs, busy = measure(command, [ref, built], rounds=options.rounds, workdir=work / "follow-up",
                          warmup=options.warmup, steps=options.steps, timeout_s=timeout, watch_copies=watch,
-                         progress=say)
+                         progress=say, **(stall or {}))
     _append(res.out_dir / "results.jsonl", [r for rs in runs.values() for r in rs])
     res.runs += [r for rs in runs.values() for r in rs]
     j = judge(extra.name, runs[base.name], runs[extra.name], busy)
@@ -363,7 +484,7 @@ def _follow_up(command: Command, winners: list[Candidate], res: TuneResult, opti
 
 
 def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, options: TuneOptions, work: Path,
-           timeout: float, watch: bool, say: Callable[[str], None]) -> bool:
+           timeout: float, watch: bool, say: Callable[[str], None], stall: dict[str, float] | None = None) -> bool:
     """Write ``winners`` into a copy of the script and measure it as written against the original."""
     script = command.script
     assert script is not None
@@ -406,10 +527,13 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     say(f"proof: the rewritten script ({', '.join(sorted(written))}) against yours, as written")
     runs, busy = measure(command, [("original", {}, None), ("rewritten", {}, candidate_file)], rounds=options.rounds,
                          workdir=work / "proof", warmup=options.warmup, steps=options.steps, timeout_s=timeout,
-                         watch_copies=watch, progress=say)
+                         watch_copies=watch, progress=say, **(stall or {}))
     _append(res.out_dir / "results.jsonl", [r for rs in runs.values() for r in rs])
     res.runs += [r for rs in runs.values() for r in rs]
     res.proof = judge("rewritten", runs["original"], runs["rewritten"], busy)
+    res.proof_runs = runs
+    if res.proof.verdict == "rejected":  # said in the headline even where a later, smaller proof replaces it
+        res.proof_failures.append(f"{', '.join(sorted(written))}: {res.proof.reason.splitlines()[0]}")
     res.busy += f"; while the proof ran{' (the best change alone)' if res.proof_tries else ''}, {busy.sentence()}"
     res.proof_tries += 1
     if res.proof.verdict == "faster":
@@ -528,6 +652,9 @@ def _may_have_device() -> bool:
 
 def _check_probe(probe: Run, options: TuneOptions) -> None:
     """Raise :class:`ScriptError` when the unmodified script cannot be tuned."""
+    if probe.status == "stalled":
+        raise ScriptError(f"your script, unmodified, stopped making optimizer steps: "
+                          f"{probe.result.get('progress')}", probe.error)
     if probe.status == "timeout":
         far = probe.result.get("progress")
         raise ScriptError(f"your script, unmodified, made no result within {options.timeout_s:.0f} s (--timeout): "
