@@ -422,3 +422,41 @@ def test_device_timeline_without_step_sums(tmp_path):
     assert [s.compute for s in t.steps] == pytest.approx([670e-6] * 3)
     assert all(s.idle is None and s.comm is None for s in t.steps)
     assert _limits(t, "has device events but none of the step sums'")
+
+
+def test_hccl_groups_without_a_default_group_give_the_world_and_the_missing_ranks(tmp_path):
+    """torch_npu writes the default group only when its HCCL communicator exists; the npu-mfu-analyzer sample's
+    rank 0 lists two groups of global ranks [0, 1, 2, 3] with group_name "" and no default group."""
+    from helpers.traces.analysis import analyze
+
+    folder = build_ascend_folder(tmp_path, HOST_BOUND, rank=0, world_size=4)
+    md_path = folder / "profiler_metadata.json"
+    md = json.loads(md_path.read_text())
+    md["parallel_group_info"] = {f"group_name_{k}": {"group_name": "", "group_rank": 0,
+                                                     "global_ranks": [0, 1, 2, 3]} for k in (2, 3)}
+    md_path.write_text(json.dumps(md))
+    t = read_ascend(folder)
+    assert (t.rank, t.world_size) == (0, 4) and t.run_id == "hccl:group_name_2+group_name_3"
+    assert _limits(t, "no default_group", "global ranks 0-3", "at least 4 ranks")
+    a = analyze([t])
+    assert a.missing_ranks == 3 and "one rank (rank 0 (node-a)) of a 4-rank job" in a.headline()
+    assert "3 missing ranks" in a.headline() and "single-process" not in a.headline()
+
+
+def test_top_ops_from_op_statistic_cover_the_whole_run_and_kernel_details_say_their_window(tmp_path):
+    folder = build_ascend_folder(tmp_path, HOST_BOUND, operator_details=False)
+    out = folder / OUTPUT_DIR
+    k = read_ascend(folder)  # kernel_details.csv alone: the window its kernels span is said
+    window = _limits(k, "top operators from kernel_details.csv, whose kernels span", "covers that window only")
+    assert window and "recorded" in window[0]
+    (out / "op_statistic.csv").write_text(
+        "Device_id,OP Type,Core Type,Count,Total Time(us),Min Time(us),Avg Time(us),Max Time(us),Ratio(%)\n"
+        "4,MatMulV2,AI_CORE,32689,327673.06,3.1,10.023,613.3,51.081\n"
+        "4,Cast,AI_VECTOR_CORE,4394,102638.58,1.06,23.358,567.44,16\n"
+        "4,Cast,AI_CORE,6,1.5,0.2,0.25,0.3,0.0\n"
+        "4,Bad,AI_CORE,x,y,0,0,0,0\n")
+    t = read_ascend(folder)
+    assert [(o["name"], o["calls"]) for o in t.top_ops] == [("MatMulV2", 32689), ("Cast", 4400)]
+    assert t.top_ops[0]["self_ms"] == pytest.approx(327.67306)
+    assert _limits(t, "top operators from op_statistic.csv", "whole recording")
+    assert not _limits(t, "top operators from kernel_details.csv")

@@ -14,13 +14,15 @@ data (``FRAMEWORK/``, ``PROF_<n>_<time>_<id>/``), ``profiler_info.json`` or ``pr
   ``ProfilerStep#N`` span is the step's wall time; the DataLoader's ``enumerate(DataLoader)#<Iter>.__next__`` and
   the optimizer's ``Optimizer.step#<Optimizer>.step`` inside it give data and optimizer (torch's own
   ``record_function`` names, ``torch/utils/data/dataloader.py``, ``torch/optim/optimizer.py``);
-- ``operator_details.csv`` (device self time per torch operator), else ``kernel_details.csv`` (device kernels):
-  top_ops;
+- ``operator_details.csv`` (device self time per torch operator), else ``op_statistic.csv`` (device time per
+  operator type over the whole recording), else ``kernel_details.csv`` (device kernels; the window they cover is
+  said, since the file may hold only part of the run): top_ops;
 - ``communication.json`` (``CommunicationParser``, when HCCL ran): per step, each HCCL operator's elapse, wait,
   transit, synchronization and idle times and its bandwidth per transport (SDMA, RDMA, HCCS, PCIE), summed per
   step into ``provenance["hccl"]``; ``communication_matrix.json``: the slowest rank-to-rank link;
 - ``profiler_info[_<rank>].json`` (rank_id, torch_npu_version, cann_version), ``profiler_metadata.json``
-  (``parallel_group_info``: the HCCL default group's global ranks and communicator name), and CANN's
+  (``parallel_group_info``: the HCCL default group's global ranks and communicator name; without a default group,
+  the union of the rank's other HCCL groups' global ranks, said in ``limits``), and CANN's
   ``PROF_*/host/info.json`` (hostname).
 
 The step's wall time: the writer's ``Stage`` is the span from the step's first to its last device activity less
@@ -70,6 +72,7 @@ from helpers.traces.ascend_format import (
     COMM_TIME_INFO,
     DATALOADER_PREFIX,
     DATALOADER_SUFFIX,
+    DEFAULT_GROUP,
     DEVICE_EVENTS,
     ELAPSE_TIME_MS,
     FLOW_CAT,
@@ -91,6 +94,10 @@ from helpers.traces.ascend_format import (
     OFFLINE_PARSE,
     OPERATOR_DETAILS_FILE,
     OPTIMIZER_PREFIX,
+    OP_STATISTIC_FILE,
+    OP_STAT_COUNT,
+    OP_STAT_TOTAL,
+    OP_STAT_TYPE,
     OUTPUT_DIR,
     OUTPUT_FILES,
     PROCESS_LABELS,
@@ -211,7 +218,7 @@ def read_ascend(path: str | os.PathLike) -> RankTrace:
         used += files
     hccl, hccl_files = _read_hccl(out, limits)
     steps = _comm_from_hccl(steps, hccl, limits)
-    top_ops, ops_file = _top_ops(out, limits)
+    top_ops, ops_file = _top_ops(out, limits, sum(st.step_s for st in steps))
     files = [*dict.fromkeys([*used, *meta.files, *hccl_files, *ops_file])]
     provenance = _provenance(root, [f for f in files if f.is_file()], meta, device_id)
     if hccl is not None:
@@ -361,12 +368,14 @@ def _read_metadata(root: Path, limits: list[str]) -> _Meta:
         groups = md.get("parallel_group_info") if isinstance(md, dict) else None
     if isinstance(groups, dict):
         for comm_name, g in groups.items():
-            if isinstance(g, dict) and g.get("group_name") == "default_group":
+            if isinstance(g, dict) and g.get("group_name") == DEFAULT_GROUP:
                 ranks = g.get("global_ranks")
                 meta.world_size = len(ranks) if isinstance(ranks, list) and ranks else None
                 meta.run_id = f"hccl:{comm_name}"
                 if meta.rank is None:
                     meta.rank = _int_or_none(g.get("group_rank"))
+        if meta.world_size is None:
+            _world_from_groups(meta, groups, limits)
     cann = _cann_info(root, limits, files)
     if isinstance(cann, dict):
         meta.node = _str_or_none(cann.get("hostname"))
@@ -379,6 +388,33 @@ def _read_metadata(root: Path, limits: list[str]) -> _Meta:
         limits.append(f"{METADATA_FILE} names no HCCL default group: world size and run unknown")
     meta.files = tuple(files)
     return meta
+
+
+def _world_from_groups(meta: _Meta, groups: dict, limits: list[str]) -> None:
+    """Where ``parallel_group_info`` has no default group (torch_npu writes it only when the default group's HCCL
+    communicator exists), the job holds at least the global ranks of the rank's other HCCL groups: their union is
+    the world size (said in ``limits``), the communicator names the run."""
+    ranks: set[int] = set()
+    names = []
+    for comm_name, g in groups.items():
+        got = g.get("global_ranks") if isinstance(g, dict) else None
+        if isinstance(got, list) and got and all(isinstance(r, int) and not isinstance(r, bool) for r in got):
+            ranks.update(got)
+            names.append(str(comm_name))
+    if not ranks:
+        return
+    meta.world_size = len(ranks)
+    meta.run_id = "hccl:" + "+".join(sorted(names))
+    if meta.rank is None:
+        firsts = [g for g in groups.values() if isinstance(g, dict) and isinstance(g.get("global_ranks"), list)]
+        meta.rank = _int_or_none(firsts[0].get("group_rank")) if len(ranks) == len(firsts[0]["global_ranks"]) \
+            else None
+    listed = sorted(ranks)
+    span = (f"{listed[0]}-{listed[-1]}" if len(listed) == listed[-1] - listed[0] + 1
+            else ", ".join(map(str, listed[:8])) + (", ..." if len(listed) > 8 else ""))
+    limits.append(f"{METADATA_FILE} lists no {DEFAULT_GROUP} in parallel_group_info; its {len(names)} HCCL "
+                  f"group{'s' if len(names) > 1 else ''} hold global ranks {span}, so the job has at least "
+                  f"{len(ranks)} ranks (taken as its world size; the job may hold more)")
 
 
 def _cann_info(root: Path, limits: list[str], files: list[Path]) -> Any:
@@ -437,9 +473,11 @@ def _merge_steps(rows: list[dict[str, Any]], host: _Host | None, limits: list[st
 # --- top operators -----------------------------------------------------------------------------------------
 
 
-def _top_ops(out: Path, limits: list[str]) -> tuple[list[dict[str, Any]], list[Path]]:
-    """Device time per torch operator (operator_details.csv), else per kernel (kernel_details.csv), and the
-    file it came from."""
+def _top_ops(out: Path, limits: list[str], recorded_s: float = 0.0) -> tuple[list[dict[str, Any]], list[Path]]:
+    """Device time per torch operator (operator_details.csv), else per operator type over the whole recording
+    (op_statistic.csv), else per kernel (kernel_details.csv, which may hold only part of the run: the window its
+    kernels cover is said in ``limits``, against ``recorded_s``, the steps' total in seconds), and the file it came
+    from."""
     ops = out / OPERATOR_DETAILS_FILE
     if ops.is_file():
         # diagnose.profiler owns the operator_details aggregation; traces -> diagnose is the one direction.
@@ -455,17 +493,54 @@ def _top_ops(out: Path, limits: list[str]) -> tuple[list[dict[str, Any]], list[P
                 table = table.sort_values(["self_device_ms", "name"], ascending=[False, True], kind="mergesort")
                 return [{"name": str(r.name), "calls": int(r.calls), "self_ms": float(r.self_device_ms),
                          "where": "device"} for r in table.head(_TOP_OPS).itertuples()], [ops]
+    stats = out / OP_STATISTIC_FILE
+    if stats.is_file():
+        found = _op_statistic(stats, limits)
+        if found:
+            limits.append(f"top operators from {OP_STATISTIC_FILE}: device time per operator type over the whole "
+                          "recording (every step, and any device work between them)")
+            return found, [stats]
     kernels = out / KERNEL_DETAILS_FILE
     if kernels.is_file():
-        found = _kernel_totals(kernels, limits)
+        found = _kernel_totals(kernels, limits, recorded_s)
         if found:
             return found, [kernels]
     limits.append(f"no device time per operator ({OPERATOR_DETAILS_FILE}, {KERNEL_DETAILS_FILE}): top_ops empty")
     return [], []
 
 
-def _kernel_totals(path: Path, limits: list[str]) -> list[dict[str, Any]]:
+def _op_statistic(path: Path, limits: list[str]) -> list[dict[str, Any]]:
+    """The top operator types of op_statistic.csv (``OP Type``, ``Count``, ``Total Time(us)``), summed over its
+    devices and core types; [] (and a line in ``limits``) where the file cannot be used."""
     totals: dict[str, list[float]] = {}
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            if not reader.fieldnames or {OP_STAT_TYPE, OP_STAT_COUNT, OP_STAT_TOTAL} - set(reader.fieldnames):
+                limits.append(f"{OP_STATISTIC_FILE} lacks {OP_STAT_TYPE!r}, {OP_STAT_COUNT!r} or {OP_STAT_TOTAL!r}; "
+                              "not used")
+                return []
+            for row in reader:
+                try:
+                    us, n = float(row[OP_STAT_TOTAL]), int(float(row[OP_STAT_COUNT]))
+                except (TypeError, ValueError):
+                    continue
+                if math.isfinite(us) and us >= 0 and n >= 0:
+                    t = totals.setdefault(str(row[OP_STAT_TYPE]), [0, 0.0])
+                    t[0] += n
+                    t[1] += us
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        limits.append(f"{OP_STATISTIC_FILE} could not be read ({type(exc).__name__}: {exc}); not used")
+        return []
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1][1], kv[0]))[:_TOP_OPS]
+    return [{"name": k, "calls": int(c), "self_ms": us / 1000.0, "where": "device"} for k, (c, us) in ranked if us > 0]
+
+
+def _kernel_totals(path: Path, limits: list[str], recorded_s: float = 0.0) -> list[dict[str, Any]]:
+    """The top kernels of kernel_details.csv by total duration; the window its kernels cover (first start to last
+    end) is said in ``limits``, as a share of ``recorded_s`` where that is known."""
+    totals: dict[str, list[float]] = {}
+    first, last = math.inf, -math.inf
     try:
         with path.open(newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
@@ -480,11 +555,27 @@ def _kernel_totals(path: Path, limits: list[str]) -> list[dict[str, Any]]:
                 t = totals.setdefault(row[KERNEL_NAME], [0, 0.0])
                 t[0] += 1
                 t[1] += us
+                try:
+                    start = float(str(row.get(KERNEL_START) or "").strip())
+                except ValueError:
+                    continue
+                if math.isfinite(start) and math.isfinite(us):
+                    first, last = min(first, start), max(last, start + us)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         limits.append(f"{KERNEL_DETAILS_FILE} could not be read ({type(exc).__name__}: {exc}); not used")
         return []
+    if totals and last > first:
+        window_s = (last - first) / 1e6
+        of = (f" of the {_ms_text(recorded_s)} recorded ({window_s / recorded_s:.0%})"
+              if recorded_s > 0 and window_s < recorded_s else "")
+        limits.append(f"top operators from {KERNEL_DETAILS_FILE}, whose kernels span {_ms_text(window_s)} from the "
+                      f"first start to the last end{of}: the table covers that window only")
     ranked = sorted(totals.items(), key=lambda kv: (-kv[1][1], kv[0]))[:_TOP_OPS]
     return [{"name": k, "calls": int(c), "self_ms": us / 1000.0, "where": "device"} for k, (c, us) in ranked]
+
+
+def _ms_text(seconds: float) -> str:
+    return f"{seconds:,.1f} s" if seconds >= 10 else f"{seconds * 1e3:,.0f} ms"
 
 
 # --- provenance --------------------------------------------------------------------------------------------

@@ -42,6 +42,14 @@ STEP_TRACE_REQUIRED: tuple[str, ...] = (
 TRACE_VIEW_FILE = "trace_view.json"
 OPERATOR_DETAILS_FILE = "operator_details.csv"
 KERNEL_DETAILS_FILE = "kernel_details.csv"
+#: CANN's per-operator-type totals over the whole recording (``_integrate_parser.py``: ``op_statistic.csv``), with
+#: ``OpStatisticBean.HEADERS`` (torch_npu 2.13.0): "OP Type", "Core Type", "Count", "Total Time(us)", ...
+OP_STATISTIC_FILE = "op_statistic.csv"
+OP_STAT_TYPE, OP_STAT_COUNT, OP_STAT_TOTAL = "OP Type", "Count", "Total Time(us)"
+#: torch_npu's name for the default process group's entry in ``profiler_metadata.json``'s ``parallel_group_info``
+#: (``profiler_interface.py``, ``_add_group_info_to_metadata``); other groups carry their hccl_config's
+#: ``group_name``, "" when none was set.
+DEFAULT_GROUP = "default_group"
 #: ``kernel_details.csv``'s name and duration columns (``CsvHeaders.OP_SUMMARY_KERNEL_BASE_HEADERS``), µs.
 KERNEL_NAME, KERNEL_DURATION = "Name", "Duration(us)"
 #: Its kernel type, start (µs, CANN writes it with a trailing tab that ``convert_us2ns`` strips) and device.
