@@ -21,7 +21,16 @@ technique           the change                                                  
 ``cudnn_benchmark``  ``torch.backends.cudnn.benchmark = True`` (CUDA, Conv2d)        07
 ``side_stream``     ``for x, y in prefetch(loader, device):`` (CUDA, NPU), with      05
                     ``pin_memory=True``; :mod:`helpers.pipeline.side_stream`
+``debug_apis``      ``set_detect_anomaly(True)`` removed, ``with detect_anomaly():``  --
+                    unwrapped, ``gradcheck(...)`` in the loop removed
+``no_grad``         ``with torch.no_grad():`` around a loop (or statement) whose   --
+                    forward calls' outputs never reach ``backward()``
+``set_to_none``     ``zero_grad(set_to_none=True)``                               --
+``optimizer_impl``  ``torch.optim.Adam(..., fused=True)`` (or ``foreach=True``)     --
 ==================  ==========================================================  ========
+
+The last four are the PyTorch Performance Tuning Guide's general items (:func:`general_candidates`); no notebook
+measures them. What tune finds and does not change is listed by :func:`reported_only`.
 
 Where the device has no bfloat16 (or it is not known to: an Ascend NPU, an older GPU), float16 autocast is tried
 with a ``torch.amp.GradScaler``, as notebook 06 and the PyTorch AMP recipe write it: the loss scaled before
@@ -35,11 +44,13 @@ winning number of workers and judged against it, so that its figure is its own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from helpers.device import usable_cores
 
-__all__ = ["Candidate", "choose", "follow_up", "framework_candidates", "FRAMEWORK_ARGS", "NOTEBOOK", "PREFETCH"]
+__all__ = ["Candidate", "choose", "follow_up", "framework_candidates", "general_candidates", "general_edits",
+           "reported_only", "FRAMEWORK_ARGS", "GENERAL", "NOTEBOOK", "PREFETCH"]
 
 #: The notebook that explains and measures each technique.
 NOTEBOOK = {"num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "side_stream": "05", "autocast": "06",
@@ -208,6 +219,7 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
     model = probe.get("model") or {}
     device = model.get("param_device") or "cpu"
     on_device = device in ("cuda", "npu")
+    out, skipped = general_candidates(probe)  # the Guide's general items: debugging APIs, no_grad, the optimizer
 
     if not loaders:
         skipped.append(("num_workers", "the script builds no torch.utils.data.DataLoader in its own files"))
@@ -350,3 +362,128 @@ def follow_up(winners: list[Candidate], probe: dict[str, Any],
     return Candidate(f"{base.name} + dataloader_prefetch_factor={PREFETCH}", "prefetch_factor",
                      {"edits": [dict(e, values={**e["values"], "dataloader_prefetch_factor": PREFETCH})
                                 for e in edits]}, why, against=base.name), ""
+
+
+#: The general techniques (the PyTorch Performance Tuning Guide's first section, pytorch/tutorials
+#: ``recipes_source/recipes/tuning_guide.py``) and what each changes; no notebook of the workbook measures them.
+GENERAL = {"debug_apis": "anomaly detection and gradcheck switched off (\"Disable debugging APIs\")",
+           "no_grad": "forward passes whose outputs never reach backward() run under torch.no_grad() (\"Disable "
+                      "gradient calculation for validation or inference\")",
+           "set_to_none": "zero_grad(set_to_none=True) (\"Use parameter.grad = None instead of model.zero_grad() "
+                          "or optimizer.zero_grad()\")",
+           "optimizer_impl": "the optimizer's fused (or foreach) implementation (\"Fuse operations\"; torch.optim's "
+                             "documentation of foreach and fused)"}
+
+
+def _lines(sites: list[dict[str, Any]]) -> str:
+    return ", ".join(f"line {s['line']}" for s in sites[:3]) + (" and more" if len(sites) > 3 else "")
+
+
+def general_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """The Guide's general candidates (:data:`GENERAL`), from the probe's ``general`` record
+    (:func:`helpers.tune.hook._watch_general`); nothing where the probe has none (an older result).
+
+    - ``debug_apis``: anomaly detection (``set_detect_anomaly(True)``, ``detect_anomaly()``) or ``gradcheck`` /
+      ``gradgradcheck`` ran in the training process: all switched off at once;
+    - ``no_grad``: a call site of the model's forward ran with gradients enabled and no gradient ever reached its
+      output, while the script did call ``backward()`` (so it is not a script without training);
+    - ``set_to_none``: ``zero_grad(set_to_none=False)`` was called;
+    - ``optimizer_impl``: the optimizer sets neither ``foreach`` nor ``fused``, and torch has a fused implementation
+      of its class for its device (Adam, AdamW, SGD, Adagrad; torch 2.13's fused devices include the CPU); else
+      ``foreach=True`` where torch has foreach kernels for the device and does not default to them. On a CPU there
+      are no foreach kernels (``torch.utils._foreach_utils._get_foreach_kernels_supported_devices``), so only fused
+      is tried there.
+
+    Returns
+    -------
+    (list of Candidate, list of (technique, reason))
+    """
+    gen = probe.get("general") or {}
+    out: list[Candidate] = []
+    skipped: list[tuple[str, str]] = []
+    if not gen:
+        return out, skipped
+    debug = [s for s in gen.get("debug_sites") or [] if s["api"] in ("set_detect_anomaly", "detect_anomaly",
+                                                                     "gradcheck", "gradgradcheck")]
+    if debug:
+        apis = sorted({s["api"] for s in debug})
+        out.append(Candidate("debug APIs off", "debug_apis", {"debug_off": True},
+                             f"{', '.join(apis)} ran in the training process ({_lines(debug)})"))
+    forwards = gen.get("unreached_forwards") or []
+    if forwards and probe.get("backward_sites"):
+        calls = sum(f["calls"] for f in forwards)
+        out.append(Candidate("no_grad where no gradient is used", "no_grad",
+                             {"no_grad": [[f["file"], f["line"]] for f in forwards]},
+                             f"{calls} forward calls ({_lines(forwards)}) built an autograd graph that no backward() "
+                             f"used"))
+    zero = gen.get("zero_grad_sites") or []
+    if zero:
+        out.append(Candidate("zero_grad(set_to_none=True)", "set_to_none", {"set_to_none": True},
+                             f"zero_grad(set_to_none=False) writes zeros into every gradient ({_lines(zero)})"))
+    impl = gen.get("optimizer_impl") or {}
+    if impl:
+        cls, dev = impl.get("class"), impl.get("device")
+        if impl.get("foreach") is not None or impl.get("fused") is not None:
+            given = "fused" if impl.get("fused") is not None else "foreach"
+            skipped.append(("optimizer_impl", f"the {cls} optimizer already sets {given}={impl.get(given)!r}"))
+        elif impl.get("fused_supported"):
+            out.append(Candidate("fused=True", "optimizer_impl", {"optimizer_impl": {"fused": True}},
+                                 f"{cls} runs its default " + ("foreach" if impl.get("foreach_default") else
+                                                               "for-loop") + f" implementation on the {dev}"))
+        elif impl.get("foreach_supported") and not impl.get("foreach_default"):
+            out.append(Candidate("foreach=True", "optimizer_impl", {"optimizer_impl": {"foreach": True}},
+                                 f"{cls} runs its for-loop implementation on the {dev}"))
+        else:
+            skipped.append(("optimizer_impl", f"torch has no fused {cls} for the {dev}, and its foreach is "
+                                              + ("already the default there" if impl.get("foreach_default") else
+                                                 "not faster there (no foreach kernels for the device)")))
+    return out, skipped
+
+
+def reported_only(probe: dict[str, Any]) -> list[str]:
+    """What tune found and reports without changing it, one line each: the Guide's debugging profilers left on
+    (their results are read later in the script, so tune does not switch them off), a Dataset that decodes images
+    one by one with PIL (notebook 02), and a convolution with a bias directly before a batch norm."""
+    gen = probe.get("general") or {}
+    out = []
+    for s in gen.get("debug_sites") or []:
+        if s["api"] not in ("set_detect_anomaly", "detect_anomaly", "gradcheck", "gradgradcheck"):
+            out.append(f"{s['api']} records every step ({Path(s['file']).name}, line {s['line']}, entered "
+                       f"{s['count']} time{'s' if s['count'] != 1 else ''}): a debugging API; tune does not "
+                       f"switch a profiler off, since the script reads its results. Profile a few steps with "
+                       f"torch.profiler.schedule(wait=1, warmup=1, active=3), or remove it for training runs.")
+    for r in gen.get("reported") or []:
+        if r.get("kind") == "pil_decode":
+            out.append(f"{r['text']}: each sample is decoded on its own in the DataLoader; notebook 02 "
+                       f"(batched decode) measures decoding a batch at once against it on your machine.")
+        elif r.get("kind") == "conv_bias_before_norm":
+            out.append(f"{r['text']} (the Guide: \"Disable bias for convolutions directly followed by a batch "
+                       f"norm\"; it saves an addition per output, and tune does not edit your model's layers).")
+    return out
+
+
+def general_edits(probe: dict[str, Any], merged: dict[str, Any]) -> list[Any]:
+    """The source edits of the general winners in ``merged`` (:func:`merge_apply`), at the probe's call sites:
+    ``debug_off`` at each debugging API's line, ``no_grad`` at each forward call whose output no gradient reached,
+    ``call_keywords`` ``set_to_none=True`` at each ``zero_grad(...)``, and ``fused=True`` (or ``foreach=True``) in
+    the optimizer's construction."""
+    from helpers.tune.rewrite import Edit
+
+    gen = probe.get("general") or {}
+    edits = []
+    if merged.get("debug_off"):
+        edits += [Edit("debug_off", s["file"], s["line"], {"api": s["api"]}, "debug_apis")
+                  for s in gen.get("debug_sites") or []
+                  if s["api"] in ("set_detect_anomaly", "detect_anomaly", "gradcheck", "gradgradcheck")]
+    if merged.get("no_grad"):
+        edits += [Edit("no_grad", f, int(n), {}, "no_grad") for f, n in merged["no_grad"]]
+    if merged.get("set_to_none"):
+        edits += [Edit("call_keywords", s["file"], s["line"], {"call": "zero_grad", "values": {"set_to_none": True}},
+                       "set_to_none") for s in gen.get("zero_grad_sites") or []]
+    opt = probe.get("optimizer") or {}
+    impl = gen.get("optimizer_impl") or {}
+    if merged.get("optimizer_impl") and opt.get("file"):
+        edits.append(Edit("call_keywords", opt["file"], opt["line"],
+                          {"call": impl.get("class") or opt.get("class"), "values": dict(merged["optimizer_impl"])},
+                          "optimizer_impl"))
+    return edits

@@ -57,7 +57,7 @@ __all__ = ["Edit", "apply_edits", "float16_part", "framework_calls", "loader_els
            "techniques_of", "unified_diff"]
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
-         "argparse_default", "prefetch", "grad_scaler")
+         "argparse_default", "prefetch", "grad_scaler", "debug_off", "no_grad")
 #: The variable the ``grad_scaler`` edit binds at the top of a file.
 SCALER = "grad_scaler"
 #: The names the ``prefetch`` edit defines at the top of a file (helpers.pipeline.side_stream's functions).
@@ -198,7 +198,175 @@ def _channels_last_arg(call: cst.Call) -> cst.Call | None:
     return None
 
 
-class _Editor(cst.CSTTransformer):
+#: The calls the ``debug_off`` edit removes or unwraps, by the name they are called by (torch.autograd's).
+DEBUG_CALLS = {"set_detect_anomaly": "set_detect_anomaly", "detect_anomaly": "detect_anomaly",
+               "gradcheck": "gradcheck", "gradgradcheck": "gradgradcheck"}
+#: Calls that make a loop a training loop (``loss.backward()``, ``optimizer.step()``, ``optimizer.zero_grad()``,
+#: ``accelerator.backward(loss)``): the ``no_grad`` edit never wraps a loop that holds one.
+TRAINING_CALLS = ("backward", "step", "zero_grad")
+
+
+def _holds_training_call(node: cst.CSTNode) -> bool:
+    found = []
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if _name_of(call.func) in TRAINING_CALLS:
+                found.append(call)
+
+    node.visit(Calls())
+    return bool(found)
+
+
+def _is_true(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "True"
+
+
+class _GeneralEdits:
+    """The ``debug_off`` and ``no_grad`` edits, as methods of :class:`_Editor` (statements removed, unwrapped or
+    wrapped in ``with torch.no_grad():``). ``general_why`` holds, by edit index, why one could not be made."""
+
+    def _general_prepare(self, module: cst.Module) -> None:
+        """For each ``no_grad`` edit, the statement to wrap, by its start (line, column): the outermost ``for`` or
+        ``while`` loop around the forward call, inside the same function, that holds no ``backward()``,
+        ``step()`` or ``zero_grad()`` call (a validation loop); else the statement of the forward call itself."""
+        self.general_targets: dict[int, tuple[int, int]] = {}
+        self.general_why: dict[int, str] = {}
+        self._carry: list[cst.EmptyLine] = []
+        lines = {i: e.line for i, e in enumerate(self.edits) if e.kind == "no_grad"}
+        if not lines:
+            return
+        chains: dict[int, list[cst.CSTNode]] = {}
+        pos = self._span
+        stack: list[cst.CSTNode] = []
+
+        class Chains(cst.CSTVisitor):
+            def on_visit(self, node: cst.CSTNode) -> bool:
+                if isinstance(node, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
+                    start, end = pos(node)
+                    inside = [i for i, n in lines.items() if start <= n <= end]
+                    if not inside:
+                        return False
+                    stack.append(node)
+                    for i in inside:
+                        chains[i] = list(stack)
+                    return not isinstance(node, cst.SimpleStatementLine)
+                return True
+
+            def on_leave(self, node: cst.CSTNode) -> None:
+                if stack and stack[-1] is node:
+                    stack.pop()
+
+        module.visit(Chains())
+        for i, chain in chains.items():
+            if not chain or not isinstance(chain[-1], cst.SimpleStatementLine):
+                self.general_why[i] = ("the forward call is in a compound statement's header (a for, if or with "
+                                       "line): wrap it in torch.no_grad() by hand")
+                continue
+            defs = [k for k, n in enumerate(chain) if isinstance(n, (cst.FunctionDef, cst.ClassDef))]
+            own = chain[defs[-1] + 1 if defs else 0:]
+            loop = next((n for n in own if isinstance(n, (cst.For, cst.While)) and not _holds_training_call(n)),
+                        None)
+            target = loop if loop is not None else chain[-1]
+            p = self.get_metadata(PositionProvider, target).start
+            self.general_targets[i] = (p.line, p.column)
+        spans = {i: self._span_of_start(module, t) for i, t in self.general_targets.items()}
+        for i, (start, end) in spans.items():  # a statement inside another target is covered by that one's with
+            if any(j != i and s <= start and end <= e and (s, e) != (start, end) for j, (s, e) in spans.items()):
+                self.general_targets[i] = (-1, -1)
+                self.done.add(i)
+
+    def _span_of_start(self, module: cst.Module, start: tuple[int, int]) -> tuple[int, int]:
+        found = []
+        pos = self.get_metadata
+
+        class Find(cst.CSTVisitor):
+            def on_visit(self, node: cst.CSTNode) -> bool:
+                if found:
+                    return False
+                if isinstance(node, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
+                    p = pos(PositionProvider, node)
+                    if (p.start.line, p.start.column) == start:
+                        found.append((p.start.line, p.end.line))
+                        return False
+                return True
+
+        module.visit(Find())
+        return found[0] if found else (start[0], start[0])
+
+    def _general(self, orig: cst.BaseStatement, stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+        """``stmt`` (the edited form of ``orig``) as the statements that replace it in its block."""
+        out = [stmt]
+        p = self.get_metadata(PositionProvider, orig)
+        start, end = p.start.line, p.end.line
+        for i, e in enumerate(self.edits):
+            if i in self.done or not out:
+                continue
+            if e.kind == "no_grad" and self.general_targets.get(i) == (start, p.start.column):
+                self.done.update(j for j, t in self.general_targets.items() if t == (start, p.start.column))
+                body = out[0]
+                out = [cst.With(items=[cst.WithItem(item=cst.parse_expression("torch.no_grad()"))],
+                                body=cst.IndentedBlock(body=[body.with_changes(leading_lines=[])]),
+                                leading_lines=body.leading_lines)]
+                self.needs_torch = True
+            elif e.kind == "debug_off" and start <= e.line <= end:
+                out = self._debug_off(i, e, orig, out[0])
+        if out and self._carry:
+            out[0] = out[0].with_changes(leading_lines=[*self._carry, *out[0].leading_lines])
+            self._carry = []
+        return out
+
+    def _debug_off(self, i: int, e: Edit, orig: cst.BaseStatement,
+                   stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+        """A debugging API's statement removed (``set_detect_anomaly(True)``, ``gradcheck(...)``) or its ``with``
+        unwrapped (``detect_anomaly()``); ``[stmt]`` with the reason in ``general_why`` where it cannot be."""
+        api = e.params.get("api", "")
+        if isinstance(orig, cst.With):
+            items = [k for k, it in enumerate(orig.items) if isinstance(it.item, cst.Call)
+                     and _name_of(it.item.func) in ("detect_anomaly", "set_detect_anomaly")
+                     and self._span(it.item)[0] == e.line]
+            if not items:
+                return [stmt]
+            k = items[0]
+            call = orig.items[k].item
+            if _name_of(call.func) == "set_detect_anomaly" and not (call.args and _is_true(call.args[0].value)):
+                self.general_why[i] = ("its mode is not the literal True: set it False where it comes from (or "
+                                       "run without that option)")
+                return [stmt]
+            if orig.items[k].asname is not None:
+                self.general_why[i] = "the with statement binds its context manager (as ...): remove it by hand"
+                return [stmt]
+            self.done.add(i)
+            if len(stmt.items) > 1:
+                rest = [it for n, it in enumerate(stmt.items) if n != k]
+                rest[-1] = rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                return [stmt.with_changes(items=rest)]
+            body = stmt.body
+            inner = list(body.body) if isinstance(body, cst.IndentedBlock) else \
+                [cst.SimpleStatementLine(body=list(body.body))]
+            inner[0] = inner[0].with_changes(leading_lines=[*stmt.leading_lines, *inner[0].leading_lines])
+            return inner
+        if not isinstance(orig, cst.SimpleStatementLine) or len(orig.body) != 1:
+            self.general_why[i] = f"{api}(...) shares its line with other statements: remove it by hand"
+            return [stmt]
+        small = orig.body[0]
+        call = small.value if isinstance(small, cst.Expr) else small.test if isinstance(small, cst.Assert) else None
+        if not isinstance(call, cst.Call) or _name_of(call.func) not in DEBUG_CALLS:
+            self.general_why[i] = (f"the result of {api}(...) is used (assigned or tested): remove it by hand"
+                                   if api.startswith("grad") else f"{api}(...) is not a statement of its own")
+            return [stmt]
+        if _name_of(call.func) == "set_detect_anomaly":
+            mode = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "mode"), None)
+            if mode is None or not _is_true(mode):
+                self.general_why[i] = ("its mode is not the literal True: set it False where it comes from (or run "
+                                       "without that option)")
+                return [stmt]
+        self.done.add(i)
+        self._carry += [ln for ln in stmt.leading_lines]
+        return []
+
+
+class _Editor(_GeneralEdits, cst.CSTTransformer):
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider)
 
     def __init__(self, edits: Sequence[Edit]) -> None:
@@ -281,7 +449,7 @@ class _Editor(cst.CSTTransformer):
         out: list[cst.BaseStatement] = []
         for orig, stmt in zip(original, body):
             if not isinstance(stmt, cst.SimpleStatementLine):
-                out.append(stmt)
+                out.extend(self._general(orig, stmt))
                 continue
             start, end = self._span(orig)
             wrapped = stmt
@@ -311,8 +479,9 @@ class _Editor(cst.CSTTransformer):
                     self.done.add(i)
                     self.needs_torch = True
                     wrapped = with_
-            out.append(wrapped)
-        return out
+            out.extend(self._general(orig, wrapped))
+        self._carry = []  # a removed statement's comments stay in its own block
+        return out or [cst.SimpleStatementLine(body=[cst.Pass()])]
 
     def _scaler_lines(self, i: int, e: Edit, start: int, end: int, stmt: cst.SimpleStatementLine,
                       out: list[cst.BaseStatement]) -> cst.BaseStatement:
@@ -345,6 +514,7 @@ class _Editor(cst.CSTTransformer):
         names = _names_used(node)
         self.taken = names & (set(PREFETCH_NAMES) | {"*"})  # a name of the prefetcher's the file uses already
         self.taken_scaler = names & {SCALER, "*"}
+        self._general_prepare(node)
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = self._edit_block(original.body, updated.body)
@@ -530,11 +700,14 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
                "call_keywords": "no {call}(...) call starts on that line"}
     reasons["argparse_default"] = "no add_argument(...) call starts on that line"
     reasons["grad_scaler"] = "its lines could not all be placed"
+    reasons["debug_off"] = "no such call is a statement of its own on that line"
+    reasons["no_grad"] = "the forward call's statement could not be found"
     taken = sorted(_names_used(module) & (set(PREFETCH_NAMES) | {"*"}))
     reasons["prefetch"] = (
         _taken_text(taken, "notebook 05's prefetcher") + ": rename yours, or add notebook 05's three functions "
         "under other names by hand" if taken else "no for loop over the DataLoader on that line")
-    skipped = options_skipped + group_skipped + [(e, f"{_reason(e, reasons)} (line {e.line})")
+    why = editor.general_why  # the debug_off and no_grad edits' own reasons
+    skipped = options_skipped + group_skipped + [(e, f"{why.get(i) or _reason(e, reasons)} (line {e.line})")
                                                  for i, e in enumerate(edits) if i not in editor.done]
     return new.code, made, skipped
 

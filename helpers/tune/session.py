@@ -326,6 +326,7 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
         for site in [x for x in probe.get("loop_sites") or [] if x.get("is_for", True)]:  # a peek is no loop
             edits.append(Edit("prefetch", site["file"], site["line"], {"device": site.get("device_expr")},
                               "side_stream"))
+    edits += cand_mod.general_edits(probe, merged)  # the Guide's general items (debugging APIs, no_grad, ...)
     for c in winners:  # a framework's setting: keywords of its call in the script
         edits += call_edits(c, script)
     return edits
