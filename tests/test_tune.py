@@ -628,3 +628,83 @@ def test_an_optimizer_stepped_with_a_closure_gets_no_float16(tmp_path):
     probe = {**run.result, "model": {**run.result["model"], "param_device": "cuda", "bf16_supported": False}}
     _, skipped = candidates.choose(probe, cores=2)
     assert "does not take the closure" in dict(skipped)["autocast"]
+
+
+# A user's script that writes its own files as scripts do: a metrics.csv truncated at the start, a log outside its
+# folder appended to, a file replaced atomically, a new checkpoint folder; "stall" stops stepping after 3 steps.
+WRITER = textwrap.dedent('''\
+    import os
+    import sys
+    import time
+
+    import torch
+
+    from . import util
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with open("metrics.csv", "w") as f:
+        f.write("step,loss\\\\n")
+    os.makedirs("ckpt", exist_ok=True)
+    with open(os.path.join("ckpt", "last.txt"), "w") as f:
+        f.write(util.NAME)
+    with open("state.json.tmp", "w") as f:
+        f.write("{}")
+    os.replace("state.json.tmp", "state.json")
+    for step in range(40):
+        if sys.argv[1:] == ["stall"] and step == 3:
+            time.sleep(3600)
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with open(os.path.join(os.path.dirname(__file__), "..", "..", "outside.log"), "a") as f:
+            f.write(f"{step}\\\\n")
+    ''')
+
+
+@pytest.fixture
+def writer_dir(tmp_path):
+    d = tmp_path / "home" / "project"
+    (d / "pkg").mkdir(parents=True)
+    (d / "pkg" / "__init__.py").write_text("")
+    (d / "pkg" / "util.py").write_text("NAME = 'util'\n")
+    (d / "pkg" / "train.py").write_text(WRITER)
+    (d / "metrics.csv").write_text("step,loss\n0,2.31\n1,2.25\n")
+    (d / "state.json").write_text('{"epoch": 7}')
+    (tmp_path / "home" / "outside.log").write_text("last week's run\n")
+    return d
+
+
+def test_a_run_loses_none_of_the_users_files_and_a_module_runs_as_a_module(writer_dir, tmp_path):
+    from helpers.tune.engine import run_once
+
+    home = writer_dir.parent
+    before = {p: p.read_bytes() for p in (writer_dir / "metrics.csv", writer_dir / "state.json", home / "outside.log")}
+    command = parse_command(["python", "-m", "pkg.train"], cwd=writer_dir)
+    # the rewritten module runs in the module's place (its relative import works), as the proof runs it
+    rewritten = tmp_path / "rewritten.py"
+    rewritten.write_text(WRITER.replace("util.NAME", "util.NAME + ' rewritten'"))
+    for script in (None, rewritten):
+        run = run_once(command, "x", {}, workdir=tmp_path / "work", warmup=2, steps=5, timeout_s=120, script=script)
+        assert run.ok, run.error
+        assert {p: p.read_bytes() for p in before} == before, "a file of the user's was changed by tune's run"
+        assert not (writer_dir / "ckpt").exists() and not (writer_dir / "state.json.tmp").exists()
+        actions = {Path(f["path"]).name: f["action"] for f in run.result["user_files"]}
+        assert actions == {"metrics.csv": "restored", "ckpt": "removed", "last.txt": "removed",
+                           "state.json": "restored", "outside.log": "restored"}, actions
+
+
+def test_a_run_that_stops_stepping_is_ended_at_its_stall_limit_not_its_timeout(writer_dir, tmp_path, monkeypatch):
+    from helpers.tune import engine
+
+    monkeypatch.setattr(engine, "STALL_FLOOR_S", 2.0)
+    command = parse_command(["python", "-m", "pkg.train", "stall"], cwd=writer_dir)
+    run = engine.run_once(command, "x", {}, workdir=tmp_path / "work", warmup=2, steps=5, timeout_s=300,
+                          stall_step_s=0.05)
+    assert run.status == "stalled" and run.wall_s < 60, (run.status, run.wall_s)
+    assert run.result["progress"].startswith("it made 3 optimizer steps, then none for ")
+    assert (writer_dir / "metrics.csv").read_text() == "step,loss\n0,2.31\n1,2.25\n"  # killed, and still put back
+    # the probe has no step time yet: its own slowest step sets the limit
+    run = engine.run_once(command, "probe", {}, workdir=tmp_path / "probe", warmup=2, steps=5, timeout_s=300)
+    assert run.status == "stalled" and "the slowest step seen" in run.result["progress"]

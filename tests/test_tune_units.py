@@ -295,13 +295,15 @@ def test_the_command_is_read_or_refused_before_anything_runs(tmp_path):
     assert parse_command(["/opt/py/bin/python3", str(script)]).python == "/opt/py/bin/python3"
     for words, msg in (([], "give the command"), (["bash", "run.sh"], "a Python interpreter or torchrun"),
                        (["torchrun", "--nnodes", "2", "train.py"], "on this machine only"),
-                       (["torchrun", "-m", "pkg.train"], "-m and --no-python are not supported"),
+                       (["torchrun", "-m", "pkg.train"], "the module 'pkg.train' is not a file under"),
+                       (["torchrun", "--no-python", "train.py"], "--no-python is not supported"),
                        (["torchrun", "--nproc-per-node", "gpu", "train.py"], "give a number of processes"),
                        (["torchrun", "--no-such-flag", "train.py"], "torchrun could not read its options"),
                        (["torchrun", "--nproc-per-node", "2", "nope.py"], "does not exist"),
                        (["python"], "give the script"), (["python", "-u", "train.py"], "not supported"),
                        (["python", "nope.py"], "does not exist"),
-                       (["python", "-m", "pkg.train"], "give the module's file: python pkg/train.py ARGS"),
+                       (["python", "-m", "pkg.train"], "looked for pkg/train.py and pkg/train/__main__.py"),
+                       (["python", "-m"], "give the module after -m"),
                        (["python", "-c", "pass"], "give python train.py ARGS"),
                        (["python", "."], "is a folder")):
         with pytest.raises(ParameterError, match=msg):
@@ -800,3 +802,208 @@ def test_a_rewritten_scripts_traceback_shows_its_own_lines(tmp_path, monkeypatch
         _run_as_main(str(tmp_path / "train.py"), str(tmp_path / "rewritten.py"))
     text = "".join(traceback.format_exception(info.value))
     assert "raise ValueError('in the rewritten file')" in text and "y = 2" not in text
+
+
+def test_a_users_file_is_kept_before_its_first_write_and_put_back_after_the_run(tmp_path):
+    # the hook's audit handler, called as Python's audit events call it (a hook cannot be removed once added, so
+    # the test calls it directly); each event comes before the change it announces
+    import os
+
+    from helpers.tune.engine import restore_user_files
+    from helpers.tune.hook import UserFiles
+
+    home, run = tmp_path / "home", tmp_path / "run"
+    home.mkdir()
+    run.mkdir()
+    metrics, log, old = home / "metrics.csv", tmp_path / "elsewhere.log", home / "old.txt"
+    metrics.write_text("step,loss\n0,2.3\n")
+    log.write_text("yesterday\n")
+    old.write_text("keep me\n")
+    guard = UserFiles(str(run / "x.kept"), [str(run)])
+
+    def event(name, *args):
+        guard(name, args)
+
+    event("open", str(metrics), "w", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    metrics.write_text("step,loss\n")  # truncated by the run
+    for _ in range(3):
+        event("open", str(log), "a", os.O_WRONLY | os.O_APPEND)
+        with open(log, "a") as f:
+            f.write("run\n")
+    event("open", str(home / "new.txt"), None, os.O_CREAT | os.O_WRONLY)
+    (home / "new.txt").write_text("made by the run")
+    event("os.mkdir", str(home / "ckpt"), 0o777, -1)
+    (home / "ckpt").mkdir()
+    event("open", str(home / "ckpt" / "a.bin"), "wb", os.O_WRONLY | os.O_CREAT)
+    (home / "ckpt" / "a.bin").write_bytes(b"1")
+    event("os.rename", str(old), str(home / "moved.txt"), -1, -1)
+    old.rename(home / "moved.txt")
+    event("open", str(metrics), "r", os.O_RDONLY)  # a read: nothing kept
+    event("open", str(run / "result.json"), "w", os.O_WRONLY)  # tune's own folder: not the user's
+    done = restore_user_files(run / "x.kept")
+    assert metrics.read_text() == "step,loss\n0,2.3\n" and log.read_text() == "yesterday\n"
+    assert old.read_text() == "keep me\n" and not (home / "moved.txt").exists()
+    assert not (home / "new.txt").exists() and not (home / "ckpt").exists()
+    assert done == [{"path": str(metrics), "action": "restored"}, {"path": str(log), "action": "restored"},
+                    {"path": str(home / "new.txt"), "action": "removed"},
+                    {"path": str(home / "ckpt"), "action": "removed"},
+                    {"path": str(home / "ckpt" / "a.bin"), "action": "removed"},
+                    {"path": str(old), "action": "restored"}, {"path": str(home / "moved.txt"), "action": "removed"}]
+    assert restore_user_files(tmp_path / "never.kept") == []
+
+
+def test_the_whole_job_is_projected_from_the_loop_the_probe_saw_and_every_figure_says_what_it_covers(tmp_path):
+    from helpers.tune import report
+    from helpers.tune.session import TuneResult, job_effect, job_text
+
+    def proof(name, step_ms, start_s):
+        return [Run(name, r, "steps", [step_ms / 1e3] * 20, [1.0] * 26, 9.0, "",
+                    {"warmup_steps": 5, "first_step_s": start_s + 0.2 * r}) for r in range(2)]
+
+    probe = _probe(loop_sites=[{"file": "/s/train.py", "line": 20, "batches": 250,
+                                "epochs": {"expr": "args.epochs", "value": 4}}], steps_seen=26, batches_drawn=104)
+    res = TuneResult("python train.py", tmp_path, probe, options=TuneOptions())
+    res.proof = judge("rewritten", proof("original", 100, 3.0), proof("rewritten", 50, 6.0), QUIET)
+    res.proof_runs = {"original": proof("original", 100, 3.0), "rewritten": proof("rewritten", 50, 6.0)}
+    job = job_effect(res)
+    assert job["steps"] == 250  # 250 batches x 4 epochs / 4 batches per step (gradient accumulation)
+    assert job["original"]["startup_s"] == pytest.approx(3.1) and job["rewritten"]["startup_s"] == pytest.approx(6.1)
+    assert job["original"]["projected_s"] == pytest.approx(3.1 + 249 * 0.1)
+    assert job["speedup"] == pytest.approx((3.1 + 24.9) / (6.1 + 12.45))  # less than the 2x per step
+    res.job = job
+    md = report.markdown(res)
+    assert "whole processes" not in md and "the figure is per optimizer step, over steps 6-25 of each run" in md
+    assert "## The whole job" in md and "| whole run | projected, not measured: start-up + 250 optimizer steps" in md
+    assert "| start-up | measured: from the process's start" in md
+    assert job_text(job).startswith("the whole job, projected: 250 optimizer steps")
+    probe["loop_sites"][0]["epochs"] = None  # no epochs in scope: start-up measured, no projection
+    job = job_effect(res)
+    assert job["steps"] is None and job["speedup"] is None and "no number of epochs" in job["how"]
+    assert "only per-step figures" in job_text(job)
+
+
+def test_an_early_stop_is_judged_against_its_own_rounds_unmodified_run_and_never_firmly_on_a_busy_machine():
+    # the probe ran at 100 ms; then the load rose: round 1's unmodified run took 400 ms, and the change, stopped
+    # early at 412 ms (over 2.5x the probe's), is as fast as it; later rounds of the unmodified run were quick again
+    base = _runs("unmodified", [400, 100, 100])
+    stopped = [Run("autocast", 0, "slow", [0.41, 0.412, 0.415], [1.0] * 8, 9.0, "", {"warmup_steps": 5})]
+    j = judge("autocast", base, stopped, QUIET)
+    assert j.verdict == "inconclusive" and "the unmodified run of round 1 took" in j.reason, j.reason
+    far = [Run("autocast", 0, "slow", [2.0, 2.1, 2.05], [1.0] * 8, 9.0, "", {"warmup_steps": 5})]
+    assert judge("autocast", base, far, QUIET).verdict == "slower"
+    busy = judge("autocast", base, far, BUSY)
+    assert busy.verdict == "inconclusive" and "busy" in busy.reason
+
+
+def test_the_early_stop_limit_comes_from_the_same_rounds_unmodified_run(tmp_path, monkeypatch):
+    limits = {}
+
+    def fake_run_once(command, name, apply, **kw):
+        limits[(name, kw["round_"])] = kw["give_up_step_s"]
+        return Run(name, kw["round_"], "steps", [0.4] * 5, [1.0] * 6, 1.0, "", {})
+
+    monkeypatch.setattr(engine, "run_once", fake_run_once)
+    engine.measure(None, [("unmodified", {}, None), ("x", {"a": 1}, None)], rounds=2, workdir=tmp_path, warmup=1,
+                   steps=5, timeout_s=10, give_up_step_s=0.25)
+    assert limits[("unmodified", 0)] is None and limits[("x", 0)] == pytest.approx(engine.GIVE_UP_RATIO * 0.4)
+    assert limits[("x", 1)] is None
+
+
+def test_a_change_whose_loss_turns_nan_is_not_run_again(tmp_path, monkeypatch):
+    def fake_run_once(command, name, apply, **kw):
+        loss = [1.0, 1.0, float("nan"), float("nan")] if name == "nan" else [1.0] * 4
+        return Run(name, kw["round_"], "steps", [0.01] * 3, loss, 1.0, "", {"warmup_steps": 1})
+
+    monkeypatch.setattr(engine, "run_once", fake_run_once)
+    lines: list[str] = []
+    variants = [("unmodified", {}, None), ("nan", {"x": 1}, None), ("good", {"y": 1}, None)]
+    runs, _ = engine.measure(None, variants, rounds=3, workdir=tmp_path, warmup=1, steps=3, timeout_s=10,
+                             progress=lines.append)
+    assert len(runs["nan"]) == 1 and len(runs["good"]) == 3
+    assert lines[1] == "[2/7] round 1: nan: 10.0 ms/step (its loss became nan at step 3: its 2 later runs skipped)"
+    j = judge("nan", runs["unmodified"], runs["nan"], QUIET)
+    assert j.verdict == "rejected" and "became nan at step 3" in j.reason
+
+
+def test_a_run_whose_steps_stop_advancing_is_stalled_by_its_heartbeat(tmp_path):
+    import json as _json
+    import time as _time
+
+    from helpers.tune.engine import STALL_FLOOR_S, stall_limit_s, stalled
+
+    out = tmp_path / "x-r0.json"
+    beat = out.with_name(out.name + ".progress")
+    now = _time.time()
+    assert stalled(out, 1, 0.5, None, now - 1000) == ""  # no heartbeat, no limit before the first step
+    assert "made no optimizer step in 1000 s" in stalled(out, 1, 0.5, 100.0, now - 1000)
+    beat.write_text(_json.dumps({"steps": 7, "wall": now - 40, "slowest": 0.2}))
+    why = stalled(out, 1, 0.5, None, now)
+    assert why.startswith("it made 7 optimizer steps, then none for 40 s: stopped as stalled") and "30 s" in why
+    assert stalled(out, 1, 5.0, None, now) == ""  # 10x a 5 s step: 50 s
+    assert stall_limit_s(0.1) == STALL_FLOOR_S and stall_limit_s(10.0) == 100.0
+    out.write_text("{}")  # the run wrote its result: it is ending, not stalled
+    assert stalled(out, 1, 0.5, None, now) == ""
+    hung = Run("x", 1, "stalled", [], [], 41.0, "last words", {"progress": why})
+    j = judge("x", _runs("u", [100, 100]), [hung], QUIET)
+    assert j.verdict == "rejected" and "hung with this change (round 2): it made 7 optimizer steps" in j.reason
+
+
+def test_a_module_is_run_as_a_module_and_the_command_line_pastes(tmp_path):
+    from helpers.tune.session import interpreter_text
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("from . import util\n")
+    cmd = parse_command(["python", "-m", "pkg.train", "--name", "my run"], cwd=tmp_path)
+    assert (cmd.module, cmd.script, cmd.args) == ("pkg.train", tmp_path / "pkg" / "train.py", ("--name", "my run"))
+    assert str(cmd) == f"{sys.executable} -m pkg.train --name 'my run'"
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert str(parse_command(["python", "train.py", "a b"], cwd=tmp_path)) == f"{sys.executable} train.py 'a b'"
+    run = parse_command(["torchrun", "--nproc-per-node", "2", "-m", "pkg.train"], cwd=tmp_path)
+    assert run.module == "pkg.train" and run.script == tmp_path / "pkg" / "train.py"
+    said = interpreter_text(cmd, {"python": {"version": "3.11.7", "torch": "2.13.0"}})
+    assert said == (f"your `python` is {sys.executable} (Python 3.11.7, torch 2.13.0): the interpreter tune runs "
+                    f"under, as in an activated environment")
+    assert interpreter_text(parse_command(["/opt/py/bin/python3", str(script)])) == "with /opt/py/bin/python3"
+
+
+def test_a_rewritten_script_that_fails_says_so_in_the_headline_with_its_error(tmp_path):
+    from helpers.tune.session import TuneResult
+
+    res = TuneResult("python train.py", tmp_path, _probe())
+    res.winners = ["num_workers=2", "channels_last"]
+    fail = "the script failed with this change (round 1): RuntimeError: worker 0 died"
+    res.proof_failures = [f"channels_last, num_workers: {fail}"]
+    # the fallback (the best change alone) then ran, and did not hold; no edit is left made
+    res.proof = judge("rewritten", _runs("original", [100, 101]), _runs("rewritten", [100, 101]), QUIET)
+    assert res.headline.startswith(f"The rewritten script was rejected when it ran as written (channels_last, "
+                                   f"num_workers: {fail}); the best change alone then gave 1.00x")
+
+
+def test_edits_skipped_for_one_reason_are_one_line_whatever_their_techniques(tmp_path):
+    from helpers.tune.session import TuneResult
+
+    res = TuneResult(command=None, out_dir=tmp_path, probe={})
+    why = "the call is in data.py, line 8: tune edits only the script you gave"
+    res.edits_skipped = [(Edit("loader", "f", 8, {"num_workers": 2}, "num_workers"), why),
+                         (Edit("loader", "f", 8, {"pin_memory": True}, "pin_memory"), why)]
+    assert res.not_written() == [f"num_workers, pin_memory: {why}"]
+
+
+def test_tunes_folder_is_not_tensorboards_runs(tmp_path, monkeypatch):
+    from helpers.tune import session
+    from helpers.workbook import cli
+
+    (tmp_path / "train.py").write_text("")
+    seen = []
+
+    def fake_tune(command, out, options, **kw):
+        seen.append(out)
+        raise engine.ScriptError("stop here")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WORKBOOK_RUNS_DIR", raising=False)
+    monkeypatch.setattr(session, "tune", fake_tune)
+    assert cli.main(["tune", "--", "python", "train.py"]) == 1
+    assert seen[0].parent == tmp_path / "tune-runs"  # TensorBoard's SummaryWriter writes to ./runs

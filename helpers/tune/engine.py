@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -35,7 +36,7 @@ from typing import Any, Callable, Sequence
 from helpers import machine
 from helpers.errors import ParameterError, WorkbookError
 from helpers.timing import bootstrap_ratio_ci
-from helpers.tune.hook import PROGRESS_SUFFIX, rank_file
+from helpers.tune.hook import KEEP_SUFFIX, PROGRESS_SUFFIX, rank_file
 
 __all__ = ["Command", "Run", "Judgement", "ScriptError", "parse_command", "run_once", "measure", "judge",
            "loss_tolerance", "exploding", "THRESHOLD"]
@@ -46,8 +47,12 @@ THRESHOLD = 1.05
 #: Seconds between the "still running" lines of a run given ``still`` (the probe: a script may index its dataset
 #: for minutes before its first step).
 STILL_EVERY_S = 15.0
-#: How :func:`judge` names the early-stop rule (helpers.tune.session.GIVE_UP_RATIO: 2.5).
-GIVE_UP_TEXT = "2.5x"
+#: A candidate whose first timed steps take longer than this many times the median step of the same round's
+#: unmodified run (the probe's where that did not run first) is stopped and called slower (bf16 autocast on a CPU
+#: without bf16 instructions: 5x and more), so that it does not take most of the session's time.
+GIVE_UP_RATIO = 2.5
+#: How :func:`judge` names the early-stop rule.
+GIVE_UP_TEXT = f"{GIVE_UP_RATIO:g}x"
 #: Consecutive steps averaged into one unit of the bootstrap. A step's own time is bimodal where DataLoader
 #: workers feed it (a step whose batch is ready, a step that waits), and steps next to each other are not
 #: independent (a stalled batch lets the next ones arrive at once); blocks of steps are close to independent.
@@ -89,6 +94,8 @@ class Command:
         (which always runs under torchrun, even with 1).
     launcher : str
         "" for ``python train.py``, "torchrun" for a torchrun command.
+    python_word : str
+        The interpreter as the user typed it (``python``: this environment's, :attr:`python`).
     """
 
     python: str
@@ -98,6 +105,7 @@ class Command:
     cwd: Path
     nproc: int = 1
     launcher: str = ""
+    python_word: str = ""
 
     @property
     def argv(self) -> list[str]:
@@ -113,9 +121,20 @@ class Command:
         return out
 
     def __str__(self) -> str:
-        target = str(self.script) if self.script else f"-m {self.module}"
-        head = [f"torchrun --nproc-per-node {self.nproc}"] if self.launcher else [Path(self.python).name]
-        return " ".join([*head, target, *self.args])
+        """The command as a shell line to paste (``shlex.join``: an argument with spaces is quoted), with the
+        interpreter's full path and the script relative to :attr:`cwd` where under it."""
+        import shlex
+
+        if self.module:
+            target = ["-m", self.module]
+        else:
+            script = self.script
+            try:
+                target = [str(script.relative_to(self.cwd))] if script else []
+            except ValueError:
+                target = [str(script)]
+        head = ["torchrun", "--nproc-per-node", str(self.nproc)] if self.launcher else [self.python]
+        return shlex.join([*head, *target, *self.args])
 
     def process(self, spec_path: Path) -> list[str]:
         """The command line of one run of the hook (:mod:`helpers.tune.hook`) with ``spec_path``: the hook as a
@@ -135,8 +154,9 @@ def parse_command(words: Sequence[str], cwd: str | os.PathLike | None = None) ->
     ------
     ParameterError
         With no command, a first word that is neither a Python interpreter nor torchrun (a shell script),
-        interpreter options such as ``-m``, torchrun options for more than this machine (``--nnodes`` above 1) or
-        for a module or a non-Python program (``-m``, ``--no-python``), or a script file that does not exist.
+        interpreter options other than ``-m``, torchrun options for more than this machine (``--nnodes`` above 1)
+        or for a non-Python program (``--no-python``), a script file that does not exist, or a module (``-m``) that
+        is not a file under the current folder or ``PYTHONPATH``.
     """
     words = list(words)
     cwd = Path(cwd or os.getcwd()).resolve()
@@ -155,13 +175,35 @@ def parse_command(words: Sequence[str], cwd: str | os.PathLike | None = None) ->
     # a bare "python" means this environment's interpreter (the one running the workbook, with torch), as it does
     # when the environment is activated; a path names an interpreter of the user's choice
     python = sys.executable if "/" not in words[0] and "\\" not in words[0] else words[0]
-    if words[1] == "-m":
-        target = words[2].replace(".", "/") + ".py" if len(words) > 2 else "package/train.py"
-        raise ParameterError(f"tune: python -m is not supported: tune edits a script file, so give the module's file: "
-                             f"python {target} ARGS")
+    if words[1] == "-m":  # run as a module (runpy), its file edited
+        if len(words) < 3:
+            raise ParameterError("tune: give the module after -m: python -m package.train ARGS")
+        return Command(python, _module_file(words[2], cwd), words[2], tuple(words[3:]), cwd, python_word=words[0])
     if words[1].startswith("-"):
         raise ParameterError(f"tune: interpreter option {words[1]!r} is not supported; give python train.py ARGS")
-    return Command(python, _script(words[1], cwd), None, tuple(words[2:]), cwd)
+    return Command(python, _script(words[1], cwd), None, tuple(words[2:]), cwd, python_word=words[0])
+
+
+def _module_file(module: str, cwd: Path) -> Path:
+    """The file ``python -m module`` runs, found without importing anything: ``a/b.py`` or ``a/b/__main__.py``
+    under the current folder (first on ``sys.path`` under ``-m``) or a ``PYTHONPATH`` folder.
+
+    Raises
+    ------
+    ParameterError
+        Where no such file is there (a module of an installed package is not the user's to edit).
+    """
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise ParameterError(f"tune: {module!r} is not a module name; give python -m package.train ARGS")
+    bases = [cwd] + [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for base in bases:
+        for f in (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__main__.py")):
+            if f.is_file():
+                return f.resolve()
+    raise ParameterError(f"tune: the module {module!r} is not a file under {cwd} (looked for "
+                         f"{'/'.join(parts)}.py and {'/'.join(parts)}/__main__.py): run tune from the folder you run "
+                         f"python -m {module} from; a module of an installed package is not yours to edit")
 
 
 def _script(word: str, cwd: Path) -> Path:
@@ -191,9 +233,9 @@ def _parse_torchrun(words: list[str], cwd: Path) -> Command:
         why = (said.getvalue().strip().splitlines() or ["bad options"])[-1]
         raise ParameterError(f"tune: torchrun could not read its options ({why}); give torchrun "
                              "--nproc-per-node N train.py ARGS") from None
-    if args.module or args.no_python:
-        raise ParameterError("tune: torchrun -m and --no-python are not supported: tune edits a script file, so "
-                             "give it: torchrun --nproc-per-node N train.py ARGS")
+    if args.no_python:
+        raise ParameterError("tune: torchrun --no-python is not supported: tune edits a Python script, so give "
+                             "it: torchrun --nproc-per-node N train.py ARGS")
     if str(args.nnodes) not in ("1", "1:1"):
         raise ParameterError(f"tune: --nnodes {args.nnodes}: tune runs the job on this machine only; give "
                              "--nnodes 1 (the change it finds applies to every node alike)")
@@ -201,7 +243,9 @@ def _parse_torchrun(words: list[str], cwd: Path) -> Command:
         raise ParameterError(f"tune: --nproc-per-node {args.nproc_per_node!r}: give a number of processes, 1 or "
                              "more, e.g. --nproc-per-node 2 (tune does not resolve torchrun's auto, cpu or gpu: "
                              "name the count your job uses)")
-    return Command(sys.executable, _script(args.training_script, cwd), None, tuple(args.training_script_args), cwd,
+    module = args.training_script if args.module else None
+    script = _module_file(module, cwd) if module else _script(args.training_script, cwd)
+    return Command(sys.executable, script, module, tuple(args.training_script_args), cwd,
                    nproc=int(args.nproc_per_node), launcher="torchrun")
 
 
@@ -216,7 +260,8 @@ class Run:
         0-based round (-1 for the probe).
     status : str
         ``"steps"`` (stopped after its steps), ``"script_end"`` (the script ended first), ``"slow"`` (stopped early,
-        far slower than the reference), ``"exit"``, ``"error"``, ``"timeout"``.
+        far slower than the reference), ``"exit"``, ``"error"``, ``"timeout"``, ``"stalled"`` (its optimizer
+        steps stopped advancing: :func:`stalled`).
     step_times_s : list of float
         The measured steps' times, seconds.
     losses : list of float or None
@@ -271,8 +316,10 @@ def _hook_env(command: Command) -> dict[str, str]:
 
 def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: Path, warmup: int, steps: int,
              timeout_s: float, round_: int = 0, script: Path | None = None, watch_copies: bool = False,
-             give_up_step_s: float | None = None, still: Callable[[str], None] | None = None) -> Run:
-    """Run the script once under the hook.
+             give_up_step_s: float | None = None, still: Callable[[str], None] | None = None,
+             stall_step_s: float | None = None, start_s: float | None = None) -> Run:
+    """Run the script once under the hook; afterwards, every file of the user's it changed is put back
+    (:func:`restore_user_files`, listed in ``result["user_files"]``).
 
     Parameters
     ----------
@@ -298,6 +345,11 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
     give_up_step_s : float, optional
         Stop the run as ``"slow"`` when the median of its steps 2 to 1 + :data:`helpers.tune.hook.GIVE_UP_AFTER`
         exceeds this, seconds.
+    stall_step_s : float, optional
+        The slowest step the probe saw, seconds: the run is stopped as ``"stalled"`` when a step takes longer than
+        :func:`stall_limit_s` of it (without it, of the run's own slowest step so far).
+    start_s : float, optional
+        Seconds the run may take to its first optimizer step before it is stopped as ``"stalled"``.
 
     Returns
     -------
@@ -305,38 +357,35 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
     """
     tag = f"{variant.replace(' ', '_').replace('=', '').replace('+', '')}-r{round_}"
     workdir.mkdir(parents=True, exist_ok=True)
+    keep = workdir / f"{tag}{KEEP_SUFFIX}"
+    shutil.rmtree(keep, ignore_errors=True)  # a tag run again (a second proof): only this run's changes are undone
     spec = {"argv": command.argv, "script": str(command.script) if command.script else None,
             "module": command.module, "source": str(script) if script else None,
             "warmup": warmup, "steps": steps, "out": str(workdir / f"{tag}.json"), "scratch": str(workdir),
             "apply": apply, "user_roots": command.roots, "watch_copies": watch_copies,
-            "give_up_step_s": give_up_step_s, "world": command.nproc}
+            "give_up_step_s": give_up_step_s, "world": command.nproc, "keep": str(keep)}
     spec_path = workdir / f"{tag}.spec.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     out_path = Path(spec["out"])
     out_path.unlink(missing_ok=True)
-    t0 = time.perf_counter()
-    with open(workdir / f"{tag}.log", "wb") as log:
-        proc = subprocess.Popen(command.process(spec_path), cwd=command.cwd,
-                                env=_hook_env(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        try:
-            while still is not None and time.perf_counter() - t0 + STILL_EVERY_S < timeout_s:
-                try:
-                    proc.wait(timeout=STILL_EVERY_S)
-                    break
-                except subprocess.TimeoutExpired:  # a long start (a dataset indexed first): say it is running
-                    still(f"still running after {time.perf_counter() - t0:.0f} s "
-                          f"({steps_so_far(out_path, command.nproc)}; --timeout {timeout_s:.0f} s)")
-            proc.wait(timeout=max(0.0, timeout_s - (time.perf_counter() - t0)))
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            # what the script printed before it stopped making progress (a hang's last words), and how far it got
-            return Run(variant, round_, "timeout", [], [], time.perf_counter() - t0,
-                       _tail(workdir / f"{tag}.log") or f"no output within {timeout_s:.0f} s",
-                       {"progress": progress_text(out_path, command.nproc)})
-        finally:
-            _kill_group(proc)  # DataLoader workers left behind
+    t0, wall0 = time.perf_counter(), time.time()
+    ended, why = "", ""
+    try:
+        with open(workdir / f"{tag}.log", "wb") as log:
+            proc = subprocess.Popen(command.process(spec_path), cwd=command.cwd, env=_hook_env(command), stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                ended, why = _wait(proc, t0, wall0, out_path, command.nproc, timeout_s, stall_step_s, start_s,
+                                   steps, still)
+            finally:
+                _kill_group(proc)  # DataLoader workers left behind
+    finally:  # the user's files as they were before the run, whatever became of it
+        kept = restore_user_files(keep)
     wall = time.perf_counter() - t0
+    if ended:  # what the script printed before it stopped making progress (a hang's last words), how far it got
+        return Run(variant, round_, ended, [], [], wall,
+                   _tail(workdir / f"{tag}.log") or f"no output within {wall:.0f} s",
+                   {"progress": why or progress_text(out_path, command.nproc), "user_files": kept})
     paths = {r: rank_result(out_path, r) for r in range(command.nproc)}
     got = {r: json.loads(p.read_text(encoding="utf-8")) for r, p in paths.items() if p.is_file()}
     missing = sorted(set(paths) - set(got))
@@ -345,8 +394,10 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
         tail = _tail(workdir / f"{tag}.log")
         who = "the process" if command.nproc == 1 else f"rank {missing[0]}"
         return Run(variant, round_, "error", [], [], wall,
-                   f"{who} ended with status {proc.returncode} before writing its result:\n{tail}")
+                   f"{who} ended with status {proc.returncode} before writing its result:\n{tail}",
+                   {"user_files": kept})
     result = _merge_ranks(got)
+    result["user_files"] = kept
     error = result.get("error") or ""
     if result["status"] in ("error", "exit") and command.nproc == 1:  # its own output, ending with its traceback
         error = _tail(workdir / f"{tag}.log") or error
@@ -355,13 +406,131 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
                result["losses"], wall, error, result)
 
 
+#: Seconds between two looks at a running run (has it ended, stalled, run out of time).
+POLL_S = 1.0
+#: A run whose optimizer steps stop advancing for STALL_RATIO x the slowest step seen (the probe's, or the run's own
+#: so far), and at least STALL_FLOOR_S seconds, is stopped as ``"stalled"``: a hang (a deadlocked DataLoader worker,
+#: a collective that waits forever) need not take the whole timeout. Ten times the slowest step leaves room for the
+#: slow steps the probe saw coming back (an epoch's start); the floor covers a script that checkpoints or evaluates
+#: between steps. Tune's own choices, not measured constants.
+STALL_RATIO = 10.0
+STALL_FLOOR_S = 30.0
+
+
+def stall_limit_s(slowest_step_s: float) -> float:
+    """Seconds without an optimizer step after which a run is stalled: ``max(STALL_FLOOR_S, STALL_RATIO x
+    slowest_step_s)`` (``slowest_step_s`` in seconds)."""
+    return max(STALL_FLOOR_S, STALL_RATIO * slowest_step_s)
+
+
+def _wait(proc: subprocess.Popen, t0: float, wall0: float, out_path: Path, nproc: int, timeout_s: float,
+          stall_step_s: float | None, start_s: float | None, steps: int,
+          still: Callable[[str], None] | None) -> tuple[str, str]:
+    """Wait for a run: ``("", "")`` when it ended on its own; ``("timeout", "")`` past ``timeout_s``;
+    ``("stalled", why)`` when a rank's optimizer steps stopped advancing (:func:`stalled`)."""
+    next_still = t0 + STILL_EVERY_S
+    while True:
+        try:
+            proc.wait(timeout=max(0.0, min(POLL_S, timeout_s - (time.perf_counter() - t0))))
+            return "", ""
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.perf_counter()
+        if now - t0 >= timeout_s:
+            return "timeout", ""
+        why = stalled(out_path, nproc, stall_step_s, start_s, wall0)
+        if why:
+            return "stalled", why
+        if still is not None and now >= next_still and now - t0 + STILL_EVERY_S < timeout_s:
+            next_still += STILL_EVERY_S  # a long start (a dataset indexed first): say it is running
+            still(f"still running after {now - t0:.0f} s ({steps_so_far(out_path, nproc)}; --timeout "
+                  f"{timeout_s:.0f} s)")
+
+
+def stalled(out: Path, nproc: int, stall_step_s: float | None, start_s: float | None, wall0: float) -> str:
+    """Why a running run counts as stalled, or "": a rank that has not written its result and whose last optimizer
+    step (its heartbeat, :func:`helpers.tune.hook._heartbeat`) is older than :func:`stall_limit_s` of the slowest
+    step known (``stall_step_s``, the probe's, or the rank's own slowest so far once it has timed one), or that
+    made no step ``start_s`` seconds after it started (None: no limit before the first step)."""
+    now = time.time()
+    beats = _beats(out, nproc)
+    for r in range(nproc):
+        if rank_result(out, r).is_file():
+            continue  # this rank is done
+        beat = beats.get(r, {"steps": 0, "wall": wall0, "slowest": 0.0})
+        ago, n = now - beat["wall"], beat["steps"]
+        who = "it" if nproc == 1 else f"rank {r}"
+        if n == 0:
+            if start_s is not None and ago > start_s:
+                return (f"{who} made no optimizer step in {ago:.0f} s, the stall limit before the first step (3x the "
+                        f"probe's start-up + {STALL_FLOOR_S:.0f} s): stopped as stalled")
+            continue
+        known = max(stall_step_s or 0.0, beat.get("slowest") or 0.0)
+        if not known:
+            continue  # no step time known yet (the probe's first step): only the timeout applies
+        limit = stall_limit_s(known)
+        if ago > limit:
+            return (f"{who} made {n} optimizer step{'s' if n != 1 else ''}, then none for {ago:.0f} s: stopped as "
+                    f"stalled (the stall limit, {STALL_RATIO:.0f}x the slowest step seen ({known:.2f} s) and at "
+                    f"least {STALL_FLOOR_S:.0f} s, is {limit:.0f} s)")
+    return ""
+
+
+def restore_user_files(keep: Path) -> list[dict[str, str]]:
+    """Put back every file a run changed outside its folder, as :class:`helpers.tune.hook.UserFiles` kept it in
+    ``keep``: a kept copy is written back, a file the run created is removed, and a folder it created is removed
+    where it is empty; the latest change is undone first, so the copy kept before the first change is the one that
+    stays (DataLoader workers and torchrun's ranks keep their own).
+
+    Returns
+    -------
+    list of dict
+        ``{"path", "action"}`` per path the run left changed, action ``"restored"`` or ``"removed"``, in the order
+        the run first changed them (a file the run created and removed itself, or left as it was, is not listed).
+    """
+    import filecmp
+
+    entries = []
+    for log in sorted(keep.glob("*.jsonl")) if keep.is_dir() else []:
+        for line in log.read_text(encoding="utf-8").splitlines():
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a killed process
+    entries.sort(key=lambda e: e["t"])
+    done: dict[str, str] = {}  # the paths something had to be done for, and what (the earliest entry's undo last)
+    for e in reversed(entries):
+        path, kept = Path(e["path"]), e.get("kept")
+        try:
+            if e.get("dir"):
+                if path.is_dir() and not any(path.iterdir()):
+                    path.rmdir()
+                    done[e["path"]] = "removed"
+            elif kept is None:
+                if path.is_file() or path.is_symlink():
+                    path.unlink()
+                    done[e["path"]] = "removed"
+            elif not (path.is_file() and filecmp.cmp(kept, path, shallow=False)):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(kept, path)
+                done[e["path"]] = "restored"
+            elif e["path"] in done:
+                done[e["path"]] = "restored"  # a later copy was written back already: this one is the same
+        except OSError as exc:
+            done[e["path"]] = f"not restored ({exc}); the copy is {kept}" if kept else f"not removed ({exc})"
+    order = list(dict.fromkeys(e["path"] for e in entries))
+    return [{"path": p, "action": done[p]} for p in order if p in done]
+
+
 def _beats(out: Path, nproc: int) -> dict[int, dict[str, Any]]:
-    """Each rank's last heartbeat (:func:`helpers.tune.hook._heartbeat`: ``steps``, ``wall``), where written."""
+    """Each rank's last heartbeat (:func:`helpers.tune.hook._heartbeat`: ``steps``, ``wall``, ``slowest``), where
+    written."""
     beats = {}
     for r in range(nproc):
         try:
             beat = json.loads(Path(str(rank_result(out, r)) + PROGRESS_SUFFIX).read_text())
-            beats[r] = {"steps": int(beat["steps"]), "wall": float(beat["wall"])}
+            beats[r] = {"steps": int(beat["steps"]), "wall": float(beat["wall"]),
+                        "slowest": float(beat.get("slowest") or 0.0)}
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return beats
@@ -443,12 +612,15 @@ def _tail(path: Path, n: int = 40) -> str:
 
 def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path | None]], *, rounds: int,
             workdir: Path, warmup: int, steps: int, timeout_s: float, watch_copies: bool = False,
-            give_up_step_s: float | None = None,
+            give_up_step_s: float | None = None, stall_step_s: float | None = None, start_s: float | None = None,
             progress: Callable[[str], None] | None = None) -> tuple[dict[str, list[Run]], machine.BusyCheck]:
     """Run every variant ``rounds`` times, round-robin, each round in a rotated order.
 
-    A variant other than the first (the reference) whose run failed, or was stopped as ``"slow"`` in the first
-    round (``give_up_step_s``; later rounds run to the end), is not run again: that run decides it (:func:`judge`).
+    A variant other than the first (the reference) whose run failed, stalled, turned its loss NaN or inf where the
+    reference's stayed finite, or was stopped as ``"slow"`` in the first round (:data:`GIVE_UP_RATIO` x the median
+    step of that round's reference run, or ``give_up_step_s`` where the reference has not run yet; later rounds run
+    to the end), is not run again: that run decides it (:func:`judge`). ``stall_step_s`` and ``start_s`` go to
+    :func:`run_once`.
 
     Parameters
     ----------
@@ -483,21 +655,32 @@ def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path
         for name, apply, script in order:
             if name in dropped:
                 continue
+            limit = None
+            if name != reference and r == 0 and give_up_step_s:  # against this round's unmodified run, where run
+                ref = [x for x in runs[reference] if x.round == r and x.ok]
+                limit = GIVE_UP_RATIO * statistics.median(ref[0].step_times_s) if ref else give_up_step_s
             run = run_once(command, name, apply, workdir=workdir, warmup=warmup, steps=steps, timeout_s=timeout_s,
-                           round_=r, script=script, watch_copies=watch_copies,
-                           give_up_step_s=None if name == reference or r > 0 else give_up_step_s)
+                           round_=r, script=script, watch_copies=watch_copies, give_up_step_s=limit,
+                           stall_step_s=stall_step_s, start_s=start_s)
             runs[name].append(run)
             k += 1
             skipped = 0
-            if name != reference and not run.ok:
-                dropped.add(name)
+            k_nan = nonfinite_step(run) if run.ok else None
+            base_finite = all(nonfinite_step(x) is None for x in runs[reference])
+            why = ""
+            if name != reference and (not run.ok or (k_nan is not None and base_finite)):
+                dropped.add(name)  # its verdict is made (rejected, or slower): running it again proves nothing
                 skipped = rounds - 1 - r
                 total -= skipped
+                if run.ok:
+                    why = f"its loss became {run.losses[k_nan]} at step {k_nan + 1}: "
             if progress:
                 med = f"{statistics.fmean(run.step_times_s) * 1e3:.1f} ms/step" if run.step_times_s else run.status
                 progress(f"[{k}/{total}] round {r + 1}: {name}: {med}"
                          + (" (stopped: too slow to be worth timing further)" if run.status == "slow" else "")
-                         + (f" (its {skipped} later run{'s' if skipped > 1 else ''} skipped)" if skipped else ""))
+                         + (f" ({run.result.get('progress')})" if run.status == "stalled" else "")
+                         + (f" ({why}its {skipped} later run{'s' if skipped > 1 else ''} skipped)" if skipped else
+                            f" ({why.rstrip(': ')})" if why else ""))
     busy = machine.check(before, machine.snapshot())
     return runs, busy
 
@@ -612,24 +795,29 @@ def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.Bus
           check_loss: bool = True) -> Judgement:
     """Judge one variant's runs against the baseline's (see the module docstring for the rules)."""
     slow = [r for r in runs if r.status == "slow"]
-    if slow:
+    if slow:  # judged against the unmodified run of its own round: the load may have changed since the probe
         r = slow[0]
         ms = statistics.median(r.step_times_s) * 1e3
-        base_ms = statistics.median([t for b in base for t in b.step_times_s]) * 1e3
+        same = [b for b in base if b.round == r.round and b.step_times_s] or [b for b in base if b.step_times_s]
+        base_ms = statistics.median([t for b in same for t in b.step_times_s]) * 1e3
         stopped = (f"stopped after {len(r.step_times_s) + 1} steps (round {r.round + 1}) at {ms:.0f} ms per step, "
-                   f"over {GIVE_UP_TEXT} the probe's (the first, unmodified run of your script)")
-        if ms > base_ms:
+                   f"over {GIVE_UP_TEXT} the unmodified script's")
+        against = f"the unmodified run of round {r.round + 1} took {base_ms:.0f} ms (medians)"
+        if busy.busy:
+            return Judgement(name, "inconclusive", base_ms / ms, math.nan, math.nan, [], base_ms, ms,
+                             reason=f"{stopped}; {against}, {base_ms / ms:.2f}x; but {busy.sentence()}")
+        if ms * 1.0 > THRESHOLD * base_ms:
             return Judgement(name, "slower", base_ms / ms, math.nan, math.nan, [], base_ms, ms,
-                             reason=f"{stopped}; the unmodified runs took {base_ms:.0f} ms, so it is "
-                                    f"{ms / base_ms:.1f}x as long; a change this much slower is not timed further")
+                             reason=f"{stopped}; {against}, so it is {ms / base_ms:.1f}x as long; a change this "
+                                    f"much slower is not timed further")
         return Judgement(name, "inconclusive", base_ms / ms, math.nan, math.nan, [], base_ms, ms,
-                         reason=f"{stopped}; but the unmodified runs took {base_ms:.0f} ms, longer still: the "
-                                f"machine's speed changed while measuring; rerun when it is quiet")
+                         reason=f"{stopped}; but {against}, {base_ms / ms:.2f}x: the machine's speed changed "
+                                f"while measuring, not the change's; rerun when it is quiet")
     failed = [r for r in runs if not r.ok]
     if failed:
         r = failed[0]
         first = (r.error.strip().splitlines() or [r.status])[-1]
-        if r.status == "timeout":
+        if r.status in ("timeout", "stalled"):
             far = r.result.get("progress") or "no result in time"
             return Judgement(name, "rejected", reason=f"the script hung with this change (round {r.round + 1}): "
                                                       f"{far}; its last output: {first}")

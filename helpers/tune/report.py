@@ -10,7 +10,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from helpers.tune.candidates import FRAMEWORK_ARGS, NOTEBOOK
+from helpers.tune.candidates import FRAMEWORK_ARGS, NOTEBOOK, reported_only
 
 __all__ = ["markdown", "write_report"]
 
@@ -21,7 +21,10 @@ def _row(cells: list[str]) -> str:
 
 def markdown(res: Any) -> str:
     """The report as Markdown (the same text report.html shows)."""
-    out = [f"# tune: `{res.command}`", "", f"**{res.headline}**", ""]
+    out = [f"# tune: `{res.command}`", ""]
+    if getattr(res, "python", ""):
+        out += [f"The interpreter: {res.python}.", ""]
+    out += [f"**{res.headline}**", ""]
     if res.diff:
         out += ["## The change in your code", "",
                 f"Apply it in your script's folder: `cd {res.script_dir} && git apply {res.out_dir / 'change.diff'}` "
@@ -30,8 +33,13 @@ def markdown(res: Any) -> str:
         if res.applied_to:
             out += [f"Applied to `{res.applied_to}`; your original is kept as `{res.backup}`.", ""]
     if res.proof is not None:
-        out += ["## The proof", "", f"The rewritten file against yours, whole processes, interleaved: "
-                                    f"**{res.proof.verdict}**. {res.proof.reason}.", ""]
+        opts = getattr(res, "options", None)
+        span = (f"steps {opts.warmup + 1}-{opts.warmup + opts.steps} of each run (after {opts.warmup} warm-up steps)"
+                if opts is not None else "the timed steps of each run")
+        out += ["## The proof", "", f"The rewritten file against yours, each run a separate process of your script "
+                                    f"stopped after its timed steps, interleaved; the figure is per optimizer step, "
+                                    f"over {span}: **{res.proof.verdict}**. {res.proof.reason}.", ""]
+        out += _job(getattr(res, "job", None) or {})
     if res.judgements:
         edited = [c.name for c in res.candidates if c.apply.get("edits")]
         out += ["## Each change alone, against the unmodified script", "",
@@ -53,6 +61,10 @@ def markdown(res: Any) -> str:
     if res.skipped:
         out += ["## Not tried", ""] + [f"- {t}{f' (notebook {NOTEBOOK[t]})' if t in NOTEBOOK else ''}: {r}"
                                        for t, r in res.skipped] + [""]
+    reported = reported_only(res.probe)
+    if reported:  # found, not changed: the Guide's items tune does not rewrite
+        out += ["## Reported only", "", "tune found these and does not change them:", ""] + \
+            [f"- {line}" for line in reported] + [""]
     found = {c["framework"] for c in getattr(res, "framework_calls", None) or []}
     fw = [m for m in (res.probe.get("frameworks") or []) if m in FRAMEWORK_ARGS and m not in found]
     if fw:  # a framework whose call tune did not find in the script: its arguments, to set where the call is
@@ -79,11 +91,48 @@ def markdown(res: Any) -> str:
             "- The results check: a change whose loss became NaN or inf, or whose mean loss over the timed steps "
             "moved beyond 10% (or three times the unmodified runs' own spread), is rejected.",
             f"- {len(res.runs)} runs in {res.seconds:.0f} s; every run is a line of results.jsonl."]
+    files = getattr(res, "user_files", None) or []
+    if files:
+        out.append(f"- Your script wrote {len(files)} file(s) outside this folder; each was kept before the run "
+                   f"first changed it and put back after every run (a file the run created was removed): "
+                   + ", ".join(f"`{f['path']}` ({f['action']})" for f in files) + ".")
+    else:
+        out.append("- Your script's runs changed no file of yours outside this folder (files written through "
+                   "Python's `open`, `os.replace`/`os.rename`, `os.remove` and `shutil` are watched; each would be "
+                   "kept and put back after the run).")
+    out.append("- A run whose optimizer step stops advancing for 10x the slowest step the probe saw (at least "
+               "30 s) is stopped as stalled, not left to its timeout.")
     if saved:
         out.append(f"- Your script's torch.save wrote {len(saved)} file(s) into this folder's runs/ instead of "
                    f"where it asked (e.g. {saved[0]['asked']}): none of your checkpoints was overwritten.")
     out.append("")
     return "\n".join(out)
+
+
+def _job(job: dict[str, Any]) -> list[str]:
+    """The proof's whole-job section (:func:`helpers.tune.session.job_effect`): each figure says what it covers."""
+    o, r = job.get("original"), job.get("rewritten")
+    if not o or not r:
+        return []
+    out = ["## The whole job", "",
+           "The proof's figure is per optimizer step. Your command's whole run also holds its start-up and all of "
+           "its steps:", "",
+           _row(["figure", "what it covers", "yours", "rewritten"]), _row(["---"] * 4),
+           _row(["start-up", "measured: from the process's start (before `import torch`) to its first optimizer "
+                 "step, mean (range) over the proof's runs",
+                 f"{o['startup_s']:.2f} s ({o['startup_range_s'][0]:.2f}-{o['startup_range_s'][1]:.2f})",
+                 f"{r['startup_s']:.2f} s ({r['startup_range_s'][0]:.2f}-{r['startup_range_s'][1]:.2f})"]),
+           _row(["step", "measured: mean time per timed optimizer step", f"{o['step_s'] * 1e3:.1f} ms",
+                 f"{r['step_s'] * 1e3:.1f} ms"])]
+    if job.get("steps"):
+        out.append(_row(["whole run", f"projected, not measured: start-up + {job['steps']} optimizer steps "
+                         f"({job['how']}); what runs after the last step is not in it",
+                         f"{o['projected_s']:.0f} s", f"{r['projected_s']:.0f} s"]))
+        out += ["", f"Projected over the whole run, the rewritten script is **{job['speedup']:.2f}x** as fast as "
+                    f"yours (per step: the proof's figure above)."]
+    else:
+        out += ["", f"The steps your command would run are not known ({job['how']}): no whole-run projection."]
+    return out + [""]
 
 
 def _html(md: str) -> str:

@@ -195,8 +195,8 @@ def _add_tune(sub) -> None:
                     help="limit for the first, unmodified run, seconds; later runs get 3x its time + 60 s "
                          "(default: 600)")
     tu.add_argument("--out", type=Path, default=None, metavar="DIR",
-                    help="folder for the report, the diff and the rewritten script (default: runs/tune-<UTC time> "
-                         "in the current folder)")
+                    help="folder for the report, the diff and the rewritten script (default: "
+                         "tune-runs/tune-<UTC time> in the current folder)")
     tu.add_argument("--apply", action="store_true",
                     help="also edit your script in place once the rewritten copy is proven faster (a backup is "
                          "kept beside it as SCRIPT.orig)")
@@ -487,17 +487,19 @@ def _tune(args) -> int:
     import os
     import time
 
+    from helpers.tune.candidates import reported_only
     from helpers.tune.engine import ScriptError, parse_command
-    from helpers.tune.session import TuneOptions, tune
+    from helpers.tune.session import TuneOptions, files_text, job_text, tune
 
     words = list(args.command)
     if words and words[0] == "--":
         words = words[1:]
     command = parse_command(words)
     options = TuneOptions(warmup=args.warmup, steps=args.steps, rounds=args.rounds, timeout_s=args.timeout)
-    # your script's folder is the subject here: the report goes to ./runs of the folder you run tune from
-    # (WORKBOOK_RUNS_DIR, where set, wins as for every run)
-    root = Path(os.environ["WORKBOOK_RUNS_DIR"]) if os.environ.get("WORKBOOK_RUNS_DIR") else Path.cwd() / "runs"
+    # your script's folder is the subject here: the report goes to ./tune-runs of the folder you run tune from, a
+    # name no tool of the field takes by default (TensorBoard's SummaryWriter writes to ./runs); WORKBOOK_RUNS_DIR,
+    # where set, wins as for every run
+    root = Path(os.environ["WORKBOOK_RUNS_DIR"]) if os.environ.get("WORKBOOK_RUNS_DIR") else Path.cwd() / "tune-runs"
     out = args.out or root / f"tune-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     if out.exists():
         raise WorkbookError(f"--out {out} exists; give a new folder (tune never writes over an earlier report)")
@@ -518,16 +520,23 @@ def _tune(args) -> int:
         print(json.dumps(res.as_dict(), indent=2, default=str))
         return 0
     print(res.headline)
+    if job_text(res.job):
+        print(f"  {job_text(res.job)}")
     for j in res.judgements:
         print(f"  {j.variant}: {j.verdict}, {res.figure(j)}")
         if j.verdict in ("rejected", "inconclusive"):
             print(f"    {j.reason}")
     for line in res.not_written():  # a winner tune could not write: the user sets it where it is
         print(f"  not written: {line}")
+    for line in reported_only(res.probe):  # found, not changed (a profiler left on, PIL decode, a conv's bias)
+        print(f"  reported only: {line}")
     if res.diff:
         print(f"the change: {out / 'change.diff'}  (rewritten script: {out / command.script.name})")
     if res.applied_to:
         print(f"applied to {res.applied_to}; your original is {res.backup}")
+    if res.user_files:
+        print(f"  {files_text(res.user_files)}; each was put back after every run")
+    print(f"  {res.python}")
     print(f"report: {out / 'report.html'}")
     return 0
 
