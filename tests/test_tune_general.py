@@ -160,7 +160,7 @@ def test_what_tune_does_not_change_is_reported_with_its_line():
     lines = candidates.reported_only(_general_probe())
     assert len(lines) == 3
     assert lines[0].startswith("torch.profiler.profile records every step (t.py, line 9, entered 26 times)")
-    assert "notebook 02" in lines[1] and "Photos.__getitem__" in lines[1]
+    assert "Notebook 02" in lines[1] and "7.3x" in lines[1] and "Photos.__getitem__" in lines[1]
     assert "body.0 (Conv2d, bias=True)" in lines[2] and "tune does not edit your model's layers" in lines[2]
 
 
@@ -233,3 +233,13 @@ def test_an_examples_expected_diff_is_what_tune_writes_from_its_probe(example, t
     diff = unified_diff(source, new, script.name)
     body = expected[expected.index("--- a/"):]
     assert diff == body
+
+
+def test_the_report_and_its_summary_list_what_was_reported_only(tmp_path):
+    from helpers.tune.report import markdown
+    from helpers.tune.session import TuneResult
+
+    md = markdown(TuneResult("python t.py", tmp_path, _general_probe()))
+    section = md[md.index("## Reported only"):]
+    assert "- torch.profiler.profile records every step" in section and "Notebook 02 (batched decode)" in section
+    assert "## Reported only" not in markdown(TuneResult("python t.py", tmp_path, {"general": {}}))

@@ -440,6 +440,12 @@ def general_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tup
     return out, skipped
 
 
+#: What notebook 02 measured for the batched decode against per-image PIL (docs/teaching.md, "What a learner
+#: sees": a quick-profile run on a quiet 2-core AMD EPYC, 2026-12-01; six classroom runs beside busy loops,
+#: 2026-12-07).
+DECODE_02 = "7.3x (95% CI 5.5-8.7) on a quiet 2-core CPU, 2.3-5.2x on a busy one"
+
+
 def reported_only(probe: dict[str, Any]) -> list[str]:
     """What tune found and reports without changing it, one line each: the Guide's debugging profilers left on
     (their results are read later in the script, so tune does not switch them off), a Dataset that decodes images
@@ -454,8 +460,9 @@ def reported_only(probe: dict[str, Any]) -> list[str]:
                        f"torch.profiler.schedule(wait=1, warmup=1, active=3), or remove it for training runs.")
     for r in gen.get("reported") or []:
         if r.get("kind") == "pil_decode":
-            out.append(f"{r['text']}: each sample is decoded on its own in the DataLoader; notebook 02 "
-                       f"(batched decode) measures decoding a batch at once against it on your machine.")
+            out.append(f"{r['text']}: each sample is decoded on its own in the DataLoader. Notebook 02 (batched "
+                       f"decode) measures decoding a whole batch at once on a thread pool against it: {DECODE_02} "
+                       f"(docs/teaching.md); run it on your machine and images.")
         elif r.get("kind") == "conv_bias_before_norm":
             out.append(f"{r['text']} (the Guide: \"Disable bias for convolutions directly followed by a batch "
                        f"norm\"; it saves an addition per output, and tune does not edit your model's layers).")
