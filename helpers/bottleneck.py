@@ -485,7 +485,7 @@ def _compute_levers(mix: ComputeMix | None, compute_saving: float, thr: float) -
     if conv_open:
         words.append("memory format")
         nbs.append(_NUMBER[_NHWC])
-    words.append("fusion")
+    words.append("fusion" if nbs else "fusion, e.g. torch.compile, outside this checklist")
     note = []
     if not amp_open:
         note.append(f"precision is already low ({mix.text}), so mixed precision could save at most "
@@ -495,6 +495,19 @@ def _compute_levers(mix: ComputeMix | None, compute_saving: float, thr: float) -
     if not nbs:  # neither is open: the checklist's compute notebooks are spent
         nbs.append(_NUMBER[_MEMORY])
     return ", ".join(words), tuple(nbs), ("; " + "; ".join(note)) if note else ""
+
+
+def _left_out(mix: ComputeMix | None, compute: tuple[str, ...]) -> str:
+    """``" (mixed precision left out: the matrix work is bf16 already)"``: the compute notebooks the trace's
+    evidence leaves out, in a few words ("" where none is)."""
+    out = []
+    if mix is not None and _NUMBER[_AMP] not in compute:
+        out.append(f"mixed precision left out: the matrix work is {mix.dtype or 'in low precision'} already")
+    if mix is not None and _NUMBER[_NHWC] not in compute:
+        out.append("channels_last left out: no convolution")
+    if compute == (_NUMBER[_MEMORY],):
+        out.append("a larger batch may still use the device better")
+    return f" ({'; '.join(out)})" if out else ""
 
 
 def judge(shares: StepShares, threshold: float = 0.10, *, spare_cores: int | None = None,
@@ -560,8 +573,7 @@ def _next(label: str, *, device_kind: str, spare: int | None, copy_share: float 
           compute_mix: ComputeMix | None = None) -> tuple[tuple[str, ...], str]:
     """(notebook numbers, why) for a label on this machine and what the trace says of its precision."""
     words, compute, prec = _compute_levers(compute_mix, compute_saving, threshold)
-    spent = (f" ({prec[2:]}; a larger batch may still use the device better)" if compute == (_NUMBER[_MEMORY],)
-             else f" ({prec[2:]})" if prec else "")
+    spent = _left_out(compute_mix, compute)
     if label == DEVICE_BOUND:
         free = f"free input {input_saving:.0%}" if input_measured else "the input is not recorded"
         return compute, (f"the step is the computation: a 2x faster compute would save {compute_saving:.0%} of the "
@@ -601,7 +613,7 @@ def _next(label: str, *, device_kind: str, spare: int | None, copy_share: float 
         if spare == 0 and not copy_bound and compute_saving >= threshold:
             # without idle cores the computation's own share is the other lever that pays, when it is worth it
             return inputs + compute, (f"{in_why}; then make the computation cheaper ({words}: a 2x faster "
-                                      f"compute would save {compute_saving:.0%} of the step{prec})")
+                                      f"compute would save {compute_saving:.0%} of the step){spent}")
         return inputs, in_why
     # balanced: the compute is the larger lever, the input the next one
     return compute + inputs, (f"a 2x faster compute saves more than free input would{spent}; then the input: "

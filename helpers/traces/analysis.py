@@ -199,9 +199,10 @@ def _summarize(trace: RankTrace, threshold: float) -> RankSummary:
         b, undecided = bottleneck.classify(
             exposed.median_s, threshold, device_kind=trace.device_kind, spare_cores=None,
             copy_share=shares.copy_share, compute_fraction=shares.compute, comm_fraction=shares.comm_exposed,
-            idle_fraction=shares.idle), ""
+            idle_fraction=shares.idle, compute_mix=getattr(trace, "compute_mix", None)), ""
     else:
-        b, undecided = bottleneck.judge(shares, threshold, spare_cores=None)
+        b, undecided = bottleneck.judge(shares, threshold, spare_cores=None,
+                                        compute_mix=getattr(trace, "compute_mix", None))
     if trace.provenance.get("device_not_recorded"):
         b, undecided = None, ("the job ran on a device the trace lists, but the profiler did not record its "
                               "activity, so the host's operators are only the launches of its work and neither "

@@ -84,6 +84,7 @@ from helpers.live import Progress
 from helpers.traces.kineto_phases import _DEVICE_CATS, _analyse, _Events, _is_marker, _no_steps
 from helpers.traces.kineto_spill import Spill
 from helpers.traces.model import RankTrace, TraceError
+from helpers.traces.precision import MATRIX_OPS, op_precision
 
 __all__ = ["looks_like_kineto", "read_kineto"]
 
@@ -142,6 +143,10 @@ _OLD_CATS = {"Operator": "cpu_op", "Kernel": "kernel", "Runtime": "cuda_runtime"
 # One complete event as Kineto writes it (any whitespace between the keys).
 _X = re.compile(r'"ph": "X",\s*"cat": "([^"\\]*)",\s*"name": "([^"\\]*(?:\\.[^"\\]*)*)",\s*"pid": ([^,]*,'
                 r'\s*"tid": [^,]*),\s*"ts": ([^,\s}]*),\s*"dur": ([^,\s}]*)')
+# The Input type of an operator that does matrix work (helpers.traces.precision.MATRIX_OPS), where the trace
+# recorded shapes: its args come after "dur" in the same event, and hold no nested object.
+_OP_TYPES = re.compile(r'"name": "(' + "|".join(re.escape(n) for n in sorted(MATRIX_OPS))
+                       + r')",[^{}]*?"args": \{[^{}]*?"Input type": \[([^\]]*)\]')
 _WS = re.compile(r"\s*")
 _DECODER = json.JSONDecoder()
 
@@ -224,6 +229,14 @@ class _Columns:
     spill: Spill | None = None
     events: int = 0
     saw_step: bool = False
+    op_types: dict[tuple[str, str], int] = field(default_factory=dict)  # (matrix op, precision) -> calls
+
+    def add_op_types(self, rows) -> None:
+        """Count (operator name, ``Input type`` text) rows of matrix operators by their precision."""
+        for name, types in rows:
+            prec = op_precision(types)
+            if prec is not None:
+                self.op_types[name, prec] = self.op_types.get((name, prec), 0) + 1
 
     def _name_ids(self, names) -> np.ndarray:
         table = self.names
@@ -261,6 +274,8 @@ class _Columns:
                     isinstance(d, bool)):
                 continue
             c, n = str(e.get("cat", "")), str(e.get("name", ""))
+            if n in MATRIX_OPS and isinstance(e.get("args"), dict) and isinstance(e["args"].get("Input type"), list):
+                self.add_op_types([(n, json.dumps(e["args"]["Input type"]))])
             cat.append(c)
             name.append(n)
             tids.append(threads[(json.dumps(e.get("pid")), json.dumps(e.get("tid")))])
@@ -627,6 +642,8 @@ class _Parser:
                 self.cols.add_text(rows, "\\" in chunk)
             except ValueError:  # a ts or dur that is not a number: not Kineto's layout after all
                 trusted = False
+            else:
+                self.cols.add_op_types(_OP_TYPES.findall(chunk))
         if trusted:
             self.fast_chunks += 1
         else:

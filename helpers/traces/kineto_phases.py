@@ -87,6 +87,7 @@ from typing import Any
 import numpy as np
 
 from helpers.traces.model import RankTrace, StepPhases, TraceError
+from helpers.traces.precision import compute_mix
 
 #: Ops reported in ``top_ops``.
 TOP_OPS = 20
@@ -523,7 +524,15 @@ def _analyse(path: Path, parser: Any, steps: _Events, windows, *, has_device: bo
     return RankTrace(
         source=path, format="kineto", device_kind=device_kind, steps=tuple(steps_out), rank=rank, world_size=world,
         node=_node(path, meta), run_id=_run_id(dist), top_ops=_top_ops(sums, steps.names), limits=tuple(limits),
-        provenance=prov, collectives=tuple(_collectives(sums, steps.names, lo, hi, numbers)))
+        provenance=prov, collectives=tuple(_collectives(sums, steps.names, lo, hi, numbers)),
+        compute_mix=_compute_mix(sums, steps.names, getattr(getattr(parser, "cols", None), "op_types", {})))
+
+
+def _compute_mix(sums: _Sums, names: list[str], op_types):
+    """The precision of the matrix work (:func:`helpers.traces.precision.compute_mix`): every device kernel's time
+    in the profiled steps, and the matrix operators' ``Input type`` counted while parsing."""
+    dev = np.flatnonzero(sums.device_names)
+    return compute_mix({names[i]: float(sums.self_ns[i]) for i in dev.tolist()}, op_types)
 
 
 def _step_spans(path: Path, steps: _Events, lk: _Lookups) -> tuple[int, np.ndarray, np.ndarray, list[int], str]:

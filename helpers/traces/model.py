@@ -147,6 +147,9 @@ class RankTrace:
         kernels on a device, gloo's ``gloo:*`` spans on a CPU. A collective ends on every rank at about the
         same time, so the rank that arrives last has the shortest one: the input of
         :mod:`helpers.traces.arrival`. Empty where the trace records none.
+    compute_mix : helpers.bottleneck.ComputeMix or None
+        The precision of the matrix work, from the kernel names and the matrix operators' ``Input type``
+        (:func:`helpers.traces.precision.compute_mix`); None where the trace names none.
     """
 
     source: Path
@@ -161,6 +164,7 @@ class RankTrace:
     limits: tuple[str, ...] = ()
     provenance: dict[str, Any] = field(default_factory=dict)
     collectives: tuple[tuple[int, str, float], ...] = ()
+    compute_mix: Any = None
 
     @property
     def label(self) -> str:
