@@ -204,7 +204,7 @@ def test_the_probe_finds_each_general_item_and_each_is_applied_without_editing_t
     assert [f["line"] for f in gen["unreached_forwards"]] == [11]  # v = model(x); out reaches backward()
     assert gen["optimizer_impl"]["class"] == "SGD" and gen["optimizer_impl"]["fused_supported"] is True
     assert [r["kind"] for r in gen["reported"]] == ["conv_bias_before_norm"]
-    assert "0 (Conv2d, bias=True) feeds 1 (BatchNorm2d)" in gen["reported"][0]["text"]
+    assert "model[0] (Conv2d, bias=True) feeds model[1] (BatchNorm2d)" in gen["reported"][0]["text"]
     assert seen[:4] == ["state True True None", "grad True", "state True True None", "grad False"]
     _, seen = run("all", {"debug_off": True, "no_grad": [[str(script.resolve()), 11]], "set_to_none": True,
                           "optimizer_impl": {"fused": True}})
@@ -217,7 +217,8 @@ def test_the_probe_finds_each_general_item_and_each_is_applied_without_editing_t
 @pytest.mark.parametrize("example", ["debug_left_on"])
 def test_an_examples_expected_diff_is_what_tune_writes_from_its_probe(example, tmp_path):
     """The example's expected diff (tune's own, kept in examples/) is what the rewriter writes from the probe's call
-    sites when every general candidate the probe finds wins: the probe, the plan and the edit agree with it."""
+    sites for the techniques its header names (``# written: ...``): the probe, the plan and the edit agree with it,
+    and the example still holds every general item for the probe to find."""
     script = ROOT / "examples" / f"{example}.py"
     expected = (ROOT / "examples" / f"{example}.expected.diff").read_text()
     command = parse_command([sys.executable, str(script), "--epochs", "3"], cwd=tmp_path)
@@ -227,7 +228,9 @@ def test_an_examples_expected_diff_is_what_tune_writes_from_its_probe(example, t
     general = [c for c in chosen if c.technique in candidates.GENERAL]
     assert {c.technique for c in general} == set(candidates.GENERAL)
     source = script.read_text()
-    wanted = [c for c in general if re.search(rf"\b{re.escape(c.technique)}\b", expected.split("\n---", 1)[0])]
+    written = re.search(r"^# written: (.+)$", expected, re.M).group(1).split(", ")  # the header names them
+    wanted = [c for c in general if c.technique in written]
+    assert len(wanted) == len(written)
     new, made, skipped = apply_edits(source, plan_edits(probe.result, wanted, script))
     assert not skipped
     diff = unified_diff(source, new, script.name)

@@ -957,7 +957,9 @@ def _conv_bias_before_norm(rec: Recorder, found: list[dict[str, Any]]) -> None:
     when that forward runs."""
     import torch
 
-    names = {id(m): n for n, m in rec.model.named_modules()}
+    root = ((rec.optimizer or {}).get("model_names") or ["model"])[0]
+    names = {id(m): root + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in n.split(".") if p)
+             for n, m in rec.model.named_modules()}
     convs = [m for m in rec.model.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)
              and not isinstance(m, torch.nn.modules.conv._ConvTransposeNd) and m.bias is not None]
     norms = [m for m in rec.model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
