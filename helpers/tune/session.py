@@ -606,7 +606,9 @@ def _edit_text(e: Edit) -> str:
                            f"grad_scaler.scale(loss).backward(); grad_scaler.unscale_(optimizer) before a clip; "
                            f"grad_scaler.step(optimizer); grad_scaler.update()",
             "prefetch": f"for ... in prefetch(loader, {e.params.get('device') or 'device'}): with notebook 05's "
-                        f"prefetch() added to the file"}.get(e.kind, e.kind)
+                        f"prefetch() added to the file",
+            "debug_off": f"remove {e.params.get('api', 'the debugging API')}(...) from the training process",
+            "no_grad": "with torch.no_grad(): around the validation loop (or the forward call)"}.get(e.kind, e.kind)
 
 
 def _write_outputs(res: TuneResult, command: Command, apply: bool) -> None:
