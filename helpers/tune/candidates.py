@@ -21,6 +21,14 @@ technique           the change                                                  
 ``cudnn_benchmark``  ``torch.backends.cudnn.benchmark = True`` (CUDA, Conv2d)        07
 ``side_stream``     ``for x, y in prefetch(loader, device):`` (CUDA, NPU), with      05
                     ``pin_memory=True``; :mod:`helpers.pipeline.side_stream`
+``no_sync``         ``with model.no_sync() if (i + 1) % k != 0 else                08
+                    contextlib.nullcontext():`` around the micro-steps of
+                    gradient accumulation (:func:`ddp_candidates`)
+``gradient_as_bucket_view``  ``DistributedDataParallel(..., gradient_as_bucket_view=True)``  08
+``bucket_cap_mb``   ``DistributedDataParallel(..., bucket_cap_mb=N)``, N around 25  08
+``comm_hook``       ``model.register_comm_hook(None, default_hooks.fp16_compress_hook)``  08
+                    (``bf16_compress_hook`` where DDP accepts it)
+``static_graph``    ``DistributedDataParallel(..., static_graph=True)``             08
 ``debug_apis``      ``set_detect_anomaly(True)`` removed, ``with detect_anomaly():``  --
                     unwrapped, ``gradcheck(...)`` in the loop removed
 ``no_grad``         ``with torch.no_grad():`` around a loop (or statement) whose   --
@@ -50,10 +58,13 @@ from typing import Any
 from helpers.device import usable_cores
 
 __all__ = ["Candidate", "choose", "follow_up", "framework_candidates", "general_candidates", "general_edits",
-           "reported_only", "FRAMEWORK_ARGS", "GENERAL", "NOTEBOOK", "PREFETCH"]
+           "reported_only", "ddp_candidates", "ddp_edits", "bucket_layout", "FRAMEWORK_ARGS", "GENERAL", "NOTEBOOK",
+           "PREFETCH"]
 
 #: The notebook that explains and measures each technique.
-NOTEBOOK = {"num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "side_stream": "05", "autocast": "06",
+NOTEBOOK = {"no_sync": "08", "gradient_as_bucket_view": "08", "bucket_cap_mb": "08", "comm_hook": "08",
+            "static_graph": "08",
+            "num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "side_stream": "05", "autocast": "06",
             "channels_last": "07", "cudnn_benchmark": "07"}
 #: Where a framework sets the DataLoader or the precision, the argument to change (the frameworks' own names:
 #: Lightning 2.x ``Trainer(precision=...)``; transformers ``TrainingArguments`` fields).
@@ -105,8 +116,8 @@ def merge_apply(candidates: list[Candidate]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for c in candidates:
         for key, value in c.apply.items():
-            if key == "loader":
-                out.setdefault("loader", {}).update(value)
+            if key in ("loader", "ddp"):  # keywords of one call
+                out.setdefault(key, {}).update(value)
             elif key != "edits":
                 out[key] = value
     return out
@@ -220,6 +231,8 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
     device = model.get("param_device") or "cpu"
     on_device = device in ("cuda", "npu")
     out, skipped = general_candidates(probe)  # the Guide's general items: debugging APIs, no_grad, the optimizer
+    more, why = ddp_candidates(probe)  # DistributedDataParallel and its collectives (notebook 08)
+    out, skipped = out + more, skipped + why
 
     if not loaders:
         skipped.append(("num_workers", "the script builds no torch.utils.data.DataLoader in its own files"))
@@ -493,4 +506,169 @@ def general_edits(probe: dict[str, Any], merged: dict[str, Any]) -> list[Any]:
         edits.append(Edit("call_keywords", opt["file"], opt["line"],
                           {"call": impl.get("class") or opt.get("class"), "values": dict(merged["optimizer_impl"])},
                           "optimizer_impl"))
+    return edits
+
+
+#: DDP's bucket cap when the call gives none, MiB, and its first bucket's, bytes (torch 2.13,
+#: torch/nn/parallel/distributed.py ``_DEFAULT_BUCKET_CAP_MB = 25``; ``dist._DEFAULT_FIRST_BUCKET_BYTES`` = 1 MiB,
+#: used only with the default cap).
+DDP_BUCKET_MB, DDP_FIRST_BUCKET = 25, 1024 * 1024
+#: The ``bucket_cap_mb`` values tried, MiB: a short sweep either side of the default 25 (notebook 08 sweeps
+#: 0.25, 1 and 25). A value whose buckets would be the same as the default's, or as a value tried before it, is
+#: not run.
+BUCKET_CAPS_MB = (5, 100)
+
+
+def bucket_layout(sizes: list[int], cap_mb: float | None) -> tuple[int, ...]:
+    """The bucket sizes, bytes, that DDP's greedy assignment makes of gradients of ``sizes`` bytes (in the order DDP
+    fills them: the model's parameters last first): a bucket closes once it holds ``cap_mb`` MiB or more; with the
+    default (``cap_mb`` None) the first closes at 1 MiB and the others at 25 MiB (torch's
+    ``_compute_bucket_assignment_by_size``, one dtype and device assumed)."""
+    limits = [DDP_FIRST_BUCKET, DDP_BUCKET_MB * 2**20] if cap_mb is None else [int(cap_mb * 2**20)]
+    out: list[int] = []
+    current = 0
+    for n in sizes:
+        current += n
+        if current >= limits[min(len(out), len(limits) - 1)]:
+            out.append(current)
+            current = 0
+    return tuple(out + ([current] if current else []))
+
+
+def ddp_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tuple[str, str]]]:
+    """The DistributedDataParallel candidates of a script whose model DDP wraps, run with more than one rank
+    (``tune -- torchrun --nproc-per-node N``): notebook 08's collective tuning, each found by the probe
+    (:class:`helpers.tune.hook._DDPWatch`, the result's ``ddp``).
+
+    - ``no_sync``: where ``backward()`` ran the same k > 1 times before every optimizer step (gradient
+      accumulation), all in the script given, and the script does not enter ``no_sync()`` itself: the first
+      k - 1 micro-steps of each step skip DDP's all-reduce, the k-th synchronises the sum;
+    - ``gradient_as_bucket_view=True`` where the call does not set it: the gradients become views into DDP's
+      buckets, saving a copy of each;
+    - ``bucket_cap_mb=N`` for N in :data:`BUCKET_CAPS_MB` whose buckets (:func:`bucket_layout` of the parameters'
+      sizes) differ from the default's, where the call does not set it;
+    - ``comm_hook``: ``bf16_compress_hook`` where DDP accepts it (``bf16_comm_hook``), else ``fp16_compress_hook``,
+      where the script registers no hook: half the bytes on the wire, with rounding, so only the loss check
+      decides whether it keeps the results;
+    - ``static_graph=True`` where the same parameters received gradients in every step the probe watched, and
+      there is no gradient accumulation (torch 2.13's reducer fails an internal assert, ``expect_autograd_hooks_``,
+      when a static graph's first micro-step runs under ``no_sync()``; tried here).
+
+    Returns
+    -------
+    (list of Candidate, list of (technique, reason))
+        Nothing at all for a script without DDP and without gradient accumulation.
+    """
+    ddp = probe.get("ddp") or {}
+    per = [int(n) for n in ddp.get("backwards_per_step") or []]
+    accum = per[0] if per and per[0] > 1 and len(set(per)) == 1 else 0
+    script = ddp.get("script")
+    if not ddp.get("wrapped"):
+        if accum:
+            return [], [("no_sync", f"backward() runs {accum} times per optimizer step (gradient accumulation), but "
+                                    f"the model is not wrapped in DistributedDataParallel: there is no gradient "
+                                    f"all-reduce to skip")]
+        return [], []
+    world = int(ddp.get("world") or 1)
+    if world < 2:
+        why = ("the process group has one rank: its all-reduce has no peer to wait for; run tune with the job's "
+               "ranks: tune -- torchrun --nproc-per-node N train.py")
+        return [], [(t, why) for t in ("no_sync", "gradient_as_bucket_view", "bucket_cap_mb", "comm_hook",
+                                       "static_graph")]
+    out: list[Candidate] = []
+    skipped: list[tuple[str, str]] = []
+    given = ddp.get("given") or {}
+    elsewhere = [x for x in probe.get("backward_sites") or [] if script and x["file"] != script]
+    names = [x for x in ddp.get("names") or [] if x.get("name")]
+    if ddp.get("no_sync_in_use"):
+        skipped.append(("no_sync", "the script already enters model.no_sync()"))
+    elif not per or max(per) <= 1:
+        skipped.append(("no_sync", "backward() runs once per optimizer step: there is no gradient accumulation "
+                                   "whose micro-steps could skip the all-reduce"))
+    elif not accum:
+        shown = ", ".join(str(n) for n in per[:8]) + (", ..." if len(per) > 8 else "")
+        skipped.append(("no_sync", f"backward() runs a varying number of times per optimizer step ({shown}): put "
+                                   f"the micro-steps that do not step the optimizer under model.no_sync() by hand"))
+    elif elsewhere:
+        skipped.append(("no_sync", f"backward() is called in {elsewhere[0]['file']}, line {elsewhere[0]['line']}, "
+                                   f"not in the script you gave: tune edits only that script; wrap the micro-steps "
+                                   f"that do not step the optimizer in model.no_sync() there"))
+    elif not names:
+        skipped.append(("no_sync", "no variable where backward() is called holds the DDP model, so no_sync() "
+                                   "cannot be written there"))
+    else:
+        out.append(Candidate(f"no_sync, {accum} micro-steps", "no_sync", {"no_sync": accum},
+                             f"backward() runs {accum} times per optimizer step and each all-reduces the "
+                             f"gradients; only the last needs to"))
+    if given.get("gradient_as_bucket_view"):
+        skipped.append(("gradient_as_bucket_view", "the DDP call already sets gradient_as_bucket_view=True"))
+    else:
+        out.append(Candidate("gradient_as_bucket_view=True", "gradient_as_bucket_view",
+                             {"ddp": {"gradient_as_bucket_view": True}},
+                             "DDP copies each gradient into its bucket before the all-reduce"))
+    if given.get("bucket_cap_mb") is not None:
+        skipped.append(("bucket_cap_mb", f"the DDP call already sets bucket_cap_mb={given['bucket_cap_mb']}"))
+    else:
+        sizes = [int(n) for n in ddp.get("param_bytes") or []]
+        seen = {bucket_layout(sizes, None)}
+        for cap in BUCKET_CAPS_MB:
+            layout = bucket_layout(sizes, cap)
+            if layout in seen:
+                continue
+            seen.add(layout)
+            out.append(Candidate(f"bucket_cap_mb={cap}", "bucket_cap_mb", {"ddp": {"bucket_cap_mb": cap}},
+                                 f"the default 25 MiB makes {len(bucket_layout(sizes, None))} bucket(s) of the "
+                                 f"{sum(sizes) / 2**20:.1f} MiB of gradients; {cap} MiB makes {len(layout)}"))
+        if len(seen) == 1:
+            skipped.append(("bucket_cap_mb", f"the {sum(sizes) / 2**20:.1f} MiB of gradients make the same buckets "
+                                             f"at {', '.join(map(str, BUCKET_CAPS_MB))} MiB as at the default 25"))
+    if ddp.get("comm_hooks"):
+        skipped.append(("comm_hook", "the script registers a communication hook of its own"))
+    else:
+        dtype = "bf16" if ddp.get("bf16_comm_hook") else "fp16"
+        out.append(Candidate(f"{dtype}_compress_hook", "comm_hook", {"comm_hook": dtype},
+                             "DDP all-reduces the gradients in float32; compressed, half the bytes"
+                             + ("" if dtype == "bf16" else " (bf16_compress_hook needs CUDA with NCCL 2.10+)")))
+    if given.get("static_graph"):
+        skipped.append(("static_graph", "the DDP call already sets static_graph=True"))
+    elif accum:
+        skipped.append(("static_graph", "the script accumulates gradients, and DDP's static_graph=True fails when "
+                                        "the first micro-step runs under no_sync() (torch 2.13: an internal assert "
+                                        "in its reducer, expect_autograd_hooks_)"))
+    elif not ddp.get("same_params_every_step"):
+        skipped.append(("static_graph", f"the parameters that receive gradients changed between the "
+                                        f"{ddp.get('grad_steps', 0)} steps the probe watched"))
+    else:
+        out.append(Candidate("static_graph=True", "static_graph", {"ddp": {"static_graph": True}},
+                             f"the same {ddp.get('params_with_grad')} parameters received gradients in each of the "
+                             f"{ddp.get('grad_steps')} steps the probe watched"))
+    return out, skipped
+
+
+def ddp_edits(probe: dict[str, Any], merged: dict[str, Any]) -> list[Any]:
+    """The source edits of the DDP winners in ``merged`` (:func:`merge_apply`), at the probe's call sites:
+    ``ddp_keywords`` (``gradient_as_bucket_view``, ``bucket_cap_mb``, ``static_graph``) and ``comm_hook`` at the
+    ``DistributedDataParallel(...)`` call, ``no_sync`` at the ``backward()`` called most (with the DDP model's
+    name there, the line of the optimizer's step and the forward calls of that file)."""
+    from helpers.tune.rewrite import Edit
+
+    edits = []
+    sites = probe.get("ddp_sites") or []
+    keywords = dict(merged.get("ddp") or {})
+    if keywords and sites:
+        edits.append(Edit("ddp_keywords", sites[0]["file"], sites[0]["line"], {"values": keywords},
+                          " + ".join(keywords)))  # each keyword is its technique's name
+    if merged.get("comm_hook") and sites:
+        edits.append(Edit("comm_hook", sites[0]["file"], sites[0]["line"], {"dtype": merged["comm_hook"]},
+                          "comm_hook"))
+    backs = probe.get("backward_sites") or []
+    if merged.get("no_sync") and backs:
+        b = max(backs, key=lambda x: x.get("count", 0))
+        names = (probe.get("ddp") or {}).get("names") or []
+        name = next((x["name"] for x in names if x["file"] == b["file"] and x["line"] == b["line"]), None)
+        steps = [x for x in probe.get("step_sites") or [] if x["file"] == b["file"]]
+        step = max(steps, key=lambda x: x.get("count", 0))["line"] if steps else None
+        forward = sorted(x["line"] for x in probe.get("forward_sites") or [] if x["file"] == b["file"])
+        edits.append(Edit("no_sync", b["file"], b["line"], {"name": name, "accum": merged["no_sync"], "step": step,
+                                                            "forward": forward}, "no_sync"))
     return edits

@@ -327,6 +327,7 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
             edits.append(Edit("prefetch", site["file"], site["line"], {"device": site.get("device_expr")},
                               "side_stream"))
     edits += cand_mod.general_edits(probe, merged)  # the Guide's general items (debugging APIs, no_grad, ...)
+    edits += cand_mod.ddp_edits(probe, merged)  # DistributedDataParallel's (notebook 08)
     for c in winners:  # a framework's setting: keywords of its call in the script
         edits += call_edits(c, script)
     return edits
@@ -359,7 +360,7 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
     command : Command
         The user's command (:func:`helpers.tune.engine.parse_command`).
     out_dir : pathlib.Path
-        The run folder to create (``runs/tune-<time>/``); created only once the probe succeeded.
+        The run folder to create (``tune-runs/tune-<time>/``); created only once the probe succeeded.
     options : TuneOptions
     apply : bool
         Edit the script in place once the rewritten copy is proven faster, keeping a backup beside it.
@@ -608,7 +609,13 @@ def _edit_text(e: Edit) -> str:
             "prefetch": f"for ... in prefetch(loader, {e.params.get('device') or 'device'}): with notebook 05's "
                         f"prefetch() added to the file",
             "debug_off": f"remove {e.params.get('api', 'the debugging API')}(...) from the training process",
-            "no_grad": "with torch.no_grad(): around the validation loop (or the forward call)"}.get(e.kind, e.kind)
+            "no_grad": "with torch.no_grad(): around the validation loop (or the forward call)",
+            "no_sync": f"with {e.params.get('name') or 'model'}.no_sync() if <not the step's condition> else "
+                       f"contextlib.nullcontext(): around the forward and backward() of each micro-step",
+            "ddp_keywords": "DistributedDataParallel(..., " + ", ".join(
+                f"{k}={v!r}" for k, v in (e.params.get("values") or {}).items()) + ")",
+            "comm_hook": f"model.register_comm_hook(None, default_hooks.{e.params.get('dtype', 'fp16')}"
+                         f"_compress_hook)"}.get(e.kind, e.kind)
 
 
 def _write_outputs(res: TuneResult, command: Command, apply: bool) -> None:
