@@ -326,6 +326,8 @@ class _GeneralEdits:
         """A debugging API's statement removed (``set_detect_anomaly(True)``, ``gradcheck(...)``) or its ``with``
         unwrapped (``detect_anomaly()``); ``[stmt]`` with the reason in ``general_why`` where it cannot be."""
         api = e.params.get("api", "")
+        if not isinstance(orig, (cst.With, cst.SimpleStatementLine)):  # a loop or a def around the line
+            return [stmt]
         if isinstance(orig, cst.With):
             items = [k for k, it in enumerate(orig.items) if isinstance(it.item, cst.Call)
                      and _name_of(it.item.func) in ("detect_anomaly", "set_detect_anomaly")
