@@ -273,6 +273,9 @@ class StepShares:
         "copy", "idle").
     device_kind : str
         "cpu", "cuda", "rocm", "mtia", "xpu", "npu", ... ("" for an unnamed accelerator).
+    comm_overlapped : float or None
+        Communication that runs while the device computes (all communication less the exposed part): a faster
+        compute exposes it (``_compute_saving``).
     """
 
     input: float | None = None
@@ -283,6 +286,7 @@ class StepShares:
     other: float | None = None
     sync: Any = None
     device_kind: str = ""
+    comm_overlapped: float | None = None
 
     @property
     def exposed_input(self) -> float | None:
@@ -320,7 +324,7 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
              spare_cores: int | None = None, copy_share: float | None = None,
              compute_fraction: float | None = None, comm_fraction: float | None = None,
              idle_fraction: float | None = None, input_measured: bool = True,
-             compute_mix: ComputeMix | None = None) -> Bottleneck:
+             compute_mix: ComputeMix | None = None, comm_overlapped: float | None = None) -> Bottleneck:
     """Classify a step from its measured shares: host-bound, balanced, device-bound or communication-bound.
 
     Parameters
@@ -351,6 +355,9 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
     compute_mix : ComputeMix, optional
         The precision of the matrix work, as a trace records it: mixed precision is not advised where it is already
         low, channels_last not where there is no convolution (None: not known, both advised).
+    comm_overlapped : float, optional
+        Communication hidden behind the computation / step time, 0..1: a 2x faster compute saves only what this
+        communication does not then expose (``_compute_saving``); None: taken as 0.
 
     Returns
     -------
@@ -374,12 +381,13 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
     if compute_mix is not None and not isinstance(compute_mix, ComputeMix):
         raise ParameterError(f"classify: compute_mix must be a ComputeMix or None, got {compute_mix!r}")
     accel = device_kind != "cpu"
-    compute_saving = (c if c is not None else max(0.0, 1.0 - x)) / 2
+    o = _opt_share("comm_overlapped", comm_overlapped)
+    compute_saving = _compute_saving(c, x, o)
     comm_saving = m or 0.0
     input_saving = x
     # the device idle time the input wait does not explain: the host's own work keeps the device waiting
     starved = max(0.0, idle - x) if (accel and idle is not None) else 0.0
-    label = _label(x, c, m, starved, thr, accel)
+    label = _label(x, c, m, starved, thr, accel, overlapped=o)
     host_work = label in (HOST_BOUND, BALANCED) and starved > x  # the host side's lever is its own work
     at = _at_threshold(x, c, m, starved, thr, accel, label, input_measured)
 
@@ -388,7 +396,10 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
     if c is not None:
         busy = ("the training computation, on the same CPU, runs" if device_kind == "cpu"
                 else "the device computes") + f" for {100 * c:.0f}%"
-        lever = f"a 2x faster compute {round(100 * c, 9) / 2:.0f}%"  # round: 1 - 0.43 is 0.5700000000000001
+        lever = f"a 2x faster compute {round(100 * compute_saving, 9):.0f}%"  # round: 1 - 0.43 is 0.5700000000000001
+        if compute_saving < c / 2 - 1e-12:
+            lever += (f" (not {round(100 * c, 9) / 2:.0f}%: {100 * (o or 0):.0f}% of communication runs under the "
+                      "compute and would then be exposed)")
     else:
         busy = f"the rest of the step ({100 - pct:.0f}%: computation and anything else, not split here)"
         lever = f"a 2x faster compute at most {round(100 - pct, 9) / 2:.0f}%"
@@ -436,10 +447,17 @@ def classify(exposed_fraction: float, threshold: float = 0.10, *, device_kind: s
                       at_threshold=at, precision=compute_mix.text if compute_mix is not None else "")
 
 
+def _compute_saving(c: float | None, x: float, overlapped: float | None = None) -> float:
+    """Share of the step a 2x faster computation saves: compute / 2 ((1 - x) / 2 where compute is not measured),
+    less the communication hidden behind the compute that a shorter compute no longer hides: min(c / 2, c - o)."""
+    c = c if c is not None else max(0.0, 1.0 - x)
+    return max(0.0, min(c / 2, c - (overlapped or 0.0)))
+
+
 def _label(x: float, c: float | None, m: float | None, starved: float, thr: float, accel: bool, *,
-           busy_rule: bool = True) -> str:
+           busy_rule: bool = True, overlapped: float | None = None) -> str:
     """The one rule (see the module notes): the side of the largest lever, shares 0..1 of the step."""
-    compute_saving = (c if c is not None else max(0.0, 1.0 - x)) / 2
+    compute_saving = _compute_saving(c, x, overlapped)
     host = max(x, starved)  # the host side's lever: its input or its own work, whichever saves more
     if busy_rule and accel and c is not None and c >= DEVICE_BUSY - 1e-12:
         return DEVICE_BOUND
@@ -543,16 +561,18 @@ def judge(shares: StepShares, threshold: float = 0.10, *, spare_cores: int | Non
     kind = shares.device_kind
     x = shares.exposed_input
     kw = dict(device_kind=kind, spare_cores=spare_cores, compute_fraction=shares.compute,
-              comm_fraction=shares.comm_exposed, idle_fraction=shares.idle, compute_mix=compute_mix)
+              comm_fraction=shares.comm_exposed, idle_fraction=shares.idle, compute_mix=compute_mix,
+              comm_overlapped=shares.comm_overlapped)
     if x is not None and shares.input is not None:
         return classify(x, thr, copy_share=shares.copy_share, **kw), ""
     c, m, idle = shares.compute, shares.comm_exposed or 0.0, shares.idle
     accel = kind != "cpu"
     if c is not None and c >= DEVICE_BUSY - 1e-12:
         return classify(0.0, thr, input_measured=False, **kw), ""
-    if m > thr and m >= (c or 0.0) / 2 and (idle is None or m >= idle):
+    saving = _compute_saving(c or 0.0, 0.0, shares.comm_overlapped)
+    if m > thr and m >= saving and (idle is None or m >= idle):
         return classify(0.0, thr, input_measured=False, **kw), ""
-    if accel and idle is not None and c is not None and (idle <= thr or c / 2 > idle):
+    if accel and idle is not None and c is not None and (idle <= thr or saving > idle):
         return classify(0.0, thr, input_measured=False, **kw), ""
     if accel and idle is not None:
         why = (f"the device is idle for {idle:.0%} of the step (computing {c or 0:.0%}), and the trace records "

@@ -451,3 +451,67 @@ def test_the_verdict_says_which_marker_gave_the_steps(tmp_path):
     a = analyze(read([_write(tmp_path / "t.json", _marked_steps("optimizer", []), deviceProperties=[{"id": 0}])]))
     assert "2 steps marked by Optimizer.step#AdamW.step" in a.verdict().context
     assert any("2 steps marked by Optimizer.step#AdamW.step" in line for line in summary_lines(a))
+
+
+DISPATCH = "void deep_ep::internode::dispatch<false, 8, false, 8>(int4*, float*, long*)"
+LAYOUT = "void deep_ep::layout::get_dispatch_layout<256, 32, 8>(long const*, int*)"
+
+
+def test_deepep_kernels_and_their_stream_count_as_communication_by_their_rules(tmp_path):
+    # one 1000 us step: a GEMM on stream 7 [100, 700]; DeepEP on its comm stream 30: layout [50, 60], dispatch
+    # [100, 400], combine [650, 900]; nothing named nccl
+    events = [
+        _x("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        _x("gemm_kernel", 100, 600, cat="kernel", pid=0, tid=7),
+        _x(LAYOUT, 50, 10, cat="kernel", pid=0, tid=30),
+        _x(DISPATCH, 100, 300, cat="kernel", pid=0, tid=30),
+        _x("void deep_ep::internode::combine<8>(int4*)", 650, 250, cat="kernel", pid=0, tid=30),
+    ]
+    rt = read_kineto(_write(tmp_path / "t.json", events, deviceProperties=[{"id": 0}]))
+    (s,) = rt.steps
+    assert s.compute == pytest.approx(600e-6)  # the GEMM only
+    assert s.comm == pytest.approx(560e-6) and s.comm_exposed == pytest.approx(210e-6)  # [50, 60] + [700, 900]
+    rules = {k["name"]: k["rule"] for k in rt.provenance["communication"]}
+    assert rules == {DISPATCH: "DeepEP", "void deep_ep::internode::combine<8>(int4*)": "DeepEP", LAYOUT: "stream"}
+    # the arrival rule reads the collectives themselves, not the layout kernel that shares their stream
+    assert [c[1] for c in rt.collectives] == [DISPATCH, "void deep_ep::internode::combine<8>(int4*)"]
+    line = next(x for x in rt.limits if x.startswith("communication is read from"))
+    assert "2 kernels (0.6 ms: void deep_ep::internode::dispatch<false, 8, false, 8>" in line
+    assert "DeepEP's internode/intranode kernels" in line and "1 kernel (0.0 ms: void deep_ep::layout" in line
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_kernel_with_a_collectives_metadata_is_communication_whatever_its_name(tmp_path, monkeypatch, fast):
+    events = [_x("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+              _x("record_param_comms", 90, 5, **{"Collective name": "allreduce", "External id": 9}),
+              _x("gemm_kernel", 100, 300, cat="kernel", pid=0, tid=7),
+              _x("custom_allreduce_kernel", 350, 250, cat="kernel", pid=0, tid=21,
+                 **{"External id": 9, "Collective name": "allreduce", "Group size": 2})]
+    if fast:  # enough filler host ops that the expression path reads chunks of the file
+        events += [_x("aten::add", 10 + i % 50, 1) for i in range(3000)]
+        monkeypatch.setattr(kineto, "CHUNK_CHARS", 65536)
+    rt = read_kineto(_write(tmp_path / "t.json", events, deviceProperties=[{"id": 0}]))
+    assert (rt.provenance["parse"]["fast_chunks"] > 0) == fast
+    (s,) = rt.steps
+    assert s.compute == pytest.approx(300e-6) and s.comm == pytest.approx(250e-6)
+    assert s.comm_exposed == pytest.approx(200e-6)
+    assert {k["name"]: k["rule"] for k in rt.provenance["communication"]} == {"custom_allreduce_kernel": "metadata"}
+
+
+def test_the_verdict_names_the_communication_kernels_and_the_overlap_limits_the_compute_lever(tmp_path):
+    from helpers.traces import read
+    from helpers.traces.analysis import analyze
+
+    # compute [0, 600] of a 1000 us step, DeepEP [100, 650] under it: a 2x faster compute (300 us) would expose
+    # the dispatch it hid, saving 600 - 500 = 100 us, not 300
+    events = [_x("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+              _x(DATA_SPAN, 700, 300, cat="user_annotation"),
+              _x("gemm_kernel", 0, 600, cat="kernel", pid=0, tid=7),
+              _x(DISPATCH, 100, 550, cat="kernel", pid=0, tid=30)]
+    a = analyze(read([_write(tmp_path / "t.json", events, deviceProperties=[{"id": 0}])]))
+    b = a.bottleneck
+    assert b.compute_saving == pytest.approx(0.10)
+    v = a.verdict()
+    assert "a 2x faster compute 10% (not 30%: 50% of communication runs under the compute" in v.reason
+    assert "communication is read from 1 kernel" in v.reason and "DeepEP" in v.reason
+    assert v.extra["communication"][0]["rule"] == "DeepEP"

@@ -29,6 +29,7 @@ from helpers.checklist import BASELINE, COLLECTIVES, notebook_ref
 from helpers.errors import ParameterError
 from helpers.results import Record, ResultsStore
 from helpers.traces.arrival import Arrival, find_last
+from helpers.traces.kineto_phases import comm_text
 from helpers.traces.model import DEVICE_PHASES, HOST_PHASES, SYNC_TARGETS, RankTrace, StepPhases, TraceError
 from helpers.verdict import Verdict
 
@@ -199,7 +200,8 @@ def _summarize(trace: RankTrace, threshold: float) -> RankSummary:
         b, undecided = bottleneck.classify(
             exposed.median_s, threshold, device_kind=trace.device_kind, spare_cores=None,
             copy_share=shares.copy_share, compute_fraction=shares.compute, comm_fraction=shares.comm_exposed,
-            idle_fraction=shares.idle, compute_mix=getattr(trace, "compute_mix", None)), ""
+            idle_fraction=shares.idle, compute_mix=getattr(trace, "compute_mix", None),
+            comm_overlapped=shares.comm_overlapped), ""
     else:
         b, undecided = bottleneck.judge(shares, threshold, spare_cores=None,
                                         compute_mix=getattr(trace, "compute_mix", None))
@@ -257,7 +259,9 @@ def _shares(steps: Sequence[StepPhases], device_kind: str) -> StepShares:
                       compute=_median_share(steps, lambda s: s.compute),
                       comm_exposed=_median_share(steps, lambda s: s.comm_exposed),
                       idle=_median_share(steps, lambda s: s.idle),
-                      other=_median_share(steps, lambda s: s.other), sync=sync, device_kind=device_kind)
+                      other=_median_share(steps, lambda s: s.other), sync=sync, device_kind=device_kind,
+                      comm_overlapped=_median_share(steps, lambda s: None if s.comm is None or s.comm_exposed is None
+                                                    else max(0.0, s.comm - s.comm_exposed)))
 
 
 def _unique(items) -> tuple[str, ...]:
@@ -433,6 +437,9 @@ class TraceAnalysis:
                 on = max(sync, key=sync.get)
                 parts.append(f"the host waits in synchronize calls for {total:.0%} of the step, mostly while the "
                              f"device does {on} ({sync[on]:.0%})")
+        taken = r.provenance.get("communication")
+        if taken and not brief:  # which kernels were taken as communication, and by which rule
+            parts.append(comm_text(taken))
         if not brief:
             shown = ", ".join(f"{p} {med[p] * 1e3:.0f}" for p in ("data", "h2d", "optimizer", "compute",
                                                                     "comm_exposed", "idle", "other", "sync_wait")
@@ -484,7 +491,8 @@ class TraceAnalysis:
                  "arrival": self.arrival.as_dict() if self.arrival is not None else None,
                  "shares": r.shares.as_dict() if r.shares is not None else None,
                  "evidence": self.evidence, "withheld": self.withheld or None,
-                 "world_size": self.world_size, "ranks_present": len(self.ranks)}
+                 "world_size": self.world_size, "ranks_present": len(self.ranks),
+                 "communication": list(r.provenance.get("communication") or [])}
         return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=r.exposed_fraction, unit="fraction",
                        recommendation=self.label, reason=self._reason(), spread=spread,
                        repeats=r.exposed_steps or None, context=self._context(), extra=extra)

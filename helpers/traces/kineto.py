@@ -147,6 +147,10 @@ _X = re.compile(r'"ph": "X",\s*"cat": "([^"\\]*)",\s*"name": "([^"\\]*(?:\\.[^"\
 # recorded shapes: its args come after "dur" in the same event, and hold no nested object.
 _OP_TYPES = re.compile(r'"name": "(' + "|".join(re.escape(n) for n in sorted(MATRIX_OPS))
                        + r')",[^{}]*?"args": \{[^{}]*?"Input type": \[([^\]]*)\]')
+# A kernel that carries a collective's metadata (kineto copies the launching record_param_comms op's "Collective
+# name", "Process Group Name", ... onto the kernel's args): its name. Its args come after "dur" in the same event.
+_COLL_KERNEL = re.compile(r'"cat": "[Kk]ernel",\s*"name": "([^"\\]*(?:\\.[^"\\]*)*)",[^{}]*?"args": \{[^{}]*?'
+                          r'"Collective name": "')
 _WS = re.compile(r"\s*")
 _DECODER = json.JSONDecoder()
 
@@ -229,6 +233,15 @@ class _Columns:
     spill: Spill | None = None
     events: int = 0
     saw_step: bool = False
+    #: names of the kernels that carry a collective's metadata (args "Collective name")
+    collective_kernels: set[str] = field(default_factory=set)
+    #: kernel time per (thread id, name id): [ns, calls], for the stream rule of kineto_phases._comm_plan
+    stream_kernels: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    is_kernel_cat: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+
+    def add_collective_kernels(self, names, escaped: bool) -> None:
+        """Kernel names (as the text holds them) whose events carry a collective's metadata."""
+        self.collective_kernels.update(json.loads(f'"{n}"') if escaped and "\\" in n else n for n in names)
     op_types: dict[tuple[str, str], int] = field(default_factory=dict)  # (matrix op, precision) -> calls
 
     def add_op_types(self, rows) -> None:
@@ -274,6 +287,8 @@ class _Columns:
                     isinstance(d, bool)):
                 continue
             c, n = str(e.get("cat", "")), str(e.get("name", ""))
+            if c in ("kernel", "Kernel") and isinstance(e.get("args"), dict) and "Collective name" in e["args"]:
+                self.collective_kernels.add(n)
             if n in MATRIX_OPS and isinstance(e.get("args"), dict) and isinstance(e["args"].get("Input type"), list):
                 self.add_op_types([(n, json.dumps(e["args"]["Input type"]))])
             cat.append(c)
@@ -315,6 +330,7 @@ class _Columns:
         counts = np.bincount(cid, minlength=len(cats))
         counts[:len(self.cat_counts)] += self.cat_counts
         self.cat_counts = counts
+        self._add_stream_kernels(cid, names, tids, dur_ns)
         self.events += len(cat)
         try:
             if self.spill is None and self.events > SPILL_EVENTS:
@@ -328,6 +344,23 @@ class _Columns:
                 self.parts.append(part)
         except OSError as exc:  # no room in $TMPDIR
             raise _SpillFailed(exc) from None
+
+    def _add_stream_kernels(self, cid: np.ndarray, names: np.ndarray, tids: np.ndarray, dur_ns: np.ndarray) -> None:
+        """Add the batch's kernel time per (thread, name): a kernel's thread is its device and stream."""
+        if len(self.is_kernel_cat) < len(self.cats):
+            self.is_kernel_cat = np.array([c in ("kernel", "Kernel") for c in self.cats], bool)
+        rows = np.flatnonzero(self.is_kernel_cat[cid])
+        if not len(rows):
+            return
+        key = (tids[rows].astype(np.int64) << 32) | names[rows].astype(np.int64)
+        uniq, inv = np.unique(key, return_inverse=True)
+        ns = np.bincount(inv, weights=dur_ns[rows].astype(np.float64))
+        calls = np.bincount(inv)
+        table = self.stream_kernels
+        for k, t, c in zip(uniq.tolist(), ns.tolist(), calls.tolist()):
+            acc = table.setdefault((k >> 32, k & 0xFFFFFFFF), [0, 0])
+            acc[0] += int(t)
+            acc[1] += int(c)
 
     def _bad_time(self, i: int, name, ts_us: np.ndarray, dur_us: np.ndarray):
         """Raise the :class:`_BadValue` for row ``i`` of a batch, the first whose ts or dur is refused."""
@@ -640,6 +673,8 @@ class _Parser:
         if trusted:
             try:
                 self.cols.add_text(rows, "\\" in chunk)
+                if '"Collective name"' in chunk:
+                    self.cols.add_collective_kernels(_COLL_KERNEL.findall(chunk), "\\" in chunk)
             except ValueError:  # a ts or dur that is not a number: not Kineto's layout after all
                 trusted = False
             else:

@@ -80,7 +80,7 @@ import datetime as _dt
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,26 @@ _SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cuda
 #: Communication kernels: HTA's rule (``nccl`` in the name, ``hta/utils/utils.py``) with ROCm's RCCL, which
 #: names its kernels ``ncclDevKernel...`` as well, and Ascend's HCCL.
 _COMM_WORDS = ("nccl", "rccl", "hccl")
+#: DeepEP's kernels that move tokens between GPUs (github.com/deepseek-ai/DeepEP, ``csrc/kernels/internode.cu``,
+#: ``intranode.cu``, ``internode_ll.cu``: the namespaces ``deep_ep::internode``, ``::intranode``, ``::internode_ll``,
+#: holding notify_dispatch, dispatch, cached_notify, combine; its ``deep_ep::layout`` kernel computes locally).
+#: DeepSeek's own traces (deepseek-ai/profile-data) name the namespace ``dpsk::ep``.
+_DEEP_EP = re.compile(r"\b(?:deep_ep|ep)::(?:internode|intranode|internode_ll)::")
+#: A kernel on a stream (a kernel event's pid and tid: device and stream) where the communication kernels take
+#: more than this share of the kernel time is taken as communication: collective libraries run on streams of their
+#: own (ProcessGroupNCCL's NCCL streams, DeepEP's ``Buffer::comm_stream``), and what else runs there prepares or
+#: finishes their transfers (on the 4 NCCL traces of tests/data/public_traces nothing else runs on those streams).
+COMM_STREAM_SHARE = 0.5
+#: The rules a kernel is taken as communication by, as the verdict states them.
+COMM_RULES = {
+    "name": "their names hold nccl, rccl or hccl (HTA's rule)",
+    "metadata": "they carry a collective's metadata (args 'Collective name', copied from the record_param_comms op "
+                "that launched them)",
+    "DeepEP": "they are DeepEP's internode/intranode kernels (namespaces deep_ep::internode, ::intranode, "
+              "::internode_ll)",
+    "stream": f"they run on a stream where communication kernels take more than {COMM_STREAM_SHARE:.0%} of the "
+              "kernel time",
+}
 
 
 def _no_steps(path: Path, *, early: int | None = None) -> TraceError:
@@ -227,7 +247,7 @@ class _Lookups:
     """What each interned name and category is, as boolean arrays indexed by id, built once per trace (so that a
     mask over millions of events is one fancy index, in every window)."""
 
-    def __init__(self, names: list[str], cats: list[str]) -> None:
+    def __init__(self, names: list[str], cats: list[str], collective: frozenset[str] | set[str] = frozenset()) -> None:
         def by_name(pred) -> np.ndarray:
             return np.fromiter((bool(pred(n)) for n in names), dtype=bool, count=len(names))
 
@@ -238,6 +258,10 @@ class _Lookups:
         self.data = by_name(_is_data)
         self.optimizer = by_name(_is_optimizer)
         self.nccl = by_name(_is_nccl)
+        self.deep_ep = by_name(lambda n: _DEEP_EP.search(n) is not None)
+        self.metadata = by_name(lambda n: n in collective)
+        #: communication kernels by name: HTA's rule, DeepEP's kernels, kernels with a collective's metadata
+        self.comm = self.nccl | self.deep_ep | self.metadata
         self.sync = by_name(lambda n: n in _SYNC_CALLS)
         self.copy = by_name(lambda n: n in _COPY_OPS)
         self.gloo = by_name(lambda n: n.startswith("gloo:"))
@@ -260,6 +284,7 @@ class _Plan:
     numbers: list[int]
     step_thread: int
     device: bool
+    comm_stream: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per thread id: a comm stream
 
 
 class _Sums:
@@ -319,7 +344,8 @@ def _window(ev: _Events, lk: _Lookups, plan: _Plan, wlo: int, whi: int, sums: _S
     if plan.device:
         device = lk.device_cat[cat]
         kernel = lk.kernel_cat[cat] & device
-        nccl = kernel & lk.nccl[name]
+        named = kernel & lk.comm[name]
+        nccl = named | (kernel & plan.comm_stream[ev.thread]) if len(plan.comm_stream) else named
         all_u = _mask_union(ev, device)
         comp_u = _mask_union(ev, kernel & ~nccl)
         comm_u = _mask_union(ev, nccl)
@@ -349,7 +375,7 @@ def _window(ev: _Events, lk: _Lookups, plan: _Plan, wlo: int, whi: int, sums: _S
             sums.add("sync_work", work)
             sums.add("sync_busy", busy)
         sums.device_pids.update(ev.threads[t][0] for t in np.unique(ev.thread[device]).tolist())
-        coll = nccl & in_window
+        coll = named & in_window  # the collectives themselves, for the arrival rule
     else:
         ops = on_thread & ~step_row
         busy_u = _mask_union(ev, ops)
@@ -422,11 +448,14 @@ def _analyse(path: Path, parser: Any, steps: _Events, windows, *, has_device: bo
     event was read; ``events``: how many complete events were read.
     """
     meta = parser.meta
-    lk = _Lookups(steps.names, steps.cats)
+    cols = getattr(parser, "cols", None)
+    lk = _Lookups(steps.names, steps.cats, getattr(cols, "collective_kernels", frozenset()))
     step_thread, lo, hi, numbers, marker = _step_spans(path, steps, lk)
     length = hi - lo
     device_kind = _device_kind(steps.names, steps.cats, meta, has_device)
-    plan = _Plan(lo=lo, hi=hi, numbers=numbers, step_thread=step_thread, device=device_kind != "cpu")
+    comm_stream, comm_kernels = _comm_plan(lk, getattr(cols, "stream_kernels", {}), steps.names, len(steps.threads))
+    plan = _Plan(lo=lo, hi=hi, numbers=numbers, step_thread=step_thread, device=device_kind != "cpu",
+                 comm_stream=comm_stream)
     sums = _Sums(len(lo), len(steps.names))
     for ev, wlo, whi in windows:
         _window(ev, lk, plan, wlo, whi, sums)
@@ -519,6 +548,9 @@ def _analyse(path: Path, parser: Any, steps: _Events, windows, *, has_device: bo
     prov = _provenance(path, parser, events, start_unix, steps.threads[step_thread])
     prov["pid"] = steps.threads[step_thread][0]
     prov["step_marker"] = marker
+    if comm_kernels and plan.device:
+        prov["communication"] = comm_kernels
+        limits.append(comm_text(comm_kernels))
     if unrecorded:
         prov["device_not_recorded"] = True
     return RankTrace(
@@ -533,6 +565,54 @@ def _compute_mix(sums: _Sums, names: list[str], op_types):
     in the profiled steps, and the matrix operators' ``Input type`` counted while parsing."""
     dev = np.flatnonzero(sums.device_names)
     return compute_mix({names[i]: float(sums.self_ns[i]) for i in dev.tolist()}, op_types)
+
+
+def _comm_plan(lk: _Lookups, stream_kernels: dict, names: list[str],
+               n_threads: int) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """(per thread id: whether it is a communication stream, the kernels taken as communication): each kernel name
+    with the rule that took it (:data:`COMM_RULES`; the first that applies, in that order), its kernel time in the
+    whole trace (ms, the streams it was taken on) and its calls, largest first."""
+    comm_ns: dict[int, int] = {}
+    all_ns: dict[int, int] = {}
+    for (tid, nid), (ns, _) in stream_kernels.items():
+        all_ns[tid] = all_ns.get(tid, 0) + ns
+        if lk.comm[nid]:
+            comm_ns[tid] = comm_ns.get(tid, 0) + ns
+    stream = np.zeros(n_threads, bool)
+    for tid, ns in comm_ns.items():
+        if ns > COMM_STREAM_SHARE * all_ns[tid] and tid < n_threads:
+            stream[tid] = True
+    taken: dict[tuple[str, str], list[int]] = {}
+    for (tid, nid), (ns, calls) in stream_kernels.items():
+        rule = ("name" if lk.nccl[nid] else "metadata" if lk.metadata[nid] else "DeepEP" if lk.deep_ep[nid]
+                else "stream" if tid < n_threads and stream[tid] else None)
+        if rule is not None:
+            acc = taken.setdefault((names[nid], rule), [0, 0])
+            acc[0] += ns
+            acc[1] += calls
+    out = [{"name": n, "rule": r, "ms": ns / 1e6, "calls": c} for (n, r), (ns, c) in taken.items()]
+    out.sort(key=lambda d: (-d["ms"], d["name"]))
+    return stream, out
+
+
+def comm_text(kernels: list[dict[str, Any]], shown: int = 3) -> str:
+    """The kernels taken as communication (``provenance["communication"]`` of a trace read here: dicts with
+    ``name``, ``rule`` (a key of :data:`COMM_RULES`), ``ms``, ``calls``), by rule, in one sentence."""
+    parts = []
+    for rule, why in COMM_RULES.items():
+        mine = [k for k in kernels if k["rule"] == rule]
+        if not mine:
+            continue
+        ms = sum(k["ms"] for k in mine)
+        eg = ", ".join(_short(k["name"]) for k in mine[:shown]) + (", ..." if len(mine) > shown else "")
+        parts.append(f"{len(mine)} kernel{'s' if len(mine) > 1 else ''} ({ms:,.1f} ms: {eg}) because {why}")
+    return "communication is read from " + "; ".join(parts)
+
+
+def _short(name: str, width: int = 60) -> str:
+    """A kernel's name without its argument list, cut to ``width`` characters."""
+    head = name.split("(", 1)[0] if not name.startswith("(") else name
+    return head if len(head) <= width else head[:width - 3] + "..."
 
 
 def _step_spans(path: Path, steps: _Events, lk: _Lookups) -> tuple[int, np.ndarray, np.ndarray, list[int], str]:
