@@ -1,4 +1,5 @@
-"""Issue 44, item 1: the advice reads the precision the trace records before it names mixed precision.
+"""Issue 44, items 1 and 8: the advice reads the precision the trace records before it names mixed precision, and a
+verdict at its threshold says so.
 
 Synthetic CUDA traces (:func:`helpers.traces.synthetic.write_synthetic_kineto`) whose GEMM kernels and
 ``aten::addmm`` ``Input type`` are rewritten to fp8, bf16 or fp32, as real traces name them; the kernel names are
@@ -15,6 +16,7 @@ import pytest
 from helpers.bottleneck import ComputeMix, classify
 from helpers.traces.analysis import analyze
 from helpers.traces.kineto import read_kineto
+from helpers.traces.model import RankTrace, StepPhases
 from helpers.traces.precision import compute_mix, kernel_precision, matrix_kind, op_precision
 from helpers.traces.synthetic import StepTiming, write_synthetic_kineto
 from helpers.verdict import HEADLINE_CHARS
@@ -152,3 +154,42 @@ def test_deepseek_v3s_fp8_rank_is_not_advised_mixed_precision():
     a, mix = analyze([rt]), rt.compute_mix
     assert mix.dtype == "fp8" and mix.low > 0.95 and mix.conv == 0.0
     assert "06" not in a.bottleneck.next_notebooks and "precision is already low" in a.bottleneck.reason
+
+
+# --------------------------------------------------------------------------- issue 44, item 8: at the threshold
+
+
+def _rank(compute: float, idle: float, sync: float, *, data: float | None = None) -> RankTrace:
+    """Six steps of 100 ms on ROCm: the device computes ``compute`` of each, idles ``idle``; the host waits in
+    hipStreamSynchronize for ``sync`` of it while the device computes."""
+    steps = tuple(StepPhases(step=i, step_s=0.100, compute=compute * 0.1, idle=idle * 0.1, comm_exposed=0.0, comm=0.0,
+                             data=data, sync_wait=sync * 0.1, sync_on={"compute": sync * 0.1}) for i in range(6))
+    ops = ({"name": "hipStreamSynchronize", "calls": 6, "self_ms": sync * 600, "where": "host"},
+           {"name": "Cijk_Alik_Bljk_BBS_BH_MT256x256x64", "calls": 600, "self_ms": 400.0, "where": "device"})
+    return RankTrace(source=Path("mi300x.json"), format="kineto", device_kind="rocm", steps=steps, top_ops=ops)
+
+
+def test_a_verdict_at_the_90_percent_rule_says_so_and_names_the_sync_wait():
+    a = analyze([_rank(0.91, 0.09, 0.30)])
+    b = a.bottleneck
+    assert a.label == "device-bound" and b.at_threshold.startswith("the device computes for 91% against the 90% rule")
+    head = a.headline()
+    assert "at the threshold (the device computes for 91% against the 90% rule" in head
+    assert "the host waits in synchronize calls (hipStreamSynchronize) for 30% of the step" in head
+    first = a.verdict().headline()
+    assert len(first) <= HEADLINE_CHARS and first.startswith("DEVICE-BOUND at the 90% rule: compute first")
+    assert "busy 91%" in first and "host sync 30%" in first
+
+
+def test_below_the_rule_the_other_label_is_named():
+    # 88% (HTA's figure on the same trace) with 12% idle: below the rule the host's own work is above the threshold
+    b = analyze([_rank(0.88, 0.12, 0.30, data=0.0)]).bottleneck
+    assert b.label == "balanced" and "at or above it: device-bound" in b.at_threshold
+    b = analyze([_rank(0.91, 0.09, 0.30, data=0.0)]).bottleneck
+    assert b.label == "device-bound" and "below it: the same label" in b.at_threshold
+
+
+def test_far_from_any_threshold_nothing_is_said_and_the_sync_stays_in_the_details():
+    a = analyze([_rank(0.98, 0.02, 0.30)])
+    assert a.bottleneck.at_threshold == "" and "at the threshold" not in a.headline()
+    assert "synchronize calls" not in a.headline() and "synchronize calls (hipStreamSynchronize)" in a.sentence()

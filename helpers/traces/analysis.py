@@ -29,6 +29,7 @@ from helpers.checklist import BASELINE, COLLECTIVES, notebook_ref
 from helpers.errors import ParameterError
 from helpers.results import Record, ResultsStore
 from helpers.traces.arrival import Arrival, find_last
+from helpers.traces.kineto_phases import _SYNC_CALLS
 from helpers.traces.kineto_phases import comm_text
 from helpers.traces.model import DEVICE_PHASES, HOST_PHASES, SYNC_TARGETS, RankTrace, StepPhases, TraceError
 from helpers.verdict import Verdict
@@ -431,12 +432,17 @@ class TraceAnalysis:
         lead = f"{self.evidence}: " if self.evidence and not brief else ""
         parts = [f"{lead}{'' if self.withheld else self._job_prefix()}{head}"]
         sync = (r.shares.sync if r.shares is not None else None) or {}
-        if sync and not brief:
+        at = self.bottleneck is not None and bool(self.bottleneck.at_threshold) and not self.withheld
+        if sync and (at or not brief):  # at a threshold, the sync wait is what may tip the label: said up front
             total = sum(sync.values())
             if total > self.threshold:
                 on = max(sync, key=sync.get)
-                parts.append(f"the host waits in synchronize calls for {total:.0%} of the step, mostly while the "
-                             f"device does {on} ({sync[on]:.0%})")
+                calls = [o["name"] for o in r.top_ops if o.get("where") == "host" and o.get("name") in _SYNC_CALLS]
+                named = f" ({', '.join(calls[:2])})" if calls else ""
+                parts.append(f"the host waits in synchronize calls{named} for {total:.0%} of the step, mostly while "
+                             f"the device does {on} ({sync[on]:.0%})"
+                             + ("; each such wait drains the launch queue, so the device then waits for the host's "
+                                "next launches" if at else ""))
         taken = r.provenance.get("communication")
         if taken and not brief:  # which kernels were taken as communication, and by which rule
             parts.append(comm_text(taken))
@@ -493,9 +499,44 @@ class TraceAnalysis:
                  "evidence": self.evidence, "withheld": self.withheld or None,
                  "world_size": self.world_size, "ranks_present": len(self.ranks),
                  "communication": list(r.provenance.get("communication") or [])}
+        extra.update(self._first_line())
         return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=r.exposed_fraction, unit="fraction",
                        recommendation=self.label, reason=self._reason(), spread=spread,
                        repeats=r.exposed_steps or None, context=self._context(), extra=extra)
+
+    def _first_line(self) -> dict[str, str]:
+        """``extra["advice"]`` (a label's: what to speed up first, the shares it stands on, the notebooks) or
+        ``extra["inconclusive_why"]``, for :meth:`helpers.verdict.Verdict.headline`'s first line (at most
+        :data:`helpers.verdict.HEADLINE_CHARS` characters with the figure: the notebooks are cut first)."""
+        b, r = self.bottleneck, self.job
+        if self.withheld:
+            return {"inconclusive_why": f"{self.missing_ranks} ranks missing, the one waited for may be among them; "
+                                        "profile every rank"}
+        if b is None:
+            why = ("device activity not recorded: profile with ProfilerActivity.CUDA"
+                   if r.provenance.get("device_not_recorded") else
+                   "no data-loading span: the input's share is not measured (notebook 01 measures it)")
+            return {"inconclusive_why": why}
+        sh = r.shares
+        launch = sh is not None and sh.idle is not None and sh.idle - b.exposed_fraction > b.exposed_fraction
+        todo = {bottleneck.HOST_BOUND: "host launches first" if launch else "input first",
+                bottleneck.BALANCED: "compute first, then host", bottleneck.DEVICE_BOUND: "compute first",
+                bottleneck.COMM_BOUND: "communication first"}[b.label]
+        at = ""
+        if b.at_threshold:
+            at = (f" at the {bottleneck.DEVICE_BUSY:.0%} rule" if "rule" in b.at_threshold.split(";")[0]
+                  else " at the threshold")
+        pairs = (("busy", sh.compute if sh else None), ("idle", sh.idle if sh else None),
+                 ("comm exposed", sh.comm_exposed if sh else None))
+        shown = [f"{name} {v:.0%}" for name, v in pairs
+                 if v is not None and (name != "comm exposed" or v > self.threshold)]
+        if b.precision and "precision is already low" in b.reason:
+            shown.append(b.precision.split(" on ")[0] + " matrix work")
+        sync = sum(((sh.sync if sh else None) or {}).values())
+        if b.at_threshold and sync > self.threshold:
+            shown.append(f"host sync {sync:.0%}")
+        where = f" (notebook {', '.join(b.next_notebooks)})" if b.next_notebooks else ""
+        return {"advice": f"{b.label.upper()}{at}: {todo}" + (f"; {', '.join(shown)}" if shown else "") + where}
 
     def sentence(self) -> str:
         """The verdict's sentence (:meth:`helpers.verdict.Verdict.sentence`), ending with the "next" advice."""
