@@ -217,8 +217,9 @@ def job_effect(res: "TuneResult") -> dict[str, Any]:
     -------
     dict
         ``steps`` (int or None), ``how`` (how they were counted, or why not), and per ``"original"`` /
-        ``"rewritten"``: ``startup_s`` (mean), ``startup_range_s`` ((min, max)), ``step_s`` (mean), ``projected_s``
-        (None without ``steps``); ``speedup`` (projected original / rewritten, None without). Empty without a proof.
+        ``"rewritten"``: ``startup_s`` (mean), ``startup_range_s`` ((min, max)), ``step_s`` (the proof's mean),
+        ``projected_s`` (None without ``steps``); ``speedup`` (projected original / rewritten, None without). Empty
+        without a proof. Seconds throughout.
     """
     if not res.proof_runs:
         return {}
@@ -248,6 +249,9 @@ def job_effect(res: "TuneResult") -> dict[str, Any]:
         if not starts or not times:
             continue
         start, step = sum(starts) / len(starts), sum(times) / len(times)
+        judged = {"original": res.proof.base_ms, "rewritten": res.proof.variant_ms}.get(name) if res.proof else None
+        if judged is not None and math.isfinite(judged):
+            step = judged / 1e3  # the proof's own mean step (over whole blocks of steps), as its figure
         out[name] = {"startup_s": start, "startup_range_s": (min(starts), max(starts)), "step_s": step,
                      "projected_s": start + (steps - 1) * step if steps else None}
     a, b = out.get("original", {}).get("projected_s"), out.get("rewritten", {}).get("projected_s")
