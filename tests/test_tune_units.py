@@ -871,7 +871,9 @@ def test_the_whole_job_is_projected_from_the_loop_the_probe_saw_and_every_figure
     assert job["original"]["projected_s"] == pytest.approx(3.1 + 249 * 0.1)
     assert job["speedup"] == pytest.approx((3.1 + 24.9) / (6.1 + 12.45))  # less than the 2x per step
     res.job = job
+    res.judgements = [judge("num_workers=2", proof("u", 100, 3.0), proof("n", 50, 3.0), QUIET)]
     md = report.markdown(res)
+    assert "| change | why it was tried | verdict | speedup per step (95% CI) |" in md
     assert "whole processes" not in md and "the figure is per optimizer step, over steps 6-25 of each run" in md
     assert "## The whole job" in md and "| whole run | projected, not measured: start-up + 250 optimizer steps" in md
     assert "| start-up | measured: from the process's start" in md

@@ -48,7 +48,7 @@ def markdown(res: Any) -> str:
                    f"call edited." if edited else ".")
                 + (" A follow-up that builds on a winner is judged against that winner, run in the same "
                    "interleaved way." if any(c.against for c in res.candidates) else ""), "",
-                _row(["change", "why it was tried", "verdict", "speedup (95% CI)", "notebook"]),
+                _row(["change", "why it was tried", "verdict", "speedup per step (95% CI)", "notebook"]),
                 _row(["---"] * 5)]
         by = {c.name: c for c in res.candidates}
         for j in res.judgements:

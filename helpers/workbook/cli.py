@@ -484,6 +484,7 @@ def _tune(args) -> int:
     summary on stdout. Bad flags or command: exit 2 before anything runs. The script failing on its own: its
     traceback, marked as the script's, and exit 1, with nothing written."""
     import json
+    import math
     import os
     import time
 
@@ -523,7 +524,7 @@ def _tune(args) -> int:
     if job_text(res.job):
         print(f"  {job_text(res.job)}")
     for j in res.judgements:
-        print(f"  {j.variant}: {j.verdict}, {res.figure(j)}")
+        print(f"  {j.variant}: {j.verdict}, {res.figure(j)}{'' if math.isnan(j.speedup) else ' per step'}")
         if j.verdict in ("rejected", "inconclusive"):
             print(f"    {j.reason}")
     for line in res.not_written():  # a winner tune could not write: the user sets it where it is
