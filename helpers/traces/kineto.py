@@ -219,8 +219,9 @@ def _thread_key(text: str) -> tuple[str, str]:
 class _Columns:
     """The complete events read so far, as numpy chunks in memory or, past :data:`SPILL_EVENTS`, in a
     :class:`~helpers.traces.kineto_spill.Spill` on disk; names, categories and threads interned. The
-    ``ProfilerStep#N`` spans are also kept apart (``step_parts``) and the events counted per category
-    (``cat_counts``), so that the steps and the device are known before the events are read back."""
+    spans that mark steps (``ProfilerStep#N``, ``Optimizer.step#``, the DataLoader's ``__next__``) are also kept
+    apart (``step_parts``) and the events counted per category (``cat_counts``), so that the steps and the device
+    are known before the events are read back."""
 
     names: _Table = field(default_factory=_Table)
     cats: _Table = field(default_factory=_Table)
@@ -390,7 +391,7 @@ class _Columns:
         return _Events(ts, dur, ts + dur, name, cat, thread, names, cats, threads)
 
     def step_events(self, names: list, cats: list, threads: list) -> _Events:
-        """The ``ProfilerStep#N`` spans read (any category or thread), as :class:`_Events` over the given tables."""
+        """The spans that mark steps (any category or thread), as :class:`_Events` over the given tables."""
         return self._events(_join(self.step_parts), names, cats, threads)
 
     def windows(self, names: list, cats: list, threads: list):
@@ -827,15 +828,16 @@ def read_kineto(path, *, progress: Progress | None = None) -> RankTrace:
     Returns
     -------
     RankTrace
-        ``format`` "kineto"; one :class:`StepPhases` per ``ProfilerStep#N`` span, in order, times in seconds (the
-        module's docstring says what each phase is read from); ``top_ops`` self times in ms.
+        ``format`` "kineto"; one :class:`StepPhases` per ``ProfilerStep#N`` span (without them, per step marked
+        by the optimizer's or the DataLoader's spans: :mod:`~helpers.traces.kineto_phases`), in order, times in
+        seconds (the module's docstring says what each phase is read from); ``top_ops`` self times in ms.
 
     Raises
     ------
     TraceError
         Naming the file, what is missing and what to do: a missing, empty or truncated file (checked before
         the parse where the file is not gzipped), a corrupt gzip, text that is not JSON, JSON without
-        ``traceEvents``, a trace without ``ProfilerStep#N`` annotations.
+        ``traceEvents``, a trace with no ``ProfilerStep#N``, ``Optimizer.step#`` or DataLoader ``__next__`` span.
     """
     p = Path(path)
     _precheck(p)

@@ -1,7 +1,7 @@
 """The steps of a Kineto trace and their phases, read from its events' columns with vectorised interval arithmetic.
 
 :func:`helpers.traces.kineto.read_kineto` parses the file into columns (:class:`_Events`: start, duration, end,
-interned name, category and thread of each complete span); :func:`_analyse` finds the ``ProfilerStep#N`` spans and
+interned name, category and thread of each complete span); :func:`_analyse` finds the steps (``ProfilerStep#N``) and
 each step's phases, the device, the collectives, the top ops and the provenance, and returns the
 :class:`~helpers.traces.model.RankTrace`.
 
@@ -58,8 +58,16 @@ step: on the thread that holds most of those annotations; the step number is N):
   "privateuse1" (``privateuse1_*``), "rocm" (an AMD device in ``deviceProperties`` or ``hip*`` runtime calls), else
   "cuda" when the trace holds device events (kernels, memcpy, memset), else "cpu" (also when
   ``deviceProperties`` lists a GPU but ``ProfilerActivity.CUDA`` was not recorded, which ``limits`` says).
-- ``collectives``: each NCCL/RCCL kernel (a CPU trace: each ``gloo:*`` span) starting inside a step, with its
-  duration: the input of :mod:`helpers.traces.arrival`.
+- steps without ``ProfilerStep#N`` (``torch.autograd.profiler``, or a profiler without a schedule): from the
+  most frequent ``Optimizer.step#<class>.step`` name, a step from the end of one to the end of the next; else
+  from the DataLoader's ``__next__`` spans, from the start of one to the start of the next; numbered 1, 2, ...
+  (``provenance["step_marker"]`` and ``limits`` name the marker); refused only where no marker exists.
+- communication kernels, beyond HTA's name rule: kernels that carry a collective's metadata (kineto copies the
+  launching ``record_param_comms`` op's ``Collective name`` onto them), DeepEP's internode/intranode kernels, and
+  kernels on a stream where those take most of the kernel time (:data:`COMM_RULES`; ``provenance["communication"]``
+  lists each kernel with the rule that took it, and ``limits`` says it).
+- ``collectives``: each communication kernel taken by name or metadata (not by its stream; a CPU trace: each
+  ``gloo:*`` span) starting inside a step, with its duration: the input of :mod:`helpers.traces.arrival`.
 - ``rank``, ``world_size``: ``distributedInfo``. ``run_id``: the backend, world size and a digest of
   ``pg_config`` (equal on every rank of a run). Two runs of the same configuration share it; they are told apart
   by their start times (``provenance``'s ``start_unix_s``, the UTC start of the first profiled step:
@@ -442,10 +450,10 @@ def _top_ops_window(ev: _Events, lk: _Lookups, plan: _Plan, wlo: int, whi: int, 
 def _analyse(path: Path, parser: Any, steps: _Events, windows, *, has_device: bool, events: int) -> RankTrace:
     """The :class:`RankTrace` of a parsed trace (``parser``: kineto's ``_Parser``, for the metadata).
 
-    ``steps`` holds the trace's ``ProfilerStep#N`` spans (and the tables); ``windows`` yields ``(events, wlo,
-    whi)``: the spans that overlap [wlo, whi) as :class:`_Events`, windows that partition time (one window of
-    everything for a trace read into memory, several for one spilled to disk); ``has_device``: whether any device
-    event was read; ``events``: how many complete events were read.
+    ``steps`` holds the trace's spans that can mark steps (:func:`_is_marker`) and the tables; ``windows`` yields
+    ``(events, wlo, whi)``: the spans that overlap [wlo, whi) as :class:`_Events`, windows that partition time
+    (one window of everything for a trace read into memory, several for one spilled to disk); ``has_device``:
+    whether any device event was read; ``events``: how many complete events were read.
     """
     meta = parser.meta
     cols = getattr(parser, "cols", None)
