@@ -33,7 +33,7 @@ from helpers.device import usable_cores
 from helpers.errors import ParameterError
 from helpers.tune import candidates as cand_mod
 from helpers.tune.candidates import Candidate
-from helpers.tune.engine import (GIVE_UP_RATIO, STALL_FLOOR_S, Command, Judgement, Run, ScriptError, exploding,
+from helpers.tune.engine import (GIVE_UP_RATIO, Command, Judgement, Run, ScriptError, exploding,
                                  judge, measure, nonfinite_step, run_once)
 from helpers.tune.report import write_report
 from helpers.tune.rewrite import (Edit, apply_edits, float16_part, framework_calls, loader_elsewhere, loader_label,
@@ -403,9 +403,9 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
     work = out_dir / "runs"
     res = TuneResult(str(command), out_dir, probe.result, script_dir=str(command.script.parent), options=options,
                      python=interpreter_text(command, probe.result))
-    # a run whose steps stop advancing is ended (engine.stalled): the probe's slowest step and start-up set the limits
-    stall = {"stall_step_s": max(probe.result.get("all_step_times_s") or probe.step_times_s),
-             "start_s": 3.0 * float(probe.result.get("first_step_s") or probe.wall_s) + STALL_FLOOR_S}
+    # a run whose steps stop advancing is ended (engine.stalled), at 10x the probe's slowest step; before its first
+    # step only the timeout applies (a change may spend its start compiling)
+    stall = {"stall_step_s": max(probe.result.get("all_step_times_s") or probe.step_times_s)}
     watch = (probe.result.get("model") or {}).get("param_device") in ("cuda", "npu")
     say(f"probe: {probe.result['steps_seen']} steps, "
         f"{1e3 * sorted(probe.step_times_s)[len(probe.step_times_s) // 2]:.1f} ms/step, {probe.wall_s:.1f} s")
