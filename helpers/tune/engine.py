@@ -317,7 +317,8 @@ def _hook_env(command: Command) -> dict[str, str]:
 def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: Path, warmup: int, steps: int,
              timeout_s: float, round_: int = 0, script: Path | None = None, watch_copies: bool = False,
              give_up_step_s: float | None = None, still: Callable[[str], None] | None = None,
-             stall_step_s: float | None = None, start_s: float | None = None) -> Run:
+             stall_step_s: float | None = None, start_s: float | None = None,
+             stall_floor_s: float | None = None) -> Run:
     """Run the script once under the hook; afterwards, every file of the user's it changed is put back
     (:func:`restore_user_files`, listed in ``result["user_files"]``).
 
@@ -350,6 +351,8 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
         :func:`stall_limit_s` of it (without it, of the run's own slowest step so far).
     start_s : float, optional
         Seconds the run may take to its first optimizer step before it is stopped as ``"stalled"``.
+    stall_floor_s : float, optional
+        The stall limit's floor, seconds (:func:`stall_limit_s`; the probe's: :data:`PROBE_STALL_FLOOR_S`).
 
     Returns
     -------
@@ -376,7 +379,7 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             try:
                 ended, why = _wait(proc, t0, wall0, out_path, command.nproc, timeout_s, stall_step_s, start_s,
-                                   steps, still)
+                                   steps, still, stall_floor_s)
             finally:
                 _kill_group(proc)  # DataLoader workers left behind
     finally:  # the user's files as they were before the run, whatever became of it
@@ -415,17 +418,20 @@ POLL_S = 1.0
 #: between steps. Tune's own choices, not measured constants.
 STALL_RATIO = 10.0
 STALL_FLOOR_S = 30.0
+#: The floor for the probe, which has seen only its own first steps: a script that evaluates or saves between two
+#: early steps for up to two minutes is not taken for a hang.
+PROBE_STALL_FLOOR_S = 120.0
 
 
-def stall_limit_s(slowest_step_s: float) -> float:
-    """Seconds without an optimizer step after which a run is stalled: ``max(STALL_FLOOR_S, STALL_RATIO x
-    slowest_step_s)`` (``slowest_step_s`` in seconds)."""
-    return max(STALL_FLOOR_S, STALL_RATIO * slowest_step_s)
+def stall_limit_s(slowest_step_s: float, floor_s: float | None = None) -> float:
+    """Seconds without an optimizer step after which a run is stalled: ``max(floor_s, STALL_RATIO x
+    slowest_step_s)`` (seconds; ``floor_s`` default :data:`STALL_FLOOR_S`)."""
+    return max(STALL_FLOOR_S if floor_s is None else floor_s, STALL_RATIO * slowest_step_s)
 
 
 def _wait(proc: subprocess.Popen, t0: float, wall0: float, out_path: Path, nproc: int, timeout_s: float,
           stall_step_s: float | None, start_s: float | None, steps: int,
-          still: Callable[[str], None] | None) -> tuple[str, str]:
+          still: Callable[[str], None] | None, stall_floor_s: float | None = None) -> tuple[str, str]:
     """Wait for a run: ``("", "")`` when it ended on its own; ``("timeout", "")`` past ``timeout_s``;
     ``("stalled", why)`` when a rank's optimizer steps stopped advancing (:func:`stalled`)."""
     next_still = t0 + STILL_EVERY_S
@@ -438,7 +444,7 @@ def _wait(proc: subprocess.Popen, t0: float, wall0: float, out_path: Path, nproc
         now = time.perf_counter()
         if now - t0 >= timeout_s:
             return "timeout", ""
-        why = stalled(out_path, nproc, stall_step_s, start_s, wall0)
+        why = stalled(out_path, nproc, stall_step_s, start_s, wall0, stall_floor_s)
         if why:
             return "stalled", why
         if still is not None and now >= next_still and now - t0 + STILL_EVERY_S < timeout_s:
@@ -447,11 +453,13 @@ def _wait(proc: subprocess.Popen, t0: float, wall0: float, out_path: Path, nproc
                   f"{timeout_s:.0f} s)")
 
 
-def stalled(out: Path, nproc: int, stall_step_s: float | None, start_s: float | None, wall0: float) -> str:
+def stalled(out: Path, nproc: int, stall_step_s: float | None, start_s: float | None, wall0: float,
+            floor_s: float | None = None) -> str:
     """Why a running run counts as stalled, or "": a rank that has not written its result and whose last optimizer
     step (its heartbeat, :func:`helpers.tune.hook._heartbeat`) is older than :func:`stall_limit_s` of the slowest
     step known (``stall_step_s``, the probe's, or the rank's own slowest so far once it has timed one), or that
-    made no step ``start_s`` seconds after it started (None: no limit before the first step)."""
+    made no step ``start_s`` seconds after it started (None: no limit before the first step); ``floor_s`` as in
+    :func:`stall_limit_s`."""
     now = time.time()
     beats = _beats(out, nproc)
     for r in range(nproc):
@@ -468,11 +476,12 @@ def stalled(out: Path, nproc: int, stall_step_s: float | None, start_s: float | 
         known = max(stall_step_s or 0.0, beat.get("slowest") or 0.0)
         if not known:
             continue  # no step time known yet (the probe's first step): only the timeout applies
-        limit = stall_limit_s(known)
+        limit = stall_limit_s(known, floor_s)
         if ago > limit:
+            floor = STALL_FLOOR_S if floor_s is None else floor_s
             return (f"{who} made {n} optimizer step{'s' if n != 1 else ''}, then none for {ago:.0f} s: stopped as "
                     f"stalled (the stall limit, {STALL_RATIO:.0f}x the slowest step seen ({known:.2f} s) and at "
-                    f"least {STALL_FLOOR_S:.0f} s, is {limit:.0f} s)")
+                    f"least {floor:.0f} s, is {limit:.0f} s)")
     return ""
 
 

@@ -33,7 +33,7 @@ from helpers.device import usable_cores
 from helpers.errors import ParameterError
 from helpers.tune import candidates as cand_mod
 from helpers.tune.candidates import Candidate
-from helpers.tune.engine import (GIVE_UP_RATIO, Command, Judgement, Run, ScriptError, exploding,
+from helpers.tune.engine import (GIVE_UP_RATIO, PROBE_STALL_FLOOR_S, Command, Judgement, Run, ScriptError, exploding,
                                  judge, measure, nonfinite_step, run_once)
 from helpers.tune.report import write_report
 from helpers.tune.rewrite import (Edit, apply_edits, float16_part, framework_calls, loader_elsewhere, loader_label,
@@ -392,7 +392,7 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
             f"{interpreter_text(command)}")
         probe = run_once(command, "probe", {}, workdir=scratch, warmup=options.warmup, steps=options.steps,
                          timeout_s=options.timeout_s, round_=-1, watch_copies=_may_have_device(),
-                         still=lambda line: say(f"probe: {line}"))
+                         still=lambda line: say(f"probe: {line}"), stall_floor_s=PROBE_STALL_FLOOR_S)
         if probe.result.get("user_files"):
             say(f"probe: {files_text(probe.result['user_files'])}")
         _check_probe(probe, options)
@@ -668,7 +668,7 @@ def _check_probe(probe: Run, options: TuneOptions) -> None:
     """Raise :class:`ScriptError` when the unmodified script cannot be tuned."""
     if probe.status == "stalled":
         raise ScriptError(f"your script, unmodified, stopped making optimizer steps: "
-                          f"{probe.result.get('progress')}", probe.error)
+                          f"{probe.result.get('progress')}; its last output is above", probe.error)
     if probe.status == "timeout":
         far = probe.result.get("progress")
         raise ScriptError(f"your script, unmodified, made no result within {options.timeout_s:.0f} s (--timeout): "
