@@ -251,13 +251,14 @@ def test_no_sync_is_found_applied_at_runtime_and_written_as_the_examples_expecte
     chosen = {c.technique: c for c in out}
     assert chosen["no_sync"].apply == {"no_sync": 4}
 
-    # at runtime: the same losses as the unmodified job (the synchronised sum is the same sum), and every change
-    # of the DDP call at once runs
-    applied = run_once(command, "no_sync", {"no_sync": 4}, **kw)
+    # at runtime, with the DDP call's keywords: the same losses as the unmodified job (the synchronised sum is the
+    # same sum; the buckets change where it is taken, not what)
+    keywords = merge_apply([c for c in out if c.technique in ("no_sync", "gradient_as_bucket_view",
+                                                              "bucket_cap_mb")])
+    assert keywords["ddp"] and keywords["no_sync"] == 4
+    applied = run_once(command, "no_sync", keywords, **kw)
     assert applied.ok, applied.error[-2000:]
     assert applied.losses == pytest.approx(probe.losses, rel=1e-4)
-    others = merge_apply([c for c in out if c.technique != "no_sync"])
-    assert run_once(command, "ddp", others, **kw).ok
     # a job whose steps take fewer micro-steps than no_sync was applied for fails, rather than step unsynchronised
     wrong = run_once(command, "wrong", {"no_sync": 8}, **kw)
     assert not wrong.ok and "its last micro-step was not synchronised" in wrong.error
@@ -272,3 +273,54 @@ def test_no_sync_is_found_applied_at_runtime_and_written_as_the_examples_expecte
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "r.pt").is_file() and EXAMPLE.read_bytes() == before
+
+
+ONE_RANK = textwrap.dedent('''\
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(30):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    ''')
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_ddp_calls_changes_run_and_a_world_of_one_is_told_to_run_with_its_ranks(tmp_path):
+    from helpers.tune.engine import parse_command, run_once
+
+    (tmp_path / "train.py").write_text(ONE_RANK)
+    command = parse_command(["python", "train.py"], cwd=tmp_path)
+    kw = dict(workdir=tmp_path / "w", warmup=2, steps=6, timeout_s=120)
+    probe = run_once(command, "probe", {}, round_=-1, **kw)
+    assert probe.ok, probe.error[-2000:]
+    ddp = probe.result["ddp"]
+    assert ddp["world"] == 1 and ddp["same_params_every_step"] and ddp["params_with_grad"] == 4
+    assert ddp["backwards_per_step"] == [1] * len(ddp["backwards_per_step"])
+    out, skipped = candidates.choose(probe.result, cores=1)
+    assert not {c.technique for c in out} & {"no_sync", "comm_hook", "static_graph"}
+    assert "one rank" in dict(skipped)["static_graph"]
+    # the changes a job of several ranks gets, applied at once: they run, and fp16 compression keeps the results
+    every = {"ddp": {"gradient_as_bucket_view": True, "bucket_cap_mb": 5, "static_graph": True}, "comm_hook": "fp16"}
+    run = run_once(command, "every", every, **kw)
+    assert run.ok, run.error[-2000:]
+    assert run.result["ddp"]["comm_hook_applied"] == "fp16_compress_hook"
+    assert run.result["ddp"]["comm_hooks"] == 0 and run.result["applied"] == every  # the script registered none
+    assert run.losses == pytest.approx(probe.losses, rel=1e-2)
+    # a hook the script registers itself is its own: no compression hook is tried on top of it
+    (tmp_path / "train.py").write_text(ONE_RANK.replace("opt = ", "model.register_comm_hook(None, default_hooks."
+                                                        "allreduce_hook)\nopt = ").replace(
+        "from torch import nn\n", "from torch import nn\nfrom torch.distributed.algorithms.ddp_comm_hooks import "
+                                  "default_hooks\n"))
+    own = run_once(command, "own", {}, **kw)
+    assert own.ok and own.result["ddp"]["comm_hooks"] == 1, own.error[-2000:]

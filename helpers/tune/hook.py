@@ -18,6 +18,9 @@ What it watches (every run, so that the baseline and the candidates carry the sa
   :mod:`helpers.tune.rewrite` edits there;
 - the loops over a DataLoader built in the user's files: the ``for`` statement's file and line, and an expression
   valid there for the model's device (a variable that holds it, else the model's own), for the ``prefetch`` edit;
+- the first ``DistributedDataParallel`` the user's files build (:class:`_DDPWatch`): the ``backward()`` calls per
+  optimizer step, the model's name at ``backward()``, the parameters that receive gradients each step, the call's
+  keywords and the gradients' sizes;
 - ``torch.save``: redirected into the run's scratch folder, so that no checkpoint of the user's is overwritten.
 
 What it applies (only what the spec's ``apply`` asks for): DataLoader keyword arguments, ``non_blocking=True``
@@ -25,7 +28,9 @@ on the host-to-device copies, ``torch.autocast`` around the model's forward (for
 ``torch.amp.GradScaler``: the loss scaled before ``backward()``, the gradients unscaled before a clip, the step
 taken and the scale updated through it), ``channels_last`` on the model,
 ``torch.backends.cudnn.benchmark = True`` (set where the optimizer is built), and the loops' batches handed over by
-notebook 05's side-stream prefetcher (:func:`helpers.pipeline.side_stream.prefetch`, onto the model's device).
+notebook 05's side-stream prefetcher (:func:`helpers.pipeline.side_stream.prefetch`, onto the model's device);
+for DistributedDataParallel, keywords of its call, a compression hook and ``no_sync`` over gradient accumulation
+(:class:`_DDPWatch`).
 
 This module imports only the standard library, torch and :mod:`helpers.pipeline.side_stream` (torch alone): it runs
 inside the user's process.
@@ -493,7 +498,7 @@ class _DDPWatch:
         params = [p for p in ddp.module.parameters() if p.requires_grad]
         sizes = [p.numel() * p.element_size() for p in reversed(params)]
         self.info.update(params=len(params), grad_bytes=sum(sizes), param_bytes=sizes[:DDP_SIZES],
-                         bf16_comm_hook=_bf16_comm_hook(), comm_hooks=len(getattr(ddp, "_comm_hooks", []) or []))
+                         bf16_comm_hook=_bf16_comm_hook())
         try:
             self.info["backend"] = str(dist.get_backend(ddp.process_group))
             self.info["world"] = int(dist.get_world_size(ddp.process_group))
@@ -504,6 +509,7 @@ class _DDPWatch:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             ddp.register_comm_hook(None, getattr(default_hooks, f"{hook}_compress_hook"))
+            self.info["comm_hook_applied"] = f"{hook}_compress_hook"
         for i, p in enumerate(params):
             self.handles.append(p.register_post_accumulate_grad_hook(lambda _p, i=i: self.grads.add(i)))
         if self.accum:
@@ -547,6 +553,8 @@ class _DDPWatch:
                "script": str(Path(script).resolve()) if script else None,
                "names": [{"file": f, "line": ln, "name": n} for (f, ln), n in self.names.items()],
                "grad_steps": len(sets), "params_with_grad": len(sets[0]) if sets else 0,
+               # the script's own hooks (registered after the DDP call, so counted at the end), not tune's
+               "comm_hooks": len(getattr(self.ddp, "_comm_hooks", None) or []) - bool(self.info.get("comm_hook_applied")),
                "same_params_every_step": bool(sets) and all(x == sets[0] for x in sets)}
         return out
 
@@ -1073,17 +1081,13 @@ def _optimizer_impl(optimizer) -> dict[str, Any]:
             and device in _foreach_utils._get_foreach_kernels_supported_devices()}
 
 
-def _first_tensor(out):
-    """The first tensor that requires grad in a forward's output (a tensor, a sequence, a dict), or None."""
+def _grad_tensors(out) -> list:
+    """The tensors that require grad in a forward's output (a tensor, or one level of a sequence or a dict)."""
     import torch
 
-    if isinstance(out, torch.Tensor):
-        return out if out.requires_grad else None
-    items = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else ()
-    for x in items:
-        if isinstance(x, torch.Tensor) and x.requires_grad:
-            return x
-    return None
+    items = [out] if isinstance(out, torch.Tensor) else list(out.values()) if isinstance(out, dict) else \
+        list(out) if isinstance(out, (list, tuple)) else []
+    return [x for x in items if isinstance(x, torch.Tensor) and x.requires_grad]
 
 
 def _watch_forwards(rec: Recorder, gen: dict[str, Any], user_site) -> None:
@@ -1104,20 +1108,21 @@ def _watch_forwards(rec: Recorder, gen: dict[str, Any], user_site) -> None:
         else:
             stack.append(None)
         if at is not None and torch.is_grad_enabled():
-            entry = forwards.setdefault(f"{at[0]}:{at[1]}", {"file": at[0], "line": at[1], "calls": 0,
-                                                             "reached": False})
-            entry["calls"] += 1
-            stack[-1] = stack[-1] or entry
+            stack[-1] = at
 
     def post(module, args, out):
         top = stack.pop() if stack else None
-        if isinstance(top, dict):
-            if not top["reached"]:
-                t = _first_tensor(out)
-                if t is not None:
-                    def reached(grad, entry=top):
+        if isinstance(top, tuple):  # a forward with gradients enabled: did it build a graph, does a gradient reach it
+            tensors = _grad_tensors(out)
+            if tensors:
+                entry = forwards.setdefault(f"{top[0]}:{top[1]}", {"file": top[0], "line": top[1], "calls": 0,
+                                                                   "reached": False})
+                entry["calls"] += 1
+                if not entry["reached"]:
+                    def reached(grad, entry=entry):
                         entry["reached"] = True
-                    t.register_hook(reached)
+                    for t in tensors:
+                        t.register_hook(reached)
         elif top is not None:
             top.__exit__(None, None, None)
         return None
