@@ -53,7 +53,10 @@ def _hta(folder: str) -> int:
             analysis = TraceAnalysis(trace_dir=folder)
             df = analysis.get_temporal_breakdown(visualize=False)
     except Exception as exc:  # noqa: BLE001 - whatever HTA raises is reported, not fixed
-        print(f"error: HTA raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+        hint = ""
+        if "for dtype 'int16'" in str(exc):  # HTA 0.5.0 under pandas 3 (tests/tools/hta_reference.py says why)
+            hint = " (HTA 0.5.0 under pandas 3 on a trace of more than 32,767 events: run it with pandas 2.3.3)"
+        print(f"error: HTA raised {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}{hint}",
               file=sys.stderr)
         return 2
     read_s = time.perf_counter() - t0

@@ -10,16 +10,25 @@ PyTorch Profiler TensorBoard plugin's own expected DataLoader shares for the
 kineto ``tb_plugin`` samples, copied from that plugin's end-to-end test file.
 
 HTA is needed ONLY for this script; the project itself neither imports nor
-depends on it. The JSON was produced like this (Python 3.11, CPU only)::
+depends on it. It runs in a venv of its own, where HTA works: HTA 0.5.0
+under pandas 3 (the project pins 3.1.1) raises ``TypeError: Invalid value
+'[...]' for dtype 'int16'`` on a trace whose correlation ids all fit int16
+(below 32,768) while it holds more than 32,767 events (its
+``hta/common/trace.py`` gives ``index_correlation`` the downcast dtype of
+``correlation``, then writes row numbers into it; reproduced on a trace
+of 45,139 events and 9,018 correlation ids, which pandas 2.3.3 reads). The
+JSON was produced like this (Python 3.11, CPU only; first with pandas
+2.2.3 and numpy 2.2.6, which give the same numbers)::
 
     python3 -m venv /tmp/hta-venv
     /tmp/hta-venv/bin/pip install HolisticTraceAnalysis==0.5.0 \
-        pandas==2.2.3 numpy==2.2.6
+        pandas==2.3.3 numpy==2.4.6
     /tmp/hta-venv/bin/python tests/tools/hta_reference.py \
         --traces-root /tmp/pt_stage
 
-and gives the same numbers with pandas 3.1.1 and numpy 2.4.6 (the
-project's pins). ``--traces-root`` is the folder that holds the traces in
+The same interpreter runs tests/test_trace_hta.py's HTA
+(``HTA_PYTHON=/tmp/hta-venv/bin/python``). Under pandas 3 this script
+refuses to run. ``--traces-root`` is the folder that holds the traces in
 the layout of ``tests/data/public_traces/README.md``
 (``hta/<subdir>/<file>``, ``tb_plugin/<sample>/<file>``); without it the
 script uses ``$PUBLIC_TRACES_DIR``, else the first of
@@ -438,6 +447,12 @@ def main(argv=None) -> int:
     logging.disable(logging.WARNING)
     import hta  # noqa: F401 - fail early with a clear ImportError
     from importlib.metadata import version
+
+    if int(version("pandas").split(".")[0]) >= 3:
+        print(f"hta_reference.py: HTA 0.5.0 raises TypeError (an int16 column) under pandas {version('pandas')} "
+              "on traces of more than 32,767 events; run this script from a venv with pandas==2.3.3 (see its "
+              "docstring)", file=sys.stderr)
+        return 2
 
     root, scratch = _pick_root(args.traces_root)
     materialize(root, {HTA_REPO: args.hta_git, KINETO_REPO: args.kineto_git})
