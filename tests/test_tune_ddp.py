@@ -78,6 +78,19 @@ def test_no_sync_is_refused_with_its_reason(over, reason):
     assert reason in dict(skipped)["no_sync"], skipped
 
 
+@pytest.mark.parametrize("over, reason", [
+    ({"backward_sites": [{"file": "/p/train.py", "line": 20, "count": 20}, {"file": "/p/train.py", "line": 30,
+                                                                            "count": 20}]},
+     "backward() is called on 2 lines (20, 30)"),
+    ({"other_optimizers": [{"file": "/p/train.py", "line": 9, "class": "Adam", "model_names": ["disc"]}]},
+     "more than one optimizer"),
+])
+def test_no_sync_is_refused_where_the_backward_calls_are_not_one_loss_over_micro_steps(over, reason):
+    out, skipped = ddp_candidates({**_probe(), **over})  # a GAN's two losses: two backward() calls, not micro-steps
+    assert "no_sync" not in {c.technique for c in out}
+    assert reason in dict(skipped)["no_sync"], skipped
+
+
 def test_a_script_without_ddp_or_accumulation_hears_nothing_of_ddp():
     assert ddp_candidates({"ddp": _ddp(wrapped=False, backwards_per_step=[1] * 5)}) == ([], [])
     assert ddp_candidates({}) == ([], [])
@@ -230,6 +243,24 @@ def test_ddp_keywords_and_the_compression_hook_go_into_the_ddp_call_however_it_i
 def _expected_diff() -> str:
     text = (ROOT / "examples" / "ddp_accumulation.expected.diff").read_text()
     return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))
+
+
+def test_the_examples_expected_diff_is_what_tune_writes_for_it():
+    # the lines the probe captures (the slow test below runs the probe): found here by their text
+    text = EXAMPLE.read_text()
+    at = {key: next(n for n, line in enumerate(text.splitlines(), 1) if key in line)
+          for key in ("loss.backward()", "optimizer.step()", "criterion(model(x), y)", "model = DDP(")}
+    site = {"file": str(EXAMPLE), "count": 4}
+    probe = {"ddp": _ddp(script=str(EXAMPLE), names=[{"file": str(EXAMPLE), "line": at["loss.backward()"],
+                                                      "name": "model"}]),
+             "backward_sites": [{**site, "line": at["loss.backward()"]}],
+             "step_sites": [{**site, "line": at["optimizer.step()"]}],
+             "forward_sites": [{**site, "line": at["criterion(model(x), y)"]}],
+             "ddp_sites": [{"file": str(EXAMPLE), "line": at["model = DDP("]}]}
+    chosen = [c for c in ddp_candidates(probe)[0] if c.technique == "no_sync"]
+    new, made, skipped = apply_edits(text, ddp_edits(probe, merge_apply(chosen)))
+    assert [e.kind for e in made] == ["no_sync"] and not skipped
+    assert unified_diff(text, new, "ddp_accumulation.py") == _expected_diff()
 
 
 @pytest.mark.slow

@@ -589,6 +589,12 @@ def ddp_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tuple[s
         shown = ", ".join(str(n) for n in per[:8]) + (", ..." if len(per) > 8 else "")
         skipped.append(("no_sync", f"backward() runs a varying number of times per optimizer step ({shown}): put "
                                    f"the micro-steps that do not step the optimizer under model.no_sync() by hand"))
+    elif len(probe.get("backward_sites") or []) > 1 or probe.get("other_optimizers"):
+        lines = ", ".join(str(x["line"]) for x in probe.get("backward_sites") or [])
+        skipped.append(("no_sync", (f"backward() is called on {len(probe['backward_sites'])} lines ({lines})"
+                                    if len(probe.get("backward_sites") or []) > 1 else "the script builds more than "
+                                    "one optimizer") + ": tune applies no_sync only where one backward() repeats over "
+                                   "the micro-steps of one optimizer's step"))
     elif elsewhere:
         skipped.append(("no_sync", f"backward() is called in {elsewhere[0]['file']}, line {elsewhere[0]['line']}, "
                                    f"not in the script you gave: tune edits only that script; wrap the micro-steps "

@@ -554,7 +554,8 @@ class _DDPWatch:
                "names": [{"file": f, "line": ln, "name": n} for (f, ln), n in self.names.items()],
                "grad_steps": len(sets), "params_with_grad": len(sets[0]) if sets else 0,
                # the script's own hooks (registered after the DDP call, so counted at the end), not tune's
-               "comm_hooks": len(getattr(self.ddp, "_comm_hooks", None) or []) - bool(self.info.get("comm_hook_applied")),
+               "comm_hooks": len(getattr(self.ddp, "_comm_hooks", None) or [])
+               - bool(self.info.get("comm_hook_applied")),
                "same_params_every_step": bool(sets) and all(x == sets[0] for x in sets)}
         return out
 
