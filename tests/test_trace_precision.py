@@ -232,3 +232,11 @@ def test_the_mi300x_qwen_trace_is_at_the_90_percent_rule_with_its_sync_wait_name
     assert "at the threshold" in head and "the host waits in synchronize calls (hipDeviceSynchronize) for 3" in head
     first = a.verdict().headline()
     assert len(first) <= HEADLINE_CHARS and "at the 90% rule" in first and "host sync 3" in first
+
+
+def test_an_exposed_input_near_its_threshold_names_the_other_sides_label():
+    b = classify(0.12, 0.1, device_kind="cuda", compute_fraction=0.5, idle_fraction=0.12)
+    assert b.label == "balanced" and b.reason.startswith("at the threshold (input exposed 12% against the 10% "
+                                                         "threshold, within 5 points; on its other side: device-bound)")
+    far = classify(0.30, 0.1, device_kind="cuda", compute_fraction=0.5, idle_fraction=0.30)
+    assert far.at_threshold == "" and not far.reason.startswith("at the threshold")
