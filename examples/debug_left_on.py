@@ -5,7 +5,7 @@ enabled, the gradients are zeroed in place, and Adam runs its default for-loop i
 
     workbook tune -- python examples/debug_left_on.py --epochs 4
 
-examples/debug_left_on.expected.diff is the change tune wrote for it on a 2-core CPU.
+examples/debug_left_on.expected.diff is tune's edit for its anomaly detection and validation loop (see the note in it).
 """
 
 import argparse
