@@ -608,12 +608,18 @@ def _next(label: str, *, device_kind: str, spare: int | None, copy_share: float 
         return compute, (f"a 2x faster compute would save {compute_saving:.0%} of the step, more than all the "
                          f"device's idle time{spent}; then find what the device waits for: record the DataLoader "
                          "inside the profiled steps")
+    ins, in_note = (), ""
+    if launch_bound and input_saving > threshold:  # the input is above the threshold too: its notebooks follow
+        ins, in_why = _next(HOST_BOUND, device_kind=device_kind, spare=spare, copy_share=copy_share,
+                            input_saving=input_saving, compute_saving=0.0, threshold=threshold)
+        in_note = f"; then the input ({input_saving:.0%} of the step): {in_why}"
     if launch_bound and label == HOST_BOUND:
         more = tuple(n for n in compute if n != _NUMBER[_MEMORY])
-        return launch[0] + more, launch[1]
+        return tuple(dict.fromkeys(launch[0] + ins + more)), launch[1] + in_note
     if launch_bound:  # balanced, the host's own work the next lever
-        return tuple(dict.fromkeys(compute + launch[0])), (f"a 2x faster compute ({words}) saves more than the host's "
-                                                           f"own work would{spent}; then {launch[1]}")
+        return tuple(dict.fromkeys(compute + launch[0] + ins)), (f"a 2x faster compute ({words}) saves more than the "
+                                                                 f"host's own work would{spent}; then {launch[1]}"
+                                                                 f"{in_note}")
     copy_bound = copy_share is not None and copy_share > COPY_MAJORITY and device_kind != "cpu"
     if copy_bound:  # pinned memory and a side stream need no idle cores
         inputs, in_why = (_NUMBER[_PINNED], _NUMBER[_OVERLAP]), ("the copy is most of the exposed input: pinned "

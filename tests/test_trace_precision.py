@@ -240,3 +240,12 @@ def test_an_exposed_input_near_its_threshold_names_the_other_sides_label():
                                                          "threshold, within 5 points; on its other side: device-bound)")
     far = classify(0.30, 0.1, device_kind="cuda", compute_fraction=0.5, idle_fraction=0.30)
     assert far.at_threshold == "" and not far.reason.startswith("at the threshold")
+
+
+def test_the_host_side_names_its_input_after_its_own_work_when_both_are_levers():
+    # idle 50%, input 15%: the host's own work (35%) is the larger host-side lever, the input (15%) the next one
+    b = classify(0.15, 0.1, device_kind="cuda", compute_fraction=0.5, idle_fraction=0.5)
+    assert b.label == "host-bound" and b.next_notebooks[:3] == ("09", "03", "02")
+    assert "then the input (15% of the step)" in b.next_reason
+    only = classify(0.03, 0.1, device_kind="cuda", compute_fraction=0.78, idle_fraction=0.19)
+    assert only.label == "balanced" and only.next_notebooks == ("06", "07", "09")
