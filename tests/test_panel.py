@@ -162,6 +162,36 @@ def test_every_press_redraws_the_chart_widget_with_a_bar_per_point(ctx, shown):
     assert bars(buf.getvalue())["live"] == 0 and bars(buf.getvalue())["reference"] == 0
 
 
+def test_a_chart_that_renders_blank_is_drawn_again_and_said(ctx, shown, monkeypatch, capsys):
+    """A render that comes out white (seen in JupyterLab on a busy machine) is redrawn; the log says so."""
+    import matplotlib.pyplot as plt
+
+    from helpers.workbook.plots import blank_png
+
+    real = panel_mod.TryIt.figure
+    blanks = {"left": 0}
+
+    def figure(self):
+        if blanks["left"] > 0:
+            blanks["left"] -= 1
+            return plt.figure(figsize=(4, 3))  # nothing drawn: one colour
+        return real(self)
+
+    monkeypatch.setattr(panel_mod.TryIt, "figure", figure)
+    p = try_it(ctx, "loader", lambda num_workers: point(f"nw={num_workers}", 2.0 + num_workers),
+               reference=point("notebook", 1.0), num_workers=ipywidgets.Dropdown(options=[0, 1, 2], value=0))
+    blanks["left"] = 1
+    p._widgets["interactive"].manual_button.click()
+    assert bars(shown_png(p))["live"] == 1 and not blank_png(shown_png(p))
+    log = capsys.readouterr().out  # the panel's log (an Output widget prints through outside a kernel)
+    assert "came out blank and was drawn again (2 renders)" in log
+    blanks["left"] = panel_mod.CHART_RENDERS  # blank every time: shown blank, and said, never silently
+    p._widgets["interactive"].manual_button.click()
+    assert blank_png(shown_png(p))
+    log = capsys.readouterr().out
+    assert f"came out blank {panel_mod.CHART_RENDERS} times" in log and "every point is in the log above" in log
+
+
 def test_interrupt_keeps_the_points_that_finished(ctx, shown):
     def sweep(n):
         yield point("first", 1.0)

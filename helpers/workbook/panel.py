@@ -39,6 +39,9 @@ from helpers.workbook.widgets import _initial
 
 #: The record's experiment name for every live point.
 EXPERIMENT = "try it"
+#: Renders of a chart tried before a blank one is shown (and said). A blank render was seen in JupyterLab on a busy
+#: 2-core machine (issue 42): a white PNG of the chart's own size, under a right log line.
+CHART_RENDERS = 3
 
 
 @dataclass
@@ -144,28 +147,52 @@ class TryIt:
         return live_points(self.reference, [(pp.point, pp.check.busy) for pp in self.points],
                            title=f"Try it: {self.name}")
 
-    def _draw(self) -> None:
+    def _render(self) -> tuple[bytes, str, int]:
+        """The chart as PNG bytes, its alternative text and the number of renders it took (more than one where a
+        render came out blank; :data:`CHART_RENDERS` is the most tried, after which the last, blank, is returned)."""
         import io
 
         import matplotlib.pyplot as plt
 
-        from helpers.workbook.plots import figure_alt, show_png
+        from helpers.workbook.plots import blank_png, figure_alt
 
-        fig = self.figure()
-        buf = io.BytesIO()  # rendered here, not by the inline backend's formatter: the same PNG in every frontend
-        fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-        alt = figure_alt(fig, fallback=f"Try it: {self.name}")
-        plt.close(fig)
+        for attempt in range(1, CHART_RENDERS + 1):
+            fig = self.figure()
+            buf = io.BytesIO()  # rendered here, not by the inline backend's formatter: the same PNG everywhere
+            fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+            alt = figure_alt(fig, fallback=f"Try it: {self.name}")
+            plt.close(fig)
+            if not blank_png(buf.getvalue()):
+                break
+        return buf.getvalue(), alt, attempt
+
+    def _draw(self) -> None:
+        from helpers.workbook.plots import blank_png, show_png
+
+        png, alt, renders = self._render()
+        blank = blank_png(png)
         chart = self._widgets.get("chart")
         if chart is None:
-            show_png(buf.getvalue(), alt)
+            show_png(png, alt)
         else:
             # The chart is an HTML widget's value, an <img> with the PNG inline: widget state set in one message,
             # nothing routed through an Output widget, saved with the notebook as a string. Drawing into an Output
             # (clear_output(wait=True), then display) from inside the log's own Output context left the chart
             # blank in 3 of 6 presses on a busy machine: the two widgets' output captures raced. An Image widget
             # (binary state) drew, but did not restore from a saved notebook.
-            chart.value = chart_html(buf.getvalue(), alt)
+            chart.value = chart_html(png, alt)
+        if blank or renders > 1:  # said, never shown silently: a white chart under a right log line misleads
+            import matplotlib
+
+            note = (f"the chart came out blank {CHART_RENDERS} times (matplotlib {matplotlib.__version__}, backend "
+                    f"{matplotlib.get_backend()}); every point is in the log above and in results.jsonl" if blank
+                    else f"the chart came out blank and was drawn again ({renders} renders)")
+            log = self._widgets.get("log")
+            if log is None:
+                print(f"try it ({self.name}): {note}")
+            else:
+                with log:
+                    print(note)
 
     # -- showing -----------------------------------------------------------------------------------------------
     def show(self) -> "TryIt":

@@ -118,6 +118,25 @@ def show_png(png: bytes, alt: str) -> None:
     display(Image(data=png, format="png", metadata={"alt": alt}))
 
 
+def blank_png(png: bytes) -> bool:
+    """Whether a PNG's pixels are all one colour (a chart that drew nothing: no axes, no text, no bars).
+
+    Parameters
+    ----------
+    png : bytes
+        A PNG file's bytes (any mode Pillow reads).
+
+    Raises
+    ------
+    PIL.UnidentifiedImageError
+        If ``png`` is not an image.
+    """
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as im:
+        return all(low == high for low, high in im.convert("RGBA").getextrema())
+
+
 def phase_breakdown(totals: "pd.DataFrame", phases=("data", "h2d", "compute"), *, title: str = ""):
     """Stacked bar of where a step's time goes, one bar per variant.
 
