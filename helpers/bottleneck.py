@@ -506,8 +506,9 @@ def _compute_levers(mix: ComputeMix | None, compute_saving: float, thr: float) -
     words.append("fusion" if nbs else "fusion, e.g. torch.compile, outside this checklist")
     note = []
     if not amp_open:
+        left = (1.0 - low) * compute_saving
         note.append(f"precision is already low ({mix.text}), so mixed precision could save at most "
-                    f"{(1.0 - low) * compute_saving:.0%} of the step")
+                    + (f"{left:.0%}" if left >= 0.005 else "under 1%") + " of the step")
     if not conv_open:
         note.append("the trace shows no convolution, so channels_last has nothing to change")
     if not nbs:  # neither is open: the checklist's compute notebooks are spent
