@@ -164,20 +164,23 @@ def test_every_press_redraws_the_chart_widget_with_a_bar_per_point(ctx, shown):
 
 def test_a_chart_that_renders_blank_is_drawn_again_and_said(ctx, shown, monkeypatch, capsys):
     """A render that comes out white (seen in JupyterLab on a busy machine) is redrawn; the log says so."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+    from PIL import Image
 
+    from helpers.workbook import plots
     from helpers.workbook.plots import blank_png
 
-    real = panel_mod.TryIt.figure
+    real = Figure.savefig
     blanks = {"left": 0}
 
-    def figure(self):
-        if blanks["left"] > 0:
+    def savefig(self, fname, **kw):
+        if blanks["left"] > 0:  # a render that drew nothing: one colour, the figure's own size
             blanks["left"] -= 1
-            return plt.figure(figsize=(4, 3))  # nothing drawn: one colour
-        return real(self)
+            Image.new("RGBA", (479, 307), "white").save(fname, format="PNG")
+            return
+        real(self, fname, **kw)
 
-    monkeypatch.setattr(panel_mod.TryIt, "figure", figure)
+    monkeypatch.setattr(Figure, "savefig", savefig)
     p = try_it(ctx, "loader", lambda num_workers: point(f"nw={num_workers}", 2.0 + num_workers),
                reference=point("notebook", 1.0), num_workers=ipywidgets.Dropdown(options=[0, 1, 2], value=0))
     blanks["left"] = 1
@@ -185,11 +188,39 @@ def test_a_chart_that_renders_blank_is_drawn_again_and_said(ctx, shown, monkeypa
     assert bars(shown_png(p))["live"] == 1 and not blank_png(shown_png(p))
     log = capsys.readouterr().out  # the panel's log (an Output widget prints through outside a kernel)
     assert "came out blank and was drawn again (2 renders)" in log
-    blanks["left"] = panel_mod.CHART_RENDERS  # blank every time: shown blank, and said, never silently
+    blanks["left"] = plots.RENDERS  # blank every time: shown blank, and said, never silently
     p._widgets["interactive"].manual_button.click()
     assert blank_png(shown_png(p))
     log = capsys.readouterr().out
-    assert f"came out blank {panel_mod.CHART_RENDERS} times" in log and "every point is in the log above" in log
+    assert f"came out blank {plots.RENDERS} times" in log and "every point is in the log above" in log
+
+
+def test_a_notebook_figure_that_renders_blank_is_drawn_again_or_warned(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    from helpers.workbook import plots
+
+    real, blanks = Figure.savefig, {"left": 1}
+
+    def savefig(self, fname, **kw):
+        if blanks["left"] > 0:
+            blanks["left"] -= 1
+            Image.new("RGB", (300, 200), "white").save(fname, format="PNG")
+            return
+        real(self, fname, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    fig, ax = plt.subplots()
+    ax.bar([0, 1], [1.0, 2.0], color="#1b9e77")
+    ctx = SimpleNamespace(out_dir=tmp_path, notebook="01_x", figures=[])
+    path = plots.save_figure(fig, ctx, "bars")
+    assert not plots.blank_png(path.read_bytes()) and bars(path.read_bytes())["live"] == 2
+    blanks["left"] = plots.RENDERS
+    with pytest.warns(RuntimeWarning, match="came out blank 3 times"):
+        plots.save_figure(fig, ctx, "bars2")
+    plt.close(fig)
 
 
 def test_interrupt_keeps_the_points_that_finished(ctx, shown):

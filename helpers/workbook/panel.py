@@ -39,9 +39,6 @@ from helpers.workbook.widgets import _initial
 
 #: The record's experiment name for every live point.
 EXPERIMENT = "try it"
-#: Renders of a chart tried before a blank one is shown (and said). A blank render was seen in JupyterLab on a busy
-#: 2-core machine (issue 42): a white PNG of the chart's own size, under a right log line.
-CHART_RENDERS = 3
 
 
 @dataclass
@@ -148,26 +145,20 @@ class TryIt:
                            title=f"Try it: {self.name}")
 
     def _render(self) -> tuple[bytes, str, int]:
-        """The chart as PNG bytes, its alternative text and the number of renders it took (more than one where a
-        render came out blank; :data:`CHART_RENDERS` is the most tried, after which the last, blank, is returned)."""
-        import io
-
+        """The chart as PNG bytes, its alternative text and the renders it took (more than one where a render came
+        out blank: :func:`helpers.workbook.plots.render_png`)."""
         import matplotlib.pyplot as plt
 
-        from helpers.workbook.plots import blank_png, figure_alt
+        from helpers.workbook.plots import figure_alt, render_png
 
-        for attempt in range(1, CHART_RENDERS + 1):
-            fig = self.figure()
-            buf = io.BytesIO()  # rendered here, not by the inline backend's formatter: the same PNG everywhere
-            fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-            alt = figure_alt(fig, fallback=f"Try it: {self.name}")
-            plt.close(fig)
-            if not blank_png(buf.getvalue()):
-                break
-        return buf.getvalue(), alt, attempt
+        fig = self.figure()
+        png, renders = render_png(fig)  # rendered here, not by the inline backend's formatter: the same PNG everywhere
+        alt = figure_alt(fig, fallback=f"Try it: {self.name}")
+        plt.close(fig)
+        return png, alt, renders
 
     def _draw(self) -> None:
-        from helpers.workbook.plots import blank_png, show_png
+        from helpers.workbook.plots import RENDERS, blank_png, show_png
 
         png, alt, renders = self._render()
         blank = blank_png(png)
@@ -184,7 +175,7 @@ class TryIt:
         if blank or renders > 1:  # said, never shown silently: a white chart under a right log line misleads
             import matplotlib
 
-            note = (f"the chart came out blank {CHART_RENDERS} times (matplotlib {matplotlib.__version__}, backend "
+            note = (f"the chart came out blank {RENDERS} times (matplotlib {matplotlib.__version__}, backend "
                     f"{matplotlib.get_backend()}); every point is in the log above and in results.jsonl" if blank
                     else f"the chart came out blank and was drawn again ({renders} renders)")
             log = self._widgets.get("log")

@@ -60,14 +60,46 @@ def save_figure(fig, ctx, name: str, *, dpi: int = 100, alt: str | None = None) 
     """
     path = figure_path(ctx.out_dir, ctx.notebook, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    write_atomic(path, buf.getvalue())  # a full disk leaves the previous figure, never a truncated PNG
+    png, renders = render_png(fig, dpi=dpi)
+    if blank_png(png):
+        import warnings
+
+        warnings.warn(f"the figure {name!r} came out blank {renders} times; its numbers are in the cell's text and "
+                      "in results.jsonl", RuntimeWarning, stacklevel=2)
+    write_atomic(path, png)  # a full disk leaves the previous figure, never a truncated PNG
     ctx.figures.append(path)
     if _in_kernel():
-        show_png(buf.getvalue(), alt or figure_alt(fig, fallback=name.replace("_", " ")))
+        show_png(png, alt or figure_alt(fig, fallback=name.replace("_", " ")))
         plt.close(fig)
     return path
+
+
+#: Renders of a figure tried before a blank one is kept (and said). A white PNG of the figure's own size, nothing
+#: drawn, came out of a "try it" chart's render in JupyterLab on a busy 2-core machine (issue 42); the next render
+#: of the same chart was right.
+RENDERS = 3
+
+
+def render_png(fig, *, dpi: int = 100) -> tuple[bytes, int]:
+    """``fig`` as PNG bytes (tight bounding box), rendered again while a render comes out blank (:func:`blank_png`).
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+    dpi : int
+        Resolution, dots per inch.
+
+    Returns
+    -------
+    (bytes, int)
+        The PNG (the last render, blank only if all :data:`RENDERS` were) and the number of renders it took.
+    """
+    for renders in range(1, RENDERS + 1):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+        if not blank_png(buf.getvalue()):
+            break
+    return buf.getvalue(), renders
 
 
 def _in_kernel() -> bool:
