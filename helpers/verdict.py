@@ -265,9 +265,12 @@ class Verdict:
 
         E.g. ``"ENABLE bf16 autocast: speedup 1.27x (95% CI 1.13–1.30)"`` or ``"HOST-BOUND: speed up the input
         first (notebook 03, 02): exposed input fraction 62% (IQR 55%–70%)"``. Where both do not fit, the unit's
-        parenthetical goes first, then the advice is cut (with "…"); the number and its interval stay.
+        parenthetical goes first, then the advice is cut (with "…"); the number and its interval stay. A verdict
+        whose metric is not what its advice stands on (a trace's device-bound label, whose shares the advice gives)
+        sets ``extra["headline_figure"] = False``: the advice alone.
         """
-        advice, fig = self.advice(), self.figure()
+        advice = self.advice()
+        fig = self.figure() if (self.extra or {}).get("headline_figure", True) else ""
         if fig and len(advice) + len(fig) + 2 > HEADLINE_CHARS:
             fig = self.figure(short=True)
         if not fig:

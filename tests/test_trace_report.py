@@ -325,7 +325,9 @@ def test_report_files_verdict_first_then_ranks_operators_limits_provenance(tmp_p
                                      "id='provenance'")]
     assert order == sorted(order)
     verdict = page[page.index("id='verdict'"):page.index("</p>", page.index("id='verdict'"))]
-    assert "HOST-BOUND" in verdict and "rank 1" in verdict
+    why = page[page.index("<ul class='why'>"):page.index("</ul>", page.index("<ul class='why'>"))]
+    assert "HOST-BOUND" in verdict and len(verdict.split(">", 1)[1]) <= 120  # the headline; the reason follows
+    assert "rank 1" in why and why.count("<li>") >= 2
     assert "notebook 03" in page[page.index("<b>Next:</b>"):page.index("id='ranks'")]
     assert "<b>node-b</b>" not in page and "&lt;b&gt;node-b&lt;/b&gt;" in page  # a node name is text, not markup
     assert "aten::convolution_backward" in page and "the trace records no memory events" in page
@@ -346,7 +348,7 @@ def test_report_of_an_unmeasurable_trace_says_so_first(tmp_path):
 
     rep = write_trace_report(analyze([_trace(data=None, h2d=None, compute=0.05)]), tmp_path / "r")
     page = rep.html.read_text()
-    verdict = page[page.index("id='verdict'"):page.index("</p>", page.index("id='verdict'"))]
+    verdict = page[page.index("id='verdict'"):page.index("</ul>", page.index("id='verdict'"))]  # headline + why
     assert "INCONCLUSIVE" in verdict and "cannot be told" in verdict
     assert "host-bound" not in verdict and "device-bound" not in verdict
 
@@ -406,9 +408,12 @@ def test_cli_prints_verdict_ranks_slow_ranks_next_and_report(tmp_path, fake_read
     out = capsys.readouterr().out
     assert calls == [[Path("a.json"), Path("b.json")]]
     lines = out.splitlines()
-    assert lines[0].startswith("HOST-BOUND: 2 of 4 ranks (8 steps each): the verdict covers these; one of the 2 "
-                               "missing ranks may be the slow one")
-    assert "the job's verdict is rank 1" in lines[0] and lines[1].startswith("Next: notebook 03")
+    assert lines[0].startswith("HOST-BOUND: ") and len(lines[0]) <= 120  # the headline; the reason, a clause a line
+    why = lines[1:lines.index(next(line for line in lines if line.startswith("Next: ")))]
+    assert why and all(line.startswith("  - ") for line in why)
+    assert why[0] == "  - 2 of 4 ranks (8 steps each): the verdict covers these;"
+    assert any("the job's verdict is rank 1" in line for line in why)
+    assert lines[len(why) + 1].startswith("Next: notebook 03")
     assert any(line.startswith("rank 1 (<b>node-b</b>) *") for line in lines)
     assert "Slow ranks:" in out and f"Report: {tmp_path / 'o' / 'report.html'}" in out
     assert (tmp_path / "o" / "report.md").is_file()
@@ -514,7 +519,8 @@ def test_cli_on_a_real_kineto_trace(real_trace, tmp_path):
     done = _cli("trace", str(real_trace), "--out", str(tmp_path / "rep"))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("HOST-BOUND: ") and lines[1].startswith("Next: notebook 03"), done.stdout
+    assert lines[0].startswith("HOST-BOUND: ") and len(lines[0]) <= 120, done.stdout
+    assert lines[1].startswith("  - ") and any(line.startswith("Next: notebook 03") for line in lines), done.stdout
     assert "host_bound.pt.trace.json" in done.stdout and "a single-process run: no ranks to compare" in done.stdout
     assert {p.name for p in (tmp_path / "rep").iterdir()} == {"report.html", "report.md", "results.jsonl", "figures"}
     first = json.loads((tmp_path / "rep" / "results.jsonl").read_text().splitlines()[0])

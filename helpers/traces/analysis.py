@@ -500,6 +500,8 @@ class TraceAnalysis:
                  "world_size": self.world_size, "ranks_present": len(self.ranks),
                  "communication": list(r.provenance.get("communication") or [])}
         extra.update(self._first_line())
+        # the exposed input share is the number a host-bound verdict stands on; another label's advice gives its own
+        extra["headline_figure"] = self.label == bottleneck.HOST_BOUND
         return Verdict(notebook=NOTEBOOK, metric="exposed_input_fraction", value=r.exposed_fraction, unit="fraction",
                        recommendation=self.label, reason=self._reason(), spread=spread,
                        repeats=r.exposed_steps or None, context=self._context(), extra=extra)

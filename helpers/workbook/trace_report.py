@@ -25,6 +25,7 @@ from helpers.errors import OutputDirError
 from helpers.fsutil import ensure_writable_dir, write_atomic
 from helpers.traces.analysis import TraceAnalysis
 from helpers.traces.model import DEVICE_PHASES, HOST_PHASES
+from helpers.verdict import detail_lines, reason_clauses
 from helpers.workbook import plots_traces
 from helpers.workbook.paths import runs_dir
 from helpers.workbook.plots import figure_path
@@ -199,6 +200,13 @@ def _summary(a: TraceAnalysis) -> str:
             f"{' per rank' if n > 1 else ''} · threshold {_fmt_value(a.threshold, 'fraction')}")
 
 
+def _why(a: TraceAnalysis) -> str:
+    """The verdict's reason under its headline: :meth:`TraceAnalysis.headline` without its leading label."""
+    head = a.headline()
+    label = f"{a.label.upper()}: "
+    return head[len(label):] if head.startswith(label) else head
+
+
 def summary_lines(a: TraceAnalysis, report: TraceReport | None = None) -> list[str]:
     """What ``python -m helpers trace`` prints: the verdict, the per-rank table, the slow ranks, what next, where
     the report is."""
@@ -206,11 +214,12 @@ def summary_lines(a: TraceAnalysis, report: TraceReport | None = None) -> list[s
     cols = [str(c) for c in table.columns]
     cells = [[str(x) for x in row] for row in table.itertuples(index=False)]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    out = [a.headline(), f"Next: {a.next_text()}", "", _summary(a)]
+    out = [a.verdict().headline(), *detail_lines(_why(a)), f"Next: {a.next_text()}", "", _summary(a)]
     out += ["  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
     out += ["  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in cells]
     if len(a.ranks) > 1:
-        out.append("* the job's verdict is this rank's (the slow rank where one is named, else the longest step)")
+        out.append("* the job's verdict is this rank's: the slow rank where one is named, else the one the arrival "
+                   "order or the least waiting points to (see Slow ranks)")
     out += ["", f"Slow ranks: {_slow_text(a)}"]
     if a.limits:
         out += ["", "What the trace cannot tell:"] + [f"- {lim}" for lim in a.limits]
@@ -231,7 +240,8 @@ def to_html(a: TraceAnalysis, figure_png: bytes | None = None) -> str:
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>Workbook trace report</title><style>{_CSS}</style></head><body>",
         "<h1>Training-performance workbook: trace report</h1>",
-        f"<p class='verdict' id='verdict'>{_code_spans(a.headline())}</p>",
+        f"<p class='verdict' id='verdict'>{_code_spans(v.headline())}</p>",
+        "<ul class='why'>" + "".join(f"<li>{_code_spans(c)}</li>" for c in reason_clauses(_why(a))) + "</ul>",
         f"<ul class='advice'><li><b>Next:</b> {_code_spans(a.next_text())}</li>"
         f"<li><b>Slow ranks:</b> {_code_spans(_slow_text(a))}</li></ul>",
         f"<p class='meta'>Measured: {e(_measured(v))} · {e(_summary(a))}</p><p class='meta'>{e(_EXPOSED)}</p>",
@@ -267,7 +277,8 @@ def to_markdown(a: TraceAnalysis, figure: str | None = None) -> str:
     v = a.verdict()
     e = md_escape
     lines = ["# Training-performance workbook: trace report", "",
-             f"**Verdict: {e(a.label.upper())}**: {md_code_spans(a.headline().split(': ', 1)[1])}", "",
+             f"**Verdict: {md_code_spans(v.headline())}**", "",
+             *(f"- {md_code_spans(c)}" for c in reason_clauses(_why(a))), "",
              f"- Next: {md_code_spans(a.next_text())}", f"- Slow ranks: {md_code_spans(_slow_text(a))}", "",
              f"Measured: {e(_measured(v))} · {e(_summary(a))}", "", e(_EXPOSED),
              "", "## Ranks", ""]
@@ -275,8 +286,9 @@ def to_markdown(a: TraceAnalysis, figure: str | None = None) -> str:
         lines += [f"![rank phases]({figure})", ""]
     lines.append(_md_table(rank_table(a)))
     if len(a.ranks) > 1:
-        lines += ["", "\\* the job's verdict is this rank's: the slow rank where one is named, else the longest step (a "
-                  "synchronous job steps at its slowest rank's pace)"]
+        lines += ["", "\\* the job's verdict is this rank's: the slow rank where one is named, else the one the arrival "
+                  "order or the least waiting points to (in a synchronous job the longest step is the one that waits "
+                  "most)"]
     lines += ["", "## Slow ranks", "", md_code_spans(_slow_text(a)), "", "## Top operators", ""]
     lines += ([f"Of {e(a.job.label)}, by self time over the trace.", "", _md_table(_ops_table(a))] if a.top_ops
               else ["The trace lists no operator times."])
