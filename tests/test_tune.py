@@ -239,6 +239,10 @@ DDP_SCRIPT = textwrap.dedent('''\
 
 def test_a_torchrun_job_is_tuned_as_a_job_and_its_proof_runs_under_torchrun(tmp_path, monkeypatch):
     monkeypatch.setattr(machine, "check", lambda before, after, **kw: machine.BusyCheck(False, (), 0.0, 0.1, 1.0))
+    # the DDP call's own candidates have their tests (test_tune_ddp.py); here, the job's mechanics on its loader
+    from helpers.tune import candidates as cand_mod
+
+    monkeypatch.setattr(cand_mod, "ddp_candidates", lambda probe: ([], []))
     d = tmp_path / "ddp"
     d.mkdir()
     (d / "train.py").write_text(DDP_SCRIPT)
