@@ -1010,3 +1010,39 @@ def test_tunes_folder_is_not_tensorboards_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(session, "tune", fake_tune)
     assert cli.main(["tune", "--", "python", "train.py"]) == 1
     assert seen[0].parent == tmp_path / "tune-runs"  # TensorBoard's SummaryWriter writes to ./runs
+
+
+def test_bench_tune_runs_the_rewritten_example_against_the_original_as_whole_processes(tmp_path, monkeypatch):
+    """``bench tune --example``: tune's session (faked here), then the rewritten script and the original, whole
+    processes, interleaved; the target compares the ratio of their medians, with its interval."""
+    import statistics
+
+    from helpers.errors import ParameterError
+    from helpers.tune import session
+    from helpers.workbook import bench, paths
+
+    script = tmp_path / "slow.py"
+    script.write_text("import sys, time\ntime.sleep(0.4)\nopen(sys.argv[1], 'a').write('o')\n")
+    fast = "import sys, time\ntime.sleep(0.05)\nopen(sys.argv[1], 'a').write('r')\n"
+    log = tmp_path / "ran.txt"
+    monkeypatch.setattr(paths, "examples_dir", lambda: tmp_path)
+    monkeypatch.setitem(bench.TUNE_EXAMPLES, "tiny", (["slow.py", str(log)], 1.10))
+    seen = []
+
+    def fake_tune(command, out, options, **kw):
+        seen.append(command)
+        return session.TuneResult(command=str(command), out_dir=out, probe={}, rewritten=fast, diff="-slow\n+fast\n")
+
+    monkeypatch.setattr(session, "tune", fake_tune)
+    got = bench.tune_bench(example="tiny", rounds=2)
+    assert seen[0].script == script and seen[0].args == (str(log),)
+    assert log.read_text() == "oror"  # interleaved: original, rewritten, original, rewritten
+    whole = got["whole_process"]
+    assert len(whole["original_s"]) == len(whole["rewritten_s"]) == 2
+    ratio = statistics.median(whole["original_s"]) / statistics.median(whole["rewritten_s"])  # no timing asserted
+    assert whole["speedup"] == pytest.approx(ratio, rel=0.05) and whole["ci"][0] <= whole["ci"][1]
+    assert got["targets"]["whole_process_speedup"]["rule"].startswith(">= 1.1")
+    with pytest.raises(ParameterError, match="no example 'nope'"):
+        bench.tune_bench(example="nope")
+    with pytest.raises(ParameterError, match="at least 2"):
+        bench.tune_bench(example="tiny", rounds=1)

@@ -740,44 +740,106 @@ def _hta_child(folder: Path, env: dict, timeout_s: float) -> dict[str, Any]:
 
 #: The tune issue's time target on this project's 2-core CPU, for a small conv script: 10 minutes.
 TUNE_TARGETS = {"seconds": ("<=", 600.0)}
+#: The examples ``bench tune --example`` runs: the command's words after the interpreter (``{tmp}``: a scratch
+#: folder), and the whole-process speedup issue 43 sets as the target for the rewritten script against the original
+#: (None: none set). debug_left_on: debug APIs off and no_grad validation, 1.10x; ddp_accumulation: no_sync under
+#: torchrun, 1.07x.
+TUNE_EXAMPLES = {
+    "train_script": (["train_script.py", "--epochs", "3", "--out", "{tmp}/ck.pt"], None),
+    "debug_left_on": (["debug_left_on.py", "--epochs", "4"], 1.10),
+    "ddp_accumulation": (["torchrun", "--nproc-per-node", "2", "ddp_accumulation.py", "--epochs", "2",
+                          "--out", "{tmp}/ddp.pt"], 1.07),
+}
+#: Interleaved whole-process runs of the original and the rewritten example, each (``bench tune``).
+WHOLE_ROUNDS = 3
 
 
-def tune_bench(*, out: str | Path | None = None, epochs: int = 3) -> dict[str, Any]:
-    """Time ``workbook tune`` on examples/train_script.py (a small CNN on the embedded photos), default settings.
+def tune_bench(*, out: str | Path | None = None, example: str = "train_script",
+               rounds: int = WHOLE_ROUNDS) -> dict[str, Any]:
+    """Time ``workbook tune`` on one of :data:`TUNE_EXAMPLES` (in examples/), default settings, then run the
+    rewritten script against the original, whole processes, interleaved ``rounds`` times each.
 
     Parameters
     ----------
     out : str or pathlib.Path, optional
         The tune folder (kept); default a temporary one, removed after.
-    epochs : int
-        The script's ``--epochs`` (3: enough optimizer steps for 5 warm-up + 20 timed).
+    example : str
+        A key of :data:`TUNE_EXAMPLES`.
+    rounds : int
+        Whole-process runs of each script (at least 2).
 
     Returns
     -------
     dict
-        ``seconds`` (the whole session, wall), ``runs``, ``candidates``, ``verdicts`` (change -> verdict and
-        speedup with its interval), ``proof`` (the rewritten script against the original, or None), ``headline``,
-        ``diff`` (its text, "" when nothing was proven), ``targets``, ``machine``, ``machine_note``.
+        ``example``, ``seconds`` (the whole session, wall), ``runs``, ``candidates``, ``verdicts`` (change ->
+        verdict and per-step speedup with its interval), ``proof`` (the rewritten script against the original, per
+        step, or None), ``job`` (tune's projection for the whole job), ``headline``, ``diff`` (its text, "" when
+        nothing was proven), ``whole_process`` (``original_s``/``rewritten_s``: each run's wall seconds;
+        ``speedup``: ratio of the medians with its 95% bootstrap interval; or ``skipped``: why), ``targets``,
+        ``machine``, ``machine_note``.
+
+    Raises
+    ------
+    helpers.errors.ParameterError
+        For an unknown example or fewer than 2 rounds, before any run.
     """
+    import subprocess
     import tempfile
 
+    from helpers.comparison import bootstrap_ratio_ci
     from helpers.tune.engine import parse_command
     from helpers.tune.session import TuneOptions, tune
     from helpers.workbook.paths import examples_dir
 
+    if example not in TUNE_EXAMPLES:
+        raise ParameterError(f"bench tune: no example {example!r}; choose one of {', '.join(TUNE_EXAMPLES)}")
+    if int(rounds) < 2:
+        raise ParameterError(f"bench tune: rounds must be at least 2 (an interval needs two runs), got {rounds}")
+    words, target = TUNE_EXAMPLES[example]
     before = machine.snapshot()
-    script = examples_dir() / "train_script.py"
     with tempfile.TemporaryDirectory(prefix="bench-tune-") as tmp:
         folder = Path(out) if out is not None else Path(tmp) / "tune"
-        command = parse_command(["python", str(script), "--epochs", str(epochs), "--out", str(Path(tmp) / "ck.pt")])
+        here = examples_dir()
+        argv = [w.replace("{tmp}", tmp) for w in words]
+        head = argv[:3] if argv[0] == "torchrun" else []
+        script, args = here / argv[len(head)], argv[len(head) + 1:]
+        command = parse_command([*head] + ([] if head else ["python"]) + [str(script), *args], cwd=tmp)
         res = tune(command, folder, TuneOptions(), progress=lambda line: print(f"tune: {line}", file=sys.stderr))
+        whole: dict[str, Any] = {"skipped": "tune proved no rewrite on this machine now (see headline)"}
+        if res.rewritten:
+            rewritten = Path(tmp) / "rewritten" / script.name
+            rewritten.parent.mkdir()
+            rewritten.write_text(res.rewritten)
+            launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                       head[2]] if head else [sys.executable])
+            times: dict[str, list[float]] = {"original": [], "rewritten": []}
+            for _ in range(int(rounds)):
+                for name, path in (("original", script), ("rewritten", rewritten)):
+                    t0 = time.perf_counter()
+                    subprocess.run([*launch, str(path), *args], cwd=tmp, check=True, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, timeout=1800)
+                    times[name].append(time.perf_counter() - t0)
+            import statistics
+
+            ratio = statistics.median(times["original"]) / statistics.median(times["rewritten"])
+            low, high = bootstrap_ratio_ci(times["original"], times["rewritten"])
+            whole = {"original_s": [round(t, 2) for t in times["original"]],
+                     "rewritten_s": [round(t, 2) for t in times["rewritten"]],
+                     "speedup": round(ratio, 3), "ci": [round(low, 3), round(high, 3)]}
     out_d: dict[str, Any] = {
-        "seconds": round(res.seconds, 1), "runs": len(res.runs), "candidates": [c.name for c in res.candidates],
+        "example": example, "seconds": round(res.seconds, 1), "runs": len(res.runs),
+        "candidates": [c.name for c in res.candidates],
         "verdicts": {j.variant: {"verdict": j.verdict, "speedup": _finite(j.speedup),
                                  "ci": [_finite(j.ci_low), _finite(j.ci_high)]} for j in res.judgements},
-        "proof": res.proof.as_dict() if res.proof else None, "headline": res.headline, "diff": res.diff}
+        "proof": res.proof.as_dict() if res.proof else None, "job": res.job, "headline": res.headline,
+        "diff": res.diff, "whole_process": whole}
     out_d["targets"] = {k: {"rule": f"{op} {t}", "value": out_d[k], "met": _met(out_d[k], (op, t))}
                         for k, (op, t) in TUNE_TARGETS.items()}
+    if target is not None:
+        value = whole.get("speedup")
+        out_d["targets"]["whole_process_speedup"] = {
+            "rule": f">= {target} (the rewritten script against the original, whole processes; issue 43)",
+            "value": value, "met": _met(value, (">=", target)) if value is not None else None}
     out_d.update(_machine_keys(before))
     return out_d
 

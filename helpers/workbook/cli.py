@@ -138,6 +138,8 @@ def _add_bench(sub) -> None:
                     help="dataset-index: images in the generated folder (ignored with --data-dir)")
     be.add_argument("--size-mb", type=float, default=1024, metavar="MB",
                     help="trace: size of the generated Kineto trace, MB (default: 1024)")
+    be.add_argument("--example", default="train_script", metavar="NAME",
+                    help="tune: the example script in examples/ (train_script, debug_left_on, ddp_accumulation)")
     be.add_argument("--out", type=Path, default=None, metavar="DIR",
                     help="trace: write the generated trace here and keep it; tune: keep tune's folder (report, diff) "
                          "here; workbook: keep the run folder here (default: a temporary folder)")
@@ -286,7 +288,7 @@ def _bench(args) -> int:
     kwargs = {"dataset-index": dict(n_images=args.images, data_dir=args.data_dir),
               "dataset-cache": dict(profile=args.profile, data_dir=args.data_dir),
               "instrument": dict(device=args.device, blocks=args.repeats),
-              "tune": dict(out=args.out),
+              "tune": dict(out=args.out, example=args.example),
               "workbook": dict(profile=args.profile, device=args.device, out=args.out),
               "end-to-end": dict(profile=args.profile, device=args.device, data_dir=args.data_dir, run=args.run),
               }.get(args.name, dict(profile=args.profile, device=args.device, data_dir=args.data_dir))
