@@ -150,6 +150,12 @@ def test_the_general_candidates_follow_what_the_probe_saw_and_their_edits_go_to_
     rms = _general_probe(optimizer_impl={"class": "RMSprop", "device": "cpu", "foreach": None, "fused": None,
                                          "fused_supported": False, "foreach_supported": False})
     assert "no foreach kernels" in dict(candidates.choose(rms, cores=2)[1])["optimizer_impl"]
+    # a framework builds the optimizer (transformers' Trainer): its own setting owns it, no keyword in the script
+    framework = _general_probe(optimizer_impl={**_general_probe()["general"]["optimizer_impl"],
+                                               "built_by": "transformers.trainer"})
+    chosen_fw, skipped_fw = candidates.choose(framework, cores=2)
+    assert "optimizer_impl" not in {c.technique for c in chosen_fw}
+    assert "built by transformers.trainer" in dict(skipped_fw)["optimizer_impl"]
     # a script that never calls backward() has nothing to compare an unused graph with
     no_backward = {**_general_probe(), "backward_sites": []}
     assert "no_grad" not in {c.technique for c in candidates.choose(no_backward, cores=2)[0]}
@@ -204,6 +210,7 @@ def test_the_probe_finds_each_general_item_and_each_is_applied_without_editing_t
     assert [(s["line"], s["count"] >= 7) for s in gen["zero_grad_sites"]] == [(13, True)]
     assert [f["line"] for f in gen["unreached_forwards"]] == [11]  # v = model(x); out reaches backward()
     assert gen["optimizer_impl"]["class"] == "SGD" and gen["optimizer_impl"]["fused_supported"] is True
+    assert gen["optimizer_impl"]["built_by"] == ""  # the script's own line builds it
     assert [r["kind"] for r in gen["reported"]] == ["conv_bias_before_norm"]
     assert "model[0] (Conv2d, bias=True) feeds model[1] (BatchNorm2d)" in gen["reported"][0]["text"]
     assert seen[:4] == ["state True True None", "grad True", "state True True None", "grad False"]

@@ -436,7 +436,11 @@ def general_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tup
     impl = gen.get("optimizer_impl") or {}
     if impl:
         cls, dev = impl.get("class"), impl.get("device")
-        if impl.get("foreach") is not None or impl.get("fused") is not None:
+        if impl.get("built_by"):  # a framework's optimizer: its own setting, not a keyword in the user's files
+            skipped.append(("optimizer_impl", f"{cls} is built by {impl['built_by']}, not in your files: set its "
+                                              "implementation through the framework (transformers: "
+                                              "TrainingArguments(optim=\"adamw_torch_fused\"))"))
+        elif impl.get("foreach") is not None or impl.get("fused") is not None:
             given = "fused" if impl.get("fused") is not None else "foreach"
             skipped.append(("optimizer_impl", f"the {cls} optimizer already sets {given}={impl.get(given)!r}"))
         elif impl.get("fused_supported"):

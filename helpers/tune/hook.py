@@ -1028,6 +1028,7 @@ def _watch_general(rec: Recorder) -> None:
         orig_opt_init(self, params, *args, **kwargs)
         if first and rec.optimizer is not None:
             gen["optimizer_impl"] = _optimizer_impl(self)
+            gen["optimizer_impl"]["built_by"] = _builder(sys._getframe(1), rec)
             if rec.model is not None:
                 _watch_forwards(rec, gen, user_site)
                 _conv_bias_before_norm(rec, gen["reported"])
@@ -1058,6 +1059,20 @@ def _pass_keywords(rec: Recorder, cls: type, values: dict[str, Any]) -> None:
         return orig(self, *args, **kwargs)
 
     cls.__init__ = init
+
+
+def _builder(start, rec: Recorder) -> str:
+    """Who built the optimizer: "" where the first frame outside torch and this hook is in the user's files, else
+    that frame's module (a training framework's: ``transformers.trainer``), whose own setting then owns it."""
+    import torch
+
+    skip = (os.path.dirname(torch.__file__), __file__)
+    f = start
+    while f is not None and f.f_code.co_filename.startswith(skip):
+        f = f.f_back
+    if f is None or rec.is_user_file(f.f_code.co_filename):
+        return ""
+    return str(f.f_globals.get("__name__") or f.f_code.co_filename)
 
 
 def _optimizer_impl(optimizer) -> dict[str, Any]:
