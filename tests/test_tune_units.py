@@ -507,7 +507,8 @@ def test_a_change_stopped_early_as_far_slower_is_called_slower_on_that_one_run()
     base = _runs("unmodified", [100, 100, 100])
     slow = [Run("autocast", 0, "slow", [0.52, 0.55, 0.50], [1.0] * 8, 9.0, "", {"warmup_steps": 5})]
     j = judge("autocast", base, slow, QUIET)
-    assert j.verdict == "slower" and "stopped after 4 steps" in j.reason and "5.1x as long" in j.reason
+    assert j.verdict == "slower" and "stopped after 5 steps" in j.reason and "5.1x as long" in j.reason
+    assert "over steps 2-4" in j.reason and "over its timed steps" in j.reason  # the base recorded no early steps
     assert j.figure == "0.20x (one run, stopped early)" and j.base_ms == pytest.approx(102, abs=1)
 
 
@@ -897,6 +898,23 @@ def test_an_early_stop_is_judged_against_its_own_rounds_unmodified_run_and_never
     assert busy.verdict == "inconclusive" and "busy" in busy.reason
 
 
+def test_an_early_stop_compares_the_same_early_steps_of_the_unmodified_run():
+    """Steps 2-4 of a run are warm-up: slower than the timed steps in both variants. A change stopped there is
+    compared with the unmodified run's steps 2-4, not with its warmed-up median (a fresh user's Trainer script had
+    a change dropped as 0.27x on steps its code had not yet run in)."""
+    early = [1.0, 0.40, 0.42, 0.41, 0.2, 0.1, 0.1]  # first step, steps 2-4, then warmed up
+    base = [Run("unmodified", 0, "steps", [0.1] * 20, [1.0] * 25, 9.0, "",
+                {"warmup_steps": 5, "all_step_times_s": early + [0.1] * 18})]
+    assert engine.early_steps(base[0]) == [0.40, 0.42, 0.41]
+    stopped = [Run("no_grad", 0, "slow", [0.41, 0.43, 0.40], [1.0] * 5, 9.0, "", {"warmup_steps": 5})]
+    j = judge("no_grad", base, stopped, QUIET)
+    assert j.verdict == "inconclusive" and "took 410 ms over the same steps" in j.reason, j.reason
+    far = [Run("no_grad", 0, "slow", [1.5, 1.6, 1.55], [1.0] * 5, 9.0, "", {"warmup_steps": 5})]
+    assert judge("no_grad", base, far, QUIET).verdict == "slower"
+    busy = judge("autocast", base, far, BUSY)
+    assert busy.verdict == "inconclusive" and "busy" in busy.reason
+
+
 def test_the_early_stop_limit_comes_from_the_same_rounds_unmodified_run(tmp_path, monkeypatch):
     limits = {}
 
@@ -909,6 +927,16 @@ def test_the_early_stop_limit_comes_from_the_same_rounds_unmodified_run(tmp_path
                    steps=5, timeout_s=10, give_up_step_s=0.25)
     assert limits[("unmodified", 0)] is None and limits[("x", 0)] == pytest.approx(engine.GIVE_UP_RATIO * 0.4)
     assert limits[("x", 1)] is None
+
+    def with_warmup(command, name, apply, **kw):  # the run records its warm-up: steps 2-4 took 0.9 s
+        limits[(name, kw["round_"])] = kw["give_up_step_s"]
+        return Run(name, kw["round_"], "steps", [0.4] * 5, [1.0] * 6, 1.0, "",
+                   {"all_step_times_s": [2.0, 0.9, 0.9, 0.9, 0.4, 0.4, 0.4]})
+
+    monkeypatch.setattr(engine, "run_once", with_warmup)
+    engine.measure(None, [("unmodified", {}, None), ("x", {"a": 1}, None)], rounds=2, workdir=tmp_path, warmup=1,
+                   steps=5, timeout_s=10, give_up_step_s=0.25)
+    assert limits[("x", 0)] == pytest.approx(engine.GIVE_UP_RATIO * 0.9)  # the same steps, not the timed ones
 
 
 def test_a_change_whose_loss_turns_nan_is_not_run_again(tmp_path, monkeypatch):
@@ -1046,3 +1074,19 @@ def test_bench_tune_runs_the_rewritten_example_against_the_original_as_whole_pro
         bench.tune_bench(example="nope")
     with pytest.raises(ParameterError, match="at least 2"):
         bench.tune_bench(example="tiny", rounds=1)
+
+
+def test_ctrl_c_in_tune_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    from helpers.tune import session
+    from helpers.workbook import cli
+
+    (tmp_path / "train.py").write_text("")
+
+    def interrupted(command, out, options, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(session, "tune", interrupted)
+    assert cli.main(["tune", "--out", str(tmp_path / "t"), "--", "python", "train.py"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("interrupted: tune wrote no change") and "Traceback" not in err

@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 from helpers import machine
 from helpers.errors import ParameterError, WorkbookError
 from helpers.timing import bootstrap_ratio_ci
-from helpers.tune.hook import KEEP_SUFFIX, PROGRESS_SUFFIX, rank_file
+from helpers.tune.hook import GIVE_UP_AFTER, KEEP_SUFFIX, PROGRESS_SUFFIX, rank_file
 
 __all__ = ["Command", "Run", "Judgement", "ScriptError", "parse_command", "run_once", "measure", "judge",
            "loss_tolerance", "exploding", "THRESHOLD"]
@@ -667,7 +667,8 @@ def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path
             limit = None
             if name != reference and r == 0 and give_up_step_s:  # against this round's unmodified run, where run
                 ref = [x for x in runs[reference] if x.round == r and x.ok]
-                limit = GIVE_UP_RATIO * statistics.median(ref[0].step_times_s) if ref else give_up_step_s
+                early = early_steps(ref[0]) if ref else []
+                limit = GIVE_UP_RATIO * statistics.median(early or ref[0].step_times_s) if ref else give_up_step_s
             run = run_once(command, name, apply, workdir=workdir, warmup=warmup, steps=steps, timeout_s=timeout_s,
                            round_=r, script=script, watch_copies=watch_copies, give_up_step_s=limit,
                            stall_step_s=stall_step_s, start_s=start_s)
@@ -800,6 +801,14 @@ class Judgement:
         return f"{self.speedup:.2f}x (95% CI {self.ci_low:.2f}-{self.ci_high:.2f})"
 
 
+def early_steps(run: Run) -> list[float]:
+    """The step times, seconds, an early stop is judged on: steps 2 to 1 + :data:`helpers.tune.hook.GIVE_UP_AFTER`
+    of ``run`` (warm-up included, past the first step's one-off costs), so that a change stopped early is compared
+    with the same steps of the unmodified run, not with its warmed-up ones; [] where the run has fewer."""
+    times = list(run.result.get("all_step_times_s") or [])
+    return times[1:GIVE_UP_AFTER + 1] if len(times) > GIVE_UP_AFTER else []
+
+
 def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.BusyCheck, *,
           check_loss: bool = True) -> Judgement:
     """Judge one variant's runs against the baseline's (see the module docstring for the rules)."""
@@ -808,10 +817,13 @@ def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.Bus
         r = slow[0]
         ms = statistics.median(r.step_times_s) * 1e3
         same = [b for b in base if b.round == r.round and b.step_times_s] or [b for b in base if b.step_times_s]
-        base_ms = statistics.median([t for b in same for t in b.step_times_s]) * 1e3
-        stopped = (f"stopped after {len(r.step_times_s) + 1} steps (round {r.round + 1}) at {ms:.0f} ms per step, "
+        early = [t for b in same for t in early_steps(b)]  # the same steps of the unmodified run, where recorded
+        base_ms = statistics.median(early or [t for b in same for t in b.step_times_s]) * 1e3
+        n = len(r.step_times_s)
+        stopped = (f"stopped after {n + 2} steps (round {r.round + 1}) at {ms:.0f} ms per step over steps 2-{n + 1}, "
                    f"over {GIVE_UP_TEXT} the unmodified script's")
-        against = f"the unmodified run of round {r.round + 1} took {base_ms:.0f} ms (medians)"
+        against = (f"the unmodified run of round {r.round + 1} took {base_ms:.0f} ms over "
+                   + ("the same steps" if early else "its timed steps") + " (medians)")
         if busy.busy:
             return Judgement(name, "inconclusive", base_ms / ms, math.nan, math.nan, [], base_ms, ms,
                              reason=f"{stopped}; {against}, {base_ms / ms:.2f}x; but {busy.sentence()}")

@@ -519,6 +519,10 @@ def _tune(args) -> int:
             print("---- end of your script's output ----", file=sys.stderr)
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: each run puts the user's files back as it ends; nothing was written
+        print(f"interrupted: tune wrote no change and edited none of your files; what it measured so far is in "
+              f"{out}", file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(res.as_dict(), indent=2, default=str))
         return 0
