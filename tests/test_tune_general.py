@@ -254,3 +254,22 @@ def test_the_report_and_its_summary_list_what_was_reported_only(tmp_path):
     section = md[md.index("## Reported only"):]
     assert "- torch.profiler.profile records every step" in section and "Notebook 02 (batched decode)" in section
     assert "## Reported only" not in markdown(TuneResult("python t.py", tmp_path, {"general": {}}))
+
+
+def test_removing_a_debug_call_between_two_blocks_keeps_their_own_spacing():
+    """A fresh user's script: imports, a blank line, set_detect_anomaly(True), two blank lines, a class. Removed, it
+    leaves the two blank lines PEP 8 wants before the class, not three."""
+    src = textwrap.dedent('''\
+        import torch
+
+        # chasing a NaN
+        torch.autograd.set_detect_anomaly(True)
+
+
+        class Net(torch.nn.Module):
+            pass
+        ''')
+    new, made, skipped = apply_edits(src, [Edit("debug_off", "f", 4)])
+    assert len(made) == 1 and not skipped
+    # the removed line's own comment is kept (the user's note), above the class's two blank lines' worth of space
+    assert new == "import torch\n\n\n# chasing a NaN\nclass Net(torch.nn.Module):\n    pass\n", repr(new)

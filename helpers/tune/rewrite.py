@@ -317,7 +317,7 @@ class _GeneralEdits:
             elif e.kind == "debug_off" and start <= e.line <= end:
                 out = self._debug_off(i, e, orig, out[0])
         if out and self._carry:
-            out[0] = out[0].with_changes(leading_lines=[*self._carry, *out[0].leading_lines])
+            out[0] = out[0].with_changes(leading_lines=_merged_lines(self._carry, out[0].leading_lines))
             self._carry = []
         return out
 
@@ -1319,3 +1319,20 @@ def _ddp_pass(module: cst.Module, edits: list[Edit]) -> tuple[str, list[Edit], l
         return Edit(e.kind, e.file, moved.get(e.line, e.line), params, e.technique)
 
     return new, made, skipped, [lines(e) for e in rest]
+
+
+def _merged_lines(carried: Sequence[cst.EmptyLine], own: Sequence[cst.EmptyLine]) -> list[cst.EmptyLine]:
+    """The lines above a statement once the statement above it is removed: the removed one's comments, then the
+    statement's own, with as many blank lines first as the larger of the two had (not their sum: removing a line
+    between two blocks leaves the blocks' own spacing, as a person's edit would)."""
+    def blanks(lines: Sequence[cst.EmptyLine]) -> int:
+        n = 0
+        for ln in lines:
+            if ln.comment is not None:
+                break
+            n += 1
+        return n
+
+    a, b = blanks(carried), blanks(own)
+    return [cst.EmptyLine()] * max(a, b) + [*carried[a:], *own[b:]]
+
