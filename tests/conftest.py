@@ -71,6 +71,7 @@ SECONDS_LONG = {
         "test_comm_ddp.py::test_bucket_sizes_are_reported_and_cover_the_gradients",
         "test_comm_ddp.py::test_fp32_reference_is_exact_and_fp16_error_small",
         "test_comm_ddp.py::test_overlap_figures",
+        "test_comm_ddp.py::test_a_result_records_the_sweep_ddp_and_the_env_check_in_order",  # the torchrun fixture
         "test_comm_ddp.py::test_the_check_before_timing_finds_the_buckets_the_timed_job_made",
         "test_comm_launch.py::test_two_launches_back_to_back_give_correct_sums",
         "test_comm_launch.py::test_hang_becomes_timeout_and_kills_every_process",
