@@ -868,6 +868,11 @@ def test_the_whole_job_is_projected_from_the_loop_the_probe_saw_and_every_figure
     res.proof_runs = {"original": proof("original", 100, 3.0), "rewritten": proof("rewritten", 50, 6.0)}
     job = job_effect(res)
     assert job["steps"] == 250  # 250 batches x 4 epochs / 4 batches per step (gradient accumulation)
+    assert job["how"] == "250 batches per epoch x 4 epochs (args.epochs) / 4 batches per optimizer step"
+    res.probe = {**probe, "batches_drawn": 26, "loop_sites": [{**probe["loop_sites"][0], "batches": 1,
+                                                                "epochs": {"expr": "epochs", "value": 1}}]}
+    assert job_effect(res)["how"] == "1 batch per epoch x 1 epoch (epochs)"  # one batch a step: no "/ 1 batches"
+    res.probe = probe
     assert job["original"]["startup_s"] == pytest.approx(3.1) and job["rewritten"]["startup_s"] == pytest.approx(6.1)
     assert job["original"]["projected_s"] == pytest.approx(3.1 + 249 * 0.1)
     assert job["speedup"] == pytest.approx((3.1 + 24.9) / (6.1 + 12.45))  # less than the 2x per step

@@ -239,8 +239,8 @@ def job_effect(res: "TuneResult") -> dict[str, Any]:
         per_step = drawn / seen
         ep = loop["epochs"]
         steps = max(1, round(loop["batches"] * ep["value"] / per_step))
-        how = (f"{loop['batches']} batches per epoch x {ep['value']} epochs ({ep['expr']}) / {per_step:.2g} batches "
-               f"per optimizer step")
+        how = (f"{_count(loop['batches'], 'batch', 'batches')} per epoch x {_count(ep['value'], 'epoch')} "
+               f"({ep['expr']})" + ("" if per_step == 1 else f" / {per_step:.2g} batches per optimizer step"))
     out: dict[str, Any] = {"steps": steps, "how": how}
     for name, runs in res.proof_runs.items():
         ok = [r for r in runs if r.ok]
@@ -257,6 +257,11 @@ def job_effect(res: "TuneResult") -> dict[str, Any]:
     a, b = out.get("original", {}).get("projected_s"), out.get("rewritten", {}).get("projected_s")
     out["speedup"] = a / b if a and b else None
     return out
+
+
+def _count(n: float, one: str, many: str = "") -> str:
+    """``"1 batch"``, ``"8 batches"``: ``n`` with the noun in its number."""
+    return f"{n:g} {one if n == 1 else many or one + 's'}"
 
 
 def job_text(job: dict[str, Any]) -> str:
