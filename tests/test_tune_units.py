@@ -1095,3 +1095,13 @@ def test_ctrl_c_in_tune_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsy
     assert cli.main(["tune", "--out", str(tmp_path / "t"), "--", "python", "train.py"]) == 130
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith("interrupted: tune wrote no change") and "Traceback" not in err
+
+
+def test_techniques_not_tried_for_one_reason_are_one_line():
+    from helpers.tune.report import not_tried
+
+    one = "a world of one: run tune with the job's ranks (torchrun --nproc-per-node N)"
+    lines = not_tried([("no_sync", one), ("gradient_as_bucket_view", one), ("pin_memory", "the device is a CPU"),
+                       ("bucket_cap_mb", one), ("no_sync", one)])
+    assert lines == [f"no_sync, gradient_as_bucket_view, bucket_cap_mb (notebook 08): {one}",
+                     "pin_memory (notebook 04): the device is a CPU"]

@@ -59,8 +59,7 @@ def markdown(res: Any) -> str:
     if res.edits_skipped:
         out += ["## Not written", ""] + [f"- {line}" for line in res.not_written()] + [""]
     if res.skipped:
-        out += ["## Not tried", ""] + [f"- {t}{f' (notebook {NOTEBOOK[t]})' if t in NOTEBOOK else ''}: {r}"
-                                       for t, r in res.skipped] + [""]
+        out += ["## Not tried", ""] + [f"- {line}" for line in not_tried(res.skipped)] + [""]
     reported = reported_only(res.probe)
     if reported:  # found, not changed: the Guide's items tune does not rewrite
         out += ["## Reported only", "", "tune found these and does not change them:", ""] + \
@@ -205,3 +204,24 @@ def write_report(res: Any) -> tuple[Path, Path]:
     md_path.write_text(md, encoding="utf-8")
     html_path.write_text(_html(md), encoding="utf-8")
     return md_path, html_path
+
+
+def not_tried(skipped) -> list[str]:
+    """The techniques tune did not try, one line per reason: ``"no_sync, bucket_cap_mb (notebook 08): <why>"``.
+
+    Parameters
+    ----------
+    skipped : sequence of (technique, reason)
+        :attr:`helpers.tune.session.TuneResult.skipped`, in order.
+    """
+    by: dict[str, list[str]] = {}
+    for t, r in skipped:
+        names = by.setdefault(r, [])
+        if t not in names:
+            names.append(t)
+    out = []
+    for reason, names in by.items():
+        books = ", ".join(sorted({NOTEBOOK[t] for t in names if t in NOTEBOOK}))
+        out.append(f"{', '.join(names)}" + (f" (notebook {books})" if books else "") + f": {reason}")
+    return out
+
