@@ -394,7 +394,7 @@ def _lines(sites: list[dict[str, Any]]) -> str:
 
 def general_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tuple[str, str]]]:
     """The Guide's general candidates (:data:`GENERAL`), from the probe's ``general`` record
-    (:func:`helpers.tune.hook._watch_general`); nothing where the probe has none (an older result).
+    (:func:`helpers.tune.hook_general._watch_general`); nothing where the probe has none (an older result).
 
     - ``debug_apis``: anomaly detection (``set_detect_anomaly(True)``, ``detect_anomaly()``) or ``gradcheck`` /
       ``gradgradcheck`` ran in the training process: all switched off at once;
@@ -542,7 +542,7 @@ def bucket_layout(sizes: list[int], cap_mb: float | None) -> tuple[int, ...]:
 def ddp_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tuple[str, str]]]:
     """The DistributedDataParallel candidates of a script whose model DDP wraps, run with more than one rank
     (``tune -- torchrun --nproc-per-node N``): notebook 08's collective tuning, each found by the probe
-    (:class:`helpers.tune.hook._DDPWatch`, the result's ``ddp``).
+    (:class:`helpers.tune.hook_ddp._DDPWatch`, the result's ``ddp``).
 
     - ``no_sync``: where ``backward()`` ran the same k > 1 times before every optimizer step (gradient
       accumulation), all in the script given, and the script does not enter ``no_sync()`` itself: the first

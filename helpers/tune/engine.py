@@ -36,7 +36,8 @@ from typing import Any, Callable, Sequence
 from helpers import machine
 from helpers.errors import ParameterError, WorkbookError
 from helpers.timing import bootstrap_ratio_ci
-from helpers.tune.hook import GIVE_UP_AFTER, KEEP_SUFFIX, PROGRESS_SUFFIX, rank_file
+from helpers.tune.hook import GIVE_UP_AFTER, PROGRESS_SUFFIX, rank_file
+from helpers.tune.hook_files import KEEP_SUFFIX
 
 __all__ = ["Command", "Run", "Judgement", "ScriptError", "parse_command", "run_once", "measure", "judge",
            "loss_tolerance", "exploding", "THRESHOLD"]
@@ -486,7 +487,7 @@ def stalled(out: Path, nproc: int, stall_step_s: float | None, start_s: float | 
 
 
 def restore_user_files(keep: Path) -> list[dict[str, str]]:
-    """Put back every file a run changed outside its folder, as :class:`helpers.tune.hook.UserFiles` kept it in
+    """Put back every file a run changed outside its folder, as :class:`helpers.tune.hook_files.UserFiles` kept it in
     ``keep``: a kept copy is written back, a file the run created is removed, and a folder it created is removed
     where it is empty; the latest change is undone first, so the copy kept before the first change is the one that
     stays (DataLoader workers and torchrun's ranks keep their own).
