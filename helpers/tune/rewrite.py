@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import difflib
 import sys
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import libcst as cst
@@ -53,22 +52,20 @@ from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProv
 from helpers.errors import ParameterError
 from helpers.pipeline import side_stream
 
+from helpers.tune.rewrite_common import (DDP_KINDS, DDP_NAMES, Code, Edit, _after_imports, _import_root, _imports,
+                                         _names_used, _set_keywords)
+from helpers.tune.rewrite_ddp import _ddp_pass
+
 __all__ = ["Edit", "apply_edits", "float16_part", "framework_calls", "loader_elsewhere", "loader_label",
            "techniques_of", "unified_diff"]
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
          "argparse_default", "prefetch", "grad_scaler", "debug_off", "no_grad", "no_sync", "ddp_keywords",
          "comm_hook")
-#: The edits of DistributedDataParallel and its collectives, made first, in a pass of their own (:func:`_ddp_pass`).
-DDP_KINDS = ("no_sync", "ddp_keywords", "comm_hook")
-#: What the ``comm_hook`` edit imports (torch's module of DDP's own communication hooks).
-COMM_HOOKS_IMPORT = "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks"
 #: The variable the ``grad_scaler`` edit binds at the top of a file.
 SCALER = "grad_scaler"
 #: The names the ``prefetch`` edit defines at the top of a file (helpers.pipeline.side_stream's functions).
 PREFETCH_NAMES = ("side_stream", "copy_batch", "prefetch")
-#: The qualified names a script reaches ``DistributedDataParallel`` by (torch.nn.parallel's exports).
-DDP_NAMES = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 
 #: The framework calls that own the DataLoader or the precision, by the qualified names a script reaches them by
 #: (the frameworks' documented imports): framework, the call's name.
@@ -82,107 +79,12 @@ FRAMEWORK_CALLS = {
 }
 
 
-@dataclass(frozen=True)
-class Edit:
-    """One source edit.
-
-    Attributes
-    ----------
-    kind : str
-        One of :data:`KINDS`.
-    file : str
-        Absolute path of the file to edit.
-    line : int
-        1-based line of the call site (for ``channels_last``: the optimizer's construction).
-    params : dict
-        ``loader``: the keyword arguments to set; ``autocast``: ``device_type`` and ``dtype`` (a torch dtype
-        name); ``channels_last``: ``name`` (the model's variable) and ``assign`` (bool: ``name = name.to(...)``
-        rather than ``name.to(...)``, which would make a global a local inside a function); ``call_keywords``:
-        ``call`` (the called name as written last, e.g. ``TrainingArguments``) and ``values`` (the keywords);
-        ``prefetch``: ``device`` (an expression for the model's device at the loop, or None where none was found);
-        ``grad_scaler``: ``device_type``, ``backward`` (lines of the loss's ``backward()``), ``clip`` (lines of
-        gradient clipping; may be empty); its ``line`` is the ``optimizer.step()`` statement's.
-    technique : str
-        The candidate's technique (for the report's hunk labels).
-    """
-
-    kind: str
-    file: str
-    line: int
-    params: dict[str, Any] = field(default_factory=dict, hash=False)
-    technique: str = ""
-
-
-class Code(str):
-    """A value written as this Python expression, not as a literal (``args.workers > 0``)."""
-
-
-def _value(v: Any) -> cst.BaseExpression:
-    if isinstance(v, Code):
-        return cst.parse_expression(str(v))
-    if isinstance(v, bool) or v is None or isinstance(v, (int, float)):
-        return cst.parse_expression(repr(v))
-    if isinstance(v, str):  # in double quotes, as formatters write them, where the text allows
-        return cst.SimpleString(f'"{v}"' if '"' not in v and "\\" not in v and "\n" not in v else repr(v))
-    raise ParameterError(f"rewrite: cannot write the value {v!r} as Python source")
-
-
 def _name_of(func: cst.BaseExpression) -> str:
     if isinstance(func, cst.Name):
         return func.value
     if isinstance(func, cst.Attribute):
         return func.attr.value
     return ""
-
-
-def _no_comment(ws):
-    """``ws`` without the comments and blank lines it holds (a line break and indentation stay)."""
-    if isinstance(ws, cst.ParenthesizedWhitespace):
-        return ws.with_changes(first_line=cst.TrailingWhitespace(), empty_lines=[])
-    return ws
-
-
-def _set_keywords(call: cst.Call, values: dict[str, Any]) -> cst.Call:
-    """``call`` with each keyword of ``values`` replaced or appended, formatted like the call's own arguments.
-
-    A new argument goes after the last one, separated as the arguments before it are (on its own line in a call
-    written one argument per line); a comment beside an existing argument stays with that argument and is never
-    copied to a new one.
-    """
-    args = list(call.args)
-    todo = dict(values)
-    for i, a in enumerate(args):
-        if a.keyword is not None and a.keyword.value in todo:
-            args[i] = a.with_changes(value=_value(todo.pop(a.keyword.value)))
-    for key, value in todo.items():
-        new = cst.Arg(keyword=cst.Name(key), value=_value(value),
-                      equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                            whitespace_after=cst.SimpleWhitespace("")))
-        if not args:
-            args.append(new)
-            continue
-        last = args[-1]
-        # how arguments are separated: as between the last two, else as the call opens (a call of one argument
-        # on its own line: its indentation), else one space
-        sep = args[-2].comma.whitespace_after if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma) else \
-            call.whitespace_before_args if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace) \
-            else cst.SimpleWhitespace(" ")
-        if isinstance(last.comma, cst.Comma):  # a trailing comma: the new argument ends the same way
-            tail = last.comma
-            own = tail.whitespace_after
-            if isinstance(own, cst.ParenthesizedWhitespace) and isinstance(sep, cst.ParenthesizedWhitespace):
-                # the last argument keeps its own end-of-line comment, indented as the arguments are
-                last_ws = sep.with_changes(first_line=own.first_line, empty_lines=[])
-            else:
-                last_ws = _no_comment(sep)
-            args[-1] = last.with_changes(comma=tail.with_changes(whitespace_after=last_ws))
-            new = new.with_changes(comma=tail.with_changes(whitespace_after=_no_comment(own)))
-        else:  # what followed the last argument (a line break before the closing parenthesis) follows the new one
-            new = new.with_changes(whitespace_after_arg=last.whitespace_after_arg)
-            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=_no_comment(sep)),
-                                         whitespace_after_arg=cst.SimpleWhitespace(""))
-        args.append(new)
-    return call.with_changes(args=args)
 
 
 def _channels_last_arg(call: cst.Call) -> cst.Call | None:
@@ -547,66 +449,11 @@ class _Editor(_GeneralEdits, cst.CSTTransformer):
         return updated.with_changes(body=body[:std_at] + std + body[std_at:at] + added + body[at:])
 
 
-def _names_used(module: cst.Module) -> set[str]:
-    """Every name the file binds or reads, at any depth (parameters, locals, globals; not attributes or keyword
-    arguments), with ``"*"`` where it has a star import (which may bind any name)."""
-    found: set[str] = set()
-
-    class Names(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            node.value.visit(self)  # "args.prefetch": only the object's name counts
-            return False
-
-        def visit_Arg(self, node: cst.Arg) -> bool:
-            node.value.visit(self)  # "f(prefetch=True)": the keyword binds nothing in the file
-            return False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            found.add(node.value)
-
-        def visit_ImportStar(self, node: cst.ImportStar) -> None:
-            found.add("*")
-
-    module.visit(Names())
-    return found
-
-
 def _taken_text(taken: Sequence[str], what: str) -> str:
     """Why an edit that adds ``what`` was not made: the names of its the file uses already."""
     if "*" in taken:
         return f"the file has a star import (from ... import *), which may bind a name {what} needs"
     return f"the file already uses the name{'s' if len(taken) > 1 else ''} {', '.join(taken)}"
-
-
-def _imports(module: cst.Module, name: str) -> bool:
-    """Whether the module's top level has ``import <name>`` (no alias)."""
-    for stmt in module.body:
-        if isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, cst.Import) and any(
-                        isinstance(a.name, cst.Name) and a.name.value == name and a.asname is None
-                        for a in small.names):
-                    return True
-    return False
-
-
-def _import_root(stmt: cst.BaseStatement) -> str:
-    """The top-level module a one-import statement imports (``os`` for ``import os.path``), "" for anything else
-    (a relative import, code)."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return ""
-    small = stmt.body[0]
-    if isinstance(small, cst.Import):
-        return _module_root(small.names[0].name)
-    if isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None:
-        return _module_root(small.module)
-    return ""
-
-
-def _module_root(node: cst.BaseExpression) -> str:
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    return node.value if isinstance(node, cst.Name) else ""
 
 
 def _stdlib_imports_end(body: Sequence[cst.BaseStatement]) -> int:
@@ -632,19 +479,6 @@ def _after_last_import(body: Sequence[cst.BaseStatement]) -> int:
                                                              for x in stmt.body):
             last = max(last, i + 1)
     return last
-
-
-def _after_imports(body: Sequence[cst.BaseStatement]) -> int:
-    """The index after the module's last top-level import (or its docstring), before other code."""
-    at = 0
-    for i, stmt in enumerate(body):
-        if isinstance(stmt, cst.SimpleStatementLine) and all(
-                isinstance(s, (cst.Import, cst.ImportFrom)) or (i == 0 and isinstance(s, cst.Expr))
-                for s in stmt.body):
-            at = i + 1
-        elif i > 0:
-            break
-    return at
 
 
 def apply_edits(source: str, edits: Sequence[Edit], *,
@@ -1046,279 +880,6 @@ def unified_diff(old: str, new: str, path: str, new_path: str | None = None) -> 
     lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                  fromfile=f"a/{path}", tofile=f"b/{new_path or path}")
     return "".join(lines)
-
-
-def _negated(test: cst.BaseExpression, module: cst.Module) -> str:
-    """The code of ``not test``, as a person writes it: ``a % k != 0`` for ``a % k == 0`` (and the reverse),
-    ``x`` for ``not x``, else ``not (test)``."""
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and not test.lpar:
-        c = test.comparisons[0]
-        flip = {cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal}.get(type(c.operator))
-        if flip is not None:
-            op = flip(whitespace_before=c.operator.whitespace_before, whitespace_after=c.operator.whitespace_after)
-            return module.code_for_node(test.with_changes(comparisons=[c.with_changes(operator=op)])).strip()
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return module.code_for_node(test.expression.with_changes(lpar=[], rpar=[])).strip()
-    code = module.code_for_node(test).strip()
-    simple = isinstance(test, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Comparison)) and not test.lpar
-    return f"not {code}" if simple else f"not ({code})"
-
-
-class _DDPEditor(cst.CSTTransformer):
-    """The ``no_sync``, ``ddp_keywords`` and ``comm_hook`` edits (see :func:`_ddp_pass`)."""
-
-    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider)
-
-    def __init__(self, module: cst.Module, edits: Sequence[Edit]) -> None:
-        super().__init__()
-        self.module = module
-        self.edits = list(edits)
-        self.done: set[int] = set()
-        self.why: dict[int, str] = {}
-        self.needs_contextlib = False
-        self.needs_hooks = False
-        taken = _names_used(module)
-        self.hooks_taken = "default_hooks" in taken and not _has_import(module, COMM_HOOKS_IMPORT)
-        self.contextlib_taken = "contextlib" in taken and not _imports(module, "contextlib")
-
-    def _span(self, node) -> tuple[int, int]:
-        pos = self.get_metadata(PositionProvider, node)
-        return pos.start.line, pos.end.line
-
-    def _is_ddp(self, call: cst.Call) -> bool:
-        return bool({q.name for q in self.get_metadata(QualifiedNameProvider, call.func, set())} & DDP_NAMES)
-
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        start, _ = self._span(original)
-        for i, e in enumerate(self.edits):
-            if e.kind == "ddp_keywords" and start == e.line and i not in self.done and self._is_ddp(original):
-                if any(a.star for a in original.args):
-                    self.why[i] = ("the DistributedDataParallel(...) call passes *args or **kwargs, which may set "
-                                   "these already: set them where those arguments are made")
-                    continue
-                updated = _set_keywords(updated, e.params.get("values") or {})
-                self.done.add(i)
-        return updated
-
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
-        return updated.with_changes(body=self._block(original.body, updated.body))
-
-    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
-        body = self._block(original.body, updated.body)
-        if self.needs_contextlib and not _imports(original, "contextlib"):
-            body = _with_stdlib_import(body, "contextlib")
-        if self.needs_hooks and not _has_import(original, COMM_HOOKS_IMPORT):
-            body = _with_torch_from_import(body, COMM_HOOKS_IMPORT)
-        return updated.with_changes(body=body)
-
-    def _block(self, original: Sequence[cst.BaseStatement], body: Sequence[cst.BaseStatement]) -> list:
-        out = list(body)
-        after: dict[int, list[cst.BaseStatement]] = {}  # statements inserted after out[k]
-        wraps: list[tuple[int, int, str]] = []  # (first, last, the with's header) over out's indices
-        for i, e in enumerate(self.edits):
-            if i in self.done:
-                continue
-            at = next((k for k, stmt in enumerate(original) if isinstance(stmt, cst.SimpleStatementLine)
-                       and self._span(stmt)[0] <= e.line <= self._span(stmt)[1]), None)
-            if at is None:
-                continue
-            if e.kind == "comm_hook":
-                target = self._assigned_ddp(original[at])
-                if target is None:
-                    self.why[i] = ("the DistributedDataParallel(...) call is not assigned to one name on a line of "
-                                   "its own (model = DDP(...))")
-                elif self.hooks_taken:
-                    self.why[i] = "the file already uses the name default_hooks for something else"
-                else:
-                    after.setdefault(at, []).append(cst.parse_statement(
-                        f"{target}.register_comm_hook(None, default_hooks.{e.params.get('dtype', 'fp16')}"
-                        f"_compress_hook)\n"))
-                    self.needs_hooks = True
-                    self.done.add(i)
-            elif e.kind == "no_sync":
-                header = self._no_sync_header(i, e, original, at)
-                if header is not None:
-                    first = next(k for k, stmt in enumerate(original) if k <= at and any(
-                        self._span(stmt)[0] <= n <= self._span(stmt)[1] for n in e.params.get("forward") or []))
-                    wraps.append((first, at, header))
-                    self.needs_contextlib = True
-                    self.done.add(i)
-        if not after and not wraps:
-            return out
-        new: list[cst.BaseStatement] = []
-        k = 0
-        while k < len(out):
-            wrap = next((w for w in wraps if w[0] == k), None)
-            if wrap is not None:
-                first, last, header = wrap
-                inner = [out[first].with_changes(leading_lines=[])] + out[first + 1:last + 1]
-                with_ = cst.parse_statement(header + ":\n    pass\n")
-                new.append(with_.with_changes(body=cst.IndentedBlock(body=inner),
-                                              leading_lines=out[first].leading_lines))
-                for j in range(first, last + 1):
-                    new += after.get(j, [])
-                k = last + 1
-                continue
-            new.append(out[k])
-            new += after.get(k, [])
-            k += 1
-        return new
-
-    def _assigned_ddp(self, stmt: cst.SimpleStatementLine) -> str | None:
-        """The target of ``NAME = DistributedDataParallel(...)`` (or ``self.model = DDP(...)``), the statement's
-        only one; None otherwise."""
-        if len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Assign):
-            return None
-        assign = stmt.body[0]
-        if len(assign.targets) != 1 or not isinstance(assign.value, cst.Call) or not self._is_ddp(assign.value):
-            return None
-        target = assign.targets[0].target
-        if not isinstance(target, (cst.Name, cst.Attribute)):
-            return None
-        return self.module.code_for_node(target).strip()
-
-    def _no_sync_header(self, i: int, e: Edit, original: Sequence[cst.BaseStatement], at: int) -> str | None:
-        """``with NAME.no_sync() if <the step's condition, negated> else contextlib.nullcontext()`` for the
-        ``backward()`` statement ``original[at]``, or None with the reason in ``why``."""
-        name, step = e.params.get("name"), e.params.get("step")
-        if not name:
-            self.why[i] = "no variable where backward() is called holds the DDP model"
-            return None
-        if self.contextlib_taken:
-            self.why[i] = "the file already uses the name contextlib for something else"
-            return None
-        guard = next((stmt for stmt in original[at + 1:] if isinstance(stmt, cst.If) and step is not None
-                      and self._span(stmt.body)[0] <= step <= self._span(stmt.body)[1]), None)
-        if guard is None:
-            self.why[i] = (f"the optimizer's step() (line {step}) is not under an if statement after backward() in "
-                           f"the same loop, whose condition would say which micro-step synchronises: put the "
-                           f"micro-steps that do not step the optimizer under {name}.no_sync() by hand")
-            return None
-        if not any(self._span(stmt)[0] <= n <= self._span(stmt)[1] for stmt in original[:at + 1]
-                   for n in e.params.get("forward") or []):
-            self.why[i] = ("the model's forward call is not in the same loop body as backward(), before it: "
-                           "no_sync() must hold the forward pass too")
-            return None
-        return f"with {name}.no_sync() if {_negated(guard.test, self.module)} else contextlib.nullcontext()"
-
-
-def _has_import(module: cst.Module, line: str) -> bool:
-    """Whether the module's top level has the import statement ``line``, written as it is."""
-    return any(isinstance(stmt, cst.SimpleStatementLine) and module.code_for_node(stmt).strip() == line
-               for stmt in module.body)
-
-
-def _import_block(body: Sequence[cst.BaseStatement]) -> range:
-    """The indices of the module's leading import statements (after its docstring)."""
-    start = 1 if body and isinstance(body[0], cst.SimpleStatementLine) and not _import_root(body[0]) \
-        and isinstance(body[0].body[0], cst.Expr) else 0
-    return range(start, max(start, _after_imports(body)))
-
-
-def _insert(body: list, at: int, stmt: cst.SimpleStatementLine, *, own_group: bool = False) -> list:
-    """``body`` with ``stmt`` at ``at``: the statement there hands its leading lines (a comment, the blank line
-    before its group) to ``stmt``; ``own_group``: a blank line then separates ``stmt`` from it."""
-    if at < len(body):
-        lead = body[at].leading_lines
-        body = body[:at] + [stmt.with_changes(leading_lines=lead)] + [
-            body[at].with_changes(leading_lines=[cst.EmptyLine()] if own_group else [])] + body[at + 1:]
-        return body
-    return body + [stmt]
-
-
-def _with_stdlib_import(body: list, name: str) -> list:
-    """``body`` with ``import name`` (a standard-library module) where isort puts it: among the leading block's
-    standard-library ``import`` statements in alphabetical order (before its ``from`` imports), else as its own
-    group before the third-party imports."""
-    block = _import_block(body)
-    stmt = cst.parse_statement(f"import {name}\n")
-    std = [k for k in block if _import_root(body[k]) in sys.stdlib_module_names and _import_root(body[k])
-           != "__future__"]
-    plain = [k for k in std if isinstance(body[k].body[0], cst.Import)]
-    later = [k for k in plain if _dotted(body[k]) > name]
-    if later:
-        return _insert(body, later[0], stmt)
-    if plain:  # after the last: the statement after it keeps its own leading lines (its group's blank line)
-        return body[:plain[-1] + 1] + [stmt] + body[plain[-1] + 1:]
-    if std:
-        return _insert(body, std[0], stmt)
-    first = next((k for k in block if _import_root(body[k]) != "__future__"), None)
-    if first is None:
-        return body[:block.stop] + [stmt] + body[block.stop:]
-    return _insert(body, first, stmt, own_group=True)
-
-
-def _dotted(stmt: cst.BaseStatement) -> str:
-    """The dotted module an import statement names (``os.path``; the first of several), "" for anything else."""
-    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and stmt.body else None
-    node = small.names[0].name if isinstance(small, cst.Import) else small.module \
-        if isinstance(small, cst.ImportFrom) and small.module is not None else None
-    if node is None:
-        return ""
-    parts = []
-    while isinstance(node, cst.Attribute):
-        parts.append(node.attr.value)
-        node = node.value
-    return ".".join([node.value] + parts[::-1]) if isinstance(node, cst.Name) else ""
-
-
-def _with_torch_from_import(body: list, line: str) -> list:
-    """``body`` with ``line`` (``from torch.... import ...``) among the file's ``from torch`` imports in isort's
-    order, else after its last torch import, else after all its imports."""
-    stmt = cst.parse_statement(line + "\n")
-    mod = _dotted(stmt)
-    block = _import_block(body)
-    torch_imports = [k for k in block if _import_root(body[k]) == "torch"]
-    later = [k for k in torch_imports if isinstance(body[k].body[0], cst.ImportFrom) and _dotted(body[k]) > mod]
-    if later:
-        return _insert(body, later[0], stmt)
-    at = torch_imports[-1] + 1 if torch_imports else block.stop
-    return body[:at] + [stmt] + body[at:]
-
-
-def _ddp_pass(module: cst.Module, edits: list[Edit]) -> tuple[str, list[Edit], list[tuple[Edit, str]], list[Edit]]:
-    """Make the DDP edits of ``edits``; the others come back with their lines moved to where their text now is.
-
-    - ``no_sync``: at the ``backward()`` statement on ``line`` (``params``: ``name``, the DDP model's variable
-      there; ``step``, the line of the optimizer's ``step()``; ``forward``, the model's forward lines), the
-      statements from the forward call's through that one wrapped in ``with NAME.no_sync() if <not cond> else
-      contextlib.nullcontext():``, where ``cond`` is the condition of the ``if`` after it, in the same block, that
-      holds the step: the micro-steps that do not step skip the all-reduce, the one that does synchronises;
-      ``import contextlib`` joins the file's standard-library imports as isort orders them;
-    - ``ddp_keywords``: ``params["values"]`` set in the ``DistributedDataParallel(...)`` call on ``line``
-      (found by its qualified name, however imported);
-    - ``comm_hook``: ``NAME.register_comm_hook(None, default_hooks.<dtype>_compress_hook)`` after the statement
-      ``NAME = DistributedDataParallel(...)`` on ``line`` (``params["dtype"]``: "bf16" or "fp16"), with
-      :data:`COMM_HOOKS_IMPORT` among the file's ``from torch`` imports.
-
-    Returns
-    -------
-    (str, list of Edit, list of (Edit, str), list of Edit)
-        The new text, the DDP edits made, those not made with the reason, and the other edits (lines mapped).
-    """
-    mine = [e for e in edits if e.kind in DDP_KINDS]
-    rest = [e for e in edits if e.kind not in DDP_KINDS]
-    editor = _DDPEditor(module, mine)
-    new = MetadataWrapper(module).visit(editor).code
-    made = [e for i, e in enumerate(mine) if i in editor.done]
-    where = {"no_sync": "no backward() statement of its own on that line",
-             "ddp_keywords": "no DistributedDataParallel(...) call starts on that line",
-             "comm_hook": "no DistributedDataParallel(...) statement of its own on that line"}
-    skipped = [(e, f"{editor.why.get(i) or where[e.kind]} (line {e.line})") for i, e in enumerate(mine)
-               if i not in editor.done]
-    old_lines, new_lines = module.code.splitlines(), new.splitlines()
-    moved: dict[int, int] = {}
-    for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes():
-        grown = max(0, (b1 - b0) - (a1 - a0))  # lines put before the old ones (a with's header)
-        for n in range(a0, a1):
-            moved[n + 1] = min(b0 + grown + (n - a0), max(b0, b1 - 1)) + 1
-
-    def lines(e: Edit) -> Edit:  # the edit's line, and the lines its params name (a GradScaler's backward, clip)
-        params = {k: [moved.get(n, n) for n in v] if k in ("backward", "clip") and isinstance(v, list) else v
-                  for k, v in e.params.items()}
-        return Edit(e.kind, e.file, moved.get(e.line, e.line), params, e.technique)
-
-    return new, made, skipped, [lines(e) for e in rest]
 
 
 def _merged_lines(carried: Sequence[cst.EmptyLine], own: Sequence[cst.EmptyLine]) -> list[cst.EmptyLine]:
