@@ -548,11 +548,16 @@ class TraceAnalysis:
         """The verdict in one sentence for a first screen, without the phase medians (the rank table shows them)
         and the "next" advice (shown on a line of its own): ``"HOST-BOUND: input preparation and copy are exposed
         for 45% of each step ..."``."""
+        return f"{self.label.upper()}: {self.why()}"
+
+    def why(self) -> str:
+        """:meth:`headline` without its label: how few steps, the evidence, the brief reason (the lines under the
+        one-line verdict, :meth:`helpers.verdict.Verdict.headline`, in the trace report)."""
         few = min(r.steps for r in self.ranks)
         lead = (f"only {few} step{'' if few == 1 else 's'} recorded: one slow step moves the figures; "
                 if few < FEW_STEPS else "")
         ev = f"{self.evidence}: " if self.evidence else ""
-        return f"{self.label.upper()}: {lead}{ev}{self._reason(brief=True)}"
+        return f"{lead}{ev}{self._reason(brief=True)}"
 
     def records(self) -> tuple[Record, ...]:
         """The analysis as results.jsonl records (:class:`helpers.results.Record`), each with its trace's provenance.

@@ -200,13 +200,6 @@ def _summary(a: TraceAnalysis) -> str:
             f"{' per rank' if n > 1 else ''} · threshold {_fmt_value(a.threshold, 'fraction')}")
 
 
-def _why(a: TraceAnalysis) -> str:
-    """The verdict's reason under its headline: :meth:`TraceAnalysis.headline` without its leading label."""
-    head = a.headline()
-    label = f"{a.label.upper()}: "
-    return head[len(label):] if head.startswith(label) else head
-
-
 def summary_lines(a: TraceAnalysis, report: TraceReport | None = None) -> list[str]:
     """What ``python -m helpers trace`` prints: the verdict, the per-rank table, the slow ranks, what next, where
     the report is."""
@@ -214,7 +207,7 @@ def summary_lines(a: TraceAnalysis, report: TraceReport | None = None) -> list[s
     cols = [str(c) for c in table.columns]
     cells = [[str(x) for x in row] for row in table.itertuples(index=False)]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    out = [a.verdict().headline(), *detail_lines(_why(a)), f"Next: {a.next_text()}", "", _summary(a)]
+    out = [a.verdict().headline(), *detail_lines(a.why()), f"Next: {a.next_text()}", "", _summary(a)]
     out += ["  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
     out += ["  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in cells]
     if len(a.ranks) > 1:
@@ -241,7 +234,7 @@ def to_html(a: TraceAnalysis, figure_png: bytes | None = None) -> str:
         f"<title>Workbook trace report</title><style>{_CSS}</style></head><body>",
         "<h1>Training-performance workbook: trace report</h1>",
         f"<p class='verdict' id='verdict'>{_code_spans(v.headline())}</p>",
-        "<ul class='why'>" + "".join(f"<li>{_code_spans(c)}</li>" for c in reason_clauses(_why(a))) + "</ul>",
+        "<ul class='why'>" + "".join(f"<li>{_code_spans(c)}</li>" for c in reason_clauses(a.why())) + "</ul>",
         f"<ul class='advice'><li><b>Next:</b> {_code_spans(a.next_text())}</li>"
         f"<li><b>Slow ranks:</b> {_code_spans(_slow_text(a))}</li></ul>",
         f"<p class='meta'>Measured: {e(_measured(v))} · {e(_summary(a))}</p><p class='meta'>{e(_EXPOSED)}</p>",
@@ -278,7 +271,7 @@ def to_markdown(a: TraceAnalysis, figure: str | None = None) -> str:
     e = md_escape
     lines = ["# Training-performance workbook: trace report", "",
              f"**Verdict: {md_code_spans(v.headline())}**", "",
-             *(f"- {md_code_spans(c)}" for c in reason_clauses(_why(a))), "",
+             *(f"- {md_code_spans(c)}" for c in reason_clauses(a.why())), "",
              f"- Next: {md_code_spans(a.next_text())}", f"- Slow ranks: {md_code_spans(_slow_text(a))}", "",
              f"Measured: {e(_measured(v))} · {e(_summary(a))}", "", e(_EXPOSED),
              "", "## Ranks", ""]
