@@ -1105,3 +1105,25 @@ def test_techniques_not_tried_for_one_reason_are_one_line():
                        ("bucket_cap_mb", one), ("no_sync", one)])
     assert lines == [f"no_sync, gradient_as_bucket_view, bucket_cap_mb (notebook 08): {one}",
                      "pin_memory (notebook 04): the device is a CPU"]
+
+
+def test_terminal_lists_the_techniques_not_tried_with_their_reasons(tmp_path, monkeypatch, capsys):
+    """The terminal summary, not only the report, says what tune left out and why, one line per reason."""
+    from helpers.tune import session
+    from helpers.workbook import cli
+
+    (tmp_path / "train.py").write_text("")
+    skipped = [("no_sync", "the model is not wrapped in DistributedDataParallel"),
+               ("bucket_cap_mb", "the model is not wrapped in DistributedDataParallel"),
+               ("channels_last", "the model has no Conv2d layer")]
+
+    def fake_tune(command, out, options, **kw):
+        return session.TuneResult(command=str(command), out_dir=out, probe={}, skipped=skipped)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(session, "tune", fake_tune)
+    assert cli.main(["tune", "--out", str(tmp_path / "t"), "--", "python", "train.py"]) == 0
+    lines = [x.strip() for x in capsys.readouterr().out.splitlines() if "not tried:" in x]
+    assert lines == ["not tried: no_sync, bucket_cap_mb (notebook 08): the model is not wrapped in "
+                     "DistributedDataParallel",
+                     "not tried: channels_last (notebook 07): the model has no Conv2d layer"]

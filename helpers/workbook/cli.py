@@ -492,6 +492,7 @@ def _tune(args) -> int:
 
     from helpers.tune.candidates import reported_only
     from helpers.tune.engine import ScriptError, parse_command
+    from helpers.tune.report import not_tried
     from helpers.tune.session import TuneOptions, files_text, job_text, tune
 
     words = list(args.command)
@@ -537,6 +538,8 @@ def _tune(args) -> int:
         print(f"  not written: {line}")
     for line in reported_only(res.probe):  # found, not changed (a profiler left on, PIL decode, a conv's bias)
         print(f"  reported only: {line}")
+    for line in not_tried(res.skipped):  # the checklist's other techniques, a line per reason
+        print(f"  not tried: {line}")
     if res.diff:
         print(f"the change: {out / 'change.diff'}  (rewritten script: {out / command.script.name})")
     if res.applied_to:
