@@ -273,3 +273,20 @@ def test_removing_a_debug_call_between_two_blocks_keeps_their_own_spacing():
     assert len(made) == 1 and not skipped
     # the removed line's own comment is kept (the user's note), above the class's two blank lines' worth of space
     assert new == "import torch\n\n\n# chasing a NaN\nclass Net(torch.nn.Module):\n    pass\n", repr(new)
+
+
+@pytest.mark.parametrize("call, written", [
+    ("opt.zero_grad(False)", "opt.zero_grad(set_to_none=True)"),
+    ("model.zero_grad(False)  # keep zeros", "model.zero_grad(set_to_none=True)  # keep zeros"),
+    ("opt.zero_grad(set_to_none=False)", "opt.zero_grad(set_to_none=True)"),
+    ("opt.zero_grad()", "opt.zero_grad(set_to_none=True)"),
+])
+def test_set_to_none_replaces_a_positional_false_rather_than_passing_it_twice(call, written):
+    """``zero_grad(False)`` passes set_to_none positionally: the edit replaces it (``zero_grad(False,
+    set_to_none=True)`` would raise "got multiple values for argument 'set_to_none'" at the proof)."""
+    source = f"def step(opt, model):\n    {call}\n"
+    gen = {"zero_grad_sites": [{"file": "train.py", "line": 2}]}
+    edits = [e for e in candidates.general_edits({"general": gen}, {"set_to_none": True})
+             if e.technique == "set_to_none"]
+    new, made, skipped = apply_edits(source, edits)
+    assert not skipped and new == f"def step(opt, model):\n    {written}\n"

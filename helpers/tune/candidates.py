@@ -502,7 +502,8 @@ def general_edits(probe: dict[str, Any], merged: dict[str, Any]) -> list[Any]:
     if merged.get("no_grad"):
         edits += [Edit("no_grad", f, int(n), {}, "no_grad") for f, n in merged["no_grad"]]
     if merged.get("set_to_none"):
-        edits += [Edit("call_keywords", s["file"], s["line"], {"call": "zero_grad", "values": {"set_to_none": True}},
+        edits += [Edit("call_keywords", s["file"], s["line"], {"call": "zero_grad", "values": {"set_to_none": True},
+                                                                "positional": ["set_to_none"]},
                        "set_to_none") for s in gen.get("zero_grad_sites") or []]
     opt = probe.get("optimizer") or {}
     impl = gen.get("optimizer_impl") or {}

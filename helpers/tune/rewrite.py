@@ -318,7 +318,7 @@ class _Editor(_GeneralEdits, cst.CSTTransformer):
                 updated = _set_keywords(updated, {"default": e.params["value"]})
                 self.done.add(i)
             elif e.kind == "call_keywords" and start == e.line and name == e.params.get("call"):
-                updated = _set_keywords(updated, e.params.get("values") or {})
+                updated = _set_keywords(updated, e.params.get("values") or {}, e.params.get("positional") or ())
                 self.done.add(i)
             elif e.kind == "grad_scaler" and name == "backward" and isinstance(original.func, cst.Attribute) \
                     and start in (e.params.get("backward") or []) and SCALER not in self.taken_scaler:

@@ -72,18 +72,28 @@ def _no_comment(ws):
     return ws
 
 
-def _set_keywords(call: cst.Call, values: dict[str, Any]) -> cst.Call:
+def _set_keywords(call: cst.Call, values: dict[str, Any], positional: Sequence[str] = ()) -> cst.Call:
     """``call`` with each keyword of ``values`` replaced or appended, formatted like the call's own arguments.
 
     A new argument goes after the last one, separated as the arguments before it are (on its own line in a call
     written one argument per line); a comment beside an existing argument stays with that argument and is never
-    copied to a new one.
+    copied to a new one. ``positional`` names the callee's leading parameters in order (``("set_to_none",)`` for
+    ``zero_grad``): a value of ``values`` passed positionally, ``zero_grad(False)``, is replaced where it is, and
+    written as a keyword where no positional argument follows it (``zero_grad(set_to_none=True)``), never added a
+    second time.
     """
     args = list(call.args)
     todo = dict(values)
     for i, a in enumerate(args):
         if a.keyword is not None and a.keyword.value in todo:
             args[i] = a.with_changes(value=_value(todo.pop(a.keyword.value)))
+        elif a.keyword is None and not a.star and i < len(positional) and positional[i] in todo:
+            value = _value(todo.pop(positional[i]))
+            later = any(b.keyword is None and not b.star for b in args[i + 1:])
+            args[i] = a.with_changes(value=value) if later else a.with_changes(
+                value=value, keyword=cst.Name(positional[i]),
+                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                      whitespace_after=cst.SimpleWhitespace("")))
     for key, value in todo.items():
         new = cst.Arg(keyword=cst.Name(key), value=_value(value),
                       equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
