@@ -229,8 +229,8 @@ def test_a_setting_read_from_the_scripts_own_option_is_written_as_its_default():
     assert set(why) == {"num_workers", "persistent_workers", "prefetch_factor", "pin_memory"}
     # a loader whose workers come from an expression, given only a deeper queue: the form valid whatever they are
     new, made, _ = apply_edits(ARGPARSE_SCRIPT, [Edit("loader", "t.py", 10, {"prefetch_factor": 4})])
-    assert 'other = DataLoader(ds, num_workers=cfg["workers"], prefetch_factor=4 if cfg["workers"] > 0 else None)' \
-        in new and [e.technique for e in made] == ["prefetch_factor"]
+    assert 'other = DataLoader(\n    ds, num_workers=cfg["workers"], prefetch_factor=4 if cfg["workers"] > 0 else None\n)' \
+        in new and [e.technique for e in made] == ["prefetch_factor"]  # past the file's 79 characters: wrapped
 
 
 def test_a_loader_in_another_file_that_reads_the_scripts_option_is_written_as_its_default():
@@ -517,8 +517,8 @@ def test_notebook_10s_change_is_the_loop_edited_by_tunes_own_rewriter():
 
     diff, notes = change_as_code(["batched_decode", "dataloader_workers", "pinned_memory", "mixed_precision",
                                   "channels_last"], num_workers=4, amp_dtype="float16", device_type="cuda")
-    assert "+loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=4, persistent_workers=True, " \
-           "pin_memory=True)" in diff
+    assert ("+loader = DataLoader(\n+    dataset,\n+    batch_size=batch_size,\n+    shuffle=True,\n+    num_workers=4,\n"
+            "+    persistent_workers=True,\n+    pin_memory=True,\n+)") in diff
     assert "+    images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)" in diff
     assert '+    with torch.autocast(device_type="cuda", dtype=torch.float16):\n+        logits = model(images)' in diff
     assert "+model = model.to(memory_format=torch.channels_last)" in diff
@@ -526,7 +526,7 @@ def test_notebook_10s_change_is_the_loop_edited_by_tunes_own_rewriter():
     # the same edit of a user's loop, made by tune, gives the same lines
     new, _, _ = apply_edits(LOOP, [Edit("loader", "f", 4, {"num_workers": 4, "persistent_workers": True,
                                                            "pin_memory": True})])
-    assert [ln for ln in new.splitlines() if ln.startswith("loader")][0] in diff
+    assert "\n".join(f"+{ln}" for ln in new.splitlines()[3:11]) in diff
     assert change_as_code([]) == ("", [])
     diff, notes = change_as_code(["prefetcher"], device_type="cuda")
     assert "+for images, labels in prefetch(loader, device):" in diff and not notes
@@ -1127,3 +1127,35 @@ def test_terminal_lists_the_techniques_not_tried_with_their_reasons(tmp_path, mo
     assert lines == ["not tried: no_sync, bucket_cap_mb (notebook 08): the model is not wrapped in "
                      "DistributedDataParallel",
                      "not tried: channels_last (notebook 07): the model has no Conv2d layer"]
+
+
+def test_a_call_grown_past_the_files_line_limit_is_wrapped_as_a_person_would():
+    """Keywords added to a DataLoader(...) that then runs past the file's own longest line (at least PEP 8's 79)
+    are written on an indented line of their own, or one per line where that line is long too; a call that still
+    fits is left on its line, and the code still parses."""
+    from helpers.tune.rewrite import Edit, apply_edits
+
+    source = ("import torch\n\n\ndef main(data):\n"
+              "    train = torch.utils.data.DataLoader(data, batch_size=64, shuffle=True)  # shuffled\n"
+              "    val = DataLoader(data)\n")
+    new, made, _ = apply_edits(source, [Edit("loader", "f", 5, {"num_workers": 2}, "num_workers"),
+                                         Edit("loader", "f", 6, {"num_workers": 2}, "num_workers")])
+    assert len(made) == 2
+    compile(new, "train.py", "exec")
+    assert ("    train = torch.utils.data.DataLoader(\n"
+            "        data, batch_size=64, shuffle=True, num_workers=2\n"
+            "    )  # shuffled\n") in new
+    assert "    val = DataLoader(data, num_workers=2)\n" in new  # fits: one line
+    # too long for one indented line too: one argument per line, with a trailing comma
+    wide = {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4}
+    new, _, _ = apply_edits(source, [Edit("loader", "f", 5, wide, "num_workers")])
+    compile(new, "train.py", "exec")
+    assert ("    train = torch.utils.data.DataLoader(\n        data,\n        batch_size=64,\n        shuffle=True,\n"
+            "        num_workers=2,\n        persistent_workers=True,\n        prefetch_factor=4,\n    )  # shuffled\n"
+            ) in new
+    assert max(len(ln) for ln in new.splitlines()) <= 85  # the file's longest line
+    # the file's own lines are longer: its own limit, nothing wrapped
+    long_file = source + "# " + "x" * 200 + "\n"
+    new, _, _ = apply_edits(long_file, [Edit("loader", "f", 5, wide, "num_workers")])
+    assert "DataLoader(data, batch_size=64, shuffle=True, num_workers=2, persistent_workers=True, " \
+           "prefetch_factor=4)  # shuffled" in new

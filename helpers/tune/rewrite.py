@@ -53,7 +53,7 @@ from helpers.errors import ParameterError
 from helpers.pipeline import side_stream
 
 from helpers.tune.rewrite_common import (DDP_KINDS, DDP_NAMES, Code, Edit, _after_imports, _import_root, _imports,
-                                         _names_used, _set_keywords)
+                                         _fit_call, _names_used, _set_keywords, line_limit)
 from helpers.tune.rewrite_ddp import _ddp_pass
 
 __all__ = ["Edit", "apply_edits", "float16_part", "framework_calls", "loader_elsewhere", "loader_label",
@@ -278,9 +278,11 @@ class _GeneralEdits:
 class _Editor(_GeneralEdits, cst.CSTTransformer):
     METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider)
 
-    def __init__(self, edits: Sequence[Edit]) -> None:
+    def __init__(self, edits: Sequence[Edit], source: str = "") -> None:
         super().__init__()
         self.edits = list(edits)
+        self.lines = source.splitlines()  # the user's lines: a call grown past the file's line limit is wrapped
+        self.limit = line_limit(source)
         self.done: set[int] = set()
         self.needs_torch = False
         self.prefetcher = False  # a loop was wrapped: the module gets side_stream.SOURCE
@@ -306,10 +308,12 @@ class _Editor(_GeneralEdits, cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         start, end = self._span(original)
         name = _name_of(original.func)
+        keyworded = False  # keywords were added: the call may now run past the file's line limit
         for i, e in enumerate(self.edits):
             if e.kind == "loader" and start == e.line and name.endswith("DataLoader"):
                 updated = _set_keywords(updated, e.params)
                 self.done.add(i)
+                keyworded = True
             elif e.kind == "non_blocking" and start <= e.line <= end and name in ("to", "cuda") \
                     and isinstance(original.func, cst.Attribute):
                 updated = _set_keywords(updated, {"non_blocking": True})
@@ -320,6 +324,7 @@ class _Editor(_GeneralEdits, cst.CSTTransformer):
             elif e.kind == "call_keywords" and start == e.line and name == e.params.get("call"):
                 updated = _set_keywords(updated, e.params.get("values") or {}, e.params.get("positional") or ())
                 self.done.add(i)
+                keyworded = True
             elif e.kind == "grad_scaler" and name == "backward" and isinstance(original.func, cst.Attribute) \
                     and start in (e.params.get("backward") or []) and SCALER not in self.taken_scaler:
                 loss = updated.func.value  # "(loss / 2).backward()": its parentheses are the call's now
@@ -334,6 +339,8 @@ class _Editor(_GeneralEdits, cst.CSTTransformer):
                     updated = wrapped
                     self.done.add(i)
                     self.needs_torch = True
+        if keyworded and start == end and start <= len(self.lines) and isinstance(updated, cst.Call):
+            updated = _fit_call(updated, self.lines[start - 1], cst.Module([]).code_for_node(original), self.limit)
         return updated
 
     # ---------------------------------------------------------------- loops: prefetch
@@ -519,7 +526,7 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
         return new, ddp_made + made, ddp_skipped + skipped
     edits, options_skipped = _through_options(module, list(edits), passed)
     edits = _with_step_receivers(module, edits)
-    editor = _Editor(edits)
+    editor = _Editor(edits, source)
     new = MetadataWrapper(module).visit(editor)
     broken = [i for i, e in enumerate(edits) if float16_part(e)
               and not (editor.complete(i) if e.kind == "grad_scaler" else i in editor.done)]
@@ -530,7 +537,7 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
         group_skipped = [(edits[i], f"float16 autocast and its GradScaler are written together or not at all: {why}")
                          for i in group]
         edits = [e for i, e in enumerate(edits) if i not in group]
-        editor = _Editor(edits)
+        editor = _Editor(edits, source)
         new = MetadataWrapper(module).visit(editor)
     for i, e in enumerate(edits):
         if e.kind == "grad_scaler" and editor.complete(i):

@@ -55,6 +55,54 @@ class Code(str):
     """A value written as this Python expression, not as a literal (``args.workers > 0``)."""
 
 
+#: The shortest line limit a rewritten call is kept within: PEP 8's 79 characters ("Limit all lines to a maximum of
+#: 79 characters", https://peps.python.org/pep-0008/#maximum-line-length); a file with longer lines of its own sets
+#: its own limit (its longest line).
+PEP8_LINE = 79
+
+
+def line_limit(source: str) -> int:
+    """The line length a rewrite keeps to in ``source``: its own longest line, at least :data:`PEP8_LINE`."""
+    return max([PEP8_LINE] + [len(ln) for ln in source.splitlines()])
+
+
+def _fit_call(call: cst.Call, line: str, before: str, limit: int) -> cst.BaseExpression:
+    """``call`` written over several lines where, on one line, its line would run past ``limit`` characters.
+
+    Parameters
+    ----------
+    call : libcst.Call
+        The edited call (keywords added), written on one line.
+    line : str
+        The user's line the call stood on, unedited.
+    before : str
+        The call's text in ``line`` before the edit (the line's length changes by ``len(new) - len(before)``).
+    limit : int
+        Characters (:func:`line_limit`).
+
+    Returns
+    -------
+    libcst.BaseExpression
+        ``call`` unchanged where it fits, or spans lines already; else its arguments on one line of their own,
+        indented one level past the statement (as black writes a call that does not fit), or, where that line
+        too is long, one argument per line with a trailing comma.
+    """
+    code = cst.Module([]).code_for_node(call)
+    if "\n" in code or "\n" in before or len(line) - len(before) + len(code) <= limit or not call.args:
+        return call
+    bare = [cst.Module([]).code_for_node(a.with_changes(comma=cst.MaybeSentinel.DEFAULT,
+                                                         whitespace_after_arg=cst.SimpleWhitespace("")))
+            for a in call.args]
+    func = cst.Module([]).code_for_node(call.func)
+    indent = len(line) - len(line.lstrip())
+    one = "    " + ", ".join(bare)
+    if indent + len(one) <= limit:
+        text = f"{func}(\n{one}\n)"
+    else:
+        text = f"{func}(\n" + "".join(f"    {a},\n" for a in bare) + ")"
+    return cst.parse_expression(text)
+
+
 def _value(v: Any) -> cst.BaseExpression:
     if isinstance(v, Code):
         return cst.parse_expression(str(v))
