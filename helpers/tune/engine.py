@@ -301,12 +301,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _hook_env(command: Command) -> dict[str, str]:
+def _hook_env(command: Command, apply: dict[str, Any] | None = None) -> dict[str, str]:
     """The environment of a run: the user's, helpers importable, and a world of one for a script written for
-    torchrun but given as ``python train.py`` (under torchrun, torchrun sets each rank's)."""
+    torchrun but given as ``python train.py`` (under torchrun, torchrun sets each rank's); with ``apply["ld_preload"]``
+    (an allocator, :mod:`helpers.tune.candidates_cpu`), that library first in ``LD_PRELOAD`` (torchrun's ranks
+    inherit it)."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if (apply or {}).get("ld_preload"):
+        env["LD_PRELOAD"] = apply["ld_preload"] + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
     if command.launcher:
         return env
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
@@ -376,8 +380,9 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
     ended, why = "", ""
     try:
         with open(workdir / f"{tag}.log", "wb") as log:
-            proc = subprocess.Popen(command.process(spec_path), cwd=command.cwd, env=_hook_env(command), stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(command.process(spec_path), cwd=command.cwd, env=_hook_env(command, apply),
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
             try:
                 ended, why = _wait(proc, t0, wall0, out_path, command.nproc, timeout_s, stall_step_s, start_s,
                                    steps, still, stall_floor_s)

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.tune.hook_common import SITE_SAMPLES, _has_conv, _jsonable
+from helpers.tune.hook_cpu import _cpu_result, _watch_cpu
 from helpers.tune.hook_ddp import _DDPWatch, _watch_ddp
 from helpers.tune.hook_files import UserFiles
 from helpers.tune.hook_general import _general_result, _watch_general
@@ -219,6 +220,7 @@ class Recorder:
             "batches_drawn": self.batches, "python": {"executable": sys.executable, "version": sys.version.split()[0],
                                                         "torch": _torch_version()},
             "applied": self.apply, "general": _general_result(getattr(self, "general", None)),
+            "cpu": _cpu_result(getattr(self, "cpu", None)),
         }
 
 
@@ -401,6 +403,7 @@ def install(rec: Recorder) -> None:
     if rec.spec.get("watch_copies"):
         _watch_copies(rec)
     _watch_general(rec)
+    _watch_cpu(rec)
 
 
 def _scale_steps(rec: Recorder, optimizer) -> None:

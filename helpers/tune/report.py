@@ -32,6 +32,10 @@ def markdown(res: Any) -> str:
                 f"report.", "", "```diff", res.diff.rstrip(), "```", ""]
         if res.applied_to:
             out += [f"Applied to `{res.applied_to}`; your original is kept as `{res.backup}`.", ""]
+    if getattr(res, "launch", ""):  # a launch setting (the allocator): not code, so not in the diff
+        out += ["## The launch command", "", "Run your script with this command line (the allocator is loaded "
+                "through `LD_PRELOAD` when the process starts: the Performance Tuning Guide's \"Switch Memory "
+                "allocator\"); the diff does not carry it:", "", "```sh", res.launch, "```", ""]
     if res.proof is not None:
         opts = getattr(res, "options", None)
         span = (f"steps {opts.warmup + 1}-{opts.warmup + opts.steps} of each run (after {opts.warmup} warm-up steps)"

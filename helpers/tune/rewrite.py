@@ -54,6 +54,7 @@ from helpers.pipeline import side_stream
 
 from helpers.tune.rewrite_common import (DDP_KINDS, DDP_NAMES, Code, Edit, _after_imports, _import_root, _imports,
                                          _fit_call, _names_used, _set_keywords, line_limit)
+from helpers.tune.rewrite_cpu import CPU_KINDS, threads_pass
 from helpers.tune.rewrite_ddp import _ddp_pass
 
 __all__ = ["Edit", "apply_edits", "float16_part", "framework_calls", "loader_elsewhere", "loader_label",
@@ -61,7 +62,7 @@ __all__ = ["Edit", "apply_edits", "float16_part", "framework_calls", "loader_els
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
          "argparse_default", "prefetch", "grad_scaler", "debug_off", "no_grad", "no_sync", "ddp_keywords",
-         "comm_hook")
+         "comm_hook", *CPU_KINDS)
 #: The variable the ``grad_scaler`` edit binds at the top of a file.
 SCALER = "grad_scaler"
 #: The names the ``prefetch`` edit defines at the top of a file (helpers.pipeline.side_stream's functions).
@@ -515,6 +516,12 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
     for e in edits:
         if e.kind not in KINDS:
             raise ParameterError(f"rewrite: unknown edit kind {e.kind!r}; allowed: {', '.join(KINDS)}")
+    cpu = [e for e in edits if e.kind in CPU_KINDS]
+    if cpu:  # the threads' line after the imports, once the others' edits are made at their captured lines
+        rest = [e for e in edits if e.kind not in CPU_KINDS]
+        new, made, skipped = apply_edits(source, rest, passed=passed) if rest else (source, [], [])
+        new, cpu_made, cpu_skipped = threads_pass(new, cpu)
+        return new, made + cpu_made, skipped + cpu_skipped
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:

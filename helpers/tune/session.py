@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 from helpers.device import usable_cores
 from helpers.errors import ParameterError
 from helpers.tune import candidates as cand_mod
+from helpers.tune import candidates_cpu as cpu_mod
 from helpers.tune.candidates import Candidate
 from helpers.tune.engine import (GIVE_UP_RATIO, PROBE_STALL_FLOOR_S, Command, Judgement, Run, ScriptError, exploding,
                                  judge, measure, nonfinite_step, run_once)
@@ -109,6 +110,8 @@ class TuneResult:
     job: dict[str, Any] = field(default_factory=dict)
     proof_runs: dict[str, list[Run]] = field(default_factory=dict)
     proof_failures: list[str] = field(default_factory=list)
+    launch: str = ""  # the proven launch command (an allocator through LD_PRELOAD), "" where none
+    cores: int = 0  # usable cores per process, as the candidates were chosen for
 
     @property
     def user_files(self) -> list[dict[str, str]]:
@@ -123,9 +126,13 @@ class TuneResult:
     @property
     def headline(self) -> str:
         """One sentence: the proven speedup of the rewritten script, or why there is no change."""
+        if self.proof is not None and self.proof.verdict == "faster" and self.launch and not self.diff:
+            return (f"Your script launched as `{self.launch}` is {self.proof.figure} faster per step than as you run "
+                    f"it, measured against it ({', '.join(self.proven)}).")
         if self.proof is not None and self.proof.verdict == "faster":
-            return (f"The rewritten script is {self.proof.figure} faster per step than yours, measured as written "
-                    f"against the original ({', '.join(self.proven)}).")
+            launched = f", launched as `{self.launch}`," if self.launch else ""
+            return (f"The rewritten script{launched} is {self.proof.figure} faster per step than yours, measured as "
+                    f"written against the original ({', '.join(self.proven)}).")
         if not self.winners:
             unsure = [j for j in self.judgements if j.verdict == "inconclusive"]
             if unsure:
@@ -138,7 +145,7 @@ class TuneResult:
                     if self.proof is not None and self.proof.verdict != "rejected" else "")
             return (f"The rewritten script was rejected when it ran as written ({'; '.join(self.proof_failures)})"
                     f"{then}: no change is proposed.")
-        if not self.edits_made:
+        if not self.edits_made and self.proof is None:
             return "Changes won at runtime, but none could be written into the script (see 'Not written')."
         if self.proof is not None and self.proof.verdict == "rejected":
             return (f"The rewritten script was rejected when it ran as written ({self.proof.reason.splitlines()[0]}): "
@@ -173,7 +180,7 @@ class TuneResult:
             "busy": self.busy, "applied_to": self.applied_to, "backup": self.backup,
             "device": (self.probe.get("model") or {}).get("param_device"), "seconds": self.seconds,
             "diff": "change.diff" if self.diff else None, "python": self.python, "job": self.job,
-            "user_files": self.user_files,
+            "user_files": self.user_files, "launch": self.launch,
         }
 
 
@@ -337,6 +344,7 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
                               "side_stream"))
     edits += cand_mod.general_edits(probe, merged)  # the Guide's general items (debugging APIs, no_grad, ...)
     edits += cand_mod.ddp_edits(probe, merged)  # DistributedDataParallel's (notebook 08)
+    edits += cpu_mod.cpu_edits(probe, merged, script)  # torch.set_num_threads (the allocator is the launch command)
     for c in winners:  # a framework's setting: keywords of its call in the script
         edits += call_edits(c, script)
     return edits
@@ -418,12 +426,16 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
     # every process of a torchrun job gets its share of the cores for its DataLoader workers
     cores = max(1, usable_cores() // command.nproc)
     res.candidates, res.skipped = cand_mod.choose(probe.result, cores=cores)
+    res.cores = cores
     if probe.result.get("frameworks"):  # settings a framework owns: keywords of its call in the script
         res.framework_calls = framework_calls(command.script.read_text(encoding="utf-8"))
         fw, fw_skipped = cand_mod.framework_candidates(res.framework_calls, probe.result, cores=cores)
         owned = {c.technique for c in fw}
         res.candidates = [c for c in res.candidates if c.technique not in owned] + fw
         res.skipped = [s for s in res.skipped if s[0] not in owned] + fw_skipped
+    more, why = cpu_mod.cpu_candidates(probe.result, cores=cores,  # the threads and the allocator (the Guide's CPU)
+                                       workers_tried=any(c.technique == "num_workers" for c in res.candidates))
+    res.candidates, res.skipped = res.candidates + more, res.skipped + why
     jsonl = out_dir / "results.jsonl"
     built = [v for v in (_variant(c, command, work, res) for c in res.candidates) if v is not None]
     res.candidates = [c for c in res.candidates if any(v[0] == c.name for v in built)]
@@ -460,43 +472,56 @@ def _attempts(winners: list[Candidate], probe: dict[str, Any], script: Path) -> 
     """What the proof tries, in order: all the winners, then, where more than one can be written into the script,
     the best of those alone (a winner whose call is in another file cannot be: falling back to it proves nothing)."""
     here = str(script.resolve())
-    writable = [c for c in winners if any(e.file == here for e in plan_edits(probe, [c], script))]
+    writable = [c for c in winners if cpu_mod.launch_apply([c])
+                or any(e.file == here for e in plan_edits(probe, [c], script))]
     return ([winners] if winners else []) + ([writable[:1]] if len(writable) > 1 else [])
 
 
 def _follow_up(command: Command, winners: list[Candidate], res: TuneResult, options: TuneOptions, work: Path,
                timeout: float, watch: bool, say: Callable[[str], None],
                stall: dict[str, float] | None = None) -> list[Candidate]:
-    """Measure :func:`helpers.tune.candidates.follow_up` (``prefetch_factor`` on top of the winning workers)
-    against the winner it builds on, interleaved; where it is faster it takes that winner's place."""
-    extra, why_not = cand_mod.follow_up(winners, res.probe, res.framework_calls)
-    if extra is None:
-        if why_not:
-            res.skipped.append(("prefetch_factor", why_not))
+    """Measure the follow-ups of the winning workers tune added (:func:`helpers.tune.candidates.follow_up`:
+    ``prefetch_factor``; :func:`helpers.tune.candidates_cpu.threads_follow_up`: ``torch.set_num_threads``), each
+    against the winner it builds on, interleaved; each one faster than it takes that winner's place (both, where
+    both are: their DataLoader settings merge)."""
+    extras: list[Candidate] = []
+    for technique, (extra, why_not) in (
+            ("prefetch_factor", cand_mod.follow_up(winners, res.probe, res.framework_calls)),
+            ("intra_op_threads", cpu_mod.threads_follow_up(winners, res.probe, cores=res.cores or usable_cores()))):
+        if extra is None:
+            if why_not:
+                res.skipped.append((technique, why_not))
+        elif _variant(extra, command, work, res) is not None:
+            extras.append(extra)
+    if not extras:
         return winners
-    built = _variant(extra, command, work, res)
-    base = next(c for c in winners if c.name == extra.against)
-    if built is None:
-        return winners
-    say(f"follow-up: {extra.name} against {base.name}")
+    base = next(c for c in winners if c.name == extras[0].against)
+    say(f"follow-up: {', '.join(x.name for x in extras)} against {base.name}")
     ref = _variant(base, command, work, res)
-    runs, busy = measure(command, [ref, built], rounds=options.rounds, workdir=work / "follow-up",
-                         warmup=options.warmup, steps=options.steps, timeout_s=timeout, watch_copies=watch,
-                         progress=say, **(stall or {}))
+    runs, busy = measure(command, [ref] + [_variant(x, command, work, res) for x in extras], rounds=options.rounds,
+                         workdir=work / "follow-up", warmup=options.warmup, steps=options.steps, timeout_s=timeout,
+                         watch_copies=watch, progress=say, **(stall or {}))
     _append(res.out_dir / "results.jsonl", [r for rs in runs.values() for r in rs])
     res.runs += [r for rs in runs.values() for r in rs]
-    j = judge(extra.name, runs[base.name], runs[extra.name], busy)
     res.busy += f"; while the follow-up ran, {busy.sentence()}"
-    res.candidates.append(extra)
-    res.judgements.append(j)
-    if j.verdict != "faster":
+    faster = []
+    for extra in extras:
+        j = judge(extra.name, runs[base.name], runs[extra.name], busy)
+        res.candidates.append(extra)
+        res.judgements.append(j)
+        if j.verdict == "faster":
+            faster.append(extra)
+    if not faster:
         return winners
-    return [extra if c is base else c for c in winners]
+    taken = {x.technique for x in faster}  # a first-round winner of the same technique gives way to its follow-up
+    return [x for c in winners for x in (faster if c is base else [] if c.technique in taken else [c])]
 
 
 def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, options: TuneOptions, work: Path,
            timeout: float, watch: bool, say: Callable[[str], None], stall: dict[str, float] | None = None) -> bool:
-    """Write ``winners`` into a copy of the script and measure it as written against the original."""
+    """Write ``winners`` into a copy of the script and measure it as written against the original; a winner that
+    is a launch setting (the allocator's ``LD_PRELOAD``) launches the rewritten run (or, with no edit, the original
+    file) with it."""
     script = command.script
     assert script is not None
     source = script.read_text(encoding="utf-8")
@@ -530,13 +555,17 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
         skipped.append((e, f"the call is in {_where(e.file, command)}, line {e.line}: tune edits only the script "
                            f"you gave; {what}"))
     res.edits_made, res.edits_skipped = made, skipped
-    if not made:
+    launch = cpu_mod.launch_apply(winners)
+    if not made and not launch:
         return False
-    candidate_file = work / f"{script.stem}.candidate.py"
-    candidate_file.write_text(new, encoding="utf-8")
-    written = techniques_of(made)
-    say(f"proof: the rewritten script ({', '.join(sorted(written))}) against yours, as written")
-    runs, busy = measure(command, [("original", {}, None), ("rewritten", {}, candidate_file)], rounds=options.rounds,
+    candidate_file = work / f"{script.stem}.candidate.py" if made else None
+    if candidate_file is not None:
+        candidate_file.write_text(new, encoding="utf-8")
+    written = techniques_of(made) | {c.technique for c in winners if cpu_mod.launch_apply([c])}
+    launched = f", launched as `{cpu_mod.launch_text(command, launch)}`" if launch else ""
+    say(f"proof: the rewritten script ({', '.join(sorted(written))}{launched}) against yours, as written")
+    runs, busy = measure(command, [("original", {}, None), ("rewritten", launch, candidate_file)],
+                         rounds=options.rounds,
                          workdir=work / "proof", warmup=options.warmup, steps=options.steps, timeout_s=timeout,
                          watch_copies=watch, progress=say, **(stall or {}))
     _append(res.out_dir / "results.jsonl", [r for rs in runs.values() for r in rs])
@@ -548,9 +577,10 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     res.busy += f"; while the proof ran{' (the best change alone)' if res.proof_tries else ''}, {busy.sentence()}"
     res.proof_tries += 1
     if res.proof.verdict == "faster":
-        res.diff = unified_diff(source, new, script.name)
+        res.diff = unified_diff(source, new, script.name) if made else ""
         res.proven = [c.name for c in winners if c.technique in written]  # what the diff holds, not what won
-        res.rewritten = new
+        res.rewritten = new if made else ""
+        res.launch = cpu_mod.launch_text(command, launch)
         return True
     return False
 
@@ -579,6 +609,7 @@ def _variant(c: Candidate, command: Command, work: Path, res: TuneResult) -> tup
     edits = call_edits(c, script)
     if not edits:
         return c.name, c.apply, None
+    runtime = {k: v for k, v in c.apply.items() if k != "edits"}  # a follow-up's threads on top of the edit
     new, made, skipped = apply_edits(script.read_text(encoding="utf-8"), edits)
     if skipped:
         res.skipped.append((c.technique, f"{c.name}: {skipped[0][1]}"))
@@ -586,7 +617,7 @@ def _variant(c: Candidate, command: Command, work: Path, res: TuneResult) -> tup
     path = work / "variants" / f"{script.stem}.{''.join(ch if ch.isalnum() else '_' for ch in c.name)}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new, encoding="utf-8")
-    return c.name, {}, path
+    return c.name, runtime, path
 
 
 def _where(file: str, command: Command) -> str:
@@ -617,6 +648,7 @@ def _edit_text(e: Edit) -> str:
                            f"grad_scaler.step(optimizer); grad_scaler.update()",
             "prefetch": f"for ... in prefetch(loader, {e.params.get('device') or 'device'}): with notebook 05's "
                         f"prefetch() added to the file",
+            "set_threads": f"torch.set_num_threads({e.params.get('threads')}) after the script's imports",
             "debug_off": f"remove {e.params.get('api', 'the debugging API')}(...) from the training process",
             "no_grad": "with torch.no_grad(): around the validation loop (or the forward call)",
             "no_sync": f"with {e.params.get('name') or 'model'}.no_sync() if <not the step's condition> else "

@@ -542,6 +542,8 @@ def _tune(args) -> int:
         print(f"  not tried: {line}")
     if res.diff:
         print(f"the change: {out / 'change.diff'}  (rewritten script: {out / command.script.name})")
+    if res.launch:  # a launch setting (the allocator's LD_PRELOAD): the command line to paste, not code
+        print(f"the launch command: {res.launch}")
     if res.applied_to:
         print(f"applied to {res.applied_to}; your original is {res.backup}")
     if res.user_files:
