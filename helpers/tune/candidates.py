@@ -29,6 +29,11 @@ technique           the change                                                  
 ``comm_hook``       ``model.register_comm_hook(None, default_hooks.fp16_compress_hook)``  08
                     (``bf16_compress_hook`` where DDP accepts it)
 ``static_graph``    ``DistributedDataParallel(..., static_graph=True)``             08
+``intra_op_threads``  ``torch.set_num_threads(N)`` after the imports, N = the usable  00, 03
+                    cores less the DataLoader workers
+                    (:mod:`helpers.tune.candidates_cpu`)
+``allocator``       ``LD_PRELOAD=<jemalloc or tcmalloc>`` in the launch command,    --
+                    not code (:mod:`helpers.tune.candidates_cpu`)
 ``debug_apis``      ``set_detect_anomaly(True)`` removed, ``with detect_anomaly():``  --
                     unwrapped, ``gradcheck(...)`` in the loop removed
 ``no_grad``         ``with torch.no_grad():`` around a loop (or statement) whose   --
