@@ -21,6 +21,14 @@ technique           the change                                                  
 ``cudnn_benchmark``  ``torch.backends.cudnn.benchmark = True`` (CUDA, Conv2d)        07
 ``side_stream``     ``for x, y in prefetch(loader, device):`` (CUDA, NPU), with      05
                     ``pin_memory=True``; :mod:`helpers.pipeline.side_stream`
+``tf32``            ``torch.set_float32_matmul_precision("high")`` before the      --
+                    optimizer (CUDA: a float32 model, a GPU with TF32);
+                    ``torch.npu.matmul.allow_hf32 = True`` on an NPU
+                    (:mod:`helpers.tune.candidates_device`, as the next two)
+``host_sync``       ``if i % 10 == 0:`` around a logging line that reads a        --
+                    device value each step (CUDA, NPU: ``set_sync_debug_mode``)
+``device_factory``  ``torch.zeros(..., device=device)`` for a                      --
+                    ``torch.zeros(...).to(device)`` in the loop (CUDA, NPU)
 ``no_sync``         ``with model.no_sync() if (i + 1) % k != 0 else                08
                     contextlib.nullcontext():`` around the micro-steps of
                     gradient accumulation (:func:`ddp_candidates`)
@@ -70,7 +78,7 @@ __all__ = ["Candidate", "choose", "follow_up", "framework_candidates", "general_
 NOTEBOOK = {"no_sync": "08", "gradient_as_bucket_view": "08", "bucket_cap_mb": "08", "comm_hook": "08",
             "static_graph": "08",
             "num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "side_stream": "05", "autocast": "06",
-            "channels_last": "07", "cudnn_benchmark": "07"}
+            "channels_last": "07", "cudnn_benchmark": "07", "checkpointing": "09"}
 #: Where a framework sets the DataLoader or the precision, the argument to change (the frameworks' own names:
 #: Lightning 2.x ``Trainer(precision=...)``; transformers ``TrainingArguments`` fields).
 FRAMEWORK_ARGS = {

@@ -52,6 +52,7 @@ from typing import Any
 from helpers.tune.hook_common import SITE_SAMPLES, _has_conv, _jsonable
 from helpers.tune.hook_cpu import _cpu_result, _watch_cpu
 from helpers.tune.hook_ddp import _DDPWatch, _watch_ddp
+from helpers.tune.hook_device import _device_result, _watch_device
 from helpers.tune.hook_files import UserFiles
 from helpers.tune.hook_general import _general_result, _watch_general
 
@@ -220,6 +221,7 @@ class Recorder:
             "batches_drawn": self.batches, "python": {"executable": sys.executable, "version": sys.version.split()[0],
                                                         "torch": _torch_version()},
             "applied": self.apply, "general": _general_result(getattr(self, "general", None)),
+            "device": _device_result(self),
             "cpu": _cpu_result(getattr(self, "cpu", None)),
         }
 
@@ -402,6 +404,7 @@ def install(rec: Recorder) -> None:
 
     if rec.spec.get("watch_copies"):
         _watch_copies(rec)
+    _watch_device(rec)  # TF32/HF32, host synchronisations, peak memory (CUDA, NPU); inside _watch_general's wrap
     _watch_general(rec)
     _watch_cpu(rec)
 

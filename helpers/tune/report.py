@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.tune.candidates import FRAMEWORK_ARGS, NOTEBOOK, reported_only
+from helpers.tune.candidates_device import device_reported
 
 __all__ = ["markdown", "write_report"]
 
@@ -64,7 +65,7 @@ def markdown(res: Any) -> str:
         out += ["## Not written", ""] + [f"- {line}" for line in res.not_written()] + [""]
     if res.skipped:
         out += ["## Not tried", ""] + [f"- {line}" for line in not_tried(res.skipped)] + [""]
-    reported = reported_only(res.probe)
+    reported = reported_only(res.probe) + device_reported(res.probe)
     if reported:  # found, not changed: the Guide's items tune does not rewrite
         out += ["## Reported only", "", "tune found these and does not change them:", ""] + \
             [f"- {line}" for line in reported] + [""]

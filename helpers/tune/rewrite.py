@@ -56,13 +56,14 @@ from helpers.tune.rewrite_common import (DDP_KINDS, DDP_NAMES, Code, Edit, _afte
                                          _fit_call, _names_used, _set_keywords, line_limit)
 from helpers.tune.rewrite_cpu import CPU_KINDS, threads_pass
 from helpers.tune.rewrite_ddp import _ddp_pass
+from helpers.tune.rewrite_device import DEVICE_KINDS, _device_pass
 
 __all__ = ["Edit", "apply_edits", "float16_part", "framework_calls", "loader_elsewhere", "loader_label",
            "techniques_of", "unified_diff"]
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
          "argparse_default", "prefetch", "grad_scaler", "debug_off", "no_grad", "no_sync", "ddp_keywords",
-         "comm_hook", *CPU_KINDS)
+         "comm_hook", *CPU_KINDS, *DEVICE_KINDS)
 #: The variable the ``grad_scaler`` edit binds at the top of a file.
 SCALER = "grad_scaler"
 #: The names the ``prefetch`` edit defines at the top of a file (helpers.pipeline.side_stream's functions).
@@ -526,6 +527,10 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
         raise ParameterError(f"rewrite: the file does not parse: {exc}") from None
+    if any(e.kind in DEVICE_KINDS for e in edits):  # the CUDA/NPU edits first (helpers.tune.rewrite_device)
+        source, dev_made, dev_skipped, edits = _device_pass(module, list(edits))
+        new, made, skipped = apply_edits(source, edits, passed=passed) if edits else (source, [], [])
+        return new, dev_made + made, dev_skipped + skipped
     if any(e.kind in DDP_KINDS for e in edits):  # DDP's edits first; the others' lines follow the text they moved
         source, ddp_made, ddp_skipped, edits = _ddp_pass(module, list(edits))
         module = cst.parse_module(source)

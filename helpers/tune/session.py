@@ -33,6 +33,7 @@ from helpers.device import usable_cores
 from helpers.errors import ParameterError
 from helpers.tune import candidates as cand_mod
 from helpers.tune import candidates_cpu as cpu_mod
+from helpers.tune import candidates_device as dev_mod
 from helpers.tune.candidates import Candidate
 from helpers.tune.engine import (GIVE_UP_RATIO, PROBE_STALL_FLOOR_S, Command, Judgement, Run, ScriptError, exploding,
                                  judge, measure, nonfinite_step, run_once)
@@ -345,14 +346,17 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
     edits += cand_mod.general_edits(probe, merged)  # the Guide's general items (debugging APIs, no_grad, ...)
     edits += cand_mod.ddp_edits(probe, merged)  # DistributedDataParallel's (notebook 08)
     edits += cpu_mod.cpu_edits(probe, merged, script)  # torch.set_num_threads (the allocator is the launch command)
+    edits += dev_mod.device_edits(probe, merged)  # TF32/HF32 (CUDA, NPU)
     for c in winners:  # a framework's setting: keywords of its call in the script
         edits += call_edits(c, script)
     return edits
 
 
 def call_edits(c: Candidate, script: str | Path) -> list[Edit]:
-    """The ``call_keywords`` edits of a candidate a framework owns (its ``apply["edits"]``), in ``script``."""
-    return [Edit("call_keywords", str(script), e["line"], {"call": e["call"], "values": e["values"]}, c.technique)
+    """The source edits a candidate carries (its ``apply["edits"]``), in ``script``: ``call_keywords`` of a call a
+    framework owns, or the edit its ``kind`` names with its ``params`` (a device candidate's)."""
+    return [Edit(e["kind"], str(script), e["line"], dict(e.get("params") or {}), c.technique) if "kind" in e else
+            Edit("call_keywords", str(script), e["line"], {"call": e["call"], "values": e["values"]}, c.technique)
             for e in c.apply.get("edits") or []]
 
 
@@ -435,6 +439,8 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
         res.skipped = [s for s in res.skipped if s[0] not in owned] + fw_skipped
     more, why = cpu_mod.cpu_candidates(probe.result, cores=cores,  # the threads and the allocator (the Guide's CPU)
                                        workers_tried=any(c.technique == "num_workers" for c in res.candidates))
+    res.candidates, res.skipped = res.candidates + more, res.skipped + why
+    more, why = dev_mod.device_candidates(probe.result)  # TF32/HF32, host syncs, host-made tensors (CUDA, NPU)
     res.candidates, res.skipped = res.candidates + more, res.skipped + why
     jsonl = out_dir / "results.jsonl"
     built = [v for v in (_variant(c, command, work, res) for c in res.candidates) if v is not None]
@@ -656,7 +662,12 @@ def _edit_text(e: Edit) -> str:
             "ddp_keywords": "DistributedDataParallel(..., " + ", ".join(
                 f"{k}={v!r}" for k, v in (e.params.get("values") or {}).items()) + ")",
             "comm_hook": f"model.register_comm_hook(None, default_hooks.{e.params.get('dtype', 'fp16')}"
-                         f"_compress_hook)"}.get(e.kind, e.kind)
+                         f"_compress_hook)",
+            "matmul_precision": 'torch.set_float32_matmul_precision("high")' if e.params.get("device") != "npu"
+                                else "torch.npu.matmul.allow_hf32 = True",
+            "device_factory": "torch.zeros(..., device=device) for torch.zeros(...).to(device)",
+            "sync_every": f"if {e.params.get('index') or 'step'} % {e.params.get('every', 10)} == 0: around the "
+                          f"logging line"}.get(e.kind, e.kind)
 
 
 def _write_outputs(res: TuneResult, command: Command, apply: bool) -> None:
