@@ -90,14 +90,15 @@ def _probe(**over):
 
 def test_candidates_follow_what_the_script_does():
     chosen, skipped = candidates.choose(_probe(), cores=2)
-    assert [c.name for c in chosen] == ["num_workers=2", "autocast bfloat16", "channels_last"]
+    assert [c.name for c in chosen] == ["num_workers=2", "torch.compile", "autocast bfloat16", "channels_last"]
     assert dict(skipped)["pin_memory"].startswith("the model is on the cpu")
     assert dict(skipped)["side_stream"].startswith("the model is on the cpu")
     cuda = _probe(model={**_probe()["model"], "param_device": "cuda", "bf16_supported": False},
                   loop_sites=[{"file": "/s/train.py", "line": 12, "device_expr": "device"}])
     chosen, skipped = candidates.choose(cuda, cores=8)
     assert [c.name for c in chosen] == ["num_workers=2", "num_workers=4", "num_workers=8", "pin_memory + non_blocking",
-                                        "side-stream prefetch", "cudnn.benchmark", "channels_last"]
+                                        "side-stream prefetch", "torch.compile", 'torch.compile mode="reduce-overhead"',
+                                        "cudnn.benchmark", "channels_last"]
     assert chosen[4].apply == {"loader": {"pin_memory": True}, "prefetch": True}
     set_already = _probe(model={**cuda["model"], "cudnn_benchmark": True})
     assert "already sets" in dict(candidates.choose(set_already, cores=2)[1])["cudnn_benchmark"]
@@ -115,13 +116,14 @@ def test_candidates_follow_what_the_script_does():
                  loaders=[{"file": "/s/train.py", "line": 8, "effective": {"num_workers": 8, "pin_memory": True}}])
     chosen, skipped = candidates.choose(npu, cores=8)
     # its 8 workers keep torch's default 2 batches each in flight: a deeper queue is the one change left
-    assert [(c.name, c.apply) for c in chosen] == [("prefetch_factor=4", {"loader": {"prefetch_factor": 4}})]
+    assert [(c.name, c.apply) for c in chosen] == [("prefetch_factor=4", {"loader": {"prefetch_factor": 4}}),
+                                                   ("torch.compile", {"compile": "default"})]
     assert "8 workers keeps 2 batches in flight (torch's default)" in chosen[0].why
-    assert set(dict(skipped)) == {"num_workers", "pin_memory", "side_stream", "autocast", "channels_last"}
+    assert set(dict(skipped)) == {"num_workers", "pin_memory", "side_stream", "autocast", "channels_last", "compile"}
     assert "no for loop over the DataLoader" in dict(skipped)["side_stream"]
     deep = [{**npu["loaders"][0], "effective": {"num_workers": 8, "pin_memory": True, "prefetch_factor": 6}}]
     chosen, skipped = candidates.choose({**npu, "loaders": deep}, cores=8)
-    assert chosen == [] and "prefetch_factor=6" in dict(skipped)["prefetch_factor"]
+    assert [c.name for c in chosen] == ["torch.compile"] and "prefetch_factor=6" in dict(skipped)["prefetch_factor"]
     assert "contiguous_format" in dict(skipped)["channels_last"]
     chosen, skipped = candidates.choose(_probe(loaders=[], model={}), cores=2)
     assert chosen == [] and "no model was found" in dict(skipped)["autocast"]
@@ -134,6 +136,7 @@ def test_plan_edits_places_each_winner_at_its_captured_site(tmp_path):
     for site in p["loaders"] + [p["optimizer"]] + p["forward_sites"] + p["to_sites"]:
         site["file"] = str(script)
     chosen, _ = candidates.choose({**p, "model": {**p["model"], "param_device": "cuda"}}, cores=2)
+    chosen = [c for c in chosen if c.technique != "compile"]  # its edit: tests/test_tune_compile.py
     edits = plan_edits({**p, "model": {**p["model"], "param_device": "cuda"}}, chosen, script)
     got = {(e.kind, e.line) for e in edits}
     assert got == {("loader", 8), ("non_blocking", 14), ("autocast", 15), ("channels_last", 12), ("cudnn_benchmark", 12)}

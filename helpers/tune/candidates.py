@@ -48,10 +48,14 @@ technique           the change                                                  
                     forward calls' outputs never reach ``backward()``
 ``set_to_none``     ``zero_grad(set_to_none=True)``                               --
 ``optimizer_impl``  ``torch.optim.Adam(..., fused=True)`` (or ``foreach=True``)     --
+``compile``         ``model = torch.compile(model)`` before the optimizer is built;  07
+                    ``mode="reduce-overhead"`` (CUDA graphs) on CUDA only; judged
+                    with its compile time apart (:mod:`helpers.tune.candidates_compile`)
 ==================  ==========================================================  ========
 
-The last four are the PyTorch Performance Tuning Guide's general items (:func:`general_candidates`); no notebook
-measures them. What tune finds and does not change is listed by :func:`reported_only`.
+``debug_apis`` to ``optimizer_impl`` are the PyTorch Performance Tuning Guide's general items
+(:func:`general_candidates`); no notebook measures them. What tune finds and does not change is listed by
+:func:`reported_only`.
 
 Where the device has no bfloat16 (or it is not known to: an Ascend NPU, an older GPU), float16 autocast is tried
 with a ``torch.amp.GradScaler``, as notebook 06 and the PyTorch AMP recipe write it: the loss scaled before
@@ -69,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.device import usable_cores
+from helpers.tune.candidates_compile import compile_candidates
 
 __all__ = ["Candidate", "choose", "follow_up", "framework_candidates", "general_candidates", "general_edits",
            "reported_only", "ddp_candidates", "ddp_edits", "bucket_layout", "FRAMEWORK_ARGS", "GENERAL", "NOTEBOOK",
@@ -78,7 +83,8 @@ __all__ = ["Candidate", "choose", "follow_up", "framework_candidates", "general_
 NOTEBOOK = {"no_sync": "08", "gradient_as_bucket_view": "08", "bucket_cap_mb": "08", "comm_hook": "08",
             "static_graph": "08",
             "num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "side_stream": "05", "autocast": "06",
-            "channels_last": "07", "cudnn_benchmark": "07", "checkpointing": "09"}
+            "channels_last": "07", "cudnn_benchmark": "07", "compile": "07",
+            "checkpointing": "09"}
 #: Where a framework sets the DataLoader or the precision, the argument to change (the frameworks' own names:
 #: Lightning 2.x ``Trainer(precision=...)``; transformers ``TrainingArguments`` fields).
 FRAMEWORK_ARGS = {
@@ -291,6 +297,8 @@ def choose(probe: dict[str, Any], *, cores: int | None = None) -> tuple[list[Can
                                  {"loader": {"pin_memory": True}, "prefetch": True},
                                  f"each batch is copied to the {device} in the step that uses it, not beside the "
                                  f"step before"))
+    more, why = compile_candidates(probe)  # torch.compile (helpers.tune.candidates_compile)
+    out, skipped = out + [Candidate(*c) for c in more], skipped + why
     if not model:
         for t in ("autocast", "channels_last"):
             skipped.append((t, "no model was found: the optimizer was not built from a model's parameters in the "

@@ -49,6 +49,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from helpers.tune import hook_compile
 from helpers.tune.hook_common import SITE_SAMPLES, _has_conv, _jsonable
 from helpers.tune.hook_cpu import _cpu_result, _watch_cpu
 from helpers.tune.hook_ddp import _DDPWatch, _watch_ddp
@@ -194,7 +195,7 @@ class Recorder:
 
     def result(self, status: str, *, exit_code: int = 0, error: str = "") -> dict[str, Any]:
         t = self.step_t
-        times = [b - a for a, b in zip(t[:-1], t[1:])]
+        times = hook_compile.apart(self, [b - a for a, b in zip(t[:-1], t[1:])])
         measured = times[self.warmup:] if len(times) > self.warmup else []
         if self.gave_up:  # the steps it was judged on (past the first)
             measured = times[1:]
@@ -222,6 +223,7 @@ class Recorder:
                                                         "torch": _torch_version()},
             "applied": self.apply, "general": _general_result(getattr(self, "general", None)),
             "device": _device_result(self),
+            "compile": hook_compile.result(self),
             "cpu": _cpu_result(getattr(self, "cpu", None)),
         }
 
@@ -407,6 +409,7 @@ def install(rec: Recorder) -> None:
     _watch_device(rec)  # TF32/HF32, host synchronisations, peak memory (CUDA, NPU); inside _watch_general's wrap
     _watch_general(rec)
     _watch_cpu(rec)
+    hook_compile.watch(rec)  # from the first torch.compile on: the compile time, apart from the steps
 
 
 def _scale_steps(rec: Recorder, optimizer) -> None:
@@ -604,7 +607,7 @@ def _device_expr(frame, model, device) -> str | None:
 
 
 def _take_model(rec: Recorder, model) -> None:
-    """Describe the model; apply channels_last; wrap its forward (call sites; autocast)."""
+    """Describe the model; apply channels_last; wrap its forward (call sites; autocast; torch.compile)."""
     import torch
 
     conv = _has_conv(model)
@@ -618,6 +621,7 @@ def _take_model(rec: Recorder, model) -> None:
     rec.model_info["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         rec.model_info["wrapper"] = "DistributedDataParallel"
+    rec.model_info.update(hook_compile.describe(model))
     if rec.apply.get("channels_last") and conv:
         model.to(memory_format=torch.channels_last)
     if rec.apply.get("cudnn_benchmark"):
@@ -625,6 +629,8 @@ def _take_model(rec: Recorder, model) -> None:
     dtype = rec.apply.get("autocast")
     device_type = rec.model_info["param_device"] or "cpu"
     orig_forward = model.forward
+    if rec.apply.get("compile"):  # the forward compiled; tune's wrapper below stays outside the compiled code
+        orig_forward = hook_compile.compiled(orig_forward, rec.apply["compile"])
 
     def forward(*args, **kwargs):
         rec.forward_calls += 1
@@ -731,7 +737,9 @@ def _rank_path(out: str, spec: dict[str, Any]) -> str:
 def _heartbeat(rec: "Recorder", path: str) -> None:
     """Write ``{"steps": N, "wall": unix time of the last step or of the start, "slowest": the longest step so far,
     s}`` to ``path`` every :data:`HEARTBEAT_S` seconds from a daemon thread, so that a run stopped for hanging says
-    how far it got, and a run whose steps stop is seen to stall (:func:`helpers.tune.engine.stalled`)."""
+    how far it got, and a run whose steps stop is seen to stall (:func:`helpers.tune.engine.stalled`). A second in
+    which torch's compiler is running (:class:`helpers.tune.hook_compile.CompileWatch`) counts as a step's: a
+    compiling run is not a stalled one (only the run's timeout bounds a compilation)."""
     started = time.time()
 
     def beat():
@@ -739,7 +747,8 @@ def _heartbeat(rec: "Recorder", path: str) -> None:
         while True:
             t = list(rec.step_t)
             n = len(t)
-            if n != last_n:
+            busy = getattr(getattr(rec, "compile_watch", None), "active", False)  # compiling is progress
+            if n != last_n or busy:
                 last_n, last_wall = n, time.time()
                 slowest = max((b - a for a, b in zip(t, t[1:])), default=0.0)
                 try:

@@ -14,6 +14,8 @@ each at a file and line that :mod:`helpers.tune.hook` took from the running fram
   the line becomes ``module.to(memory_format=torch.channels_last)`` instead, so that DDP's gradient buckets take
   the channels_last strides;
 - ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark = True`` inserted before that same statement;
+- ``compile``: ``params["code"]`` (``model = torch.compile(model)``,
+  :func:`helpers.tune.candidates_compile.compile_edits`) inserted before that same statement;
 - ``prefetch``: the ``for`` loop over the DataLoader on that line made ``for ... in prefetch(<loader>, <device>):``
   (``params["device"]``: an expression for the model's device, valid at the loop), and notebook 05's side-stream
   prefetcher (:data:`helpers.pipeline.side_stream.SOURCE`) added after the file's imports, with the imports it needs
@@ -63,7 +65,7 @@ __all__ = ["Edit", "apply_edits", "float16_part", "framework_calls", "loader_els
 
 KINDS = ("loader", "non_blocking", "autocast", "channels_last", "cudnn_benchmark", "call_keywords",
          "argparse_default", "prefetch", "grad_scaler", "debug_off", "no_grad", "no_sync", "ddp_keywords",
-         "comm_hook", *CPU_KINDS, *DEVICE_KINDS)
+         "comm_hook", "compile", *CPU_KINDS, *DEVICE_KINDS)
 #: The variable the ``grad_scaler`` edit binds at the top of a file.
 SCALER = "grad_scaler"
 #: The names the ``prefetch`` edit defines at the top of a file (helpers.pipeline.side_stream's functions).
@@ -377,9 +379,10 @@ class _Editor(_GeneralEdits, cst.CSTTransformer):
                     continue
                 if i in self.done or not start <= e.line <= end:
                     continue
-                if e.kind in ("channels_last", "cudnn_benchmark") and not e.params.get("wrap_arg"):
+                if e.kind in ("channels_last", "cudnn_benchmark", "compile") and not e.params.get("wrap_arg"):
                     name = e.params.get("name", "model")
                     code = ("torch.backends.cudnn.benchmark = True" if e.kind == "cudnn_benchmark" else
+                            e.params["code"] if e.kind == "compile" else
                             f"{name} = {name}.to(memory_format=torch.channels_last)" if e.params.get("assign", True)
                             else f"{name}.to(memory_format=torch.channels_last)")
                     line = cst.parse_statement(code + "\n")
@@ -562,6 +565,7 @@ def apply_edits(source: str, edits: Sequence[Edit], *,
                "channels_last": "the optimizer's construction is not a statement of its own line (or, for a "
                                 "model in DistributedDataParallel, no such call with a module starts on that line)",
                "cudnn_benchmark": "the optimizer's construction is not a statement of its own line",
+               "compile": "the optimizer's construction is not a statement of its own line",
                "call_keywords": "no {call}(...) call starts on that line"}
     reasons["argparse_default"] = "no add_argument(...) call starts on that line"
     reasons["grad_scaler"] = "its lines could not all be placed"

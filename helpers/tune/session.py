@@ -35,6 +35,7 @@ from helpers.tune import candidates as cand_mod
 from helpers.tune import candidates_cpu as cpu_mod
 from helpers.tune import candidates_device as dev_mod
 from helpers.tune.candidates import Candidate
+from helpers.tune.candidates_compile import COMPILE_TIMEOUT_S, compile_edits, compile_judgement
 from helpers.tune.engine import (GIVE_UP_RATIO, PROBE_STALL_FLOOR_S, Command, Judgement, Run, ScriptError, exploding,
                                  judge, measure, nonfinite_step, run_once)
 from helpers.tune.report import write_report
@@ -211,6 +212,26 @@ def files_text(files: Sequence[dict[str, str]]) -> str:
     return "your script wrote files outside tune's folder: " + "; ".join(parts)
 
 
+def job_steps(probe: dict[str, Any]) -> tuple[int | None, str]:
+    """The optimizer steps the command would run, projected from the probe (see :func:`job_effect`), and how they
+    were counted; (None, why not) where the probe does not show them."""
+    loops = [x for x in probe.get("loop_sites") or [] if x.get("batches")]
+    loop = next((x for x in loops if x.get("epochs")), loops[0] if loops else None)
+    seen, drawn = int(probe.get("steps_seen") or 0), int(probe.get("batches_drawn") or 0)
+    if loop is None:
+        return None, "the probe saw no loop over a DataLoader of known length in your files"
+    if not loop.get("epochs"):
+        return None, (f"the probe saw {loop['batches']} batches per epoch but no number of epochs in scope at the "
+                      f"loop (epochs, args.epochs, ...)")
+    if not (seen and drawn):
+        return None, "the probe saw no batch drawn before its optimizer steps"
+    per_step = drawn / seen
+    ep = loop["epochs"]
+    return max(1, round(loop["batches"] * ep["value"] / per_step)), (
+        f"{_count(loop['batches'], 'batch', 'batches')} per epoch x {_count(ep['value'], 'epoch')} ({ep['expr']})"
+        + ("" if per_step == 1 else f" / {per_step:.2g} batches per optimizer step"))
+
+
 def job_effect(res: "TuneResult") -> dict[str, Any]:
     """The proof's effect on the whole job, beside its per-step figure.
 
@@ -231,24 +252,7 @@ def job_effect(res: "TuneResult") -> dict[str, Any]:
     """
     if not res.proof_runs:
         return {}
-    probe = res.probe
-    loops = [x for x in probe.get("loop_sites") or [] if x.get("batches")]
-    loop = next((x for x in loops if x.get("epochs")), loops[0] if loops else None)
-    seen, drawn = int(probe.get("steps_seen") or 0), int(probe.get("batches_drawn") or 0)
-    steps, how = None, ""
-    if loop is None:
-        how = "the probe saw no loop over a DataLoader of known length in your files"
-    elif not loop.get("epochs"):
-        how = (f"the probe saw {loop['batches']} batches per epoch but no number of epochs in scope at the loop "
-               f"(epochs, args.epochs, ...)")
-    elif not (seen and drawn):
-        how = "the probe saw no batch drawn before its optimizer steps"
-    else:
-        per_step = drawn / seen
-        ep = loop["epochs"]
-        steps = max(1, round(loop["batches"] * ep["value"] / per_step))
-        how = (f"{_count(loop['batches'], 'batch', 'batches')} per epoch x {_count(ep['value'], 'epoch')} "
-               f"({ep['expr']})" + ("" if per_step == 1 else f" / {per_step:.2g} batches per optimizer step"))
+    steps, how = job_steps(res.probe)
     out: dict[str, Any] = {"steps": steps, "how": how}
     for name, runs in res.proof_runs.items():
         ok = [r for r in runs if r.ok]
@@ -345,6 +349,7 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
                               "side_stream"))
     edits += cand_mod.general_edits(probe, merged)  # the Guide's general items (debugging APIs, no_grad, ...)
     edits += cand_mod.ddp_edits(probe, merged)  # DistributedDataParallel's (notebook 08)
+    edits += compile_edits(probe, merged)  # model = torch.compile(model), where the model is built
     edits += cpu_mod.cpu_edits(probe, merged, script)  # torch.set_num_threads (the allocator is the launch command)
     edits += dev_mod.device_edits(probe, merged)  # TF32/HF32 (CUDA, NPU)
     for c in winners:  # a framework's setting: keywords of its call in the script
@@ -430,6 +435,8 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
     # every process of a torchrun job gets its share of the cores for its DataLoader workers
     cores = max(1, usable_cores() // command.nproc)
     res.candidates, res.skipped = cand_mod.choose(probe.result, cores=cores)
+    if any(c.technique == "compile" for c in res.candidates):  # its first step holds the compilation
+        timeout += COMPILE_TIMEOUT_S
     res.cores = cores
     if probe.result.get("frameworks"):  # settings a framework owns: keywords of its call in the script
         res.framework_calls = framework_calls(command.script.read_text(encoding="utf-8"))
@@ -460,6 +467,9 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
             raise ScriptError(f"your script failed in an unmodified run (round {bad.round + 1}) after it had run "
                               f"once: {bad.status}", bad.error)
         res.judgements = [judge(c.name, base, runs[c.name], busy) for c in res.candidates]
+        steps_how = job_steps(res.probe)  # torch.compile pays only in a job longer than its break-even
+        res.judgements = [compile_judgement(j, runs[c.name], res.probe, *steps_how) if c.technique == "compile"
+                          else j for c, j in zip(res.candidates, res.judgements)]
         winners = _best_per_technique(res.candidates, res.judgements)
         winners = _follow_up(command, winners, res, options, work, timeout, watch, say, stall)
         res.winners = [c.name for c in winners]
@@ -649,6 +659,7 @@ def _edit_text(e: Edit) -> str:
                              f"{e.params.get('name', 'model')} = {e.params.get('name', 'model')}"
                              f".to(memory_format=torch.channels_last)",
             "cudnn_benchmark": "torch.backends.cudnn.benchmark = True",
+            "compile": f"{e.params.get('code')} before the optimizer is built",
             "grad_scaler": f"grad_scaler = torch.amp.GradScaler({e.params.get('device_type', 'cuda')!r}); "
                            f"grad_scaler.scale(loss).backward(); grad_scaler.unscale_(optimizer) before a clip; "
                            f"grad_scaler.step(optimizer); grad_scaler.update()",
