@@ -270,3 +270,43 @@ def test_a_real_compile_on_the_cpu_is_timed_apart_and_its_recompilation_noticed(
     longest = max(e["seconds"] for e in c["events"] if e["step"] == 4)
     assert max(r.result["all_step_times_s"]) < longest  # step 4 without its compilation
     assert script.read_text() == TINY
+
+
+def test_a_compile_that_cannot_pay_within_the_job_is_not_run_again():
+    from helpers.tune.candidates_compile import cannot_pay
+
+    base = Run("unmodified", 0, "steps", [0.100] * 10, [1.0] * 16, 10.0, "", {})
+    ran = Run("torch.compile", 0, "steps", [0.090] * 10, [1.0] * 16, 40.0, "",
+              {"compile": _info(30.0), "applied": {"compile": "default"}})
+    # 10 ms saved per step, 30 s to compile: 2x the saving pays back after 1,500 steps
+    assert cannot_pay(ran, [base], 1500) == ""
+    why = cannot_pay(ran, [base], 1499)
+    assert "compiling took 30 s and it saved 10.0 ms per step against round 1's unmodified run" in why
+    assert "within your job's 1,499 steps" in why
+    assert cannot_pay(ran, [base], None) == ""  # the job's length unknown: all rounds run
+    slower = Run("torch.compile", 0, "steps", [0.2] * 10, [], 40.0, "", ran.result)
+    assert "saved no time per step" in cannot_pay(slower, [base], 10 ** 9)
+    broken = Run("torch.compile", 0, "steps", [0.05] * 10, [], 40.0, "",
+                 {"compile": _info(breaks=1), "applied": {"compile": "default"}})
+    assert "broke the model's graph 1 time(s)" in cannot_pay(broken, [base], None)
+    own = Run("channels_last", 0, "steps", [0.2] * 10, [], 40.0, "", {"compile": _info(), "applied": {}})
+    assert cannot_pay(own, [base], 10) == ""  # a script that compiles itself: another candidate's run
+
+
+def test_measure_runs_a_decided_variant_no_more(tmp_path, monkeypatch):
+    from helpers.tune import engine
+
+    calls = []
+
+    def fake_run(command, name, apply, *, round_, **kw):
+        calls.append((name, round_))
+        return Run(name, round_, "steps", [0.1] * 10, [1.0] * 16, 1.0, "", {"applied": apply})
+
+    monkeypatch.setattr(engine, "run_once", fake_run)
+    lines = []
+    engine.measure(None, [("unmodified", {}, None), ("torch.compile", {"compile": "default"}, None),
+                          ("other", {}, None)], rounds=3, workdir=tmp_path, warmup=1, steps=5, timeout_s=10,
+                   progress=lines.append,
+                   decided=lambda name, run, ref: "it cannot pay" if run.result["applied"].get("compile") else "")
+    assert [r for n, r in calls if n == "torch.compile"] == [0] and len([c for c in calls if c[0] == "other"]) == 3
+    assert any("torch.compile" in ln and "(it cannot pay: its 2 later runs skipped)" in ln for ln in lines)

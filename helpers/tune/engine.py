@@ -628,14 +628,17 @@ def _tail(path: Path, n: int = 40) -> str:
 def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path | None]], *, rounds: int,
             workdir: Path, warmup: int, steps: int, timeout_s: float, watch_copies: bool = False,
             give_up_step_s: float | None = None, stall_step_s: float | None = None, start_s: float | None = None,
-            progress: Callable[[str], None] | None = None) -> tuple[dict[str, list[Run]], machine.BusyCheck]:
+            progress: Callable[[str], None] | None = None,
+            decided: Callable[[str, Run, list[Run]], str] | None = None,
+            ) -> tuple[dict[str, list[Run]], machine.BusyCheck]:
     """Run every variant ``rounds`` times, round-robin, each round in a rotated order.
 
     A variant other than the first (the reference) whose run failed, stalled, turned its loss NaN or inf where the
     reference's stayed finite, or was stopped as ``"slow"`` in the first round (:data:`GIVE_UP_RATIO` x the median
     step of that round's reference run, or ``give_up_step_s`` where the reference has not run yet; later rounds run
-    to the end), is not run again: that run decides it (:func:`judge`). ``stall_step_s`` and ``start_s`` go to
-    :func:`run_once`.
+    to the end), is not run again: that run decides it (:func:`judge`). Nor is one for which ``decided(name, run,
+    the reference's runs so far)`` gives a reason (a torch.compile that cannot pay back within the job:
+    :func:`helpers.tune.candidates_compile.cannot_pay`). ``stall_step_s`` and ``start_s`` go to :func:`run_once`.
 
     Parameters
     ----------
@@ -683,12 +686,14 @@ def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path
             skipped = 0
             k_nan = nonfinite_step(run) if run.ok else None
             base_finite = all(nonfinite_step(x) is None for x in runs[reference])
-            why = ""
-            if name != reference and (not run.ok or (k_nan is not None and base_finite)):
+            why = decided(name, run, runs[reference]) if decided and name != reference and run.ok else ""
+            if why:
+                why += ": "
+            if name != reference and (not run.ok or (k_nan is not None and base_finite) or why):
                 dropped.add(name)  # its verdict is made (rejected, or slower): running it again proves nothing
                 skipped = rounds - 1 - r
                 total -= skipped
-                if run.ok:
+                if run.ok and not why:
                     why = f"its loss became {run.losses[k_nan]} at step {k_nan + 1}: "
             if progress:
                 med = f"{statistics.fmean(run.step_times_s) * 1e3:.1f} ms/step" if run.step_times_s else run.status

@@ -35,7 +35,7 @@ from helpers.tune import candidates as cand_mod
 from helpers.tune import candidates_cpu as cpu_mod
 from helpers.tune import candidates_device as dev_mod
 from helpers.tune.candidates import Candidate
-from helpers.tune.candidates_compile import COMPILE_TIMEOUT_S, compile_edits, compile_judgement
+from helpers.tune.candidates_compile import COMPILE_TIMEOUT_S, cannot_pay, compile_edits, compile_judgement
 from helpers.tune.engine import (GIVE_UP_RATIO, PROBE_STALL_FLOOR_S, Command, Judgement, Run, ScriptError, exploding,
                                  judge, measure, nonfinite_step, run_once)
 from helpers.tune.report import write_report
@@ -457,7 +457,8 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
         probe_step = sorted(probe.step_times_s)[len(probe.step_times_s) // 2]
         runs, busy = measure(command, variants, rounds=options.rounds, workdir=work, warmup=options.warmup,
                              steps=options.steps, timeout_s=timeout, watch_copies=watch,
-                             give_up_step_s=GIVE_UP_RATIO * probe_step, progress=say, **stall)
+                             give_up_step_s=GIVE_UP_RATIO * probe_step, progress=say, **stall,
+                             decided=lambda name, run, ref: cannot_pay(run, ref, job_steps(res.probe)[0]))
         _append(jsonl, [r for rs in runs.values() for r in rs])
         res.runs += [r for rs in runs.values() for r in rs]
         res.busy = f"while the changes ran, {busy.sentence()}"
