@@ -268,3 +268,50 @@ def test_probe_counts_each_steps_syncs_at_the_users_line(tmp_path, script, isola
     measured.step_t.append(0.0)
     opt.step()
     assert modes == ["warn", 0] and measured.device["sync_watch"] == ""
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "device_habits.py"
+
+
+def _example_probe() -> dict:
+    """What a probe of examples/device_habits.py on a TF32 GPU gives (the three habits, nothing else)."""
+    src = EXAMPLE.read_text()
+    f = str(EXAMPLE)
+
+    def line(text):
+        return next(n for n, ln in enumerate(src.splitlines(), 1) if text in ln)
+    return {"model": {"param_device": "cuda", "param_dtype": "float32"},
+            "optimizer": {"file": f, "line": line("optimizer = torch.optim.SGD"), "model_names": ["model"]},
+            "to_sites": [{"file": f, "line": line("weights = torch"), "count": 25, "method": "to"},
+                         {"file": f, "line": line("nn.Linear(args.width, 10))"), "count": 1, "method": "to"}],  # the model's one copy at set-up is no candidate
+            "device": {"script": f, "precision": {"matmul": "highest", "cudnn_tf32": True, "capability": [9, 0]},
+                       "syncs": [{"file": f, "line": line("print(f"), "count": 5, "text": "", "kind": "print"}],
+                       "sync_steps": 5, "sync_watch": 'torch.cuda.set_sync_debug_mode("warn")',
+                       "memory": {"peak_bytes": 2**30, "total_bytes": 80 * 2**30}}}
+
+
+def test_the_device_examples_expected_diff_is_what_tune_writes():
+    from helpers.tune.rewrite import unified_diff
+
+    probe = _example_probe()
+    chosen, _ = dev_mod.device_candidates(probe)
+    expected = EXAMPLE.with_suffix(".expected.diff").read_text()
+    written = next(ln for ln in expected.splitlines() if ln.startswith("# written: "))[len("# written: "):]
+    assert [c.technique for c in chosen] == written.split(", ")
+    source = EXAMPLE.read_text()
+    new, made, skipped = apply_edits(source, plan_edits(probe, chosen, EXAMPLE))
+    assert skipped == []
+    assert unified_diff(source, new, EXAMPLE.name) == expected[expected.index("--- a/"):]
+
+
+def test_device_check_says_tune_is_not_applicable_on_the_cpu(tmp_path, monkeypatch):
+    from helpers.workbook import bench, device_check, runner, trace_check
+    from helpers.workbook.tune_check import tune_example
+
+    assert tune_example("cpu", tmp_path)["status"] == "not applicable"
+    monkeypatch.setattr(runner, "run", lambda options, echo=print: (options.out, types.SimpleNamespace(notebooks=[])))
+    monkeypatch.setattr(bench, "input_pipeline", lambda **kw: {})
+    monkeypatch.setattr(trace_check, "trace_flip", lambda *a, **kw: {"ok": True, "flips": []})
+    summary = device_check.device_check(device="cpu", out=tmp_path / "dc", profile="smoke", echo=lambda line: None)
+    assert summary["steps"]["tune"]["status"] == "not applicable"
+    assert "apply only on a CUDA or NPU device" in summary["tune"]["reason"]

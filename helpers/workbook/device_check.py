@@ -10,6 +10,9 @@
   limit where the link is known (public anchor: about 55 GB/s pinned on PCIe Gen5 x16),
 - real profiler traces of a host-bound and a device-bound loop on the device, read back by the trace command and
   timed by the instrument, whose verdicts must flip (:mod:`helpers.workbook.trace_check`),
+- ``workbook tune`` on ``examples/device_habits.py``, the one place tune's device-only candidates (TF32/HF32, host
+  synchronisations, tensors made on the device) are measured (:mod:`helpers.workbook.tune_check`; a few minutes,
+  last, after the summary is written once without it),
 
 and writes ``device_check.json`` beside the run folder. A step that fails is recorded with its error and the
 others still run. On a machine without the accelerator the same command runs with ``--device cpu``: the device
@@ -116,8 +119,8 @@ def device_check(*, device: str = "cuda", out: str | Path | None = None, profile
         ``device``, ``profile``, ``run_dir``, ``steps`` (per step: status, wall_s, error), ``notebooks`` (per
         notebook: status, recommendation, value, unit, reason), ``bench_input_pipeline`` (its JSON or None),
         ``bandwidth`` (:func:`bandwidth_summary`), ``traces`` (:func:`helpers.workbook.trace_check.trace_flip`:
-        each loop's verdict by the trace and by the instrument, and whether they flip), ``wall_s``. Also written
-        to ``<out>/device_check.json``.
+        each loop's verdict by the trace and by the instrument, and whether they flip), ``tune``
+        (:func:`helpers.workbook.tune_check.tune_example`), ``wall_s``. Also written to ``<out>/device_check.json``.
 
     Raises
     ------
@@ -172,6 +175,13 @@ def device_check(*, device: str = "cuda", out: str | Path | None = None, profile
         steps["traces"]["error"] = f"the verdicts did not flip: {flip['flips']}"
     elif isinstance(flip, dict) and flip.get("status") == "not applicable":
         steps["traces"].update(status="not applicable", reason=flip["reason"])
+    summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    write_atomic(root / "device_check.json", json.dumps(summary, indent=2, default=str))  # kept if tune is cut off
+    from helpers.workbook.tune_check import tune_example
+
+    summary["tune"] = _step("tune", lambda: tune_example(device, root / "tune", echo=echo), steps, echo)
+    if isinstance(summary["tune"], dict) and summary["tune"].get("status") == "not applicable":
+        steps["tune"].update(status="not applicable", reason=summary["tune"]["reason"])
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     write_atomic(root / "device_check.json", json.dumps(summary, indent=2, default=str))
     echo(f"device-check: summary {root / 'device_check.json'} ({summary['wall_s']:.0f} s)")
