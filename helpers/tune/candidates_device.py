@@ -141,9 +141,9 @@ def device_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tupl
     model = probe.get("model") or {}
     kind = model.get("param_device") or "cpu"
     if kind not in ("cuda", "npu"):
-        why = (f"the model is on the {kind}: TF32/HF32, host synchronisations and host-made tensors concern a CUDA "
-               f"or NPU device (its float32 matmul precision is not switched by torch there, there is no device "
-               f"for the host to wait for, and a host tensor is already where the model is)")
+        why = (f"the model is on the {kind}: these act on a CUDA or NPU device (torch switches the float32 matmul "
+               f"precision on CUDA only; here there is no device for the host to wait for, no copy of a host-made "
+               f"tensor, and no device memory whose peak could limit the batch)")
         return [], [(t, why) for t in ("tf32", "host_sync", "device_factory", "checkpointing")]
     out: list[Candidate] = []
     skipped: list[tuple[str, str]] = []
