@@ -271,6 +271,8 @@ def _conv_bias_before_norm(rec: Any, found: list[dict[str, Any]]) -> None:
     when that forward runs."""
     import torch
 
+    if rec.apply.get("compile") or rec.model_info.get("compiled"):  # found by the probe; a compiled forward would
+        return  # trace these hooks (a graph break at id()), and recompile once they are removed
     root = ((rec.optimizer or {}).get("model_names") or ["model"])[0]
     names = {id(m): root + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in n.split(".") if p)
              for n, m in rec.model.named_modules()}
