@@ -115,9 +115,10 @@ PAY_MARGIN = 2.0
 
 def cannot_pay(run: Any, base_runs: Sequence[Any], job_steps: int | None) -> str:
     """Why a ``compile`` candidate need not run again after ``run`` (for :func:`helpers.tune.engine.measure`'s
-    ``decided``; "" for another candidate's run), or "": a graph break (its verdict is "rejected" whatever the step times), or, where the job's
-    steps are known, a compile time that :data:`PAY_MARGIN` x the time per step saved against the unmodified run of
-    the same round (means of their timed steps) would not pay back within ``job_steps``."""
+    ``decided``; "" for another candidate's run), or "": a graph break (its verdict is "rejected" whatever the
+    step times), or, where the job's steps are known, a compile time that :data:`PAY_MARGIN` x the time per step
+    saved against the unmodified run of the same round (medians of their timed steps: one run's stalls on a
+    shared machine do not decide it) would not pay back within ``job_steps``."""
     info = run.result.get("compile") or {}
     if not info or not (run.result.get("applied") or {}).get("compile"):  # a script that compiles on its own
         return ""
@@ -126,7 +127,7 @@ def cannot_pay(run: Any, base_runs: Sequence[Any], job_steps: int | None) -> str
     same = [b for b in base_runs if b.round == run.round and b.step_times_s]
     if job_steps is None or not same or not run.step_times_s:
         return ""
-    saved = statistics.fmean(same[0].step_times_s) - statistics.fmean(run.step_times_s)
+    saved = statistics.median(same[0].step_times_s) - statistics.median(run.step_times_s)
     cost = float(info.get("compile_s") or 0.0)
     if saved > 0 and cost <= PAY_MARGIN * saved * job_steps:
         return ""
