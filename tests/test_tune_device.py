@@ -202,6 +202,7 @@ def isolated(monkeypatch):
     warnings machinery."""
     monkeypatch.setattr(torch.optim.Optimizer, "__init__", torch.optim.Optimizer.__init__)
     monkeypatch.setattr(optim_mod, "_global_optimizer_post_hooks", OrderedDict())
+    monkeypatch.setattr(warnings, "_showwarnmsg", warnings._showwarnmsg)
     with warnings.catch_warnings():
         yield monkeypatch
 
@@ -243,11 +244,11 @@ def test_probe_counts_each_steps_syncs_at_the_users_line(tmp_path, script, isola
     isolated.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
     isolated.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
     isolated.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    shown = []
-    warnings.showwarning = lambda message, *args, **kwargs: shown.append(str(message))
     warnings.simplefilter("always")
     rec = _recorder(tmp_path, script, probe=True)
     hook_device._watch_device(rec)
+    shown = []  # the script's own showwarning, set after the hook's (as logging.captureWarnings(True) does)
+    warnings.showwarning = lambda message, *args, **kwargs: shown.append(str(message))
     opt = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
     rec.optimizer_id = id(opt)
     for step in range(8):

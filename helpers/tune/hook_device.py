@@ -96,16 +96,18 @@ def _watch_device(rec: Any) -> None:
                     warnings._filters_mutated()  # the registry's cached decisions are stale now
 
     optim_mod.register_optimizer_step_post_hook(after_step)
-    orig_show = warnings.showwarning
+    # the warnings module's one way out (CPython's C _warnings calls it too), so a showwarning the script sets
+    # (logging.captureWarnings) neither sees the watched syncs nor hides them from the count
+    orig_show = warnings._showwarnmsg
     helpers_dir = rec.skip[0] if rec.skip else ""
 
-    def show(message, category, filename, lineno, file=None, line=None):
-        if state["watching"] and SYNC_TEXT in str(message).lower():
+    def show(msg):
+        if state["watching"] and SYNC_TEXT in str(msg.message).lower():
             _count_sync(rec, dev["syncs"], sys._getframe(1), helpers_dir)
             return None
-        return orig_show(message, category, filename, lineno, file, line)
+        return orig_show(msg)
 
-    warnings.showwarning = show
+    warnings._showwarnmsg = show
 
 
 def _reduced_matmul(torch: Any, kind: str | None) -> None:
