@@ -491,6 +491,7 @@ def _tune(args) -> int:
     import time
 
     from helpers.tune.candidates import reported_only
+    from helpers.tune.candidates_device import device_reported
     from helpers.tune.engine import ScriptError, parse_command
     from helpers.tune.report import not_tried
     from helpers.tune.session import TuneOptions, files_text, job_text, tune
@@ -536,7 +537,8 @@ def _tune(args) -> int:
             print(f"    {j.reason}")
     for line in res.not_written():  # a winner tune could not write: the user sets it where it is
         print(f"  not written: {line}")
-    for line in reported_only(res.probe):  # found, not changed (a profiler left on, PIL decode, a conv's bias)
+    # found, not changed: a profiler left on, PIL decode, a conv's bias; on a device a sync, a random factory
+    for line in reported_only(res.probe) + device_reported(res.probe):
         print(f"  reported only: {line}")
     for line in not_tried(res.skipped):  # the checklist's other techniques, a line per reason
         print(f"  not tried: {line}")
