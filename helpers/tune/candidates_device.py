@@ -196,7 +196,8 @@ def device_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tupl
     if mem.get("total_bytes") and mem["peak_bytes"] / mem["total_bytes"] < MEMORY_NEAR:
         skipped.append(("checkpointing", f"peak allocated memory {mem['peak_bytes'] / 2**30:.1f} GiB is "
                                          f"{100 * mem['peak_bytes'] / mem['total_bytes']:.0f}% of the {kind}'s "
-                                         f"{mem['total_bytes'] / 2**30:.1f} GiB: memory does not limit the batch"))
+                                         f"{mem['total_bytes'] / 2**30:.1f} GiB: memory does not limit the batch "
+                                         f"(notebook 09 measures memory per step)"))
     return out, skipped
 
 
