@@ -114,7 +114,8 @@ class Candidate:
         The hook spec's ``apply`` entry: ``{"loader": {...}}``, ``{"autocast": "bfloat16"}``,
         ``{"channels_last": True}``, ``{"loader": {"pin_memory": True}, "non_blocking": True}``; or, for a setting
         a framework owns, ``{"edits": [{"call", "line", "values"}]}``: keywords of a call in the script, applied by
-        running an edited copy of the script (:func:`framework_candidates`).
+        running an edited copy of the script (:func:`framework_candidates`); or ``{"edits": [{"kind", "line",
+        "params"}]}``: a source edit of that kind, run the same way (:mod:`helpers.tune.candidates_device`).
     why : str
         Why it applies to this script (one clause, from the probe).
     against : str
