@@ -285,7 +285,8 @@ def _example_probe() -> dict:
     return {"model": {"param_device": "cuda", "param_dtype": "float32"},
             "optimizer": {"file": f, "line": line("optimizer = torch.optim.SGD"), "model_names": ["model"]},
             "to_sites": [{"file": f, "line": line("weights = torch"), "count": 25, "method": "to"},
-                         {"file": f, "line": line("nn.Linear(args.width, 10))"), "count": 1, "method": "to"}],  # the model's one copy at set-up is no candidate
+                         # the model's copy at set-up is no factory
+                         {"file": f, "line": line("nn.Linear(args.width, 10))"), "count": 6, "method": "to"}],
             "device": {"script": f, "precision": {"matmul": "highest", "cudnn_tf32": True, "capability": [9, 0]},
                        "syncs": [{"file": f, "line": line("print(f"), "count": 5, "text": "", "kind": "print"}],
                        "sync_steps": 5, "sync_watch": 'torch.cuda.set_sync_debug_mode("warn")',
