@@ -121,6 +121,8 @@ def test_cuda_candidates_and_their_reasons(script):
     assert "already sets the float32 matmul precision to 'high'" in dict(dev_mod.device_candidates(given)[1])["tf32"]
     half = {**_probe(script), "model": {"param_device": "cuda", "param_dtype": "bfloat16"}}
     assert "bfloat16" in dict(dev_mod.device_candidates(half)[1])["tf32"]
+    mixed = {**_probe(script), "autocast_in_use": True}
+    assert "already runs under torch.autocast" in dict(dev_mod.device_candidates(mixed)[1])["tf32"]
     failed = _probe(script, syncs=[], sync_watch="set_sync_debug_mode failed: RuntimeError: no")
     assert "could not watch" in dict(dev_mod.device_candidates(failed)[1])["host_sync"]
     quiet = _probe(script, syncs=[])

@@ -150,6 +150,9 @@ def device_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tupl
     prec = dev.get("precision") or {}
     if model.get("param_dtype") not in ("float32", None):
         skipped.append(("tf32", f"the model's parameters are {model['param_dtype']}: TF32 acts on float32 matmuls"))
+    elif probe.get("autocast_in_use"):
+        skipped.append(("tf32", "the script already runs under torch.autocast: its matmuls are in a lower precision "
+                                "than TF32 already"))
     elif not prec or prec.get("error"):
         skipped.append(("tf32", f"the probe could not read the matmul precision ({prec.get('error', 'no step')})"))
     elif kind == "cuda":
