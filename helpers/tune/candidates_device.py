@@ -13,7 +13,8 @@
   by default; its ``conv.allow_hf32`` is on by default). Numerics change: the loss check decides, as for autocast.
 - ``host_sync``: a logging statement that reads a device value back on every step (``print(loss.item())``), found
   by ``set_sync_debug_mode("warn")`` in the probe, put under ``if <counter> % 10 == 0:``. A value the script keeps
-  (a running total) or branches on (an early stop) is reported only, with the reason.
+  (a running total) or branches on (an early stop) is reported only, with the reason; so is a blocking
+  host-to-device copy, which the mode flags too (c10's ``memcpy_and_sync``), since ``pin_memory`` is its change.
 - ``device_factory``: a tensor made on the host and copied inside the loop (``torch.zeros(n).to(device)``) made on
   the device (``torch.zeros(n, device=device)``). Found by both: the probe, on the device, gives the lines that
   copied host tensors to it more than once (inside the loop, not at set-up), and libcst reads those lines for a
@@ -70,6 +71,7 @@ def _sync_sites(probe: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, A
     steps = int(dev.get("sync_steps") or 0)
     out = []
     sources: dict[str, str | None] = {}
+    copies = {(c["file"], c["line"]) for c in probe.get("to_sites") or []}
     for s in dev.get("syncs") or []:
         if not steps or s["count"] < steps:  # not on every step: already occasional
             continue
@@ -77,7 +79,10 @@ def _sync_sites(probe: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, A
             sources[s["file"]] = _read(s["file"])
         st = sync_statement(sources[s["file"]] or "", s["line"])
         where = f"{Path(s['file']).name}, line {s['line']}"
-        if dev.get("script") and s["file"] != dev["script"]:
+        if (s["file"], s["line"]) in copies:  # torch's blocking copy waits (c10 memcpy_and_sync)
+            why = ("it copies host memory to the device without non_blocking=True, which waits for the copy: "
+                   "tune's pin_memory + non_blocking candidate is the change for it (notebook 04)")
+        elif dev.get("script") and s["file"] != dev["script"]:
             why = f"it is in {where}, not in the script you gave: tune edits only that script"
         elif st["kind"] == "control":
             why = "the script's control flow reads it (a condition or an early stop): tune leaves it as it is"
