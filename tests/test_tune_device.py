@@ -74,7 +74,8 @@ def _line(text: str) -> int:
 
 def _probe(script: Path, kind: str = "cuda", **device) -> dict:
     f = str(script)
-    sites = [("print(f", 5), ("best = min", 5), ("if loss.item()", 5), ("x, y = x.to", 5), ("return best", 1)]
+    sites = [("print(f", 5), ("best = min", 5), ("if loss.item()", 5), ("x, y = x.to", 5), ("return best", 1),
+             ("weights = torch.tensor", 5)]  # the factory's blocking copy syncs too: device_factory's line
     dev = {"script": f, "precision": {"matmul": "highest", "cudnn_tf32": True, "capability": [8, 0]},
            "syncs": [{"file": f, "line": _line(t), "count": c, "text": t, "kind": "item"} for t, c in sites],
            "sync_steps": 5, "sync_watch": 'torch.cuda.set_sync_debug_mode("warn")',
@@ -148,6 +149,7 @@ def test_what_is_not_rewritten_is_reported_with_its_reason(script):
     assert f"line {_line('noise =')}" in text and "device's generator" in text
     assert f"line {_line('x, y = x.to')}" in text and "pin_memory + non_blocking" in text  # a pageable copy waits
     assert f"line {_line('return best')}" not in text  # once in 5 steps: not a per-step sync
+    assert f"line {_line('weights =')}" not in text  # device_factory rewrites it
     assert "memory limits the batch" not in text
     full = _probe(script, memory={"peak_bytes": 72 * 2**30, "total_bytes": 80 * 2**30})
     note = dev_mod.device_reported(full)[-1]

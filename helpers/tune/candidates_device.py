@@ -72,8 +72,9 @@ def _sync_sites(probe: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, A
     out = []
     sources: dict[str, str | None] = {}
     copies = {(c["file"], c["line"]) for c in probe.get("to_sites") or []}
+    made = {(c["file"], c["line"]) for c, _, _ in _factory_sites(probe)}  # device_factory's lines: its own item
     for s in dev.get("syncs") or []:
-        if not steps or s["count"] < steps:  # not on every step: already occasional
+        if not steps or s["count"] < steps or (s["file"], s["line"]) in made:  # occasional, or a factory's copy
             continue
         if s["file"] not in sources:
             sources[s["file"]] = _read(s["file"])
