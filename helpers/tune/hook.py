@@ -31,6 +31,9 @@ taken and the scale updated through it), ``channels_last`` on the model,
 notebook 05's side-stream prefetcher (:func:`helpers.pipeline.side_stream.prefetch`, onto the model's device);
 for DistributedDataParallel, keywords of its call, a compression hook and ``no_sync`` over gradient accumulation
 (:class:`helpers.tune.hook_ddp._DDPWatch`).
+On a CUDA or NPU device (:mod:`helpers.tune.hook_device`): TF32 (``torch.set_float32_matmul_precision("high")``;
+HF32 on an NPU) where the optimizer is built; and it records the precision the script left, the lines that make the
+host wait for the device in steps 2-6 of the probe (``set_sync_debug_mode("warn")``) and the peak device memory.
 
 This module imports only the standard library, torch and :mod:`helpers.pipeline.side_stream` (torch alone): it runs
 inside the user's process.
