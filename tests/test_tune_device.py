@@ -324,3 +324,21 @@ def test_device_check_says_tune_is_not_applicable_on_the_cpu(tmp_path, monkeypat
     summary = device_check.device_check(device="cpu", out=tmp_path / "dc", profile="smoke", echo=lambda line: None)
     assert summary["steps"]["tune"]["status"] == "not applicable"
     assert "apply only on a CUDA or NPU device" in summary["tune"]["reason"]
+
+
+def test_what_a_synchronising_statement_does_decides_its_rewrite():
+    from helpers.tune.rewrite_device import sync_statement
+
+    src = ("for step, batch in enumerate(loader):\n"
+           "    bar.set_postfix(loss=loss.item())\n"
+           "    history.append(loss.item())\n"
+           "    if step % 50 == 0:\n"
+           "        print(loss.item())\n"
+           "    assert torch.isfinite(loss).item()\n"
+           "while True:\n"
+           "    print(loss.item())\n")
+    got = [(n, sync_statement(src, n)) for n in (2, 3, 5, 6, 8)]
+    assert [(n, s["kind"], s["index"], s["guarded"]) for n, s in got] == [
+        (2, "log", "step", False), (3, "other", "step", False), (5, "log", "step", True), (6, "control", "step", False),
+        (8, "log", None, False)]
+

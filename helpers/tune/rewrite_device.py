@@ -29,8 +29,10 @@ FACTORIES = ("tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", 
 #: does every later draw of the CPU's generator (a DataLoader's shuffle): found, never rewritten.
 RANDOM_FACTORIES = ("rand", "randn", "randint", "randperm", "rand_like", "randn_like")
 #: Calls whose statement only logs (its value unused): ``print``, ``logging``/a logger's methods, a
-#: SummaryWriter's ``add_scalar``, ``wandb.log``: such a statement can run every N steps.
-LOG_CALLS = ("print", "debug", "info", "warning", "log", "add_scalar", "add_scalars", "write")
+#: SummaryWriter's ``add_scalar``, ``wandb.log``, a tqdm bar's ``set_postfix``/``set_description``: such a statement
+#: can run every N steps.
+LOG_CALLS = ("print", "debug", "info", "warning", "log", "add_scalar", "add_scalars", "write", "set_postfix",
+             "set_description")
 
 
 def _device_arg(node: cst.BaseExpression) -> bool:
