@@ -167,6 +167,17 @@ def test_the_compile_time_is_taken_out_of_the_step_it_fell_in():
     assert hook_compile._attempt("!0/2/1") == 1 and hook_compile._attempt("odd") == 0
 
 
+def test_each_run_compiles_in_its_own_cache_unless_the_user_chose_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    folder = hook_compile.private_cache(str(tmp_path / "run"))
+    assert folder and Path(folder).parent == tmp_path / "run" and Path(folder).is_dir()
+    import os
+
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == folder
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/theirs")
+    assert hook_compile.private_cache(str(tmp_path / "run")) is None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/theirs"
+
+
 def test_the_watch_records_each_compilation_and_its_step():
     steps = [0]
     w = hook_compile.CompileWatch(lambda: steps[0])
@@ -270,6 +281,9 @@ def test_a_real_compile_on_the_cpu_is_timed_apart_and_its_recompilation_noticed(
     longest = max(e["seconds"] for e in c["events"] if e["step"] == 4)
     assert max(r.result["all_step_times_s"]) < longest  # step 4 without its compilation
     assert script.read_text() == TINY
+    # its own compile cache, under the run's folder and removed: nothing written to torch's shared one
+    assert not [f for f in r.result.get("user_files") or [] if "torchinductor" in f["path"]]
+    assert not list((tmp_path / "w").glob("inductor-cache-*"))
 
 
 def test_a_compile_that_cannot_pay_within_the_job_is_not_run_again():
@@ -310,3 +324,29 @@ def test_measure_runs_a_decided_variant_no_more(tmp_path, monkeypatch):
                    decided=lambda name, run, ref: "it cannot pay" if run.result["applied"].get("compile") else "")
     assert [r for n, r in calls if n == "torch.compile"] == [0] and len([c for c in calls if c[0] == "other"]) == 3
     assert any("torch.compile" in ln and "(it cannot pay: its 2 later runs skipped)" in ln for ln in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_the_compile_examples_expected_diff_is_what_tune_writes_from_its_probe(tmp_path):
+    """examples/compile_mlp.expected.diff is the rewriter's edit for torch.compile at the probe's call sites, and the
+    example is one where compile is a candidate, its job's steps known to the probe (63 batches x 5 epochs)."""
+    import re
+
+    from helpers.tune.rewrite import unified_diff
+
+    root = Path(__file__).resolve().parents[1]
+    script = root / "examples" / "compile_mlp.py"
+    expected = (root / "examples" / "compile_mlp.expected.diff").read_text()
+    command = parse_command([sys.executable, str(script), "--epochs", "5"], cwd=tmp_path)
+    probe = run_once(command, "probe", {}, workdir=tmp_path / "w", warmup=2, steps=8, timeout_s=180, round_=-1)
+    assert probe.status == "steps", probe.error
+    chosen, _ = candidates.choose(probe.result, cores=2)
+    compiled = [c for c in chosen if c.technique == "compile"]
+    assert [c.name for c in compiled] == ["torch.compile"]
+    assert job_steps(probe.result)[0] == 315 and smaller_last_batch(probe.result) == "4000 samples = 62 x 64 + 32"
+    assert re.search(r"^# written: (.+)$", expected, re.M).group(1) == "compile"
+    source = script.read_text()
+    new, made, skipped = apply_edits(source, plan_edits(probe.result, compiled, script))
+    assert not skipped and len(made) == 1
+    assert unified_diff(source, new, script.name) == expected[expected.index("--- a/"):]

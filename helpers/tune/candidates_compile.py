@@ -193,7 +193,8 @@ def compile_judgement(j: Any, runs: Sequence[Any], probe: dict[str, Any], job_st
                     f"({last}), which no timed run reached")
     cost = compile_s + extra
     steps = break_even(cost, j.base_ms / 1e3, j.variant_ms / 1e3)
-    cost_text = (f"compiling took {compile_s:.1f} s (time inside torch's compiler, mean of {len(info)} runs"
+    cost_text = (f"compiling took {compile_s:.1f} s (time inside torch's compiler, "
+                 + (f"mean of {len(info)} runs" if len(info) > 1 else "its one run")
                  + (f"; {'; '.join(said)}" if said else "") + ")")
     if not math.isfinite(steps):
         return dataclasses.replace(j, reason=f"{j.reason}; {cost_text}, and the compiled step is not shorter")

@@ -842,8 +842,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(argv[0], encoding="utf-8") as f:
         spec = json.load(f)
     rec = Recorder(spec)
+    cache = hook_compile.private_cache(spec["scratch"])  # each run compiles cold, in its own folder
     if spec.get("keep"):  # before anything of the user's runs: every file it changes is kept first
-        sys.addaudithook(UserFiles(spec["keep"], [spec["scratch"]]))
+        sys.addaudithook(UserFiles(spec["keep"], [spec["scratch"], hook_compile.torch_cache()]))
     install(rec)
     sys.argv = list(spec["argv"])
     status, code, error = "script_end", 0, ""
@@ -873,6 +874,10 @@ def main(argv: list[str] | None = None) -> int:
     result = rec.result(status, exit_code=code, error=error)
     result["failed_at"] = failed_at
     _write(out, result)
+    if cache:
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)
     sys.stdout.flush()
     sys.stderr.flush()
     _exit_later(code)

@@ -27,6 +27,40 @@ from typing import Any
 MAX_REASONS, REASON_CHARS = 3, 300
 
 
+def private_cache(scratch: str) -> str | None:
+    """Give this run its own, empty compile cache: ``TORCHINDUCTOR_CACHE_DIR`` (which Triton's cache follows) set to
+    a new folder under ``scratch`` (the run's folder), unless the user set it. Each run then compiles cold, as a
+    job's first run on a machine does, and writes nothing into the shared default cache
+    (``/tmp/torchinductor_<user>``: torch 2.13 ``torch/_inductor/runtime/cache_dir_utils.py``). Returns the folder,
+    to be removed when the run ends, or None."""
+    import os
+    import tempfile
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return None
+    os.makedirs(scratch, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="inductor-cache-", dir=scratch)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
+
+
+def torch_cache() -> str:
+    """Torch's shared compile cache folder: ``/tmp/torchinductor_<user>`` (``tempfile.gettempdir()``), as torch 2.13's
+    ``default_cache_dir`` (``torch/_inductor/runtime/cache_dir_utils.py``) makes it, without importing torch.
+    Inductor writes its precompiled headers there whatever ``TORCHINDUCTOR_CACHE_DIR`` says (``_HEADER_DIR`` in
+    ``torch/_inductor/codecache.py``): torch's files, not the user's, so the run's file audit leaves them alone."""
+    import getpass
+    import os
+    import re
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
 def describe(model) -> dict[str, Any]:
     """``{"compiled": True}`` where ``model`` is compiled already: the ``OptimizedModule`` that ``torch.compile``
     returns (``torch._dynamo.eval_frame.OptimizedModule``), or a module whose ``compile()`` method was called (it
