@@ -13,6 +13,7 @@ the other edits), and the static reading they rest on (:func:`factory_moves`, :f
 from __future__ import annotations
 
 import difflib
+import functools
 from typing import Any, Sequence
 
 import libcst as cst
@@ -102,6 +103,11 @@ def factory_moves(source: str) -> dict[int, dict[str, Any]]:
         ``{line: {"factory": "torch.zeros", "method": "to" | "cuda", "code": the expression, "why": why it is not
         rewritten, absent where it is}}``; empty for a file that does not parse.
     """
+    return {line: dict(found) for line, found in _factory_moves(source).items()}
+
+
+@functools.lru_cache(maxsize=8)
+def _factory_moves(source: str) -> dict[int, dict[str, Any]]:
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError:
@@ -124,6 +130,17 @@ def factory_moves(source: str) -> dict[int, dict[str, Any]]:
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _parsed(source: str) -> tuple[MetadataWrapper, Any, Any] | None:
+    """A file's tree with its positions and parents, parsed once for all its synchronising lines; None where it
+    does not parse."""
+    try:
+        wrapper = MetadataWrapper(cst.parse_module(source))
+    except cst.ParserSyntaxError:
+        return None
+    return wrapper, wrapper.resolve(PositionProvider), wrapper.resolve(ParentNodeProvider)
+
+
 def sync_statement(source: str, line: int) -> dict[str, Any]:
     """What the statement on ``line`` does with the value it reads back from the device.
 
@@ -137,13 +154,10 @@ def sync_statement(source: str, line: int) -> dict[str, Any]:
         enumerate(loader)``'s ``i``, ``for step in range(n)``'s ``step``), or None; ``guarded``, whether an ``if``
         around it in that loop already tests ``%``.
     """
-    try:
-        module = cst.parse_module(source)
-    except cst.ParserSyntaxError:
+    parsed = _parsed(source)
+    if parsed is None:
         return {"kind": "other", "text": "", "index": None, "guarded": False}
-    wrapper = MetadataWrapper(module)
-    pos = wrapper.resolve(PositionProvider)
-    parents = wrapper.resolve(ParentNodeProvider)
+    wrapper, pos, parents = parsed
     best: list[cst.CSTNode] = []
 
     class Finder(cst.CSTVisitor):
