@@ -211,9 +211,21 @@ def device_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tupl
 
 
 def device_edits(probe: dict[str, Any], merged: dict[str, Any]) -> list[Any]:
-    """The source edit of a ``tf32`` winner in ``merged`` (:func:`helpers.tune.candidates.merge_apply`):
-    ``matmul_precision`` before the optimizer's construction (``params["device"]``: "cuda" or "npu"). The other
-    device winners carry their edits in their ``apply["edits"]``."""
+    """The source edit of a ``tf32`` winner: ``matmul_precision`` before the optimizer's construction.
+
+    Parameters
+    ----------
+    probe : dict
+        The hook's result of the unmodified script (its ``optimizer`` site and the model's device).
+    merged : dict
+        The winners' runtime changes (:func:`helpers.tune.candidates.merge_apply`).
+
+    Returns
+    -------
+    list of helpers.tune.rewrite.Edit
+        One edit (``params["device"]``: "cuda" or "npu") where ``merged`` has ``tf32`` and the optimizer's line is
+        known; else none. The other device winners carry their edits in their ``apply["edits"]``.
+    """
     from helpers.tune.rewrite import Edit
 
     opt = probe.get("optimizer") or {}
@@ -224,9 +236,20 @@ def device_edits(probe: dict[str, Any], merged: dict[str, Any]) -> list[Any]:
 
 
 def device_reported(probe: dict[str, Any]) -> list[str]:
-    """What tune found on the device and does not change, one line each: a synchronisation on every step that is not
-    a logging statement of the script's own (with the reason), a host-made tensor it does not rewrite, and peak
-    memory near the device's capacity (activation checkpointing, notebook 09)."""
+    """What tune found on the device and does not change.
+
+    Parameters
+    ----------
+    probe : dict
+        The hook's result of the unmodified script.
+
+    Returns
+    -------
+    list of str
+        One line each: a synchronisation on every step that is not a logging statement of the script's own (with
+        the reason), a host-made tensor it does not rewrite, and peak memory at or above :data:`MEMORY_NEAR` of the
+        device's (activation checkpointing, notebook 09). Empty off a device, or for an older probe.
+    """
     dev = probe.get("device") or {}
     out = []
     steps = int(dev.get("sync_steps") or 0)

@@ -144,6 +144,13 @@ def _parsed(source: str) -> tuple[MetadataWrapper, Any, Any] | None:
 def sync_statement(source: str, line: int) -> dict[str, Any]:
     """What the statement on ``line`` does with the value it reads back from the device.
 
+    Parameters
+    ----------
+    source : str
+        The file's text.
+    line : int
+        1-based line the probe saw synchronise.
+
     Returns
     -------
     dict
