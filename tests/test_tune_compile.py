@@ -193,6 +193,18 @@ def test_the_watch_records_each_compilation_and_its_step():
     assert out["recompiles"] == 1 and out["recompile_steps"] == [12] and out["compile_s"] >= 0
 
 
+def test_graph_breaks_are_read_from_dynamos_counters(monkeypatch):
+    from collections import Counter
+
+    w = hook_compile.CompileWatch(lambda: 0)
+    fake = SimpleNamespace(counters={"graph_break": Counter({"Unsupported: call to print\nmore": 2,
+                                                             "data-dependent branching": 1})})
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", fake)
+    out = hook_compile.result(SimpleNamespace(compile_watch=w))
+    assert out["graph_breaks"] == 3
+    assert out["break_reasons"] == ["Unsupported: call to print", "data-dependent branching"]
+
+
 def test_a_compiling_run_is_not_taken_for_a_stalled_one(tmp_path, monkeypatch):
     """The heartbeat's last-progress time moves on while the compiler runs, though no step is made."""
     monkeypatch.setattr(hook, "HEARTBEAT_S", 0.02)

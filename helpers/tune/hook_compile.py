@@ -20,6 +20,7 @@ Like :mod:`helpers.tune.hook`, it imports only the standard library and torch (a
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -185,10 +186,9 @@ def result(rec) -> dict[str, Any] | None:
     done = [e for e in w.events if e["seconds"] is not None]
     again = [e for e in done if e["trigger"] == "DYNAMO" and _attempt(e["id"]) > 0]
     breaks: dict[str, int] = {}
+    utils = sys.modules.get("torch._dynamo.utils")  # imported by any compilation; none, no break
     try:
-        from torch._dynamo.utils import counters
-
-        breaks = {str(k): int(v) for k, v in counters["graph_break"].items()}
+        breaks = {str(k): int(v) for k, v in utils.counters["graph_break"].items()} if utils is not None else {}
     except Exception:  # noqa: BLE001 - counters of another torch version: no graph breaks known
         pass
     return {"compile_s": sum(e["seconds"] for e in done), "first_s": sum(e["seconds"] for e in done if e["step"] == 0),
