@@ -16,7 +16,7 @@ from helpers import machine
 from helpers.tune import candidates_cpu as cpu
 from helpers.tune.candidates import Candidate
 from helpers.tune.engine import Run, _hook_env, judge, parse_command, run_once
-from helpers.tune.rewrite import Edit, apply_edits
+from helpers.tune.rewrite import Edit, apply_edits, unified_diff
 from helpers.tune.session import TuneOptions, TuneResult
 
 QUIET = machine.BusyCheck(False, (), 0.01, 0.2, 60.0)
@@ -244,38 +244,92 @@ def test_a_launch_winner_that_did_not_hold_says_so_not_that_nothing_could_be_wri
     assert res.headline.startswith("The runtime gain did not hold when the rewritten script ran as written")
 
 
-# ---------------------------------------------------------------- the hook, for real (one run)
+# ---------------------------------------------------------------- the hook
+
+
+class _Rec:
+    """The few members of :class:`helpers.tune.hook.Recorder` that the CPU watch uses."""
+
+    def __init__(self, apply, user_file):
+        self.apply, self.user_file = apply, user_file
+
+    def user_frame(self, frame):
+        while frame is not None and frame.f_code.co_filename != self.user_file:
+            frame = frame.f_back
+        return frame
+
+    @staticmethod
+    def key(frame):
+        return frame.f_code.co_filename, frame.f_lineno
+
+    @staticmethod
+    def site(frame):
+        return {"file": frame.f_code.co_filename, "line": frame.f_lineno}
+
+
+def test_the_hook_sees_the_scripts_own_set_num_threads_and_the_variables_it_sets(monkeypatch):
+    import torch
+
+    from helpers.tune.hook_cpu import _cpu_result, _watch_cpu
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(torch, "set_num_threads", torch.set_num_threads)  # put back after the test
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # as the process got it; undone after the test
+    rec = _Rec({}, "<user>")
+    _watch_cpu(rec)
+    assert rec.cpu["threads_at_start"] == before
+    exec(compile("import os, torch\n\ntorch.set_num_threads(n)\nos.environ['OMP_NUM_THREADS'] = '1'\n", "<user>",
+                 "exec"), {"n": before})
+    torch.set_num_threads(before)  # not from the user's file: not counted
+    out = _cpu_result(rec.cpu)
+    assert out["set_sites"] == [{"file": "<user>", "line": 3, "count": 1, "value": before}]
+    assert out["env_set_by_script"] == ["OMP_NUM_THREADS"] and out["threads"] == before
+    _, ((_, why),) = cpu.thread_candidates({"cpu": out, "model": {"param_device": "cpu"}}, cores=2)
+    assert why == f"the script sets them itself: torch.set_num_threads({before}) on line 3"
+
+
+def test_the_allocators_mapped_in_are_read_from_the_maps_file(tmp_path):
+    from helpers.tune.hook_cpu import mapped_allocators
+
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r--p 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n"
+                    "7f01-7f02 r-xp 00001000 08:01 12 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n"
+                    "7f02-7f03 r--p 00000000 08:01 13 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert mapped_allocators(str(maps)) == ["/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"]
+    assert mapped_allocators(str(tmp_path / "none")) == []
+
+
+# ---------------------------------------------------------------- the example
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "threads_oversubscribed.py"
+
+
+def test_the_examples_expected_diff_is_what_tune_writes_for_its_threads():
+    """examples/threads_oversubscribed.expected.diff is the rewriter's edit for the example's probe on 2 cores: two
+    DataLoader workers (the script's own) beside torch's default of one intra-op thread per core."""
+    expected = EXAMPLE.with_suffix(".expected.diff").read_text()
+    probe = _probe(threads=2, workers=2, cores=2)
+    (c,), _ = cpu.thread_candidates(probe, cores=2)
+    source = EXAMPLE.read_text()
+    new, made, skipped = apply_edits(source, cpu.cpu_edits(probe, c.apply, str(EXAMPLE)))
+    assert not skipped and [e.kind for e in made] == ["set_threads"]
+    assert unified_diff(source, new, EXAMPLE.name) == expected[expected.index("--- a/"):]
 
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_the_hook_records_the_threads_applies_them_and_the_allocator_is_mapped_in(tmp_path):
-    """One real run of a script with two DataLoader workers: the threads applied, the script's own call seen, and the
-    allocator preloaded where the system has one (jemalloc or tcmalloc; checked only where found)."""
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""\
-        import torch
-        from torch.utils.data import DataLoader, TensorDataset
-
-        data = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
-        model = torch.nn.Linear(8, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        torch.set_num_threads(torch.get_num_threads())
-        for x, y in DataLoader(data, batch_size=8, num_workers=2):
-            loss = ((model(x) - y) ** 2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        """))
-    found = cpu.find_allocators()
-    lib = next(iter(found.values()), "")
-    command = parse_command([sys.executable, str(script)], cwd=tmp_path)
+def test_the_example_runs_with_the_threads_and_the_allocator_applied(tmp_path):
+    """One real run of the example: the probe record holds its two workers, the threads applied before the script
+    ran, and the allocator mapped into the process where the system has one (jemalloc or tcmalloc; that part is
+    checked only where one is found: CI machines may have none)."""
+    lib = next(iter(cpu.find_allocators().values()), "")
+    command = parse_command([sys.executable, str(EXAMPLE), "--epochs", "1"], cwd=tmp_path)
     apply = {"threads": 1, **({"ld_preload": lib} if lib else {})}
-    run = run_once(command, "t", apply, workdir=tmp_path / "w", warmup=2, steps=5, timeout_s=120)
+    run = run_once(command, "t", apply, workdir=tmp_path / "w", warmup=2, steps=5, timeout_s=240)
     assert run.status == "steps", run.error
     rec = run.result["cpu"]
-    assert rec["threads_at_start"] == 1 and rec["cores"] >= 1 and rec["env_set_by_script"] == []
-    (site,) = rec["set_sites"]
-    assert site["line"] == 7 and site["count"] == 1
+    assert rec["threads_at_start"] == 1 and rec["threads"] == 1 and rec["set_sites"] == []
+    assert [ld["effective"]["num_workers"] for ld in run.result["loaders"]] == [2]
     if lib:
         assert rec["ld_preload"].startswith(lib) and any(Path(p).name == Path(lib).name for p in rec["allocators"])

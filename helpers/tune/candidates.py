@@ -83,7 +83,7 @@ __all__ = ["Candidate", "choose", "follow_up", "framework_candidates", "general_
 NOTEBOOK = {"no_sync": "08", "gradient_as_bucket_view": "08", "bucket_cap_mb": "08", "comm_hook": "08",
             "static_graph": "08",
             "num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "side_stream": "05", "autocast": "06",
-            "channels_last": "07", "cudnn_benchmark": "07", "compile": "07"}
+            "channels_last": "07", "cudnn_benchmark": "07", "compile": "07", "intra_op_threads": "03"}
 #: Where a framework sets the DataLoader or the precision, the argument to change (the frameworks' own names:
 #: Lightning 2.x ``Trainer(precision=...)``; transformers ``TrainingArguments`` fields).
 FRAMEWORK_ARGS = {
