@@ -61,7 +61,8 @@ def test_busy_workers_beside_a_process_on_every_core_get_the_cores_less_the_work
     (_probe(threads=1, cores=1), 1, "one usable core"),
     (_probe(workers=2, device="cuda"), 2, "the model runs on the cuda"),
     (_probe(threads=2, workers=0), 2, "2 intra-op threads match the 2 usable cores, and no DataLoader worker"),
-    (_probe(threads=1, workers=2, cores=2), 2, "already runs 1 intra-op threads beside 2 DataLoader workers"),
+    (_probe(threads=1, workers=2, cores=2), 2, "already runs 1 intra-op thread beside 2 DataLoader workers"),
+    ({**_probe(threads=1, cores=1), "ranks": 2}, 1, "one usable core per rank (2 ranks share the machine's cores)"),
 ])
 def test_the_threads_are_left_alone_with_a_reason(probe, cores, why):
     out, skipped = cpu.thread_candidates(probe, cores=cores)
@@ -72,6 +73,9 @@ def test_the_threads_are_left_alone_with_a_reason(probe, cores, why):
 def test_no_workers_and_fewer_threads_than_cores_tries_the_cores_and_names_the_environment():
     (c,), _ = cpu.thread_candidates(_probe(threads=1, cores=4, env={"OMP_NUM_THREADS": "1"}), cores=4)
     assert c.apply == {"threads": 4} and "(OMP_NUM_THREADS=1 in your environment)" in c.why
+    (c,), _ = cpu.thread_candidates({**_probe(threads=1, cores=8, env={"OMP_NUM_THREADS": "1"}), "ranks": 2}, cores=8)
+    assert c.why == ("the training process runs its ops on 1 thread, on 8 usable cores per rank (OMP_NUM_THREADS=1: "
+                     "torchrun's default for each of 2 ranks, or your environment's)")
 
 
 def test_where_tune_adds_the_workers_the_threads_wait_for_the_winner_then_follow_it():

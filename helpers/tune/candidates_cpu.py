@@ -133,24 +133,30 @@ def thread_candidates(probe: dict[str, Any], *, cores: int,
                         f"{sites[0]['line']}")]
     if cpu.get("env_set_by_script"):
         return [], [(t, f"the script sets {', '.join(cpu['env_set_by_script'])} itself")]
+    ranks = int(probe.get("ranks") or 1)
     if cores <= 1 and threads <= 1:
-        return [], [(t, "one usable core: the training process already runs its ops on one thread")]
+        shared = f" per rank ({ranks} ranks share the machine's cores)" if ranks > 1 else ""
+        return [], [(t, f"one usable core{shared}: the training process already runs its ops on one thread")]
     if not workers and threads == cores:
         return [], [] if workers_tried else [(t, f"the training process's {threads} intra-op threads match the "
                                                  f"{cores} usable cores, and no DataLoader worker competes for them")]
     env = ", ".join(f"{k}={v}" for k, v in (cpu.get("env") or {}).items() if v)
+    # torchrun sets OMP_NUM_THREADS=1 for each rank where it is not set and there are several
+    # (torch/distributed/run.py: "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default")
+    where = (f" ({env}: torchrun's default for each of {ranks} ranks, or your environment's)" if ranks > 1 and env
+             else f" ({env} in your environment)" if env else "")
     out = []
     for n in _targets(cores, workers):
         if n == threads:
             continue
         why = (f"{threads} intra-op threads and {workers} DataLoader worker{'s' if workers != 1 else ''} (one thread "
                f"each) share {cores} cores" if workers else
-               f"the training process runs its ops on {threads} threads, on {cores} usable cores")
-        out.append(Candidate(f"torch.set_num_threads({n})", t, {"threads": n},
-                             why + (f" ({env} in your environment)" if env else "")))
+               f"the training process runs its ops on {threads} thread{'s' if threads != 1 else ''}, on {cores} usable "
+               f"cores" + (" per rank" if ranks > 1 else ""))
+        out.append(Candidate(f"torch.set_num_threads({n})", t, {"threads": n}, why + where))
     if not out:
-        return [], [(t, f"the training process already runs {threads} intra-op threads beside {workers} DataLoader "
-                        f"workers on {cores} cores")]
+        return [], [(t, f"the training process already runs {threads} intra-op thread{'s' if threads != 1 else ''} "
+                        f"beside {workers} DataLoader worker{'s' if workers != 1 else ''} on {cores} cores")]
     return out, []
 
 
