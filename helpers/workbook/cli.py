@@ -139,7 +139,8 @@ def _add_bench(sub) -> None:
     be.add_argument("--size-mb", type=float, default=1024, metavar="MB",
                     help="trace: size of the generated Kineto trace, MB (default: 1024)")
     be.add_argument("--example", default="train_script", metavar="NAME",
-                    help="tune: the example script in examples/ (train_script, debug_left_on, ddp_accumulation)")
+                    help="tune: the example script in examples/ (train_script, debug_left_on, ddp_accumulation, "
+                         "compile_mlp)")
     be.add_argument("--out", type=Path, default=None, metavar="DIR",
                     help="trace: write the generated trace here and keep it; tune: keep tune's folder (report, diff) "
                          "here; workbook: keep the run folder here (default: a temporary folder)")
