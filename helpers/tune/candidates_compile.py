@@ -26,9 +26,6 @@ __all__ = ["COMPILE_TIMEOUT_S", "PAY_MARGIN", "break_even", "cannot_pay", "compi
 #: compilation (27 s for a 3-layer MLP on this 2-core CPU under load 3.8, 2026-12-07), which the probe's timing did
 #: not foresee. Tune's own choice, not a measured bound.
 COMPILE_TIMEOUT_S = 300.0
-#: What the two modes do (torch.compile's documentation, https://pytorch.org/docs/stable/generated/torch.compile.html:
-#: "reduce-overhead" is "a mode that reduces the overhead of python with CUDA graphs, useful for small batches").
-MODES = {"default": "torch.compile(model)", "reduce-overhead": 'torch.compile(model, mode="reduce-overhead")'}
 
 
 def compile_candidates(probe: dict[str, Any]) -> tuple[list[tuple[str, str, dict, str]], list[tuple[str, str]]]:
@@ -37,7 +34,8 @@ def compile_candidates(probe: dict[str, Any]) -> tuple[list[tuple[str, str, dict
     ``torch.compile`` of the model (``apply={"compile": "default"}``) where the probe found the model, the script
     does not compile it already, and DistributedDataParallel does not wrap it; and on a CUDA device also
     ``mode="reduce-overhead"`` (CUDA graphs, ``apply={"compile": "reduce-overhead"}``), both of technique
-    ``compile`` (the faster one is written).
+    ``compile`` (the faster one is written). ``"reduce-overhead"`` is "a mode that reduces the overhead of python
+    with CUDA graphs, useful for small batches" (``torch.compile``'s docstring, torch 2.13 ``torch/__init__.py``).
 
     A DDP model is left out: torch.compile supports the DDP-wrapped model, whose graph Dynamo's DDPOptimizer
     splits at DDP's gradient buckets so that the all-reduce still overlaps the backward (the torch.compile FAQ, "Do
@@ -188,7 +186,7 @@ def compile_judgement(j: Any, runs: Sequence[Any], probe: dict[str, Any], job_st
                     f"guard)")
     elif last:
         firsts = [e["seconds"] for x in info for e in x.get("events") or [] if e.get("trigger") == "DYNAMO"]
-        extra = statistics.fmean(firsts[:1] or [0.0]) if firsts else 0.0
+        extra = firsts[0] if firsts else 0.0  # the first run's forward compilation
         said.append(f"+{extra:.1f} s estimated for the recompilation at the smaller last batch of each epoch "
                     f"({last}), which no timed run reached")
     cost = compile_s + extra
