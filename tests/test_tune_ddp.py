@@ -355,3 +355,28 @@ def test_the_ddp_calls_changes_run_and_a_world_of_one_is_told_to_run_with_its_ra
                                   "default_hooks\n"))
     own = run_once(command, "own", {}, **kw)
     assert own.ok and own.result["ddp"]["comm_hooks"] == 1, own.error[-2000:]
+
+
+def test_find_unused_parameters_is_turned_off_only_where_every_parameter_gets_a_gradient():
+    """A DDP call passing find_unused_parameters=True walks the autograd graph after every forward; where every
+    parameter received a gradient in every watched step, False is tried; where one did not, DDP needs it."""
+    out, _ = ddp_candidates(_probe(given={"find_unused_parameters": True}))
+    c = {c.name: c for c in out}["find_unused_parameters=False"]
+    assert c.apply == {"ddp": {"find_unused_parameters": False}} and "all 8 parameters" in c.why
+    assert candidates.NOTEBOOK[c.technique] == "08"
+    out, skipped = ddp_candidates(_probe(given={"find_unused_parameters": True}, params_with_grad=7))
+    assert "find_unused_parameters" not in {c.technique for c in out}
+    assert "7 of its 8 parameters received a gradient" in dict(skipped)["find_unused_parameters"]
+    out, skipped = ddp_candidates(_probe(given={"find_unused_parameters": True}, same_params_every_step=False))
+    assert "not the same ones each step" in dict(skipped)["find_unused_parameters"]
+    # the default (False), or not passed: nothing to say
+    for given in ({}, {"find_unused_parameters": False}):
+        out, skipped = ddp_candidates(_probe(given=given))
+        assert "find_unused_parameters" not in {c.technique for c in out} | set(dict(skipped))
+    # written into the DDP call, replacing the script's True
+    source = "import torch\nmodel = torch.nn.parallel.DistributedDataParallel(net, find_unused_parameters=True)\n"
+    edits = candidates.ddp_edits(_probe(given={"find_unused_parameters": True}) | {
+        "ddp_sites": [{"file": "/p/train.py", "line": 2, "function": "<module>"}]},
+        {"ddp": {"find_unused_parameters": False}})
+    new, made, skipped = apply_edits(source, edits)
+    assert not skipped and "DistributedDataParallel(net, find_unused_parameters=False)" in new

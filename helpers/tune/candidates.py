@@ -37,6 +37,7 @@ technique           the change                                                  
 ``comm_hook``       ``model.register_comm_hook(None, default_hooks.fp16_compress_hook)``  08
                     (``bf16_compress_hook`` where DDP accepts it)
 ``static_graph``    ``DistributedDataParallel(..., static_graph=True)``             08
+``find_unused_parameters``  ``DistributedDataParallel(..., find_unused_parameters=False)``  08
 ``intra_op_threads``  ``torch.set_num_threads(N)`` after the imports, N = the usable  00, 03
                     cores less the DataLoader workers
                     (:mod:`helpers.tune.candidates_cpu`)
@@ -81,7 +82,7 @@ __all__ = ["Candidate", "choose", "follow_up", "framework_candidates", "general_
 
 #: The notebook that explains and measures each technique.
 NOTEBOOK = {"no_sync": "08", "gradient_as_bucket_view": "08", "bucket_cap_mb": "08", "comm_hook": "08",
-            "static_graph": "08",
+            "static_graph": "08", "find_unused_parameters": "08",
             "num_workers": "03", "prefetch_factor": "03", "pin_memory": "04", "side_stream": "05", "autocast": "06",
             "channels_last": "07", "cudnn_benchmark": "07", "compile": "07", "intra_op_threads": "03"}
 #: Where a framework sets the DataLoader or the precision, the argument to change (the frameworks' own names:
@@ -576,6 +577,11 @@ def ddp_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tuple[s
     - ``comm_hook``: ``bf16_compress_hook`` where DDP accepts it (``bf16_comm_hook``), else ``fp16_compress_hook``,
       where the script registers no hook: half the bytes on the wire, with rounding, so only the loss check
       decides whether it keeps the results;
+    - ``find_unused_parameters=False`` where the call passes True and every parameter received a gradient in every
+      step the probe watched: with it, DDP traverses "the autograd graph from all tensors contained in the return
+      value of the wrapped module's forward function" on every forward (torch 2.13's docstring of the argument,
+      torch/nn/parallel/distributed.py), work a model that uses all its parameters does not need; a parameter
+      left without a gradient keeps it, as DDP would otherwise wait for that gradient;
     - ``static_graph=True`` where the same parameters received gradients in every step the probe watched, and
       there is no gradient accumulation (torch 2.13's reducer fails an internal assert, ``expect_autograd_hooks_``,
       when a static graph's first micro-step runs under ``no_sync()``; tried here).
@@ -661,6 +667,19 @@ def ddp_candidates(probe: dict[str, Any]) -> tuple[list[Candidate], list[tuple[s
         out.append(Candidate(f"{dtype}_compress_hook", "comm_hook", {"comm_hook": dtype},
                              "DDP all-reduces the gradients in float32; compressed, half the bytes"
                              + ("" if dtype == "bf16" else " (bf16_compress_hook needs CUDA with NCCL 2.10+)")))
+    if given.get("find_unused_parameters") is True:  # the default is False: only a True the script passes
+        n, got = int(ddp.get("params") or 0), int(ddp.get("params_with_grad") or 0)
+        if n and got == n and ddp.get("same_params_every_step"):
+            out.append(Candidate("find_unused_parameters=False", "find_unused_parameters",
+                                 {"ddp": {"find_unused_parameters": False}},
+                                 f"the DDP call sets find_unused_parameters=True, which walks the autograd graph "
+                                 f"after every forward, yet all {n} parameters received a gradient in each of the "
+                                 f"{ddp.get('grad_steps')} steps the probe watched"))
+        else:
+            skipped.append(("find_unused_parameters",
+                            f"the DDP call sets find_unused_parameters=True, and {got} of its {n} parameters received "
+                            f"a gradient" + ("" if ddp.get("same_params_every_step") else ", not the same ones each "
+                                             "step") + ": DDP needs it to skip the others' all-reduce"))
     if given.get("static_graph"):
         skipped.append(("static_graph", "the DDP call already sets static_graph=True"))
     elif accum:
