@@ -164,6 +164,9 @@ def test_the_general_candidates_follow_what_the_probe_saw_and_their_edits_go_to_
 
 
 def test_what_tune_does_not_change_is_reported_with_its_line():
+    dp = {"kind": "data_parallel", "file": "/s/t.py", "line": 12}
+    more = candidates.reported_only(_general_probe(reported=[dp]))
+    assert more[-1].startswith("torch.nn.DataParallel wraps a model (t.py, line 12)") and "Notebook 08" in more[-1]
     lines = candidates.reported_only(_general_probe())
     assert len(lines) == 3
     assert lines[0].startswith("torch.profiler.profile records every step (t.py, line 9, entered 26 times)")
@@ -179,6 +182,7 @@ PROBED = textwrap.dedent('''\
     torch.autograd.set_detect_anomaly(True)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    head = nn.DataParallel(nn.Linear(2, 2))
     for i in range(40):
         x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(i))
         out = model(x)
@@ -207,14 +211,15 @@ def test_the_probe_finds_each_general_item_and_each_is_applied_without_editing_t
 
     gen, seen = run("probe", {})
     assert [(s["api"], s["line"]) for s in gen["debug_sites"]] == [("set_detect_anomaly", 5)]
-    assert [(s["line"], s["count"] >= 7) for s in gen["zero_grad_sites"]] == [(13, True)]
-    assert [f["line"] for f in gen["unreached_forwards"]] == [11]  # v = model(x); out reaches backward()
+    assert [(s["line"], s["count"] >= 7) for s in gen["zero_grad_sites"]] == [(14, True)]
+    assert [f["line"] for f in gen["unreached_forwards"]] == [12]  # v = model(x); out reaches backward()
     assert gen["optimizer_impl"]["class"] == "SGD" and gen["optimizer_impl"]["fused_supported"] is True
     assert gen["optimizer_impl"]["built_by"] == ""  # the script's own line builds it
-    assert [r["kind"] for r in gen["reported"]] == ["conv_bias_before_norm"]
-    assert "model[0] (Conv2d, bias=True) feeds model[1] (BatchNorm2d)" in gen["reported"][0]["text"]
+    assert [r["kind"] for r in gen["reported"]] == ["data_parallel", "conv_bias_before_norm"]
+    assert gen["reported"][0]["line"] == 8 and gen["reported"][0]["file"] == str(script.resolve())
+    assert "model[0] (Conv2d, bias=True) feeds model[1] (BatchNorm2d)" in gen["reported"][1]["text"]
     assert seen[:4] == ["state True True None", "grad True", "state True True None", "grad False"]
-    _, seen = run("all", {"debug_off": True, "no_grad": [[str(script.resolve()), 11]], "set_to_none": True,
+    _, seen = run("all", {"debug_off": True, "no_grad": [[str(script.resolve()), 12]], "set_to_none": True,
                           "optimizer_impl": {"fused": True}})
     assert seen[:4] == ["state False False True", "grad True", "state False False True", "grad True"]
     assert script.read_text() == PROBED

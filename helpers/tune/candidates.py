@@ -488,7 +488,8 @@ DECODE_02 = "7.3x (95% CI 5.5-8.7) on a quiet 2-core CPU, 2.3-5.2x on a busy one
 def reported_only(probe: dict[str, Any]) -> list[str]:
     """What tune found and reports without changing it, one line each: the Guide's debugging profilers left on
     (their results are read later in the script, so tune does not switch them off), a Dataset that decodes images
-    one by one with PIL (notebook 02), and a convolution with a bias directly before a batch norm."""
+    one by one with PIL (notebook 02), a convolution with a bias directly before a batch norm, and a
+    ``torch.nn.DataParallel`` (notebook 08)."""
     gen = probe.get("general") or {}
     out = []
     for s in gen.get("debug_sites") or []:
@@ -502,6 +503,12 @@ def reported_only(probe: dict[str, Any]) -> list[str]:
             out.append(f"{r['text']}: each sample is decoded on its own in the DataLoader. Notebook 02 (batched "
                        f"decode) measures decoding a whole batch at once on a thread pool against it: {DECODE_02} "
                        f"(docs/teaching.md); run it on your machine and images.")
+        elif r.get("kind") == "data_parallel":
+            out.append(f"torch.nn.DataParallel wraps a model ({Path(r['file']).name}, line {r['line']}): one process "
+                       f"drives every GPU from threads that share Python's GIL, and copies the model to each GPU on "
+                       f"every forward (the Guide: \"Use DistributedDataParallel instead of DataParallel\"). "
+                       f"Notebook 08 measures DistributedDataParallel; tune does not rewrite it, since the launch "
+                       f"(torchrun), the process group and the DistributedSampler change with it.")
         elif r.get("kind") == "conv_bias_before_norm":
             out.append(f"{r['text']} (the Guide: \"Disable bias for convolutions directly followed by a batch "
                        f"norm\"; it saves an addition per output, and tune does not edit your model's layers).")

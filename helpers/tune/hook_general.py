@@ -40,7 +40,8 @@ def _watch_general(rec: Any) -> None:
     - the first optimizer's implementation (``foreach``/``fused`` as given) and whether torch has a fused one for it
       on its device; ``apply["optimizer_impl"]`` (``{"fused": True}`` or ``{"foreach": True}``) passes it to the
       torch.optim class's constructor;
-    - reported only: a Dataset whose ``__getitem__`` opens an image with PIL (decoded one by one in the loader), and
+    - reported only: ``torch.nn.DataParallel`` built in the user's files (its file and line); a Dataset whose
+      ``__getitem__`` opens an image with PIL (decoded one by one in the loader), and
       a convolution with a bias whose output goes straight into a batch norm (found on the first forward).
     """
     import torch
@@ -163,6 +164,17 @@ def _watch_general(rec: Any) -> None:
                 gen["reported"].append(found)
 
     DataLoader.__init__ = loader_init
+
+    orig_dp_init = torch.nn.DataParallel.__init__
+
+    def dp_init(self, *args, **kwargs):
+        orig_dp_init(self, *args, **kwargs)
+        at = user_site(sys._getframe(1))
+        item = {"kind": "data_parallel", "file": at[0], "line": at[1]} if at else None
+        if item and item not in gen["reported"]:
+            gen["reported"].append(item)
+
+    torch.nn.DataParallel.__init__ = dp_init
 
 
 def _pass_keywords(rec: Any, cls: type, values: dict[str, Any]) -> None:
