@@ -114,11 +114,14 @@ SECONDS_LONG = {
 
 #: The files that take longest in `make test`, run first (in this order, the others after them in theirs): the
 #: pytest-xdist workers then share out the many short files at the end instead of one worker finishing a long file
-#: alone (the Makefile passes --no-loadscope-reorder so that pytest-xdist keeps this order). Worker seconds of
-#: each, measured with two workers on the 2-core developer machine: 279 (the smoke run and the check cells), 273,
-#: 306 (the example jobs' runs), 71, 125, 94.
-LONGEST_FIRST = ("test_notebooks.py", "test_solutions.py", "test_user_job.py", "test_job_faults.py", "test_wheel.py",
-                 "test_instrument_ranks.py")
+#: alone (the Makefile passes --no-loadscope-reorder so that pytest-xdist keeps this order). test_notebooks.py first:
+#: its smoke run is shared (``shared_run``), and test_solutions.py, a few files later, then finds it made and reuses
+#: it. Seconds of each file (the sum of its tests' durations), measured in one `make test` with two workers on the
+#: 2-core developer machine beside other work (load average 3-8): 291, 853, 650, 427, 299, 204, 151, 141, 140, 104,
+#: 87; every other file took under 65.
+LONGEST_FIRST = ("test_notebooks.py", "test_user_job.py", "test_tune.py", "test_solutions.py", "test_wheel.py",
+                 "test_instrument_ranks.py", "test_augmentation.py", "test_job_faults.py", "test_runner.py",
+                 "test_tune_ddp.py", "test_bench.py")
 
 
 def pytest_collection_modifyitems(config, items):
