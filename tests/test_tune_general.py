@@ -295,3 +295,22 @@ def test_set_to_none_replaces_a_positional_false_rather_than_passing_it_twice(ca
              if e.technique == "set_to_none"]
     new, made, skipped = apply_edits(source, edits)
     assert not skipped and new == f"def step(opt, model):\n    {written}\n"
+
+
+def test_an_optimizer_built_through_any_of_tunes_hooks_is_still_the_scripts_own():
+    """Each hook module of tune's may wrap ``Optimizer.__init__`` (hook_device's TF32 does): its frame between the
+    script's line and torch is not a framework building the optimizer (it read "built by helpers.tune.hook_device",
+    and fused=True went untried)."""
+    from helpers.tune import hook_general
+
+    class Rec:
+        is_user_file = staticmethod(lambda name: name == "/u/train.py")
+
+    ns = {"sys": sys, "_builder": hook_general._builder, "rec": Rec()}
+    hook_file = str(Path(hook_general.__file__).parent / "hook_device.py")
+    exec(compile("def wrapped():\n    return _builder(sys._getframe(0), rec)\n", hook_file, "exec"), ns)
+    exec(compile("def user():\n    return wrapped()\n", "/u/train.py", "exec"), ns)
+    assert ns["user"]() == ""
+    fw = {**ns, "__name__": "transformers.trainer"}  # a framework's module still owns what it builds
+    exec(compile("def framework():\n    return wrapped()\n", "/site/transformers/trainer.py", "exec"), fw)
+    assert fw["framework"]() == "transformers.trainer"

@@ -192,11 +192,12 @@ def _pass_keywords(rec: Any, cls: type, values: dict[str, Any]) -> None:
 
 
 def _builder(start, rec: Any) -> str:
-    """Who built the optimizer: "" where the first frame outside torch and this hook is in the user's files, else
+    """Who built the optimizer: "" where the first frame outside torch and tune's hooks is in the user's files, else
     that frame's module (a training framework's: ``transformers.trainer``), whose own setting then owns it."""
     import torch
 
-    skip = (os.path.dirname(torch.__file__), __file__)
+    # every hook module of tune's (hook_device's, hook_compile's, ...) may wrap Optimizer.__init__ too
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)) + os.sep)
     f = start
     while f is not None and f.f_code.co_filename.startswith(skip):
         f = f.f_back
