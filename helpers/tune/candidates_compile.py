@@ -19,7 +19,7 @@ import math
 import statistics
 from typing import Any, Sequence
 
-__all__ = ["COMPILE_TIMEOUT_S", "PAY_MARGIN", "break_even", "cannot_pay", "compile_candidates", "compile_edits",
+__all__ = ["COMPILE_TIMEOUT_S", "break_even", "cannot_pay", "compile_candidates", "compile_edits",
            "compile_judgement", "smaller_last_batch"]
 
 #: Seconds added to each run's timeout in a session that tries ``torch.compile``: its first step holds the
@@ -105,33 +105,28 @@ def break_even(compile_s: float, base_step_s: float, step_s: float) -> float:
     return math.ceil(compile_s / saved) if saved > 0 else math.inf
 
 
-#: A torch.compile is not run again after its first run where even this many times the time per step that run saved
-#: (against the same round's unmodified run) would not pay its compile time back within the job's steps: its verdict
-#: cannot be a gain, and each run costs a compilation. Tune's own margin for one run's noise, not a measured one.
-PAY_MARGIN = 2.0
-
-
 def cannot_pay(run: Any, base_runs: Sequence[Any], job_steps: int | None) -> str:
     """Why a ``compile`` candidate need not run again after ``run`` (for :func:`helpers.tune.engine.measure`'s
     ``decided``; "" for another candidate's run), or "": a graph break (its verdict is "rejected" whatever the
-    step times), or, where the job's steps are known, a compile time that :data:`PAY_MARGIN` x the time per step
-    saved against the unmodified run of the same round (medians of their timed steps: one run's stalls on a
-    shared machine do not decide it) would not pay back within ``job_steps``."""
+    step times), or, where the job's steps are known, a compile time longer than all of the job's steps take
+    unmodified (``job_steps`` x the median step of the same round's unmodified run): it could not pay back even were
+    each compiled step free. That bound holds whatever the machine's load did to the step times of one run; a
+    smaller gain that would not pay back is judged over all the rounds (:func:`compile_judgement`)."""
     info = run.result.get("compile") or {}
     if not info or not (run.result.get("applied") or {}).get("compile"):  # a script that compiles on its own
         return ""
     if info.get("graph_breaks"):
         return f"torch.compile broke the model's graph {info['graph_breaks']} time(s)"
     same = [b for b in base_runs if b.round == run.round and b.step_times_s]
-    if job_steps is None or not same or not run.step_times_s:
+    if job_steps is None or not same:
         return ""
-    saved = statistics.median(same[0].step_times_s) - statistics.median(run.step_times_s)
+    base = statistics.median(same[0].step_times_s)
     cost = float(info.get("compile_s") or 0.0)
-    if saved > 0 and cost <= PAY_MARGIN * saved * job_steps:
+    if cost <= job_steps * base:
         return ""
-    gain = f"saved {saved * 1e3:.1f} ms per step" if saved > 0 else "saved no time per step"
-    return (f"compiling took {cost:.0f} s and it {gain} against round {run.round + 1}'s unmodified run: even "
-            f"{PAY_MARGIN:g}x that would not pay back within your job's {job_steps:,} steps")
+    return (f"compiling took {cost:.0f} s, more than your job's {job_steps:,} steps take unmodified ({job_steps:,} x "
+            f"{base * 1e3:.0f} ms, the median step of round {run.round + 1}'s unmodified run): it cannot pay back "
+            f"even were each compiled step free")
 
 
 def compile_judgement(j: Any, runs: Sequence[Any], probe: dict[str, Any], job_steps: int | None,
