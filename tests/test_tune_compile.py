@@ -3,6 +3,7 @@ reasons and the rewrite, with fakes; and one real compile of a tiny model on the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -313,6 +314,12 @@ def test_a_compile_that_cannot_pay_within_the_job_is_not_run_again():
     assert cannot_pay(ran, [base], None) == ""  # the job's length unknown: all rounds run
     other_round = Run("unmodified", 1, "steps", [0.001] * 10, [], 1.0, "", {})
     assert cannot_pay(ran, [other_round], 10) == ""  # judged against its own round's unmodified run only
+    # the verdict says why it ran once, and a gain measured in that one run is not proposed
+    j = compile_judgement(FASTER, [ran], _probe(loaders=[]), 299, "how", base=[base])
+    assert j.verdict == "no gain" and "not run again after its first run: compiling took 30 s" in j.reason
+    busy = compile_judgement(dataclasses.replace(FASTER, verdict="inconclusive"), [ran], _probe(), 299, "how",
+                             base=[base])
+    assert busy.verdict == "inconclusive" and "not run again" in busy.reason
     broken = Run("torch.compile", 0, "steps", [0.05] * 10, [], 40.0, "",
                  {"compile": _info(breaks=1), "applied": {"compile": "default"}})
     assert "broke the model's graph 1 time(s)" in cannot_pay(broken, [base], None)

@@ -130,7 +130,7 @@ def cannot_pay(run: Any, base_runs: Sequence[Any], job_steps: int | None) -> str
 
 
 def compile_judgement(j: Any, runs: Sequence[Any], probe: dict[str, Any], job_steps: int | None,
-                      job_how: str) -> Any:
+                      job_how: str, base: Sequence[Any] = ()) -> Any:
     """Tune's verdict on a ``compile`` candidate from the engine's judgement ``j`` of its ``runs``.
 
     - a graph break in any run (``torch._dynamo.utils.counters["graph_break"]``, :mod:`helpers.tune.hook_compile`):
@@ -153,6 +153,9 @@ def compile_judgement(j: Any, runs: Sequence[Any], probe: dict[str, Any], job_st
         The optimizer steps the user's command runs (:func:`helpers.tune.session.job_steps`), None where unknown.
     job_how : str
         How they were counted, or why they are not known.
+    base : sequence of helpers.tune.engine.Run, optional
+        The unmodified runs: where :func:`cannot_pay` stopped the candidate after one run, its reason is the
+        verdict's ("no gain" where the engine said "faster"; a busy machine's "inconclusive" stays).
 
     Returns
     -------
@@ -172,6 +175,10 @@ def compile_judgement(j: Any, runs: Sequence[Any], probe: dict[str, Any], job_st
             f"TORCH_LOGS=graph_breaks shows where, and fullgraph=True makes a break an error"))
     if j.verdict == "rejected" or math.isnan(j.base_ms) or math.isnan(j.variant_ms):
         return j
+    dropped = cannot_pay(runs[0], base, job_steps) if len(runs) == 1 and base else ""
+    if dropped:
+        return dataclasses.replace(j, verdict="no gain" if j.verdict == "faster" else j.verdict,
+                                   reason=f"{j.reason}; not run again after its first run: {dropped}")
     compile_s = statistics.fmean(float(x.get("compile_s") or 0.0) for x in info)
     recompiles = max(int(x.get("recompiles") or 0) for x in info)
     last = smaller_last_batch(probe)

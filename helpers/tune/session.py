@@ -469,8 +469,8 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
                               f"once: {bad.status}", bad.error)
         res.judgements = [judge(c.name, base, runs[c.name], busy) for c in res.candidates]
         steps_how = job_steps(res.probe)  # torch.compile pays only in a job longer than its break-even
-        res.judgements = [compile_judgement(j, runs[c.name], res.probe, *steps_how) if c.technique == "compile"
-                          else j for c, j in zip(res.candidates, res.judgements)]
+        res.judgements = [compile_judgement(j, runs[c.name], res.probe, *steps_how, base=base)
+                          if c.technique == "compile" else j for c, j in zip(res.candidates, res.judgements)]
         winners = _best_per_technique(res.candidates, res.judgements)
         winners = _follow_up(command, winners, res, options, work, timeout, watch, say, stall)
         res.winners = [c.name for c in winners]
