@@ -495,6 +495,8 @@ def _watch_loops(rec: Recorder) -> None:
                                        "batches": _safe_len(self), "epochs": _epochs_in(frame)}
         try:
             batches._workbook_tune_user = True  # its batches are counted (batches per optimizer step)
+            # and per loop, so a validation loop's batches are not taken for gradient accumulation's
+            batches._workbook_tune_loop = rec.loop_sites.get(rec.key(frame)) if frame is not None else None
         except AttributeError:
             pass
         if rec.apply.get("prefetch") and device is not None:
@@ -510,6 +512,9 @@ def _watch_loops(rec: Recorder) -> None:
         out = orig_next(self)
         if getattr(self, "_workbook_tune_user", False):
             rec.batches += 1
+            loop = getattr(self, "_workbook_tune_loop", None)
+            if loop is not None:
+                loop["drawn"] = loop.get("drawn", 0) + 1
         return out
 
     _BaseDataLoaderIter.__next__ = counted_next

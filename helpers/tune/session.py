@@ -217,7 +217,9 @@ def job_steps(probe: dict[str, Any]) -> tuple[int | None, str]:
     were counted; (None, why not) where the probe does not show them."""
     loops = [x for x in probe.get("loop_sites") or [] if x.get("batches")]
     loop = next((x for x in loops if x.get("epochs")), loops[0] if loops else None)
-    seen, drawn = int(probe.get("steps_seen") or 0), int(probe.get("batches_drawn") or 0)
+    # the loop's own batches where the probe counted them: a validation loop's are no gradient accumulation
+    seen, drawn = int(probe.get("steps_seen") or 0), int(loop.get("drawn") if loop and "drawn" in loop
+                                                         else probe.get("batches_drawn") or 0)
     if loop is None:
         return None, "the probe saw no loop over a DataLoader of known length in your files"
     if not loop.get("epochs"):
