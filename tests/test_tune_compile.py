@@ -242,15 +242,15 @@ def test_the_rewrite_compiles_the_model_where_it_is_built(tmp_path):
     edits = compile_edits(probe, candidates.merge_apply([compiled]))
     new, made, skipped = apply_edits(SCRIPT, edits)
     assert not skipped and len(made) == 1
-    assert "# build the optimizer\nmodel = torch.compile(model)\noptimizer = torch.optim.AdamW(" in new
+    assert "# build the optimizer\nmodel.compile()\noptimizer = torch.optim.AdamW(" in new
     # with channels_last, the model is converted, then compiled; both before the optimizer
     cl = candidates.Candidate("channels_last", "channels_last", {"channels_last": True})
     new, _, skipped = apply_edits(SCRIPT, plan_edits(probe, [cl, compiled], tmp_path / "t.py"))
     assert not skipped
-    assert "model = model.to(memory_format=torch.channels_last)\nmodel = torch.compile(model)\noptimizer" in new
+    assert "model = model.to(memory_format=torch.channels_last)\nmodel.compile()\noptimizer" in new
     graphs = candidates.Candidate('torch.compile mode="reduce-overhead"', "compile", {"compile": "reduce-overhead"})
     new, _, _ = apply_edits(SCRIPT, compile_edits(probe, candidates.merge_apply([graphs])))
-    assert 'model = torch.compile(model, mode="reduce-overhead")\n' in new
+    assert 'model.compile(mode="reduce-overhead")\n' in new
     assert compile_edits({**probe, "optimizer": {}}, {"compile": "default"}) == []
     _, made, skipped = apply_edits("import torch\nif ok: opt = make(model)\n",
                                    compile_edits({**probe, "optimizer": {"file": "t", "line": 2,

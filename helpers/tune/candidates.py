@@ -49,7 +49,7 @@ technique           the change                                                  
                     forward calls' outputs never reach ``backward()``
 ``set_to_none``     ``zero_grad(set_to_none=True)``                               --
 ``optimizer_impl``  ``torch.optim.Adam(..., fused=True)`` (or ``foreach=True``)     --
-``compile``         ``model = torch.compile(model)`` before the optimizer is built;  07
+``compile``         ``model.compile()`` before the optimizer is built;         07
                     ``mode="reduce-overhead"`` (CUDA graphs) on CUDA only; judged
                     with its compile time apart (:mod:`helpers.tune.candidates_compile`)
 ==================  ==========================================================  ========

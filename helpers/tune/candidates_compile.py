@@ -1,4 +1,4 @@
-"""The ``compile`` candidate: ``model = torch.compile(model)``, chosen from the probe, judged with its compile time
+"""The ``compile`` candidate: ``model.compile()`` (torch.compile of the model's forward), chosen from the probe, judged with its compile time
 apart from its step time, and written where the model is built.
 
 - :func:`compile_candidates` chooses it (and, on CUDA only, ``mode="reduce-overhead"``: CUDA graphs);
@@ -213,9 +213,14 @@ def compile_judgement(j: Any, runs: Sequence[Any], probe: dict[str, Any], job_st
 
 def compile_edits(probe: dict[str, Any], merged: dict[str, Any]) -> list[Any]:
     """The source edit of a ``compile`` winner in ``merged`` (:func:`helpers.tune.candidates.merge_apply`):
-    ``model = torch.compile(model)`` (with ``mode="reduce-overhead"`` for CUDA graphs) inserted before the statement
+    ``model.compile()`` (with ``mode="reduce-overhead"`` for CUDA graphs) inserted before the statement
     that builds the optimizer, where the model is built and named, as ``channels_last`` is; [] without a winner or
-    where the probe saw no optimizer's construction with the model's name."""
+    where the probe saw no optimizer's construction with the model's name.
+
+    ``nn.Module.compile()`` (torch 2.13: ``self._compiled_call_impl = torch.compile(self._call_impl, ...)``) rather
+    than ``model = torch.compile(model)``: the model stays the same object, so its ``state_dict()`` keys keep their
+    names; the wrapper torch.compile returns prefixes each with ``_orig_mod.``, and a checkpoint saved from it does not
+    load into an uncompiled model."""
     from helpers.tune.rewrite_common import Edit
 
     mode = merged.get("compile")
@@ -224,5 +229,5 @@ def compile_edits(probe: dict[str, Any], merged: dict[str, Any]) -> list[Any]:
     if not mode or not opt.get("file") or not names:
         return []
     name = names[0]
-    call = f"torch.compile({name})" if mode == "default" else f'torch.compile({name}, mode="{mode}")'
-    return [Edit("compile", opt["file"], opt["line"], {"name": name, "code": f"{name} = {call}"}, "compile")]
+    call = f"{name}.compile()" if mode == "default" else f'{name}.compile(mode="{mode}")'
+    return [Edit("compile", opt["file"], opt["line"], {"name": name, "code": call}, "compile")]

@@ -14,7 +14,7 @@ each at a file and line that :mod:`helpers.tune.hook` took from the running fram
   the line becomes ``module.to(memory_format=torch.channels_last)`` instead, so that DDP's gradient buckets take
   the channels_last strides;
 - ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark = True`` inserted before that same statement;
-- ``compile``: ``params["code"]`` (``model = torch.compile(model)``,
+- ``compile``: ``params["code"]`` (``model.compile()``,
   :func:`helpers.tune.candidates_compile.compile_edits`) inserted before that same statement;
 - ``prefetch``: the ``for`` loop over the DataLoader on that line made ``for ... in prefetch(<loader>, <device>):``
   (``params["device"]``: an expression for the model's device, valid at the loop), and notebook 05's side-stream

@@ -351,7 +351,7 @@ def plan_edits(probe: dict[str, Any], winners: Sequence[Candidate], script: Path
                               "side_stream"))
     edits += cand_mod.general_edits(probe, merged)  # the Guide's general items (debugging APIs, no_grad, ...)
     edits += cand_mod.ddp_edits(probe, merged)  # DistributedDataParallel's (notebook 08)
-    edits += compile_edits(probe, merged)  # model = torch.compile(model), where the model is built
+    edits += compile_edits(probe, merged)  # model.compile(), where the model is built
     edits += cpu_mod.cpu_edits(probe, merged, script)  # torch.set_num_threads (the allocator is the launch command)
     edits += dev_mod.device_edits(probe, merged)  # TF32/HF32 (CUDA, NPU)
     for c in winners:  # a framework's setting: keywords of its call in the script
