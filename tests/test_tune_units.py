@@ -329,6 +329,10 @@ def test_the_command_is_read_or_refused_before_anything_runs(tmp_path):
     for bad in ({"steps": 2}, {"rounds": 1}, {"warmup": 0}, {"timeout_s": 0}):
         with pytest.raises(ParameterError):
             TuneOptions(**bad)
+    with pytest.raises(ParameterError, match="--skip torch.compile: no such technique; the techniques are "
+                                             "allocator, autocast, bucket_cap_mb, channels_last, comm_hook, compile"):
+        TuneOptions(skip=("compile", "torch.compile"))
+    assert TuneOptions(skip=("compile", "no_sync")).skip == ("compile", "no_sync")
 
 
 QUIET = machine.BusyCheck(False, (), 0.01, 0.2, 60.0)

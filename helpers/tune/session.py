@@ -52,6 +52,11 @@ FIX_DIVERGENCE = ("so tune cannot check that a change keeps the results; fix the
 
 
 
+#: Every technique tune may try, by the name the report uses (``--skip`` takes these).
+TECHNIQUES = frozenset(cand_mod.NOTEBOOK) | frozenset(cand_mod.GENERAL) | frozenset(dev_mod.DEVICE) | frozenset(
+    cpu_mod.GUIDE)
+
+
 @dataclass(frozen=True)
 class TuneOptions:
     """The session's settings (the command line's flags).
@@ -66,12 +71,21 @@ class TuneOptions:
         Runs per variant (>= 2).
     timeout_s : float
         The probe's limit, seconds; later runs get 3 x the probe's time + 60 s.
+    skip : tuple of str
+        Techniques (names of :data:`TECHNIQUES`) not to try: each is listed under "Not tried" as left out by you
+        (``--skip compile`` where you know the job is too short for its compile time, say).
+
+    Raises
+    ------
+    ParameterError
+        A setting out of range, or a technique name tune does not know (the known ones are listed).
     """
 
     warmup: int = 5
     steps: int = 20
     rounds: int = 3
     timeout_s: float = 600.0
+    skip: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name, low in (("warmup", 1), ("steps", 5), ("rounds", 2)):
@@ -80,6 +94,10 @@ class TuneOptions:
                 raise ParameterError(f"tune: --{name} must be an integer >= {low}, got {v!r}")
         if not self.timeout_s > 0:
             raise ParameterError(f"tune: --timeout must be > 0 seconds, got {self.timeout_s!r}")
+        unknown = [t for t in self.skip if t not in TECHNIQUES]
+        if unknown:
+            raise ParameterError(f"tune: --skip {', '.join(unknown)}: no such technique; the techniques are "
+                                 f"{', '.join(sorted(TECHNIQUES))}")
 
 
 @dataclass
@@ -451,6 +469,10 @@ def tune(command: Command, out_dir: Path, options: TuneOptions = TuneOptions(), 
     res.candidates, res.skipped = res.candidates + more, res.skipped + why
     more, why = dev_mod.device_candidates(probe.result)  # TF32/HF32, host syncs, host-made tensors (CUDA, NPU)
     res.candidates, res.skipped = res.candidates + more, res.skipped + why
+    if options.skip:  # left out by the user: said once each, whatever tune would have said of it
+        gone = set(options.skip)
+        res.candidates = [c for c in res.candidates if c.technique not in gone]
+        res.skipped = [s for s in res.skipped if s[0] not in gone] + [(t, "left out with --skip") for t in options.skip]
     jsonl = out_dir / "results.jsonl"
     built = [v for v in (_variant(c, command, work, res) for c in res.candidates) if v is not None]
     res.candidates = [c for c in res.candidates if any(v[0] == c.name for v in built)]
@@ -507,6 +529,8 @@ def _follow_up(command: Command, winners: list[Candidate], res: TuneResult, opti
     for technique, (extra, why_not) in (
             ("prefetch_factor", cand_mod.follow_up(winners, res.probe, res.framework_calls)),
             ("intra_op_threads", cpu_mod.threads_follow_up(winners, res.probe, cores=res.cores or usable_cores()))):
+        if technique in options.skip:  # the user left it out (said under "Not tried" already)
+            continue
         if extra is None:
             if why_not:
                 res.skipped.append((technique, why_not))

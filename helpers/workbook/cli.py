@@ -203,6 +203,9 @@ def _add_tune(sub) -> None:
     tu.add_argument("--apply", action="store_true",
                     help="also edit your script in place once the rewritten copy is proven faster (a backup is "
                          "kept beside it as SCRIPT.orig)")
+    tu.add_argument("--skip", action="append", default=[], metavar="TECHNIQUE",
+                    help="a technique not to try, e.g. --skip compile (repeat it, or give several with commas; the "
+                         "names are those of the report)")
     tu.add_argument("--json", action="store_true", help="print the summary as JSON")
     tu.add_argument("command", nargs=argparse.REMAINDER, metavar="-- python train.py ARGS",
                     help="the command that trains, as you run it: python train.py ARGS, or torchrun "
@@ -501,7 +504,9 @@ def _tune(args) -> int:
     if words and words[0] == "--":
         words = words[1:]
     command = parse_command(words)
-    options = TuneOptions(warmup=args.warmup, steps=args.steps, rounds=args.rounds, timeout_s=args.timeout)
+    skip = tuple(dict.fromkeys(t.strip() for given in args.skip for t in given.split(",") if t.strip()))
+    options = TuneOptions(warmup=args.warmup, steps=args.steps, rounds=args.rounds, timeout_s=args.timeout,
+                          skip=skip)
     # your script's folder is the subject here: the report goes to ./tune-runs of the folder you run tune from, a
     # name no tool of the field takes by default (TensorBoard's SummaryWriter writes to ./runs); WORKBOOK_RUNS_DIR,
     # where set, wins as for every run
