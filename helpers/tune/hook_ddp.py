@@ -5,6 +5,7 @@ the DDP candidates applied to it (``no_sync``, bucket sizes, ``gradient_as_bucke
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from pathlib import Path
@@ -25,6 +26,8 @@ def _watch_ddp(rec: Any) -> None:
     orig_init = DistributedDataParallel.__init__
     watch = rec.ddp_watch = _DDPWatch(rec)
 
+    # DDP's own signature kept (``__wrapped__``): before_init binds the call to it, to read and set its keywords
+    @functools.wraps(orig_init)
     def ddp_init(self, module, *args, **kwargs):
         frame = rec.user_frame(sys._getframe(1))
         if frame is None:
