@@ -98,6 +98,13 @@ def test_where_tune_adds_the_workers_the_threads_wait_for_the_winner_then_follow
     assert cpu.threads_follow_up([workers], _probe(set_sites=[{"line": 1}]), cores=2) == (None, "")
 
 
+def test_one_core_per_rank_is_said_once_not_again_by_the_follow_up():
+    probe = {**_probe(threads=1, cores=1), "ranks": 2}  # torchrun: 2 ranks on 2 cores, OMP_NUM_THREADS=1
+    _, skipped = cpu.thread_candidates(probe, cores=1)
+    assert len(skipped) == 1 and "one usable core per rank" in skipped[0][1]
+    assert cpu.threads_follow_up([], probe, cores=1) == (None, "")
+
+
 def test_the_follow_up_runs_the_threads_on_top_of_the_winning_workers(tmp_path, monkeypatch):
     from helpers.tune import session
 

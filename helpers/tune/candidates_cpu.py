@@ -207,6 +207,8 @@ def threads_follow_up(winners: Sequence[Candidate], probe: dict[str, Any], *,
         return None, ""
     if ((probe.get("model") or {}).get("param_device") or "cpu") != "cpu":
         return None, ""
+    if cores <= 1 and int(cpu["threads"]) <= 1:  # thread_candidates said it: one core, one thread
+        return None, ""
     base = next((c for c in winners if c.technique == "num_workers"), None)
     if base is None:
         if int(cpu["threads"]) == cores and (probe.get("loaders") or winners):
