@@ -12,12 +12,35 @@ run ends those still alive (:func:`end_stale_children`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
+from typing import Iterator
 
 __all__ = ["die_with_parent", "stop_processes", "CHILDREN_DIR_ENV", "register_child", "unregister_child",
-           "end_stale_children", "cli_command"]
+           "end_stale_children", "cli_command", "terminate_like_interrupt"]
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    """SIGTERM (a scheduler, ``kill``, a container stop) stops the work as Ctrl-C does."""
+    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+
+@contextlib.contextmanager
+def terminate_like_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM raises KeyboardInterrupt, so that it ends the work as Ctrl-C does: what the
+    block's ``finally`` clauses stop and put back (child process groups, the user's files) is stopped and put back.
+    Main thread only (elsewhere the block runs as it is); the previous handler is restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cli_command() -> str:

@@ -1166,3 +1166,32 @@ def test_a_call_grown_past_the_files_line_limit_is_wrapped_as_a_person_would():
     new, _, _ = apply_edits(long_file, [Edit("loader", "f", 5, wide, "num_workers")])
     assert "DataLoader(data, batch_size=64, shuffle=True, num_workers=2, persistent_workers=True, " \
            "prefetch_factor=4)  # shuffled" in new
+
+
+def test_sigterm_in_tune_stops_it_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
+    """``kill`` (SIGTERM) stops a session the way Ctrl-C does: the run in flight is ended by the engine's own
+    clean-up (its process group killed, the user's files put back), one line, exit 130; it left a torchrun job
+    orphaned, writing into the run folder."""
+    import os
+    import signal
+    import time
+
+    from helpers.tune import session
+    from helpers.workbook import cli
+
+    (tmp_path / "train.py").write_text("")
+    cleaned = []
+
+    def running(command, out, options, **kw):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+        finally:
+            cleaned.append(True)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(session, "tune", running)
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["tune", "--out", str(tmp_path / "t"), "--", "python", "train.py"]) == 130
+    assert cleaned == [True] and signal.getsignal(signal.SIGTERM) == before
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("interrupted: tune wrote no change")

@@ -494,6 +494,7 @@ def _tune(args) -> int:
     import os
     import time
 
+    from helpers.process import terminate_like_interrupt
     from helpers.tune.candidates import reported_only
     from helpers.tune.candidates_device import device_reported
     from helpers.tune.engine import ScriptError, parse_command
@@ -519,7 +520,8 @@ def _tune(args) -> int:
         print(f"tune: {line}", file=sys.stderr, flush=True)
 
     try:
-        res = tune(command, out, options, apply=args.apply, progress=say)
+        with terminate_like_interrupt():  # SIGTERM (kill, a scheduler) stops the current run and puts files back
+            res = tune(command, out, options, apply=args.apply, progress=say)
     except ScriptError as exc:
         if exc.log:
             print("---- your script's own output (tune changed nothing in this run) ----", file=sys.stderr)
@@ -527,7 +529,7 @@ def _tune(args) -> int:
             print("---- end of your script's output ----", file=sys.stderr)
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C: each run puts the user's files back as it ends; nothing was written
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: each run puts the user's files back as it ends; nothing written
         print(f"interrupted: tune wrote no change and edited none of your files; what it measured so far is in "
               f"{out}", file=sys.stderr)
         return 130

@@ -25,9 +25,7 @@ import logging
 import math
 import os
 import re
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +35,7 @@ from helpers.errors import ParameterError
 from helpers.experiments import registry
 from helpers.jobspec import absolute_job_spec, factory_params
 from helpers.pipeline.scan_cache import cache_fallback_note
-from helpers.process import CHILDREN_DIR_ENV, cli_command, end_stale_children
+from helpers.process import CHILDREN_DIR_ENV, cli_command, end_stale_children, terminate_like_interrupt
 from helpers.specs import DEVICE_CHOICES, PROFILES
 from helpers.workbook.nbexec import error_info, execute_notebook, export_html
 from helpers.workbook.preflight import check_data_dir_fills_batches, check_device, check_job, index_data_dir
@@ -98,25 +96,6 @@ class RunOptions:
     job: str | None = None
     overrides: tuple[tuple[str, str], ...] = ()
     patience: int = 1
-
-
-def _sigterm_as_interrupt(signum, frame) -> None:
-    """SIGTERM (a scheduler, ``kill``, a container stop) stops the run as Ctrl-C does: kernel stopped, state kept."""
-    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
-
-
-@contextlib.contextmanager
-def _terminate_like_interrupt():
-    """While the run executes, turn SIGTERM into KeyboardInterrupt (main thread only; restored afterwards)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
 
 
 _SAMPLE_RE = re.compile(r"dataset\[\d+\] raised [^\n]*")
@@ -432,7 +411,7 @@ def _execute_run(state: RunState, run_dir: Path, executor, options: RunOptions, 
     disk_full = False  # said once: the later writes that fail for the same reason say so in a few words
     try:
         save_state(state, run_dir)
-        with _terminate_like_interrupt():
+        with terminate_like_interrupt():
             _execute_all(state, run_dir, executor, options, echo, progress)
     except DiskFullError as exc:
         state.status, state.error, disk_full = "failed", str(exc), True
