@@ -39,3 +39,46 @@ def test_an_older_probe_without_counts_per_loop_still_reads_the_total():
     probe = {"loop_sites": [{"batches": 10, "epochs": {"expr": "epochs", "value": 2}}], "steps_seen": 5,
              "batches_drawn": 20}
     assert job_steps(probe) == (5, "10 batches per epoch x 2 epochs (epochs) / 4 batches per optimizer step")
+
+
+RANGES = """
+import sys
+
+
+class Config:
+    epochs = 4
+
+
+cfg = Config()
+
+
+def loop(loader, start, frames, read):
+    for epoch in range(3):
+        for x in loader:
+            frames["literal"] = read(sys._getframe())
+    for epoch in range(start, cfg.epochs):
+        for x in loader:
+            frames["names"] = read(sys._getframe())
+    for epoch in range(len(loader) + 1):
+        for x in loader:
+            frames["call"] = read(sys._getframe())
+    while True:
+        for x in loader:
+            frames["while"] = read(sys._getframe())
+        break
+"""
+
+
+def test_the_epochs_are_read_from_the_range_loop_around_the_loader_loop(tmp_path):
+    """``for epoch in range(3):`` holds the job's epochs where no name does (the job's length, compile's
+    break-even): literals, names and attributes are read in the loop's frame; a call, or no range loop, gives
+    none (nothing is evaluated)."""
+    script = tmp_path / "train.py"
+    script.write_text(RANGES)
+    ns: dict = {}
+    exec(compile(RANGES, str(script), "exec"), ns)
+    got: dict = {}
+    ns["loop"]([0], 1, got, hook._epochs_from_range)  # read at the loop, as the hook reads it
+    assert got == {"literal": {"expr": "range(3)", "value": 3}, "names": {"expr": "range(start, cfg.epochs)",
+                                                                          "value": 3},
+                   "call": None, "while": None}

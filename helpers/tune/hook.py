@@ -492,7 +492,8 @@ def _watch_loops(rec: Recorder) -> None:
             if key not in rec.loop_sites:
                 rec.loop_sites[key] = {**rec.site(frame), "is_for": _in_for_header(*key),
                                        "device_expr": _device_expr(frame, rec.model, device),
-                                       "batches": _safe_len(self), "epochs": _epochs_in(frame)}
+                                       "batches": _safe_len(self),
+                                       "epochs": _epochs_in(frame) or _epochs_from_range(frame)}
         try:
             batches._workbook_tune_user = True  # its batches are counted (batches per optimizer step)
             # and per loop, so a validation loop's batches are not taken for gradient accumulation's
@@ -544,6 +545,46 @@ def _epochs_in(frame) -> dict[str, Any] | None:
                 if isinstance(v, int) and not isinstance(v, bool) and v > 0:
                     return {"expr": f"{owner}.{name}", "value": v}
     return None
+
+
+def _epochs_from_range(frame) -> dict[str, Any] | None:
+    """The number of epochs from the ``for`` loop around the DataLoader's loop, in the same function, where it runs
+    over ``range(stop)`` or ``range(start, stop)`` of literals, names or attributes (``for epoch in range(3):``,
+    ``for epoch in range(start, cfg.epochs):``), read in ``frame``: ``{"expr": "range(3)", "value": 3}``; None
+    where the loop is another kind, has a step, or its bounds are calls or unknown names (nothing is evaluated)."""
+    import ast
+
+    line, filename = frame.f_lineno, frame.f_code.co_filename
+    try:
+        tree = ast.parse(Path(filename).read_text(encoding="utf-8"), filename=filename)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    outer = [n for n in ast.walk(tree) if isinstance(n, ast.For) and n.lineno < line <= (n.end_lineno or n.lineno)
+             and isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Name) and n.iter.func.id == "range"
+             and 1 <= len(n.iter.args) <= 2 and not n.iter.keywords]
+    if not outer:
+        return None
+    loop = max(outer, key=lambda n: n.lineno)  # the nearest around the DataLoader's loop
+    scopes = [frame.f_locals, frame.f_globals]
+
+    def value(node: ast.expr) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return next((sc[node.id] for sc in scopes if node.id in sc), None)
+        if isinstance(node, ast.Attribute):
+            base = value(node.value)
+            try:
+                return getattr(base, node.attr, None) if base is not None else None
+            except Exception:  # noqa: BLE001 - a property that fails is not the epochs
+                return None
+        return None
+
+    bounds = [value(a) for a in loop.iter.args]
+    if not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds):
+        return None
+    n = bounds[-1] - (bounds[0] if len(bounds) == 2 else 0)
+    return {"expr": ast.unparse(loop.iter), "value": n} if n > 0 else None
 
 
 _FOR_HEADERS: dict[str, list[tuple[int, int]]] = {}

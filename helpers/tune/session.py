@@ -242,7 +242,7 @@ def job_steps(probe: dict[str, Any]) -> tuple[int | None, str]:
         return None, "the probe saw no loop over a DataLoader of known length in your files"
     if not loop.get("epochs"):
         return None, (f"the probe saw {loop['batches']} batches per epoch but no number of epochs in scope at the "
-                      f"loop (epochs, args.epochs, ...)")
+                      f"loop (epochs, args.epochs, ...), nor a for loop over range(N) around it")
     if not (seen and drawn):
         return None, "the probe saw no batch drawn before its optimizer steps"
     per_step = drawn / seen
@@ -257,7 +257,8 @@ def job_effect(res: "TuneResult") -> dict[str, Any]:
 
     The optimizer steps the command would run are projected from the probe: the batches per epoch of the loader the
     script loops over (``len(DataLoader)``) x its epochs (a positive int named ``epochs``, ``args.epochs`` and the
-    like in scope at the loop: :func:`helpers.tune.hook._epochs_in`) / the batches drawn per optimizer step
+    like in scope at the loop: :func:`helpers.tune.hook._epochs_in`; else the ``for epoch in range(N)`` around it,
+    :func:`helpers.tune.hook._epochs_from_range`) / the batches drawn per optimizer step
     (gradient accumulation). The start-up is measured: from the hook's start (before ``import torch``) to the first
     optimizer step, in each proof run. The projected whole-run time is start-up + (steps - 1) x the mean step time;
     what the script does after its last step (saving, a last evaluation) is not in it.
