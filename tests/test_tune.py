@@ -507,7 +507,9 @@ def test_the_side_stream_prefetcher_runs_in_the_users_loop_and_is_written_there(
                      steps=20, timeout_s=120)
     assert plain.ok and ahead.ok, (plain.error or ahead.error)[-2000:]
     assert ahead.result["losses"] == plain.result["losses"], "the prefetched loop saw other batches"
-    assert ahead.result["loop_sites"] == plain.result["loop_sites"]
+    # the same loops; the prefetcher draws one batch ahead of the step, so its count of batches drawn may be one more
+    assert [{k: v for k, v in s.items() if k != "drawn"} for s in ahead.result["loop_sites"]] == \
+        [{k: v for k, v in s.items() if k != "drawn"} for s in plain.result["loop_sites"]]
     lines = PLAIN_LOOP.splitlines()
     peek, loop = (next(i for i, ln in enumerate(lines, 1) if mark in ln) for mark in ("# a peek", "# the training"))
     # the loop, not the subclass's own __iter__; the peek is no for loop, and the model did not exist yet there
