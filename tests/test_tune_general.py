@@ -165,8 +165,12 @@ def test_the_general_candidates_follow_what_the_probe_saw_and_their_edits_go_to_
 
 def test_what_tune_does_not_change_is_reported_with_its_line():
     dp = {"kind": "data_parallel", "file": "/s/t.py", "line": 12}
-    more = candidates.reported_only(_general_probe(reported=[dp]))
-    assert more[-1].startswith("torch.nn.DataParallel wraps a model (t.py, line 12)") and "Notebook 08" in more[-1]
+    on_gpu = {**_general_probe(reported=[dp]), "model": {"param_device": "cuda"}}
+    more = candidates.reported_only(on_gpu)
+    assert more[-1].startswith("torch.nn.DataParallel wraps a model (t.py, line 12): one process drives every GPU")
+    assert "Notebook 08" in more[-1]
+    on_cpu = candidates.reported_only(_general_probe(reported=[dp]))  # no GPU: it runs the model as it is
+    assert "on the CPU it has no GPU to spread the batch over" in on_cpu[-1] and "notebook 08" in on_cpu[-1]
     lines = candidates.reported_only(_general_probe())
     assert len(lines) == 3
     assert lines[0].startswith("torch.profiler.profile records every step (t.py, line 9, entered 26 times)")

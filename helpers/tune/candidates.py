@@ -503,6 +503,11 @@ def reported_only(probe: dict[str, Any]) -> list[str]:
             out.append(f"{r['text']}: each sample is decoded on its own in the DataLoader. Notebook 02 (batched "
                        f"decode) measures decoding a whole batch at once on a thread pool against it: {DECODE_02} "
                        f"(docs/teaching.md); run it on your machine and images.")
+        elif r.get("kind") == "data_parallel" and ((probe.get("model") or {}).get("param_device") or "cpu") == "cpu":
+            out.append(f"torch.nn.DataParallel wraps a model ({Path(r['file']).name}, line {r['line']}): on the CPU "
+                       f"it has no GPU to spread the batch over and runs the model as it is; on GPUs it drives them "
+                       f"all from one process (the Guide: \"Use DistributedDataParallel instead of DataParallel\", "
+                       f"notebook 08). tune does not rewrite it.")
         elif r.get("kind") == "data_parallel":
             out.append(f"torch.nn.DataParallel wraps a model ({Path(r['file']).name}, line {r['line']}): one process "
                        f"drives every GPU from threads that share Python's GIL, and copies the model to each GPU on "
