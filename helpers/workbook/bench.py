@@ -749,6 +749,7 @@ TUNE_EXAMPLES = {
     "train_script": (["train_script.py", "--epochs", "3", "--out", "{tmp}/ck.pt"], None),
     "debug_left_on": (["debug_left_on.py", "--epochs", "30"], 1.10),
     "compile_mlp": (["compile_mlp.py", "--epochs", "5"], None),  # torch.compile: whether it pays is the question
+    "threads_oversubscribed": (["threads_oversubscribed.py", "--epochs", "2"], None),  # workers + intra-op threads
     "ddp_accumulation": (["torchrun", "--nproc-per-node", "2", "ddp_accumulation.py", "--epochs", "2",
                           "--out", "{tmp}/ddp.pt"], 1.07),
 }

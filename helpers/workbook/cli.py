@@ -140,7 +140,7 @@ def _add_bench(sub) -> None:
                     help="trace: size of the generated Kineto trace, MB (default: 1024)")
     be.add_argument("--example", default="train_script", metavar="NAME",
                     help="tune: the example script in examples/ (train_script, debug_left_on, ddp_accumulation, "
-                         "compile_mlp)")
+                         "compile_mlp, threads_oversubscribed)")
     be.add_argument("--out", type=Path, default=None, metavar="DIR",
                     help="trace: write the generated trace here and keep it; tune: keep tune's folder (report, diff) "
                          "here; workbook: keep the run folder here (default: a temporary folder)")
