@@ -232,8 +232,9 @@ def test_a_setting_read_from_the_scripts_own_option_is_written_as_its_default():
     assert set(why) == {"num_workers", "persistent_workers", "prefetch_factor", "pin_memory"}
     # a loader whose workers come from an expression, given only a deeper queue: the form valid whatever they are
     new, made, _ = apply_edits(ARGPARSE_SCRIPT, [Edit("loader", "t.py", 10, {"prefetch_factor": 4})])
-    assert 'other = DataLoader(\n    ds, num_workers=cfg["workers"], prefetch_factor=4 if cfg["workers"] > 0 else None\n)' \
-        in new and [e.technique for e in made] == ["prefetch_factor"]  # past the file's 79 characters: wrapped
+    assert ('other = DataLoader(\n    ds, num_workers=cfg["workers"], prefetch_factor=4 if cfg["workers"] > 0 '
+            'else None\n)') in new  # past the file's 79 characters: wrapped
+    assert [e.technique for e in made] == ["prefetch_factor"]
 
 
 def test_a_loader_in_another_file_that_reads_the_scripts_option_is_written_as_its_default():
@@ -524,8 +525,8 @@ def test_notebook_10s_change_is_the_loop_edited_by_tunes_own_rewriter():
 
     diff, notes = change_as_code(["batched_decode", "dataloader_workers", "pinned_memory", "mixed_precision",
                                   "channels_last"], num_workers=4, amp_dtype="float16", device_type="cuda")
-    assert ("+loader = DataLoader(\n+    dataset,\n+    batch_size=batch_size,\n+    shuffle=True,\n+    num_workers=4,\n"
-            "+    persistent_workers=True,\n+    pin_memory=True,\n+)") in diff
+    assert ("+loader = DataLoader(\n+    dataset,\n+    batch_size=batch_size,\n+    shuffle=True,\n"
+            "+    num_workers=4,\n+    persistent_workers=True,\n+    pin_memory=True,\n+)") in diff
     assert "+    images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)" in diff
     assert '+    with torch.autocast(device_type="cuda", dtype=torch.float16):\n+        logits = model(images)' in diff
     assert "+model = model.to(memory_format=torch.channels_last)" in diff

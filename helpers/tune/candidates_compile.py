@@ -1,5 +1,5 @@
-"""The ``compile`` candidate: ``model.compile()`` (torch.compile of the model's forward), chosen from the probe, judged with its compile time
-apart from its step time, and written where the model is built.
+"""The ``compile`` candidate: ``model.compile()`` (torch.compile of the model's forward), chosen from the probe,
+judged with its compile time apart from its step time, and written where the model is built.
 
 - :func:`compile_candidates` chooses it (and, on CUDA only, ``mode="reduce-overhead"``: CUDA graphs);
 - :func:`compile_judgement` turns the engine's judgement of its runs into tune's verdict: a graph break rejects it,
