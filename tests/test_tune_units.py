@@ -1196,3 +1196,16 @@ def test_sigterm_in_tune_stops_it_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
     assert cli.main(["tune", "--out", str(tmp_path / "t"), "--", "python", "train.py"]) == 130
     assert cleaned == [True] and signal.getsignal(signal.SIGTERM) == before
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("interrupted: tune wrote no change")
+
+
+def test_a_run_that_stops_beside_a_stopped_unmodified_run_is_not_blamed_on_its_change():
+    """In a quiet tune session the proof's rewritten run and the unmodified run of the same round both stopped at
+    steps 23-24 as stalled; the verdict blamed the change ("the script hung with this change")."""
+    base = _runs("original", [100, 100, 100])
+    base[0] = Run("original", 0, "stalled", [], [], 40.0, "no output", {})
+    runs = _runs("rewritten", [90, 90, 90])
+    runs[0] = Run("rewritten", 0, "stalled", [], [], 40.0, "no output", {"progress": "it made 24 optimizer steps"})
+    j = judge("rewritten", base, runs, QUIET)
+    assert j.verdict == "inconclusive" and "so did the unmodified run of that round (stalled)" in j.reason
+    base[0] = _runs("original", [100])[0]  # the unmodified run of that round went through: the change is blamed
+    assert judge("rewritten", base, runs, QUIET).verdict == "rejected"

@@ -610,7 +610,8 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     say(f"proof: the rewritten script ({', '.join(sorted(written))}{launched}) against yours, as written")
     runs, busy = measure(command, [("original", {}, None), ("rewritten", launch, candidate_file)],
                          rounds=options.rounds,
-                         workdir=work / "proof", warmup=options.warmup, steps=options.steps, timeout_s=timeout,
+                         workdir=work / ("proof" if not res.proof_tries else f"proof-{res.proof_tries + 1}"),
+                         warmup=options.warmup, steps=options.steps, timeout_s=timeout,
                          watch_copies=watch, progress=say, **(stall or {}))
     _append(res.out_dir / "results.jsonl", [r for rs in runs.values() for r in rs])
     res.runs += [r for rs in runs.values() for r in rs]
