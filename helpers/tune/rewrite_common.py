@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -239,3 +240,23 @@ def _after_imports(body: Sequence[cst.BaseStatement]) -> int:
         elif i > 0:
             break
     return at
+
+
+def _follow_lines(old: str, new: str, edits: Sequence[Edit]) -> list[Edit]:
+    """``edits`` of ``old``'s lines, moved to where those lines are in ``new`` (a pass of its own made ``new`` by
+    inserting or wrapping lines): each edit's line, and the lines its params name (``backward``, ``clip``,
+    ``forward`` lists; ``step``). A line put before an old one (a ``with``'s header, an inserted statement, an
+    ``if``) moves that old line down."""
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    moved: dict[int, int] = {}
+    for _, a0, a1, b0, b1 in difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes():
+        grown = max(0, (b1 - b0) - (a1 - a0))  # lines put before the old ones
+        for n in range(a0, a1):
+            moved[n + 1] = min(b0 + grown + (n - a0), max(b0, b1 - 1)) + 1
+
+    def lines(e: Edit) -> Edit:
+        params = {k: [moved.get(n, n) for n in v] if k in ("backward", "clip", "forward") and isinstance(v, list)
+                  else moved.get(v, v) if k == "step" and isinstance(v, int) else v for k, v in e.params.items()}
+        return Edit(e.kind, e.file, moved.get(e.line, e.line), params, e.technique)
+
+    return [lines(e) for e in edits]

@@ -4,7 +4,6 @@ compression hook, and the imports they need in isort's order."""
 
 from __future__ import annotations
 
-import difflib
 import sys
 from typing import Sequence
 
@@ -12,7 +11,8 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from helpers.tune.rewrite_common import (COMM_HOOKS_IMPORT, DDP_KINDS, DDP_NAMES, Edit, _after_imports,
-                                         _import_root, _imports, _names_used, _set_keywords)
+                                         _follow_lines, _import_root, _imports, _names_used,
+                                         _set_keywords)
 
 
 def _negated(test: cst.BaseExpression, module: cst.Module) -> str:
@@ -273,16 +273,4 @@ def _ddp_pass(module: cst.Module, edits: list[Edit]) -> tuple[str, list[Edit], l
              "comm_hook": "no DistributedDataParallel(...) statement of its own on that line"}
     skipped = [(e, f"{editor.why.get(i) or where[e.kind]} (line {e.line})") for i, e in enumerate(mine)
                if i not in editor.done]
-    old_lines, new_lines = module.code.splitlines(), new.splitlines()
-    moved: dict[int, int] = {}
-    for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes():
-        grown = max(0, (b1 - b0) - (a1 - a0))  # lines put before the old ones (a with's header)
-        for n in range(a0, a1):
-            moved[n + 1] = min(b0 + grown + (n - a0), max(b0, b1 - 1)) + 1
-
-    def lines(e: Edit) -> Edit:  # the edit's line, and the lines its params name (a GradScaler's backward, clip)
-        params = {k: [moved.get(n, n) for n in v] if k in ("backward", "clip") and isinstance(v, list) else v
-                  for k, v in e.params.items()}
-        return Edit(e.kind, e.file, moved.get(e.line, e.line), params, e.technique)
-
-    return new, made, skipped, [lines(e) for e in rest]
+    return new, made, skipped, _follow_lines(module.code, new, rest)

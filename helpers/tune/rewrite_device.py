@@ -12,14 +12,13 @@ the other edits), and the static reading they rest on (:func:`factory_moves`, :f
 
 from __future__ import annotations
 
-import difflib
 import functools
 from typing import Any, Sequence
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
-from helpers.tune.rewrite_common import Code, Edit, _after_imports, _imports, _set_keywords
+from helpers.tune.rewrite_common import Code, Edit, _after_imports, _follow_lines, _imports, _set_keywords
 
 #: The edits of this pass.
 DEVICE_KINDS = ("matmul_precision", "device_factory", "sync_every")
@@ -315,16 +314,4 @@ def _device_pass(module: cst.Module, edits: list[Edit]) -> tuple[str, list[Edit]
              "sync_every": "no statement of its own on that line inside a loop with a counter"}
     skipped = [(e, f"{editor.why.get(i) or where[e.kind]} (line {e.line})") for i, e in enumerate(mine)
                if i not in editor.done]
-    old_lines, new_lines = module.code.splitlines(), new.splitlines()
-    moved: dict[int, int] = {}
-    for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes():
-        grown = max(0, (b1 - b0) - (a1 - a0))  # lines put before the old ones (an inserted statement, an if)
-        for n in range(a0, a1):
-            moved[n + 1] = min(b0 + grown + (n - a0), max(b0, b1 - 1)) + 1
-
-    def lines(e: Edit) -> Edit:
-        params = {k: [moved.get(n, n) for n in v] if k in ("backward", "clip", "forward") and isinstance(v, list)
-                  else moved.get(v, v) if k == "step" and isinstance(v, int) else v for k, v in e.params.items()}
-        return Edit(e.kind, e.file, moved.get(e.line, e.line), params, e.technique)
-
-    return new, made, skipped, [lines(e) for e in rest]
+    return new, made, skipped, _follow_lines(module.code, new, rest)
