@@ -846,9 +846,9 @@ def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.Bus
                          reason=f"{stopped}; but {against}, {base_ms / ms:.2f}x: the machine's speed changed "
                                 f"while measuring, not the change's; rerun when it is quiet")
     failed = [r for r in runs if not r.ok]
-    also = [b for r in failed for b in base if b.round == r.round and not b.ok]
-    if also:  # the unmodified run of the same round stopped too: what stopped both is not the change
-        r, b = next((r, b) for r in failed for b in base if b.round == r.round and not b.ok)
+    both = next(((r, b) for r in failed for b in base if b.round == r.round and not b.ok), None)
+    if both:  # the unmodified run of the same round stopped too: what stopped both is not the change
+        r, b = both
         return Judgement(name, "inconclusive", reason=f"the run with this change stopped ({r.status}) in round "
                                                       f"{r.round + 1}, and so did the unmodified run of that round "
                                                       f"({b.status}): what stopped both is not the change; rerun")
