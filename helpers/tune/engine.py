@@ -371,7 +371,8 @@ def run_once(command: Command, variant: str, apply: dict[str, Any], *, workdir: 
             "module": command.module, "source": str(script) if script else None,
             "warmup": warmup, "steps": steps, "out": str(workdir / f"{tag}.json"), "scratch": str(workdir),
             "apply": apply, "user_roots": command.roots, "watch_copies": watch_copies,
-            "give_up_step_s": give_up_step_s, "world": command.nproc, "keep": str(keep), "probe": round_ < 0}
+            "give_up_step_s": give_up_step_s, "world": command.nproc, "keep": str(keep), "probe": round_ < 0,
+            "round": round_}
     spec_path = workdir / f"{tag}.spec.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     out_path = Path(spec["out"])

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.tune import hook_compile
-from helpers.tune.hook_common import SITE_SAMPLES, _has_conv, _jsonable
+from helpers.tune.hook_common import SITE_SAMPLES, _has_conv, _jsonable, seed_all
 from helpers.tune.hook_cpu import _cpu_result, _watch_cpu
 from helpers.tune.hook_ddp import _DDPWatch, _watch_ddp
 from helpers.tune.hook_device import _device_result, _watch_device
@@ -892,6 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     if spec.get("keep"):  # before anything of the user's runs: every file it changes is kept first
         sys.addaudithook(UserFiles(spec["keep"], [spec["scratch"], hook_compile.torch_cache()]))
     install(rec)
+    seed_all(max(int(spec.get("round", 0)), 0))  # the same draw for a round's unmodified and changed runs
     sys.argv = list(spec["argv"])
     status, code, error = "script_end", 0, ""
     failed_at = None  # wall clock of a failure: under torchrun, the first rank to fail is the cause
