@@ -252,7 +252,11 @@ def test_an_allocator_alone_is_proven_as_the_launch_command_and_the_diff_stays_e
 def test_a_launch_winner_that_did_not_hold_says_so_not_that_nothing_could_be_written(tmp_path):
     res = TuneResult("python train.py", tmp_path, _probe(), winners=["jemalloc (LD_PRELOAD)"])
     res.proof = judge("rewritten", _runs("original", [100, 101, 99]), _runs("rewritten", [100, 100, 101]), QUIET)
-    assert res.headline.startswith("The runtime gain did not hold when the rewritten script ran as written")
+    assert res.headline.startswith("The runtime gain did not hold when the rewritten script ran as written (1.00x, ")
+    assert "((" not in res.headline and "))" not in res.headline
+    res.launch_tried = f"LD_PRELOAD={JEMALLOC} python train.py"  # no edit of the script: the launch alone was proved
+    assert res.headline.startswith(f"The runtime gain did not hold when your script was launched as "
+                                   f"`{res.launch_tried}` (1.00x, 95% CI "), res.headline
 
 
 # ---------------------------------------------------------------- the hook

@@ -131,6 +131,7 @@ class TuneResult:
     proof_runs: dict[str, list[Run]] = field(default_factory=dict)
     proof_failures: list[str] = field(default_factory=list)
     launch: str = ""  # the proven launch command (an allocator through LD_PRELOAD), "" where none
+    launch_tried: str = ""  # the launch command the last proof ran with no edit of the script, "" where it had one
     cores: int = 0  # usable cores per process, as the candidates were chosen for
 
     @property
@@ -170,8 +171,13 @@ class TuneResult:
         if self.proof is not None and self.proof.verdict == "rejected":
             return (f"The rewritten script was rejected when it ran as written ({self.proof.reason.splitlines()[0]}): "
                     f"no change is proposed.")
-        return (f"The runtime gain did not hold when the rewritten script ran as written "
-                f"({self.proof.figure if self.proof else 'not measured'}): no change is proposed.")
+        figure = self.proof.figure if self.proof else "not measured"
+        figure = figure.replace(" (", ", ", 1).removesuffix(")") if figure.endswith(")") else figure  # one level
+        if self.launch_tried:
+            return (f"The runtime gain did not hold when your script was launched as `{self.launch_tried}` "
+                    f"({figure}): no change is proposed.")
+        return (f"The runtime gain did not hold when the rewritten script ran as written ({figure}): no change is "
+                f"proposed.")
 
     def not_written(self) -> list[str]:
         """One line per reason a winner could not be written, ``"technique: reason"``; edits skipped for one reason
@@ -302,10 +308,10 @@ def job_text(job: dict[str, Any]) -> str:
     o, r = job.get("original"), job.get("rewritten")
     if not o or not r:
         return ""
-    start = f"start-up {o['startup_s']:.1f} s against {r['startup_s']:.1f} s (yours, then rewritten; measured)"
+    start = f"start-up {o['startup_s']:.1f} s against {r['startup_s']:.1f} s (yours, then changed; measured)"
     if not job.get("steps"):
         return f"the whole job: {start}; its steps are not known ({job['how']}), so only per-step figures"
-    return (f"the whole job, projected: {job['steps']} optimizer steps ({job['how']}), {o['projected_s']:.0f} s "
+    return (f"the whole job, projected: {job['steps']} optimizer steps, {job['how']}: {o['projected_s']:.0f} s "
             f"against {r['projected_s']:.0f} s, {job['speedup']:.2f}x; {start}")
 
 
@@ -607,7 +613,11 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
         candidate_file.write_text(new, encoding="utf-8")
     written = techniques_of(made) | {c.technique for c in winners if cpu_mod.launch_apply([c])}
     launched = f", launched as `{cpu_mod.launch_text(command, launch)}`" if launch else ""
-    say(f"proof: the rewritten script ({', '.join(sorted(written))}{launched}) against yours, as written")
+    res.launch_tried = cpu_mod.launch_text(command, launch) if launch and not made else ""
+    if res.launch_tried:
+        say(f"proof: your script launched as `{res.launch_tried}` against it as you run it")
+    else:
+        say(f"proof: the rewritten script ({', '.join(sorted(written))}{launched}) against yours, as written")
     runs, busy = measure(command, [("original", {}, None), ("rewritten", launch, candidate_file)],
                          rounds=options.rounds,
                          workdir=work / ("proof" if not res.proof_tries else f"proof-{res.proof_tries + 1}"),
