@@ -982,6 +982,7 @@ def test_a_run_whose_steps_stop_advancing_is_stalled_by_its_heartbeat(tmp_path):
     beat.write_text(_json.dumps({"steps": 7, "wall": now - 40, "slowest": 0.2}))
     why = stalled(out, 1, 0.5, None, now)
     assert why.startswith("it made 7 optimizer steps, then none for 40 s: stopped as stalled") and "30 s" in why
+    assert "(" not in why  # the progress line puts it in parentheses: one level
     assert stalled(out, 1, 5.0, None, now) == ""  # 10x a 5 s step: 50 s
     assert stalled(out, 1, None, None, now, floor_s=120.0) == ""  # the probe's floor: an evaluation is no hang
     assert stall_limit_s(0.1) == STALL_FLOOR_S and stall_limit_s(10.0) == 100.0

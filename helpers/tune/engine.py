@@ -477,8 +477,8 @@ def stalled(out: Path, nproc: int, stall_step_s: float | None, start_s: float | 
         who = "it" if nproc == 1 else f"rank {r}"
         if n == 0:
             if start_s is not None and ago > start_s:
-                return (f"{who} made no optimizer step in {ago:.0f} s, the stall limit before the first step (3x the "
-                        f"probe's start-up + {STALL_FLOOR_S:.0f} s): stopped as stalled")
+                return (f"{who} made no optimizer step in {ago:.0f} s, the stall limit before the first step, 3x the "
+                        f"probe's start-up + {STALL_FLOOR_S:.0f} s: stopped as stalled")
             continue
         known = max(stall_step_s or 0.0, beat.get("slowest") or 0.0)
         if not known:
@@ -487,8 +487,8 @@ def stalled(out: Path, nproc: int, stall_step_s: float | None, start_s: float | 
         if ago > limit:
             floor = STALL_FLOOR_S if floor_s is None else floor_s
             return (f"{who} made {n} optimizer step{'s' if n != 1 else ''}, then none for {ago:.0f} s: stopped as "
-                    f"stalled (the stall limit, {STALL_RATIO:.0f}x the slowest step seen ({known:.2f} s) and at "
-                    f"least {floor:.0f} s, is {limit:.0f} s)")
+                    f"stalled; the stall limit is {limit:.0f} s: {STALL_RATIO:.0f}x the slowest step seen, "
+                    f"{known:.2f} s, and at least {floor:.0f} s")
     return ""
 
 
