@@ -210,12 +210,13 @@ def test_layers_of_names():
 
 def test_the_command_line_and_runner_import_no_torch():
     """`env check`, `data` and `--help` never import torch (a broken torch_npu autoload would crash them);
-    the runner and bench import it only after the torch_npu probe (helpers/workbook/cli.py, bench.py)."""
+    the runner and bench import it only after the torch_npu probe (helpers/workbook/cli.py, bench.py); tune's
+    session only in the runs it starts and where it writes the side-stream prefetcher."""
     import subprocess
     import sys
 
     code = ("import sys; import helpers.workbook.cli, helpers.workbook.runner, helpers.workbook.bench; "
-            "print('torch' in sys.modules)")
+            "import helpers.tune.session; print('torch' in sys.modules)")  # tune refuses bad flags in a blink
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=HELPERS.parent)
     assert out.returncode == 0, out.stderr

@@ -52,7 +52,6 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from helpers.errors import ParameterError
-from helpers.pipeline import side_stream
 
 from helpers.tune.rewrite_common import (DDP_KINDS, DDP_NAMES, Code, Edit, _after_imports, _import_root, _imports,
                                          _fit_call, _names_used, _set_keywords, line_limit)
@@ -440,7 +439,9 @@ class _Editor(_GeneralEdits, cst.CSTTransformer):
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = self._edit_block(original.body, updated.body)
         at = _after_imports(body) if not self.scaler_device else _after_last_import(body)
-        wanted = [m for m in side_stream.IMPORTS if self.prefetcher] + ["torch"] * self.needs_torch
+        if self.prefetcher:  # imports torch: only where a loop is wrapped (tune's command line refuses bad flags fast)
+            from helpers.pipeline import side_stream
+        wanted = (list(side_stream.IMPORTS) if self.prefetcher else []) + ["torch"] * self.needs_torch
         new_imports = [m for m in dict.fromkeys(wanted) if not _imports(original, m)]
         std = [cst.parse_statement(f"import {m}\n") for m in new_imports if m in sys.stdlib_module_names]
         added = [cst.parse_statement(f"import {m}\n") for m in new_imports if m not in sys.stdlib_module_names]
