@@ -190,15 +190,23 @@ def test_run_rejects_a_broken_job_before_any_work(tmp_path):
                                            ("text_classifier", "text classifier")])
 def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, example, name):
     from helpers.results import load_results, verdicts
+    from helpers.workbook.profiles import discover_notebooks
     from helpers.workbook.runner import RunOptions, run
 
     monkeypatch.chdir(ROOT)  # the spec is relative to where the user stands
     # 32-px photos instead of the factory's 64 (a quarter of the convolutions; nothing below depends on the size):
     # the run took 261 s instead of 306 s, the two side by side. The factory's own batch size (32) stands, so every
-    # notebook still measures a size the workbook did not set; test_runner.py checks a factory's own image_size.
+    # notebook still measures a size the workbook did not set (batches of 16 saved only 7 s of 121 s, quiet: the
+    # run's cost is its notebooks' start and checks, not the batch); test_runner.py checks a factory's own
+    # image_size.
     sizes = (("image_size", "32"),) if example == "image_classifier" else ()
+    # The text job leaves out 00 (the machine, not the job) and 08: DDP on a job file is the same code for both
+    # jobs, run here on the image job and under torchrun by test_diagnose_and_bench_ddp_run_the_example_job_...;
+    # on the text job it took 29 s of 101 s.
+    every = [p.name[:2] for p in discover_notebooks()]
+    only = None if example == "image_classifier" else tuple(n for n in every if n not in ("00", "08"))
     run_dir, state = run(RunOptions(profile="smoke", device="cpu", job=f"examples/{example}.py:make_job",
-                                    out=tmp_path / "run", timeout_s=600, overrides=sizes), echo=print)
+                                    out=tmp_path / "run", timeout_s=600, overrides=sizes, only=only), echo=print)
     assert state.status == "ok", {n.id: n.error for n in state.notebooks if n.status != "ok"}
     assert state.job == f"{ROOT / 'examples' / (example + '.py')}:make_job"
     table = verdicts(load_results(run_dir / "results.jsonl")).set_index("notebook")
@@ -224,8 +232,9 @@ def test_the_smoke_profile_runs_on_the_example_jobs(tmp_path, monkeypatch, examp
     overlap = table.loc["05_stream_overlap"]  # workers and the prefetcher around the user's own loader
     assert f"your job '{name}" in overlap["extra"]["context"]
     assert overlap["recommendation"] in ("enable", "leave off", "inconclusive")
-    ddp = table.loc["08_collectives"]  # every rank loaded the user's job file and trained it under DDP
-    assert f"your job '{name}" in ddp["extra"]["context"]
+    if only is None:
+        ddp = table.loc["08_collectives"]  # every rank loaded the user's job file and trained it under DDP
+        assert f"your job '{name}" in ddp["extra"]["context"]
     for nb in ("02_batched_decode",):
         assert table.loc[nb, "recommendation"] == "not applicable"
         assert "not applicable to your job yet" in table.loc[nb, "reason"] and "diagnose --job" in table.loc[nb, "reason"]
