@@ -15,13 +15,12 @@ STAMP := $(VENV)/.workbook-installed
 ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the tests in this many pytest-xdist worker processes, a test file per worker at a time (1: one
-# process, no xdist). Two on the 2-core developer machine. Measured there beside other work (so the wall times are
-# long): 39.5 min for 2,464 tests (load average 3-9; 4,187 s of test durations) when test_tune.py, left out of the
-# longest-first list, ran alone at the end, and 37.6 min for 2,530 tests (load average 3-8; 4,366 s, the two workers
-# 2,185 s and 2,181 s) with every long file first. Earlier, quiet, 1,965 tests: 11.8-13.2 min with two, 21.7 min in
-# one process, 13.9 min with three (more workers than cores only add contention). tests/conftest.py makes the
-# session's shared notebook runs once for all the workers and starts the longest files first; conftest.py gives
-# each worker one torch thread.
+# process, no xdist). Two on the 2-core developer machine: 13 min 8 s for 2,525 tests there, quiet, with the
+# dataset already built (785 s in pytest; 23.3 CPU-minutes, so the two cores were busy 89% of the time); beside
+# other work it takes longer. Earlier, quiet, 1,965 tests: 11.8-13.2 min with two, 21.7 min in one process,
+# 13.9 min with three (more workers than cores only add contention). tests/conftest.py makes the session's
+# shared notebook runs once for all the workers and starts the longest files first; conftest.py gives each
+# worker one torch thread.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 TORCH_INDEX ?=
@@ -68,9 +67,8 @@ test: data
 
 # The markers are declared in pyproject.toml; tests/conftest.py marks the seconds-long tests that carry no marker.
 FAST := not notebook and not slow and not browser and not subprocess
-# In TEST_WORKERS processes as `make test`: 85 s on the quiet 2-core developer machine with the public traces of
-# ../shared/public_traces present (2,191 tests), 129 s in one process; 118 s for 2,358 tests beside other work (load
-# average 2.5-3.7).
+# In TEST_WORKERS processes as `make test`: 67 s on the quiet 2-core developer machine with the public traces of
+# ../shared/public_traces present (2,356 tests; 63 s in pytest), 129 s in one process (2,191 tests).
 test-fast: data
 	$(BYTECODE)
 	$(PY) -m pytest $(XDIST) -m "$(FAST)" $(PYTEST_ARGS)
