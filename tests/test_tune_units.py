@@ -963,7 +963,7 @@ def test_a_change_whose_loss_turns_nan_is_not_run_again(tmp_path, monkeypatch):
     runs, _ = engine.measure(None, variants, rounds=3, workdir=tmp_path, warmup=1, steps=3, timeout_s=10,
                              progress=lines.append)
     assert len(runs["nan"]) == 1 and len(runs["good"]) == 3
-    assert lines[1] == "[2/7] round 1: nan: 10.0 ms/step (its loss became nan at step 3: its 2 later runs skipped)"
+    assert lines[1] == "[2/7] round 1: nan: 10.0 ms/step (its loss became nan at step 3; its 2 later runs skipped)"
     j = judge("nan", runs["unmodified"], runs["nan"], QUIET)
     assert j.verdict == "rejected" and "became nan at step 3" in j.reason
 
@@ -1210,3 +1210,12 @@ def test_a_run_that_stops_beside_a_stopped_unmodified_run_is_not_blamed_on_its_c
     assert j.verdict == "inconclusive" and "so did the unmodified run of that round (stalled)" in j.reason
     base[0] = _runs("original", [100])[0]  # the unmodified run of that round went through: the change is blamed
     assert judge("rewritten", base, runs, QUIET).verdict == "rejected"
+
+
+def test_an_interval_on_one_side_of_1_is_never_written_touching_it():
+    """A new user's report: "slower, 0.98x (95% CI 0.97-1.00)" read as an interval that reaches 1."""
+    from helpers.tune.engine import Judgement
+
+    assert Judgement("c", "slower", 0.98, 0.971, 0.9972).figure == "0.98x (95% CI 0.971-0.997)"
+    assert Judgement("c", "faster", 1.08, 1.0031, 1.16).figure == "1.08x (95% CI 1.003-1.160)"
+    assert Judgement("c", "no gain", 1.01, 0.996, 1.02).figure == "1.01x (95% CI 1.00-1.02)"  # it spans 1

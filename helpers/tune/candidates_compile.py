@@ -124,8 +124,8 @@ def cannot_pay(run: Any, base_runs: Sequence[Any], job_steps: int | None) -> str
     cost = float(info.get("compile_s") or 0.0)
     if cost <= job_steps * base:
         return ""
-    return (f"compiling took {cost:.0f} s, more than your job's {job_steps:,} steps take unmodified ({job_steps:,} x "
-            f"{base * 1e3:.0f} ms, the median step of round {run.round + 1}'s unmodified run): it cannot pay back "
+    return (f"compiling took {cost:.0f} s, more than your job's {job_steps:,} steps take unmodified: {job_steps:,} x "
+            f"{base * 1e3:.0f} ms, the median step of round {run.round + 1}'s unmodified run; it cannot pay back "
             f"even were each compiled step free")
 
 

@@ -689,20 +689,20 @@ def measure(command: Command, variants: Sequence[tuple[str, dict[str, Any], Path
             base_finite = all(nonfinite_step(x) is None for x in runs[reference])
             why = decided(name, run, runs[reference]) if decided and name != reference and run.ok else ""
             if why:
-                why += ": "
+                why += "; "
             if name != reference and (not run.ok or (k_nan is not None and base_finite) or why):
                 dropped.add(name)  # its verdict is made (rejected, or slower): running it again proves nothing
                 skipped = rounds - 1 - r
                 total -= skipped
                 if run.ok and not why:
-                    why = f"its loss became {run.losses[k_nan]} at step {k_nan + 1}: "
+                    why = f"its loss became {run.losses[k_nan]} at step {k_nan + 1}; "
             if progress:
                 med = f"{statistics.fmean(run.step_times_s) * 1e3:.1f} ms/step" if run.step_times_s else run.status
                 progress(f"[{k}/{total}] round {r + 1}: {name}: {med}"
                          + (" (stopped: too slow to be worth timing further)" if run.status == "slow" else "")
                          + (f" ({run.result.get('progress')})" if run.status == "stalled" else "")
                          + (f" ({why}its {skipped} later run{'s' if skipped > 1 else ''} skipped)" if skipped else
-                            f" ({why.rstrip(': ')})" if why else ""))
+                            f" ({why.rstrip('; ')})" if why else ""))
     busy = machine.check(before, machine.snapshot())
     return runs, busy
 
@@ -810,7 +810,10 @@ class Judgement:
             return "not measured"
         if math.isnan(self.ci_low):
             return f"{self.speedup:.2f}x (one run, stopped early)"
-        return f"{self.speedup:.2f}x (95% CI {self.ci_low:.2f}-{self.ci_high:.2f})"
+        # an interval that lies on one side of 1 is never shown touching it: 0.997 is not written 1.00
+        digits = 3 if (self.ci_high < 1.0 and f"{self.ci_high:.2f}" == "1.00") or (
+            self.ci_low > 1.0 and f"{self.ci_low:.2f}" == "1.00") else 2
+        return f"{self.speedup:.2f}x (95% CI {self.ci_low:.{digits}f}-{self.ci_high:.{digits}f})"
 
 
 def early_steps(run: Run) -> list[float]:
@@ -889,9 +892,10 @@ def judge(name: str, base: Sequence[Run], runs: Sequence[Run], busy: machine.Bus
     j = Judgement(name, "", speedup, low, high, per_round, mean_a * 1e3, mean_b * 1e3)
     rounds = ", ".join(f"{x:.2f}" for x in per_round)
     n_a, n_b = sum(len(r.step_times_s) for r in base), sum(len(r.step_times_s) for r in runs)
+    n_runs = (f"{len(runs)} interleaved run{'s' if len(runs) != 1 else ''} each" if len(runs) == len(base) else
+              f"{len(runs)} and {len(base)} interleaved runs")
     evidence = (f"{mean_b * 1e3:.1f} against {mean_a * 1e3:.1f} ms per step (means), {j.figure}, over {n_b} and "
-                f"{n_a} steps in {len(runs)} interleaved runs each (interval from {BLOCK}-step blocks); by round "
-                f"{rounds}")
+                f"{n_a} steps in {n_runs} (interval from {BLOCK}-step blocks); by round {rounds}")
     agree = all((x > 1) == (speedup > 1) for x in per_round)
     if busy.busy:
         j.verdict, j.reason = "inconclusive", f"{evidence}; but {busy.sentence()}"

@@ -129,8 +129,8 @@ def _job(job: dict[str, Any]) -> list[str]:
            _row(["step", "measured: mean time per timed optimizer step", f"{o['step_s'] * 1e3:.1f} ms",
                  f"{r['step_s'] * 1e3:.1f} ms"])]
     if job.get("steps"):
-        out.append(_row(["whole run", f"projected, not measured: start-up + {job['steps']} optimizer steps "
-                         f"({job['how']}); what runs after the last step is not in it",
+        out.append(_row(["whole run", f"projected, not measured: start-up + {job['steps']} optimizer steps, "
+                         f"{job['how']}; what runs after the last step is not in it",
                          f"{o['projected_s']:.0f} s", f"{r['projected_s']:.0f} s"]))
         out += ["", f"Projected over the whole run, the rewritten script is **{job['speedup']:.2f}x** as fast as "
                     f"yours (per step: the proof's figure above)."]

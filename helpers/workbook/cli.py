@@ -559,7 +559,7 @@ def _tune(args) -> int:
     if res.user_files:
         print(f"  {files_text(res.user_files)}; each was put back after every run")
     print(f"  {res.python}")
-    print(f"report: {out / 'report.html'}")
+    print(f"report: {out / 'report.html'} (and report.md beside it)")
     return 0
 
 
