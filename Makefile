@@ -15,12 +15,12 @@ STAMP := $(VENV)/.workbook-installed
 ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the tests in this many pytest-xdist worker processes, a test file per worker at a time (1: one
-# process, no xdist). Two on the 2-core developer machine: 13 min 8 s for 2,525 tests there, quiet, with the
-# dataset already built (785 s in pytest; 23.3 CPU-minutes, so the two cores were busy 89% of the time); beside
-# other work it takes longer. Earlier, quiet, 1,965 tests: 11.8-13.2 min with two, 21.7 min in one process,
-# 13.9 min with three (more workers than cores only add contention). tests/conftest.py makes the session's
-# shared notebook runs once for all the workers and starts the longest files first; conftest.py gives each
-# worker one torch thread.
+# process, no xdist). Two on the 2-core developer machine: 13 min 8 s to 14 min 28 s over three quiet runs there,
+# the dataset already built (785-864 s in pytest, about 2,525 tests; 23.3-26.0 CPU-minutes, the two cores busy
+# about 90% of the time); beside other work it takes longer. Earlier, quiet, 1,965 tests: 11.8-13.2 min with two,
+# 21.7 min in one process, 13.9 min with three (more workers than cores only add contention). tests/conftest.py
+# makes the session's shared notebook runs once for all the workers and starts the longest files first;
+# conftest.py gives each worker one torch thread.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 TORCH_INDEX ?=
