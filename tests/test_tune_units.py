@@ -1219,3 +1219,4 @@ def test_an_interval_on_one_side_of_1_is_never_written_touching_it():
     assert Judgement("c", "slower", 0.98, 0.971, 0.9972).figure == "0.98x (95% CI 0.971-0.997)"
     assert Judgement("c", "faster", 1.08, 1.0031, 1.16).figure == "1.08x (95% CI 1.003-1.160)"
     assert Judgement("c", "no gain", 1.01, 0.996, 1.02).figure == "1.01x (95% CI 1.00-1.02)"  # it spans 1
+    assert Judgement("c", "inconclusive", 1.02, 1.0003, 1.035).figure == "1.02x (95% CI 1.0003-1.0350)"

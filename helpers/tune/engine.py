@@ -811,8 +811,8 @@ class Judgement:
         if math.isnan(self.ci_low):
             return f"{self.speedup:.2f}x (one run, stopped early)"
         # an interval that lies on one side of 1 is never shown touching it: 0.997 is not written 1.00
-        digits = 3 if (self.ci_high < 1.0 and f"{self.ci_high:.2f}" == "1.00") or (
-            self.ci_low > 1.0 and f"{self.ci_low:.2f}" == "1.00") else 2
+        digits = next((d for d in (2, 3, 4) if not (self.ci_high < 1.0 and float(f"{self.ci_high:.{d}f}") >= 1.0)
+                       and not (self.ci_low > 1.0 and float(f"{self.ci_low:.{d}f}") <= 1.0)), 4)
         return f"{self.speedup:.2f}x (95% CI {self.ci_low:.{digits}f}-{self.ci_high:.{digits}f})"
 
 
