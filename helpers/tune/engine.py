@@ -806,14 +806,20 @@ class Judgement:
     @property
     def figure(self) -> str:
         """``"1.42x (95% CI 1.31-1.55)"`` or "not measured"."""
+        ratio, _, spread = self.figure_inline.partition(", ")
+        return f"{ratio} ({spread})" if spread else ratio
+
+    @property
+    def figure_inline(self) -> str:
+        """:attr:`figure` for a place already in parentheses: ``"1.42x, 95% CI 1.31-1.55"`` or "not measured"."""
         if math.isnan(self.speedup):
             return "not measured"
         if math.isnan(self.ci_low):
-            return f"{self.speedup:.2f}x (one run, stopped early)"
+            return f"{self.speedup:.2f}x, one run, stopped early"
         # an interval that lies on one side of 1 is never shown touching it: 0.997 is not written 1.00
         digits = next((d for d in (2, 3, 4) if not (self.ci_high < 1.0 and float(f"{self.ci_high:.{d}f}") >= 1.0)
                        and not (self.ci_low > 1.0 and float(f"{self.ci_low:.{d}f}") <= 1.0)), 4)
-        return f"{self.speedup:.2f}x (95% CI {self.ci_low:.{digits}f}-{self.ci_high:.{digits}f})"
+        return f"{self.speedup:.2f}x, 95% CI {self.ci_low:.{digits}f}-{self.ci_high:.{digits}f}"
 
 
 def early_steps(run: Run) -> list[float]:

@@ -439,9 +439,11 @@ class _Editor(_GeneralEdits, cst.CSTTransformer):
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = self._edit_block(original.body, updated.body)
         at = _after_imports(body) if not self.scaler_device else _after_last_import(body)
+        wanted = ["torch"] * self.needs_torch
         if self.prefetcher:  # imports torch: only where a loop is wrapped (tune's command line refuses bad flags fast)
             from helpers.pipeline import side_stream
-        wanted = (list(side_stream.IMPORTS) if self.prefetcher else []) + ["torch"] * self.needs_torch
+
+            wanted = list(side_stream.IMPORTS) + wanted
         new_imports = [m for m in dict.fromkeys(wanted) if not _imports(original, m)]
         std = [cst.parse_statement(f"import {m}\n") for m in new_imports if m in sys.stdlib_module_names]
         added = [cst.parse_statement(f"import {m}\n") for m in new_imports if m not in sys.stdlib_module_names]

@@ -171,8 +171,7 @@ class TuneResult:
         if self.proof is not None and self.proof.verdict == "rejected":
             return (f"The rewritten script was rejected when it ran as written ({self.proof.reason.splitlines()[0]}): "
                     f"no change is proposed.")
-        figure = self.proof.figure if self.proof else "not measured"
-        figure = figure.replace(" (", ", ", 1).removesuffix(")") if figure.endswith(")") else figure  # one level
+        figure = self.proof.figure_inline if self.proof else "not measured"
         if self.launch_tried:
             return (f"The runtime gain did not hold when your script was launched as `{self.launch_tried}` "
                     f"({figure}): no change is proposed.")
@@ -612,11 +611,12 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
     if candidate_file is not None:
         candidate_file.write_text(new, encoding="utf-8")
     written = techniques_of(made) | {c.technique for c in winners if cpu_mod.launch_apply([c])}
-    launched = f", launched as `{cpu_mod.launch_text(command, launch)}`" if launch else ""
-    res.launch_tried = cpu_mod.launch_text(command, launch) if launch and not made else ""
+    launch_line = cpu_mod.launch_text(command, launch)
+    res.launch_tried = launch_line if not made else ""
     if res.launch_tried:
-        say(f"proof: your script launched as `{res.launch_tried}` against it as you run it")
+        say(f"proof: your script launched as `{launch_line}` against it as you run it")
     else:
+        launched = f", launched as `{launch_line}`" if launch_line else ""
         say(f"proof: the rewritten script ({', '.join(sorted(written))}{launched}) against yours, as written")
     runs, busy = measure(command, [("original", {}, None), ("rewritten", launch, candidate_file)],
                          rounds=options.rounds,
@@ -635,7 +635,7 @@ def _prove(command: Command, winners: Sequence[Candidate], res: TuneResult, opti
         res.diff = unified_diff(source, new, script.name) if made else ""
         res.proven = [c.name for c in winners if c.technique in written]  # what the diff holds, not what won
         res.rewritten = new if made else ""
-        res.launch = cpu_mod.launch_text(command, launch)
+        res.launch = launch_line
         return True
     return False
 
