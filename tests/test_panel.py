@@ -257,3 +257,56 @@ def test_unavailable_panel_disables_its_controls_in_jupyterlab(ctx, shown):
     inter = p._widgets["interactive"]
     assert all(w.disabled for w in inter.kwargs_widgets)
     assert "not available here" in p._widgets["status"].value
+
+
+def test_the_workbooks_figures_are_not_pyplots_so_no_other_thread_draws_or_closes_them():
+    """A Try it chart held only its title in JupyterLab: a widget's comm message, handled on a kernel subshell's
+    thread, fired ``post_execute``, and matplotlib-inline's ``flush_figures`` rendered and closed every pyplot figure
+    while the panel rendered its chart. Here a thread does what ``flush_figures`` does, as fast as it can, while
+    charts are made and rendered: each keeps its bars, because the workbook's figures are not pyplot's."""
+    import io
+    import threading
+    import time
+
+    import matplotlib.pyplot as plt
+    from matplotlib._pylab_helpers import Gcf
+
+    from helpers.workbook import plots
+
+    stop, flushed = threading.Event(), []
+
+    def flush_figures():  # matplotlib_inline.backend_inline.show(close=True), without IPython's display
+        while not stop.is_set():
+            managers = Gcf.get_all_fig_managers()
+            for manager in managers:
+                manager.canvas.figure.savefig(io.BytesIO(), format="png")
+                flushed.append(manager.num)
+            if managers:  # as matplotlib-inline does: close("all") collects garbage, only when there is a figure
+                plt.close("all")
+            time.sleep(0.001)
+
+    before = plt.get_fignums()
+    flusher = threading.Thread(target=flush_figures, daemon=True)
+    flusher.start()
+    try:
+        for _ in range(8):
+            fig = plots.live_points(point("notebook", 74.0), [(point("bs=16", 24.0), False)], title="Try it: baseline")
+            png, renders = plots.render_png(fig)
+            assert (bars(png)["live"], bars(png)["reference"], renders) == (1, 1, 1)
+    finally:
+        stop.set()
+        flusher.join(timeout=10)
+    assert plt.get_fignums() == before and not flushed  # pyplot never held a chart, so nothing else drew one
+
+
+def test_no_module_of_the_workbook_makes_a_figure_through_pyplot():
+    """Every figure comes from :func:`helpers.workbook.plots.subplots` (why: the test above); a new plot function
+    that calls ``plt.subplots`` or ``plt.figure`` would bring the race back."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "helpers"
+    made = [f"{p.relative_to(root.parent)}:{n}" for p in sorted(root.rglob("*.py"))
+            for n, line in enumerate(p.read_text().splitlines(), 1)
+            if re.search(r"\b(plt|pyplot)\.(subplots|figure|subplot|axes)\(", line)]
+    assert made == []

@@ -29,6 +29,40 @@ PHASE_COLORS = {
 }
 
 
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize: "tuple[float, float] | None" = None,
+             layout: str | None = None, **kwargs):
+    """A figure and its axes, as :func:`matplotlib.pyplot.subplots` makes them, but a figure pyplot does not hold.
+
+    Every figure of the workbook is made here. In JupyterLab 4.4 and later a widget's comm messages go to a kernel
+    subshell (the ``commsOverSubshells`` setting, "perCommTarget" by default), a thread of its own in ipykernel 7;
+    ``comm`` fires IPython's ``post_execute`` event after each such message, and matplotlib-inline's
+    ``flush_figures`` then renders every figure pyplot holds and closes them all, in that thread. A pyplot figure
+    drawn at that moment by a cell or a "try it" panel was rendered from two threads at once: a Try it chart came
+    out holding only its title, or white (issue 42; seen in 2 of 8 browser runs beside two busy loops). A figure
+    made with :class:`matplotlib.figure.Figure` is never in pyplot's list, so no other thread draws or closes it.
+
+    Parameters
+    ----------
+    nrows, ncols : int
+        The grid of axes.
+    figsize : (float, float), optional
+        Width and height in inches; None: matplotlib's ``figure.figsize``.
+    layout : str, optional
+        As :class:`matplotlib.figure.Figure` takes it ("constrained", "tight"); None: none.
+    **kwargs
+        As :meth:`matplotlib.figure.Figure.subplots` takes them (``sharex``, ``squeeze``, ``height_ratios``, ...).
+
+    Returns
+    -------
+    (matplotlib.figure.Figure, Axes or numpy.ndarray of Axes)
+        As :func:`matplotlib.pyplot.subplots` returns them.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout=layout)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
 def figure_path(out_dir: Path, notebook: str, name: str) -> Path:
     """Return the file a figure of ``notebook`` called ``name`` is saved to."""
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
@@ -76,7 +110,8 @@ def save_figure(fig, ctx, name: str, *, dpi: int = 100, alt: str | None = None) 
 
 #: Renders of a figure tried before a blank one is kept (and said). A white PNG of the figure's own size, nothing
 #: drawn, came out of a "try it" chart's render in JupyterLab on a busy 2-core machine (issue 42); the next render
-#: of the same chart was right.
+#: of the same chart was right. Its cause, another thread rendering the same pyplot figure, is gone (:func:`subplots`);
+#: the check stays, so that a blank figure is never shown silently.
 RENDERS = 3
 
 
@@ -184,7 +219,7 @@ def phase_breakdown(totals: "pd.DataFrame", phases=("data", "h2d", "compute"), *
     -------
     matplotlib.figure.Figure
     """
-    fig, ax = plt.subplots(figsize=(6.5, 1.5 + 0.6 * len(totals)), layout="constrained")
+    fig, ax = subplots(figsize=(6.5, 1.5 + 0.6 * len(totals)), layout="constrained")
     left = [0.0] * len(totals)
     labels = [str(i) for i in totals.index]
     for phase in phases:
@@ -225,7 +260,7 @@ def step_timeline(frame: "pd.DataFrame", *, max_steps: int = 12, title: str = ""
     t0 = float(sub["start_s"].min()) if len(sub) else 0.0
     phases = [p for p in PHASE_COLORS if p in set(sub["phase"])] + \
         sorted(set(sub["phase"]) - set(PHASE_COLORS))
-    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(phases)))
+    fig, ax = subplots(figsize=(8, 0.5 + 0.45 * len(phases)))
     for row, phase in enumerate(phases):
         part = sub[sub["phase"] == phase]
         spans = [((s - t0) * 1e3, d * 1e3) for s, d in zip(part["start_s"], part["duration_s"])]
@@ -249,7 +284,7 @@ def distribution(values_ms, *, xlabel: str, title: str = ""):
     import numpy as np
 
     v = np.asarray(values_ms, dtype=float)
-    fig, ax = plt.subplots(figsize=(6, 2.8))
+    fig, ax = subplots(figsize=(6, 2.8))
     ax.hist(v, bins=min(30, max(5, len(v) // 3)), color="#d95f02", alpha=0.8)
     med = float(np.median(v))
     ax.axvline(med, color="black", linestyle="--", label=f"median {med:.1f} ms")
@@ -287,7 +322,7 @@ def live_points(reference, points, *, title: str = ""):
         title = f"{title} (latest {LIVE_POINTS_SHOWN} of {len(points)} points; all are in the log)"
         points = points[-LIVE_POINTS_SHOWN:]
     bars = ([(reference, False, True)] if reference is not None else []) + [(p, busy, False) for p, busy in points]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.0 + 0.9 * len(bars)), 3.2))
+    fig, ax = subplots(figsize=(max(5.0, 1.0 + 0.9 * len(bars)), 3.2))
     if not bars:
         ax.text(0.5, 0.5, "press Measure", ha="center", va="center", transform=ax.transAxes, color="#666666")
         ax.set_axis_off()

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-import matplotlib.pyplot as plt
 
 from helpers.units import format_bytes
+from helpers.workbook.plots import subplots
 
 #: ColorBrewer Dark2, as plots.PHASE_COLORS.
 COLORS = {"busbw": "#1b9e77", "algbw": "#d95f02", "regime": "#7570b3", "bar": "#66a61e"}
@@ -39,7 +39,7 @@ def allreduce_bandwidth(rows: Sequence[Mapping[str, Any]], regimes: Mapping[str,
     """
     rows = sorted(rows, key=lambda r: r["bytes"])
     x = [r["bytes"] for r in rows]
-    fig, (ax, axt) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    fig, (ax, axt) = subplots(1, 2, figsize=(10, 3.8), layout="constrained")
     ax.loglog(x, [r["busbw_gbps"] for r in rows], "o-", color=COLORS["busbw"], label="busbw")
     ax.loglog(x, [r["algbw_gbps"] for r in rows], "s--", color=COLORS["algbw"], label="algbw", alpha=0.7)
     cross = regimes["crossover_bytes"]
@@ -86,7 +86,7 @@ def ddp_variants(buckets: Sequence[Mapping[str, Any]], hooks: Sequence[Mapping[s
     -------
     matplotlib.figure.Figure
     """
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.2), layout="constrained")
+    fig, (a, b) = subplots(1, 2, figsize=(10, 3.2), layout="constrained")
 
     def bars(ax, labels, rows):
         ms = [r["time_s"] * 1e3 for r in rows]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
+
+from helpers.workbook.plots import subplots
 
 FP32_COLOR = "#7570b3"
 MIXED_COLOR = "#1b9e77"
@@ -31,7 +32,7 @@ def loss_curves(fp32: Sequence[float], mixed: Sequence[float], *, mixed_label: s
     ylabel : str
         The loss's name, e.g. "value loss".
     """
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.5, 4.2), sharex=True,
+    fig, (ax, ax2) = subplots(2, 1, figsize=(6.5, 4.2), sharex=True,
                                   gridspec_kw={"height_ratios": [2, 1]})
     steps = range(1, len(fp32) + 1)
     ax.plot(steps, list(fp32), color=FP32_COLOR, label="fp32", linewidth=1.8)
@@ -60,7 +61,7 @@ def loss_scale_trajectory(scales: Sequence[float], overflow: Sequence[bool], *, 
         True where the update's gradients were not finite (step skipped); same length.
     title : str
     """
-    fig, ax = plt.subplots(figsize=(6.5, 2.8))
+    fig, ax = subplots(figsize=(6.5, 2.8))
     x = list(range(1, len(scales) + 1))
     ax.step(x, list(scales), where="post", color=MIXED_COLOR, label="loss scale")
     bad = [(i, s) for i, s, o in zip(x, scales, overflow) if o]
@@ -88,7 +89,7 @@ def step_time_bars(names: Sequence[str], medians_ms: Sequence[float], p25_ms: Se
         Median, 25th and 75th percentile step time per variant, milliseconds.
     title : str
     """
-    fig, ax = plt.subplots(figsize=(6.5, 0.6 + 0.5 * len(names)))
+    fig, ax = subplots(figsize=(6.5, 0.6 + 0.5 * len(names)))
     y = list(range(len(names)))
     err = [[m - lo for m, lo in zip(medians_ms, p25_ms)], [hi - m for m, hi in zip(medians_ms, p75_ms)]]
     ax.barh(y, list(medians_ms), xerr=err, color=[FP32_COLOR, MIXED_COLOR, SKIP_COLOR][: len(names)] or None,
@@ -159,7 +160,7 @@ def speedup_intervals(names: Sequence[str], ratios: Sequence[float], ci_low: Seq
         Bounds of the ratio's bootstrap interval, same length as ``names``.
     title : str
     """
-    fig, ax = plt.subplots(figsize=(6.5, 0.5 + 0.45 * max(1, len(names))))
+    fig, ax = subplots(figsize=(6.5, 0.5 + 0.45 * max(1, len(names))))
     for i, (r, lo, hi) in enumerate(zip(ratios, ci_low, ci_high)):
         color = MIXED_COLOR if lo > 1.0 else SKIP_COLOR if hi < 1.0 else "#999999"
         ax.errorbar([r], [i], xerr=[[r - lo], [hi - r]], fmt="o", color=color, capsize=4)

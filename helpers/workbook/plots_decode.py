@@ -10,10 +10,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 from helpers.experiments.decode import BASELINE_LABEL, BATCHED_DEVICE_LABEL, BATCHED_HOST_LABEL, RAW_DECODE_LABEL
+from helpers.workbook.plots import subplots
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -53,7 +53,7 @@ def throughput_bars(frame: "pd.DataFrame", *, title: str = ""):
     """
     groups = list(dict.fromkeys(frame["comparison"])) if "comparison" in frame else [None]
     heights = [max(1, int((frame["comparison"] == g).sum()) if g is not None else len(frame)) for g in groups]
-    fig, axes = plt.subplots(len(groups), 1, sharex=True, squeeze=False, height_ratios=heights,
+    fig, axes = subplots(len(groups), 1, sharex=True, squeeze=False, height_ratios=heights,
                              figsize=(6.5, 0.9 + 0.55 * len(frame) + 0.45 * len(groups)), layout="constrained")
     all_high = np.asarray(frame["rate_p75"], dtype=float)
     xmax = max(float(np.nanmax(np.asarray(frame["rate"], dtype=float))), float(np.nanmax(all_high))) * 1.2
@@ -93,7 +93,7 @@ def psnr_distribution(values_db: Sequence[float], threshold_db: float, *, title:
     matplotlib.figure.Figure
     """
     v = np.asarray([IDENTICAL_DB if math.isinf(x) else min(x, IDENTICAL_DB) for x in values_db], dtype=float)
-    fig, ax = plt.subplots(figsize=(6, 2.8), layout="constrained")
+    fig, ax = subplots(figsize=(6, 2.8), layout="constrained")
     ax.hist(v, bins=min(30, max(5, len(v) // 3)), color="#1b9e77", alpha=0.85)
     ax.axvline(threshold_db, color="black", linestyle="--", label=f"threshold {threshold_db:g} dB")
     n_low = int((v < threshold_db).sum())
@@ -118,7 +118,7 @@ def time_split(frame: "pd.DataFrame", *, title: str = ""):
     -------
     matplotlib.figure.Figure
     """
-    fig, ax = plt.subplots(figsize=(6.5, 1.2 + 0.55 * len(frame)), layout="constrained")
+    fig, ax = subplots(figsize=(6.5, 1.2 + 0.55 * len(frame)), layout="constrained")
     labels = [str(i) for i in frame.index]
     left = np.zeros(len(frame))
     for col, color in (("images", "#999999"), ("tokenize", "#e7298a")):
@@ -152,7 +152,7 @@ def dct_scales(counts: Mapping[int, int], *, title: str = ""):
     """
     ds = [1, 2, 4, 8]
     values = [int(counts.get(d, 0)) for d in ds]
-    fig, ax = plt.subplots(figsize=(5, 2.6), layout="constrained")
+    fig, ax = subplots(figsize=(5, 2.6), layout="constrained")
     ax.bar([("full size" if d == 1 else f"1/{d}") for d in ds], values, color="#7570b3")
     for i, v in enumerate(values):
         ax.text(i, v, str(v), ha="center", va="bottom", fontsize=8)

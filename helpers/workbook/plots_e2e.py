@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-import matplotlib.pyplot as plt
+from helpers.workbook.plots import subplots
+
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -43,7 +44,7 @@ def learning_curves(baseline: Sequence[float], optimized: Sequence[float], *, ta
         Window (steps) of a trailing moving average drawn over the raw curves;
         default ``max(3, len // 6)``; 0 or 1 draws none.
     """
-    fig, ax = plt.subplots(figsize=(6.5, 3.2), layout="constrained")
+    fig, ax = subplots(figsize=(6.5, 3.2), layout="constrained")
     n = len(baseline)
     steps = range(1, n + 1)
     window = max(3, n // 6) if smooth is None else int(smooth)
@@ -75,7 +76,7 @@ def ablation_bars(frame: "pd.DataFrame", *, title: str = ""):
         ("all", "without <name>", ...), columns ``speedup``, ``ci_low``, ``ci_high`` (x).
     title : str
     """
-    fig, ax = plt.subplots(figsize=(6.5, 1.4 + 0.45 * len(frame)), layout="constrained")
+    fig, ax = subplots(figsize=(6.5, 1.4 + 0.45 * len(frame)), layout="constrained")
     labels = [str(i) for i in frame.index]
     values = frame["speedup"].tolist()
     low = [max(0.0, v - lo) for v, lo in zip(values, frame["ci_low"])]
@@ -113,7 +114,7 @@ def projection_bars(before_s: float, after_s: float, after_range_s: tuple[float,
     title : str
     """
     name, div = unit
-    fig, ax = plt.subplots(figsize=(6.5, 2.0), layout="constrained")
+    fig, ax = subplots(figsize=(6.5, 2.0), layout="constrained")
     vals = [before_s / div, after_s / div]
     ranges = [before_range_s, after_range_s]
     err_lo, err_hi = [], []

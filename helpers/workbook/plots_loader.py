@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import matplotlib.ticker
-import matplotlib.pyplot as plt
 import numpy as np
+
+from helpers.workbook.plots import subplots
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -48,7 +49,7 @@ def throughput_vs_workers(summary: "pd.DataFrame", *, cores: int | None = None, 
         first-batch latency (ms, log scale): worker start-up, with the
         ``num_workers=0`` line labelled on the panel.
     """
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
+    fig, (ax, ax2) = subplots(1, 2, figsize=(10, 3.6), layout="constrained")
     zero = summary[summary["num_workers"] == 0]
     multi = summary[summary["num_workers"] > 0]
     if not zero.empty:
@@ -110,7 +111,7 @@ def probe_repeats(summary: "pd.DataFrame", *, title: str = ""):
     """
     sources = list(dict.fromkeys(summary["source"]))
     variants = list(dict.fromkeys(summary["variant"]))
-    fig, ax = plt.subplots(figsize=(7, 0.6 + 0.55 * len(sources)), layout="constrained")
+    fig, ax = subplots(figsize=(7, 0.6 + 0.55 * len(sources)), layout="constrained")
     y = np.arange(len(sources))
     h = 0.8 / max(1, len(variants))
     for k, (variant, color) in enumerate(zip(variants, (_BEFORE, _AFTER, "#7570b3"))):
@@ -146,7 +147,7 @@ def worker_memory(frame: "pd.DataFrame", *, column: str = "uss_mib", title: str 
         One panel per loader, bars per process: start (light) and end (dark).
     """
     loaders = list(dict.fromkeys(frame["loader"]))
-    fig, axes = plt.subplots(1, len(loaders), figsize=(4.2 * len(loaders), 3.2), layout="constrained",
+    fig, axes = subplots(1, len(loaders), figsize=(4.2 * len(loaders), 3.2), layout="constrained",
                              sharey=True, squeeze=False)
     for ax, name in zip(axes[0], loaders):
         sub = frame[frame["loader"] == name]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+from helpers.workbook.plots import subplots
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -34,7 +35,7 @@ def memory_per_step(frame: "pd.DataFrame", *, title: str = ""):
         USS and the sampled peak RSS (MiB).
     title : str
     """
-    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    fig, ax = subplots(figsize=(6.5, 3.4))
     steps = frame["step"].to_numpy()
     device = bool((frame["source"] == "device").all())
     if device:
@@ -91,7 +92,7 @@ def finder_curve(frame: "pd.DataFrame", *, budget_mib: float, limit_mib: float, 
         finder records the process's sampled RSS growth, so pass "RSS growth".
     """
     f = frame.sort_values("batch")
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8.0, 5.4), sharex=True, layout="constrained")
+    fig, (ax, ax2) = subplots(2, 1, figsize=(8.0, 5.4), sharex=True, layout="constrained")
     ran = f[f["throughput"].notna()]
     ax.plot(ran["batch"], ran["throughput"], color=ALLOC_COLOR, linewidth=1.2)
     for status, part in ran.groupby("status"):
@@ -121,7 +122,7 @@ def finder_curve(frame: "pd.DataFrame", *, budget_mib: float, limit_mib: float, 
     ax2.set_ylabel(f"{memory_label}, MiB")
     ax2.set_xlabel("batch size (samples)")
     ax2.set_xscale("log", base=2)
-    ax2.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax2.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
 
     marks = []
     if chosen is not None:

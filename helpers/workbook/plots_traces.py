@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import matplotlib.pyplot as plt
 
 from helpers.traces.model import DEVICE_PHASES, HOST_PHASES
-from helpers.workbook.plots import PHASE_COLORS
+from helpers.workbook.plots import PHASE_COLORS, subplots
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -58,7 +57,7 @@ def rank_phases(medians: "pd.DataFrame", *, title: str = ""):
                 continue
             parts.append(("rest", max(0.0, step_ms - sum(w for _, w in parts))))
             bars.append((f"{label} · {side}", parts))
-    fig, ax = plt.subplots(figsize=(7.5, 1.6 + 0.42 * len(bars)), layout="constrained")
+    fig, ax = subplots(figsize=(7.5, 1.6 + 0.42 * len(bars)), layout="constrained")
     seen: set[str] = set()
     for i, (_, parts) in enumerate(bars):
         left = 0.0

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
 
 from helpers.units import format_bytes
-from helpers.workbook.plots import PHASE_COLORS
+from helpers.workbook.plots import PHASE_COLORS, subplots
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -57,7 +57,7 @@ def bandwidth_vs_size(sweep: "pd.DataFrame", *, link: "LinkInfo | None" = None, 
     -------
     matplotlib.figure.Figure
     """
-    fig, ax = plt.subplots(figsize=(7.5, 4.0), layout="constrained")
+    fig, ax = subplots(figsize=(7.5, 4.0), layout="constrained")
     data = sweep.dropna(subset=["gbps"])
     for method in dict.fromkeys(data["method"]):
         part = data[data["method"] == method].sort_values("size_bytes")
@@ -102,7 +102,7 @@ def batch_copy_rates(rows: "pd.DataFrame", *, link: "LinkInfo | None" = None, ti
     -------
     matplotlib.figure.Figure
     """
-    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.45 * len(rows)), layout="constrained")
+    fig, ax = subplots(figsize=(7, 1.2 + 0.45 * len(rows)), layout="constrained")
     labels = list(rows["label"])
     values = list(rows["gbps"])
     lo = [v - p for v, p in zip(values, rows["gbps_p25"])]
@@ -179,7 +179,7 @@ def overlap_timeline(panels: Sequence[tuple[str, "pd.DataFrame"]], *, title: str
     xlim = (start, start + (end - start) * 1.01)
     min_width = MIN_SPAN_FRACTION * (xlim[1] - xlim[0])
     heights = [1 + 0.42 * len(set(s["row"])) for _, s in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, sum(heights) + 0.6), squeeze=False, sharex=True,
+    fig, axes = subplots(len(panels), 1, figsize=(9, sum(heights) + 0.6), squeeze=False, sharex=True,
                              gridspec_kw={"height_ratios": heights}, layout="constrained")
     for ax, (name, spans) in zip(axes[:, 0], panels):
         _gantt(ax, spans, xlim=xlim, min_width_ms=min_width)
@@ -187,7 +187,7 @@ def overlap_timeline(panels: Sequence[tuple[str, "pd.DataFrame"]], *, title: str
     for ax in axes[:-1, 0]:
         ax.tick_params(labelbottom=True)  # sharex hides them; each panel keeps its own labels
     axes[-1, 0].set_xlabel("time since the first measured step (ms)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in SPAN_COLORS.values()]
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in SPAN_COLORS.values()]
     fig.legend(handles, ["batch preparation", "copy to device", "loop waits for data", "compute"],
                loc="outside lower center", ncols=4, fontsize=8, frameon=False,
                title=f"spans shorter than {min_width:.2g} ms (e.g. copies) are drawn {min_width:.2g} ms wide",
@@ -219,7 +219,7 @@ def exposed_vs_hidden(stats: Sequence[tuple[str, object]], *, title: str = ""):
         When the loop waited longer than the work itself, the whole work is
         drawn as exposed and the annotation says so.
     """
-    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.9 * len(stats)), layout="constrained")
+    fig, ax = subplots(figsize=(7.5, 1.2 + 0.9 * len(stats)), layout="constrained")
     labels, y = [], 0
     seen: set[str] = set()
     widest = max([(s.median_compute_s + s.median_exposed_s) * 1e3 for _, s in stats]
