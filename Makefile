@@ -15,9 +15,10 @@ STAMP := $(VENV)/.workbook-installed
 ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the tests in this many pytest-xdist worker processes, a test file per worker at a time (1: one
-# process, no xdist). Two on the 2-core developer machine: 13 min 8 s to 14 min 28 s over three quiet runs there,
-# the dataset already built (785-864 s in pytest, about 2,525 tests; 23.3-26.0 CPU-minutes, the two cores busy
-# about 90% of the time); beside other work it takes longer. Earlier, quiet, 1,965 tests: 11.8-13.2 min with two,
+# process, no xdist). Two on the 2-core developer machine: 13 min 24 s, quiet, the dataset already built (801 s in
+# pytest, 2,532 tests; 23.8 CPU-minutes, the two cores busy about 89% of the time); the same tests took 785-864 s
+# over three quiet runs of an earlier day and 953 s before stop 49's cuts, so allow a minute either way between
+# days. Beside other work it takes longer. Earlier, quiet, 1,965 tests: 11.8-13.2 min with two,
 # 21.7 min in one process, 13.9 min with three (more workers than cores only add contention). tests/conftest.py
 # makes the session's shared notebook runs once for all the workers and starts the longest files first;
 # conftest.py gives each worker one torch thread.
@@ -67,8 +68,8 @@ test: data
 
 # The markers are declared in pyproject.toml; tests/conftest.py marks the seconds-long tests that carry no marker.
 FAST := not notebook and not slow and not browser and not subprocess
-# In TEST_WORKERS processes as `make test`: 67 s on the quiet 2-core developer machine with the public traces of
-# ../shared/public_traces present (2,356 tests; 63 s in pytest), 129 s in one process (2,191 tests).
+# In TEST_WORKERS processes as `make test`: 68 s on the quiet 2-core developer machine with the public traces of
+# ../shared/public_traces present (2,360 tests; 65 s in pytest), 129 s in one process (2,191 tests, earlier).
 test-fast: data
 	$(BYTECODE)
 	$(PY) -m pytest $(XDIST) -m "$(FAST)" $(PYTEST_ARGS)
