@@ -72,9 +72,10 @@ def figure_path(out_dir: Path, notebook: str, name: str) -> Path:
 def save_figure(fig, ctx, name: str, *, dpi: int = 100, alt: str | None = None) -> Path:
     """Save ``fig`` as PNG for the report and remember it in ``ctx.figures``; in a notebook, also show it.
 
-    In a Jupyter kernel the saved PNG is displayed with alternative text (:func:`show_png`) and the figure is
-    closed, so that the inline backend does not draw it a second time, without that text. Elsewhere (a script, a
-    test) nothing is displayed and the figure stays open.
+    In a Jupyter kernel the saved PNG is displayed with alternative text (:func:`show_png`), and a figure pyplot
+    holds (one made with ``plt.subplots``, not :func:`subplots`) is closed, so that the inline backend does not draw
+    it a second time, without that text. Elsewhere (a script, a test) nothing is displayed and the figure stays
+    open.
 
     Parameters
     ----------
