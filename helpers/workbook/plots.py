@@ -37,9 +37,10 @@ def subplots(nrows: int = 1, ncols: int = 1, *, figsize: "tuple[float, float] | 
     subshell (the ``commsOverSubshells`` setting, "perCommTarget" by default), a thread of its own in ipykernel 7;
     ``comm`` fires IPython's ``post_execute`` event after each such message, and matplotlib-inline's
     ``flush_figures`` then renders every figure pyplot holds and closes them all, in that thread. A pyplot figure
-    drawn at that moment by a cell or a "try it" panel was rendered from two threads at once: a Try it chart came
-    out holding only its title, or white (issue 42; seen in 2 of 8 browser runs beside two busy loops). A figure
-    made with :class:`matplotlib.figure.Figure` is never in pyplot's list, so no other thread draws or closes it.
+    drawn by the main thread (a cell, or a "try it" panel's Measure handler) while the subshell handled another
+    widget message was rendered from two threads at once: a Try it chart came out holding only its title, or white
+    (issue 42; 3 of 14 browser runs beside two busy loops). A figure made with :class:`matplotlib.figure.Figure` is
+    never in pyplot's list, so no other thread draws or closes it.
 
     Parameters
     ----------
