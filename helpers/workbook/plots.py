@@ -39,7 +39,7 @@ def subplots(nrows: int = 1, ncols: int = 1, *, figsize: "tuple[float, float] | 
     ``flush_figures`` then renders every figure pyplot holds and closes them all, in that thread. A pyplot figure
     drawn by the main thread (a cell, or a "try it" panel's Measure handler) while the subshell handled another
     widget message was rendered from two threads at once: a Try it chart came out holding only its title, or white
-    (issue 42; 3 of 14 browser runs beside two busy loops). A figure made with :class:`matplotlib.figure.Figure` is
+    (issue 42; 3 of 12 browser runs beside two busy loops). A figure made with :class:`matplotlib.figure.Figure` is
     never in pyplot's list, so no other thread draws or closes it.
 
     Parameters
