@@ -15,10 +15,10 @@ STAMP := $(VENV)/.workbook-installed
 ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the tests in this many pytest-xdist worker processes, a test file per worker at a time (1: one
-# process, no xdist). Two on the 2-core developer machine: 13 min 24 s, quiet, the dataset already built (801 s in
-# pytest, 2,532 tests; 23.8 CPU-minutes, the two cores busy about 89% of the time); the same tests took 785-864 s
-# over three quiet runs of an earlier day and 953 s before stop 49's cuts, so allow a minute either way between
-# days. Beside other work it takes longer. Earlier, quiet, 1,965 tests: 11.8-13.2 min with two,
+# process, no xdist). Two on the 2-core developer machine: 13 min 24 s to 15 min 42 s over three quiet runs within
+# 80 minutes, the dataset already built (801-939 s in pytest, 2,532 tests; 23.8-28.1 CPU-minutes, the two cores
+# busy about 89% of the time; every test slower in the slow run: the machine's speed varies that much). Beside
+# other work it takes longer. Earlier, quiet, 1,965 tests: 11.8-13.2 min with two,
 # 21.7 min in one process, 13.9 min with three (more workers than cores only add contention). tests/conftest.py
 # makes the session's shared notebook runs once for all the workers and starts the longest files first;
 # conftest.py gives each worker one torch thread.
