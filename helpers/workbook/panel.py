@@ -147,15 +147,11 @@ class TryIt:
     def _render(self) -> tuple[bytes, str, int]:
         """The chart as PNG bytes, its alternative text and the renders it took (more than one where a render came
         out blank: :func:`helpers.workbook.plots.render_png`)."""
-        import matplotlib.pyplot as plt
-
         from helpers.workbook.plots import figure_alt, render_png
 
-        fig = self.figure()
+        fig = self.figure()  # pyplot does not hold it (plots.subplots): nothing to close, no other thread draws it
         png, renders = render_png(fig)  # rendered here, not by the inline backend's formatter: the same PNG everywhere
-        alt = figure_alt(fig, fallback=f"Try it: {self.name}")
-        plt.close(fig)
-        return png, alt, renders
+        return png, figure_alt(fig, fallback=f"Try it: {self.name}"), renders
 
     def _draw(self) -> None:
         from helpers.workbook.plots import RENDERS, blank_png, show_png

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-
 from helpers.units import format_bytes
 from helpers.workbook.plots import subplots
 

@@ -33,7 +33,7 @@ def loss_curves(fp32: Sequence[float], mixed: Sequence[float], *, mixed_label: s
         The loss's name, e.g. "value loss".
     """
     fig, (ax, ax2) = subplots(2, 1, figsize=(6.5, 4.2), sharex=True,
-                                  gridspec_kw={"height_ratios": [2, 1]})
+                              gridspec_kw={"height_ratios": [2, 1]})
     steps = range(1, len(fp32) + 1)
     ax.plot(steps, list(fp32), color=FP32_COLOR, label="fp32", linewidth=1.8)
     ax.plot(steps, list(mixed), color=MIXED_COLOR, label=mixed_label, linewidth=1.2, linestyle="--")

@@ -54,7 +54,7 @@ def throughput_bars(frame: "pd.DataFrame", *, title: str = ""):
     groups = list(dict.fromkeys(frame["comparison"])) if "comparison" in frame else [None]
     heights = [max(1, int((frame["comparison"] == g).sum()) if g is not None else len(frame)) for g in groups]
     fig, axes = subplots(len(groups), 1, sharex=True, squeeze=False, height_ratios=heights,
-                             figsize=(6.5, 0.9 + 0.55 * len(frame) + 0.45 * len(groups)), layout="constrained")
+                         figsize=(6.5, 0.9 + 0.55 * len(frame) + 0.45 * len(groups)), layout="constrained")
     all_high = np.asarray(frame["rate_p75"], dtype=float)
     xmax = max(float(np.nanmax(np.asarray(frame["rate"], dtype=float))), float(np.nanmax(all_high))) * 1.2
     for ax, g in zip(axes[:, 0], groups):

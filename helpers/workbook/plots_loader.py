@@ -148,7 +148,7 @@ def worker_memory(frame: "pd.DataFrame", *, column: str = "uss_mib", title: str 
     """
     loaders = list(dict.fromkeys(frame["loader"]))
     fig, axes = subplots(1, len(loaders), figsize=(4.2 * len(loaders), 3.2), layout="constrained",
-                             sharey=True, squeeze=False)
+                         sharey=True, squeeze=False)
     for ax, name in zip(axes[0], loaders):
         sub = frame[frame["loader"] == name]
         roles = list(dict.fromkeys(sub["role"]))

@@ -180,7 +180,7 @@ def overlap_timeline(panels: Sequence[tuple[str, "pd.DataFrame"]], *, title: str
     min_width = MIN_SPAN_FRACTION * (xlim[1] - xlim[0])
     heights = [1 + 0.42 * len(set(s["row"])) for _, s in panels]
     fig, axes = subplots(len(panels), 1, figsize=(9, sum(heights) + 0.6), squeeze=False, sharex=True,
-                             gridspec_kw={"height_ratios": heights}, layout="constrained")
+                         gridspec_kw={"height_ratios": heights}, layout="constrained")
     for ax, (name, spans) in zip(axes[:, 0], panels):
         _gantt(ax, spans, xlim=xlim, min_width_ms=min_width)
         ax.set_title(name, fontsize=10, loc="left")
