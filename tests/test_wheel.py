@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def test_the_wheel_installs_and_runs_from_an_empty_folder(tmp_path):
     # read). Installing them all from the package indexes took 28 s of this test's 110 s, and importing them for the
     # first time compiled their bytecode again; that the wheel declares what the workbook imports is
     # test_the_wheel_declares_every_package_the_workbook_imports below.
-    deps = next(p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "torch").is_dir())
+    deps = Path(sysconfig.get_paths()["purelib"])  # this checkout's environment's site-packages
     own_site = next((venv / "lib").glob("python3*/site-packages"))
     (own_site / "workbook_test_dependencies.pth").write_text(f"{deps}\n")
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-compile", "--no-deps", str(wheel)], check=True,
